@@ -1,0 +1,32 @@
+# k3_module(<name> [RECURSE] DEPS <targets...> [TEST_DEPS <targets...>])
+# Builds every *.cpp of the calling folder (and its subfolders with RECURSE) except
+# *_test.cpp and main.cpp into the library k3_<name>, and every *_test.cpp into the
+# GoogleTest program k3_<name>_tests, so a test lives beside the code it tests and adding
+# a file never means editing CMake.
+function(k3_module name)
+  cmake_parse_arguments(M "RECURSE" "" "DEPS;TEST_DEPS" ${ARGN})
+  if(M_RECURSE)
+    set(glob GLOB_RECURSE)
+  else()
+    set(glob GLOB)
+  endif()
+  file(${glob} srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
+  list(FILTER srcs EXCLUDE REGEX "(_test|/main)\\.cpp$")
+  file(${glob} tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*_test.cpp)
+  if(srcs)
+    add_library(k3_${name} STATIC ${srcs})
+    set(scope PUBLIC)
+  else()
+    add_library(k3_${name} INTERFACE)  # header-only so far
+    set(scope INTERFACE)
+  endif()
+  target_include_directories(k3_${name} ${scope} ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(k3_${name} ${scope} ${M_DEPS} Threads::Threads)
+  if(K3_BUILD_TESTS AND tests)
+    add_executable(k3_${name}_tests ${tests})
+    target_link_libraries(k3_${name}_tests PRIVATE k3_${name} ${M_TEST_DEPS} GTest::gtest_main)
+    target_compile_definitions(k3_${name}_tests PRIVATE K3_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+    gtest_discover_tests(k3_${name}_tests DISCOVERY_TIMEOUT 60
+                         PROPERTIES ENVIRONMENT "K3_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  endif()
+endfunction()

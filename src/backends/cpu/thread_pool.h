@@ -1,0 +1,47 @@
+// backends/cpu/thread_pool.h: a small fixed thread pool with a blocking parallel_for.
+//
+// The CPU oracle splits independent work (output rows, heads, tokens) across threads;
+// each index is computed by exactly one thread in a fixed order, so results do not
+// depend on the thread count.
+#pragma once
+#include <condition_variable>
+#include <exception>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace k3::backends::cpu {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);  // threads <= 1: run inline
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+  // Calls fn(begin, end) over [0, n) in contiguous chunks; returns when all are done.
+  // Small n (below min_per_task * 2) runs inline.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
+                    int64_t min_per_task = 1);
+
+  // Process-wide pool sized to the machine (std::thread::hardware_concurrency()).
+  static ThreadPool& shared();
+
+ private:
+  void worker_loop(int id);
+  std::vector<std::thread> workers_;
+  std::mutex mu_, call_mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  int job_parts_ = 0;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::exception_ptr worker_error_;
+};
+
+}  // namespace k3::backends::cpu

@@ -1,0 +1,123 @@
+// kernels/registry.h: every op of the model, each with its implementations per backend.
+//
+// Each op has an Args struct (its numeric contract, in kernels/<op>/<op>.h), a check
+// (shape/dtype validation, done once in the wrapper), and implementations registered as
+// {name, device, priority, supports(args) -> Status with a reason, run(args)}. Model code
+// calls registry.<op>.run(args, device); nothing branches on backends elsewhere. The
+// registry is an explicit object built by register_*() functions: no globals, no static
+// initialisers.
+#pragma once
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/attn_res/mix.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/kda/kda.h"
+#include "kernels/linear/linear.h"
+#include "kernels/mla/mla.h"
+#include "kernels/moe/experts.h"
+#include "kernels/moe/router.h"
+#include "kernels/norm/rmsnorm.h"
+#include "kernels/situ/situ_glu.h"
+
+namespace k3::kernels {
+
+using LogFn = std::function<void(const std::string&)>;
+
+template <class Args>
+struct OpImpl {
+  std::string name;      // strategy name, e.g. "reference", "decode_splitkv"
+  core::Device device;
+  int priority = 0;      // higher wins among those whose supports() accepts the args
+  std::function<core::Status(const Args&)> supports;
+  std::function<void(const Args&)> run;
+};
+
+template <class Args>
+class OpTable {
+ public:
+  using CheckFn = core::Status (*)(const Args&);
+  OpTable(std::string op, CheckFn check) : op_(std::move(op)), check_(check) {}
+
+  const std::string& op() const { return op_; }
+  void add(OpImpl<Args> impl) { impls_.push_back(std::move(impl)); }
+  const std::vector<OpImpl<Args>>& impls() const { return impls_; }
+
+  // Validates args, then returns the highest-priority implementation on `device` that
+  // supports them; throws core::Error listing every candidate's reason otherwise.
+  const OpImpl<Args>& select(const Args& a, core::Device device) const {
+    if (core::Status s = check_(a); !s) throw core::Error(op_ + ": " + s.reason());
+    const OpImpl<Args>* best = nullptr;
+    std::string reasons;
+    for (const auto& impl : impls_) {
+      if (impl.device != device) continue;
+      core::Status s = impl.supports ? impl.supports(a) : core::Status::ok();
+      if (!s) {
+        reasons += " [" + impl.name + ": " + s.reason() + "]";
+        continue;
+      }
+      if (!best || impl.priority > best->priority) best = &impl;
+    }
+    if (!best)
+      throw core::Error(op_ + ": no implementation on " + std::string(core::device_name(device)) +
+                        " supports these arguments" + (reasons.empty() ? "" : ":" + reasons));
+    note_choice(*best);
+    return *best;
+  }
+  void run(const Args& a, core::Device device) const { select(a, device).run(a); }
+
+  void set_log(LogFn log) { log_ = std::move(log); }
+
+ private:
+  void note_choice(const OpImpl<Args>& impl) const {
+    if (!log_) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    std::string key = std::string(core::device_name(impl.device)) + "/" + impl.name;
+    if (logged_.insert(key).second) log_("kernel " + op_ + " -> " + key);
+  }
+  std::string op_;
+  CheckFn check_;
+  std::vector<OpImpl<Args>> impls_;
+  LogFn log_;
+  mutable std::mutex mu_;
+  mutable std::set<std::string> logged_;
+};
+
+struct Registry {
+  OpTable<EmbeddingArgs> embedding{"embedding", embedding_check};
+  OpTable<RmsNormArgs> rmsnorm{"rmsnorm", rmsnorm_check};
+  OpTable<LinearArgs> linear{"linear", linear_check};
+  OpTable<AttnResMixArgs> attn_res_mix{"attn_res_mix", attn_res_mix_check};
+  OpTable<SituGluArgs> situ_glu{"situ_glu", situ_glu_check};
+  OpTable<RouterTopkArgs> router_topk{"router_topk", router_topk_check};
+  OpTable<MoeExpertsArgs> moe_experts{"moe_experts", moe_experts_check};
+  OpTable<KdaConvArgs> kda_conv{"kda_conv", kda_conv_check};
+  OpTable<KdaAttentionArgs> kda_recurrent{"kda_recurrent", kda_attention_check};
+  OpTable<KdaAttentionArgs> kda_chunked{"kda_chunked", kda_attention_check};
+  OpTable<KdaOutputGateArgs> kda_output_gate{"kda_output_gate", kda_output_gate_check};
+  OpTable<MlaCacheWriteArgs> mla_cache_write{"mla_cache_write", mla_cache_write_check};
+  OpTable<MlaAttentionArgs> mla_naive{"mla_naive", mla_attention_check};
+  OpTable<MlaAttentionArgs> mla_absorbed{"mla_absorbed", mla_attention_check};
+
+  // Calls fn(table) for every op table (tests use it to check coverage).
+  template <class Fn>
+  void for_each(Fn&& fn) {
+    fn(embedding); fn(rmsnorm); fn(linear); fn(attn_res_mix); fn(situ_glu); fn(router_topk);
+    fn(moe_experts); fn(kda_conv); fn(kda_recurrent); fn(kda_chunked); fn(kda_output_gate);
+    fn(mla_cache_write); fn(mla_naive); fn(mla_absorbed);
+  }
+  void set_log(const LogFn& log) {
+    for_each([&](auto& t) { t.set_log(log); });
+  }
+};
+
+// Registers the CPU reference implementation of every op (priority 0, supports everything
+// its check accepts on CPU f32 activations).
+void register_reference_ops(Registry& r);
+
+}  // namespace k3::kernels
