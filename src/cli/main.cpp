@@ -1,1 +1,42 @@
-int main() { return 0; }
+// cli/main.cpp: the k3serve program: dispatches to a subcommand.
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <span>
+#include <string>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: k3serve <command> [options]   (k3serve <command> --help for its options)\n"
+    "commands:\n"
+    "  make-checkpoint  write a deterministic random checkpoint (e.g. --config k3-tiny)\n"
+    "  logits           teacher-forced logits of token ids, as a safetensors file\n"
+    "  generate         generate token ids from a prompt of token ids\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  const std::span<char* const> rest(argv + 2, static_cast<size_t>(argc - 2));
+  try {
+    if (command == "make-checkpoint") return k3::cli::make_checkpoint_command(rest);
+    if (command == "logits") return k3::cli::logits_command(rest);
+    if (command == "generate") return k3::cli::generate_command(rest);
+    std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
+    return 2;
+  } catch (const k3::core::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "internal error: " << e.what() << "\n";
+    return 1;
+  }
+}

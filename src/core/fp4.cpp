@@ -2,6 +2,7 @@
 #include "core/fp4.h"
 
 #include <cmath>
+#include <string>
 
 #include "core/error.h"
 
@@ -32,14 +33,22 @@ void mxfp4_quantize_row(std::span<const float> in, std::span<uint8_t> packed,
   for (size_t g = 0; g < scales.size(); ++g) {
     const float* x = in.data() + g * kMxfp4Group;
     float amax = 0.0f;
-    for (int i = 0; i < kMxfp4Group; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    for (int i = 0; i < kMxfp4Group; ++i) {
+      // fmax would silently skip a NaN (and an inf has no finite scale): reject both.
+      K3_CHECK(std::isfinite(x[i]), "mxfp4: non-finite value at index " +
+                                        std::to_string(g * kMxfp4Group + i) + " of the row");
+      amax = std::fmax(amax, std::fabs(x[i]));
+    }
     int k = 0;  // scale = 2^k, the smallest power of two with amax / scale <= 6
     if (amax > 0.0f) {
-      k = static_cast<int>(std::ceil(std::log2(amax / 6.0f)));
-      while (std::ldexp(amax, -k) > 6.0f) ++k;
-      while (k > -127 && std::ldexp(amax, -(k - 1)) <= 6.0f) --k;
+      // amax = f * 2^e with f in [0.5, 1), so amax / 2^(e-3) is in [4, 8): k is e-3 or e-2.
+      // (frexp, not log2(amax / 6): that underflows to log2(0) = -inf for tiny subnormals.)
+      int e = 0;
+      std::frexp(amax, &e);
+      k = e - 3;
+      if (std::ldexp(amax, -k) > 6.0f) ++k;
     }
-    if (k < -127) k = -127;
+    if (k < -127) k = -127;  // E8M0's smallest scale; such groups quantize to (near) zero
     if (k > 127) k = 127;
     scales[g] = static_cast<uint8_t>(k + 127);
     for (int i = 0; i < kMxfp4Group; i += 2) {

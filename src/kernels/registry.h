@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "kernels/attn_res/mix.h"
+#include "kernels/elementwise/elementwise.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/kda/kda.h"
 #include "kernels/linear/linear.h"
@@ -103,13 +104,15 @@ struct Registry {
   OpTable<MlaCacheWriteArgs> mla_cache_write{"mla_cache_write", mla_cache_write_check};
   OpTable<MlaAttentionArgs> mla_naive{"mla_naive", mla_attention_check};
   OpTable<MlaAttentionArgs> mla_absorbed{"mla_absorbed", mla_attention_check};
+  OpTable<AddArgs> add{"add", add_check};
+  OpTable<SigmoidGateArgs> sigmoid_gate{"sigmoid_gate", sigmoid_gate_check};
 
   // Calls fn(table) for every op table (tests use it to check coverage).
   template <class Fn>
   void for_each(Fn&& fn) {
     fn(embedding); fn(rmsnorm); fn(linear); fn(attn_res_mix); fn(situ_glu); fn(router_topk);
     fn(moe_experts); fn(kda_conv); fn(kda_recurrent); fn(kda_chunked); fn(kda_output_gate);
-    fn(mla_cache_write); fn(mla_naive); fn(mla_absorbed);
+    fn(mla_cache_write); fn(mla_naive); fn(mla_absorbed); fn(add); fn(sigmoid_gate);
   }
   void set_log(const LogFn& log) {
     for_each([&](auto& t) { t.set_log(log); });

@@ -19,6 +19,11 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
+// True on a thread that is running a part of some pool's job (a worker, or the caller of
+// parallel_for): a parallel_for issued from there runs inline instead of waiting for call_mu_,
+// which the outer call holds (a worker calling back into its own pool would deadlock).
+static thread_local bool t_inside_job = false;
+
 static void run_part(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int parts,
                      int part) {
   const int64_t begin = n * part / parts, end = n * (part + 1) / parts;
@@ -42,11 +47,13 @@ void ThreadPool::worker_loop(int id) {
     }
     std::exception_ptr err;
     if (id < parts) {
+      t_inside_job = true;
       try {
         run_part(*job, n, parts, id);
       } catch (...) {
         err = std::current_exception();
       }
+      t_inside_job = false;
     }
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -64,9 +71,8 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     fn(0, n);
     return;
   }
-  // One job at a time; nested calls from inside a task run inline.
-  static thread_local bool inside = false;
-  if (inside) {
+  // One job at a time; nested calls from inside a task (on any thread) run inline.
+  if (t_inside_job) {
     fn(0, n);
     return;
   }
@@ -80,14 +86,14 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     ++generation_;
   }
   cv_.notify_all();
-  inside = true;
+  t_inside_job = true;
   std::exception_ptr err;
   try {
     run_part(fn, n, parts, 0);
   } catch (...) {
     err = std::current_exception();
   }
-  inside = false;
+  t_inside_job = false;
   {
     std::unique_lock<std::mutex> lk(mu_);
     done_cv_.wait(lk, [&] { return pending_ == 0; });

@@ -20,7 +20,8 @@ struct MoeExpertsArgs {
 };
 core::Status moe_experts_check(const MoeExpertsArgs& a);
 // e_j = round(W2_j · SiTU(W1_j z, W3_j z)) with linear rounding as in linear_reference;
-// out = round(sum_j p_j * e_j) accumulated in fp32 in route order.
+// out = round(sum_j p_j * e_j) accumulated in fp32 in route order (out may alias z).
+// The check also verifies every id is in [0, number of experts).
 void moe_experts_reference(const MoeExpertsArgs& a);
 
 }  // namespace k3::kernels

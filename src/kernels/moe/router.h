@@ -14,7 +14,8 @@ struct RouterTopkArgs {
   float scaling = 1.0f;
 };
 core::Status router_topk_check(const RouterTopkArgs& a);
-// Ties: higher biased score wins; on exact ties the lower expert id wins.
+// Ties: higher biased score wins; on exact ties the lower expert id wins. The renormalising
+// sum runs over the selected s in written order. A NaN biased score throws core::Error.
 void router_topk_reference(const RouterTopkArgs& a);
 
 }  // namespace k3::kernels

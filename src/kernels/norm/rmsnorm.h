@@ -7,7 +7,8 @@ namespace k3::kernels {
 
 // moonshot: x_hat = round(x * rsqrt(mean(x^2) + eps)), y = round(w * x_hat)  (double rounding)
 // fused:    y = round(w * x * rsqrt(mean(x^2) + eps))                       (single rounding)
-// In fp32 mode the two are the same function.
+// Both evaluate w * (x * inv_rms) in that order, so in fp32 mode the two are the same
+// function bit for bit; in bf16 mode they differ by at most 1 bf16 ulp.
 enum class RmsNormStyle : uint8_t { moonshot, fused };
 
 struct RmsNormArgs {

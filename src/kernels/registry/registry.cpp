@@ -5,26 +5,28 @@ namespace k3::kernels {
 
 namespace {
 template <class Args>
-void add_reference(OpTable<Args>& t, void (*fn)(const Args&)) {
+void register_reference(OpTable<Args>& t, void (*fn)(const Args&)) {
   t.add(OpImpl<Args>{"reference", core::Device::cpu, 0, nullptr, fn});
 }
 }  // namespace
 
 void register_reference_ops(Registry& r) {
-  add_reference(r.embedding, embedding_reference);
-  add_reference(r.rmsnorm, rmsnorm_reference);
-  add_reference(r.linear, linear_reference);
-  add_reference(r.attn_res_mix, attn_res_mix_reference);
-  add_reference(r.situ_glu, situ_glu_reference);
-  add_reference(r.router_topk, router_topk_reference);
-  add_reference(r.moe_experts, moe_experts_reference);
-  add_reference(r.kda_conv, kda_conv_reference);
-  add_reference(r.kda_recurrent, kda_recurrent_reference);
-  add_reference(r.kda_chunked, kda_chunked_reference);
-  add_reference(r.kda_output_gate, kda_output_gate_reference);
-  add_reference(r.mla_cache_write, mla_cache_write_reference);
-  add_reference(r.mla_naive, mla_naive_reference);
-  add_reference(r.mla_absorbed, mla_absorbed_reference);
+  register_reference(r.embedding, embedding_reference);
+  register_reference(r.rmsnorm, rmsnorm_reference);
+  register_reference(r.linear, linear_reference);
+  register_reference(r.attn_res_mix, attn_res_mix_reference);
+  register_reference(r.situ_glu, situ_glu_reference);
+  register_reference(r.router_topk, router_topk_reference);
+  register_reference(r.moe_experts, moe_experts_reference);
+  register_reference(r.kda_conv, kda_conv_reference);
+  register_reference(r.kda_recurrent, kda_recurrent_reference);
+  register_reference(r.kda_chunked, kda_chunked_reference);
+  register_reference(r.kda_output_gate, kda_output_gate_reference);
+  register_reference(r.mla_cache_write, mla_cache_write_reference);
+  register_reference(r.mla_naive, mla_naive_reference);
+  register_reference(r.mla_absorbed, mla_absorbed_reference);
+  register_reference(r.add, add_reference);
+  register_reference(r.sigmoid_gate, sigmoid_gate_reference);
 }
 
 }  // namespace k3::kernels

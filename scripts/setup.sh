@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# scripts/setup.sh: install what is missing, build (preset "default": CPU, plus CUDA where
+# nvcc is found), and write the bundled default model models/k3-tiny (make-checkpoint, seed 0).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+cmake --preset default >/dev/null
+cmake --build --preset default -j"$(nproc)"
+if [ ! -f models/k3-tiny/config.json ]; then
+  build/default/k3serve make-checkpoint --config k3-tiny --seed 0 --out models/k3-tiny
+fi

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# scripts/test.sh: install what is missing, build, and run the whole test suite (CTest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+ctest --preset default -j"$(nproc)" --timeout 600

@@ -1,0 +1,12 @@
+// cli/commands.h: k3serve's subcommands. Each takes the arguments after its name and
+// returns the process exit code; bad input throws core::Error (main prints it, exit 2).
+#pragma once
+#include <span>
+
+namespace k3::cli {
+
+int make_checkpoint_command(std::span<char* const> argv);
+int logits_command(std::span<char* const> argv);
+int generate_command(std::span<char* const> argv);
+
+}  // namespace k3::cli

@@ -1,0 +1,32 @@
+// cli/logits.cpp: `k3serve logits`: teacher-forced logits of a token sequence, written as
+// one F32 tensor "logits" [T, vocab] in a safetensors file.
+#include <iostream>
+
+#include "checkpoint/safetensors.h"
+#include "cli/commands.h"
+#include "cli/model_options.h"
+#include "runner/model_runner.h"
+
+namespace k3::cli {
+
+int logits_command(std::span<char* const> argv) {
+  std::vector<OptionSpec> specs = model_option_specs();
+  specs.push_back({"token-ids", "1,2,3", "input token ids", "", true});
+  specs.push_back({"out", "FILE", "output .safetensors file", "", true});
+  specs.push_back({"decode-from", "N", "prefill the first N tokens, decode the rest one at a time (default: all prefill)", ""});
+  Args args("logits", specs, argv);
+  if (args.help_requested()) {
+    std::cout << args.usage();
+    return 0;
+  }
+  const std::vector<int32_t> ids = args.get_ids("token-ids");
+  const model::ModelOptions options = parse_model_options(args);
+  auto runner = runner::ModelRunner::open(args.get("model"), options);
+  const int64_t decode_from = args.has("decode-from") ? args.get_int("decode-from") : static_cast<int64_t>(ids.size());
+  const core::Tensor logits = runner->logits(ids, decode_from);
+  checkpoint::write_safetensors(args.get("out"), {{"logits", logits.view()}});
+  std::cerr << "wrote logits " << logits.shape().str() << " to " << args.get("out") << "\n";
+  return 0;
+}
+
+}  // namespace k3::cli

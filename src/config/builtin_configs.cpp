@@ -1,0 +1,120 @@
+// config/builtin_configs.cpp: named configs built into k3serve: "k3-tiny" (spec §14.1), its MXFP4
+// variant, and "k3" (the published K3 text_config, spec §1.1, for shape checks and sizing).
+//
+// Each is written as the HF JSON it stands for and goes through parse_config, so a builtin is
+// validated exactly like a file and cannot drift from what a config.json would give.
+#include <nlohmann/json.hpp>
+
+#include "config/k3_config.h"
+#include "core/error.h"
+
+namespace k3::config {
+
+using nlohmann::json;
+
+namespace {
+
+// spec §14.1, verbatim.
+json k3_tiny_json() {
+  return json::parse(R"({
+    "model_type": "kimi_linear", "vocab_size": 1024, "hidden_size": 256, "num_hidden_layers": 4,
+    "intermediate_size": 512, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+    "num_experts": 16, "num_experts_per_token": 4, "num_shared_experts": 2, "moe_intermediate_size": 64,
+    "routed_expert_hidden_size": 128, "latent_moe_use_norm": true,
+    "moe_router_activation_func": "sigmoid", "moe_renormalize": true, "routed_scaling_factor": 1.0,
+    "use_grouped_topk": true, "num_expert_group": 1, "topk_group": 1, "topk_method": "noaux_tc",
+    "hidden_act": "situ", "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 32,
+    "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
+    "mla_use_nope": true, "mla_use_output_gate": true,
+    "linear_attn_config": {"num_heads": 4, "head_dim": 32, "short_conv_kernel_size": 4,
+       "gate_lower_bound": -5.0, "use_full_rank_gate": true,
+       "kda_layers": [1, 2, 3], "full_attn_layers": [4]},
+    "attn_res_block_size": 2, "rms_norm_eps": 1e-5, "tie_word_embeddings": false,
+    "kda_chunk_size": 64
+  })");
+}
+
+// spec §1.1 (HF moonshotai/Kimi-K3 text_config), flat.
+json k3_json() {
+  json kda = json::array(), full = json::array();
+  for (int layer = 1; layer <= 93; ++layer)
+    (layer % 4 == 0 || layer == 93 ? full : kda).push_back(layer);
+  return {
+      {"model_type", "kimi_linear"},
+      {"vocab_size", 163840},
+      {"hidden_size", 7168},
+      {"num_hidden_layers", 93},
+      {"intermediate_size", 33792},
+      {"rms_norm_eps", 1e-5},
+      {"first_k_dense_replace", 1},
+      {"moe_layer_freq", 1},
+      {"tie_word_embeddings", false},
+      {"bos_token_id", 163584},
+      {"eos_token_id", 163586},
+      {"pad_token_id", 163839},
+      {"num_attention_heads", 96},
+      {"num_key_value_heads", 96},
+      {"q_lora_rank", 1536},
+      {"kv_lora_rank", 512},
+      {"qk_nope_head_dim", 128},
+      {"qk_rope_head_dim", 64},
+      {"v_head_dim", 128},
+      {"mla_use_nope", true},
+      {"mla_use_output_gate", true},
+      {"num_experts", 896},
+      {"num_experts_per_token", 16},
+      {"num_shared_experts", 2},
+      {"moe_intermediate_size", 3072},
+      {"routed_expert_hidden_size", 3584},
+      {"latent_moe_use_norm", true},
+      {"moe_router_activation_func", "sigmoid"},
+      {"topk_method", "noaux_tc"},
+      {"use_grouped_topk", true},
+      {"num_expert_group", 1},
+      {"topk_group", 1},
+      {"moe_renormalize", true},
+      {"routed_scaling_factor", 1.0},
+      {"hidden_act", "situ"},
+      {"activation_situ_beta", 4.0},
+      {"activation_situ_linear_beta", 25.0},
+      {"attn_res_block_size", 12},
+      {"linear_attn_config",
+       {{"num_heads", 96},
+        {"head_dim", 128},
+        {"short_conv_kernel_size", 4},
+        {"gate_lower_bound", -5.0},
+        {"use_full_rank_gate", true},
+        {"kda_layers", kda},
+        {"full_attn_layers", full}}},
+      {"quantization_config",
+       {{"quant_method", "compressed-tensors"},
+        {"format", "mxfp4-pack-quantized"},
+        {"config_groups",
+         {{"group_0",
+           {{"format", "mxfp4-pack-quantized"},
+            {"targets", json::array({"Linear"})},
+            {"weights", {{"num_bits", 4}, {"type", "float"}, {"strategy", "group"}, {"group_size", 32}}}}}}}}},
+  };
+}
+
+}  // namespace
+
+std::vector<std::string> builtin_config_names() { return {"k3-tiny", "k3-tiny-mxfp4", "k3"}; }
+
+K3Config builtin_config(const std::string& name) {
+  if (name == "k3-tiny") return parse_config(k3_tiny_json(), "builtin:k3-tiny");
+  if (name == "k3-tiny-mxfp4") {
+    json j = k3_tiny_json();
+    j["quantization_config"] = {{"quant_method", "compressed-tensors"},
+                                {"format", "mxfp4-pack-quantized"},
+                                {"weights", {{"num_bits", 4}, {"type", "float"}, {"group_size", 32}}}};
+    return parse_config(j, "builtin:k3-tiny-mxfp4");
+  }
+  if (name == "k3") return parse_config(k3_json(), "builtin:k3");
+  std::string names;
+  for (const std::string& n : builtin_config_names()) names += (names.empty() ? "" : ", ") + n;
+  throw core::Error("config: unknown built-in config \"" + name + "\" (built-in: " + names + ")");
+}
+
+}  // namespace k3::config

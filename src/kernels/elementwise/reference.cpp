@@ -1,0 +1,46 @@
+// kernels/elementwise/reference.cpp: CPU reference of the elementwise ops.
+#include <cmath>
+
+#include "kernels/elementwise/elementwise.h"
+
+namespace k3::kernels {
+
+namespace {
+core::Status same_2d_f32(const char* op, const char* an, const core::TensorView& a, const char* bn,
+                         const core::TensorView& b, const core::TensorView& out) {
+  const std::string p = std::string(op) + ": ";
+  for (auto [name, v] : {std::pair{an, &a}, std::pair{bn, &b}, std::pair{"out", &out}}) {
+    if (v->dtype != core::DType::f32 || !v->is_contiguous())
+      return core::Status::fail(p + name + " must be a contiguous f32 tensor");
+    if (!(v->shape == a.shape))
+      return core::Status::fail(p + name + " has shape " + v->shape.str() + ", expected " +
+                                a.shape.str());
+  }
+  return core::Status::ok();
+}
+}  // namespace
+
+core::Status add_check(const AddArgs& a) { return same_2d_f32("add", "a", a.a, "b", a.b, a.out); }
+
+void add_reference(const AddArgs& a) {
+  const float* x = a.a.as<const float>();
+  const float* y = a.b.as<const float>();
+  float* o = a.out.as<float>();
+  for (int64_t i = 0, n = a.out.numel(); i < n; ++i) o[i] = round_act(x[i] + y[i], a.precision);
+}
+
+core::Status sigmoid_gate_check(const SigmoidGateArgs& a) {
+  return same_2d_f32("sigmoid_gate", "x", a.x, "gate", a.gate, a.out);
+}
+
+void sigmoid_gate_reference(const SigmoidGateArgs& a) {
+  const float* x = a.x.as<const float>();
+  const float* g = a.gate.as<const float>();
+  float* o = a.out.as<float>();
+  for (int64_t i = 0, n = a.out.numel(); i < n; ++i) {
+    const float s = round_act(1.0f / (1.0f + std::exp(-g[i])), a.precision);
+    o[i] = round_act(x[i] * s, a.precision);
+  }
+}
+
+}  // namespace k3::kernels

@@ -1,0 +1,51 @@
+// kernels/kda/recurrent.cpp: the KDA delta rule, one token at a time (spec §5.5): the decode form and
+// the oracle the chunked form (§5.7) is checked against.
+//
+// Per head h, state S = state[h] is V-major, S[v][k] at (h*D + v)*D + k, fp32. Per token, exactly:
+//   1. decay:  S[v][k] *= alpha[k]                 (alpha = exp(g): decay along the KEY axis)
+//   2. read:   r[v] = sum_k S[v][k] * k[k]
+//   3. delta:  u[v] = beta * (v[v] - r[v])
+//   4. write:  S[v][k] += u[v] * k[k]
+//   5. output: o[v] = sum_k S[v][k] * q[k]        (post-update state)
+// Every step acts on one row v of S at a time, so the five steps are done row by row; the float
+// operations and their order are the same as five whole-matrix passes. Sums run k = 0..D-1.
+#include <cmath>
+#include <vector>
+
+#include "backends/cpu/thread_pool.h"
+#include "kernels/kda/gate.h"
+
+namespace k3::kernels {
+
+void kda_recurrent_reference(const KdaAttentionArgs& a) {
+  if (core::Status s = kda_attention_check(a); !s) throw core::Error("kda_recurrent: " + s.reason());
+  const int H = a.num_heads, D = a.head_dim;
+  const int64_t T = a.q.dim(0);
+  // Heads are independent (own state slice, own output columns): one task per head range, so the
+  // result does not depend on the thread count.
+  backends::cpu::ThreadPool::shared().parallel_for(H, [&](int64_t h_begin, int64_t h_end) {
+    std::vector<float> q(D), k(D), v(D), g(D), alpha(D);
+    for (int64_t h = h_begin; h < h_end; ++h) {
+      float* S = a.state.as<float>() + h * D * D;
+      for (int64_t t = 0; t < T; ++t) {
+        float beta = 0.0f;
+        kda_detail::kda_prepare_token(a, t, static_cast<int>(h), q.data(), k.data(), v.data(), g.data(), &beta);
+        for (int i = 0; i < D; ++i) alpha[i] = std::exp(g[i]);
+        float* o = kda_detail::row_f32_mut(a.out, t) + h * D;
+        for (int vi = 0; vi < D; ++vi) {
+          float* row = S + static_cast<int64_t>(vi) * D;
+          for (int ki = 0; ki < D; ++ki) row[ki] *= alpha[ki];                 // 1. decay
+          float read = 0.0f;
+          for (int ki = 0; ki < D; ++ki) read += row[ki] * k[ki];              // 2. read
+          const float u = beta * (v[vi] - read);                               // 3. delta
+          for (int ki = 0; ki < D; ++ki) row[ki] += u * k[ki];                 // 4. write
+          float out = 0.0f;
+          for (int ki = 0; ki < D; ++ki) out += row[ki] * q[ki];               // 5. output
+          o[vi] = round_act(out, a.precision);  // o is an activation: rounded in bf16 mode
+        }
+      }
+    }
+  });
+}
+
+}  // namespace k3::kernels

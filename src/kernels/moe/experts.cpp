@@ -1,0 +1,142 @@
+// kernels/moe/experts.cpp: CPU reference routed experts in latent space (spec §7).
+//
+// For token t and route j (expert e = ids[t][j], weight p = weights[t][j]):
+//   h_tj = SiTU(round(W1_e z_t), round(W3_e z_t))   linear_reference + situ_glu_reference
+//   e_tj = round(W2_e h_tj)                          linear_reference
+//   u_t  = round(sum_j p_tj * e_tj)                  fp32, in route order j = 0..k-1
+// The math lives in the linear and SiTU references; this file only groups the routes by expert
+// (so every expert's weights are decoded once per call, whatever the token count) and combines.
+// Each route's result depends only on its own token, so the grouping does not change any bit.
+#include "kernels/moe/experts.h"
+
+#include <string>
+#include <vector>
+
+#include "kernels/linear/linear.h"
+#include "kernels/situ/situ_glu.h"
+
+namespace k3::kernels {
+
+namespace {
+
+std::string describe(const core::TensorView& v) {
+  return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str();
+}
+
+bool is_matrix(const core::TensorView& v, core::DType dt, int64_t rows, int64_t cols) {
+  return v.dtype == dt && v.rank() == 2 && v.strides[1] == 1 && v.dim(0) == rows &&
+         v.dim(1) == cols;
+}
+
+// Validates one expert weight with linear_check on empty activations of the expected widths.
+core::Status check_expert_weight(const char* name, size_t e, const LinearWeight& w, int64_t in) {
+  if (!w.weight.defined())
+    return core::Status::fail(std::string(name) + "[" + std::to_string(e) + "] is empty");
+  const int64_t out = w.out_features();
+  const core::TensorView x = core::TensorView::contiguous(nullptr, core::DType::f32, {0, in});
+  const core::TensorView y = core::TensorView::contiguous(nullptr, core::DType::f32, {0, out});
+  if (core::Status s = linear_check({x, &w, y}); !s)
+    return core::Status::fail(std::string(name) + "[" + std::to_string(e) + "]: " + s.reason());
+  return core::Status::ok();
+}
+
+core::TensorView f32_view(std::vector<float>& buf, int64_t rows, int64_t cols) {
+  return core::TensorView::contiguous(buf.data(), core::DType::f32, {rows, cols});
+}
+
+}  // namespace
+
+core::Status moe_experts_check(const MoeExpertsArgs& a) {
+  if (a.z.dtype != core::DType::f32 || a.z.rank() != 2 || a.z.strides[1] != 1)
+    return core::Status::fail("z must be f32 [T, L] with contiguous rows, got " + describe(a.z));
+  const int64_t T = a.z.dim(0), L = a.z.dim(1);
+  if (a.ids.dtype != core::DType::i32 || a.ids.rank() != 2 || a.ids.strides[1] != 1 ||
+      a.ids.dim(0) != T)
+    return core::Status::fail("ids must be i32 [" + std::to_string(T) + ", k], got " +
+                              describe(a.ids));
+  const int64_t k = a.ids.dim(1);
+  if (!is_matrix(a.weights, core::DType::f32, T, k))
+    return core::Status::fail("weights must be f32 " + core::Shape{T, k}.str() + " like ids, got " +
+                              describe(a.weights));
+  if (!is_matrix(a.out, core::DType::f32, T, L))
+    return core::Status::fail("out must be f32 " + core::Shape{T, L}.str() + " like z, got " +
+                              describe(a.out));
+  const size_t E = a.w1.size();
+  if (E == 0 || a.w3.size() != E || a.w2.size() != E)
+    return core::Status::fail("w1, w3, w2 must hold one weight per expert each, got " +
+                              std::to_string(a.w1.size()) + ", " + std::to_string(a.w3.size()) +
+                              ", " + std::to_string(a.w2.size()));
+  for (size_t e = 0; e < E; ++e) {
+    if (core::Status s = check_expert_weight("w1", e, a.w1[e], L); !s) return s;
+    const int64_t I = a.w1[e].out_features();
+    if (core::Status s = check_expert_weight("w3", e, a.w3[e], L); !s) return s;
+    if (a.w3[e].out_features() != I)
+      return core::Status::fail("w3[" + std::to_string(e) + "] has " +
+                                std::to_string(a.w3[e].out_features()) + " rows, expected " +
+                                std::to_string(I) + " like w1");
+    if (core::Status s = check_expert_weight("w2", e, a.w2[e], I); !s) return s;
+    if (a.w2[e].out_features() != L)
+      return core::Status::fail("w2[" + std::to_string(e) + "] has " +
+                                std::to_string(a.w2[e].out_features()) +
+                                " rows, expected the latent width " + std::to_string(L));
+  }
+  if (!(a.beta > 0.0f) || !(a.linear_beta > 0.0f))
+    return core::Status::fail("beta and linear_beta must be > 0");
+  if (a.ids.device == core::Device::cpu) {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t id = a.ids.as<const int32_t>()[t * a.ids.strides[0] + j];
+        if (id < 0 || static_cast<size_t>(id) >= E)
+          return core::Status::fail("ids[" + std::to_string(t) + "][" + std::to_string(j) +
+                                    "] = " + std::to_string(id) + " is outside the " +
+                                    std::to_string(E) + " experts");
+      }
+  }
+  return core::Status::ok();
+}
+
+void moe_experts_reference(const MoeExpertsArgs& a) {
+  const int64_t T = a.z.dim(0), L = a.z.dim(1), k = a.ids.dim(1);
+  const size_t E = a.w1.size();
+  // Routes (flat index t * k + j) per expert, in token order.
+  std::vector<std::vector<int64_t>> routes(E);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j)
+      routes[a.ids.as<const int32_t>()[t * a.ids.strides[0] + j]].push_back(t * k + j);
+
+  std::vector<float> expert_out(static_cast<size_t>(T * k * L));  // e_tj, [T, k, L]
+  std::vector<float> z_rows, gate, up, act, down;
+  for (size_t e = 0; e < E; ++e) {
+    const std::vector<int64_t>& r = routes[e];
+    if (r.empty()) continue;
+    const int64_t n = static_cast<int64_t>(r.size()), I = a.w1[e].out_features();
+    z_rows.resize(static_cast<size_t>(n * L));
+    for (int64_t m = 0; m < n; ++m) {
+      const float* src = a.z.as<const float>() + (r[m] / k) * a.z.strides[0];
+      std::copy(src, src + L, z_rows.begin() + m * L);
+    }
+    gate.resize(static_cast<size_t>(n * I));
+    up.resize(static_cast<size_t>(n * I));
+    act.resize(static_cast<size_t>(n * I));
+    down.resize(static_cast<size_t>(n * L));
+    linear_reference({f32_view(z_rows, n, L), &a.w1[e], f32_view(gate, n, I), true, a.precision});
+    linear_reference({f32_view(z_rows, n, L), &a.w3[e], f32_view(up, n, I), true, a.precision});
+    situ_glu_reference({f32_view(gate, n, I), f32_view(up, n, I), f32_view(act, n, I), a.beta,
+                        a.linear_beta, a.precision});
+    linear_reference({f32_view(act, n, I), &a.w2[e], f32_view(down, n, L), true, a.precision});
+    for (int64_t m = 0; m < n; ++m)
+      std::copy(down.begin() + m * L, down.begin() + (m + 1) * L, expert_out.begin() + r[m] * L);
+  }
+  // Combine in route order. out may alias z: z is no longer read.
+  for (int64_t t = 0; t < T; ++t) {
+    const float* p = a.weights.as<const float>() + t * a.weights.strides[0];
+    float* out = a.out.as<float>() + t * a.out.strides[0];
+    for (int64_t h = 0; h < L; ++h) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < k; ++j) acc += p[j] * expert_out[(t * k + j) * L + h];
+      out[h] = round_act(acc, a.precision);
+    }
+  }
+}
+
+}  // namespace k3::kernels

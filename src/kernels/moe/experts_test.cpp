@@ -1,0 +1,303 @@
+// kernels/moe/experts_test.cpp: routed experts against naive loops; TP-split emulation (§15.6).
+#include "kernels/moe/experts.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/fp4.h"
+#include "core/rng.h"
+#include "kernels/norm/rmsnorm.h"
+
+namespace k3::kernels {
+namespace {
+
+using core::DType;
+using core::Tensor;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// One expert weight plus the f32 values it decodes to (row-major [out, in]).
+struct Weight {
+  LinearWeight w;
+  std::vector<float> values;
+};
+
+// Uniform with std gain/sqrt(in): gain 3 keeps activations O(1..10) so SiTU's clipping bites.
+Weight make_weight(int64_t out, int64_t in, bool mxfp4, uint64_t seed, double gain = 3.0) {
+  core::Rng rng(seed);
+  const double half = gain * std::sqrt(3.0 / static_cast<double>(in));
+  std::vector<float> src(static_cast<size_t>(out * in));
+  for (float& v : src) v = static_cast<float>(rng.uniform(-half, half));
+  Weight r;
+  r.values.assign(src.size(), 0.0f);
+  if (!mxfp4) {
+    r.w.weight = Tensor::zeros(DType::bf16, {out, in});
+    for (size_t i = 0; i < src.size(); ++i) {
+      r.w.weight.data<uint16_t>()[i] = core::f32_to_bf16_bits(src[i]);
+      r.values[i] = core::bf16_round(src[i]);
+    }
+    return r;
+  }
+  r.w.weight = Tensor::zeros(DType::u8, {out, in / 2});
+  r.w.scale = Tensor::zeros(DType::u8, {out, in / 32});
+  for (int64_t o = 0; o < out; ++o) {
+    std::span<uint8_t> packed{r.w.weight.data<uint8_t>() + o * in / 2, static_cast<size_t>(in / 2)};
+    std::span<uint8_t> scales{r.w.scale.data<uint8_t>() + o * in / 32,
+                              static_cast<size_t>(in / 32)};
+    core::mxfp4_quantize_row({src.data() + o * in, static_cast<size_t>(in)}, packed, scales);
+    core::mxfp4_dequantize_row(packed, scales, {r.values.data() + o * in, static_cast<size_t>(in)});
+  }
+  return r;
+}
+
+struct Experts {
+  std::vector<Weight> w1, w3, w2;
+  std::vector<LinearWeight> l1() const { return pick(w1); }
+  std::vector<LinearWeight> l3() const { return pick(w3); }
+  std::vector<LinearWeight> l2() const { return pick(w2); }
+  static std::vector<LinearWeight> pick(const std::vector<Weight>& ws) {
+    std::vector<LinearWeight> r;
+    for (const Weight& w : ws) r.push_back(w.w);
+    return r;
+  }
+};
+
+Experts make_experts(int E, int64_t L, int64_t I, bool mxfp4, uint64_t seed) {
+  Experts x;
+  for (int e = 0; e < E; ++e) {
+    x.w1.push_back(make_weight(I, L, mxfp4, seed + 3 * e));
+    x.w3.push_back(make_weight(I, L, mxfp4, seed + 3 * e + 1));
+    x.w2.push_back(make_weight(L, I, mxfp4, seed + 3 * e + 2, 1.0));
+  }
+  return x;
+}
+
+struct Routing {
+  Tensor z, ids, weights;
+};
+
+// Random z (bf16 values), ids (repeats allowed, as any id list must work), weights in (0, 1).
+Routing make_routing(int64_t T, int64_t L, int E, int64_t k, uint64_t seed) {
+  core::Rng rng(seed);
+  Routing r{Tensor::zeros(DType::f32, {T, L}), Tensor::zeros(DType::i32, {T, k}),
+            Tensor::zeros(DType::f32, {T, k})};
+  for (float& v : r.z.span<float>()) v = core::bf16_round(static_cast<float>(rng.normal()));
+  for (int32_t& v : r.ids.span<int32_t>()) v = static_cast<int32_t>(rng.next_u64() % E);
+  for (float& v : r.weights.span<float>()) v = static_cast<float>(rng.uniform(0.05, 1.0));
+  return r;
+}
+
+Tensor run(const Routing& r, const Experts& x, Precision p) {
+  const std::vector<LinearWeight> w1 = x.l1(), w3 = x.l3(), w2 = x.l2();
+  Tensor out = Tensor::zeros(DType::f32, r.z.shape());
+  for (float& v : out.span<float>()) v = kNaN;
+  MoeExpertsArgs a{r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2, out.view(), 4.0f, 25.0f,
+                   p};
+  EXPECT_TRUE(moe_experts_check(a)) << moe_experts_check(a).reason();
+  moe_experts_reference(a);
+  return out;
+}
+
+// y = round(W x) by the textbook loop.
+std::vector<float> naive_linear(const std::vector<float>& w, const float* x, int64_t out,
+                                int64_t in, Precision p) {
+  std::vector<float> y(static_cast<size_t>(out));
+  for (int64_t o = 0; o < out; ++o) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < in; ++i) acc = acc + x[i] * w[o * in + i];
+    y[o] = round_act(acc, p);
+  }
+  return y;
+}
+
+// Spec §7 and §8 written out per token and route.
+std::vector<float> naive_moe(const Routing& r, const Experts& x, Precision p) {
+  const int64_t T = r.z.dim(0), L = r.z.dim(1), k = r.ids.dim(1);
+  std::vector<float> u(static_cast<size_t>(T * L));
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<float> acc(static_cast<size_t>(L), 0.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = r.ids.data<int32_t>()[t * k + j];
+      const int64_t I = x.w1[e].w.out_features();
+      const std::vector<float> g = naive_linear(x.w1[e].values, r.z.data<float>() + t * L, I, L, p);
+      const std::vector<float> c = naive_linear(x.w3[e].values, r.z.data<float>() + t * L, I, L, p);
+      std::vector<float> h(static_cast<size_t>(I));
+      for (int64_t i = 0; i < I; ++i) {
+        const float gate = 4.0f * std::tanh(g[i] / 4.0f) * (1.0f / (1.0f + std::exp(-g[i])));
+        h[i] = round_act(gate * (25.0f * std::tanh(c[i] / 25.0f)), p);
+      }
+      const std::vector<float> ej = naive_linear(x.w2[e].values, h.data(), L, I, p);
+      for (int64_t l = 0; l < L; ++l) acc[l] = acc[l] + r.weights.data<float>()[t * k + j] * ej[l];
+    }
+    for (int64_t l = 0; l < L; ++l) u[t * L + l] = round_act(acc[l], p);
+  }
+  return u;
+}
+
+void expect_bitwise(const Tensor& got, const std::vector<float>& want) {
+  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(got.data<float>()[i]), std::bit_cast<uint32_t>(want[i]))
+        << "i=" << i;
+}
+
+TEST(MoeExperts, MatchesNaiveOnOddShapesBf16Weights) {
+  const Experts x = make_experts(6, 53, 37, false, 10);
+  for (int64_t T : {1, 17, 54, 97}) {
+    const Routing r = make_routing(T, 53, 6, 3, T);
+    for (Precision p : {Precision::bf16, Precision::fp32})
+      expect_bitwise(run(r, x, p), naive_moe(r, x, p));
+  }
+}
+
+TEST(MoeExperts, MatchesNaiveWithMxfp4Weights) {
+  const Experts x = make_experts(5, 96, 64, true, 20);
+  for (int64_t T : {1, 17}) {
+    const Routing r = make_routing(T, 96, 5, 4, 100 + T);
+    for (Precision p : {Precision::bf16, Precision::fp32})
+      expect_bitwise(run(r, x, p), naive_moe(r, x, p));
+  }
+}
+
+TEST(MoeExperts, K3Tp8ExpertShardShape) {
+  // Per-GPU TP8 routed expert: w1/w3 [384, 3584], w2 [3584, 384], MXFP4 (spec §11, §14.2).
+  const Experts x = make_experts(3, 3584, 384, true, 30);
+  const Routing r = make_routing(3, 3584, 3, 2, 31);
+  const std::vector<float> want = naive_moe(r, x, Precision::bf16);
+  expect_bitwise(run(r, x, Precision::bf16), want);
+  int64_t nonzero = 0;
+  for (float v : want) nonzero += v != 0.0f;
+  EXPECT_GT(nonzero, static_cast<int64_t>(want.size()) / 2);
+}
+
+TEST(MoeExperts, RouteWeightsScaleTheSum) {
+  // Two routes to the same expert with weights a and b equal one route with a + b (exact in
+  // fp32 when a, b, a + b are small powers of two).
+  const Experts x = make_experts(2, 64, 32, false, 40);
+  Routing two = make_routing(5, 64, 2, 2, 41), one = make_routing(5, 64, 2, 1, 41);
+  std::copy(two.z.data<float>(), two.z.data<float>() + 5 * 64, one.z.data<float>());
+  for (int64_t t = 0; t < 5; ++t) {
+    two.ids.data<int32_t>()[2 * t] = two.ids.data<int32_t>()[2 * t + 1] =
+        one.ids.data<int32_t>()[t] = 1;
+    two.weights.data<float>()[2 * t] = 0.25f;
+    two.weights.data<float>()[2 * t + 1] = 0.25f;
+    one.weights.data<float>()[t] = 0.5f;
+  }
+  Tensor a = run(two, x, Precision::fp32), b = run(one, x, Precision::fp32);
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]);
+}
+
+// Rows [r0, r1) and columns [c0, c1) of a rank-2 tensor, any dtype.
+Tensor slice2d(const Tensor& t, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const size_t es = core::dtype_size(t.dtype());
+  Tensor s = Tensor::zeros(t.dtype(), {r1 - r0, c1 - c0});
+  for (int64_t r = r0; r < r1; ++r)
+    std::memcpy(s.data<char>() + (r - r0) * (c1 - c0) * es,
+                t.data<char>() + (r * t.dim(1) + c0) * es, (c1 - c0) * es);
+  return s;
+}
+
+// TP shard s of tp of one expert: w1/w3 rows (column parallel), w2 columns (row parallel).
+// MXFP4 shards cut the packed codes (2 per byte) and the scales (1 per 32) at the same columns.
+Experts shard(const Experts& x, int s, int tp) {
+  Experts r;
+  for (size_t e = 0; e < x.w1.size(); ++e) {
+    const int64_t I = x.w1[e].w.out_features(), L = x.w2[e].w.out_features();
+    const int64_t i0 = I * s / tp, i1 = I * (s + 1) / tp;
+    for (const auto* src : {&x.w1[e], &x.w3[e]}) {
+      Weight w;
+      w.w.weight = slice2d(src->w.weight, i0, i1, 0, src->w.weight.dim(1));
+      if (src->w.is_mxfp4()) w.w.scale = slice2d(src->w.scale, i0, i1, 0, src->w.scale.dim(1));
+      w.values.assign(src->values.begin() + i0 * L, src->values.begin() + i1 * L);
+      (src == &x.w1[e] ? r.w1 : r.w3).push_back(w);
+    }
+    Weight w2;
+    const bool mx = x.w2[e].w.is_mxfp4();
+    w2.w.weight = mx ? slice2d(x.w2[e].w.weight, 0, L, i0 / 2, i1 / 2)
+                     : slice2d(x.w2[e].w.weight, 0, L, i0, i1);
+    if (mx) w2.w.scale = slice2d(x.w2[e].w.scale, 0, L, i0 / 32, i1 / 32);
+    r.w2.push_back(w2);
+  }
+  return r;
+}
+
+Tensor rmsnorm_fp32(const Tensor& u, const Tensor& w) {
+  Tensor out = Tensor::zeros(DType::f32, u.shape());
+  rmsnorm_reference(
+      {u.view(), w.view(), out.view(), 1e-5f, RmsNormStyle::moonshot, Precision::fp32});
+  return out;
+}
+
+double max_rel_diff(const Tensor& a, const Tensor& b) {
+  double diff = 0.0, scale = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    diff = std::max(diff, std::fabs(double(a.data<float>()[i]) - b.data<float>()[i]));
+    scale = std::max(scale, std::fabs(double(b.data<float>()[i])));
+  }
+  return diff / scale;
+}
+
+TEST(MoeExperts, LatentTpSplitEqualsUnsharded) {
+  // Spec §15 item 6: each rank holds a slice of every expert's intermediate; the partial
+  // latent sums (fp32 mode) all-reduced, then the routed RMSNorm, equal the unsharded result.
+  const int64_t T = 17, L = 96, I = 128;
+  for (bool mxfp4 : {false, true}) {
+    const Experts x = make_experts(8, L, I, mxfp4, mxfp4 ? 60 : 50);
+    const Routing r = make_routing(T, L, 8, 3, 51);
+    const Tensor full = run(r, x, Precision::fp32);
+    Tensor norm_w = Tensor::zeros(DType::f32, {L});
+    core::Rng rng(52);
+    for (float& v : norm_w.span<float>()) v = static_cast<float>(1.0 + 0.1 * rng.normal());
+    const Tensor full_normed = rmsnorm_fp32(full, norm_w);
+    for (int tp : {2, 4}) {
+      Tensor reduced = Tensor::zeros(DType::f32, {T, L});
+      for (int s = 0; s < tp; ++s) {
+        const Tensor partial = run(r, shard(x, s, tp), Precision::fp32);
+        for (int64_t i = 0; i < T * L; ++i) reduced.data<float>()[i] += partial.data<float>()[i];
+      }
+      EXPECT_LE(max_rel_diff(reduced, full), 1e-5) << "tp=" << tp << " mxfp4=" << mxfp4;
+      EXPECT_LE(max_rel_diff(rmsnorm_fp32(reduced, norm_w), full_normed), 1e-5) << "tp=" << tp;
+    }
+  }
+}
+
+TEST(MoeExperts, BadArgumentsFail) {
+  const Experts x = make_experts(3, 64, 32, false, 70);
+  std::vector<LinearWeight> w1 = x.l1(), w3 = x.l3(), w2 = x.l2();
+  Routing r = make_routing(4, 64, 3, 2, 71);
+  Tensor out = Tensor::zeros(DType::f32, {4, 64});
+  MoeExpertsArgs a{r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2, out.view()};
+  EXPECT_TRUE(moe_experts_check(a)) << moe_experts_check(a).reason();
+  r.ids.data<int32_t>()[5] = 3;
+  core::Status s = moe_experts_check(a);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.reason().find("ids[2][1] = 3"), std::string::npos) << s.reason();
+  EXPECT_NE(s.reason().find("3 experts"), std::string::npos) << s.reason();
+  r.ids.data<int32_t>()[5] = 0;
+  std::vector<LinearWeight> w2_bad = w2;
+  w2_bad[1] = make_weight(64, 31, false, 1).w;
+  s = moe_experts_check({r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2_bad, out.view()});
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.reason().find("w2[1]"), std::string::npos) << s.reason();
+  std::vector<LinearWeight> w3_bad = w3;
+  w3_bad[2] = make_weight(33, 64, false, 1).w;
+  s = moe_experts_check({r.z.view(), r.ids.view(), r.weights.view(), w1, w3_bad, w2, out.view()});
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.reason().find("w3[2]"), std::string::npos) << s.reason();
+  std::vector<LinearWeight> w2_short(w2.begin(), w2.end() - 1);
+  EXPECT_FALSE(moe_experts_check(
+      {r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2_short, out.view()}));
+  Tensor weights_bad = Tensor::zeros(DType::f32, {4, 3});
+  s = moe_experts_check({r.z.view(), r.ids.view(), weights_bad.view(), w1, w3, w2, out.view()});
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.reason().find("weights"), std::string::npos) << s.reason();
+}
+
+}  // namespace
+}  // namespace k3::kernels

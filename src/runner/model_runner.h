@@ -1,0 +1,48 @@
+// runner/model_runner.h: owns a loaded model (checkpoint, op registry, Model) and runs the
+// whole-sequence jobs of the CLI: teacher-forced logits and generation.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "kernels/registry.h"
+#include "model/model.h"
+#include "runner/sampler.h"
+
+namespace k3::runner {
+
+class ModelRunner {
+ public:
+  // Loads DIR (config.json + safetensors) and builds the model on the CPU backend.
+  static std::unique_ptr<ModelRunner> open(const std::filesystem::path& dir, const model::ModelOptions& options);
+  ModelRunner(checkpoint::LoadedModel loaded, const model::ModelOptions& options);
+
+  const config::K3Config& config() const { return loaded_.config; }
+  const model::Model& model() const { return *model_; }
+
+  // Logits [T, vocab] for every position of `tokens`: the first `decode_from` tokens in one
+  // prefill, the rest one at a time through the decode path (decode_from = T: all prefill).
+  core::Tensor logits(std::span<const int32_t> tokens, int64_t decode_from) const;
+
+  // Prefills the prompt, then samples up to max_tokens tokens (stopping after eos when the
+  // config has one). on_token is called with each new id as soon as it exists.
+  struct GenerateStats {
+    double prefill_seconds = 0, decode_seconds = 0;
+    int64_t prompt_tokens = 0, generated_tokens = 0;
+  };
+  std::vector<int32_t> generate(std::span<const int32_t> prompt, int64_t max_tokens, const SamplingParams& sampling,
+                                const std::function<void(int32_t)>& on_token = nullptr,
+                                GenerateStats* stats = nullptr) const;
+
+ private:
+  void check_ids(std::span<const int32_t> tokens) const;
+  checkpoint::LoadedModel loaded_;
+  kernels::Registry registry_;
+  std::unique_ptr<model::Model> model_;
+};
+
+}  // namespace k3::runner
