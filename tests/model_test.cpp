@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "model/local_cache.h"
 #include "model/model.h"
 #include "runner/model_runner.h"
 #include "test_util.h"
@@ -34,13 +35,14 @@ model::ModelOptions fp32_options() {
 
 class TinyModel : public ::testing::TestWithParam<checkpoint::InitStyle> {
  protected:
-  std::unique_ptr<runner::ModelRunner> open(const model::ModelOptions& o, bool mxfp4 = false) {
+  std::unique_ptr<runner::ModelRunner> open(const model::ModelOptions& o, bool mxfp4 = false,
+                                            model::KvCacheDtype kv = model::KvCacheDtype::bf16) {
     checkpoint::WriteOptions w;
     w.init = GetParam();
     w.mxfp4 = mxfp4;
     const auto dir = testing::write_checkpoint(tmp_, config::builtin_config("k3-tiny"), w,
                                                mxfp4 ? "mxfp4" : "bf16");
-    return runner::ModelRunner::open(dir, o);
+    return runner::ModelRunner::open(dir, o, kv);
   }
   testing::TempDir tmp_;
 };
@@ -53,16 +55,17 @@ TEST_P(TinyModel, PrefillThenDecodeMatchesFullPrefillFp32) {
   const core::Tensor full = r->logits(tokens, 162);
 
   const model::Model& m = r->model();
-  model::SequenceState s = m.new_sequence();
+  model::LocalCache cache(r->config(), 1, 162, model::KvCacheDtype::bf16, /*block_size=*/7);  // odd pages
+  model::SequenceState s = cache.new_sequence();
   std::vector<core::Tensor> parts;
   SequenceInput in{std::span(tokens).first(150), &s, StepKind::prefill};
-  parts.push_back(m.forward({&in, 1}, LogitRows::all));
+  parts.push_back(m.forward(cache.storage(), {&in, 1}, LogitRows::all));
   for (int t = 150; t < 158; ++t) {
     in = {std::span(tokens).subspan(static_cast<size_t>(t), 1), &s, StepKind::decode};
-    parts.push_back(m.forward({&in, 1}, LogitRows::all));
+    parts.push_back(m.forward(cache.storage(), {&in, 1}, LogitRows::all));
   }
   in = {std::span(tokens).subspan(158, 4), &s, StepKind::decode};  // verify rows
-  parts.push_back(m.forward({&in, 1}, LogitRows::all));
+  parts.push_back(m.forward(cache.storage(), {&in, 1}, LogitRows::all));
   EXPECT_EQ(s.num_tokens, 162);
 
   int64_t row = 0;
@@ -98,23 +101,24 @@ TEST_P(TinyModel, BatchedSequencesEqualEachAlone) {
   const int V = r->config().vocab_size;
   const auto a = random_tokens(23, V, 4), b = random_tokens(9, V, 5);
 
-  model::SequenceState sa = m.new_sequence(), sb = m.new_sequence();
+  model::LocalCache cache(r->config(), 4, 32);
+  model::SequenceState sa = cache.new_sequence(), sb = cache.new_sequence();
   SequenceInput first[] = {{std::span(a).first(20), &sa, StepKind::prefill},
                            {std::span(b).first(4), &sb, StepKind::prefill}};
-  const core::Tensor batch1 = m.forward(first, LogitRows::all);
+  const core::Tensor batch1 = m.forward(cache.storage(), first, LogitRows::all);
   SequenceInput second[] = {{std::span(a).subspan(20, 1), &sa, StepKind::decode},  // mixed step
                             {std::span(b).subspan(4, 5), &sb, StepKind::prefill}};
-  const core::Tensor batch2 = m.forward(second, LogitRows::last);
+  const core::Tensor batch2 = m.forward(cache.storage(), second, LogitRows::last);
 
-  model::SequenceState ra = m.new_sequence(), rb = m.new_sequence();
+  model::SequenceState ra = cache.new_sequence(), rb = cache.new_sequence();
   SequenceInput in{std::span(a).first(20), &ra, StepKind::prefill};
-  const core::Tensor alone_a1 = m.forward({&in, 1}, LogitRows::all);
+  const core::Tensor alone_a1 = m.forward(cache.storage(), {&in, 1}, LogitRows::all);
   in = {std::span(b).first(4), &rb, StepKind::prefill};
-  const core::Tensor alone_b1 = m.forward({&in, 1}, LogitRows::all);
+  const core::Tensor alone_b1 = m.forward(cache.storage(), {&in, 1}, LogitRows::all);
   in = {std::span(a).subspan(20, 1), &ra, StepKind::decode};
-  const core::Tensor alone_a2 = m.forward({&in, 1}, LogitRows::last);
+  const core::Tensor alone_a2 = m.forward(cache.storage(), {&in, 1}, LogitRows::last);
   in = {std::span(b).subspan(4, 5), &rb, StepKind::prefill};
-  const core::Tensor alone_b2 = m.forward({&in, 1}, LogitRows::last);
+  const core::Tensor alone_b2 = m.forward(cache.storage(), {&in, 1}, LogitRows::last);
 
   EXPECT_EQ(compare(model::row_slice(batch1, 0, 20), alone_a1).max_abs, 0.0);
   EXPECT_EQ(compare(model::row_slice(batch1, 20, 24), alone_b1).max_abs, 0.0);
@@ -123,9 +127,7 @@ TEST_P(TinyModel, BatchedSequencesEqualEachAlone) {
 }
 
 TEST_P(TinyModel, Fp8LatentCacheStaysClose) {
-  model::ModelOptions o;
-  o.kv_cache = model::KvCacheDtype::fp8_e4m3;
-  auto fp8 = open(o);
+  auto fp8 = open({}, false, model::KvCacheDtype::fp8_e4m3);
   auto bf16 = open({});
   const auto tokens = random_tokens(40, bf16->config().vocab_size, 6);
   const auto d = compare(fp8->logits(tokens, 30), bf16->logits(tokens, 30));
@@ -212,10 +214,11 @@ TEST(AttnResSchedule, SourceCountsPerLayerAndBankSnapshot) {
   model::TraceFn trace = [&](std::string_view name, int layer, const core::TensorView& v) {
     if (name == "attn.out") attn_out[layer].assign(v.span<const float>().begin(), v.span<const float>().end());
   };
-  model::SequenceState s = m.new_sequence();
+  model::LocalCache cache(loaded.config, 1, 1);
+  model::SequenceState s = cache.new_sequence();
   const std::vector<int32_t> tok = {5};
   SequenceInput in{tok, &s, StepKind::prefill};
-  m.forward({&in, 1}, LogitRows::all, &trace);
+  m.forward(cache.storage(), {&in, 1}, LogitRows::all, &trace);
 
   // Expected (spec §3): attention side ceil(l/12)+1 sources (no mix at l = 0), FFN side
   // floor(l/12)+2, final mix |bank|+1.

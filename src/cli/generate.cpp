@@ -16,6 +16,9 @@ int generate_command(std::span<char* const> argv) {
   specs.push_back({"top-k", "K", "keep the K most likely tokens (0: off)", "0"});
   specs.push_back({"min-p", "P", "drop tokens below P times the most likely", "0"});
   specs.push_back({"seed", "S", "sampling seed", "0"});
+  specs.push_back({"repetition-penalty", "R", "divide positive / multiply negative logits of prompt+output ids (1: off)", "1"});
+  specs.push_back({"presence-penalty", "P", "subtract P from logits of ids already generated, in [-2, 2]", "0"});
+  specs.push_back({"frequency-penalty", "F", "subtract F * count from logits of generated ids, in [-2, 2]", "0"});
   Args args("generate", specs, argv);
   if (args.help_requested()) {
     std::cout << args.usage();
@@ -28,10 +31,12 @@ int generate_command(std::span<char* const> argv) {
   sampling.top_k = static_cast<int>(args.get_int("top-k"));
   sampling.min_p = static_cast<float>(args.get_double("min-p"));
   sampling.seed = args.get_u64("seed");
-  runner::validate(sampling);
+  sampling.repetition_penalty = static_cast<float>(args.get_double("repetition-penalty"));
+  sampling.presence_penalty = static_cast<float>(args.get_double("presence-penalty"));
+  sampling.frequency_penalty = static_cast<float>(args.get_double("frequency-penalty"));
   const int64_t max_tokens = args.get_int("max-tokens");
   K3_CHECK(max_tokens >= 0, "--max-tokens must be >= 0");
-  auto runner = runner::ModelRunner::open(args.get("model"), parse_model_options(args));
+  auto runner = runner::ModelRunner::open(args.get("model"), parse_model_options(args), parse_kv_cache(args));
   runner::ModelRunner::GenerateStats st;
   const std::vector<int32_t> out = runner->generate(prompt, max_tokens, sampling, nullptr, &st);
   for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? "," : "") << out[i];

@@ -21,7 +21,7 @@ int logits_command(std::span<char* const> argv) {
   }
   const std::vector<int32_t> ids = args.get_ids("token-ids");
   const model::ModelOptions options = parse_model_options(args);
-  auto runner = runner::ModelRunner::open(args.get("model"), options);
+  auto runner = runner::ModelRunner::open(args.get("model"), options, parse_kv_cache(args));
   const int64_t decode_from = args.has("decode-from") ? args.get_int("decode-from") : static_cast<int64_t>(ids.size());
   const core::Tensor logits = runner->logits(ids, decode_from);
   checkpoint::write_safetensors(args.get("out"), {{"logits", logits.view()}});

@@ -19,13 +19,16 @@ model::ModelOptions parse_model_options(const Args& args) {
   const std::string precision = args.get("precision");
   K3_CHECK(precision == "bf16" || precision == "fp32", "--precision must be bf16 or fp32, got '" + precision + "'");
   o.precision = precision == "bf16" ? kernels::Precision::bf16 : kernels::Precision::fp32;
-  const std::string kv = args.get("kv-cache");
-  K3_CHECK(kv == "bf16" || kv == "fp8", "--kv-cache must be bf16 or fp8, got '" + kv + "'");
-  o.kv_cache = kv == "fp8" ? model::KvCacheDtype::fp8_e4m3 : model::KvCacheDtype::bf16;
   const std::string kda = args.get("kda-prefill");
   K3_CHECK(kda == "chunked" || kda == "recurrent", "--kda-prefill must be chunked or recurrent, got '" + kda + "'");
   o.kda_chunked_prefill = kda == "chunked";
   return o;
+}
+
+model::KvCacheDtype parse_kv_cache(const Args& args) {
+  const std::string kv = args.get("kv-cache");
+  K3_CHECK(kv == "bf16" || kv == "fp8", "--kv-cache must be bf16 or fp8, got '" + kv + "'");
+  return kv == "fp8" ? model::KvCacheDtype::fp8_e4m3 : model::KvCacheDtype::bf16;
 }
 
 }  // namespace k3::cli

@@ -63,10 +63,15 @@ void mxfp4_dequantize_row(std::span<const uint8_t> packed, std::span<const uint8
                           std::span<float> out) {
   K3_CHECK(out.size() == packed.size() * 2 && scales.size() * kMxfp4Group == out.size(),
            "mxfp4: spans have inconsistent sizes");
-  for (size_t i = 0; i < packed.size(); ++i) {
-    const float s = e8m0_to_f32(scales[(2 * i) / kMxfp4Group]);
-    out[2 * i] = fp4_e2m1_to_f32(packed[i] & 0xf) * s;
-    out[2 * i + 1] = fp4_e2m1_to_f32(packed[i] >> 4) * s;
+  constexpr size_t kBytesPerGroup = kMxfp4Group / 2;
+  for (size_t g = 0; g < scales.size(); ++g) {
+    const float s = e8m0_to_f32(scales[g]);  // once per group of 32
+    const uint8_t* in = packed.data() + g * kBytesPerGroup;
+    float* o = out.data() + g * kMxfp4Group;
+    for (size_t i = 0; i < kBytesPerGroup; ++i) {
+      o[2 * i] = fp4_e2m1_to_f32(in[i] & 0xf) * s;
+      o[2 * i + 1] = fp4_e2m1_to_f32(in[i] >> 4) * s;
+    }
   }
 }
 

@@ -50,22 +50,25 @@ Model::Model(const config::K3Config& config, const Weights& weights, const kerne
   }
 }
 
-core::Tensor Model::forward(std::span<const SequenceInput> batch, LogitRows rows, const TraceFn* trace) const {
+core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch, LogitRows rows,
+                            const TraceFn* trace) const {
   // Lay the sequences out as consecutive row segments.
   std::vector<Segment> segments;
   std::vector<int32_t> ids;
   for (const SequenceInput& in : batch) {
     K3_CHECK(in.state != nullptr, "forward: a sequence has no state");
-    K3_CHECK(static_cast<int>(in.state->kda_state.size()) == config_.num_hidden_layers,
-             "forward: a sequence state was made for another model");
     K3_CHECK(!in.tokens.empty(), "forward: a sequence has no tokens");
+    const int64_t need = in.state->num_tokens + static_cast<int64_t>(in.tokens.size());
+    const int64_t have = static_cast<int64_t>(in.state->block_table.size()) * kv.storage_config().block_size;
+    K3_CHECK(need <= have, "forward: a sequence's block table covers " + std::to_string(have) + " tokens, the step needs " +
+                               std::to_string(need));
     const auto begin = static_cast<int64_t>(ids.size());
     ids.insert(ids.end(), in.tokens.begin(), in.tokens.end());
     segments.push_back({begin, static_cast<int64_t>(ids.size()), in.state, in.kind});
   }
   const auto n = static_cast<int64_t>(ids.size());
   K3_CHECK(n > 0, "forward: empty batch");
-  const ForwardContext ctx{config_, ops_, options_, segments, trace};
+  const ForwardContext ctx{config_, kv, ops_, options_, segments, trace};
 
   core::Tensor prefix = ctx.alloc(n, config_.hidden_size);  // P: running sum of the current block
   ops_.embedding.run({core::TensorView::contiguous(ids.data(), core::DType::i32, {n}), weights_.embed.view(),

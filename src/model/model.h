@@ -10,7 +10,6 @@
 #include "config/k3_config.h"
 #include "kernels/registry.h"
 #include "model/layers/context.h"
-#include "model/run_state.h"
 #include "model/weights.h"
 
 namespace k3::model {
@@ -28,12 +27,10 @@ class Model {
 
   const config::K3Config& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
-  SequenceState new_sequence() const { return SequenceState::create(config_, options_.kv_cache); }
-
-  // Runs every sequence's tokens on top of its state (advancing the state) and returns f32
-  // logits [rows, vocab]. Throws core::Error on bad input (token id out of range, a state
-  // that does not belong to this model).
-  core::Tensor forward(std::span<const SequenceInput> batch, LogitRows rows,
+  // Runs every sequence's tokens on top of its state in `kv` (advancing num_tokens) and
+  // returns f32 logits [rows, vocab]. Each state's block_table must already cover
+  // num_tokens + its new tokens and its slot must be valid. Throws core::Error on bad input.
+  core::Tensor forward(KvStorage& kv, std::span<const SequenceInput> batch, LogitRows rows,
                        const TraceFn* trace = nullptr) const;
 
  private:

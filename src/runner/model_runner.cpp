@@ -1,18 +1,22 @@
 // runner/model_runner.cpp: ModelRunner.
 #include "runner/model_runner.h"
 
+#include "model/local_cache.h"
+
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
 namespace k3::runner {
 
 std::unique_ptr<ModelRunner> ModelRunner::open(const std::filesystem::path& dir,
-                                               const model::ModelOptions& options) {
-  return std::make_unique<ModelRunner>(checkpoint::load_checkpoint(dir), options);
+                                               const model::ModelOptions& options, model::KvCacheDtype kv_cache) {
+  return std::make_unique<ModelRunner>(checkpoint::load_checkpoint(dir), options, kv_cache);
 }
 
-ModelRunner::ModelRunner(checkpoint::LoadedModel loaded, const model::ModelOptions& options)
-    : loaded_(std::move(loaded)) {
+ModelRunner::ModelRunner(checkpoint::LoadedModel loaded, const model::ModelOptions& options,
+                         model::KvCacheDtype kv_cache)
+    : loaded_(std::move(loaded)), kv_cache_(kv_cache) {
   kernels::register_reference_ops(registry_);
   model_ = std::make_unique<model::Model>(loaded_.config, loaded_.weights, registry_, options);
 }
@@ -32,17 +36,18 @@ core::Tensor ModelRunner::logits(std::span<const int32_t> tokens, int64_t decode
            "--decode-from must be in [0, " + std::to_string(T) + "], got " + std::to_string(decode_from));
   const int64_t V = config().vocab_size;
   core::Tensor out = core::Tensor::zeros(core::DType::f32, {T, V});
-  model::SequenceState state = model_->new_sequence();
+  model::LocalCache cache(config(), 1, T, kv_cache_);
+  model::SequenceState state = cache.new_sequence();
   auto copy_rows = [&](const core::Tensor& rows, int64_t at) {
     std::memcpy(out.data<float>() + at * V, rows.data<const float>(), static_cast<size_t>(rows.numel()) * sizeof(float));
   };
   if (decode_from > 0) {
     const model::SequenceInput in{tokens.first(static_cast<size_t>(decode_from)), &state, model::StepKind::prefill};
-    copy_rows(model_->forward({&in, 1}, model::LogitRows::all), 0);
+    copy_rows(model_->forward(cache.storage(), {&in, 1}, model::LogitRows::all), 0);
   }
   for (int64_t t = decode_from; t < T; ++t) {
     const model::SequenceInput in{tokens.subspan(static_cast<size_t>(t), 1), &state, model::StepKind::decode};
-    copy_rows(model_->forward({&in, 1}, model::LogitRows::all), t);
+    copy_rows(model_->forward(cache.storage(), {&in, 1}, model::LogitRows::all), t);
   }
   return out;
 }
@@ -53,9 +58,10 @@ std::vector<int32_t> ModelRunner::generate(std::span<const int32_t> prompt, int6
                                            GenerateStats* stats) const {
   check_ids(prompt);
   K3_CHECK(max_tokens >= 0, "max_tokens must be >= 0, got " + std::to_string(max_tokens));
-  Sampler sampler(sampling);
+  Sampler sampler(sampling, static_cast<int32_t>(config().vocab_size));
   using clock = std::chrono::steady_clock;
-  model::SequenceState state = model_->new_sequence();
+  model::LocalCache cache(config(), 1, static_cast<int64_t>(prompt.size()) + std::max<int64_t>(max_tokens, 1), kv_cache_);
+  model::SequenceState state = cache.new_sequence();
   std::vector<int32_t> out;
   GenerateStats st;
   st.prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -65,16 +71,16 @@ std::vector<int32_t> ModelRunner::generate(std::span<const int32_t> prompt, int6
   }
   auto t0 = clock::now();
   model::SequenceInput in{prompt, &state, model::StepKind::prefill};
-  core::Tensor logits = model_->forward({&in, 1}, model::LogitRows::last);
+  core::Tensor logits = model_->forward(cache.storage(), {&in, 1}, model::LogitRows::last);
   st.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   t0 = clock::now();
   for (;;) {
-    const int32_t next = sampler.sample(logits.span<const float>());
+    const int32_t next = sampler.sample(logits.span<const float>(), prompt, out).token;
     out.push_back(next);
     if (on_token) on_token(next);
     if (static_cast<int64_t>(out.size()) >= max_tokens || next == config().eos_token_id) break;
     in = {std::span<const int32_t>(&out.back(), 1), &state, model::StepKind::decode};
-    logits = model_->forward({&in, 1}, model::LogitRows::last);
+    logits = model_->forward(cache.storage(), {&in, 1}, model::LogitRows::last);
   }
   st.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   st.generated_tokens = static_cast<int64_t>(out.size());

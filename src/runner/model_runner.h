@@ -17,9 +17,11 @@ namespace k3::runner {
 
 class ModelRunner {
  public:
-  // Loads DIR (config.json + safetensors) and builds the model on the CPU backend.
-  static std::unique_ptr<ModelRunner> open(const std::filesystem::path& dir, const model::ModelOptions& options);
-  ModelRunner(checkpoint::LoadedModel loaded, const model::ModelOptions& options);
+  // Loads DIR (config.json + safetensors) and builds the model on the CPU backend; each
+  // logits()/generate() call runs one sequence in its own model::LocalCache.
+  static std::unique_ptr<ModelRunner> open(const std::filesystem::path& dir, const model::ModelOptions& options,
+                                           model::KvCacheDtype kv_cache = model::KvCacheDtype::bf16);
+  ModelRunner(checkpoint::LoadedModel loaded, const model::ModelOptions& options, model::KvCacheDtype kv_cache);
 
   const config::K3Config& config() const { return loaded_.config; }
   const model::Model& model() const { return *model_; }
@@ -41,6 +43,7 @@ class ModelRunner {
  private:
   void check_ids(std::span<const int32_t> tokens) const;
   checkpoint::LoadedModel loaded_;
+  model::KvCacheDtype kv_cache_;
   kernels::Registry registry_;
   std::unique_ptr<model::Model> model_;
 };

@@ -1,84 +1,229 @@
-// runner/sampler_test.cpp: greedy, seeded reproducibility, filters and parameter errors.
+// runner/sampler_test.cpp: greedy, the exact supports of top-k / top-p / min-p and their
+// order, drawn frequencies against a naive reference, and seeded reproducibility.
 #include "runner/sampler.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
-
-#include <map>
+#include <set>
 #include <vector>
 
-#include "core/error.h"
+#include "core/rng.h"
+#include "runner/sampler_test_util.h"
 
 namespace k3::runner {
 namespace {
 
+using testing::expect_chi_square_fits;
+using testing::histogram;
+using testing::reference_distribution;
+using testing::support;
+
+constexpr int kDraws = 20000;
+
+// Logits whose softmax is exactly proportional to probs.
+std::vector<float> logits_of(const std::vector<double>& probs) {
+  std::vector<float> x;
+  for (double p : probs) x.push_back(static_cast<float>(std::log(p)));
+  return x;
+}
+
+std::vector<float> random_logits(size_t vocab, uint64_t seed, double scale) {
+  core::Rng rng(seed);
+  std::vector<float> x(vocab);
+  for (float& v : x) v = static_cast<float>(rng.normal(0.0, scale));
+  return x;
+}
+
 TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
-  Sampler s({});
-  std::vector<float> logits = {0.5f, 2.0f, 2.0f, -1.0f};
-  EXPECT_EQ(s.sample(logits), 1);
+  Sampler s({}, 4);
+  const std::vector<float> logits = {0.5f, 2.0f, 2.0f, -1.0f};
+  EXPECT_EQ(s.sample(logits, {}, {}).token, 1);
+  // Filters are legal under greedy and never change the argmax.
+  Sampler filtered({.top_p = 0.1f, .top_k = 1, .min_p = 1.0f}, 4);
+  EXPECT_EQ(filtered.sample(logits, {}, {}).token, 1);
+  const std::vector<float> one = {-3.0f};
+  EXPECT_EQ(Sampler({}, 1).sample(one, {}, {}).token, 0);
 }
 
-TEST(Sampler, SameSeedSameStreamDifferentSeedDiffers) {
-  std::vector<float> logits(50);
-  for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(i % 7) * 0.3f;
-  auto draw = [&](uint64_t seed) {
-    Sampler s({.temperature = 1.0f, .seed = seed});
-    std::vector<int32_t> out;
-    for (int i = 0; i < 64; ++i) out.push_back(s.sample(logits));
-    return out;
+TEST(Sampler, GreedyAppliesLogitBiasAndPenalties) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.9f};
+  const std::vector<int32_t> none, out1 = {1};
+  EXPECT_EQ(Sampler({}, 3).sample(logits, none, none).token, 1);
+  EXPECT_EQ(Sampler({.logit_bias = {{2, 0.2f}}}, 3).sample(logits, none, none).token, 2);
+  EXPECT_EQ(Sampler({.logit_bias = {{0, 100.0f}}}, 3).sample(logits, none, none).token, 0);
+  EXPECT_EQ(Sampler({.repetition_penalty = 1.5f}, 3).sample(logits, out1, none).token, 2);  // via prompt
+  EXPECT_EQ(Sampler({.repetition_penalty = 1.5f}, 3).sample(logits, none, out1).token, 2);  // via output
+  EXPECT_EQ(Sampler({.presence_penalty = 0.5f}, 3).sample(logits, none, out1).token, 2);
+  EXPECT_EQ(Sampler({.presence_penalty = 0.5f}, 3).sample(logits, out1, none).token, 1);  // prompt-only: no effect
+  EXPECT_EQ(Sampler({.frequency_penalty = 0.2f}, 3).sample(logits, none, out1).token, 2);
+}
+
+TEST(Sampler, TopKKeepsExactlyKTiesToLowerIds) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, 0.0f, 2.5f, -1.0f};
+  Sampler s({.temperature = 1.0f, .top_k = 3, .seed = 1}, 7);
+  const auto count = histogram(s, logits, kDraws);
+  EXPECT_EQ(support(count), (std::vector<int32_t>{1, 3, 5}));
+  expect_chi_square_fits(count, reference_distribution(logits, s.params()), "top_k=3");
+
+  // Four tokens tie at the top: k = 2 keeps the two lowest ids.
+  const std::vector<float> ties = {2.0f, 1.0f, 2.0f, 2.0f, 0.0f, 2.0f};
+  Sampler t({.temperature = 1.0f, .top_k = 2, .seed = 2}, 6);
+  EXPECT_EQ(support(histogram(t, ties, 2000)), (std::vector<int32_t>{0, 2}));
+  // k >= vocab and k = -1 keep everything.
+  Sampler all({.temperature = 1.0f, .top_k = 100, .seed = 3}, 6), off({.temperature = 1.0f, .top_k = -1, .seed = 3}, 6);
+  EXPECT_EQ(support(histogram(all, ties, 4000)).size(), 6u);
+  EXPECT_EQ(support(histogram(off, ties, 4000)).size(), 6u);
+}
+
+TEST(Sampler, TopPKeepsTheShortestPrefixReachingP) {
+  // Most likely first: 1 (0.4), 3 (0.3), 4 (0.15), 0 (0.1), 2 (0.05).
+  const auto logits = logits_of({0.1, 0.4, 0.05, 0.3, 0.15});
+  auto support_for = [&](float top_p) {
+    Sampler s({.temperature = 1.0f, .top_p = top_p, .seed = 4}, 5);
+    const auto count = histogram(s, logits, kDraws);
+    expect_chi_square_fits(count, reference_distribution(logits, s.params()), "top_p");
+    return support(count);
   };
-  EXPECT_EQ(draw(7), draw(7));
-  EXPECT_NE(draw(7), draw(8));
+  EXPECT_EQ(support_for(0.3f), (std::vector<int32_t>{1}));
+  EXPECT_EQ(support_for(0.65f), (std::vector<int32_t>{1, 3}));
+  EXPECT_EQ(support_for(0.75f), (std::vector<int32_t>{1, 3, 4}));
+  EXPECT_EQ(support_for(0.9f), (std::vector<int32_t>{0, 1, 3, 4}));
+  EXPECT_EQ(support_for(1.0f), (std::vector<int32_t>{0, 1, 2, 3, 4}));
 }
 
-TEST(Sampler, TopKAndTopPRestrictTheSupport) {
-  std::vector<float> logits = {3.0f, 2.9f, 0.0f, -1.0f, -2.0f};
-  Sampler k2({.temperature = 5.0f, .top_k = 2, .seed = 1});
-  Sampler p({.temperature = 1.0f, .top_p = 0.5f, .seed = 2});
-  for (int i = 0; i < 500; ++i) {
-    EXPECT_LT(k2.sample(logits), 2);
-    EXPECT_EQ(p.sample(logits), 0);  // token 0 alone holds > 50% of the mass
+TEST(Sampler, MinPDropsTokensBelowAFractionOfTheMax) {
+  const auto logits = logits_of({0.1, 0.4, 0.05, 0.3, 0.15});
+  auto support_for = [&](float min_p, float temperature) {
+    Sampler s({.temperature = temperature, .min_p = min_p, .seed = 5}, 5);
+    const auto count = histogram(s, logits, kDraws);
+    expect_chi_square_fits(count, reference_distribution(logits, s.params()), "min_p");
+    return support(count);
+  };
+  EXPECT_EQ(support_for(0.5f, 1.0f), (std::vector<int32_t>{1, 3}));     // threshold 0.2
+  EXPECT_EQ(support_for(0.3f, 1.0f), (std::vector<int32_t>{1, 3, 4}));  // threshold 0.12
+  EXPECT_EQ(support_for(1.0f, 1.0f), (std::vector<int32_t>{1}));
+  // Relative to the tempered distribution: at T = 2 the ratios to the max are sqrt(p / 0.4):
+  // 0.5, 1, 0.354, 0.866, 0.612.
+  EXPECT_EQ(support_for(0.55f, 2.0f), (std::vector<int32_t>{1, 3, 4}));
+}
+
+TEST(Sampler, FiltersApplyTopKThenTopPThenMinP) {
+  const auto logits = logits_of({0.3, 0.25, 0.2, 0.15, 0.1});
+  auto support_for = [&](SamplingParams p) {
+    p.temperature = 1.0f;
+    p.seed = 6;
+    Sampler s(p, 5);
+    const auto count = histogram(s, logits, kDraws);
+    expect_chi_square_fits(count, reference_distribution(logits, p), "combined");
+    return support(count);
+  };
+  // top_p alone over the full mass: 0.3, 0.55, 0.75 >= 0.6.
+  EXPECT_EQ(support_for({.top_p = 0.6f}), (std::vector<int32_t>{0, 1, 2}));
+  // After top_k = 3 the mass is 0.75 and the target 0.45: 0.3, 0.55 >= 0.45.
+  EXPECT_EQ(support_for({.top_p = 0.6f, .top_k = 3}), (std::vector<int32_t>{0, 1}));
+  // Then min_p = 0.9 keeps p >= 0.27 only.
+  EXPECT_EQ(support_for({.top_p = 0.6f, .top_k = 3, .min_p = 0.9f}), (std::vector<int32_t>{0}));
+  EXPECT_EQ(support_for({.top_k = 4, .min_p = 0.6f}), (std::vector<int32_t>{0, 1, 2}));
+}
+
+TEST(Sampler, TemperatureReshapesTheDistribution) {
+  const auto logits = logits_of({0.5, 0.3, 0.2});
+  for (float temperature : {0.5f, 1.0f, 2.0f, 7.0f}) {
+    Sampler s({.temperature = temperature, .seed = 7}, 3);
+    std::vector<double> expected(3);
+    double total = 0;
+    for (size_t i = 0; i < 3; ++i) total += expected[i] = std::pow(std::vector<double>{0.5, 0.3, 0.2}[i], 1.0 / temperature);
+    for (double& e : expected) e /= total;
+    expect_chi_square_fits(histogram(s, logits, kDraws), expected, "T=" + std::to_string(temperature));
+  }
+  // A tiny temperature behaves like greedy and does not overflow.
+  Sampler cold({.temperature = 1e-30f, .seed = 8}, 3);
+  EXPECT_EQ(support(histogram(cold, logits, 200)), (std::vector<int32_t>{0}));
+}
+
+TEST(Sampler, FrequenciesMatchTheReferenceOnRandomVocabularies) {
+  // Odd vocabularies; the filters leave a handful of likely tokens, each checked within 5 sigma.
+  const std::vector<SamplingParams> cases = {
+      {.temperature = 1.0f, .top_k = 5},
+      {.temperature = 0.8f, .top_p = 0.7f},
+      {.temperature = 1.3f, .top_p = 0.9f, .top_k = 12, .min_p = 0.1f},
+      {.temperature = 0.6f, .min_p = 0.2f},
+  };
+  for (size_t vocab : {17u, 54u, 97u}) {
+    for (size_t c = 0; c < cases.size(); ++c) {
+      SamplingParams p = cases[c];
+      p.seed = 100 + vocab + c;
+      const auto logits = random_logits(vocab, p.seed, 2.0);
+      Sampler s(p, static_cast<int32_t>(vocab));
+      const auto count = histogram(s, logits, kDraws);
+      const auto expected = reference_distribution(logits, p);
+      for (size_t i = 0; i < vocab; ++i) {
+        const double sigma = std::sqrt(expected[i] * (1 - expected[i]) / kDraws);
+        EXPECT_NEAR(count[i] / double(kDraws), expected[i], 5 * sigma + 1e-12)
+            << "vocab " << vocab << " case " << c << " id " << i;
+      }
+    }
   }
 }
 
-TEST(Sampler, MinPDropsUnlikelyTokens) {
-  std::vector<float> logits = {0.0f, 0.0f, -10.0f};
-  Sampler s({.temperature = 1.0f, .min_p = 0.01f, .seed = 3});
-  std::map<int32_t, int> seen;
-  for (int i = 0; i < 2000; ++i) ++seen[s.sample(logits)];
-  EXPECT_EQ(seen.count(2), 0u);
-  EXPECT_GT(seen[0], 800);
-  EXPECT_GT(seen[1], 800);
-}
-
-TEST(Sampler, FrequenciesFollowTheDistribution) {
-  std::vector<float> logits = {std::log(0.7f), std::log(0.2f), std::log(0.1f)};
-  Sampler s({.temperature = 1.0f, .seed = 11});
-  std::vector<int> count(3);
-  const int n = 20000;
-  for (int i = 0; i < n; ++i) ++count[static_cast<size_t>(s.sample(logits))];
-  EXPECT_NEAR(count[0] / double(n), 0.7, 0.02);
-  EXPECT_NEAR(count[1] / double(n), 0.2, 0.02);
-  EXPECT_NEAR(count[2] / double(n), 0.1, 0.02);
-}
-
-TEST(Sampler, BadParametersNameThemselves) {
-  auto msg = [](SamplingParams p) {
-    try {
-      validate(p);
-    } catch (const core::Error& e) {
-      return std::string(e.what());
+// Every draw lies in the reference support, and almost all of a large support is drawn
+// (about 10 draws per kept token).
+void expect_support_within_reference(std::span<const float> logits, const SamplingParams& p, size_t min_kept) {
+  const auto expected = reference_distribution(logits, p);
+  size_t kept = 0;
+  for (double e : expected) kept += e > 0;
+  ASSERT_GE(kept, min_kept);
+  Sampler s(p, static_cast<int32_t>(logits.size()));
+  const auto count = histogram(s, logits, static_cast<int>(10 * kept));
+  size_t seen = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (count[i] > 0) ++seen;
+    if (expected[i] == 0) {
+      EXPECT_EQ(count[i], 0) << "id " << i << " is outside the support";
     }
-    return std::string();
+  }
+  EXPECT_GT(seen, kept * 95 / 100);
+}
+
+TEST(Sampler, TopPCutsDeepIntoAFlatVocabulary) {
+  // Near-flat logits: top_p = 0.5 keeps about half of 600 tokens, so the weighted selection
+  // halves several times before it sorts the last block.
+  expect_support_within_reference(random_logits(600, 9, 0.05), {.temperature = 1.0f, .top_p = 0.5f, .seed = 10},
+                                  250);
+  // 5 heads and a tail of 595 tied tokens holding 2/3 of the mass: the cut falls inside the
+  // ties (after ~250 of them; ~195 under top_k = 400), which keep their lowest ids.
+  std::vector<float> heads_and_tail(600, -4.0f);
+  for (size_t i : {7u, 300u, 434u, 500u, 599u}) heads_and_tail[i] = 0.0f;
+  expect_support_within_reference(heads_and_tail, {.temperature = 1.0f, .top_p = 0.6f, .seed = 11}, 200);
+  expect_support_within_reference(heads_and_tail, {.temperature = 1.0f, .top_p = 0.7f, .top_k = 400, .seed = 12},
+                                  150);
+}
+
+TEST(Sampler, SameSeedSameTokensWhateverOtherRequestsDo) {
+  const auto logits = random_logits(97, 11, 1.0);
+  const SamplingParams p{.temperature = 0.9f, .top_p = 0.95f, .seed = 7};
+  auto alone = [&](const SamplingParams& params) {
+    Sampler s(params, 97);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 300; ++i) out.push_back(s.sample(logits, {}, out).token);
+    return out;
   };
-  EXPECT_NE(msg({.temperature = -1.0f}).find("temperature"), std::string::npos);
-  EXPECT_NE(msg({.top_p = 0.0f}).find("top_p"), std::string::npos);
-  EXPECT_NE(msg({.top_k = -2}).find("top_k"), std::string::npos);
-  EXPECT_NE(msg({.min_p = 1.5f}).find("min_p"), std::string::npos);
-  Sampler s({});
-  std::vector<float> nan = {0.0f, std::nanf("")};
-  EXPECT_THROW(s.sample(nan), core::Error);
+  const std::vector<int32_t> reference = alone(p);
+  EXPECT_EQ(alone(p), reference);
+  EXPECT_NE(alone({.temperature = 0.9f, .top_p = 0.95f, .seed = 8}), reference);
+
+  // Interleaved with other requests (same seed, other seeds, greedy, other logits): unchanged.
+  Sampler mine(p, 97), twin(p, 97), other({.temperature = 1.5f, .top_k = 3, .seed = 8}, 97), greedy({}, 97);
+  const auto other_logits = random_logits(97, 12, 3.0);
+  std::vector<int32_t> out;
+  for (int i = 0; i < 300; ++i) {
+    for (int j = 0; j < i % 3; ++j) other.sample(other_logits, {}, {});
+    if (i % 2) twin.sample(other_logits, {}, {});
+    greedy.sample(logits, {}, {});
+    out.push_back(mine.sample(logits, {}, out).token);
+  }
+  EXPECT_EQ(out, reference);
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 
 #include "config/k3_config.h"
 #include "kernels/registry.h"
-#include "model/run_state.h"
+#include "model/kv_storage.h"
 #include "model/weights.h"
 
 namespace k3::model {
@@ -16,7 +16,6 @@ namespace k3::model {
 struct ModelOptions {
   kernels::Precision precision = kernels::Precision::bf16;
   kernels::RmsNormStyle rmsnorm_style = kernels::RmsNormStyle::moonshot;
-  KvCacheDtype kv_cache = KvCacheDtype::bf16;
   float kv_k_scale = 1.0f;          // fp8 cache: stored = fp8(x / k_scale)
   bool kda_chunked_prefill = true;  // prefill steps use chunked KDA (decode steps: recurrent)
   bool poison_buffers = false;      // NaN-fill every new activation buffer (tests)
@@ -48,6 +47,7 @@ struct Segment {
 
 struct ForwardContext {
   const config::K3Config& config;
+  KvStorage& kv;
   const kernels::Registry& ops;
   const ModelOptions& options;
   std::span<const Segment> segments;

@@ -1,4 +1,6 @@
 // model/layers/kda.cpp: a KDA attention sublayer (spec §5) for a batch of sequences.
+#include <algorithm>
+
 #include "model/layers/context.h"
 
 namespace k3::model {
@@ -23,23 +25,35 @@ core::Tensor attention(const ForwardContext& ctx, int layer, const KdaWeights& w
 
   for (const Segment& s : ctx.segments) {  // conv and recurrence are per sequence
     const int64_t b = s.row_begin, e = s.row_end;
-    core::Tensor& conv_state = s.state->conv_state.at(layer);
+    const core::TensorView conv_state = ctx.kv.conv_state(layer, s.state->kda_slot);  // [3, P, K-1]
     const core::Tensor* ins[3] = {&q_in, &k_in, &v_in};
     core::Tensor* outs[3] = {&q, &k, &v};
     const core::Tensor* weights[3] = {&w.q_conv, &w.k_conv, &w.v_conv};
     for (int i = 0; i < 3; ++i)
       ctx.ops.kda_conv.run({row_slice(*ins[i], b, e).view(), conv_weight(*weights[i]),
-                            conv_state.view().row(i), row_slice(*outs[i], b, e).view(), ctx.precision()},
+                            conv_state.row(i), row_slice(*outs[i], b, e).view(), ctx.precision()},
                            ctx.device());
-    kernels::KdaAttentionArgs a{row_slice(q, b, e).view(),     row_slice(k, b, e).view(),
-                                row_slice(v, b, e).view(),     row_slice(decay, b, e).view(),
-                                row_slice(beta, b, e).view(),  w.a_log.view(),
-                                w.dt_bias.view(),              s.state->kda_state.at(layer).view(),
-                                row_slice(o, b, e).view(),     kc.num_heads,
-                                kc.head_dim,                   kc.gate_lower_bound,
-                                kc.chunk_size,                 ctx.precision()};
-    const bool chunked = s.kind == StepKind::prefill && ctx.options.kda_chunked_prefill;
-    (chunked ? ctx.ops.kda_chunked : ctx.ops.kda_recurrent).run(a, ctx.device());
+    auto run = [&](int64_t rb, int64_t re, bool chunked) {
+      kernels::KdaAttentionArgs a{row_slice(q, rb, re).view(),     row_slice(k, rb, re).view(),
+                                  row_slice(v, rb, re).view(),     row_slice(decay, rb, re).view(),
+                                  row_slice(beta, rb, re).view(),  w.a_log.view(),
+                                  w.dt_bias.view(),                ctx.kv.kda_state(layer, s.state->kda_slot),
+                                  row_slice(o, rb, re).view(),     kc.num_heads,
+                                  kc.head_dim,                     kc.gate_lower_bound,
+                                  kc.chunk_size,                   ctx.precision()};
+      (chunked ? ctx.ops.kda_chunked : ctx.ops.kda_recurrent).run(a, ctx.device());
+    };
+    if (s.kind == StepKind::prefill && ctx.options.kda_chunked_prefill) {
+      // Keep the chunk grid on absolute positions (multiples of chunk_size from the start of
+      // the sequence), so a prefill split at multiples of chunk_size - chunked prefill, a
+      // prefix-cache hit - computes exactly what one unsplit prefill computes.
+      const int64_t misalign = s.state->num_tokens % kc.chunk_size;
+      const int64_t head = misalign ? std::min<int64_t>(e - b, kc.chunk_size - misalign) : 0;
+      if (head > 0) run(b, b + head, true);
+      if (b + head < e) run(b + head, e, true);
+    } else {
+      run(b, e, false);
+    }
   }
   ctx.emit("kda.o", layer, o);
 
