@@ -139,6 +139,9 @@ SampleResult Sampler::sample(std::span<const float> logits, std::span<const int3
       argmax = static_cast<int32_t>(i);
     }
   K3_CHECK(max_logit > -kInf, "sample: every logit is -inf after logit_bias and penalties; no token can be chosen");
+  K3_CHECK(max_logit < kInf, "sample: logit " + std::to_string(argmax) +
+                                 " overflowed to +inf after logit_bias and penalties (repetition_penalty " +
+                                 num(params_.repetition_penalty) + ")");
 
   // Step 5 (T > 0): unnormalised probabilities exp((x - max) / T) in [0, 1], exactly 1 for
   // the most likely token, so min-p's threshold min_p * max(p) is just min_p. The exponent is
@@ -248,7 +251,10 @@ int32_t Sampler::draw(std::span<const float> x) {
   //    prefix sums before them (hence the cut) are unchanged.
   const double target = static_cast<double>(params_.top_p) * mass;
   double floor = min_p;
-  if (filter_p) floor = std::max(floor, (1.0 - static_cast<double>(params_.top_p)) * mass / (2.0 * static_cast<double>(n)));
+  if (filter_p) {
+    const double cut_off_mass = (1.0 - static_cast<double>(params_.top_p)) * mass;
+    floor = std::max(floor, cut_off_mass / (2.0 * static_cast<double>(n)));
+  }
   size_t kept = 0;
   if (filter_k) {
     for (size_t i = 0; i < n; ++i)

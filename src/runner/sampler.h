@@ -1,7 +1,8 @@
 // runner/sampler.h: per-request token sampling (greedy, temperature, top-k/top-p/min-p,
 // penalties, logit_bias, logprobs), seeded and reproducible.
 //
-// Order of processing, for one row of logits x[vocab] (the same order as vLLM's sampler):
+// Order of processing, for one row of logits x[vocab] (vLLM's order: bias and penalties,
+// temperature, top-k/top-p, min-p):
 //   1. logit_bias:          x[id] += bias for every (id, bias) pair.
 //   2. repetition_penalty:  for every id present in prompt OR output (once per id, however often
 //                           it occurs): x > 0 ? x / penalty : x * penalty       (vLLM / HF).
@@ -9,14 +10,16 @@
 //                           x -= frequency_penalty * c + presence_penalty * [c > 0]   (OpenAI).
 //      The result of 1-3 is the "processed logits".
 //   4. logprobs:            log_softmax(processed logits), BEFORE temperature and before any
-//                           filter (vLLM's "processed_logprobs" idea without the temperature):
-//                           the sampled token's logprob is always returned, plus the `logprobs`
-//                           most likely tokens. So logprobs do not depend on temperature, top-k,
-//                           top-p or min-p, and a token a filter removed still has its logprob.
+//                           filter. The sampled token's logprob is always returned, plus the
+//                           `logprobs` most likely tokens. A choice (vLLM v1 returns raw logprobs
+//                           by default, processed ones on request): logprobs see what the request
+//                           changed (bias, penalties) but not temperature, top-k, top-p or min-p,
+//                           so they compare across sampling settings, and a token a filter
+//                           removed still has its (finite) logprob.
 //   5. temperature 0:       greedy: argmax of the processed logits, ties -> lowest id; no draw.
 //      temperature T > 0:   p = softmax(processed / T), then
 //   6. top-k:               keep exactly the k most likely (ties at the cut -> lower ids win;
-//                           vLLM keeps every tie instead; k >= vocab keeps everything),
+//                           vLLM keeps every token tied with the k-th; k >= vocab keeps all),
 //   7. top-p:               keep the shortest most-likely-first prefix whose mass reaches
 //                           top_p * (mass left after top-k),
 //   8. min-p:               keep tokens with p >= min_p * max(p),
@@ -26,7 +29,7 @@
 // With T = 0 the filters are legal and have no effect: each of them always keeps the argmax.
 //
 // Cost per call: O(vocab + |prompt| + |output|) expected, with no sort of the vocabulary:
-// top-k is a selection (nth_element), top-p a weighted selection (repeated halving with
+// top-k is one pass with a heap of the k best, top-p a weighted selection (repeated halving with
 // nth_element until the cut is found, then a sort of at most 32 tokens), and tokens that
 // provably cannot reach the top-p cut are dropped before it. Scratch buffers are owned by
 // the Sampler, sized to the vocabulary on first use and reused; only the ones the parameters

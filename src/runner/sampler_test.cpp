@@ -128,12 +128,13 @@ TEST(Sampler, FiltersApplyTopKThenTopPThenMinP) {
 }
 
 TEST(Sampler, TemperatureReshapesTheDistribution) {
-  const auto logits = logits_of({0.5, 0.3, 0.2});
+  const std::vector<double> probs = {0.5, 0.3, 0.2};
+  const auto logits = logits_of(probs);
   for (float temperature : {0.5f, 1.0f, 2.0f, 7.0f}) {
     Sampler s({.temperature = temperature, .seed = 7}, 3);
     std::vector<double> expected(3);
     double total = 0;
-    for (size_t i = 0; i < 3; ++i) total += expected[i] = std::pow(std::vector<double>{0.5, 0.3, 0.2}[i], 1.0 / temperature);
+    for (size_t i = 0; i < 3; ++i) total += expected[i] = std::pow(probs[i], 1.0 / temperature);  // p^(1/T)
     for (double& e : expected) e /= total;
     expect_chi_square_fits(histogram(s, logits, kDraws), expected, "T=" + std::to_string(temperature));
   }

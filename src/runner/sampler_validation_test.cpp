@@ -54,7 +54,8 @@ TEST(SamplerValidation, LegalEdgeValuesAreAccepted) {
            SamplingParams{},
            SamplingParams{.temperature = 1e-30f, .top_p = 1.0f, .top_k = -1, .min_p = 1.0f},
            SamplingParams{.temperature = 1000.0f, .top_p = 1e-6f, .top_k = 1000000, .min_p = 0.0f},
-           SamplingParams{.seed = ~0ull, .repetition_penalty = 1e-3f, .presence_penalty = -2.0f, .frequency_penalty = 2.0f},
+           SamplingParams{
+               .seed = ~0ull, .repetition_penalty = 1e-3f, .presence_penalty = -2.0f, .frequency_penalty = 2.0f},
            SamplingParams{.repetition_penalty = 100.0f, .presence_penalty = 2.0f, .frequency_penalty = -2.0f},
            SamplingParams{.logit_bias = {{0, -100.0f}, {999, 100.0f}}, .logprobs = 20},
        }) {
@@ -76,6 +77,12 @@ TEST(SamplerValidation, BadSampleInputsAreNamed) {
   EXPECT_NE(error_of([&] { s.sample(ok, std::vector<int32_t>{0, 4}, none); }).find("prompt[1] = 4"),
             std::string::npos);
   EXPECT_NE(error_of([&] { s.sample(ok, none, std::vector<int32_t>{-1}); }).find("output[0] = -1"),
+            std::string::npos);
+  // A tiny repetition_penalty can push a huge positive logit to +inf: named, not sampled.
+  Sampler tiny({.repetition_penalty = 1e-3f}, 4);
+  const std::vector<int32_t> first = {0};
+  EXPECT_NE(error_of([&] { tiny.sample(std::vector<float>{3e38f, 0.0f, 0.0f, 0.0f}, first, none); })
+                .find("repetition_penalty"),
             std::string::npos);
   // Everything masked but one token: that token, whatever the draw.
   const std::vector<float> one_left = {-kInf, -kInf, 0.5f, -kInf};
