@@ -1,6 +1,7 @@
 # k3_module(<name> [RECURSE] DEPS <targets...> [TEST_DEPS <targets...>])
 # Builds every *.cpp of the calling folder (and its subfolders with RECURSE) except
-# *_test.cpp and main.cpp into the library k3_<name>, and every *_test.cpp into the
+# *_test.cpp and main.cpp (plus every *.cu when K3_HAVE_CUDA, linking k3_backends_cuda) into the
+# library k3_<name>, and every *_test.cpp into the
 # GoogleTest program k3_<name>_tests, so a test lives beside the code it tests and adding
 # a file never means editing CMake.
 function(k3_module name)
@@ -12,6 +13,13 @@ function(k3_module name)
   endif()
   file(${glob} srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
   list(FILTER srcs EXCLUDE REGEX "(_test|/main)\\.cpp$")
+  # CUDA sources (*.cu) join the library only when the CUDA backend is on; without nvcc they are
+  # ignored entirely, so a CPU-only build never sees them.
+  set(cuda_srcs "")
+  if(K3_HAVE_CUDA)
+    file(${glob} cuda_srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cu)
+    list(APPEND srcs ${cuda_srcs})
+  endif()
   file(${glob} tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*_test.cpp)
   if(srcs)
     add_library(k3_${name} STATIC ${srcs})
@@ -22,6 +30,9 @@ function(k3_module name)
   endif()
   target_include_directories(k3_${name} ${scope} ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(k3_${name} ${scope} ${M_DEPS} Threads::Threads)
+  if(cuda_srcs AND NOT name STREQUAL "backends_cuda")
+    target_link_libraries(k3_${name} ${scope} k3_backends_cuda)
+  endif()
   if(K3_BUILD_TESTS AND tests)
     add_executable(k3_${name}_tests ${tests})
     target_link_libraries(k3_${name}_tests PRIVATE k3_${name} ${M_TEST_DEPS} GTest::gtest_main)

@@ -6,6 +6,6 @@ cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 cmake --preset default >/dev/null
 cmake --build --preset default -j"$(nproc)"
-if [ ! -f models/k3-tiny/config.json ]; then
+if [ ! -f models/k3-tiny/config.json ] || [ ! -f models/k3-tiny/tiktoken.model ]; then
   build/default/k3serve make-checkpoint --config k3-tiny --seed 0 --out models/k3-tiny
 fi

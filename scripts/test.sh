@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/fetch_test_data.sh
 ctest --preset default -j"$(nproc)" --timeout 600

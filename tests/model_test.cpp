@@ -154,6 +154,7 @@ config::K3Config other_family_config() {
   c.num_hidden_layers = 7;
   c.hidden_size = 96;
   c.vocab_size = 300;
+  c.bos_token_id = c.eos_token_id = c.pad_token_id = -1;  // k3-tiny's sit above 300
   c.intermediate_size = 160;
   c.first_k_dense_replace = 2;
   c.attn_res_block_size = 3;

@@ -12,6 +12,7 @@
 #include "checkpoint/random_init.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "tokenizer/tiny_tokenizer.h"
 
 namespace k3::checkpoint {
 
@@ -89,6 +90,9 @@ void write_random_checkpoint(const config::K3Config& config, const WriteOptions&
   fs::create_directories(out);
   remove_stale_checkpoint_files(out);
   write_text(out / "config.json", config::to_json(c).dump(2) + "\n");
+  // A small K3-format tokenizer beside the weights (none when vocab_size < 512), so the model
+  // serves text end to end.
+  tokenizer::write_tiny_tokenizer(c.vocab_size, out);
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
 
   if (options.max_shard_bytes <= 0) {

@@ -14,9 +14,11 @@ using nlohmann::json;
 
 namespace {
 
-// spec §14.1, verbatim.
+// spec §14.1 verbatim, plus the special-token ids of the tokenizer make-checkpoint bundles with
+// it (tokenizer/tiny_tokenizer.h; K3's 163584 / 163586 / 163839 moved to the tiny vocabulary), so
+// generation stops at <|end_of_msg|> like K3's. tiny_tokenizer_test checks the two agree.
 json k3_tiny_json() {
-  return json::parse(R"({
+  json j = json::parse(R"({
     "model_type": "kimi_linear", "vocab_size": 1024, "hidden_size": 256, "num_hidden_layers": 4,
     "intermediate_size": 512, "first_k_dense_replace": 1, "moe_layer_freq": 1,
     "num_experts": 16, "num_experts_per_token": 4, "num_shared_experts": 2, "moe_intermediate_size": 64,
@@ -33,6 +35,10 @@ json k3_tiny_json() {
     "attn_res_block_size": 2, "rms_norm_eps": 1e-5, "tie_word_embeddings": false,
     "kda_chunk_size": 64
   })");
+  j["bos_token_id"] = 768;
+  j["eos_token_id"] = 770;
+  j["pad_token_id"] = 1023;
+  return j;
 }
 
 // spec §1.1 (HF moonshotai/Kimi-K3 text_config), flat.

@@ -108,7 +108,8 @@ TEST(K3ConfigErrors, WrongJsonTypesNameKeyAndExpectedType) {
 TEST(K3ConfigErrors, NoJsonExceptionEverEscapes) {
   // Replace every key (top level and linear_attn_config) with values of every JSON type: the
   // result is a valid config or a core::Error naming that key, never an nlohmann exception.
-  const json base = tiny_mxfp4();
+  json base = tiny_mxfp4();
+  for (const char* id : {"bos_token_id", "eos_token_id", "pad_token_id"}) base.erase(id);  // depend on vocab_size
   const std::vector<json> junk = {nullptr, true, 0, -1, 7, 0.5, -3.25, "x", json::array(),
                                   json::array({1, "a"}), json::object(), json{{"a", 1}}};
   auto probe = [&](const json& j, const std::string& key) {

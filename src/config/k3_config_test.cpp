@@ -20,7 +20,7 @@ using test::expect_same_config;
 using test::TempDir;
 
 // Golden digest of builtin "k3-tiny" (FNV-1a 64 of its canonical to_json dump).
-constexpr const char* kTinyHash = "4473234b184e0be9";
+constexpr const char* kTinyHash = "e48358664ea801a8";
 
 std::filesystem::path fixture(const char* name) {
   return std::filesystem::path(K3_SOURCE_DIR) / "src/config/testdata" / name;
@@ -63,9 +63,10 @@ TEST(K3Config, TinyMatchesSpec14_1) {
   EXPECT_EQ(c.attn_res_block_size, 2);
   EXPECT_EQ(c.rms_norm_eps, 1e-5f);
   EXPECT_FALSE(c.tie_word_embeddings);
-  EXPECT_EQ(c.bos_token_id, -1);
-  EXPECT_EQ(c.eos_token_id, -1);
-  EXPECT_EQ(c.pad_token_id, -1);
+  // Not in §14.1: the ids of the tokenizer make-checkpoint bundles (builtin_configs.cpp).
+  EXPECT_EQ(c.bos_token_id, 768);
+  EXPECT_EQ(c.eos_token_id, 770);
+  EXPECT_EQ(c.pad_token_id, 1023);
   EXPECT_FALSE(c.mxfp4.enabled);
 }
 

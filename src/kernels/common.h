@@ -30,6 +30,13 @@ struct LinearWeight {
   void load_row(int64_t r, float* out) const;
 };
 
+// Activation dtypes an op check accepts: f32 everywhere (the CPU convention), and bf16 on the CUDA
+// device, where the engine stores activations between ops as bf16 (values rounded at the same
+// points; see kernels/cuda_ops.h). CPU implementations only ever see f32.
+inline bool is_activation_dtype(const core::TensorView& v) {
+  return v.dtype == core::DType::f32 || (v.dtype == core::DType::bf16 && v.device == core::Device::cuda);
+}
+
 // Reads element i of a rank-1 bf16 or f32 tensor as f32 (norm weights, biases).
 float load_f32(const core::TensorView& v, int64_t i);
 

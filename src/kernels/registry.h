@@ -123,4 +123,10 @@ struct Registry {
 // its check accepts on CPU f32 activations).
 void register_reference_ops(Registry& r);
 
+// Registers the CUDA implementation of every op (priority > 0, Device::cuda) on device 0, all
+// running on one stream (kernels/cuda_ops.h has the form taking an explicit context). Without a
+// usable GPU they are registered anyway and their supports() says why; in a build without CUDA
+// (K3_HAVE_CUDA unset) this registers nothing.
+void register_cuda_ops(Registry& r);
+
 }  // namespace k3::kernels

@@ -154,22 +154,26 @@ SampleResult Sampler::sample(std::span<const float> logits, std::span<const int3
     for (size_t i = 0; i < x.size(); ++i)
       prob_[i] = std::exp(static_cast<float>(std::max(static_cast<double>(x[i] - max_logit) * inv_t, -150.0)));
   }
-  // Step 4: log_softmax of the processed logits (temperature 1, no filter); at T = 1 the
-  // terms are exactly prob_.
-  double z = 0.0;
-  if (params_.temperature == 1.0f) {
-    for (float p : prob_) z += p;
-  } else {
-    for (float v : x) z += std::exp(v - max_logit);
+  // Step 4: log_softmax of the processed logits (temperature 1, no filter), only when asked
+  // for; at T = 1 the terms are exactly prob_.
+  const bool want_logprobs = params_.logprob || params_.logprobs > 0;
+  double log_z = 0.0;
+  if (want_logprobs) {
+    double z = 0.0;
+    if (params_.temperature == 1.0f) {
+      for (float p : prob_) z += p;
+    } else {
+      for (float v : x) z += std::exp(v - max_logit);
+    }
+    log_z = std::log(z);
   }
-  const double log_z = std::log(z);
   auto logprob = [&](int32_t id) {
     return static_cast<float>(static_cast<double>(x[static_cast<size_t>(id)]) - max_logit - log_z);
   };
 
   SampleResult result;
   result.token = greedy ? argmax : draw(x);
-  result.logprob = logprob(result.token);
+  result.logprob = want_logprobs ? logprob(result.token) : std::numeric_limits<float>::quiet_NaN();
   if (params_.logprobs > 0) {
     // One pass keeping the n best in a small sorted array; ids arrive ascending, so a tie
     // never displaces an earlier (lower) id.

@@ -89,7 +89,7 @@ TEST(SamplerLogitBias, AddsAndForcesAndBans) {
   const std::vector<float> logits = {0.0f, 5.0f, -3.0f, 2.0f, 1.0f};
   expect_processed({.logit_bias = {{2, 1.5f}, {4, -0.5f}}}, logits, {}, {}, {0.0f, 5.0f, -1.5f, 2.0f, 0.5f});
   // +100 forces the least likely token at any temperature; -100 bans the most likely one.
-  Sampler force({.temperature = 1.5f, .seed = 1, .logit_bias = {{2, 100.0f}}}, 5);
+  Sampler force({.temperature = 1.5f, .seed = 1, .logit_bias = {{2, 100.0f}}, .logprob = true}, 5);
   Sampler ban({.temperature = 1.0f, .seed = 2, .logit_bias = {{1, -100.0f}}}, 5);
   for (int i = 0; i < 2000; ++i) {
     const SampleResult f = force.sample(logits, {}, {});
@@ -159,14 +159,17 @@ TEST(SamplerLogprobs, TopNOrderTiesAndMaskedTokens) {
   EXPECT_EQ(r.top_logprobs[5].second, ninf);
   EXPECT_NEAR(total, 1.0, 1e-6);
   EXPECT_NEAR(r.logprob, std::log(std::exp(2.0) / (3 * std::exp(2.0) + 2 * std::exp(1.0))), 1e-6);
-  // logprobs = 0: no list, the sampled token's logprob all the same; -inf is never drawn.
-  Sampler none({.temperature = 50.0f, .seed = 5}, 6);
+  // logprobs = 0 with logprob: no list, the sampled token's logprob all the same; -inf is never drawn.
+  Sampler none({.temperature = 50.0f, .seed = 5, .logprob = true}, 6);
   for (int i = 0; i < 2000; ++i) {
     const SampleResult d = none.sample(logits, {}, {});
     EXPECT_TRUE(d.top_logprobs.empty());
     EXPECT_NE(d.token, 2);
     EXPECT_NEAR(d.logprob, log_softmax(logits)[static_cast<size_t>(d.token)], 1e-6);
   }
+  // Not asked for: no log-softmax over the vocabulary, and the logprob says so (NaN).
+  Sampler quiet({.temperature = 1.0f, .seed = 6}, 6);
+  EXPECT_TRUE(std::isnan(quiet.sample(logits, {}, {}).logprob));
 }
 
 }  // namespace

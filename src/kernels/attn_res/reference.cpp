@@ -23,8 +23,8 @@ std::string describe(const core::TensorView& v) {
   return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str();
 }
 
-bool is_f32_matrix(const core::TensorView& v, int64_t rows, int64_t cols) {
-  return v.dtype == core::DType::f32 && v.rank() == 2 && v.strides[1] == 1 && v.dim(0) == rows &&
+bool is_f32_matrix(const core::TensorView& v, int64_t rows, int64_t cols) {  // or bf16 on CUDA
+  return is_activation_dtype(v) && v.rank() == 2 && v.strides[1] == 1 && v.dim(0) == rows &&
          v.dim(1) == cols;
 }
 
@@ -41,8 +41,8 @@ bool is_weight_vector(const core::TensorView& v, int64_t D) {
 core::Status attn_res_mix_check(const AttnResMixArgs& a) {
   if (a.sources.empty()) return core::Status::fail("sources is empty (need at least the prefix)");
   const core::TensorView& first = a.sources[0];
-  if (first.dtype != core::DType::f32 || first.rank() != 2 || first.strides[1] != 1)
-    return core::Status::fail("sources[0] must be f32 [T, D] with contiguous rows, got " +
+  if (!is_activation_dtype(first) || first.rank() != 2 || first.strides[1] != 1)
+    return core::Status::fail("sources[0] must be f32 (or bf16 on CUDA) [T, D] with contiguous rows, got " +
                               describe(first));
   const int64_t T = first.dim(0), D = first.dim(1);
   const std::string td = core::Shape{T, D}.str();

@@ -10,8 +10,8 @@ core::Status same_2d_f32(const char* op, const char* an, const core::TensorView&
                          const core::TensorView& b, const core::TensorView& out) {
   const std::string p = std::string(op) + ": ";
   for (auto [name, v] : {std::pair{an, &a}, std::pair{bn, &b}, std::pair{"out", &out}}) {
-    if (v->dtype != core::DType::f32 || !v->is_contiguous())
-      return core::Status::fail(p + name + " must be a contiguous f32 tensor");
+    if (!is_activation_dtype(*v) || !v->is_contiguous())
+      return core::Status::fail(p + name + " must be a contiguous f32 (or bf16 on CUDA) tensor");
     if (!(v->shape == a.shape))
       return core::Status::fail(p + name + " has shape " + v->shape.str() + ", expected " +
                                 a.shape.str());

@@ -20,9 +20,9 @@ core::Status embedding_check(const EmbeddingArgs& a) {
         "table must be a bf16 or f32 [V, D] tensor with contiguous rows, got " +
         std::string(core::dtype_name(a.table.dtype)) + " " + a.table.shape.str());
   const int64_t T = a.ids.dim(0), V = a.table.dim(0), D = a.table.dim(1);
-  if (a.out.dtype != core::DType::f32 || !rows_contiguous(a.out) || a.out.dim(0) != T ||
+  if (!is_activation_dtype(a.out) || !rows_contiguous(a.out) || a.out.dim(0) != T ||
       a.out.dim(1) != D)
-    return core::Status::fail("out must be f32 [T, D] = [" + std::to_string(T) + ", " +
+    return core::Status::fail("out must be f32 (or bf16 on CUDA) [T, D] = [" + std::to_string(T) + ", " +
                               std::to_string(D) + "], got " +
                               std::string(core::dtype_name(a.out.dtype)) + " " + a.out.shape.str());
   // The ids are data, not shape, but an out-of-range id would read past the table: check

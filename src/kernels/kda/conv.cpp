@@ -29,7 +29,9 @@ core::Status kda_conv_check(const KdaConvArgs& a) {
   const int64_t T = a.x.dim(0);
   if (auto s = expect_activation(a.x, "x", T, C, " (T, C = weight rows)"); !s) return s;
   if (auto s = expect_activation(a.out, "out", T, C, " (T, C)"); !s) return s;
-  if (auto s = expect_f32(a.state, "state"); !s) return s;
+  // The conv state holds bf16 values: an f32 tensor on the CPU, f32 or real bf16 on CUDA.
+  if (!is_activation_dtype(a.state))
+    return core::Status::fail("state must be F32 (or BF16 on CUDA), got " + describe(a.state));
   if (!(a.state.shape == core::Shape{C, K - 1}) || !a.state.is_contiguous())
     return core::Status::fail("state must be contiguous F32 [" + std::to_string(C) + ", " +
                               std::to_string(K - 1) + "] (C, K-1), got " + describe(a.state));

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/common.h"
 
 namespace k3::kernels::kda_detail {
 
@@ -20,11 +21,13 @@ inline core::Status expect_f32(const core::TensorView& v, const char* name) {
   return core::Status::ok();
 }
 
-// An activation [rows, cols] in f32 whose rows may be strided but whose columns are contiguous.
-// `meaning` says what the dims are, e.g. " (T, num_heads*head_dim)".
+// An activation [rows, cols] in f32 (or bf16 on CUDA, kernels/common.h) whose rows may be strided
+// but whose columns are contiguous. `meaning` says what the dims are, e.g. " (T, num_heads*head_dim)".
 inline core::Status expect_activation(const core::TensorView& v, const char* name, int64_t rows,
                                       int64_t cols, const std::string& meaning) {
-  if (auto s = expect_f32(v, name); !s) return s;
+  if (v.data == nullptr && v.numel() != 0) return core::Status::fail(std::string(name) + " is not set");
+  if (!is_activation_dtype(v))
+    return core::Status::fail(std::string(name) + " must be F32 (or BF16 on CUDA), got " + describe(v));
   if (v.rank() != 2 || v.dim(0) != rows || v.dim(1) != cols)
     return core::Status::fail(std::string(name) + " must be F32 [" + std::to_string(rows) + ", " +
                               std::to_string(cols) + "]" + meaning + ", got " + describe(v));

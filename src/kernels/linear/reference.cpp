@@ -83,14 +83,14 @@ core::Status linear_check(const LinearArgs& a) {
   if (a.w == nullptr) return core::Status::fail("w is null");
   if (core::Status s = check_weight(*a.w); !s) return s;
   const int64_t in = a.w->in_features(), out = a.w->out_features();
-  if (a.x.dtype != core::DType::f32 || a.x.rank() != 2 || a.x.strides[1] != 1 || a.x.dim(1) != in)
-    return core::Status::fail("x must be f32 [T, " + std::to_string(in) +
+  if (!is_activation_dtype(a.x) || a.x.rank() != 2 || a.x.strides[1] != 1 || a.x.dim(1) != in)
+    return core::Status::fail("x must be f32 (or bf16 on CUDA) [T, " + std::to_string(in) +
                               "] with contiguous rows (in = w's input width), got " +
                               describe(a.x));
   const int64_t T = a.x.dim(0);
-  if (a.out.dtype != core::DType::f32 || a.out.rank() != 2 || a.out.strides[1] != 1 ||
+  if (!is_activation_dtype(a.out) || a.out.rank() != 2 || a.out.strides[1] != 1 ||
       a.out.dim(0) != T || a.out.dim(1) != out)
-    return core::Status::fail("out must be f32 [" + std::to_string(T) + ", " + std::to_string(out) +
+    return core::Status::fail("out must be f32 (or bf16 on CUDA) [" + std::to_string(T) + ", " + std::to_string(out) +
                               "], got " + describe(a.out));
   if (T > 0 && a.out.data == a.x.data) return core::Status::fail("out must not alias x");
   return core::Status::ok();

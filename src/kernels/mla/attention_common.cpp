@@ -62,12 +62,13 @@ core::Status mla_attention_check(const MlaAttentionArgs& a) {
     return fail("k_scale must be finite and > 0, got " + std::to_string(a.k_scale));
   const int64_t H = a.num_heads, q_width = H * (a.qk_nope + a.qk_rope);
   const int64_t entry = a.kv_lora + a.qk_rope, out_width = H * a.v_head_dim;
-  if (!is_rows(a.q) || a.q.dtype != core::DType::f32 || a.q.dim(1) != q_width)
-    return fail("q must be f32 [T, num_heads * (qk_nope + qk_rope)] = [T, " + std::to_string(q_width) +
+  if (!is_rows(a.q) || !is_activation_dtype(a.q) || a.q.dim(1) != q_width)
+    return fail("q must be f32 (or bf16 on CUDA) [T, num_heads * (qk_nope + qk_rope)] = [T, " + std::to_string(q_width) +
                 "] with unit inner stride, got " + describe(a.q));
   const int64_t T = a.q.dim(0);
-  if (a.cache.dtype != core::DType::f32 && a.cache.dtype != core::DType::f8_e4m3)
-    return fail("cache must be f32 or f8_e4m3, got " + describe(a.cache));
+  if (a.cache.dtype != core::DType::f32 && a.cache.dtype != core::DType::f8_e4m3 &&
+      !(a.cache.dtype == core::DType::bf16 && a.cache.device == core::Device::cuda))
+    return fail("cache must be f32 or f8_e4m3 (or bf16 on CUDA), got " + describe(a.cache));
   if (!is_rows(a.cache) || a.cache.dim(1) != entry)
     return fail("cache must be [S, kv_lora + qk_rope] = [S, " + std::to_string(entry) +
                 "] with unit inner stride, got " + describe(a.cache));
@@ -84,8 +85,8 @@ core::Status mla_attention_check(const MlaAttentionArgs& a) {
   if (w.rank() != 2 || w.dim(0) != kv_b_rows || w.dim(1) != a.kv_lora || !w.is_contiguous())
     return fail("kv_b must be contiguous [num_heads * (qk_nope + v_head_dim), kv_lora] = [" +
                 std::to_string(kv_b_rows) + ", " + std::to_string(a.kv_lora) + "], got " + describe(w));
-  if (!is_rows(a.out) || a.out.dtype != core::DType::f32 || a.out.dim(0) != T || a.out.dim(1) != out_width)
-    return fail("out must be f32 [T, num_heads * v_head_dim] = [" + std::to_string(T) + ", " +
+  if (!is_rows(a.out) || !is_activation_dtype(a.out) || a.out.dim(0) != T || a.out.dim(1) != out_width)
+    return fail("out must be f32 (or bf16 on CUDA) [T, num_heads * v_head_dim] = [" + std::to_string(T) + ", " +
                 std::to_string(out_width) + "] with unit inner stride, got " + describe(a.out));
   if (a.cache.device != a.q.device || a.out.device != a.q.device || w.device != a.q.device)
     return fail("q, cache, kv_b and out must be on one device");

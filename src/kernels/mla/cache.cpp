@@ -16,16 +16,19 @@ namespace k3::kernels {
 using mla_detail::describe;
 
 core::Status mla_cache_write_check(const MlaCacheWriteArgs& a) {
-  if (!mla_detail::is_rows(a.c_n) || a.c_n.dtype != core::DType::f32 || a.c_n.dim(1) < 1)
-    return core::Status::fail("mla_cache_write: c_n must be f32 [T, kv_lora] with unit inner stride, got " +
+  if (!mla_detail::is_rows(a.c_n) || !is_activation_dtype(a.c_n) || a.c_n.dim(1) < 1)
+    return core::Status::fail("mla_cache_write: c_n must be f32 (or bf16 on CUDA) [T, kv_lora] with unit inner stride, got " +
                               describe(a.c_n));
   const int64_t T = a.c_n.dim(0), kv_lora = a.c_n.dim(1);
-  if (!mla_detail::is_rows(a.k_pe) || a.k_pe.dtype != core::DType::f32 || a.k_pe.dim(0) != T)
-    return core::Status::fail("mla_cache_write: k_pe must be f32 [T=" + std::to_string(T) +
+  if (!mla_detail::is_rows(a.k_pe) || !is_activation_dtype(a.k_pe) || a.k_pe.dim(0) != T)
+    return core::Status::fail("mla_cache_write: k_pe must be f32 (or bf16 on CUDA) [T=" + std::to_string(T) +
                               ", rope] with unit inner stride, got " + describe(a.k_pe));
   const int64_t width = kv_lora + a.k_pe.dim(1);
-  if (a.dst.dtype != core::DType::f32 && a.dst.dtype != core::DType::f8_e4m3)
-    return core::Status::fail("mla_cache_write: dst must be f32 or f8_e4m3, got " + describe(a.dst));
+  // bf16 caches live on CUDA (the CPU stores bf16 values in an f32 cache).
+  if (a.dst.dtype != core::DType::f32 && a.dst.dtype != core::DType::f8_e4m3 &&
+      !(a.dst.dtype == core::DType::bf16 && a.dst.device == core::Device::cuda))
+    return core::Status::fail("mla_cache_write: dst must be f32 or f8_e4m3 (or bf16 on CUDA), got " +
+                              describe(a.dst));
   if (!mla_detail::is_rows(a.dst) || a.dst.dim(0) != T || a.dst.dim(1) != width)
     return core::Status::fail("mla_cache_write: dst must be [T, kv_lora + rope] = [" + std::to_string(T) +
                               ", " + std::to_string(width) + "] with unit inner stride, got " +

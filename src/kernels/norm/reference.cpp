@@ -16,16 +16,17 @@ std::string describe(const core::TensorView& v) {
 }  // namespace
 
 core::Status rmsnorm_check(const RmsNormArgs& a) {
-  if (a.x.dtype != core::DType::f32 || a.x.rank() != 2 || a.x.strides[1] != 1)
-    return core::Status::fail("x must be f32 [T, D] with contiguous rows, got " + describe(a.x));
+  if (!is_activation_dtype(a.x) || a.x.rank() != 2 || a.x.strides[1] != 1)
+    return core::Status::fail("x must be f32 (or bf16 on CUDA) [T, D] with contiguous rows, got " +
+                              describe(a.x));
   const int64_t T = a.x.dim(0), D = a.x.dim(1);
   if ((a.w.dtype != core::DType::bf16 && a.w.dtype != core::DType::f32) || a.w.rank() != 1 ||
       a.w.dim(0) != D || !a.w.is_contiguous())
     return core::Status::fail("w must be bf16 or f32 [" + std::to_string(D) + "], got " +
                               describe(a.w));
-  if (a.out.dtype != core::DType::f32 || a.out.rank() != 2 || a.out.strides[1] != 1 ||
+  if (!is_activation_dtype(a.out) || a.out.rank() != 2 || a.out.strides[1] != 1 ||
       a.out.dim(0) != T || a.out.dim(1) != D)
-    return core::Status::fail("out must be f32 [" + std::to_string(T) + ", " + std::to_string(D) +
+    return core::Status::fail("out must be f32 (or bf16 on CUDA) [" + std::to_string(T) + ", " + std::to_string(D) +
                               "], got " + describe(a.out));
   if (!(a.eps >= 0.0f)) return core::Status::fail("eps must be >= 0, got " + std::to_string(a.eps));
   return core::Status::ok();

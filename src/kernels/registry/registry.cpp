@@ -29,4 +29,8 @@ void register_reference_ops(Registry& r) {
   register_reference(r.sigmoid_gate, sigmoid_gate_reference);
 }
 
+#ifndef K3_HAVE_CUDA
+void register_cuda_ops(Registry&) {}  // no CUDA backend in this build (kernels/registry/cuda_registry.cpp)
+#endif
+
 }  // namespace k3::kernels

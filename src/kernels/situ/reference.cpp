@@ -18,8 +18,8 @@ std::string describe(const core::TensorView& v) {
   return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str();
 }
 
-bool is_f32_rows(const core::TensorView& v) {
-  return v.dtype == core::DType::f32 && v.rank() == 2 && v.strides[1] == 1;
+bool is_f32_rows(const core::TensorView& v) {  // f32, or bf16 on CUDA (is_activation_dtype)
+  return is_activation_dtype(v) && v.rank() == 2 && v.strides[1] == 1;
 }
 
 }  // namespace

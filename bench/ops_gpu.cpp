@@ -1,0 +1,408 @@
+// bench/ops_gpu.cpp: per-op CUDA timings at the K3 TP8 per-GPU shapes (spec §11, §14.2), batch 1, 8
+// and 64: every linear of §11 (cuBLASLt), KDA decode (conv, recurrence, output gate), MLA absorbed
+// decode over an 8K context (fp8 and bf16 latent cache), the MXFP4 routed experts (top-16 of 896),
+// the router and the token-parallel elementwise ops. For each: median microseconds over timed runs
+// (L2 flushed before each run, so reused weights are not served from cache), the bytes the run must
+// move (spec §12 counting: weights read, state read + written, cache read, activations in and out;
+// for the experts only the distinct experts the routes touch), achieved GB/s, and the time over the
+// floor at 4.3 TB/s and at the device-to-device copy bandwidth measured in the same run.
+//
+//   k3bench_ops_gpu [--out FILE] [--iters N] [--batches 1,8,64] [--only linear,kda,mla,moe,elt]
+// Prints a table and writes a JSON result bundle (bench/bundle.h).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backends/cuda/check.h"
+#include "backends/cuda/context.h"
+#include "backends/cuda/device_tensor.h"
+#include "bench/bundle.h"
+#include "core/bf16.h"
+#include "core/fp8.h"
+#include "core/rng.h"
+#include "kernels/cuda_ops.h"
+
+using namespace k3;
+using core::DType;
+using core::Tensor;
+
+namespace {
+
+constexpr double kFloorBytesPerSecond = 4.3e12;  // spec §12
+constexpr int64_t kHidden = 7168;
+
+struct Bench {
+  std::shared_ptr<backends::cuda::Context> ctx;
+  kernels::Registry reg;
+  Tensor flush;  // written before each timed run: evicts L2
+  int iters = 30;
+  double copy_bytes_per_second = 0;
+  nlohmann::json rows = nlohmann::json::array();
+
+  cudaStream_t stream() const { return ctx->stream(); }
+  Tensor empty(DType t, core::Shape s) { return backends::cuda::empty(ctx->pool(), t, s); }
+
+  // Fills device memory with a repeating host pattern (16 MiB of valid values of the dtype).
+  void fill(const Tensor& t, const std::vector<uint8_t>& pattern) {
+    const size_t total = static_cast<size_t>(t.nbytes());
+    for (size_t off = 0; off < total; off += pattern.size())
+      K3_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(t.view().data) + off, pattern.data(),
+                                    std::min(pattern.size(), total - off), cudaMemcpyHostToDevice, stream()));
+    K3_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+
+  // Median microseconds of fn over `iters` runs, each after an L2 flush, timed with events.
+  double time_us(const std::function<void()>& fn) {
+    for (int i = 0; i < 2; ++i) fn();  // warm-up: plans, table uploads, lazy module loading
+    backends::cuda::Event start, stop;
+    std::vector<double> us;
+    for (int i = 0; i < iters; ++i) {
+      K3_CUDA_CHECK(cudaMemsetAsync(flush.view().data, i & 0xff, static_cast<size_t>(flush.nbytes()), stream()));
+      start.record(stream());
+      fn();
+      stop.record(stream());
+      stop.synchronize();
+      us.push_back(1e3 * stop.elapsed_ms_since(start));
+    }
+    return bench::median(us);
+  }
+
+  void row(const std::string& group, const std::string& op, const std::string& shape, int64_t batch, double bytes,
+           const std::function<void()>& fn) {
+    const double us = time_us(fn);
+    const double gbps = bytes / (us * 1e-6) / 1e9;
+    const double floor_us = bytes / kFloorBytesPerSecond * 1e6;
+    const double copy_floor_us = bytes / copy_bytes_per_second * 1e6;
+    std::printf("%-6s %-22s %-26s %5lld %10.2f %12.3f %9.1f %8.2f %8.2f\n", group.c_str(), op.c_str(), shape.c_str(),
+                static_cast<long long>(batch), us, bytes / 1e6, gbps, us / floor_us, us / copy_floor_us);
+    std::fflush(stdout);
+    rows.push_back({{"group", group}, {"op", op}, {"shape", shape}, {"batch", batch}, {"median_us", us},
+                    {"bytes", bytes}, {"GBps", gbps}, {"floor_us_4p3TBps", floor_us},
+                    {"ratio_to_4p3TBps_floor", us / floor_us}, {"ratio_to_measured_copy", us / copy_floor_us}});
+  }
+};
+
+std::vector<uint8_t> pattern_of(size_t bytes, const std::function<void(uint8_t*, size_t)>& gen) {
+  std::vector<uint8_t> p(bytes);
+  gen(p.data(), bytes);
+  return p;
+}
+
+struct Patterns {
+  std::vector<uint8_t> bf16_weight, bf16_act, f32_act, fp4_codes, e8m0, fp8_cache;
+  explicit Patterns(core::Rng& rng) {
+    const size_t n = size_t{16} << 20;
+    const auto bf16 = [&](double std) {
+      return pattern_of(n, [&](uint8_t* p, size_t b) {
+        for (size_t i = 0; i < b / 2; ++i) {
+          const uint16_t v = core::f32_to_bf16_bits(static_cast<float>(rng.uniform(-std, std) * 1.7320508));
+          std::memcpy(p + 2 * i, &v, 2);
+        }
+      });
+    };
+    bf16_weight = bf16(0.02);
+    bf16_act = bf16(1.0);
+    f32_act = pattern_of(n, [&](uint8_t* p, size_t b) {
+      for (size_t i = 0; i < b / 4; ++i) {
+        const float v = static_cast<float>(rng.uniform(-2.0, 2.0));
+        std::memcpy(p + 4 * i, &v, 4);
+      }
+    });
+    fp4_codes = pattern_of(n, [&](uint8_t* p, size_t b) {
+      for (size_t i = 0; i < b; ++i) p[i] = static_cast<uint8_t>(rng.next_u64());
+    });
+    e8m0 = pattern_of(n, [&](uint8_t* p, size_t b) {  // 2^-9 .. 2^-1: no NaN (0xff), sane magnitudes
+      for (size_t i = 0; i < b; ++i) p[i] = static_cast<uint8_t>(118 + rng.next_u64() % 9);
+    });
+    fp8_cache = pattern_of(n, [&](uint8_t* p, size_t b) {
+      for (size_t i = 0; i < b; ++i) p[i] = core::f32_to_fp8_e4m3(static_cast<float>(rng.uniform(-3.0, 3.0)));
+    });
+  }
+};
+
+double measure_copy_bandwidth(Bench& b) {
+  const int64_t bytes = int64_t{1} << 31;  // 2 GiB each way
+  Tensor src = b.empty(DType::u8, {bytes}), dst = b.empty(DType::u8, {bytes});
+  K3_CUDA_CHECK(cudaMemsetAsync(src.view().data, 1, static_cast<size_t>(bytes), b.stream()));
+  const double us = b.time_us([&] {
+    K3_CUDA_CHECK(cudaMemcpyAsync(dst.view().data, src.view().data, static_cast<size_t>(bytes),
+                                  cudaMemcpyDeviceToDevice, b.stream()));
+  });
+  return 2.0 * static_cast<double>(bytes) / (us * 1e-6);  // read + write
+}
+
+// ---------------------------------------------------------------- linear (spec §11 TP8 shapes)
+
+void bench_linears(Bench& b, const Patterns& pat, const std::vector<int64_t>& batches) {
+  struct S {
+    const char* name;
+    int64_t out, in;
+    bool logits;
+  };
+  const S shapes[] = {{"kda.qkvg", 6144, 7168, false},      {"kda.f_a", 128, 7168, false},
+                      {"kda.f_b", 1536, 128, false},        {"kda.b", 12, 7168, false},
+                      {"attn.o_proj", 7168, 1536, false},   {"mla.q_a+kv_a", 2112, 7168, false},
+                      {"mla.q_b", 2304, 1536, false},       {"mla.g", 1536, 7168, false},
+                      {"moe.router", 896, 7168, true},      {"moe.latent_down", 3584, 7168, false},
+                      {"moe.latent_up", 7168, 3584, false}, {"shared.gate_up", 1536, 7168, false},
+                      {"shared.down", 7168, 768, false},    {"dense0.gate_up", 8448, 7168, false},
+                      {"dense0.down", 7168, 4224, false},   {"lm_head", 20480, 7168, true}};
+  for (const S& s : shapes) {
+    kernels::LinearWeight w;
+    w.weight = b.empty(DType::bf16, {s.out, s.in});
+    b.fill(w.weight, pat.bf16_weight);
+    for (int64_t T : batches) {
+      Tensor x = b.empty(DType::bf16, {T, s.in}), y = b.empty(s.logits ? DType::f32 : DType::bf16, {T, s.out});
+      b.fill(x, pat.bf16_act);
+      const kernels::LinearArgs a{x.view(), &w, y.view(), !s.logits, kernels::Precision::bf16};
+      const std::string impl = b.reg.linear.select(a, core::Device::cuda).name;
+      const double bytes = static_cast<double>(w.weight.nbytes() + x.nbytes() + y.nbytes());
+      b.row("linear", std::string(s.name) + (impl == "cuda_cublaslt" ? "" : " (" + impl + ")"),
+            std::to_string(s.out) + "x" + std::to_string(s.in), T, bytes,
+            [&] { b.reg.linear.run(a, core::Device::cuda); });
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// ---------------------------------------------------------------- KDA decode (12 heads of 128)
+
+void bench_kda_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>& batches) {
+  const int H = 12, D = 128;
+  const int64_t P = H * D, C = 3 * P;  // conv over q, k, v side by side
+  Tensor conv_w = b.empty(DType::f32, {C, 4}), a_log = b.empty(DType::f32, {H}), dt_bias = b.empty(DType::f32, {P});
+  Tensor o_norm = b.empty(DType::f32, {D});
+  b.fill(conv_w, pat.f32_act), b.fill(a_log, pat.f32_act), b.fill(dt_bias, pat.f32_act), b.fill(o_norm, pat.f32_act);
+  for (int64_t B : batches) {
+    // Per sequence: its own states (so B sequences touch B distinct states, as in serving).
+    Tensor conv_state = b.empty(DType::bf16, {B, C, 3}), state = b.empty(DType::f32, {B, H, D, D});
+    Tensor qkv = b.empty(DType::bf16, {B, C}), qkv_out = b.empty(DType::bf16, {B, C});
+    Tensor f = b.empty(DType::bf16, {B, P}), beta = b.empty(DType::bf16, {B, H}), o = b.empty(DType::bf16, {B, P});
+    Tensor gate = b.empty(DType::bf16, {B, P}), y = b.empty(DType::bf16, {B, P});
+    for (const Tensor* t : {&conv_state, &qkv, &f, &beta, &gate}) b.fill(*t, pat.bf16_act);
+    b.fill(state, pat.f32_act);
+    const auto seq = [](const Tensor& t, int64_t i) { return t.view().row(i); };
+    const auto row2 = [](const Tensor& t, int64_t i) { return backends::cuda::rows_of(t.view(), i, 1); };
+    const double conv_bytes = static_cast<double>(B) * (C * 3 * 2 * 2 + C * 2 * 2) + conv_w.nbytes();
+    b.row("kda", "kda_conv decode", "C=4608 K=4", B, conv_bytes, [&] {
+      for (int64_t i = 0; i < B; ++i)
+        b.reg.kda_conv.run({row2(qkv, i), conv_w.view(), seq(conv_state, i), row2(qkv_out, i)}, core::Device::cuda);
+    });
+    const double rec_bytes = static_cast<double>(B) * (2.0 * H * D * D * 4 + (5.0 * P + H) * 2);
+    b.row("kda", "kda_recurrent decode", "H=12 D=128", B, rec_bytes, [&] {
+      for (int64_t i = 0; i < B; ++i) {
+        const core::TensorView qkv_i = row2(qkv_out, i);
+        kernels::KdaAttentionArgs a{backends::cuda::cols_of(qkv_i, 0, P), backends::cuda::cols_of(qkv_i, P, P),
+                                    backends::cuda::cols_of(qkv_i, 2 * P, P), row2(f, i), row2(beta, i),
+                                    a_log.view(), dt_bias.view(), seq(state, i), row2(o, i), H, D};
+        b.reg.kda_recurrent.run(a, core::Device::cuda);
+      }
+    });
+    const double gate_bytes = static_cast<double>(B) * P * 2 * 3;
+    b.row("kda", "kda_output_gate", "H=12 D=128", B, gate_bytes, [&] {
+      b.reg.kda_output_gate.run({o.view(), gate.view(), o_norm.view(), y.view(), H, D}, core::Device::cuda);
+    });
+  }
+}
+
+// ---------------------------------------------------------------- MLA absorbed decode at 8K
+
+void bench_mla_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>& batches) {
+  const int H = 12, nope = 128, rope = 64, vd = 128, L = 512;
+  const int64_t S = 8192, E = L + rope;
+  kernels::LinearWeight kv_b;
+  kv_b.weight = b.empty(DType::bf16, {H * (nope + vd), L});
+  b.fill(kv_b.weight, pat.bf16_weight);
+  for (DType cache_t : {DType::f8_e4m3, DType::bf16}) {
+    for (int64_t B : batches) {
+      Tensor cache = b.empty(cache_t, {B, S, E});
+      b.fill(cache, cache_t == DType::bf16 ? pat.bf16_act : pat.fp8_cache);
+      Tensor q = b.empty(DType::bf16, {B, H * (nope + rope)}), out = b.empty(DType::bf16, {B, H * vd});
+      b.fill(q, pat.bf16_act);
+      const double bytes = static_cast<double>(B) * (static_cast<double>(S * E * core::dtype_size(cache_t)) +
+                                                     kv_b.weight.nbytes() + (H * (nope + rope) + H * vd) * 2.0);
+      b.row("mla", std::string("mla_absorbed ") + (cache_t == DType::bf16 ? "bf16" : "fp8"), "ctx=8192 H=12", B, bytes,
+            [&] {
+              for (int64_t i = 0; i < B; ++i) {
+                kernels::MlaAttentionArgs a{backends::cuda::rows_of(q.view(), i, 1), cache.view().row(i), 1.0f, &kv_b,
+                                            backends::cuda::rows_of(out.view(), i, 1), H, nope, rope, vd, L,
+                                            1.0f / std::sqrt(192.0f)};
+                b.reg.mla_absorbed.run(a, core::Device::cuda);
+              }
+            });
+    }
+  }
+}
+
+// ---------------------------------------------------------------- routed experts, router
+
+void bench_moe(Bench& b, const Patterns& pat, const std::vector<int64_t>& batches, core::Rng& rng) {
+  const int64_t E = 896, k = 16, I = 384, L = 3584;
+  // All experts in one slab each for codes and scales; per-expert views into them.
+  const int64_t code_bytes[3] = {I * L / 2, I * L / 2, L * I / 2}, scale_bytes[3] = {I * L / 32, I * L / 32, L * I / 32};
+  Tensor codes = b.empty(DType::u8, {E * (code_bytes[0] * 3)}), scales = b.empty(DType::u8, {E * (scale_bytes[0] * 3)});
+  b.fill(codes, pat.fp4_codes), b.fill(scales, pat.e8m0);
+  // Views into the slabs; each keeps its slab alive through a copy of the slab tensor.
+  const std::shared_ptr<void> hold_codes(codes.view().data, [codes](void*) {});
+  const std::shared_ptr<void> hold_scales(scales.view().data, [scales](void*) {});
+  std::vector<kernels::LinearWeight> w[3];
+  const int64_t rows[3] = {I, I, L}, cols[3] = {L, L, I};
+  for (int64_t e = 0; e < E; ++e)
+    for (int m = 0; m < 3; ++m) {
+      kernels::LinearWeight lw;
+      char* c = static_cast<char*>(codes.view().data) + (e * 3 + m) * code_bytes[0];
+      char* s = static_cast<char*>(scales.view().data) + (e * 3 + m) * scale_bytes[0];
+      lw.weight = Tensor(core::TensorView::contiguous(c, DType::u8, {rows[m], cols[m] / 2}, core::Device::cuda), hold_codes);
+      lw.scale = Tensor(core::TensorView::contiguous(s, DType::u8, {rows[m], cols[m] / 32}, core::Device::cuda), hold_scales);
+      w[m].push_back(lw);
+    }
+  const double expert_bytes = static_cast<double>(3 * (code_bytes[0] + scale_bytes[0]));
+  Tensor bias = b.empty(DType::f32, {E});
+  b.fill(bias, pat.f32_act);
+  for (int64_t T : batches) {
+    Tensor ids_h = Tensor::zeros(DType::i32, {T, k}), wts_h = Tensor::zeros(DType::f32, {T, k});
+    std::vector<bool> touched(E);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        int32_t e;
+        do e = static_cast<int32_t>(rng.next_u64() % E);
+        while (std::find(ids_h.data<int32_t>() + t * k, ids_h.data<int32_t>() + t * k + j, e) != ids_h.data<int32_t>() + t * k + j);
+        ids_h.data<int32_t>()[t * k + j] = e;
+        wts_h.data<float>()[t * k + j] = 1.0f / k;
+        touched[e] = true;
+      }
+    const int64_t distinct = std::count(touched.begin(), touched.end(), true);
+    Tensor ids = backends::cuda::upload(ids_h.view(), b.ctx->pool(), b.stream());
+    Tensor wts = backends::cuda::upload(wts_h.view(), b.ctx->pool(), b.stream());
+    Tensor z = b.empty(DType::bf16, {T, L}), u = b.empty(DType::bf16, {T, L});
+    b.fill(z, pat.bf16_act);
+    const kernels::MoeExpertsArgs a{z.view(), ids.view(), wts.view(), w[0], w[1], w[2], u.view()};
+    const double bytes = distinct * expert_bytes + static_cast<double>(z.nbytes() + u.nbytes() + ids.nbytes() + wts.nbytes());
+    b.row("moe", "moe_experts mxfp4", "896x(384x3584) top16 d=" + std::to_string(distinct), T, bytes,
+          [&] { b.reg.moe_experts.run(a, core::Device::cuda); });
+    Tensor logits = b.empty(DType::f32, {T, E}), r_ids = b.empty(DType::i32, {T, k}), r_w = b.empty(DType::f32, {T, k});
+    b.fill(logits, pat.f32_act);
+    const kernels::RouterTopkArgs ra{logits.view(), bias.view(), r_ids.view(), r_w.view()};
+    b.row("moe", "router_topk", "E=896 k=16", T, static_cast<double>(logits.nbytes() + bias.nbytes() + 2 * r_w.nbytes()),
+          [&] { b.reg.router_topk.run(ra, core::Device::cuda); });
+  }
+}
+
+// ---------------------------------------------------------------- token-parallel ops
+
+void bench_elementwise(Bench& b, const Patterns& pat, const std::vector<int64_t>& batches) {
+  Tensor norm_w = b.empty(DType::bf16, {kHidden}), query = b.empty(DType::bf16, {1, kHidden});
+  b.fill(norm_w, pat.bf16_weight), b.fill(query, pat.bf16_weight);
+  for (int64_t T : batches) {
+    std::vector<Tensor> src;
+    for (int j = 0; j < 9; ++j) src.push_back(b.empty(DType::bf16, {T, kHidden}));
+    for (const Tensor& s : src) b.fill(s, pat.bf16_act);
+    std::vector<core::TensorView> views;
+    for (const Tensor& s : src) views.push_back(s.view());
+    Tensor out = b.empty(DType::bf16, {T, kHidden});
+    const double row = static_cast<double>(T * kHidden * 2);
+    b.row("elt", "attn_res_mix 9 sources", "D=7168", T, 10 * row + 2 * norm_w.nbytes(), [&] {
+      b.reg.attn_res_mix.run({views, query.view(), norm_w.view(), out.view()}, core::Device::cuda);
+    });
+    b.row("elt", "rmsnorm", "D=7168", T, 2 * row + norm_w.nbytes(),
+          [&] { b.reg.rmsnorm.run({src[0].view(), norm_w.view(), out.view()}, core::Device::cuda); });
+    b.row("elt", "add", "D=7168", T, 3 * row,
+          [&] { b.reg.add.run({src[0].view(), src[1].view(), out.view()}, core::Device::cuda); });
+    const core::TensorView g = backends::cuda::cols_of(src[2].view(), 0, 768), up = backends::cuda::cols_of(src[3].view(), 0, 768);
+    const core::TensorView act = backends::cuda::cols_of(out.view(), 0, 768);
+    b.row("elt", "situ_glu", "I=768", T, 3.0 * T * 768 * 2,
+          [&] { b.reg.situ_glu.run({g, up, act}, core::Device::cuda); });
+    Tensor xg = b.empty(DType::bf16, {T, 1536}), gg = b.empty(DType::bf16, {T, 1536}), og = b.empty(DType::bf16, {T, 1536});
+    b.fill(xg, pat.bf16_act), b.fill(gg, pat.bf16_act);
+    b.row("elt", "sigmoid_gate", "D=1536", T, 3.0 * T * 1536 * 2,
+          [&] { b.reg.sigmoid_gate.run({xg.view(), gg.view(), og.view()}, core::Device::cuda); });
+  }
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    const size_t comma = s.find(',', pos);
+    v.push_back(std::stoll(s.substr(pos, comma - pos)));
+    pos = comma == std::string::npos ? s.size() : comma + 1;
+  }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    std::string out = "ops_gpu.json", batches_arg = "1,8,64", only = "linear,kda,mla,moe,elt";
+    int iters = 30;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      const auto value = [&](const char* flag) -> std::string {
+        K3_CHECK(i + 1 < argc, std::string(flag) + " needs a value");
+        return argv[++i];
+      };
+      if (a == "--out") out = value("--out");
+      else if (a == "--iters") iters = std::stoi(value("--iters"));
+      else if (a == "--batches") batches_arg = value("--batches");
+      else if (a == "--only") only = value("--only");
+      else if (a == "--help" || a == "-h") {
+        std::cout << "k3bench_ops_gpu [--out FILE] [--iters N] [--batches 1,8,64] [--only linear,kda,mla,moe,elt]\n";
+        return 0;
+      } else {
+        throw core::Error("unknown option " + a + " (try --help)");
+      }
+    }
+    K3_CHECK(iters >= 1, "--iters must be >= 1");
+    const std::vector<int64_t> batches = parse_list(batches_arg);
+    Bench b;
+    b.ctx = backends::cuda::Context::create(0);
+    b.iters = iters;
+    kernels::register_cuda_ops(b.reg, b.ctx);
+    const auto& info = b.ctx->info();
+    // Twice the L2, so a flush leaves nothing of the previous run in it.
+    b.flush = b.empty(DType::u8, {static_cast<int64_t>(std::max<size_t>(info.l2_bytes * 2, size_t{256} << 20))});
+    b.copy_bytes_per_second = measure_copy_bandwidth(b);
+    std::printf("k3bench_ops_gpu on %s (%d SMs, L2 %zu MiB): device copy %.0f GB/s (read + write); floor 4300 GB/s\n",
+                info.name.c_str(), info.sm_count, info.l2_bytes >> 20, b.copy_bytes_per_second / 1e9);
+    std::printf("%-6s %-22s %-26s %5s %10s %12s %9s %8s %8s\n", "group", "op", "shape", "batch", "median_us", "MB moved",
+                "GB/s", "x4.3TB/s", "xcopy");
+    core::Rng rng(42);
+    const Patterns pat(rng);
+    const auto wanted = [&](const char* group) { return ("," + only + ",").find("," + std::string(group) + ",") != std::string::npos; };
+    if (wanted("linear")) bench_linears(b, pat, batches);
+    if (wanted("kda")) bench_kda_decode(b, pat, batches);
+    if (wanted("mla")) bench_mla_decode(b, pat, batches);
+    if (wanted("moe")) bench_moe(b, pat, batches, rng);
+    if (wanted("elt")) bench_elementwise(b, pat, batches);
+    nlohmann::json env = bench::environment();
+    env["gpu"] = {{"name", info.name}, {"sm_count", info.sm_count}, {"l2_bytes", info.l2_bytes},
+                  {"global_bytes", info.global_bytes}, {"cc", std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor)},
+                  {"driver_version", info.driver_version}, {"runtime_version", info.runtime_version}};
+    const nlohmann::json bundle = {
+        {"benchmark", "ops_gpu"},
+        {"environment", env},
+        {"config", {{"iters", iters}, {"batches", batches}, {"only", only}, {"timing", "median of iters, L2 flushed before each, CUDA events"},
+                    {"bytes", "spec §12: weights read + state read/written + cache read + activations in/out; experts: distinct touched"}}},
+        {"copy_GBps", b.copy_bytes_per_second / 1e9},
+        {"floor_GBps", kFloorBytesPerSecond / 1e9},
+        {"rows", b.rows}};
+    std::ofstream(out) << bundle.dump(2) << "\n";
+    std::cout << "wrote " << out << "\n";
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  }
+}

@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh: build and run every GPU test and benchmark of k3serve on a CUDA machine
+# (made for the H200 machines: CUDA 13 toolkit, cmake, ninja, GoogleTest, nlohmann-json; no xxhash
+# or pcre2 -dev packages, no network). Writes logs and JSON under $OUT and prints a summary table
+# last.
+#
+#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|sanitize|bench]... [--budget SECONDS]
+#
+# Phases (default all, in this order):
+#   build     configure with -DK3_GPU_CHECK_ONLY=ON (only core, config, kernels, backends, tests/ops,
+#             the GPU benchmark), nvcc -gencode=arch=compute_90a,code=sm_90a, build k3_ops_tests and
+#             k3bench_ops_gpu                                                    -> build.log
+#   test      k3_ops_tests: every registered op on the GPU against the CPU reference, odd shapes and
+#             TP8 shapes, relative error / cosine / max-abs per comparison      -> ops_tests.log, ops_report.json
+#   bench     k3bench_ops_gpu: per-op time, bytes, GB/s, ratio to the floor     -> bench.log, ops_gpu.json
+#   sanitize  k3_ops_tests on the odd shapes under compute-sanitizer memcheck and racecheck
+#                                                                               -> memcheck.log, racecheck.log
+# summary.txt repeats the table printed at the end. The whole run keeps within --budget seconds
+# (default 570: one 10-minute device command); a phase that would overrun is cut by `timeout` and
+# reported as TIMEOUT. The build folder (build/gpu-check) is reused by later calls, so the phases can
+# also be run one call each. Exit status: 0 when every phase that ran passed.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/gpu_check_out}
+BUILD=$ROOT/build/gpu-check
+BUDGET=570
+PHASES=()
+while (($#)); do
+  case "$1" in
+    --budget) BUDGET=$2; shift 2 ;;
+    all|build|test|bench|sanitize) PHASES+=("$1"); shift ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+  esac
+done
+((${#PHASES[@]})) || PHASES=(all)
+want() { local p; for p in "${PHASES[@]}"; do [[ $p == all || $p == "$1" ]] && return 0; done; return 1; }
+
+mkdir -p "$OUT"
+START=$(date +%s)
+SUMMARY=()        # "phase|status|seconds|detail" rows
+OVERALL=0
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+record() {        # phase status seconds detail
+  SUMMARY+=("$1|$2|$3|$4")
+  [[ $2 == PASS || $2 == SKIP ]] || OVERALL=1
+}
+# Runs "$@" with a time cap of min($1, budget left - 15 s) seconds; sets RC and SECS.
+capped() {
+  local cap=$1; shift
+  local avail=$(( $(left) - 15 ))
+  ((avail < cap)) && cap=$avail
+  if ((cap < 10)); then RC=124; SECS=0; return; fi
+  local t0=$(date +%s)
+  timeout --kill-after=10 "$cap" "$@"
+  RC=$?
+  SECS=$(( $(date +%s) - t0 ))
+}
+
+# ---------------------------------------------------------------- tools
+NVCC=$(command -v nvcc || true)
+[[ -z $NVCC && -x /usr/local/cuda/bin/nvcc ]] && NVCC=/usr/local/cuda/bin/nvcc
+SANITIZER=$(command -v compute-sanitizer || true)
+[[ -z $SANITIZER && -x /usr/local/cuda/bin/compute-sanitizer ]] && SANITIZER=/usr/local/cuda/bin/compute-sanitizer
+[[ -z $SANITIZER ]] && SANITIZER=$(ls /usr/local/cuda*/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -1)
+GPU=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+echo "gpu_check: root $ROOT, out $OUT, budget ${BUDGET}s"
+echo "gpu_check: GPU: ${GPU:-none seen by nvidia-smi}; nvcc: ${NVCC:-missing} ($($NVCC --version 2>/dev/null | grep -o 'release [0-9.]*'))"
+echo "gpu_check: cmake $(cmake --version 2>/dev/null | head -1 | grep -o '[0-9.]*$'), ninja $(ninja --version 2>/dev/null), compute-sanitizer: ${SANITIZER:-missing}"
+
+TESTS=$BUILD/tests/ops/k3_ops_tests
+BACKEND_TESTS=$BUILD/src/backends/cuda/k3_backends_cuda_tests
+BENCH=$BUILD/k3bench_ops_gpu
+
+# ---------------------------------------------------------------- build
+if want build; then
+  if [[ -z $NVCC ]]; then
+    record build FAIL 0 "nvcc not found (PATH, /usr/local/cuda/bin)"
+  else
+    t0=$(date +%s)
+    {
+      # Hopper's own instructions need sm_90a; -gencode names it without a plain sm_90 pass.
+      configure() {
+        cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DK3_ENABLE_CUDA=ON \
+          -DK3_GPU_CHECK_ONLY=ON -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=OFF \
+          "-DCMAKE_CUDA_FLAGS=-gencode=arch=compute_90a,code=sm_90a" "$@"
+      }
+      configure -DK3_BUILD_TESTS=ON || {
+        echo "gpu_check: configure with tests failed (GoogleTest missing?); retrying without tests"
+        rm -f "$BUILD/CMakeCache.txt"
+        configure -DK3_BUILD_TESTS=OFF
+      }
+    } > "$OUT/build.log" 2>&1
+    targets=(k3bench_ops_gpu)
+    grep -q '^K3_BUILD_TESTS:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null &&
+      targets=(k3_backends_cuda_tests k3_ops_tests k3bench_ops_gpu)
+    capped 400 cmake --build "$BUILD" --target "${targets[@]}" -j"$(nproc)" >> "$OUT/build.log" 2>&1
+    secs=$(( $(date +%s) - t0 ))
+    if ((RC == 0)); then
+      record build PASS "$secs" "built ${targets[*]} (sm_90a)"
+    elif ((RC == 124 || RC == 137)); then
+      record build TIMEOUT "$secs" "see build.log"
+    else
+      record build FAIL "$secs" "$(grep -m1 -E 'error|Error' "$OUT/build.log" | cut -c1-110)"
+    fi
+  fi
+fi
+
+# ---------------------------------------------------------------- test
+gtest_counts() {  # log -> "N passed, M failed, K skipped"
+  local p f s
+  p=$(grep -oE '\[  PASSED  \] [0-9]+' "$1" | grep -oE '[0-9]+$' | tail -1)
+  f=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$1" | grep -oE '[0-9]+' | tail -1)
+  s=$(grep -oE '\[  SKIPPED \] [0-9]+ test' "$1" | grep -oE '[0-9]+' | tail -1)
+  echo "${p:-0} passed, ${f:-0} failed, ${s:-0} skipped"
+}
+if want test; then
+  if [[ ! -x $TESTS ]]; then
+    record test FAIL 0 "no $TESTS (run the build phase)"
+  else
+    # The backend's own tests (pool, copies, cuBLASLt), then every op; one log.
+    tmp=$(mktemp)
+    if [[ -x $BACKEND_TESTS ]]; then
+      capped 60 "$BACKEND_TESTS" > "$tmp" 2>&1
+      backend_rc=$RC
+      backend_counts="backend tests: $(gtest_counts "$tmp")"
+      cat "$tmp" > "$OUT/ops_tests.log"
+    else
+      backend_rc=0; backend_counts="backend tests: not built"; : > "$OUT/ops_tests.log"
+    fi
+    capped 300 "$TESTS" --k3_report="$OUT/ops_report.json" > "$tmp" 2>&1
+    counts="ops: $(gtest_counts "$tmp"); $backend_counts"
+    cat "$tmp" >> "$OUT/ops_tests.log"
+    rm -f "$tmp"
+    ((RC == 0 && backend_rc != 0)) && RC=$backend_rc
+    if ((RC == 0)); then
+      if grep -q 'no CUDA backend to test' "$OUT/ops_tests.log"; then
+        record test FAIL "$SECS" "$counts: GPU cases skipped ($(grep -m1 -o 'no CUDA backend to test: .*' "$OUT/ops_tests.log" | cut -c1-80))"
+      else
+        record test PASS "$SECS" "$counts"
+      fi
+    elif ((RC == 124 || RC == 137)); then
+      record test TIMEOUT "$SECS" "$counts so far"
+    else
+      record test FAIL "$SECS" "$counts (rc $RC)"
+    fi
+  fi
+fi
+
+# ---------------------------------------------------------------- bench
+if want bench; then
+  if [[ ! -x $BENCH ]]; then
+    record bench FAIL 0 "no $BENCH (run the build phase)"
+  else
+    capped 200 "$BENCH" --out "$OUT/ops_gpu.json" > "$OUT/bench.log" 2>&1
+    if ((RC == 0)); then
+      record bench PASS "$SECS" "$(grep -m1 -o 'device copy [0-9]* GB/s' "$OUT/bench.log"), $(grep -c '^[a-z]' "$OUT/bench.log") lines"
+    elif ((RC == 124 || RC == 137)); then
+      record bench TIMEOUT "$SECS" "partial table in bench.log"
+    else
+      record bench FAIL "$SECS" "$(grep -m1 'error' "$OUT/bench.log" | cut -c1-110) (rc $RC)"
+    fi
+  fi
+fi
+
+# ---------------------------------------------------------------- sanitize
+# The odd shapes only (small, every code path); TP8 shapes would take the sanitizers far too long.
+SAN_FILTER='OpsOdd.*:OpsCoverage.*'
+if want sanitize; then
+  for tool in memcheck racecheck; do
+    if [[ -z $SANITIZER ]]; then
+      record "$tool" SKIP 0 "compute-sanitizer not found"
+      continue
+    fi
+    if [[ ! -x $TESTS ]]; then
+      record "$tool" FAIL 0 "no $TESTS (run the build phase)"
+      continue
+    fi
+    cap=240; [[ $tool == racecheck ]] && cap=300
+    capped "$cap" "$SANITIZER" --tool "$tool" --error-exitcode 86 --print-limit 50 \
+      "$TESTS" --gtest_filter="$SAN_FILTER" > "$OUT/$tool.log" 2>&1
+    verdict=$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | sed 's/^=* *//' | cut -c1-70)
+    counts=$(gtest_counts "$OUT/$tool.log")
+    if ((RC == 0)); then
+      record "$tool" PASS "$SECS" "${verdict:-no report line}; $counts"
+    elif ((RC == 124 || RC == 137)); then
+      record "$tool" TIMEOUT "$SECS" "$counts so far"
+    elif ((RC == 86)); then
+      record "$tool" FAIL "$SECS" "${verdict:-hazards/errors found}; see $tool.log"
+    else
+      record "$tool" FAIL "$SECS" "rc $RC; $counts; ${verdict}"
+    fi
+  done
+fi
+
+# ---------------------------------------------------------------- summary (printed last)
+{
+  echo
+  echo "================ k3serve GPU check: ${GPU:-no GPU seen} ================"
+  if [[ -f $OUT/ops_report.json ]] && command -v python3 > /dev/null; then
+    python3 - "$OUT/ops_report.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["comparisons"]
+groups = {}
+for r in rows:
+    groups.setdefault((r["op"], r["mode"]), []).append(r)
+def closeness(r):  # error over tolerance: > 1 fails; non-finite is worst
+    if not r["finite"]: return float("inf")
+    return r["rel_err"] / r["tol_rel"] if r["tol_rel"] > 0 else (0.0 if r["rel_err"] == 0 else float("inf"))
+print("op comparisons vs the CPU reference (worst case per op and mode):" if rows else "no op comparisons recorded")
+if rows:
+    print(f"  {'op':16} {'mode':4} {'n':>4} {'fail':>4} {'worst rel_err':>13} {'tol':>8} {'cosine':>12} {'max_abs':>10}  where")
+for (op, mode), rs in sorted(groups.items()):
+    r = max(rs, key=closeness)
+    fails = sum(not x["pass"] for x in rs)
+    rel = "nonfinite" if not r["finite"] else f"{r['rel_err']:.2e}"
+    print(f"  {op:16} {mode:4} {len(rs):4d} {fails:4d} {rel:>13} {r['tol_rel']:8.0e} {r['cosine']:12.9f} {r['max_abs']:10.2e}  {r['shape']} {r['what']}")
+PY
+  fi
+  if [[ -f $OUT/ops_gpu.json ]] && command -v python3 > /dev/null; then
+    python3 - "$OUT/ops_gpu.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+print(f"per-op timings (median, L2 flushed), device copy {b['copy_GBps']:.0f} GB/s; 'x floor' = time / (bytes / 4.3 TB/s):")
+print(f"  {'op':26} {'shape':22} {'batch':>5} {'us':>9} {'GB/s':>7} {'x floor':>8}")
+for r in b["rows"]:
+    if r["group"] == "elt" and r["batch"] != 64: continue
+    print(f"  {r['op'][:26]:26} {r['shape'][:22]:22} {r['batch']:5d} {r['median_us']:9.1f} {r['GBps']:7.0f} {r['ratio_to_4p3TBps_floor']:8.2f}")
+PY
+  fi
+  echo
+  printf '%-10s %-8s %6s  %s\n' phase status seconds detail
+  for row in "${SUMMARY[@]}"; do
+    IFS='|' read -r p s t d <<< "$row"
+    printf '%-10s %-8s %6s  %s\n' "$p" "$s" "$t" "$d"
+  done
+  echo "outputs: $OUT ($(ls "$OUT" | tr '\n' ' '))"
+  echo "overall: $([[ $OVERALL == 0 ]] && echo PASS || echo FAIL) in $(( $(date +%s) - START ))s"
+} | tee "$OUT/summary.txt"
+exit $OVERALL

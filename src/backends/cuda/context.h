@@ -1,0 +1,62 @@
+// backends/cuda/context.h: what the CUDA ops of one device share: the stream they run on, the
+// device memory pool (outputs, scratch), the cuBLASLt handle and a cache of small device tables.
+//
+// Explicit object, no globals: register_cuda_ops() creates one and the registered ops capture it.
+// Every op queues its work on stream() and returns without synchronising.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "backends/cuda/blas_lt.h"
+#include "backends/cuda/device.h"
+#include "backends/cuda/memory_pool.h"
+#include "backends/cuda/stream.h"
+
+namespace k3::backends::cuda {
+
+class Context {
+ public:
+  // Makes `device` current and creates the stream, pool and cuBLASLt handle for it.
+  static std::shared_ptr<Context> create(int device = 0);
+
+  int device() const { return info_.index; }
+  const DeviceInfo& info() const { return info_; }
+  cudaStream_t stream() const { return stream_.get(); }
+  DevicePool& pool() { return *pool_; }
+  const std::shared_ptr<DevicePool>& pool_ptr() const { return pool_; }
+  BlasLt& blas() { return blas_; }
+
+  // Device scratch of at least `bytes`, returned to the pool when the pointer is released (safe
+  // right after queuing the kernels that use it: reuse is in stream order).
+  std::shared_ptr<void> scratch(size_t bytes) { return pool_->allocate_shared(bytes); }
+
+  // A device copy of `words` (e.g. per-expert weight pointers), uploaded once and cached by
+  // content, so a call with the same table costs a hash and a compare. Keeps the last 64 tables.
+  const void* device_table(std::span<const uint64_t> words);
+
+  // Largest dynamic shared memory a block may use after opting in (cudaFuncSetAttribute).
+  size_t smem_optin() const { return info_.smem_optin_per_block; }
+
+ private:
+  explicit Context(int device);
+  DeviceInfo info_;
+  Stream stream_;
+  std::shared_ptr<DevicePool> pool_;
+  BlasLt blas_;
+
+  struct Table {
+    uint64_t hash = 0;
+    std::vector<uint64_t> words;
+    std::shared_ptr<void> device;
+  };
+  std::mutex table_mu_;
+  std::list<Table> tables_;  // most recently used first
+};
+
+}  // namespace k3::backends::cuda

@@ -1,0 +1,136 @@
+// engine/engine.h: the serving engine's facade and its step loop.
+//
+//   submit(request) -> {id, stream}   validated at once (core::Error naming the parameter)
+//   abort(id)                         takes effect at the next step, in any state
+//   stats()                           a snapshot, published after every step
+//
+// Each step: admit (drain submissions and aborts) -> schedule (Scheduler: data-only output)
+// -> plan (make_plan) -> run (Executor: prepare slots, forward, save checkpoints) -> sample
+// (one runner::Sampler per request) -> update (Scheduler: advance, register prefix blocks,
+// finish) -> deliver events. The loop runs on its own thread (start/stop) or is stepped
+// synchronously (step, run_until_idle) by tests and benchmarks; never both at once.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/executor.h"
+#include "engine/token_stream.h"
+#include "runner/sampler.h"
+#include "scheduler/scheduler.h"
+
+namespace k3::engine {
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;          // token ids in [0, vocab)
+  runner::SamplingParams sampling;
+  int64_t max_tokens = 16;              // >= 1; prompt + max_tokens <= max_model_len
+  std::vector<int32_t> stop_token_ids;  // ids in [0, vocab)
+  bool ignore_eos = false;
+  // When set, the request's events go here, called on the step thread (keep it short; it
+  // must not call into the engine); the stream then gets only the last event.
+  std::function<void(const TokenEvent&)> on_event;
+};
+
+struct EngineConfig {
+  scheduler::SchedulerConfig scheduler;
+  cache::CacheConfig cache;   // sized (see engine/model_executor.h size_model_cache)
+  int32_t eos_token_id = -1;  // the model's; -1: none
+};
+
+struct EngineStats {
+  int32_t running = 0, waiting = 0;
+  uint64_t steps = 0;
+  int64_t submitted = 0, finished = 0, aborted = 0, failed = 0;
+  int64_t prompt_tokens = 0, prefix_hit_tokens = 0;  // at first admission
+  int64_t prefill_tokens = 0, decode_tokens = 0;     // computed, recomputation included
+  int64_t generated_tokens = 0, preemptions = 0;
+  cache::CacheUsage cache;
+  double host_seconds = 0, executor_seconds = 0;     // summed over steps
+};
+
+class Engine {
+ public:
+  Engine(const EngineConfig& config, std::unique_ptr<Executor> executor);
+  ~Engine();  // stops the loop and aborts what is left, so no stream waits forever
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  struct Submission {
+    RequestId id = 0;
+    std::shared_ptr<TokenStream> stream;
+  };
+  // Thread-safe. Throws core::Error naming the bad parameter.
+  Submission submit(GenerateRequest request);
+  // Thread-safe. False when the id is unknown or already finished.
+  bool abort(RequestId id);
+  EngineStats stats() const;
+
+  // One step on the caller's thread; false when there was nothing to do.
+  bool step();
+  void run_until_idle();
+  // The loop on its own thread, sleeping while idle.
+  void start();
+  void stop();
+
+  const EngineConfig& config() const { return config_; }
+  Executor& executor() { return *executor_; }
+  // For tests stepping synchronously.
+  const scheduler::Scheduler& scheduler() const { return scheduler_; }
+
+ private:
+  struct Pending {
+    RequestId id;
+    scheduler::RequestSpec spec;
+    scheduler::Clock::time_point arrival;
+  };
+  struct Context {
+    std::unique_ptr<runner::Sampler> sampler;
+    std::shared_ptr<TokenStream> stream;
+    std::function<void(const TokenEvent&)> on_event;
+  };
+  void validate(const GenerateRequest& r) const;
+  void drain_inbox();
+  void deliver(const scheduler::RequestEvent& e, runner::SampleResult* sample, const std::string& error);
+  void publish_stats(double host_s, double exec_s);
+  void loop();
+
+  EngineConfig config_;
+  std::unique_ptr<Executor> executor_;
+  scheduler::Scheduler scheduler_;
+  int32_t vocab_;
+
+  // Shared with submitters (inbox_mu_).
+  mutable std::mutex inbox_mu_;
+  std::condition_variable inbox_cv_;
+  std::vector<Pending> new_;
+  std::vector<std::pair<RequestId, Context>> new_contexts_;
+  std::vector<RequestId> aborts_;
+  std::unordered_set<RequestId> live_;
+  RequestId next_id_ = 1;
+  bool stop_ = false;
+  int64_t submitted_ = 0;
+
+  // Step-loop state (step_mu_: one step at a time).
+  std::mutex step_mu_;
+  std::unordered_map<RequestId, Context> contexts_;
+  scheduler::SchedulerOutput out_;
+  std::vector<scheduler::RequestEvent> events_;
+  std::vector<int32_t> sampled_;
+  std::vector<runner::SampleResult> samples_;
+  std::atomic<bool> has_work_{false};
+  int64_t aborted_ = 0, failed_ = 0, generated_ = 0;
+  double host_seconds_ = 0, executor_seconds_ = 0;
+
+  mutable std::mutex stats_mu_;
+  EngineStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace k3::engine

@@ -1,0 +1,54 @@
+// engine/model_executor.h: runs BatchPlans on a model::Model over a model::KvStorage sized
+// from the cache config, keeping one model::SequenceState per running request.
+//
+// An engine over a model (the ModelRunner owns config, weights, registry and Model):
+//   EngineConfig ec;  ec.cache.num_slots = ec.scheduler.max_num_seqs = 64;  (+ other limits)
+//   ec.cache = size_model_cache(cfg, kv_dtype, ec.cache, budget_bytes, 0.2, ec.scheduler.max_model_len);
+//   apply_model_defaults(cfg, ec.scheduler, ec.cache, &ec.eos_token_id);
+//   Engine engine(ec, std::make_unique<ModelExecutor>(runner->model(), ec.cache, kv_dtype));
+#pragma once
+#include <unordered_map>
+#include <vector>
+
+#include "cache/cache_config.h"
+#include "engine/executor.h"
+#include "model/kv_storage.h"
+#include "model/model.h"
+#include "scheduler/scheduler_config.h"
+
+namespace k3::engine {
+
+// Cache counts for a model from a byte budget, at KvStorage's prices per page and per KDA
+// state: base gives block_size, num_slots (= max running sequences), checkpoint interval and
+// whether the prefix cache is on; the budget must hold one max_model_len sequence.
+cache::CacheConfig size_model_cache(const config::K3Config& config, model::KvCacheDtype kv_dtype,
+                                    const cache::CacheConfig& base, int64_t budget_bytes, double checkpoint_fraction,
+                                    int64_t max_model_len);
+
+// What the engine should take from the model: its eos, and chunk_align_tokens = the KDA chunk
+// size (rounded up to a page multiple) when left at 0, so prefill chunks start on KDA chunk
+// boundaries and a prompt's logits do not depend on the batch or on prefix hits. Throws when
+// the prefix cache's checkpoint interval is not a multiple of that alignment.
+void apply_model_defaults(const config::K3Config& model, scheduler::SchedulerConfig& sched,
+                          const cache::CacheConfig& cache, int32_t* eos_token_id);
+
+class ModelExecutor final : public Executor {
+ public:
+  // `model` must outlive the executor. Allocates the storage for `cache`'s counts.
+  ModelExecutor(const model::Model& model, const cache::CacheConfig& cache, model::KvCacheDtype kv_dtype);
+
+  int32_t vocab_size() const override { return model_.config().vocab_size; }
+  core::Tensor execute(const BatchPlan& plan) override;
+  void release(scheduler::RequestId id) override { states_.erase(id); }
+
+  model::KvStorage& storage() { return storage_; }
+  size_t num_states() const { return states_.size(); }
+
+ private:
+  const model::Model& model_;
+  model::KvStorage storage_;
+  std::unordered_map<scheduler::RequestId, model::SequenceState> states_;  // node-based: stable pointers
+  std::vector<model::SequenceInput> batch_;
+};
+
+}  // namespace k3::engine

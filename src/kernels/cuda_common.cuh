@@ -1,0 +1,292 @@
+// kernels/cuda_common.cuh: what the CUDA ops share (included by kernels/*/cuda*.cu only):
+// activation load/store with the rounding rules of kernels/common.h, warp/block reductions,
+// weight formats (bf16 / f32 / MXFP4 decode), and the host-side checks behind supports().
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "backends/cuda/check.h"
+#include "backends/cuda/context.h"
+#include "core/tensor.h"
+#include "kernels/common.h"
+#include "kernels/cuda_ops.h"
+
+namespace k3::kernels::cuda_detail {
+
+using bf16 = __nv_bfloat16;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// ---------------------------------------------------------------- device: values and rounding
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+// The value x takes once stored as bf16 (round to nearest even; NaN stays NaN), = core::bf16_round.
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+__device__ __forceinline__ float round_if(float x, bool round) { return round ? round_bf16(x) : x; }
+// Stores an activation: bf16 storage always rounds; f32 storage rounds when the precision is bf16
+// (`round`), which is round_act() of the reference.
+__device__ __forceinline__ void store_act(float* p, float v, bool round) { *p = round_if(v, round); }
+__device__ __forceinline__ void store_act(bf16* p, float v, bool) { *p = __float2bfloat16_rn(v); }
+
+// 1 / (1 + e^-x) with expf (accurate to 2 ulp on the device; libm on the CPU: tolerance).
+__device__ __forceinline__ float sigmoid_f32(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Reads element i of a bf16 or f32 weight vector (norm weights, biases).
+__device__ __forceinline__ float load_vec(const void* p, bool is_bf16, int64_t i) {
+  return is_bf16 ? __bfloat162float(static_cast<const bf16*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+// N consecutive activations at p as floats. N = 8 is the vector form (p 16-byte aligned: one uint4
+// of bf16 or two float4 of f32); N = 1 the scalar form for odd widths and unaligned rows.
+template <int N, class T>
+__device__ __forceinline__ void load_act_n(const T* p, float (&v)[N]) {
+  if constexpr (N == 8 && sizeof(T) == 2) {
+    const uint4 q = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[2 * i] = __uint_as_float(w[i] << 16), v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  } else if constexpr (N == 8) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = to_f32(p[i]);
+  }
+}
+template <int N, class T>
+__device__ __forceinline__ void store_act_n(T* p, const float (&v)[N], bool round) {
+  if constexpr (N == 8 && sizeof(T) == 2) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);  // .x = low half
+      w[i] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+  } else if constexpr (N == 8) {
+    float r[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r[i] = round_if(v[i], round);
+    reinterpret_cast<float4*>(p)[0] = make_float4(r[0], r[1], r[2], r[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(r[4], r[5], r[6], r[7]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) store_act(p + i, v[i], round);
+  }
+}
+// N consecutive entries of a bf16 or f32 weight vector from index i (16-byte aligned when N = 8).
+template <int N>
+__device__ __forceinline__ void load_vec_n(const void* p, bool is_bf16, int64_t i, float (&v)[N]) {
+  if (is_bf16)
+    load_act_n<N>(static_cast<const bf16*>(p) + i, v);
+  else
+    load_act_n<N>(static_cast<const float*>(p) + i, v);
+}
+
+// ---------------------------------------------------------------- device: reductions
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+// Sum over the whole block (blockDim.x a multiple of 32); every thread gets the same total, summed
+// warp by warp in a fixed order. `smem` holds 32 floats; the leading barrier makes back-to-back
+// calls safe.
+__device__ __forceinline__ float block_sum(float v, float* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  float t = lane < warps ? smem[lane] : 0.0f;
+  return warp_sum(t);
+}
+__device__ __forceinline__ float block_max(float v, float* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  float t = lane < warps ? smem[lane] : -INFINITY;
+  return warp_max(t);
+}
+
+// ---------------------------------------------------------------- weights
+
+// Storage of a linear weight W [rows, in]: dense f32 / bf16, or MXFP4 (spec §9: u8 codes [rows,
+// in/2], even index in the low nibble, sign in bit 3; E8M0 scales [rows, in/32]).
+enum class WFmt : uint8_t { f32, bf16, mxfp4 };
+
+struct WeightRef {
+  const void* data = nullptr;     // row r starts at data + r * ld (elements; bytes for MXFP4)
+  const uint8_t* scale = nullptr; // MXFP4 only: row r starts at scale + r * scale_ld
+  int64_t ld = 0, scale_ld = 0;
+};
+
+// E2M1 code (4 bits) -> value: magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}, exact.
+__device__ __forceinline__ float fp4_value(uint32_t code) {
+  const uint32_t e = (code >> 1) & 3u, m = code & 1u;
+  const float mag = e == 0 ? 0.5f * static_cast<float>(m)
+                           : __uint_as_float((126u + e) << 23) * (1.0f + 0.5f * static_cast<float>(m));
+  return (code & 8u) ? -mag : mag;
+}
+// E8M0 -> 2^(e - 127); 0 is 2^-127 (a subnormal), 255 is NaN.
+__device__ __forceinline__ float e8m0_value(uint8_t e) {
+  if (e == 0) return __uint_as_float(0x00400000u);
+  if (e == 255) return __uint_as_float(0x7fc00000u);
+  return __uint_as_float(static_cast<uint32_t>(e) << 23);
+}
+// Element (r, i) of a weight, any format (the scalar path).
+template <WFmt F>
+__device__ __forceinline__ float weight_at(const WeightRef& w, int64_t r, int64_t i) {
+  if constexpr (F == WFmt::f32) {
+    return static_cast<const float*>(w.data)[r * w.ld + i];
+  } else if constexpr (F == WFmt::bf16) {
+    return __bfloat162float(static_cast<const bf16*>(w.data)[r * w.ld + i]);
+  } else {
+    const uint8_t byte = static_cast<const uint8_t*>(w.data)[r * w.ld + (i >> 1)];
+    const uint32_t code = (i & 1) ? (byte >> 4) : (byte & 15u);
+    return fp4_value(code) * e8m0_value(w.scale[r * w.scale_ld + (i >> 5)]);
+  }
+}
+
+// ---------------------------------------------------------------- host: dispatch and checks
+
+template <class T>
+struct Tag {
+  using type = T;
+};
+// Calls fn(Tag<float>) or fn(Tag<bf16>) for an activation dtype.
+template <class Fn>
+void with_act(core::DType dt, Fn&& fn) {
+  if (dt == core::DType::bf16)
+    fn(Tag<bf16>{});
+  else
+    fn(Tag<float>{});
+}
+template <class Fn>
+void with_wfmt(WFmt f, Fn&& fn) {
+  switch (f) {
+    case WFmt::f32: fn(std::integral_constant<WFmt, WFmt::f32>{}); break;
+    case WFmt::bf16: fn(std::integral_constant<WFmt, WFmt::bf16>{}); break;
+    case WFmt::mxfp4: fn(std::integral_constant<WFmt, WFmt::mxfp4>{}); break;
+  }
+}
+
+inline WFmt weight_format(const LinearWeight& w) {
+  if (w.is_mxfp4()) return WFmt::mxfp4;
+  return w.weight.dtype() == core::DType::bf16 ? WFmt::bf16 : WFmt::f32;
+}
+inline WeightRef weight_ref(const LinearWeight& w) {
+  WeightRef r;
+  r.data = w.weight.view().data;
+  r.ld = w.weight.view().strides[0];
+  if (w.is_mxfp4()) {
+    r.scale = w.scale.data<const uint8_t>();
+    r.scale_ld = w.scale.view().strides[0];
+  }
+  return r;
+}
+
+inline std::string describe(const core::TensorView& v) {
+  return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str() + " on " +
+         std::string(core::device_name(v.device));
+}
+
+using Named = std::pair<const char*, const core::TensorView*>;
+
+// Every named view is a CUDA tensor (views with no elements pass).
+inline core::Status on_cuda(std::initializer_list<Named> views) {
+  for (const auto& [name, v] : views)
+    if (v->numel() > 0 && v->device != core::Device::cuda)
+      return core::Status::fail(std::string(name) + " must be a CUDA tensor, got " + describe(*v));
+  return core::Status::ok();
+}
+inline core::Status weight_on_cuda(const LinearWeight& w, const char* name) {
+  if (w.weight.view().device != core::Device::cuda ||
+      (w.is_mxfp4() && w.scale.view().device != core::Device::cuda))
+    return core::Status::fail(std::string(name) + " must be uploaded to the CUDA device, got " +
+                              describe(w.weight.view()));
+  return core::Status::ok();
+}
+
+// Activations of one call share one dtype, bf16 or f32; bf16 storage only in Precision::bf16
+// (Precision::fp32 promises no rounding anywhere, which bf16 storage cannot keep).
+inline core::Status same_act(std::initializer_list<Named> views, Precision p) {
+  const core::TensorView* first = views.begin()->second;
+  for (const auto& [name, v] : views) {
+    if (v->dtype != core::DType::bf16 && v->dtype != core::DType::f32)
+      return core::Status::fail(std::string(name) + " must be a bf16 or f32 activation, got " + describe(*v));
+    if (v->dtype != first->dtype)
+      return core::Status::fail(std::string(name) + " is " + std::string(core::dtype_name(v->dtype)) +
+                                " but " + views.begin()->first + " is " +
+                                std::string(core::dtype_name(first->dtype)) +
+                                ": activations of one call share one dtype");
+  }
+  if (first->dtype == core::DType::bf16 && p != Precision::bf16)
+    return core::Status::fail("bf16 activations need Precision::bf16 (Precision::fp32 runs on f32 activations)");
+  return core::Status::ok();
+}
+
+// True when the memory spanned by two rank-2 row views overlaps (aliasing of in- and outputs).
+inline bool overlaps(const core::TensorView& a, const core::TensorView& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto span = [](const core::TensorView& v) {
+    const auto* p = static_cast<const char*>(v.data);
+    const int64_t last = v.rank() == 2 ? (v.dim(0) - 1) * v.strides[0] + v.dim(1) : v.numel();
+    return std::pair{p, p + last * static_cast<int64_t>(core::dtype_size(v.dtype))};
+  };
+  const auto [a0, a1] = span(a);
+  const auto [b0, b1] = span(b);
+  return a0 < b1 && b0 < a1;
+}
+
+// Combines statuses: the first failure wins.
+inline core::Status all_of(std::initializer_list<core::Status> ss) {
+  for (const auto& s : ss)
+    if (!s) return s;
+  return core::Status::ok();
+}
+
+inline unsigned grid_for(int64_t n, int per_block) {
+  return static_cast<unsigned>((n + per_block - 1) / per_block);
+}
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+// Whether every row of a [T, D] view (and each extra vector) can be read 8 elements at a time.
+inline bool rows_vec8(const core::TensorView& v) {
+  const size_t row_bytes = static_cast<size_t>(v.rank() == 2 && v.dim(0) > 1 ? v.strides[0] : 0) *
+                           core::dtype_size(v.dtype);
+  return v.dim(v.rank() - 1) % 8 == 0 && aligned16(v.data) && row_bytes % 16 == 0;
+}
+
+// Raises a kernel's dynamic shared memory limit when it needs more than the default 48 KiB. The
+// limit is a property of the CUDA function on the current device, so the largest value set per
+// (device, kernel) is remembered and the driver call happens only when a launch needs more.
+template <class Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, size_t> raised;  // (device, kernel) -> bytes allowed
+  int device = 0;
+  K3_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lk(mu);
+  size_t& allowed = raised[{device, reinterpret_cast<const void*>(kernel)}];
+  if (bytes <= allowed) return;
+  K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  allowed = bytes;
+}
+
+}  // namespace k3::kernels::cuda_detail

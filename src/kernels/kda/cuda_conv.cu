@@ -1,0 +1,84 @@
+// kernels/kda/cuda_conv.cu: CUDA causal depthwise short conv + SiLU (spec §5.2), one thread per
+// channel walking the tokens in order (so out may alias x, as in the reference):
+//   out[t, c] = round(SiLU(sum_{i=0..K-1} w[c, i] * x_{t-K+1+i}[c]))     fp32, i in order
+// with x_{<0} from the state, which ends holding the last K-1 inputs (bf16 values; a bf16 or f32
+// tensor on CUDA). Kernel widths up to kMaxWidth.
+#include "kernels/cuda_common.cuh"
+#include "kernels/kda/kda.h"
+
+namespace k3::kernels {
+
+using namespace cuda_detail;
+
+namespace {
+
+constexpr int kThreads = 64;
+constexpr int kMaxWidth = 8;
+
+template <class T, class S>
+__global__ void __launch_bounds__(kThreads) conv_kernel(const T* x, int64_t x_ld, const float* weight, S* state,
+                                                        T* out, int64_t out_ld, int64_t C, int K, int64_t T_len,
+                                                        bool round) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float w[kMaxWidth], window[kMaxWidth];
+#pragma unroll
+  for (int i = 0; i < kMaxWidth; ++i) {
+    w[i] = i < K ? weight[c * K + i] : 0.0f;
+    window[i] = i < K - 1 ? to_f32(state[c * (K - 1) + i]) : 0.0f;
+  }
+  for (int64_t t = 0; t < T_len; ++t) {
+    // Inputs are bf16 values in bf16 mode already; rounding again keeps "the state holds bf16".
+    const float xt = round_if(to_f32(x[t * x_ld + c]), round);
+#pragma unroll
+    for (int i = 0; i < kMaxWidth; ++i)
+      if (i == K - 1) window[i] = xt;
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxWidth; ++i)
+      if (i < K) sum += w[i] * window[i];
+    store_act(out + t * out_ld + c, sum / (1.0f + expf(-sum)), round);  // SiLU = x / (1 + e^-x)
+#pragma unroll
+    for (int i = 0; i + 1 < kMaxWidth; ++i)
+      if (i + 1 < K) window[i] = window[i + 1];
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxWidth; ++i)
+    if (i < K - 1) store_act(state + c * (K - 1) + i, window[i], false);
+}
+
+}  // namespace
+
+void register_kda_conv_cuda(Registry& r, const CudaOps& ops) {
+  r.kda_conv.add(
+      {"cuda_channel_scan", core::Device::cuda, 10,
+       [ops](const KdaConvArgs& a) {
+         if (auto s = all_of({ops.usable(),
+                              on_cuda({{"x", &a.x}, {"weight", &a.weight}, {"state", &a.state}, {"out", &a.out}}),
+                              same_act({{"x", &a.x}, {"out", &a.out}}, a.precision)});
+             !s)
+           return s;
+         const int64_t K = a.weight.dim(a.weight.rank() - 1);
+         if (K > kMaxWidth)
+           return core::Status::fail("kernel width K = " + std::to_string(K) + " is above the CUDA limit " +
+                                     std::to_string(kMaxWidth));
+         return core::Status::ok();
+       },
+       [ops](const KdaConvArgs& a) {
+         const int64_t C = a.weight.dim(0), T = a.x.dim(0);
+         const int K = static_cast<int>(a.weight.dim(a.weight.rank() - 1));
+         if (C == 0) return;
+         with_act(a.x.dtype, [&](auto xt) {
+           using E = typename decltype(xt)::type;
+           with_act(a.state.dtype, [&](auto st) {
+             using S = typename decltype(st)::type;
+             conv_kernel<E, S><<<grid_for(C, kThreads), kThreads, 0, ops.ctx->stream()>>>(
+                 a.x.as<const E>(), a.x.strides[0], a.weight.as<const float>(), a.state.as<S>(), a.out.as<E>(),
+                 a.out.strides[0], C, K, T, a.precision == Precision::bf16);
+             K3_CUDA_CHECK_LAUNCH("conv_kernel");
+           });
+         });
+       }});
+}
+
+}  // namespace k3::kernels

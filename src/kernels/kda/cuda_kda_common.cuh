@@ -1,0 +1,76 @@
+// kernels/kda/cuda_kda_common.cuh: internal to kernels/kda: what the CUDA recurrent and chunked KDA
+// kernels share: their parameter block, the per-token front (spec §5.3-5.4: L2 norm and scale of
+// q, k, bounded decay, beta) and the supports() check.
+#pragma once
+#include "kernels/cuda_common.cuh"
+#include "kernels/kda/kda.h"
+
+namespace k3::kernels::cuda_detail {
+
+constexpr int kKdaMaxHeadDim = 128;
+constexpr float kKdaL2Eps = 1e-6f;  // inside the sqrt of the SUM of squares (spec §5.3)
+
+// Kernel parameters of one KDA attention call (one sequence). Activations [T, H*D] head-major
+// with row strides; state f32 [H, V=D, K=D] V-major.
+template <class T>
+struct KdaParams {
+  const T *q, *k, *v, *f, *b;
+  int64_t q_ld, k_ld, v_ld, f_ld, b_ld;
+  const float* a_log;    // [>= H], per head
+  const float* dt_bias;  // [H*D]
+  float* state;          // [H, D, D]
+  T* out;
+  int64_t out_ld;
+  int64_t T_len;
+  int H, D;
+  float lower_bound, q_scale;
+  bool round;            // bf16 rounding of o (Precision::bf16)
+};
+
+template <class T>
+KdaParams<T> kda_params(const KdaAttentionArgs& a) {
+  KdaParams<T> p;
+  p.q = a.q.as<const T>(), p.k = a.k.as<const T>(), p.v = a.v.as<const T>(), p.f = a.f.as<const T>();
+  p.b = a.b.as<const T>();
+  p.q_ld = a.q.strides[0], p.k_ld = a.k.strides[0], p.v_ld = a.v.strides[0], p.f_ld = a.f.strides[0];
+  p.b_ld = a.b.strides[0];
+  p.a_log = a.a_log.as<const float>();
+  p.dt_bias = a.dt_bias.as<const float>();
+  p.state = a.state.as<float>();
+  p.out = a.out.as<T>();
+  p.out_ld = a.out.strides[0];
+  p.T_len = a.q.dim(0);
+  p.H = a.num_heads, p.D = a.head_dim;
+  p.lower_bound = a.lower_bound;
+  p.q_scale = 1.0f / sqrtf(static_cast<float>(a.head_dim));
+  p.round = a.precision == Precision::bf16;
+  return p;
+}
+
+// g = lower_bound * sigmoid(exp(a_log) * (f + dt_bias)) (spec §5.4).
+__device__ __forceinline__ float kda_gate(float f, float dt_bias, float a_log, float lower_bound) {
+  return lower_bound * sigmoid_f32(expf(a_log) * (f + dt_bias));
+}
+
+inline core::Status kda_supports(const CudaOps& ops, const KdaAttentionArgs& a) {
+  if (auto s = ops.usable(); !s) return s;
+  if (auto s = on_cuda({{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"f", &a.f}, {"b", &a.b}, {"a_log", &a.a_log},
+                        {"dt_bias", &a.dt_bias}, {"state", &a.state}, {"out", &a.out}});
+      !s)
+    return s;
+  if (auto s = same_act({{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"f", &a.f}, {"b", &a.b}, {"out", &a.out}},
+                        a.precision);
+      !s)
+    return s;
+  // Blocks split a head's state rows, so one block may write o while another still reads the same
+  // token's q, k or f: those aliases (allowed on the CPU) are refused here.
+  for (const auto& [name, v] : {Named{"q", &a.q}, Named{"k", &a.k}, Named{"f", &a.f}})
+    if (overlaps(a.out, *v))
+      return core::Status::fail(std::string("out must not alias ") + name + " on CUDA");
+  if (a.head_dim > kKdaMaxHeadDim)
+    return core::Status::fail("head_dim " + std::to_string(a.head_dim) + " is above the CUDA limit " +
+                              std::to_string(kKdaMaxHeadDim));
+  return core::Status::ok();
+}
+
+}  // namespace k3::kernels::cuda_detail

@@ -1,0 +1,333 @@
+// scheduler/scheduler.cpp: Scheduler.
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "core/error.h"
+
+namespace k3::scheduler {
+
+namespace {
+const SchedulerConfig& validated(const SchedulerConfig& s, const cache::CacheConfig& c) {
+  s.validate(c);
+  return s;
+}
+
+// Running -> another running state, keeping the cache ids and progress.
+template <class To>
+To carry(Running&& r) {
+  To t;
+  static_cast<Running&>(t) = std::move(r);
+  return t;
+}
+}  // namespace
+
+Scheduler::Scheduler(const SchedulerConfig& config, const cache::CacheConfig& cache)
+    : config_(validated(config, cache)), cache_(cache) {
+  running_.reserve(static_cast<size_t>(config_.max_num_seqs));
+  scheduled_.reserve(static_cast<size_t>(config_.max_num_seqs));
+}
+
+void Scheduler::add(RequestId id, RequestSpec spec, Clock::time_point arrival) {
+  const auto n = static_cast<int64_t>(spec.prompt.size());
+  K3_CHECK(n > 0, "request " + std::to_string(id) + ": the prompt is empty");
+  K3_CHECK(spec.max_tokens >= 1, "request " + std::to_string(id) + ": max_tokens must be >= 1, got " +
+                                     std::to_string(spec.max_tokens));
+  K3_CHECK(n + spec.max_tokens <= config_.max_model_len,
+           "request " + std::to_string(id) + ": prompt (" + std::to_string(n) + " tokens) + max_tokens (" +
+               std::to_string(spec.max_tokens) + ") exceeds max_model_len (" + std::to_string(config_.max_model_len) + ")");
+  K3_CHECK(!requests_.contains(id), "request " + std::to_string(id) + ": id already in use");
+  auto req = std::make_unique<Request>(id, std::move(spec), cache_.config().block_size, arrival);
+  waiting_.push_back(req.get());
+  requests_.emplace(id, std::move(req));
+}
+
+const Request* Scheduler::find(RequestId id) const {
+  const auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+// ---- schedule ----
+
+int64_t Scheduler::chunk_end(const Request& r, int64_t start, int32_t budget) const {
+  const int64_t total = r.num_tokens();
+  const int64_t align = config_.chunk_align(cache_.config());
+  int64_t end = start + std::min<int64_t>({total - start, budget, config_.max_prefill_tokens_per_seq});
+  if (end < total) end = end / align * align;  // an unfinished chunk ends on an alignment boundary
+  if (cache_.config().enable_prefix_cache) {
+    const int64_t every = cache_.config().checkpoint_interval_tokens();
+    end = std::min(end, (start / every + 1) * every);  // ... and at the next checkpoint boundary
+  }
+  return std::max(end, start);
+}
+
+void Scheduler::preempt(Request& r, SchedulerOutput& out) {
+  auto to_preempted = [&](auto&& s) {
+    cache_.close(s.cache);
+    return Preempted{};
+  };
+  if (r.is<Prefilling>()) r.transition<Prefilling>(to_preempted);
+  else r.transition<Decoding>(to_preempted);
+  running_.erase(std::find(running_.begin(), running_.end(), &r));
+  waiting_.push_front(&r);
+  out.preempted.push_back(r.id());
+  ++r.stats.preemptions;
+  ++counters_.preemptions;
+}
+
+bool Scheduler::reserve_or_preempt(Request& r, int64_t num_tokens, SchedulerOutput& out) {
+  Running& run = *r.running();
+  while (!cache_.reserve(run.cache, num_tokens)) {
+    Request* victim = nullptr;  // the latest admitted request this step has not scheduled
+    for (auto it = running_.rbegin(); it != running_.rend() && !victim; ++it)
+      if (*it != &r && (*it)->last_scheduled_step != step_) victim = *it;
+    if (!victim) {
+      preempt(r, out);
+      return false;
+    }
+    preempt(*victim, out);
+  }
+  return true;
+}
+
+void Scheduler::emit(Request& r, int64_t start, int64_t end, size_t blocks_before, SlotInit init, int32_t restore,
+                     SchedulerOutput& out) {
+  Running& run = *r.running();
+  if (cache_.config().enable_prefix_cache && end % cache_.config().checkpoint_interval_tokens() == 0)
+    cache_.take_checkpoint(run.cache);  // may find none free: then this boundary is not saved
+  ScheduledSequence s;
+  s.id = r.id();
+  s.start = start;
+  s.num_tokens = static_cast<int32_t>(end - start);
+  s.token_offset = static_cast<int32_t>(out.tokens.size());
+  const auto tokens = r.tokens();
+  out.tokens.insert(out.tokens.end(), tokens.begin() + start, tokens.begin() + end);
+  s.block_offset = static_cast<int32_t>(out.blocks.size());
+  out.blocks.insert(out.blocks.end(), run.cache.blocks.begin() + static_cast<std::ptrdiff_t>(blocks_before),
+                    run.cache.blocks.end());
+  s.num_new_blocks = static_cast<int32_t>(run.cache.blocks.size() - blocks_before);
+  s.kda_slot = run.cache.slot;
+  s.kind = start >= r.prompt_len() && end - start == 1 ? StepKind::decode : StepKind::prefill;
+  s.slot_init = init;
+  s.restore_checkpoint = restore;
+  s.save_checkpoint = run.cache.pending_checkpoint;
+  s.sample = end == r.num_tokens();
+  r.last_scheduled_step = step_;
+  scheduled_.push_back(&r);
+  out.seqs.push_back(s);
+  out.num_tokens += s.num_tokens;
+  out.num_samples += s.sample ? 1 : 0;
+  if (s.kind == StepKind::decode) {
+    ++out.num_decodes;
+    counters_.decode_tokens += 1;
+  } else {
+    ++out.num_prefills;
+    counters_.prefill_tokens += s.num_tokens;
+  }
+}
+
+void Scheduler::admit(SchedulerOutput& out, int32_t& budget, int32_t& prefills) {
+  while (!waiting_.empty() && num_running() < config_.max_num_seqs && prefills < config_.max_partial_prefills &&
+         budget > 0) {
+    Request& r = *waiting_.front();
+    const cache::PrefixHit hit = cache_.find_prefix(r.tokens(), r.block_hashes());
+    const int64_t start = hit.num_tokens, end = chunk_end(r, start, budget);
+    if (end <= start) break;
+    auto seq = cache_.open(hit);
+    if (!seq) break;
+    // Keep one page per decoding request in hand, so admitting does not force a preemption
+    // on the next decode step.
+    if (cache_.blocks_needed(*seq, end) + out.num_decodes > cache_.num_available_blocks()) {
+      cache_.close(*seq);
+      break;
+    }
+    K3_CHECK(cache_.reserve(*seq, end), "scheduler: reserve failed after the availability check");
+    waiting_.pop_front();
+    running_.push_back(&r);
+    auto to_prefilling = [&](auto&&) {
+      Prefilling p;
+      p.cache = std::move(*seq);
+      p.num_computed = start;
+      return p;
+    };
+    if (r.is<Waiting>()) {
+      r.transition<Waiting>(to_prefilling);
+      r.stats.first_scheduled = Clock::now();
+      r.stats.cached_prompt_tokens = start;
+      counters_.admitted_prompt_tokens += r.prompt_len();
+      counters_.prefix_hit_tokens += start;
+    } else {
+      r.transition<Preempted>(to_prefilling);
+    }
+    emit(r, start, end, 0, hit.num_tokens > 0 ? SlotInit::restore : SlotInit::reset, hit.checkpoint, out);
+    budget -= static_cast<int32_t>(end - start);
+    ++prefills;
+  }
+}
+
+void Scheduler::schedule(SchedulerOutput& out) {
+  K3_CHECK(!in_flight_, "Scheduler::schedule: the previous step was neither updated nor failed");
+  out.clear();
+  out.step = ++step_;
+  ++counters_.steps;
+  scheduled_.clear();
+  int32_t budget = config_.max_num_batched_tokens;
+
+  // 1. Decodes. (Candidates are copied: preemption reorders running_.)
+  std::vector<Request*>& candidates = candidates_;
+  candidates.clear();
+  for (Request* r : running_)
+    if (r->is<Decoding>()) candidates.push_back(r);
+  for (Request* r : candidates) {
+    if (!r->is<Decoding>() || budget < 1) continue;  // preempted by an earlier one
+    const int64_t start = r->running()->num_computed;
+    const size_t before = r->running()->cache.blocks.size();
+    if (!reserve_or_preempt(*r, start + 1, out)) continue;
+    emit(*r, start, start + 1, before, SlotInit::keep, -1, out);
+    budget -= 1;
+  }
+
+  // 2. Running prefills, admission order.
+  int32_t prefills = 0;
+  candidates.clear();
+  for (Request* r : running_)
+    if (r->is<Prefilling>()) candidates.push_back(r);
+  for (Request* r : candidates) {
+    if (prefills >= config_.max_partial_prefills || budget <= 0) break;
+    if (!r->is<Prefilling>()) continue;
+    const int64_t start = r->running()->num_computed, end = chunk_end(*r, start, budget);
+    if (end <= start) continue;
+    const size_t before = r->running()->cache.blocks.size();
+    if (!reserve_or_preempt(*r, end, out)) continue;
+    emit(*r, start, end, before, SlotInit::keep, -1, out);
+    budget -= static_cast<int32_t>(end - start);
+    ++prefills;
+  }
+
+  // 3. Admission.
+  admit(out, budget, prefills);
+  in_flight_ = !out.empty();
+}
+
+// ---- update ----
+
+void Scheduler::finish(Request& r, FinishReason reason, int32_t token, std::vector<RequestEvent>& events) {
+  auto close = [&](auto&& s) {
+    if constexpr (std::is_base_of_v<Running, std::decay_t<decltype(s)>>) cache_.close(s.cache);
+    return Finished{reason};
+  };
+  switch (r.state().index()) {
+    case 0: r.transition<Waiting>(close); break;
+    case 1: r.transition<Prefilling>(close); break;
+    case 2: r.transition<Decoding>(close); break;
+    case 3: r.transition<Preempted>(close); break;
+    default: throw core::Error("request " + std::to_string(r.id()) + " finished twice");
+  }
+  r.stats.finished = Clock::now();
+  r.stats.output_tokens = r.num_output();
+  ++counters_.finished;
+  RequestEvent e;
+  e.id = r.id();
+  e.token = token;
+  e.finished = true;
+  e.reason = reason;
+  e.stats = r.stats;
+  events.push_back(std::move(e));
+  done_.push_back(&r);
+}
+
+void Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> sampled,
+                       std::vector<RequestEvent>& events) {
+  K3_CHECK(in_flight_ && out.step == step_ && out.seqs.size() == scheduled_.size(),
+           "Scheduler::update: not the output of the step in flight");
+  K3_CHECK(sampled.size() == static_cast<size_t>(out.num_samples),
+           "Scheduler::update: " + std::to_string(sampled.size()) + " sampled tokens for " +
+               std::to_string(out.num_samples) + " sampling sequences");
+  size_t next_sample = 0;
+  for (size_t i = 0; i < out.seqs.size(); ++i) {
+    const ScheduledSequence& s = out.seqs[i];
+    Request& r = *scheduled_[i];
+    Running& run = *r.running();
+    K3_CHECK(run.num_computed == s.start, "Scheduler::update: request " + std::to_string(r.id()) + " moved since scheduling");
+    run.num_computed += s.num_tokens;
+    r.stats.computed_tokens += s.num_tokens;
+    cache_.commit(run.cache, r.tokens(), r.block_hashes(), run.num_computed);
+    if (!s.sample) continue;
+    const int32_t token = sampled[next_sample++];
+    r.append_output(token);
+    if (r.num_output() == 1) r.stats.first_token = Clock::now();
+    const RequestSpec& spec = r.spec();
+    const bool stop = (!spec.ignore_eos && token == spec.eos_token_id && token >= 0) ||
+                      std::find(spec.stop_token_ids.begin(), spec.stop_token_ids.end(), token) != spec.stop_token_ids.end();
+    if (stop) {
+      finish(r, FinishReason::stop, token, events);
+    } else if (r.num_output() >= spec.max_tokens || r.num_tokens() >= config_.max_model_len) {
+      finish(r, FinishReason::length, token, events);
+    } else {
+      if (r.is<Prefilling>()) r.transition<Prefilling>([](Prefilling&& p) { return carry<Decoding>(std::move(p)); });
+      RequestEvent e;
+      e.id = r.id();
+      e.token = token;
+      events.push_back(e);
+    }
+  }
+  in_flight_ = false;
+  if (!done_.empty()) {
+    std::erase_if(running_, [](Request* r) { return r->is<Finished>(); });
+    for (Request* r : done_) requests_.erase(r->id());
+    done_.clear();
+  }
+}
+
+void Scheduler::fail_step(const SchedulerOutput& out, std::vector<RequestEvent>& events) {
+  K3_CHECK(in_flight_ && out.step == step_, "Scheduler::fail_step: not the output of the step in flight");
+  for (Request* r : scheduled_) finish(*r, FinishReason::error, -1, events);
+  in_flight_ = false;
+  std::erase_if(running_, [](Request* r) { return r->is<Finished>(); });
+  for (Request* r : done_) requests_.erase(r->id());
+  done_.clear();
+}
+
+bool Scheduler::abort(RequestId id, std::vector<RequestEvent>& events) {
+  K3_CHECK(!in_flight_, "Scheduler::abort: a step is in flight");
+  const auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  Request& r = *it->second;
+  if (r.running()) running_.erase(std::find(running_.begin(), running_.end(), &r));
+  else waiting_.erase(std::find(waiting_.begin(), waiting_.end(), &r));
+  finish(r, FinishReason::abort, -1, events);
+  done_.clear();
+  requests_.erase(it);
+  return true;
+}
+
+std::string Scheduler::check() const {
+  std::unordered_set<const Request*> seen;
+  std::vector<const cache::SequenceCache*> live;
+  const int64_t bs = cache_.config().block_size;
+  for (const Request* r : running_) {
+    if (!seen.insert(r).second) return "request " + std::to_string(r->id()) + " is running twice";
+    const Running* run = r->running();
+    if (!run) return "request " + std::to_string(r->id()) + " is in the running list but " + state_name(r->state());
+    if (static_cast<int64_t>(run->cache.blocks.size()) * bs < run->num_computed)
+      return "request " + std::to_string(r->id()) + " has computed tokens beyond its pages";
+    if (run->num_computed >= r->num_tokens()) return "request " + std::to_string(r->id()) + " has nothing left to compute";
+    if (!in_flight_ && r->is<Decoding>() && run->num_computed != r->num_tokens() - 1)
+      return "decoding request " + std::to_string(r->id()) + " is more than one token behind";
+    if (!in_flight_ && run->cache.pending_checkpoint >= 0)
+      return "request " + std::to_string(r->id()) + " holds a pending checkpoint between steps";
+    live.push_back(&run->cache);
+  }
+  for (const Request* r : waiting_) {
+    if (!seen.insert(r).second) return "request " + std::to_string(r->id()) + " is queued twice or running";
+    if (!r->is<Waiting>() && !r->is<Preempted>())
+      return "request " + std::to_string(r->id()) + " is queued but " + state_name(r->state());
+  }
+  if (seen.size() != requests_.size()) return "requests known but neither queued nor running (or finished but kept)";
+  if (num_running() > config_.max_num_seqs) return "more running requests than max_num_seqs";
+  if (auto e = cache_.check(live); !e.empty()) return "cache: " + e;
+  return "";
+}
+
+}  // namespace k3::scheduler

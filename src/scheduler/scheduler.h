@@ -1,0 +1,104 @@
+// scheduler/scheduler.h: continuous batching over the request lifecycle (vLLM v1 style).
+//
+// There are no prefill or decode phases: each running request has num_computed tokens in its
+// KV state and a step lets computed tokens catch up with known tokens. One step:
+//   1. decodes   every Decoding request gets its one token (scheduled first: never starved)
+//   2. prefills  running Prefilling requests get a chunk, in admission order
+//   3. admission waiting requests (preempted ones first) take a slot, their prefix hit and a
+//                first chunk, while slots, budget, partial-prefill count and pages allow
+// A chunk is at most max_prefill_tokens_per_seq and what is left of max_num_batched_tokens;
+// when it does not finish the known tokens it ends on a multiple of chunk_align_tokens, and
+// with the prefix cache on at the first KDA checkpoint boundary after its start, where a checkpoint
+// is taken (the state is copied after the step, so the step must end there).
+// When pages run out, the latest admitted request not yet scheduled this step is preempted
+// (recompute: everything freed, re-queued at the front); if there is none the request itself is.
+#pragma once
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/kv_cache_manager.h"
+#include "scheduler/request.h"
+#include "scheduler/scheduler_config.h"
+#include "scheduler/scheduler_output.h"
+
+namespace k3::scheduler {
+
+// Something that happened to a request in a step: a new token, a finish, or both.
+struct RequestEvent {
+  RequestId id = 0;
+  int32_t token = -1;          // the new token; -1 when none (abort, error)
+  bool finished = false;
+  FinishReason reason = FinishReason::stop;  // when finished
+  RequestStats stats;          // complete when finished
+};
+
+// Totals since start (the step loop's own counters; the engine publishes them).
+struct SchedulerCounters {
+  uint64_t steps = 0;
+  int64_t decode_tokens = 0, prefill_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t admitted_prompt_tokens = 0, prefix_hit_tokens = 0;  // first admissions only
+  int64_t finished = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, const cache::CacheConfig& cache);
+
+  const SchedulerConfig& config() const { return config_; }
+  const cache::KvCacheManager& cache() const { return cache_; }
+  const SchedulerCounters& counters() const { return counters_; }
+
+  // Queues a request. Throws core::Error for a duplicate id or a spec that can never run
+  // (empty prompt, max_tokens < 1, prompt + max_tokens over max_model_len).
+  void add(RequestId id, RequestSpec spec, Clock::time_point arrival = Clock::now());
+  // Finishes the request with `abort` in whatever state it is, freeing what it holds; false
+  // when unknown (or already finished). Not while a step is in flight.
+  bool abort(RequestId id, std::vector<RequestEvent>& events);
+
+  // Plans the next step into `out` (cleared first; reuse it across steps).
+  void schedule(SchedulerOutput& out);
+  // Applies a step's results: `sampled` has one token per sequence with sample = true, in
+  // order. Advances computed tokens, registers full blocks and checkpoints in the prefix
+  // cache, appends tokens, finishes requests (stop / length), and appends their events.
+  void update(const SchedulerOutput& out, std::span<const int32_t> sampled, std::vector<RequestEvent>& events);
+  // The step failed: every request in it finishes with `error` (and frees what it holds).
+  void fail_step(const SchedulerOutput& out, std::vector<RequestEvent>& events);
+
+  const Request* find(RequestId id) const;
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  bool step_in_flight() const { return in_flight_; }
+
+  // Scheduler and cache invariants ("" when all hold): every request is in the queue that
+  // matches its state, every cache id is held by a live running request, ref counts match.
+  std::string check() const;
+
+ private:
+  int64_t chunk_end(const Request& r, int64_t start, int32_t budget) const;
+  bool reserve_or_preempt(Request& r, int64_t num_tokens, SchedulerOutput& out);
+  void preempt(Request& r, SchedulerOutput& out);
+  void emit(Request& r, int64_t start, int64_t end, size_t blocks_before, SlotInit init, int32_t restore,
+            SchedulerOutput& out);
+  void finish(Request& r, FinishReason reason, int32_t token, std::vector<RequestEvent>& events);
+  void admit(SchedulerOutput& out, int32_t& budget, int32_t& prefills);
+
+  SchedulerConfig config_;
+  cache::KvCacheManager cache_;
+  std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
+  std::deque<Request*> waiting_;  // Waiting or Preempted, front first
+  std::vector<Request*> running_; // Prefilling or Decoding, in admission order
+  std::vector<Request*> scheduled_;  // the in-flight step's requests, parallel to out.seqs
+  std::vector<Request*> done_;       // finished during update, erased at its end
+  std::vector<Request*> candidates_; // schedule()'s scratch list
+  uint64_t step_ = 0;
+  bool in_flight_ = false;
+  SchedulerCounters counters_;
+};
+
+}  // namespace k3::scheduler

@@ -1,0 +1,76 @@
+// scheduler/scheduler_output.h: what one step runs, as plain data (no pointers into the
+// scheduler), for the engine to turn into a batch plan.
+//
+// Each scheduled sequence computes tokens [start, start + num_tokens) of its request on top
+// of a KV state that holds tokens [0, start). Decodes come first, then prefill chunks.
+// Flat buffers (tokens, blocks) are shared by all sequences so a reused output allocates
+// nothing in steady state.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "scheduler/request.h"
+
+namespace k3::scheduler {
+
+enum class StepKind : uint8_t {
+  prefill,  // known tokens (prompt, or recomputation after a preemption)
+  decode,   // the one token sampled last step
+};
+
+// How the sequence's KDA slot must look before the step runs.
+enum class SlotInit : uint8_t {
+  keep,     // it continues from its last step
+  reset,    // a fresh sequence with no cached prefix: zero the slot
+  restore,  // a prefix hit: copy checkpoint `restore_checkpoint` into the slot
+};
+
+struct ScheduledSequence {
+  RequestId id = 0;
+  int64_t start = 0;         // tokens already in the KV state = position of the first token
+  int32_t num_tokens = 0;    // tokens computed this step
+  int32_t token_offset = 0;  // its tokens: SchedulerOutput::tokens[token_offset, +num_tokens)
+  // Pages appended to its block table this step: SchedulerOutput::blocks[block_offset,
+  // +num_new_blocks). For a fresh sequence (slot_init != keep) this is the whole table,
+  // starting with the prefix hit's shared pages.
+  int32_t block_offset = 0;
+  int32_t num_new_blocks = 0;
+  int32_t kda_slot = -1;
+  StepKind kind = StepKind::prefill;
+  SlotInit slot_init = SlotInit::keep;
+  int32_t restore_checkpoint = -1;  // slot_init == restore
+  int32_t save_checkpoint = -1;     // copy the slot here after the step (-1: none)
+  bool sample = false;              // the step reaches the request's last token: sample one
+
+  bool fresh() const { return slot_init != SlotInit::keep; }
+};
+
+struct SchedulerOutput {
+  uint64_t step = 0;
+  std::vector<ScheduledSequence> seqs;  // decodes first, then prefills
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> blocks;
+  std::vector<RequestId> preempted;     // lost their KV state this step (the engine drops it)
+  int32_t num_decodes = 0, num_prefills = 0;
+  int64_t num_tokens = 0;               // sum of seqs[i].num_tokens
+  int32_t num_samples = 0;              // seqs with sample = true
+
+  bool empty() const { return seqs.empty(); }
+  std::span<const int32_t> tokens_of(const ScheduledSequence& s) const {
+    return std::span(tokens).subspan(static_cast<size_t>(s.token_offset), static_cast<size_t>(s.num_tokens));
+  }
+  std::span<const int32_t> new_blocks_of(const ScheduledSequence& s) const {
+    return std::span(blocks).subspan(static_cast<size_t>(s.block_offset), static_cast<size_t>(s.num_new_blocks));
+  }
+  void clear() {
+    seqs.clear();
+    tokens.clear();
+    blocks.clear();
+    preempted.clear();
+    num_decodes = num_prefills = num_samples = 0;
+    num_tokens = 0;
+  }
+};
+
+}  // namespace k3::scheduler

@@ -1,0 +1,129 @@
+// tests/ops/op_harness.h: the all-backends op test harness: random inputs, a device adapter
+// (upload, NaN-poisoned outputs, download), error metrics against the CPU reference and a report.
+//
+// Each op test builds CPU inputs, runs the CPU reference (the oracle) through the registry, then
+// for every available device backend uploads the same inputs, checks that the registry selects
+// that backend's implementation (a test that silently ran the CPU path would prove nothing), runs
+// it on NaN-poisoned outputs and compares. Two modes:
+//   bf16: device activations bf16, Precision::bf16; the CPU reference gets the same bf16 values as
+//         f32 tensors in Precision::bf16 (bf16 tolerances: rounding flips, summation order);
+//   fp32: device activations f32, Precision::fp32 against the CPU in fp32 (tight tolerances).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "kernels/registry.h"
+
+namespace k3::ops_test {
+
+using core::DType;
+using core::Shape;
+using core::Tensor;
+using core::TensorView;
+using kernels::Precision;
+
+enum class Mode { bf16, fp32 };
+inline const char* mode_name(Mode m) { return m == Mode::bf16 ? "bf16" : "fp32"; }
+inline Precision precision(Mode m) { return m == Mode::bf16 ? Precision::bf16 : Precision::fp32; }
+inline DType act_dtype(Mode m) { return m == Mode::bf16 ? DType::bf16 : DType::f32; }
+inline constexpr Mode kModes[] = {Mode::bf16, Mode::fp32};
+
+// ---------------------------------------------------------------- host tensors
+
+Tensor f32_tensor(Shape shape);
+Tensor nan_tensor(Shape shape);  // CPU outputs start as NaN too
+// N(mean, std) values (core::Rng, Box-Muller); in bf16 mode rounded to bf16 as activations are.
+Tensor random_act(core::Rng& rng, Shape shape, Mode mode, double mean = 0.0, double std = 1.0);
+// Uniform(-a, a) with a = sqrt(3) * std: fast bulk weights (the distribution does not matter here).
+Tensor random_uniform_f32(core::Rng& rng, Shape shape, double std);
+// A bf16 weight [rows, cols] with std 1/sqrt(cols) (outputs O(1) for O(1) inputs).
+Tensor random_bf16_weight(core::Rng& rng, int64_t rows, int64_t cols);
+// An MXFP4 weight: random values quantized per group of 32 (core::mxfp4_quantize_row).
+kernels::LinearWeight random_mxfp4_weight(core::Rng& rng, int64_t rows, int64_t cols);
+Tensor copy(const Tensor& t);
+// A contiguous CPU copy of a CPU f32 view that may have strided rows (rank 2).
+Tensor copy_rows(const TensorView& v);
+// Widens a CPU tensor (f32, bf16, fp8) to f32 values.
+Tensor to_f32(const Tensor& t);
+
+// ---------------------------------------------------------------- metrics and report
+
+struct Metrics {
+  double rel_err = 0;  // ||got - want|| / ||want||
+  double cosine = 1;   // <got, want> / (|got| |want|)
+  double max_abs = 0;  // max |got - want|
+  bool finite = true;  // every got value finite (NaN poison left = an unwritten output)
+};
+Metrics compare(std::span<const float> got, std::span<const float> want);
+
+struct Tol {
+  double rel, min_cos;
+};
+// Tolerances per mode: `exact_ish` for ops without reductions (elementwise), else reductions.
+Tol tol_elementwise(Mode m);
+Tol tol_reduction(Mode m);
+Tol tol_attention(Mode m);
+
+// Records one comparison (for the JSON report and the log line) and EXPECTs it within `tol`.
+void expect_close(const std::string& op, const std::string& shape, Mode mode, const std::string& what,
+                  const Tensor& got_f32, const Tensor& want_f32, Tol tol);
+// Writes every recorded comparison as JSON (ops_main.cpp calls it at exit when asked).
+void write_report(const std::string& path);
+std::string shape_str(std::initializer_list<int64_t> dims);
+
+// ---------------------------------------------------------------- device backends
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  // The CUDA backend when the build has it and a GPU is usable; nullptr (and why) otherwise.
+  static Device* cuda(std::string* why);
+
+  virtual core::Device kind() const = 0;
+  virtual std::string impl_prefix() const = 0;  // every implementation name on it starts so
+  // A registry with the reference ops and this backend's ops.
+  virtual kernels::Registry& registry() = 0;
+  // Host tensor to device, as `as` (f32 -> bf16 conversion allowed) or as is.
+  virtual Tensor upload(const Tensor& host, DType as) = 0;
+  Tensor upload(const Tensor& host) { return upload(host, host.dtype()); }
+  // An activation in this mode's device dtype.
+  Tensor act(const Tensor& host, Mode m) { return upload(host, act_dtype(m)); }
+  // A device LinearWeight with the same bytes.
+  kernels::LinearWeight upload(const kernels::LinearWeight& w);
+  // Uninitialised device tensor filled with NaN (0xff bytes).
+  virtual Tensor poisoned(DType dtype, Shape shape) = 0;
+  // Device tensor (view) back to a CPU f32 tensor; waits for the queued work.
+  virtual Tensor to_host_f32(const TensorView& v) = 0;
+  // Device tensor (view) back to a CPU tensor of the same dtype (ids), waiting likewise.
+  virtual Tensor to_host(const TensorView& v) = 0;
+  virtual void synchronize() = 0;
+};
+
+// A registry with only the CPU reference ops (the oracle).
+kernels::Registry& cpu_registry();
+
+// Skips the current test when there is no CUDA device, with the reason; else sets `dev`.
+#define K3_REQUIRE_CUDA(dev)                                                 \
+  std::string k3_why_;                                                      \
+  ::k3::ops_test::Device* dev = ::k3::ops_test::Device::cuda(&k3_why_);      \
+  if (dev == nullptr) {                                                     \
+    GTEST_SKIP() << "no CUDA backend to test: " << k3_why_;                 \
+  }
+
+// Asserts that `table` selects an implementation of `dev`'s backend for `args` (not the CPU).
+template <class Table, class Args>
+void expect_device_impl(const Table& table, const Args& args, Device* dev) {
+  const auto& impl = table.select(args, dev->kind());
+  EXPECT_EQ(impl.device, dev->kind()) << table.op();
+  EXPECT_EQ(impl.name.rfind(dev->impl_prefix(), 0), 0u)
+      << table.op() << " selected '" << impl.name << "', not a " << dev->impl_prefix() << "* implementation";
+}
+
+}  // namespace k3::ops_test
