@@ -8,5 +8,6 @@ namespace k3::cli {
 int make_checkpoint_command(std::span<char* const> argv);
 int logits_command(std::span<char* const> argv);
 int generate_command(std::span<char* const> argv);
+int serve_command(std::span<char* const> argv);
 
 }  // namespace k3::cli

@@ -15,7 +15,8 @@ constexpr const char* kUsage =
     "commands:\n"
     "  make-checkpoint  write a deterministic random checkpoint (e.g. --config k3-tiny)\n"
     "  logits           teacher-forced logits of token ids, as a safetensors file\n"
-    "  generate         generate token ids from a prompt of token ids\n";
+    "  generate         generate token ids from a prompt of token ids\n"
+    "  serve            serve the model over an OpenAI-compatible HTTP API\n";
 
 }  // namespace
 
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
     if (command == "make-checkpoint") return k3::cli::make_checkpoint_command(rest);
     if (command == "logits") return k3::cli::logits_command(rest);
     if (command == "generate") return k3::cli::generate_command(rest);
+    if (command == "serve") return k3::cli::serve_command(rest);
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const k3::core::Error& e) {

@@ -1,0 +1,92 @@
+// cli/serve.cpp: `k3serve serve`: load a model folder, start the engine loop and the
+// OpenAI-compatible HTTP server, serve until SIGINT/SIGTERM, then drain: new requests get 503,
+// in-flight ones get --drain-seconds to finish, the rest end with an error event.
+#include <signal.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/model_options.h"
+#include "core/error.h"
+#include "server/api_server.h"
+#include "server/serving_model.h"
+
+namespace k3::cli {
+
+int serve_command(std::span<char* const> argv) {
+  std::vector<OptionSpec> specs = model_option_specs();
+  specs.push_back({"host", "H", "address to listen on", "127.0.0.1"});
+  specs.push_back({"port", "P", "TCP port (0: any free port)", "8000"});
+  specs.push_back({"served-model-name", "NAME", "model id clients use (default: the folder's name)", ""});
+  specs.push_back({"max-model-len", "N", "prompt + completion tokens of one request", "4096"});
+  specs.push_back({"max-num-seqs", "N", "requests running at once (KDA state slots)", "64"});
+  specs.push_back({"max-num-batched-tokens", "N", "tokens per engine step", "2048"});
+  specs.push_back({"kv-cache-bytes", "B", "memory for MLA pages, KDA slots and prefix checkpoints", "268435456"});
+  specs.push_back({"no-prefix-cache", "", "turn prefix caching off", ""});
+  specs.push_back({"http-threads", "N", "connections served at once (streams + idle keep-alives)", "256"});
+  specs.push_back({"max-body-bytes", "B", "largest request body (larger: 413)", "8388608"});
+  specs.push_back({"drain-seconds", "S", "on SIGTERM/SIGINT, how long in-flight requests may finish", "30"});
+  Args args("serve", specs, argv);
+  if (args.help_requested()) {
+    std::cout << args.usage();
+    return 0;
+  }
+  auto positive = [&](const char* name, int64_t lo, int64_t hi) {
+    const int64_t v = args.get_int(name);
+    K3_CHECK(v >= lo && v <= hi, std::string("--") + name + " must be in [" + std::to_string(lo) + ", " +
+                                     std::to_string(hi) + "], got " + std::to_string(v));
+    return v;
+  };
+
+  // Signals go to the sigwait below, not to whichever thread happens to run: block them
+  // before any thread exists so every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  server::ServingOptions o;
+  o.model_dir = args.get("model");
+  o.model = parse_model_options(args);
+  o.kv_cache = parse_kv_cache(args);
+  o.max_model_len = positive("max-model-len", 2, 1 << 24);
+  o.max_num_seqs = static_cast<int32_t>(positive("max-num-seqs", 1, 4096));
+  o.max_num_batched_tokens = static_cast<int32_t>(positive("max-num-batched-tokens", 1, 1 << 20));
+  o.kv_cache_bytes = positive("kv-cache-bytes", 1, int64_t{1} << 50);
+  o.enable_prefix_cache = !args.flag("no-prefix-cache");
+
+  server::ServerConfig sc;
+  sc.host = args.get("host");
+  sc.port = static_cast<int>(positive("port", 0, 65535));
+  std::string name = args.get("served-model-name");
+  if (name.empty()) name = std::filesystem::path(o.model_dir).lexically_normal().filename().string();
+  if (name.empty()) name = std::filesystem::absolute(o.model_dir).parent_path().filename().string();
+  sc.served_model_name = name;
+  sc.model_root = o.model_dir.string();
+  sc.http_threads = static_cast<int>(positive("http-threads", 1, 16384));
+  sc.max_body_bytes = static_cast<size_t>(positive("max-body-bytes", 1024, int64_t{1} << 34));
+  const int64_t drain_seconds = positive("drain-seconds", 0, 86400);
+
+  std::cerr << "k3serve serve: loading " << o.model_dir.string() << "\n";
+  auto model = server::ServingModel::load(o);
+  std::cerr << model->description();
+  model->engine().start();
+  server::ApiServer http(sc, model->engine(), model->tokenizer());
+  const int port = http.start();
+  std::cerr << "serving model '" << sc.served_model_name << "' on http://" << sc.host << ":" << port
+            << "/v1 (OpenAI API; GET /metrics, /health). Ctrl-C to stop." << std::endl;
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::cerr << "k3serve serve: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining " << http.inflight()
+            << " request(s) for up to " << drain_seconds << " s" << std::endl;
+  http.drain(std::chrono::seconds(drain_seconds));
+  http.stop();
+  model->engine().stop();
+  std::cerr << "k3serve serve: stopped" << std::endl;
+  return 0;
+}
+
+}  // namespace k3::cli

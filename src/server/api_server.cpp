@@ -1,0 +1,253 @@
+// server/api_server.cpp: ApiServer: the httplib server, its routes, the plain endpoints and
+// the lifecycle (start, drain, stop).
+#include "server/api_server.h"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+#include "server/openai_format.h"
+#include "server/server_impl.h"
+#include "tokenizer/utf8.h"
+
+namespace k3::server {
+
+namespace {
+
+// Runs `body`; any exception becomes an error reply, so no input can take the server down
+// and no request goes unanswered.
+template <class F>
+void guarded(httplib::Response& res, F&& body) {
+  try {
+    body();
+  } catch (const ApiError& e) {
+    reply_error(res, e);
+  } catch (const core::Error& e) {
+    reply_error(res, bad_request(e.what()));
+  } catch (const std::exception& e) {
+    reply_error(res, ApiError(500, std::string("internal error: ") + e.what(), {}, "internal_error"));
+  } catch (...) {
+    reply_error(res, ApiError(500, "internal error", {}, "internal_error"));
+  }
+}
+
+}  // namespace
+
+void reply_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(dump_json(error_body(e)), "application/json");
+}
+
+ApiServer::Impl::Impl(ServerConfig c, engine::Engine& e, const tokenizer::Tokenizer& t)
+    : config(std::move(c)),
+      engine(e),
+      tokenizer(t),
+      metrics(std::make_shared<Metrics>(config.served_model_name)),
+      max_model_len(e.config().scheduler.max_model_len),
+      created(unix_now()) {}
+
+ParseContext ApiServer::Impl::parse_context() {
+  ParseContext ctx;
+  ctx.tokenizer = &tokenizer;
+  ctx.served_model = config.served_model_name;
+  ctx.vocab_size = engine.executor().vocab_size();
+  ctx.max_model_len = max_model_len;
+  ctx.max_n = config.max_n;
+  ctx.max_prompts = config.max_prompts;
+  ctx.default_chat_max_tokens = config.default_chat_max_tokens;
+  std::lock_guard lock(rng_mu);
+  ctx.random_seed = rng();
+  return ctx;
+}
+
+std::shared_ptr<void> ApiServer::Impl::track(const std::shared_ptr<Generation>& g) {
+  {
+    std::lock_guard lock(inflight_mu);
+    // Checked under the lock drain() sets it under, so drain() never misses a request.
+    if (draining) throw ApiError(503, "the server is shutting down", {}, "server_shutting_down");
+    ++inflight;
+    generations.remove_if([](const std::weak_ptr<Generation>& w) { return w.expired(); });
+    generations.push_back(g);
+  }
+  return std::shared_ptr<void>(nullptr, [this](void*) {
+    {
+      std::lock_guard lock(inflight_mu);
+      --inflight;
+    }
+    inflight_cv.notify_all();
+  });
+}
+
+void ApiServer::Impl::handle_models(httplib::Response& res) {
+  Json model = {{"id", config.served_model_name},
+                {"object", "model"},
+                {"created", created},
+                {"owned_by", "k3serve"},
+                {"root", config.model_root.empty() ? config.served_model_name : config.model_root},
+                {"parent", nullptr},
+                {"max_model_len", max_model_len}};
+  res.set_content(dump_json(Json{{"object", "list"}, {"data", Json::array({model})}}), "application/json");
+}
+
+void ApiServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
+  const TokenizeParams t = parse_tokenize_request(parse_body(req.body), parse_context());
+  Json out = {{"count", t.tokens.size()}, {"max_model_len", max_model_len}, {"tokens", t.tokens}};
+  if (t.return_token_strs) {
+    Json strs = Json::array();
+    for (int32_t id : t.tokens) {
+      std::string s;
+      tokenizer::utf8::append_replacing(tokenizer.token_bytes(id), true, s);
+      strs.push_back(s);
+    }
+    out["token_strs"] = strs;
+  } else {
+    out["token_strs"] = nullptr;
+  }
+  res.set_content(dump_json(out), "application/json");
+}
+
+void ApiServer::Impl::handle_detokenize(const httplib::Request& req, httplib::Response& res) {
+  const std::vector<int32_t> ids = parse_detokenize_request(parse_body(req.body), parse_context());
+  std::string text;
+  try {
+    text = tokenizer.decode(ids);
+  } catch (const core::Error& e) {
+    throw bad_request(std::string("'tokens' cannot be decoded: ") + e.what(), "tokens");
+  }
+  res.set_content(dump_json(Json{{"prompt", text}}), "application/json");
+}
+
+void ApiServer::Impl::install_routes() {
+  auto json_404_405 = [](int status, const std::string& message) {
+    return [status, message](const httplib::Request&, httplib::Response& res) {
+      reply_error(res, ApiError(status, message, {}, status == 405 ? "method_not_allowed" : "not_found"));
+    };
+  };
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] { handle_generate(req, res, false); });
+  });
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] { handle_generate(req, res, true); });
+  });
+  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] { handle_tokenize(req, res); });
+  });
+  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] { handle_detokenize(req, res); });
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    guarded(res, [&] { handle_models(res); });
+  });
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (draining) reply_error(res, ApiError(503, "the server is shutting down", {}, "server_shutting_down"));
+    else res.status = 200;
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    guarded(res, [&] { res.set_content(metrics->render(engine.stats()), "text/plain; version=0.0.4; charset=utf-8"); });
+  });
+  for (const char* path : {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"})
+    http.Get(path, json_404_405(405, std::string("use POST for ") + path));
+  for (const char* path : {"/v1/models", "/health", "/metrics"})
+    http.Post(path, json_404_405(405, std::string("use GET for ") + path));
+
+  // Errors httplib produces itself (no route, body over the limit, a malformed request line)
+  // have an empty body: give them OpenAI's shape. Every error reply is counted.
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
+    metrics->count_http_error(res.status);
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    std::string message;
+    switch (res.status) {
+      case 404: message = "no route for " + req.method + " " + req.path; break;
+      case 413: message = "the request body is larger than " + std::to_string(config.max_body_bytes) + " bytes"; break;
+      case 400: message = "malformed HTTP request"; break;
+      default: message = "HTTP error " + std::to_string(res.status); break;
+    }
+    reply_error(res, ApiError(res.status, message, {}, res.status == 413 ? "request_too_large" : ""));
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    reply_error(res, ApiError(500, "internal error", {}, "internal_error"));
+  });
+}
+
+ApiServer::ApiServer(ServerConfig config, engine::Engine& engine, const tokenizer::Tokenizer& tokenizer)
+    : impl_(std::make_unique<Impl>(std::move(config), engine, tokenizer)) {
+  K3_CHECK(impl_->config.http_threads >= 1, "server: http_threads must be >= 1");
+  K3_CHECK(tokenizer.vocab_size() <= engine.executor().vocab_size(),
+           "server: the tokenizer has " + std::to_string(tokenizer.vocab_size()) + " ids but the model only " +
+               std::to_string(engine.executor().vocab_size()));
+  Impl& s = *impl_;
+  const auto threads = static_cast<size_t>(s.config.http_threads);
+  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.http.set_tcp_nodelay(true);  // SSE chunks are small; Nagle + delayed ACK would add ~40 ms
+  s.http.set_keep_alive_max_count(100000);
+  s.http.set_keep_alive_timeout(s.config.keep_alive_seconds);
+  s.http.set_read_timeout(s.config.read_timeout_seconds, 0);
+  s.http.set_write_timeout(s.config.write_timeout_seconds, 0);
+  s.http.set_payload_max_length(s.config.max_body_bytes);
+  // httplib listens with a backlog of 5; a burst of clients would then see SYN retries (1 s
+  // each). Remember the listening socket to raise the backlog after bind.
+  s.http.set_socket_options([&s](socket_t sock) {
+    httplib::default_socket_options(sock);
+    s.listen_fd = sock;
+  });
+  s.install_routes();
+}
+
+ApiServer::~ApiServer() { stop(); }
+
+int ApiServer::start() {
+  Impl& s = *impl_;
+  K3_CHECK(!s.listener.joinable(), "server: already started");
+  const int port = s.config.port == 0 ? s.http.bind_to_any_port(s.config.host)
+                                      : (s.http.bind_to_port(s.config.host, s.config.port) ? s.config.port : -1);
+  if (port < 0)
+    throw core::Error("server: cannot listen on " + s.config.host + ":" + std::to_string(s.config.port) + ": " +
+                      std::strerror(errno));
+  if (s.listen_fd >= 0) ::listen(s.listen_fd, SOMAXCONN);  // Linux: a second listen() resizes the backlog
+  s.port = port;
+  s.listener = std::thread([&s] {
+    s.http.listen_after_bind();
+    s.listener_done = true;
+  });
+  // stop() only reaches a server whose accept loop runs: wait for it.
+  while (!s.http.is_running() && !s.listener_done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return port;
+}
+
+void ApiServer::drain(std::chrono::milliseconds grace) {
+  Impl& s = *impl_;
+  std::unique_lock lock(s.inflight_mu);
+  s.draining = true;
+  if (!s.inflight_cv.wait_for(lock, grace, [&] { return s.inflight == 0; })) {
+    std::vector<std::shared_ptr<Generation>> live;
+    for (const auto& w : s.generations)
+      if (auto g = w.lock()) live.push_back(std::move(g));
+    lock.unlock();
+    for (const auto& g : live) g->shut_down("the server is shutting down; the request was aborted");
+    live.clear();
+    lock.lock();
+    // Aborted handlers reply within a poll interval; one stuck writing to a client that does
+    // not read gives up after the write timeout.
+    s.inflight_cv.wait_for(lock, std::chrono::seconds(s.config.write_timeout_seconds + 5),
+                           [&] { return s.inflight == 0; });
+  }
+}
+
+void ApiServer::stop() {
+  Impl& s = *impl_;
+  if (s.http.is_running() || s.listener.joinable()) s.http.stop();
+  if (s.listener.joinable()) s.listener.join();
+}
+
+int ApiServer::port() const { return impl_->port; }
+int64_t ApiServer::inflight() const {
+  std::lock_guard lock(impl_->inflight_mu);
+  return impl_->inflight;
+}
+Metrics& ApiServer::metrics() { return *impl_->metrics; }
+const ServerConfig& ApiServer::config() const { return impl_->config; }
+
+}  // namespace k3::server

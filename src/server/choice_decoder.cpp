@@ -1,0 +1,116 @@
+// server/choice_decoder.cpp: ChoiceDecoder.
+#include "server/choice_decoder.h"
+
+#include "core/error.h"
+#include "tokenizer/k3_tokens.h"
+
+namespace k3::server {
+
+namespace {
+
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
+// The K3 markers the output parser reads; they pass even when special tokens are skipped.
+bool is_marker(std::string_view text) {
+  namespace t = tokenizer::k3_tokens;
+  return text == t::kOpen || text == t::kClose || text == t::kSep || text == t::kEndOfMsg;
+}
+
+}  // namespace
+
+ChoiceDecoder::ChoiceDecoder(const tokenizer::Tokenizer& tokenizer, DecoderOptions options)
+    : tokenizer_(tokenizer),
+      options_(std::move(options)),
+      // Chat decodes special tokens itself (the parser needs the markers), so its detokenizer
+      // keeps them; completions let the detokenizer skip them when asked.
+      detok_(tokenizer, !options_.chat && options_.skip_special_tokens),
+      parser_(options_.start),
+      stop_(options_.stop) {}
+
+ChoiceDelta ChoiceDecoder::push(const engine::TokenEvent& e) {
+  ChoiceDelta d;
+  if (finished_) return d;
+  if (e.token >= 0) {
+    ++tokens_;
+    if (options_.logprobs) d.logprobs.push_back({e.token, e.logprob, e.top_logprobs});
+    // eos / a stop token id ends the request with reason stop: counted, not shown.
+    const bool terminal_stop = e.finished && e.reason == engine::FinishReason::stop;
+    if (!terminal_stop) feed_token(e.token, d);
+  }
+  if (!finished_ && e.finished) finish(e, d);
+  return d;
+}
+
+void ChoiceDecoder::feed_token(int32_t id, ChoiceDelta& d) {
+  // The model's vocabulary may be larger than the tokenizer's (padding rows): such an id has
+  // no text and shows as U+FFFD rather than failing the request.
+  const bool known = id < tokenizer_.vocab_size() && [&] {
+    try {
+      tokenizer_.token_bytes(id);
+      return true;
+    } catch (const core::Error&) {
+      return false;
+    }
+  }();
+  if (!options_.chat) {
+    feed_visible(known ? detok_.push(id) : detok_.finish() + std::string(kReplacement), d);
+    return;
+  }
+  if (!known) {
+    feed_parser(detok_.finish() + std::string(kReplacement), d, false);
+  } else if (tokenizer_.is_special(id)) {
+    std::string text = detok_.finish();  // bytes held for a character the special token cut
+    const std::string_view bytes = tokenizer_.token_bytes(id);
+    if (is_marker(bytes) || !(options_.skip_special_tokens && tokenizer_.is_skippable(id))) text += bytes;
+    feed_parser(text, d, false);
+  } else {
+    feed_parser(detok_.push(id), d, false);
+  }
+}
+
+void ChoiceDecoder::feed_parser(std::string_view text, ChoiceDelta& d, bool final) {
+  events_.clear();
+  if (!text.empty()) parser_.feed(text, events_);
+  if (final) parser_.finish(events_);
+  for (tokenizer::OutputEvent& ev : events_) {
+    if (finished_) break;  // a stop string ended the choice: the rest is not shown
+    switch (ev.kind) {
+      case tokenizer::OutputEvent::Kind::reasoning: d.reasoning += ev.text; break;
+      case tokenizer::OutputEvent::Kind::content: feed_visible(ev.text, d); break;
+      case tokenizer::OutputEvent::Kind::tool_call:
+        had_tool_calls_ = true;
+        d.tool_calls.push_back(std::move(ev.call));
+        break;
+      case tokenizer::OutputEvent::Kind::tool_call_begin: break;  // calls are sent whole, once validated
+      case tokenizer::OutputEvent::Kind::error: parse_errors_.push_back(std::move(ev.text)); break;
+    }
+  }
+}
+
+void ChoiceDecoder::feed_visible(std::string_view text, ChoiceDelta& d) {
+  if (text.empty() || finished_) return;
+  d.text += stop_.feed(text);
+  if (stop_.stopped()) {
+    finished_ = stopped_by_string_ = true;
+    d.finish_reason = "stop";
+  }
+}
+
+void ChoiceDecoder::finish(const engine::TokenEvent& e, ChoiceDelta& d) {
+  if (options_.chat) feed_parser(detok_.finish(), d, true);
+  else feed_visible(detok_.finish(), d);
+  if (finished_) return;  // the flush completed a stop string
+  d.text += stop_.finish();
+  finished_ = true;
+  switch (e.reason) {
+    case engine::FinishReason::stop: d.finish_reason = had_tool_calls_ ? "tool_calls" : "stop"; break;
+    case engine::FinishReason::length: d.finish_reason = "length"; break;
+    case engine::FinishReason::abort: d.finish_reason = "abort"; break;
+    case engine::FinishReason::error:
+      d.finish_reason = "error";
+      d.error = e.error.empty() ? "the engine failed the request" : e.error;
+      break;
+  }
+}
+
+}  // namespace k3::server

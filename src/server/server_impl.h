@@ -1,0 +1,60 @@
+// server/server_impl.h: ApiServer's insides, shared by api_server.cpp (routes, plain
+// endpoints, lifecycle) and generate_handler.cpp (completions and chat). Not for other users.
+#pragma once
+#include <httplib.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "server/api_server.h"
+#include "server/generation.h"
+#include "server/request_params.h"
+
+namespace k3::server {
+
+struct ApiServer::Impl {
+  Impl(ServerConfig c, engine::Engine& e, const tokenizer::Tokenizer& t);
+
+  ServerConfig config;
+  engine::Engine& engine;
+  const tokenizer::Tokenizer& tokenizer;
+  std::shared_ptr<Metrics> metrics;  // shared with the engine callbacks, which may outlive the server
+  int64_t max_model_len = 0;
+  int64_t created = 0;  // /v1/models "created": the start time
+
+  httplib::Server http;
+  std::thread listener;
+  int port = -1;
+  int listen_fd = -1;
+  std::atomic<bool> listener_done{false};
+
+  // Draining and in-flight generation requests.
+  std::atomic<bool> draining{false};
+  mutable std::mutex inflight_mu;
+  std::condition_variable inflight_cv;
+  int64_t inflight = 0;
+  std::list<std::weak_ptr<Generation>> generations;  // live ones, for drain() to abort
+
+  std::mutex rng_mu;
+  std::mt19937_64 rng{std::random_device{}()};
+
+  ParseContext parse_context();
+  // Counts a generation request in (until the returned token dies) and lets drain() reach it.
+  std::shared_ptr<void> track(const std::shared_ptr<Generation>& g);
+
+  void install_routes();
+  void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  void handle_models(httplib::Response& res);
+  void handle_tokenize(const httplib::Request& req, httplib::Response& res);
+  void handle_detokenize(const httplib::Request& req, httplib::Response& res);
+};
+
+// Runs a handler body; an ApiError (or anything else) becomes an OpenAI error reply.
+void reply_error(httplib::Response& res, const ApiError& e);
+
+}  // namespace k3::server

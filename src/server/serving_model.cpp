@@ -1,0 +1,57 @@
+// server/serving_model.cpp: loading a model folder for serving.
+#include "server/serving_model.h"
+
+#include "core/error.h"
+#include "engine/model_executor.h"
+#include "tokenizer/k3_tokens.h"
+
+namespace k3::server {
+
+int32_t serving_eos_id(const config::K3Config& config, const tokenizer::Tokenizer& tokenizer) {
+  if (config.eos_token_id >= 0) return config.eos_token_id;
+  return tokenizer.special_id(tokenizer::k3_tokens::kEndOfMsg).value_or(-1);
+}
+
+std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
+  auto s = std::unique_ptr<ServingModel>(new ServingModel());
+  if (!std::filesystem::exists(o.model_dir / "config.json"))
+    throw core::Error("no model at " + o.model_dir.string() +
+                      " (config.json is missing); scripts/setup.sh writes the bundled one, or run "
+                      "k3serve make-checkpoint --config k3-tiny --seed 0 --out " + o.model_dir.string());
+  if (!std::filesystem::exists(o.model_dir / "tiktoken.model"))
+    throw core::Error("model folder " + o.model_dir.string() +
+                      " has no tokenizer (tiktoken.model + tokenizer_config.json); serving needs one "
+                      "(make-checkpoint writes one for configs with vocab_size >= 512)");
+  s->tokenizer_ = std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::load_k3(o.model_dir));
+  s->runner_ = runner::ModelRunner::open(o.model_dir, o.model, o.kv_cache);
+  const config::K3Config& config = s->runner_->config();
+
+  engine::EngineConfig ec;
+  ec.scheduler.max_num_seqs = o.max_num_seqs;
+  ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
+  ec.scheduler.max_model_len = o.max_model_len;
+  cache::CacheConfig base;
+  base.block_size = o.block_size;
+  base.num_slots = o.max_num_seqs;
+  base.enable_prefix_cache = o.enable_prefix_cache;
+  // Prefill chunks start on KDA chunk boundaries; checkpoints must fall on them too.
+  const int32_t kda_chunk = std::max(config.kda.chunk_size, 1);
+  const int32_t align = (kda_chunk + o.block_size - 1) / o.block_size * o.block_size;
+  base.checkpoint_interval_blocks = align / o.block_size;
+  ec.cache = engine::size_model_cache(config, o.kv_cache, base, o.kv_cache_bytes, o.enable_prefix_cache ? 0.2 : 0.0,
+                                      o.max_model_len);
+  engine::apply_model_defaults(config, ec.scheduler, ec.cache, &ec.eos_token_id);
+  ec.eos_token_id = serving_eos_id(config, *s->tokenizer_);
+  auto executor = std::make_unique<engine::ModelExecutor>(s->runner_->model(), ec.cache, o.kv_cache);
+  s->engine_ = std::make_unique<engine::Engine>(ec, std::move(executor));
+
+  s->description_ = "model: " + o.model_dir.string() + " (vocab " + std::to_string(config.vocab_size) + ", " +
+                    std::to_string(config.num_hidden_layers) + " layers)\n" +
+                    "tokenizer: " + std::to_string(s->tokenizer_->num_ranks()) + " ranks, " +
+                    std::to_string(s->tokenizer_->specials().size()) + " special tokens, eos id " +
+                    std::to_string(ec.eos_token_id) + "\n" + "scheduler: " + scheduler::describe(ec.scheduler) +
+                    "\n" + "cache: " + cache::describe(ec.cache) + "\n";
+  return s;
+}
+
+}  // namespace k3::server

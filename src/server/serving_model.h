@@ -1,0 +1,54 @@
+// server/serving_model.h: what `k3serve serve` runs: a model folder (config.json +
+// safetensors + tiktoken.model / tokenizer_config.json) loaded as a ModelRunner, its tokenizer,
+// and an Engine over a ModelExecutor with caches sized from a byte budget. Tests build the
+// same thing over the bundled tiny model.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "model/kv_storage.h"
+#include "model/layers/context.h"
+#include "runner/model_runner.h"
+#include "tokenizer/tokenizer.h"
+
+namespace k3::server {
+
+struct ServingOptions {
+  std::filesystem::path model_dir;
+  model::ModelOptions model;
+  model::KvCacheDtype kv_cache = model::KvCacheDtype::bf16;
+  int64_t max_model_len = 4096;         // prompt + completion tokens of one request
+  int32_t max_num_seqs = 64;            // requests running at once (= KDA state slots)
+  int32_t max_num_batched_tokens = 2048;
+  int32_t block_size = 16;
+  int64_t kv_cache_bytes = 256ll << 20;  // MLA pages + KDA slots + prefix checkpoints
+  bool enable_prefix_cache = true;
+};
+
+class ServingModel {
+ public:
+  // Loads everything and starts nothing. Throws core::Error naming what is missing or wrong
+  // (no tokenizer files, a budget too small for one max_model_len request, ...).
+  static std::unique_ptr<ServingModel> load(const ServingOptions& options);
+
+  engine::Engine& engine() { return *engine_; }
+  const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
+  const config::K3Config& config() const { return runner_->config(); }
+  // The resolved settings, one per line, printed at start-up.
+  const std::string& description() const { return description_; }
+
+ private:
+  std::unique_ptr<runner::ModelRunner> runner_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::string description_;
+};
+
+// The token that ends a turn: the model config's eos_token_id, or else the tokenizer's
+// "<|end_of_msg|>" (K3's eos; the tiny bundled config names none). -1 when neither exists.
+int32_t serving_eos_id(const config::K3Config& config, const tokenizer::Tokenizer& tokenizer);
+
+}  // namespace k3::server
