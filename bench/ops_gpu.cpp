@@ -185,30 +185,37 @@ void bench_kda_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>&
   Tensor o_norm = b.empty(DType::f32, {D});
   b.fill(conv_w, pat.f32_act), b.fill(a_log, pat.f32_act), b.fill(dt_bias, pat.f32_act), b.fill(o_norm, pat.f32_act);
   for (int64_t B : batches) {
-    // Per sequence: its own states (so B sequences touch B distinct states, as in serving).
+    // Per sequence: its own state slot (so B sequences touch B distinct states, as in serving), in
+    // a pool indexed by the SeqBatch tables; the whole batch is one call (one launch) per op.
     Tensor conv_state = b.empty(DType::bf16, {B, C, 3}), state = b.empty(DType::f32, {B, H, D, D});
     Tensor qkv = b.empty(DType::bf16, {B, C}), qkv_out = b.empty(DType::bf16, {B, C});
     Tensor f = b.empty(DType::bf16, {B, P}), beta = b.empty(DType::bf16, {B, H}), o = b.empty(DType::bf16, {B, P});
     Tensor gate = b.empty(DType::bf16, {B, P}), y = b.empty(DType::bf16, {B, P});
     for (const Tensor* t : {&conv_state, &qkv, &f, &beta, &gate}) b.fill(*t, pat.bf16_act);
     b.fill(state, pat.f32_act);
-    const auto seq = [](const Tensor& t, int64_t i) { return t.view().row(i); };
-    const auto row2 = [](const Tensor& t, int64_t i) { return backends::cuda::rows_of(t.view(), i, 1); };
+    // Decode tables: sequence i is row i, slot B-1-i (not the identity), position 8191 (8K context).
+    Tensor tables = Tensor::zeros(DType::i32, {4, B});
+    for (int64_t i = 0; i < B; ++i) {
+      int32_t* t = tables.data<int32_t>();
+      t[i] = static_cast<int32_t>(i), t[B + i] = 1, t[2 * B + i] = 8191, t[3 * B + i] = static_cast<int32_t>(B - 1 - i);
+    }
+    const Tensor d_tables = backends::cuda::upload(tables.view(), b.ctx->pool(), b.stream());
+    kernels::SeqBatch seqs;
+    seqs.row_begin = d_tables.view().row(0), seqs.num_rows = d_tables.view().row(1);
+    seqs.position = d_tables.view().row(2), seqs.slot = d_tables.view().row(3);
+    seqs.num_seqs = static_cast<int>(B), seqs.max_rows = 1, seqs.max_tokens = 8192;
     const double conv_bytes = static_cast<double>(B) * (C * 3 * 2 * 2 + C * 2 * 2) + conv_w.nbytes();
-    b.row("kda", "kda_conv decode", "C=4608 K=4", B, conv_bytes, [&] {
-      for (int64_t i = 0; i < B; ++i)
-        b.reg.kda_conv.run({row2(qkv, i), conv_w.view(), seq(conv_state, i), row2(qkv_out, i)}, core::Device::cuda);
-    });
+    const kernels::KdaConvArgs conv{qkv.view(), conv_w.view(), conv_state.view(), qkv_out.view(),
+                                    kernels::Precision::bf16, seqs};
+    b.row("kda", "kda_conv decode", "C=4608 K=4", B, conv_bytes, [&] { b.reg.kda_conv.run(conv, core::Device::cuda); });
     const double rec_bytes = static_cast<double>(B) * (2.0 * H * D * D * 4 + (5.0 * P + H) * 2);
-    b.row("kda", "kda_recurrent decode", "H=12 D=128", B, rec_bytes, [&] {
-      for (int64_t i = 0; i < B; ++i) {
-        const core::TensorView qkv_i = row2(qkv_out, i);
-        kernels::KdaAttentionArgs a{backends::cuda::cols_of(qkv_i, 0, P), backends::cuda::cols_of(qkv_i, P, P),
-                                    backends::cuda::cols_of(qkv_i, 2 * P, P), row2(f, i), row2(beta, i),
-                                    a_log.view(), dt_bias.view(), seq(state, i), row2(o, i), H, D};
-        b.reg.kda_recurrent.run(a, core::Device::cuda);
-      }
-    });
+    const kernels::KdaAttentionArgs rec{backends::cuda::cols_of(qkv_out.view(), 0, P),
+                                        backends::cuda::cols_of(qkv_out.view(), P, P),
+                                        backends::cuda::cols_of(qkv_out.view(), 2 * P, P),
+                                        f.view(), beta.view(), a_log.view(), dt_bias.view(), state.view(), o.view(), H,
+                                        D, -5.0f, 64, kernels::Precision::bf16, seqs};
+    b.row("kda", "kda_recurrent decode", "H=12 D=128", B, rec_bytes,
+          [&] { b.reg.kda_recurrent.run(rec, core::Device::cuda); });
     const double gate_bytes = static_cast<double>(B) * P * 2 * 3;
     b.row("kda", "kda_output_gate", "H=12 D=128", B, gate_bytes, [&] {
       b.reg.kda_output_gate.run({o.view(), gate.view(), o_norm.view(), y.view(), H, D}, core::Device::cuda);
@@ -224,23 +231,46 @@ void bench_mla_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>&
   kernels::LinearWeight kv_b;
   kv_b.weight = b.empty(DType::bf16, {H * (nope + vd), L});
   b.fill(kv_b.weight, pat.bf16_weight);
+  // The whole batch in one call over a paged cache: pages of 16 tokens (the engine's default block
+  // size), every sequence's pages at shuffled (non-contiguous) ids, tables on the device.
+  const int64_t block_size = 16, blocks_per_seq = S / block_size;
+  core::Rng page_rng(0x3a7);
   for (DType cache_t : {DType::f8_e4m3, DType::bf16}) {
     for (int64_t B : batches) {
-      Tensor cache = b.empty(cache_t, {B, S, E});
-      b.fill(cache, cache_t == DType::bf16 ? pat.bf16_act : pat.fp8_cache);
+      const int64_t num_blocks = B * blocks_per_seq;
+      Tensor pages = b.empty(cache_t, {num_blocks, block_size, E});
+      b.fill(pages, cache_t == DType::bf16 ? pat.bf16_act : pat.fp8_cache);
       Tensor q = b.empty(DType::bf16, {B, H * (nope + rope)}), out = b.empty(DType::bf16, {B, H * vd});
       b.fill(q, pat.bf16_act);
+      // Tables: sequence i owns row i, sits at position S - 1 and holds its share of shuffled page ids.
+      std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+      for (int64_t k = 0; k < num_blocks; ++k) ids[k] = static_cast<int32_t>(k);
+      for (int64_t k = num_blocks - 1; k > 0; --k) std::swap(ids[k], ids[page_rng.next_u64() % static_cast<uint64_t>(k + 1)]);
+      Tensor h_rows = Tensor::zeros(DType::i32, {3, B}), h_table = Tensor::zeros(DType::i32, {B, blocks_per_seq});
+      for (int64_t i = 0; i < B; ++i) {
+        h_rows.data<int32_t>()[i] = static_cast<int32_t>(i);                // row_begin
+        h_rows.data<int32_t>()[B + i] = 1;                                  // num_rows
+        h_rows.data<int32_t>()[2 * B + i] = static_cast<int32_t>(S - 1);    // position
+      }
+      std::copy(ids.begin(), ids.end(), h_table.data<int32_t>());
+      const Tensor d_rows = backends::cuda::upload(h_rows.view(), b.ctx->pool(), b.stream());
+      const Tensor d_table = backends::cuda::upload(h_table.view(), b.ctx->pool(), b.stream());
+      kernels::SeqBatch seqs;
+      seqs.row_begin = d_rows.view().row(0);
+      seqs.num_rows = d_rows.view().row(1);
+      seqs.position = d_rows.view().row(2);
+      seqs.block_table = d_table.view();
+      seqs.num_seqs = static_cast<int>(B);
+      seqs.max_rows = 1;
+      seqs.max_tokens = S;
+      // Spec §12 counting: the cache once per sequence, kv_b once per step, q and out, the tables.
       const double bytes = static_cast<double>(B) * (static_cast<double>(S * E * core::dtype_size(cache_t)) +
-                                                     kv_b.weight.nbytes() + (H * (nope + rope) + H * vd) * 2.0);
-      b.row("mla", std::string("mla_absorbed ") + (cache_t == DType::bf16 ? "bf16" : "fp8"), "ctx=8192 H=12", B, bytes,
-            [&] {
-              for (int64_t i = 0; i < B; ++i) {
-                kernels::MlaAttentionArgs a{backends::cuda::rows_of(q.view(), i, 1), cache.view().row(i), 1.0f, &kv_b,
-                                            backends::cuda::rows_of(out.view(), i, 1), H, nope, rope, vd, L,
-                                            1.0f / std::sqrt(192.0f)};
-                b.reg.mla_absorbed.run(a, core::Device::cuda);
-              }
-            });
+                                                     (H * (nope + rope) + H * vd) * 2.0) +
+                           static_cast<double>(kv_b.weight.nbytes() + h_rows.nbytes() + h_table.nbytes());
+      const kernels::MlaAttentionArgs a{q.view(), pages.view(), seqs, 1.0f, &kv_b, out.view(), H, nope, rope, vd, L,
+                                        1.0f / std::sqrt(192.0f)};
+      b.row("mla", std::string("mla_absorbed ") + (cache_t == DType::bf16 ? "bf16" : "fp8"),
+            "ctx=8192 H=12 paged16", B, bytes, [&] { b.reg.mla_absorbed.run(a, core::Device::cuda); });
     }
   }
 }

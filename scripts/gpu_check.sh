@@ -4,7 +4,7 @@
 # or pcre2 -dev packages, no network). Writes logs and JSON under $OUT and prints a summary table
 # last.
 #
-#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|sanitize|bench]... [--budget SECONDS]
+#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|model|sanitize|bench|layers|proxy]... [--budget SECONDS]
 #
 # Phases (default all, in this order):
 #   build     configure with -DK3_GPU_CHECK_ONLY=ON (only core, config, kernels, backends, tests/ops,
@@ -12,9 +12,19 @@
 #             k3bench_ops_gpu                                                    -> build.log
 #   test      k3_ops_tests: every registered op on the GPU against the CPU reference, odd shapes and
 #             TP8 shapes, relative error / cosine / max-abs per comparison      -> ops_tests.log, ops_report.json
+#   model     k3_gpu_tests: the model end to end on the GPU against the CPU oracle (bf16 logits,
+#             fp32 greedy generations, batched steps) and the engine serving on the GPU (when
+#             xxhash.h was carried in .carry/include: scripts/carry_headers.sh) -> model_tests.log
 #   bench     k3bench_ops_gpu: per-op time, bytes, GB/s, ratio to the floor     -> bench.log, ops_gpu.json
+#   layers    k3bench_layer_gpu --check: one KDA+MoE and one MLA+MoE layer (k3-layer-tp8) per CUDA-graph
+#             step, batch 1/8/32/64: us, kernels, bytes, GB/s, ratio to the copy floor -> layers.log, layer_gpu.json
 #   sanitize  k3_ops_tests on the odd shapes under compute-sanitizer memcheck and racecheck
 #                                                                               -> memcheck.log, racecheck.log
+#   proxy     k3bench_decode_gpu: writes the k3-proxy-tp8 checkpoint (~52 GB; $K3_PROXY_DIR, default
+#             /tmp/k3-proxy-tp8 on the machine's local disk, reused when present; fails when the disk
+#             lacks room), opens it on the GPU and times whole-model decode steps at batch 1/8/64 with
+#             an 8K context: ms/step, tok/s, GB/s, ratio to the copy floor   -> proxy.log, decode_gpu.json
+#             (under `all` it runs only when at least 240 s of the budget are left; else SKIP)
 # summary.txt repeats the table printed at the end. The whole run keeps within --budget seconds
 # (default 570: one 10-minute device command); a phase that would overrun is cut by `timeout` and
 # reported as TIMEOUT. The build folder (build/gpu-check) is reused by later calls, so the phases can
@@ -30,8 +40,8 @@ PHASES=()
 while (($#)); do
   case "$1" in
     --budget) BUDGET=$2; shift 2 ;;
-    all|build|test|bench|sanitize) PHASES+=("$1"); shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    all|build|test|model|bench|layers|sanitize|proxy) PHASES+=("$1"); shift ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -95,7 +105,8 @@ if want build; then
     } > "$OUT/build.log" 2>&1
     targets=(k3bench_ops_gpu)
     grep -q '^K3_BUILD_TESTS:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null &&
-      targets=(k3_backends_cuda_tests k3_ops_tests k3bench_ops_gpu)
+      targets=(k3_backends_cuda_tests k3_ops_tests k3_gpu_tests k3bench_ops_gpu)
+    targets+=(k3bench_layer_gpu k3bench_decode_gpu)
     capped 400 cmake --build "$BUILD" --target "${targets[@]}" -j"$(nproc)" >> "$OUT/build.log" 2>&1
     secs=$(( $(date +%s) - t0 ))
     if ((RC == 0)); then
@@ -149,6 +160,28 @@ if want test; then
   fi
 fi
 
+# ---------------------------------------------------------------- model
+MODEL_TESTS=$BUILD/tests/gpu/k3_gpu_tests
+if want model; then
+  if [[ ! -x $MODEL_TESTS ]]; then
+    record model FAIL 0 "no $MODEL_TESTS (run the build phase)"
+  else
+    capped 240 "$MODEL_TESTS" > "$OUT/model_tests.log" 2>&1
+    counts=$(gtest_counts "$OUT/model_tests.log")
+    if ((RC == 0)); then
+      if grep -q 'GPU test skipped' "$OUT/model_tests.log"; then
+        record model FAIL "$SECS" "$counts: skipped ($(grep -m1 -o 'GPU test skipped: .*' "$OUT/model_tests.log" | cut -c1-80))"
+      else
+        record model PASS "$SECS" "$counts"
+      fi
+    elif ((RC == 124 || RC == 137)); then
+      record model TIMEOUT "$SECS" "$counts so far"
+    else
+      record model FAIL "$SECS" "$counts (rc $RC)"
+    fi
+  fi
+fi
+
 # ---------------------------------------------------------------- bench
 if want bench; then
   if [[ ! -x $BENCH ]]; then
@@ -161,6 +194,26 @@ if want bench; then
       record bench TIMEOUT "$SECS" "partial table in bench.log"
     else
       record bench FAIL "$SECS" "$(grep -m1 'error' "$OUT/bench.log" | cut -c1-110) (rc $RC)"
+    fi
+  fi
+fi
+
+# ---------------------------------------------------------------- layers
+LAYER_BENCH=$BUILD/k3bench_layer_gpu
+if want layers; then
+  if [[ ! -x $LAYER_BENCH ]]; then
+    record layers FAIL 0 "no $LAYER_BENCH (run the build phase)"
+  else
+    # --check: outputs finite, eager deterministic, one graph replay equal to eager bit for bit.
+    capped 180 "$LAYER_BENCH" --check --out "$OUT/layer_gpu.json" > "$OUT/layers.log" 2>&1
+    if ((RC == 0)); then
+      record layers PASS "$SECS" "$(grep -c 'check ok' "$OUT/layers.log") rows checked, $(grep -m1 -o 'device copy [0-9]* GB/s' "$OUT/layers.log")"
+    elif ((RC == 124 || RC == 137)); then
+      record layers TIMEOUT "$SECS" "partial rows in layers.log"
+    elif ((RC == 3)); then
+      record layers FAIL "$SECS" "$(grep -m1 'CHECK FAILED' "$OUT/layers.log" | cut -c1-110)"
+    else
+      record layers FAIL "$SECS" "$(grep -m1 -iE 'error' "$OUT/layers.log" | cut -c1-110) (rc $RC)"
     fi
   fi
 fi
@@ -193,6 +246,33 @@ if want sanitize; then
       record "$tool" FAIL "$SECS" "rc $RC; $counts; ${verdict}"
     fi
   done
+fi
+
+# ---------------------------------------------------------------- proxy
+DECODE_BENCH=$BUILD/k3bench_decode_gpu
+PROXY_DIR=${K3_PROXY_DIR:-/tmp/k3-proxy-tp8}
+PROXY_GB=52  # k3-proxy-tp8 checkpoint size (51.93 GB), plus 1 GB margin below
+if want proxy; then
+  explicit=0; for p in "${PHASES[@]}"; do [[ $p == proxy ]] && explicit=1; done
+  mkdir -p "$(dirname "$PROXY_DIR")"
+  free_gb=$(( $(df -Pk "$(dirname "$PROXY_DIR")" | awk 'NR==2 {print $4}') / 1000000 ))
+  if [[ ! -x $DECODE_BENCH ]]; then
+    record proxy FAIL 0 "no $DECODE_BENCH (run the build phase)"
+  elif ((explicit == 0 && $(left) < 240)); then
+    record proxy SKIP 0 "needs ~240 s, $(left) s of the budget left: run 'gpu_check.sh proxy' alone"
+  elif [[ ! -f $PROXY_DIR/config.json ]] && ((free_gb < PROXY_GB + 1)); then
+    record proxy FAIL 0 "only ${free_gb} GB free under $(dirname "$PROXY_DIR"); the k3-proxy-tp8 checkpoint needs ${PROXY_GB} GB + 1 GB"
+  else
+    capped 480 "$DECODE_BENCH" --model "$PROXY_DIR" --make --config k3-proxy-tp8 --out "$OUT/decode_gpu.json" \
+      > "$OUT/proxy.log" 2>&1
+    if ((RC == 0)); then
+      record proxy PASS "$SECS" "$(grep -m1 -o 'wrote [0-9.]* GB in [0-9.]* s' "$OUT/proxy.log" || echo 'checkpoint reused'); $(grep -m1 -o 'opened .* in [0-9.]* s' "$OUT/proxy.log" | grep -o 'in [0-9.]* s' | sed 's/^/load /')"
+    elif ((RC == 124 || RC == 137)); then
+      record proxy TIMEOUT "$SECS" "partial rows in proxy.log"
+    else
+      record proxy FAIL "$SECS" "$(grep -m1 -iE 'error' "$OUT/proxy.log" | cut -c1-110) (rc $RC)"
+    fi
+  fi
 fi
 
 # ---------------------------------------------------------------- summary (printed last)
@@ -228,6 +308,31 @@ print(f"  {'op':26} {'shape':22} {'batch':>5} {'us':>9} {'GB/s':>7} {'x floor':>
 for r in b["rows"]:
     if r["group"] == "elt" and r["batch"] != 64: continue
     print(f"  {r['op'][:26]:26} {r['shape'][:22]:22} {r['batch']:5d} {r['median_us']:9.1f} {r['GBps']:7.0f} {r['ratio_to_4p3TBps_floor']:8.2f}")
+PY
+  fi
+  if [[ -f $OUT/layer_gpu.json ]] && command -v python3 > /dev/null; then
+    python3 - "$OUT/layer_gpu.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+c = b["config"]
+print(f"per-layer decode (k3-layer-tp8, ctx {c['ctx_tokens']}, fp8 cache; CUDA graph / {c['copies']} copies, median of {c['replays']} replays; collectives stubbed); floor = bytes / device copy {b['copy_GBps']:.0f} GB/s:")
+print(f"  {'layer':16} {'batch':>5} {'us/layer':>9} {'p10':>8} {'p90':>8} {'kernels':>7} {'MB':>8} {'GB/s':>6} {'floor_us':>8} {'x floor':>7}  check")
+for r in b["rows"]:
+    chk = "" if not r["check"] else ("ok" if r["check"]["pass"] else "FAILED")
+    print(f"  {r['layer']:16} {r['batch']:5d} {r['median_us']:9.1f} {r['p10_us']:8.1f} {r['p90_us']:8.1f} {r['kernels_per_layer']:7.1f} {r['bytes']['total']/1e6:8.1f} {r['GBps']:6.0f} {r['floor_us_copy']:8.1f} {r['ratio_to_copy_floor']:7.2f}  {chk}")
+PY
+  fi
+  if [[ -f $OUT/decode_gpu.json ]] && command -v python3 > /dev/null; then
+    python3 - "$OUT/decode_gpu.json" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+c = b["config"]
+print(f"whole-model decode ({c['name']}, {c['weight_bytes']/1e9:.1f} GB, ctx {c['ctx_tokens']}, fp8 cache, bf16; median of {c['steps']} steps; "
+      f"checkpoint written in {b['checkpoint_write_seconds']:.0f} s, loaded in {b['load_seconds']:.0f} s); floor = bytes / device copy {b['copy_GBps']:.0f} GB/s:")
+print(f"  {'batch':>5} {'mode':5} {'ms/step':>9} {'p10':>8} {'p90':>8} {'tok/s':>9} {'kernels':>7} {'GB/step':>8} {'GB/s':>6} {'floor_ms':>8} {'x floor':>7}")
+for r in b["rows"]:
+    print(f"  {r['batch']:5d} {r['mode']:5} {r['median_ms']:9.2f} {r['p10_ms']:8.2f} {r['p90_ms']:8.2f} {r['tokens_per_s']:9.1f} {r['kernels_per_step']:7d} "
+          f"{r['bytes']['total']/1e9:8.2f} {r['GBps']:6.0f} {r['floor_ms_copy']:8.2f} {r['ratio_to_copy_floor']:7.2f}{'' if r['logits_finite'] else '  NON-FINITE'}")
 PY
   fi
   echo

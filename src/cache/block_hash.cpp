@@ -1,6 +1,7 @@
 // cache/block_hash.cpp: xxHash64 block chain (Debian libxxhash).
 #include "cache/block_hash.h"
 
+#define XXH_INLINE_ALL  // header-only: no libxxhash to link (the GPU machine has no -dev package)
 #include <xxhash.h>
 
 #include "core/error.h"

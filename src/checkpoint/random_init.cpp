@@ -20,10 +20,18 @@
 //   * conv weights N(0, 0.5^2) (4 taps keep the conv output O(1)); router bias N(0, 0.1^2),
 //     comparable to the spread of sigmoid scores, so the bias changes which experts win;
 //   * A_log and dt_bias as realistic (they already span fast and slow decays).
+//
+// Large tensors are drawn in blocks from a quantile table (random_init.h), so make-checkpoint
+// writes a ~52 GB k3-proxy-tp8 in about a minute on 16 cores; k3-tiny's bytes are unchanged.
 #include "checkpoint/random_init.h"
 
+#include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "core/bf16.h"
 #include "core/error.h"
@@ -47,6 +55,8 @@ constexpr double kSensitiveConvStd = 0.5;
 constexpr double kSensitiveRouterBiasStd = 0.1;
 constexpr double kALogStd = 0.3;
 constexpr double kDtLow = 0.001, kDtHigh = 0.1;
+constexpr int kQuantileBits = 16;
+constexpr int kQuantiles = 1 << kQuantileBits;
 
 core::Rng stream_for(const ParamSpec& spec, uint64_t seed) {
   return core::Rng(seed).fork(core::Rng::hash(spec.value_name.c_str()));
@@ -57,6 +67,14 @@ double linear_std(const ParamSpec& spec, InitStyle style) {
   if (spec.role == ParamRole::embedding) return kSensitiveEmbedStd;
   const double gain = spec.feeds_situ ? kSensitiveSituGain : 1.0;
   return gain / std::sqrt(static_cast<double>(spec.in_features));
+}
+
+// [out, in] of a linear-like tensor (the embedding is [V, hidden]).
+std::pair<int64_t, int64_t> linear_dims(const ParamSpec& spec) {
+  int64_t out = spec.out_features, in = spec.in_features;
+  if (spec.role == ParamRole::embedding) out = spec.shapes[0][0], in = spec.shapes[0][1];
+  K3_CHECK(out > 0 && in > 0, "random init: '" + spec.name + "' is not a linear-like tensor");
+  return {out, in};
 }
 
 // Stores float values in the written dtype (BF16 with round-to-nearest-even, or F32).
@@ -73,35 +91,177 @@ void store(core::DType dtype, const std::vector<float>& values, std::span<std::b
   }
 }
 
-std::vector<float> normals(core::Rng& rng, int64_t n, double mean, double std) {
+// Values [begin, end) of a bulk tensor's block `block` (end - begin <= kBulkBlockValues):
+// std * quantile, four quantiles per next_u64, lowest 16 bits first.
+void bulk_block(const core::Rng& stream, int64_t block, float std, float* out, int64_t count) {
+  const float* q = bulk_normal_quantiles();
+  core::Rng rng = stream.fork(static_cast<uint64_t>(block));
+  int64_t i = 0;
+  for (; i + 4 <= count; i += 4) {
+    const uint64_t u = rng.next_u64();
+    out[i] = std * q[u & 0xffff];
+    out[i + 1] = std * q[(u >> 16) & 0xffff];
+    out[i + 2] = std * q[(u >> 32) & 0xffff];
+    out[i + 3] = std * q[u >> 48];
+  }
+  if (i < count) {
+    uint64_t u = rng.next_u64();
+    for (; i < count; ++i, u >>= kQuantileBits) out[i] = std * q[u & 0xffff];
+  }
+}
+
+// n values normal(mean, std) of the tensor whose stream is `stream` (see random_init.h).
+std::vector<float> normals(const core::Rng& stream, int64_t n, double mean, double std) {
   std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = static_cast<float>(rng.normal(mean, std));
+  if (n <= kSequentialMaxValues) {
+    core::Rng rng = stream;
+    for (float& x : v) x = static_cast<float>(rng.normal(mean, std));
+    return v;
+  }
+  for (int64_t b = 0; b * kBulkBlockValues < n; ++b) {
+    const int64_t begin = b * kBulkBlockValues, count = std::min(kBulkBlockValues, n - begin);
+    bulk_block(stream, b, static_cast<float>(std), v.data() + begin, count);
+    for (int64_t i = begin; i < begin + count; ++i) v[i] += static_cast<float>(mean);
+  }
   return v;
+}
+
+// n values uniform in [lo, hi): one stream, or one fork per block beyond kSequentialMaxValues.
+std::vector<double> uniforms(const core::Rng& stream, int64_t n, double lo, double hi) {
+  std::vector<double> v(static_cast<size_t>(n));
+  core::Rng rng = stream;
+  for (int64_t i = 0; i < n; ++i) {
+    if (n > kSequentialMaxValues && i % kBulkBlockValues == 0) rng = stream.fork(static_cast<uint64_t>(i / kBulkBlockValues));
+    v[i] = rng.uniform(lo, hi);
+  }
+  return v;
+}
+
+// E2M1 codes of every value whose float bits end in 16 zero bits (every BF16 value), indexed by
+// the upper 16 bits: core::f32_to_fp4_e2m1 itself, tabulated once.
+const std::array<uint8_t, 65536>& fp4_code_table() {
+  static const std::array<uint8_t, 65536> table = [] {
+    std::array<uint8_t, 65536> t{};
+    for (uint32_t b = 0; b < 65536; ++b) t[b] = core::f32_to_fp4_e2m1(std::bit_cast<float>(b << 16));
+    return t;
+  }();
+  return table;
+}
+
+// Bulk tensors of an MXFP4 pair: block by block (a block is a whole number of 32-groups, and a
+// row is too, so flat groups are row groups), the block's floats kept in a cache-sized buffer.
+void bulk_mxfp4(const core::Rng& stream, int64_t n, float std, uint8_t* packed, uint8_t* scales) {
+  std::vector<float> block(static_cast<size_t>(kBulkBlockValues));
+  for (int64_t b = 0; b * kBulkBlockValues < n; ++b) {
+    const int64_t begin = b * kBulkBlockValues, count = std::min(kBulkBlockValues, n - begin);
+    bulk_block(stream, b, std, block.data(), count);
+    for (int64_t i = 0; i < count; ++i) block[i] = core::bf16_round(block[i]);
+    mxfp4_quantize_groups(block.data(), count, packed + begin / 2, scales + begin / core::kMxfp4Group);
+  }
 }
 
 }  // namespace
 
+const float* bulk_normal_quantiles() {
+  static const std::array<float, kQuantiles> table = [] {
+    std::array<float, kQuantiles> t{};
+    // Upper half by bisection on the upper tail: Q(x) = erfc(x / sqrt 2) / 2 = (65535 - i + 0.5) / 2^16
+    // (the tail probability directly, so it keeps its precision near 1), then mirrored.
+    for (int i = kQuantiles / 2; i < kQuantiles; ++i) {
+      const double tail = (kQuantiles - 1 - i + 0.5) / kQuantiles;
+      double lo = 0.0, hi = 10.0;
+      for (int it = 0; it < 64; ++it) {
+        const double mid = 0.5 * (lo + hi);
+        (0.5 * std::erfc(mid / std::sqrt(2.0)) > tail ? lo : hi) = mid;
+      }
+      t[static_cast<size_t>(i)] = static_cast<float>(0.5 * (lo + hi));
+      t[static_cast<size_t>(kQuantiles - 1 - i)] = -t[static_cast<size_t>(i)];
+    }
+    return t;
+  }();
+  return table.data();
+}
+
+void mxfp4_quantize_groups(const float* values, int64_t n, uint8_t* packed, uint8_t* scales) {
+  K3_CHECK(n % core::kMxfp4Group == 0, "mxfp4: value count must be a multiple of 32");
+  constexpr int G = core::kMxfp4Group;
+  const std::array<uint8_t, 65536>& table = fp4_code_table();
+  for (int64_t g = 0; g < n / G; ++g) {
+    const float* x = values + g * G;
+    // |x| as bits: for non-negative floats the integer order is the float order, and every NaN
+    // lies above +inf, so one integer max gives amax and finiteness together (and vectorizes).
+    int32_t amax_bits = 0;
+    for (int i = 0; i < G; ++i) amax_bits = std::max(amax_bits, std::bit_cast<int32_t>(x[i]) & 0x7fffffff);
+    const float amax = std::bit_cast<float>(amax_bits);
+    if (amax_bits > 0x7f7fffff) {  // inf or NaN
+      for (int i = 0; i < G; ++i)
+        K3_CHECK(std::isfinite(x[i]), "mxfp4: non-finite value at index " + std::to_string(g * G + i));
+    }
+    // The scale 2^k of core::mxfp4_quantize_row: the smallest power of two with amax / 2^k <= 6.
+    // amax = f * 2^e, f in [0.5, 1), so k is e - 3 or e - 2. From the exponent bits when 2^-k is a
+    // normal float (amax >= 2^-100); frexp/ldexp as core does for the tiny rest.
+    int k = 0;
+    if (amax >= 0x1p-100f) {
+      const int e = static_cast<int>((std::bit_cast<uint32_t>(amax) >> 23) & 0xff) - 126;
+      k = e - 3;
+      if (amax * std::bit_cast<float>(static_cast<uint32_t>(127 - k) << 23) > 6.0f) ++k;
+    } else if (amax > 0.0f) {
+      int e = 0;
+      std::frexp(amax, &e);
+      k = e - 3;
+      if (std::ldexp(amax, -k) > 6.0f) ++k;
+    }
+    k = std::clamp(k, -127, 127);
+    scales[g] = static_cast<uint8_t>(k + 127);
+    // x * 2^-k is exact or correctly rounded, as ldexp(x, -k) is (2^-k is a float for |k| <= 127,
+    // a normal one, built from its exponent bits, unless k = 127).
+    const float inv = k < 127 ? std::bit_cast<float>(static_cast<uint32_t>(127 - k) << 23) : std::ldexp(1.0f, -k);
+    // Scaled values; a BF16 x stays BF16 after the exact power-of-two scaling (unless it becomes
+    // subnormal), so its code is a table lookup; any other group takes core's function per value.
+    float y[G];
+    uint32_t low_bits = 0;
+    for (int i = 0; i < G; ++i) {
+      y[i] = x[i] * inv;
+      low_bits |= std::bit_cast<uint32_t>(y[i]) & 0xffffu;
+    }
+    uint8_t codes[G];
+    if (low_bits == 0) {
+      for (int i = 0; i < G; ++i) codes[i] = table[std::bit_cast<uint32_t>(y[i]) >> 16];
+    } else {
+      for (int i = 0; i < G; ++i) codes[i] = core::f32_to_fp4_e2m1(y[i]);
+    }
+    uint8_t* p = packed + g * (G / 2);
+    for (int i = 0; i < G / 2; ++i) p[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
+  }
+}
+
 std::vector<float> random_linear_values(const ParamSpec& spec, InitStyle style, uint64_t seed) {
-  int64_t out = spec.out_features, in = spec.in_features;
-  if (spec.role == ParamRole::embedding) out = spec.shapes[0][0], in = spec.shapes[0][1];
-  K3_CHECK(out > 0 && in > 0, "random init: '" + spec.name + "' is not a linear-like tensor");
-  core::Rng rng = stream_for(spec, seed);
-  std::vector<float> v = normals(rng, out * in, 0.0, linear_std(spec, style));
+  const auto [out, in] = linear_dims(spec);
+  std::vector<float> v = normals(stream_for(spec, seed), out * in, 0.0, linear_std(spec, style));
   for (float& x : v) x = core::bf16_round(x);
   return v;
 }
 
-Mxfp4Values random_mxfp4_values(const ParamSpec& spec, InitStyle style, uint64_t seed) {
-  const std::vector<float> w = random_linear_values(spec, style, seed);
-  const int64_t rows = spec.out_features, in = spec.in_features;
+void fill_random_mxfp4(const ParamSpec& spec, InitStyle style, uint64_t seed, std::span<std::byte> packed,
+                       std::span<std::byte> scales) {
+  const auto [rows, in] = linear_dims(spec);
   K3_CHECK(in % core::kMxfp4Group == 0, "random init: '" + spec.name + "' input width is not a multiple of 32");
-  const size_t packed_row = static_cast<size_t>(in / 2), scale_row = static_cast<size_t>(in / core::kMxfp4Group);
+  const int64_t n = rows * in;
+  K3_CHECK(static_cast<int64_t>(packed.size()) == n / 2 && static_cast<int64_t>(scales.size()) == n / core::kMxfp4Group,
+           "random init: MXFP4 size mismatch for '" + spec.name + "'");
+  auto* p = reinterpret_cast<uint8_t*>(packed.data());
+  auto* s = reinterpret_cast<uint8_t*>(scales.data());
+  if (n > kSequentialMaxValues) return bulk_mxfp4(stream_for(spec, seed), n, static_cast<float>(linear_std(spec, style)), p, s);
+  const std::vector<float> w = random_linear_values(spec, style, seed);
+  mxfp4_quantize_groups(w.data(), n, p, s);
+}
+
+Mxfp4Values random_mxfp4_values(const ParamSpec& spec, InitStyle style, uint64_t seed) {
+  const auto [rows, in] = linear_dims(spec);
   Mxfp4Values q;
-  q.packed.resize(packed_row * static_cast<size_t>(rows));
-  q.scales.resize(scale_row * static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r)
-    core::mxfp4_quantize_row({w.data() + r * in, static_cast<size_t>(in)}, {q.packed.data() + r * packed_row, packed_row},
-                             {q.scales.data() + r * scale_row, scale_row});
+  q.packed.resize(static_cast<size_t>(rows * in / 2));
+  q.scales.resize(static_cast<size_t>(rows * in / core::kMxfp4Group));
+  fill_random_mxfp4(spec, style, seed, std::as_writable_bytes(std::span(q.packed)), std::as_writable_bytes(std::span(q.scales)));
   return q;
 }
 
@@ -110,7 +270,7 @@ void fill_random_param(const ParamSpec& spec, const config::K3Config& config, In
   const bool sensitive = style == InitStyle::sensitive;
   const core::DType dtype = spec.dtypes[0];
   const int64_t numel = spec.shapes[0].numel();
-  core::Rng rng = stream_for(spec, seed);
+  const core::Rng stream = stream_for(spec, seed);
   switch (spec.role) {
     case ParamRole::embedding:
     case ParamRole::linear:
@@ -126,32 +286,34 @@ void fill_random_param(const ParamSpec& spec, const config::K3Config& config, In
       return;
     }
     case ParamRole::norm:
-      store(dtype, normals(rng, numel, 1.0, sensitive ? kSensitiveNormStd : kRealisticNormStd), out);
+      store(dtype, normals(stream, numel, 1.0, sensitive ? kSensitiveNormStd : kRealisticNormStd), out);
       return;
     case ParamRole::attn_res_query: {
       const double std = sensitive ? kSensitiveQueryScale / std::sqrt(static_cast<double>(config.hidden_size))
                                    : kRealisticQueryStd;
-      store(dtype, normals(rng, numel, 0.0, std), out);
+      store(dtype, normals(stream, numel, 0.0, std), out);
       return;
     }
     case ParamRole::kda_conv:
-      store(dtype, normals(rng, numel, 0.0, sensitive ? kSensitiveConvStd : kRealisticConvStd), out);
+      store(dtype, normals(stream, numel, 0.0, sensitive ? kSensitiveConvStd : kRealisticConvStd), out);
       return;
     case ParamRole::kda_a_log: {
       // Only the first num_heads entries are used (one per head); K3 stores zeros beyond.
       std::vector<float> v(static_cast<size_t>(numel), 0.0f);
+      core::Rng rng = stream;
       for (int64_t h = 0; h < numel && h < config.kda.num_heads; ++h) v[h] = static_cast<float>(rng.normal(0.0, kALogStd));
       store(dtype, v, out);
       return;
     }
     case ParamRole::kda_dt_bias: {
-      std::vector<float> v(static_cast<size_t>(numel));
-      for (float& x : v) x = static_cast<float>(std::log(std::expm1(rng.uniform(kDtLow, kDtHigh))));
+      const std::vector<double> u = uniforms(stream, numel, kDtLow, kDtHigh);
+      std::vector<float> v(u.size());
+      for (size_t i = 0; i < u.size(); ++i) v[i] = static_cast<float>(std::log(std::expm1(u[i])));
       store(dtype, v, out);
       return;
     }
     case ParamRole::router_bias:
-      store(dtype, normals(rng, numel, 0.0, sensitive ? kSensitiveRouterBiasStd : kRealisticRouterBiasStd), out);
+      store(dtype, normals(stream, numel, 0.0, sensitive ? kSensitiveRouterBiasStd : kRealisticRouterBiasStd), out);
       return;
   }
   throw core::Error("random init: unhandled role for '" + spec.name + "'");

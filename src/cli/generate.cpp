@@ -4,6 +4,7 @@
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "runner/model_runner.h"
+#include "runner/tp_runner.h"
 
 namespace k3::cli {
 
@@ -19,6 +20,7 @@ int generate_command(std::span<char* const> argv) {
   specs.push_back({"repetition-penalty", "R", "divide positive / multiply negative logits of prompt+output ids (1: off)", "1"});
   specs.push_back({"presence-penalty", "P", "subtract P from logits of ids already generated, in [-2, 2]", "0"});
   specs.push_back({"frequency-penalty", "F", "subtract F * count from logits of generated ids, in [-2, 2]", "0"});
+  specs.push_back(tp_option_spec());
   Args args("generate", specs, argv);
   if (args.help_requested()) {
     std::cout << args.usage();
@@ -36,9 +38,18 @@ int generate_command(std::span<char* const> argv) {
   sampling.frequency_penalty = static_cast<float>(args.get_double("frequency-penalty"));
   const int64_t max_tokens = args.get_int("max-tokens");
   K3_CHECK(max_tokens >= 0, "--max-tokens must be >= 0");
-  auto runner = runner::ModelRunner::open(args.get("model"), parse_model_options(args), parse_kv_cache(args));
+  const int tp = parse_tp(args);
   runner::ModelRunner::GenerateStats st;
-  const std::vector<int32_t> out = runner->generate(prompt, max_tokens, sampling, nullptr, &st);
+  std::vector<int32_t> out;
+  if (tp > 1) {
+    auto runner = runner::TpRunner::open(args.get("model"), tp, parse_model_options(args), parse_kv_cache(args),
+                                         load_progress_on_terminal(args.get("model")));
+    out = runner->generate(prompt, max_tokens, sampling, nullptr, &st);
+  } else {
+    auto runner = runner::ModelRunner::open(args.get("model"), parse_model_options(args), parse_kv_cache(args),
+                                            load_progress_on_terminal(args.get("model")));
+    out = runner->generate(prompt, max_tokens, sampling, nullptr, &st);
+  }
   for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? "," : "") << out[i];
   std::cout << "\n";
   std::cerr << "prompt " << st.prompt_tokens << " tokens in " << st.prefill_seconds << " s; generated "

@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "runner/model_runner.h"
+#include "runner/tp_runner.h"
 
 namespace k3::cli {
 
@@ -14,6 +15,7 @@ int logits_command(std::span<char* const> argv) {
   specs.push_back({"token-ids", "1,2,3", "input token ids", "", true});
   specs.push_back({"out", "FILE", "output .safetensors file", "", true});
   specs.push_back({"decode-from", "N", "prefill the first N tokens, decode the rest one at a time (default: all prefill)", ""});
+  specs.push_back(tp_option_spec());
   Args args("logits", specs, argv);
   if (args.help_requested()) {
     std::cout << args.usage();
@@ -21,9 +23,18 @@ int logits_command(std::span<char* const> argv) {
   }
   const std::vector<int32_t> ids = args.get_ids("token-ids");
   const model::ModelOptions options = parse_model_options(args);
-  auto runner = runner::ModelRunner::open(args.get("model"), options, parse_kv_cache(args));
+  const int tp = parse_tp(args);
   const int64_t decode_from = args.has("decode-from") ? args.get_int("decode-from") : static_cast<int64_t>(ids.size());
-  const core::Tensor logits = runner->logits(ids, decode_from);
+  core::Tensor logits;
+  if (tp > 1) {
+    auto runner = runner::TpRunner::open(args.get("model"), tp, options, parse_kv_cache(args),
+                                         load_progress_on_terminal(args.get("model")));
+    logits = runner->logits(ids, decode_from);
+  } else {
+    auto runner = runner::ModelRunner::open(args.get("model"), options, parse_kv_cache(args),
+                                            load_progress_on_terminal(args.get("model")));
+    logits = runner->logits(ids, decode_from);
+  }
   checkpoint::write_safetensors(args.get("out"), {{"logits", logits.view()}});
   std::cerr << "wrote logits " << logits.shape().str() << " to " << args.get("out") << "\n";
   return 0;

@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "config/k3_config.h"
 #include "core/error.h"
+#include "tokenizer/tiny_tokenizer.h"
 
 namespace k3::cli {
 
@@ -32,6 +33,9 @@ int make_checkpoint_command(std::span<char* const> argv) {
   opt.max_shard_bytes = args.get_int("shard-bytes");
   K3_CHECK(opt.max_shard_bytes >= 0, "--shard-bytes must be >= 0");
   checkpoint::write_random_checkpoint(cfg, opt, args.get("out"));
+  // A small K3-format tokenizer beside the weights (none when vocab_size < 512), so the model
+  // serves text end to end.
+  tokenizer::write_tiny_tokenizer(cfg.vocab_size, args.get("out"));
   std::cerr << "wrote " << args.get("out") << " (config hash " << cfg.hash() << ", seed " << opt.seed
             << (opt.mxfp4 ? ", MXFP4 experts" : "") << ")\n";
   return 0;

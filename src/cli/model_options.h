@@ -2,6 +2,7 @@
 #pragma once
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "cli/args.h"
 #include "model/kv_storage.h"
 #include "model/layers/context.h"
@@ -10,9 +11,19 @@ namespace k3::cli {
 
 inline constexpr const char* kDefaultModelDir = "models/k3-tiny";  // written by scripts/setup.sh
 
-// --model, --precision, --kv-cache, --kda-prefill
+// --model, --precision, --kv-cache, --kda-prefill, --device
 std::vector<OptionSpec> model_option_specs();
 model::ModelOptions parse_model_options(const Args& args);
 model::KvCacheDtype parse_kv_cache(const Args& args);
+// --tp N (logits and generate): tensor-parallel ranks as CPU threads (runner/tp_runner.h); 1 = off.
+OptionSpec tp_option_spec();
+int parse_tp(const Args& args);  // >= 1; throws naming --tp otherwise
+
+// Prints checkpoint::LoadProgressLog lines for loading `what` to stderr ("loading DIR: 45%
+// 12.3/27.0 MB 410 MB/s" at most every 0.5 s, then "loaded DIR: ... in T s"). serve always
+// shows them; generate and logits only on a terminal (their stderr is often captured with
+// their output, whose first line is the result).
+checkpoint::LoadProgressFn load_progress_to_stderr(const std::string& what);
+checkpoint::LoadProgressFn load_progress_on_terminal(const std::string& what);
 
 }  // namespace k3::cli

@@ -69,7 +69,8 @@ int serve_command(std::span<char* const> argv) {
   sc.max_body_bytes = static_cast<size_t>(positive("max-body-bytes", 1024, int64_t{1} << 34));
   const int64_t drain_seconds = positive("drain-seconds", 0, 86400);
 
-  std::cerr << "k3serve serve: loading " << o.model_dir.string() << "\n";
+  o.load_progress = load_progress_to_stderr(o.model_dir.string());
+  std::cerr << "k3serve serve: loading " << o.model_dir.string() << std::endl;
   auto model = server::ServingModel::load(o);
   std::cerr << model->description();
   model->engine().start();

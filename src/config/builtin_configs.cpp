@@ -1,5 +1,6 @@
 // config/builtin_configs.cpp: named configs built into k3serve: "k3-tiny" (spec §14.1), its MXFP4
-// variant, and "k3" (the published K3 text_config, spec §1.1, for shape checks and sizing).
+// variant, "k3" (the published K3 text_config, spec §1.1, for shape checks and sizing) and
+// "k3-proxy-tp8" (one TP8 rank's share of K3 as a 24-layer model, for single-GPU decode numbers).
 //
 // Each is written as the HF JSON it stands for and goes through parse_config, so a builtin is
 // validated exactly like a file and cannot drift from what a config.json would give.
@@ -104,9 +105,37 @@ json k3_json() {
   };
 }
 
+// One TP8 rank's share of K3 (spec §11) as a whole model that fits one GPU (about 52 GB): the
+// shapes of spec §14.2 (hidden 7168; 12 KDA heads of 128; 12 MLA heads with K3's MLA dims; 896
+// MXFP4 experts of intermediate 3072 / 8 = 384 on the latent 3584; shared 2 x 384 = 768; dense
+// 33792 / 8 = 4224; vocab 163840 / 8 = 20480) in 24 layers of K3's pattern: 1-based layer l is
+// MLA when l % 4 == 0 (6 MLA, 18 KDA, the last layer MLA as in K3), layer 0 dense, the rest MoE,
+// AttnRes blocks of 12. Norms, eps, SiTU betas, router and gate bound are K3's. The special ids
+// are those of the tiny tokenizer make-checkpoint writes for this vocabulary (K3's slots moved to
+// the top 256 ids: vocab - 256, vocab - 254, vocab - 1), as k3-tiny does.
+json k3_proxy_tp8_json() {
+  constexpr int kLayers = 24, kVocab = 20480;
+  json j = k3_json();
+  json kda = json::array(), full = json::array();
+  for (int layer = 1; layer <= kLayers; ++layer) (layer % 4 == 0 ? full : kda).push_back(layer);
+  j["num_hidden_layers"] = kLayers;
+  j["vocab_size"] = kVocab;
+  j["intermediate_size"] = 33792 / 8;
+  j["num_attention_heads"] = 96 / 8;
+  j["num_key_value_heads"] = 96 / 8;
+  j["moe_intermediate_size"] = 3072 / 8;
+  j["linear_attn_config"]["num_heads"] = 96 / 8;
+  j["linear_attn_config"]["kda_layers"] = kda;
+  j["linear_attn_config"]["full_attn_layers"] = full;
+  j["bos_token_id"] = kVocab - 256;
+  j["eos_token_id"] = kVocab - 254;
+  j["pad_token_id"] = kVocab - 1;
+  return j;
+}
+
 }  // namespace
 
-std::vector<std::string> builtin_config_names() { return {"k3-tiny", "k3-tiny-mxfp4", "k3"}; }
+std::vector<std::string> builtin_config_names() { return {"k3-tiny", "k3-tiny-mxfp4", "k3", "k3-proxy-tp8"}; }
 
 K3Config builtin_config(const std::string& name) {
   if (name == "k3-tiny") return parse_config(k3_tiny_json(), "builtin:k3-tiny");
@@ -118,6 +147,7 @@ K3Config builtin_config(const std::string& name) {
     return parse_config(j, "builtin:k3-tiny-mxfp4");
   }
   if (name == "k3") return parse_config(k3_json(), "builtin:k3");
+  if (name == "k3-proxy-tp8") return parse_config(k3_proxy_tp8_json(), "builtin:k3-proxy-tp8");
   std::string names;
   for (const std::string& n : builtin_config_names()) names += (names.empty() ? "" : ", ") + n;
   throw core::Error("config: unknown built-in config \"" + name + "\" (built-in: " + names + ")");

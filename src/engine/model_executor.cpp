@@ -42,8 +42,13 @@ void apply_model_defaults(const config::K3Config& model, scheduler::SchedulerCon
   sched.validate(cache);
 }
 
-ModelExecutor::ModelExecutor(const model::Model& model, const cache::CacheConfig& cache, model::KvCacheDtype kv_dtype)
-    : model_(model), storage_(model.config(), storage_config(cache, kv_dtype)) {}
+ModelExecutor::ModelExecutor(const model::Model& model, const cache::CacheConfig& cache, model::KvCacheDtype kv_dtype,
+                             int64_t graph_max_model_len)
+    : model_(model), storage_(model.config(), storage_config(cache, kv_dtype), model.memory(), model.options().precision) {
+  if (graph_max_model_len > 0 && model.options().device != core::Device::cpu && model.tp_size() == 1)
+    graphs_ = std::make_unique<model::DecodeGraphs>(
+        model_, storage_, (graph_max_model_len + cache.block_size - 1) / cache.block_size);
+}
 
 core::Tensor ModelExecutor::execute(const BatchPlan& plan) {
   for (scheduler::RequestId id : plan.dropped) states_.erase(id);
@@ -70,7 +75,8 @@ core::Tensor ModelExecutor::execute(const BatchPlan& plan) {
     }
     batch_.push_back(model::SequenceInput{q.tokens, st, q.kind});
   }
-  core::Tensor logits = model_.forward(storage_, batch_, model::LogitRows::last);
+  core::Tensor logits = graphs_ && graphs_->eligible(batch_) ? graphs_->forward(batch_)
+                                                              : model_.forward(storage_, batch_, model::LogitRows::last);
   for (const CheckpointSave& s : plan.saves) storage_.save_checkpoint(s.slot, s.checkpoint);
   return logits;
 }

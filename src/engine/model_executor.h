@@ -7,11 +7,13 @@
 //   apply_model_defaults(cfg, ec.scheduler, ec.cache, &ec.eos_token_id);
 //   Engine engine(ec, std::make_unique<ModelExecutor>(runner->model(), ec.cache, kv_dtype));
 #pragma once
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include "cache/cache_config.h"
 #include "engine/executor.h"
+#include "model/decode_graphs.h"
 #include "model/kv_storage.h"
 #include "model/model.h"
 #include "scheduler/scheduler_config.h"
@@ -34,8 +36,11 @@ void apply_model_defaults(const config::K3Config& model, scheduler::SchedulerCon
 
 class ModelExecutor final : public Executor {
  public:
-  // `model` must outlive the executor. Allocates the storage for `cache`'s counts.
-  ModelExecutor(const model::Model& model, const cache::CacheConfig& cache, model::KvCacheDtype kv_dtype);
+  // `model` must outlive the executor. Allocates the storage for `cache`'s counts. With
+  // `graph_max_model_len` > 0, pure-decode steps of up to 64 sequences no longer than that many
+  // tokens replay as CUDA graphs on devices that can capture (model/decode_graphs.h); 0: eager.
+  ModelExecutor(const model::Model& model, const cache::CacheConfig& cache, model::KvCacheDtype kv_dtype,
+                int64_t graph_max_model_len = 0);
 
   int32_t vocab_size() const override { return model_.config().vocab_size; }
   core::Tensor execute(const BatchPlan& plan) override;
@@ -43,12 +48,15 @@ class ModelExecutor final : public Executor {
 
   model::KvStorage& storage() { return storage_; }
   size_t num_states() const { return states_.size(); }
+  // Decode steps served by a graph replay so far (0 without graphs).
+  int64_t graph_replays() const { return graphs_ ? graphs_->replays() : 0; }
 
  private:
   const model::Model& model_;
   model::KvStorage storage_;
   std::unordered_map<scheduler::RequestId, model::SequenceState> states_;  // node-based: stable pointers
   std::vector<model::SequenceInput> batch_;
+  std::unique_ptr<model::DecodeGraphs> graphs_;  // null: every step eager
 };
 
 }  // namespace k3::engine

@@ -37,6 +37,28 @@ inline bool is_activation_dtype(const core::TensorView& v) {
   return v.dtype == core::DType::f32 || (v.dtype == core::DType::bf16 && v.device == core::Device::cuda);
 }
 
+// The sequences of one batched attention-op call (KDA conv/recurrent/chunked, MLA attention).
+// Each sequence owns a run of rows of the op's [T, ...] activations and a state slot (KDA) or a
+// block table (MLA). The i32 tables live on the op's device (host memory for the CPU reference),
+// so a CUDA graph captured once replays for any slot, position or table contents; launch grids
+// may depend only on the host integers below, never on the tables' values.
+struct SeqBatch {
+  core::TensorView row_begin;    // i32 [S]: first activation row of sequence s
+  core::TensorView num_rows;     // i32 [S]: its rows this call (>= 1)
+  core::TensorView position;     // i32 [S]: tokens already folded into its state / cache
+  core::TensorView slot;         // i32 [S]: KDA state slot (KDA ops; may be undefined for MLA)
+  core::TensorView block_table;  // i32 [S, max_blocks]: MLA page ids in token order (MLA ops)
+  int num_seqs = 0;              // S
+  int max_rows = 0;              // >= every num_rows[s] (1 for plain decode, K+1 for verify)
+  int64_t max_tokens = 0;        // >= every position[s] + num_rows[s] (MLA: <= max_blocks * block_size)
+};
+
+// How activations are stored between ops: f32 on the CPU (the oracle's convention); on CUDA bf16
+// in engine mode (Precision::bf16) and f32 in exact mode (kernels/cuda_ops.h).
+inline core::DType activation_dtype(core::Device device, Precision precision) {
+  return device == core::Device::cuda && precision == Precision::bf16 ? core::DType::bf16 : core::DType::f32;
+}
+
 // Reads element i of a rank-1 bf16 or f32 tensor as f32 (norm weights, biases).
 float load_f32(const core::TensorView& v, int64_t i);
 

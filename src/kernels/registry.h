@@ -106,13 +106,14 @@ struct Registry {
   OpTable<MlaAttentionArgs> mla_absorbed{"mla_absorbed", mla_attention_check};
   OpTable<AddArgs> add{"add", add_check};
   OpTable<SigmoidGateArgs> sigmoid_gate{"sigmoid_gate", sigmoid_gate_check};
+  OpTable<ToActivationArgs> to_activation{"to_activation", to_activation_check};  // TP: round a reduced sum
 
   // Calls fn(table) for every op table (tests use it to check coverage).
   template <class Fn>
   void for_each(Fn&& fn) {
     fn(embedding); fn(rmsnorm); fn(linear); fn(attn_res_mix); fn(situ_glu); fn(router_topk);
     fn(moe_experts); fn(kda_conv); fn(kda_recurrent); fn(kda_chunked); fn(kda_output_gate);
-    fn(mla_cache_write); fn(mla_naive); fn(mla_absorbed); fn(add); fn(sigmoid_gate);
+    fn(mla_cache_write); fn(mla_naive); fn(mla_absorbed); fn(add); fn(sigmoid_gate); fn(to_activation);
   }
   void set_log(const LogFn& log) {
     for_each([&](auto& t) { t.set_log(log); });

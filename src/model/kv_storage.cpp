@@ -6,19 +6,20 @@
 namespace k3::model {
 
 namespace {
-core::DType page_dtype(KvCacheDtype d) { return d == KvCacheDtype::fp8_e4m3 ? core::DType::f8_e4m3 : core::DType::f32; }
-
 // Row `r` of a [rows, ...] tensor as a view with the remaining dims.
 core::TensorView slice0(const core::Tensor& t, int64_t r) { return t.view().row(r); }
-
-void copy_row(const core::Tensor& src, int64_t src_row, const core::Tensor& dst, int64_t dst_row) {
-  const core::TensorView s = slice0(src, src_row), d = slice0(dst, dst_row);
-  std::memcpy(d.data, s.data, static_cast<size_t>(s.nbytes()));
-}
 }  // namespace
 
-KvStorage::KvStorage(const config::K3Config& config, const KvStorageConfig& storage)
-    : config_(config), cfg_(storage) {
+void KvStorage::copy_row(const core::Tensor& src, int64_t src_row, const core::Tensor& dst, int64_t dst_row) {
+  memory_->copy(slice0(dst, dst_row), slice0(src, src_row));
+}
+
+KvStorage::KvStorage(const config::K3Config& config, const KvStorageConfig& storage,
+                     std::shared_ptr<core::DeviceMemory> memory, kernels::Precision precision)
+    : config_(config), cfg_(storage), memory_(std::move(memory)) {
+  K3_CHECK(memory_ != nullptr, "KvStorage: no device memory");
+  const core::DType act = kernels::activation_dtype(memory_->device(), precision);
+  const core::DType page = cfg_.kv_dtype == KvCacheDtype::fp8_e4m3 ? core::DType::f8_e4m3 : act;
   K3_CHECK(cfg_.num_blocks >= 0 && cfg_.block_size >= 1 && cfg_.num_slots >= 0 && cfg_.num_checkpoints >= 0,
            "KvStorage: sizes must be non-negative and block_size >= 1");
   const int layers = config_.num_hidden_layers;
@@ -31,13 +32,12 @@ KvStorage::KvStorage(const config::K3Config& config, const KvStorageConfig& stor
   const int64_t K1 = config_.kda.short_conv_kernel_size - 1;
   for (int l = 0; l < layers; ++l) {
     if (config_.attn_kind(l) == config::AttnKind::mla) {
-      mla_pages_[l] = core::Tensor::zeros(page_dtype(cfg_.kv_dtype),
-                                          {cfg_.num_blocks, cfg_.block_size, config_.mla.cache_dim()});
+      mla_pages_[l] = memory_->zeros(page, {cfg_.num_blocks, cfg_.block_size, config_.mla.cache_dim()});
     } else {
-      kda_state_[l] = core::Tensor::zeros(core::DType::f32, {cfg_.num_slots, H, D, D});
-      conv_state_[l] = core::Tensor::zeros(core::DType::f32, {cfg_.num_slots, 3, P, K1});
-      ckpt_state_[l] = core::Tensor::zeros(core::DType::f32, {cfg_.num_checkpoints, H, D, D});
-      ckpt_conv_[l] = core::Tensor::zeros(core::DType::f32, {cfg_.num_checkpoints, 3, P, K1});
+      kda_state_[l] = memory_->zeros(core::DType::f32, {cfg_.num_slots, H, D, D});
+      conv_state_[l] = memory_->zeros(act, {cfg_.num_slots, 3, P, K1});
+      ckpt_state_[l] = memory_->zeros(core::DType::f32, {cfg_.num_checkpoints, H, D, D});
+      ckpt_conv_[l] = memory_->zeros(act, {cfg_.num_checkpoints, 3, P, K1});
     }
   }
 }
@@ -87,14 +87,23 @@ core::TensorView KvStorage::conv_state(int layer, int32_t slot) const {
   return slice0(t, slot);
 }
 
+const core::Tensor& KvStorage::kda_states(int layer) const {
+  const core::Tensor& t = kda_state_.at(static_cast<size_t>(layer));
+  K3_CHECK(t.defined(), "KvStorage: layer " + std::to_string(layer) + " is not a KDA layer");
+  return t;
+}
+
+const core::Tensor& KvStorage::conv_states(int layer) const {
+  const core::Tensor& t = conv_state_.at(static_cast<size_t>(layer));
+  K3_CHECK(t.defined(), "KvStorage: layer " + std::to_string(layer) + " is not a KDA layer");
+  return t;
+}
+
 void KvStorage::reset_slot(int32_t slot) {
   check_slot(slot);
   for (size_t l = 0; l < kda_state_.size(); ++l) {
     if (!kda_state_[l].defined()) continue;
-    for (const core::Tensor* t : {&kda_state_[l], &conv_state_[l]}) {
-      const core::TensorView v = slice0(*t, slot);
-      std::memset(v.data, 0, static_cast<size_t>(v.nbytes()));
-    }
+    for (const core::Tensor* t : {&kda_state_[l], &conv_state_[l]}) memory_->fill_bytes(slice0(*t, slot), 0);
   }
 }
 

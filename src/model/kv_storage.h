@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "config/k3_config.h"
+#include "core/device_memory.h"
 #include "core/tensor.h"
+#include "kernels/common.h"
 
 namespace k3::model {
 
@@ -29,7 +31,11 @@ struct KvStorageConfig {
 
 class KvStorage {
  public:
-  KvStorage(const config::K3Config& config, const KvStorageConfig& storage);
+  // Everything lives in `memory` (the model's device). The conv state and bf16 MLA pages take the
+  // activation dtype of that device and precision (kernels::activation_dtype).
+  KvStorage(const config::K3Config& config, const KvStorageConfig& storage,
+            std::shared_ptr<core::DeviceMemory> memory = core::host_memory(),
+            kernels::Precision precision = kernels::Precision::bf16);
 
   const KvStorageConfig& storage_config() const { return cfg_; }
   // Bytes one page id costs (all MLA layers), one slot and one checkpoint (all KDA layers).
@@ -41,6 +47,10 @@ class KvStorage {
   // [H, D, D] recurrent state and [3, P, K-1] conv state of a KDA layer in a slot.
   core::TensorView kda_state(int layer, int32_t slot) const;
   core::TensorView conv_state(int layer, int32_t slot) const;
+  // Every slot of a KDA layer: state [num_slots, H, D, D] and conv state [num_slots, 3, P, K-1]
+  // (the batched ops index them with SeqBatch::slot).
+  const core::Tensor& kda_states(int layer) const;
+  const core::Tensor& conv_states(int layer) const;
 
   void reset_slot(int32_t slot);                              // zeroes every KDA layer's state
   void save_checkpoint(int32_t slot, int32_t checkpoint);     // slot -> checkpoint
@@ -49,8 +59,10 @@ class KvStorage {
  private:
   void check_slot(int32_t slot) const;
   void check_checkpoint(int32_t checkpoint) const;
+  void copy_row(const core::Tensor& src, int64_t src_row, const core::Tensor& dst, int64_t dst_row);
   config::K3Config config_;
   KvStorageConfig cfg_;
+  std::shared_ptr<core::DeviceMemory> memory_;
   std::vector<core::Tensor> mla_pages_;   // per layer (undefined for KDA layers)
   std::vector<core::Tensor> kda_state_;   // per layer [num_slots, H, D, D]
   std::vector<core::Tensor> conv_state_;  // per layer [num_slots, 3, P, K-1]

@@ -17,8 +17,10 @@ KvStorageConfig local_config(int32_t sequences, int64_t tokens, KvCacheDtype dty
 }  // namespace
 
 LocalCache::LocalCache(const config::K3Config& config, int32_t max_sequences, int64_t max_tokens_per_sequence,
-                       KvCacheDtype kv_dtype, int32_t block_size)
-    : storage_(config, local_config(max_sequences, max_tokens_per_sequence, kv_dtype, block_size)),
+                       KvCacheDtype kv_dtype, int32_t block_size, std::shared_ptr<core::DeviceMemory> memory,
+                       kernels::Precision precision)
+    : storage_(config, local_config(max_sequences, max_tokens_per_sequence, kv_dtype, block_size), std::move(memory),
+               precision),
       blocks_per_sequence_(static_cast<int32_t>((max_tokens_per_sequence + block_size - 1) / block_size)) {}
 
 SequenceState LocalCache::new_sequence() {

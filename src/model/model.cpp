@@ -4,17 +4,19 @@
 #include <cstring>
 #include <variant>
 
+#include "model/step_batches.h"
+
 namespace k3::model {
 
 namespace {
 
-// Copies the listed rows of a [rows, cols] f32 tensor into a new tensor.
-core::Tensor gather_rows(const core::Tensor& t, const std::vector<int64_t>& rows) {
-  const int64_t cols = t.dim(1);
-  core::Tensor out = core::Tensor::zeros(core::DType::f32, {static_cast<int64_t>(rows.size()), cols});
-  for (size_t i = 0; i < rows.size(); ++i)
-    std::memcpy(out.data<float>() + static_cast<int64_t>(i) * cols, t.data<const float>() + rows[i] * cols,
-                static_cast<size_t>(cols) * sizeof(float));
+// Copies the listed rows of a [rows, cols] activation into a new tensor on its device.
+core::Tensor gather_rows(const ForwardContext& ctx, const core::Tensor& t, const std::vector<int64_t>& rows) {
+  core::Tensor out = ctx.alloc_as(t.dtype(), static_cast<int64_t>(rows.size()), t.dim(1));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto r = static_cast<int64_t>(i);
+    ctx.memory.copy(row_slice(out, r, r + 1).view(), row_slice(t, rows[i], rows[i] + 1).view());
+  }
   return out;
 }
 
@@ -35,26 +37,67 @@ void check_schedule(const config::K3Config& c, const Weights& w) {
 
 }  // namespace
 
+core::Tensor layer_forward(const ForwardContext& ctx, int l, const LayerWeights& lw, const core::Tensor& router_bias,
+                           std::vector<core::Tensor>& bank, const core::Tensor& prefix_in) {
+  core::Tensor prefix = prefix_in;
+  core::Tensor h = attn_res_mix(ctx, bank, prefix, lw.attn_res);
+  const bool restart = ctx.config.is_bank_write_layer(l);
+  if (restart) bank.push_back(prefix);  // snapshot the block sum before restarting
+  const core::Tensor x = ctx.rmsnorm(h, lw.input_norm, ctx.config.rms_norm_eps);
+  // o_proj is row-parallel: under TP each rank's partial is summed over the ranks here.
+  const core::Tensor a = ctx.reduce_partial(std::visit([&](const auto& w) { return attention(ctx, l, w, x); }, lw.attn));
+  ctx.emit("attn.out", l, a);
+  prefix = restart ? a : ctx.add(prefix, a);
+
+  h = attn_res_mix(ctx, bank, prefix, lw.mlp_res);
+  const core::Tensor fx = ctx.rmsnorm(h, lw.post_attn_norm, ctx.config.rms_norm_eps);
+  const core::Tensor f = std::visit(
+      [&](const auto& w) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(w)>, MoeWeights>)
+          return ffn(ctx, l, w, router_bias, fx);
+        else
+          return ffn(ctx, l, w, fx);
+      },
+      lw.ffn);
+  ctx.emit("ffn.out", l, f);
+  prefix = ctx.add(prefix, f);
+  ctx.emit("prefix", l, prefix);
+  return prefix;
+}
+
 Model::Model(const config::K3Config& config, const Weights& weights, const kernels::Registry& ops,
-             ModelOptions options)
-    : config_(config), weights_(weights), ops_(ops), options_(options) {
+             ModelOptions options, std::shared_ptr<core::DeviceMemory> memory, comm::Communicator* comm)
+    : config_(config), weights_(weights), ops_(ops), options_(options), memory_(std::move(memory)), comm_(comm) {
+  K3_CHECK(memory_ && memory_->device() == options_.device,
+           "Model: the DeviceMemory is not on the device the options name (" +
+               std::string(core::device_name(options_.device)) + ")");
+  if (comm_) {
+    K3_CHECK(comm_->device() == options_.device, "Model: the communicator works on " +
+                                                     std::string(core::device_name(comm_->device())) +
+                                                     " tensors but the model runs on " +
+                                                     std::string(core::device_name(options_.device)));
+    K3_CHECK(weights_.embed.dim(0) == config_.vocab_size,
+             "Model: rank " + std::to_string(comm_->rank()) + " of " + std::to_string(comm_->size()) + " has " +
+                 std::to_string(weights_.embed.dim(0)) + " embedding rows but its config has vocab_size " +
+                 std::to_string(config_.vocab_size) + " (give each rank config::shard_config and its weight slices)");
+  }
   check_schedule(config_, weights_);
   router_bias_.resize(weights_.layers.size());
   for (size_t l = 0; l < weights_.layers.size(); ++l) {
     const auto* moe = std::get_if<MoeWeights>(&weights_.layers[l].ffn);
     if (!moe) continue;
-    core::Tensor bias = core::Tensor::zeros(core::DType::f32, {moe->router_bias.numel()});
+    // The weights may be on the device: read the bias through a host copy.
+    const core::Tensor src = options_.device == core::Device::cpu ? moe->router_bias
+                                                                   : memory_->download_f32(moe->router_bias.view());
+    core::Tensor bias = core::Tensor::zeros(core::DType::f32, {src.numel()});
     for (int64_t e = 0; e < bias.numel(); ++e)
-      bias.data<float>()[e] = kernels::round_act(kernels::load_f32(moe->router_bias.view(), e), options_.precision);
-    router_bias_[l] = std::move(bias);
+      bias.data<float>()[e] = kernels::round_act(kernels::load_f32(src.view(), e), options_.precision);
+    router_bias_[l] = options_.device == core::Device::cpu ? std::move(bias) : memory_->upload(bias.view());
   }
 }
 
-core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch, LogitRows rows,
-                            const TraceFn* trace) const {
-  // Lay the sequences out as consecutive row segments.
-  std::vector<Segment> segments;
-  std::vector<int32_t> ids;
+void Model::check_step(const KvStorage& kv, std::span<const SequenceInput> batch) const {
+  K3_CHECK(!batch.empty(), "forward: empty batch");
   for (const SequenceInput& in : batch) {
     K3_CHECK(in.state != nullptr, "forward: a sequence has no state");
     K3_CHECK(!in.tokens.empty(), "forward: a sequence has no tokens");
@@ -62,57 +105,63 @@ core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch,
     const int64_t have = static_cast<int64_t>(in.state->block_table.size()) * kv.storage_config().block_size;
     K3_CHECK(need <= have, "forward: a sequence's block table covers " + std::to_string(have) + " tokens, the step needs " +
                                std::to_string(need));
+  }
+}
+
+core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch, LogitRows rows,
+                            const TraceFn* trace) const {
+  check_step(kv, batch);
+  // Lay the sequences out as consecutive row segments.
+  std::vector<Segment> segments;
+  std::vector<int32_t> ids;
+  for (const SequenceInput& in : batch) {
     const auto begin = static_cast<int64_t>(ids.size());
     ids.insert(ids.end(), in.tokens.begin(), in.tokens.end());
     segments.push_back({begin, static_cast<int64_t>(ids.size()), in.state, in.kind});
   }
   const auto n = static_cast<int64_t>(ids.size());
-  K3_CHECK(n > 0, "forward: empty batch");
-  const ForwardContext ctx{config_, kv, ops_, options_, segments, trace};
+  const StepTables tables(segments, kv.storage_config().block_size, *memory_);
+  const core::Tensor dev_ids = memory_->upload(core::TensorView::contiguous(ids.data(), core::DType::i32, {n}));
+  const core::Tensor logits = run_step(kv, segments, tables.batches(), dev_ids.view(), rows, trace);
+  for (const Segment& s : segments) s.state->num_tokens += s.rows();
+  return options_.device == core::Device::cpu ? logits : memory_->download_f32(logits.view());
+}
+
+core::Tensor Model::run_step(KvStorage& kv, std::span<const Segment> segments, const StepBatches& batches,
+                             const core::TensorView& ids, LogitRows rows, const TraceFn* trace) const {
+  const int64_t n = ids.numel();
+  const ForwardContext ctx{config_, kv, ops_, options_, segments, batches, *memory_, trace, comm_};
 
   core::Tensor prefix = ctx.alloc(n, config_.hidden_size);  // P: running sum of the current block
-  ops_.embedding.run({core::TensorView::contiguous(ids.data(), core::DType::i32, {n}), weights_.embed.view(),
-                      prefix.view()},
-                     options_.device);
+  kernels::EmbeddingArgs embed{ids, weights_.embed.view(), prefix.view()};
+  if (ctx.tensor_parallel()) {  // vocab-parallel: each rank fills its rows, the sum has them all
+    embed.vocab_begin = int64_t{config_.vocab_size} * comm_->rank();
+    embed.vocab_size = vocab_size();
+  }
+  ops_.embedding.run(embed, options_.device);
+  if (ctx.tensor_parallel()) comm_->all_reduce_sum(prefix.view());  // one nonzero term: exact
   ctx.emit("embed", -1, prefix);
 
   std::vector<core::Tensor> bank;  // completed block sums, embedding first (at most ceil(L / block))
-  for (int l = 0; l < config_.num_hidden_layers; ++l) {
-    const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
-    core::Tensor h = attn_res_mix(ctx, bank, prefix, lw.attn_res);
-    const bool restart = config_.is_bank_write_layer(l);
-    if (restart) bank.push_back(prefix);  // snapshot the block sum before restarting
-    const core::Tensor x = ctx.rmsnorm(h, lw.input_norm, config_.rms_norm_eps);
-    const core::Tensor a = std::visit([&](const auto& w) { return attention(ctx, l, w, x); }, lw.attn);
-    ctx.emit("attn.out", l, a);
-    prefix = restart ? a : ctx.add(prefix, a);
-
-    h = attn_res_mix(ctx, bank, prefix, lw.mlp_res);
-    const core::Tensor fx = ctx.rmsnorm(h, lw.post_attn_norm, config_.rms_norm_eps);
-    const core::Tensor f = std::visit(
-        [&](const auto& w) {
-          if constexpr (std::is_same_v<std::decay_t<decltype(w)>, MoeWeights>)
-            return ffn(ctx, l, w, router_bias_[static_cast<size_t>(l)], fx);
-          else
-            return ffn(ctx, l, w, fx);
-        },
-        lw.ffn);
-    ctx.emit("ffn.out", l, f);
-    prefix = ctx.add(prefix, f);
-    ctx.emit("prefix", l, prefix);
-  }
-  for (const Segment& s : segments) s.state->num_tokens += s.rows();
+  for (int l = 0; l < config_.num_hidden_layers; ++l)
+    prefix = layer_forward(ctx, l, weights_.layers[static_cast<size_t>(l)], router_bias_[static_cast<size_t>(l)], bank,
+                           prefix);
 
   // Final Mix -> norm -> lm_head, only on the rows whose logits are wanted.
-  if (rows == LogitRows::last) {
+  if (rows == LogitRows::last && static_cast<int64_t>(segments.size()) != n) {  // else every row is a last row
     std::vector<int64_t> last;
     for (const Segment& s : segments) last.push_back(s.row_end - 1);
-    prefix = gather_rows(prefix, last);
-    for (core::Tensor& b : bank) b = gather_rows(b, last);
+    prefix = gather_rows(ctx, prefix, last);
+    for (core::Tensor& b : bank) b = gather_rows(ctx, b, last);
   }
   const core::Tensor h = attn_res_mix(ctx, bank, prefix, weights_.output_res);
   const core::Tensor x = ctx.rmsnorm(h, weights_.final_norm, config_.rms_norm_eps);
-  core::Tensor logits = ctx.linear(x, weights_.lm_head, /*round_output=*/false);
+  core::Tensor logits = ctx.linear(x, weights_.lm_head, /*round_output=*/false);  // [rows, V / tp]
+  if (ctx.tensor_parallel()) {  // vocab-parallel lm_head: concatenate the ranks' vocabulary slices
+    core::Tensor full = ctx.alloc_as(core::DType::f32, logits.dim(0), vocab_size());
+    comm_->all_gather(logits.view(), full.view(), comm::GatherAxis::last);
+    logits = full;
+  }
   ctx.emit("logits", -1, logits);
   return logits;
 }

@@ -7,6 +7,7 @@
 #pragma once
 #include <span>
 
+#include "comm/communicator.h"
 #include "config/k3_config.h"
 #include "kernels/registry.h"
 #include "model/layers/context.h"
@@ -21,23 +22,53 @@ enum class LogitRows : uint8_t {
 
 class Model {
  public:
-  // Validates that the weights match the config's layer schedule.
+  // Validates that the weights match the config's layer schedule. Weights, the KvStorage given
+  // to forward() and `memory` live on options.device (to_device() in model/weights.h moves
+  // loaded weights there).
+  //
+  // Tensor parallelism (spec §11): with `comm` (a group of more than one rank) this Model is rank
+  // comm->rank() of comm->size(): `config` is the rank's config (config::shard_config), `weights`
+  // its slices (checkpoint::load_weights with a TpShard), and every rank calls forward() with the
+  // same batch in lock step. The collectives: an all-reduce after each row-parallel layer (o_proj,
+  // dense down_proj, and one per MoE layer for the latent + shared partial sums), one for the
+  // vocab-parallel embedding, and an all-gather of the vocab-parallel logits. The communicator is
+  // a constructor argument rather than a ModelOptions field because it is a live object of one
+  // rank (options are plain values that every rank shares, print and compare); it must outlive
+  // the Model and live on options.device. nullptr: TP1.
   Model(const config::K3Config& config, const Weights& weights, const kernels::Registry& ops,
-        ModelOptions options);
+        ModelOptions options, std::shared_ptr<core::DeviceMemory> memory = core::host_memory(),
+        comm::Communicator* comm = nullptr);
 
   const config::K3Config& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
+  // Tensor-parallel group size (1 without a communicator) and the full vocabulary (the logits'
+  // width: config().vocab_size times the group size).
+  int tp_size() const { return comm_ ? comm_->size() : 1; }
+  int64_t vocab_size() const { return int64_t{config_.vocab_size} * tp_size(); }
+  // The model's device memory (KvStorage for forward() must be built on it).
+  const std::shared_ptr<core::DeviceMemory>& memory() const { return memory_; }
   // Runs every sequence's tokens on top of its state in `kv` (advancing num_tokens) and
-  // returns f32 logits [rows, vocab]. Each state's block_table must already cover
-  // num_tokens + its new tokens and its slot must be valid. Throws core::Error on bad input.
+  // returns f32 logits [rows, vocab_size()] as a CPU tensor (every TP rank gets all of them).
+  // Each state's block_table must already cover num_tokens + its new tokens and its slot must be
+  // valid. Throws core::Error on bad input.
   core::Tensor forward(KvStorage& kv, std::span<const SequenceInput> batch, LogitRows rows,
                        const TraceFn* trace = nullptr) const;
+
+  // The two halves of forward(), for callers that keep the step's inputs at fixed device
+  // addresses (model/decode_graphs.h). check_step validates a batch as forward() does; run_step
+  // queues the whole step on the device from device ids [T] and tables, touching no host memory
+  // (so it can be captured), and returns the device logits; it does not advance num_tokens.
+  void check_step(const KvStorage& kv, std::span<const SequenceInput> batch) const;
+  core::Tensor run_step(KvStorage& kv, std::span<const Segment> segments, const StepBatches& batches,
+                        const core::TensorView& ids, LogitRows rows, const TraceFn* trace = nullptr) const;
 
  private:
   const config::K3Config& config_;
   const Weights& weights_;
   const kernels::Registry& ops_;
   ModelOptions options_;
+  std::shared_ptr<core::DeviceMemory> memory_;
+  comm::Communicator* comm_ = nullptr;
   // e_score_correction_bias as the router sees it: bf16-rounded in bf16 mode (spec §4).
   std::vector<core::Tensor> router_bias_;
 };

@@ -7,6 +7,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "core/tensor.h"
 #include "kernels/common.h"
 
@@ -77,5 +78,11 @@ struct Weights {
   Tensor final_norm;                    // [hidden] bf16
   LinearWeight lm_head;                 // [V, hidden] bf16
 };
+
+// A copy of every tensor on `memory`'s device, dtypes kept (bf16 stays bf16, MXFP4 stays packed
+// codes + scales: experts are never expanded). On the CPU it shares the tensors instead.
+Weights to_device(const Weights& weights, core::DeviceMemory& memory);
+// Bytes of every tensor (what to_device moves).
+int64_t weight_bytes(const Weights& weights);
 
 }  // namespace k3::model

@@ -1,24 +1,44 @@
 // runner/model_runner.cpp: ModelRunner.
 #include "runner/model_runner.h"
 
-#include "model/local_cache.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
+#ifdef K3_HAVE_CUDA
+#include "backends/cuda/context.h"
+#include "backends/cuda/cuda_memory.h"
+#include "kernels/cuda_ops.h"
+#endif
+
 namespace k3::runner {
 
 std::unique_ptr<ModelRunner> ModelRunner::open(const std::filesystem::path& dir,
-                                               const model::ModelOptions& options, model::KvCacheDtype kv_cache) {
-  return std::make_unique<ModelRunner>(checkpoint::load_checkpoint(dir), options, kv_cache);
+                                               const model::ModelOptions& options, model::KvCacheDtype kv_cache,
+                                               const checkpoint::LoadProgressFn& progress) {
+  return std::make_unique<ModelRunner>(checkpoint::load_checkpoint(dir, progress), options, kv_cache);
 }
 
 ModelRunner::ModelRunner(checkpoint::LoadedModel loaded, const model::ModelOptions& options,
                          model::KvCacheDtype kv_cache)
     : loaded_(std::move(loaded)), kv_cache_(kv_cache) {
   kernels::register_reference_ops(registry_);
-  model_ = std::make_unique<model::Model>(loaded_.config, loaded_.weights, registry_, options);
+  memory_ = core::host_memory();
+  if (options.device == core::Device::cuda) {
+#ifdef K3_HAVE_CUDA
+    auto ctx = backends::cuda::Context::create(0);
+    kernels::register_cuda_ops(registry_, ctx);
+    memory_ = backends::cuda::make_device_memory(ctx);
+#else
+    throw core::Error("device cuda: this build has no CUDA backend (configure with nvcc present)");
+#endif
+  }
+  device_weights_ = model::to_device(loaded_.weights, *memory_);
+  model_ = std::make_unique<model::Model>(loaded_.config, device_weights_, registry_, options, memory_);
+}
+
+model::LocalCache ModelRunner::new_cache(int64_t max_tokens) const {
+  return model::LocalCache(config(), 1, max_tokens, kv_cache_, 16, memory_, model_->options().precision);
 }
 
 void ModelRunner::check_ids(std::span<const int32_t> tokens) const {
@@ -36,7 +56,7 @@ core::Tensor ModelRunner::logits(std::span<const int32_t> tokens, int64_t decode
            "--decode-from must be in [0, " + std::to_string(T) + "], got " + std::to_string(decode_from));
   const int64_t V = config().vocab_size;
   core::Tensor out = core::Tensor::zeros(core::DType::f32, {T, V});
-  model::LocalCache cache(config(), 1, T, kv_cache_);
+  model::LocalCache cache = new_cache(T);
   model::SequenceState state = cache.new_sequence();
   auto copy_rows = [&](const core::Tensor& rows, int64_t at) {
     std::memcpy(out.data<float>() + at * V, rows.data<const float>(), static_cast<size_t>(rows.numel()) * sizeof(float));
@@ -60,7 +80,7 @@ std::vector<int32_t> ModelRunner::generate(std::span<const int32_t> prompt, int6
   K3_CHECK(max_tokens >= 0, "max_tokens must be >= 0, got " + std::to_string(max_tokens));
   Sampler sampler(sampling, static_cast<int32_t>(config().vocab_size));
   using clock = std::chrono::steady_clock;
-  model::LocalCache cache(config(), 1, static_cast<int64_t>(prompt.size()) + std::max<int64_t>(max_tokens, 1), kv_cache_);
+  model::LocalCache cache = new_cache(static_cast<int64_t>(prompt.size()) + std::max<int64_t>(max_tokens, 1));
   model::SequenceState state = cache.new_sequence();
   std::vector<int32_t> out;
   GenerateStats st;

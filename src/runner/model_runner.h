@@ -10,6 +10,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "kernels/registry.h"
+#include "model/local_cache.h"
 #include "model/model.h"
 #include "runner/sampler.h"
 
@@ -17,10 +18,13 @@ namespace k3::runner {
 
 class ModelRunner {
  public:
-  // Loads DIR (config.json + safetensors) and builds the model on the CPU backend; each
+  // Loads DIR (config.json + safetensors) and builds the model on options.device: the CPU
+  // reference ops, or (CUDA builds) the CUDA ops with the weights copied to GPU 0. Each
   // logits()/generate() call runs one sequence in its own model::LocalCache.
+  // `progress` (optional) sees the weights being read in (checkpoint::LoadProgressFn).
   static std::unique_ptr<ModelRunner> open(const std::filesystem::path& dir, const model::ModelOptions& options,
-                                           model::KvCacheDtype kv_cache = model::KvCacheDtype::bf16);
+                                           model::KvCacheDtype kv_cache = model::KvCacheDtype::bf16,
+                                           const checkpoint::LoadProgressFn& progress = nullptr);
   ModelRunner(checkpoint::LoadedModel loaded, const model::ModelOptions& options, model::KvCacheDtype kv_cache);
 
   const config::K3Config& config() const { return loaded_.config; }
@@ -42,9 +46,12 @@ class ModelRunner {
 
  private:
   void check_ids(std::span<const int32_t> tokens) const;
+  model::LocalCache new_cache(int64_t max_tokens) const;
   checkpoint::LoadedModel loaded_;
   model::KvCacheDtype kv_cache_;
   kernels::Registry registry_;
+  std::shared_ptr<core::DeviceMemory> memory_;
+  model::Weights device_weights_;  // loaded_.weights on the model's device (shared on the CPU)
   std::unique_ptr<model::Model> model_;
 };
 

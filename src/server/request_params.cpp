@@ -272,6 +272,7 @@ GenerationParams parse_completion_request(const Json& body, const ParseContext& 
   check_unsupported_completion_fields(f, p);
   if (auto lp = f.integer("logprobs", 0, runner::kMaxLogprobs)) {
     p.logprobs = true;
+    p.base.sampling.logprob = true;  // the sampled token's own logprob, even with 0 top entries
     p.base.sampling.logprobs = static_cast<int>(*lp);
   }
   const Json* prompt = f.get("prompt");
@@ -299,6 +300,7 @@ GenerationParams parse_chat_request(const Json& body, const ParseContext& ctx) {
     p.max_tokens = *mct;
   }
   p.logprobs = f.boolean("logprobs").value_or(false);
+  p.base.sampling.logprob = p.logprobs;  // the sampled token's own logprob, with or without top_logprobs
   if (auto top = f.integer("top_logprobs", 0, runner::kMaxLogprobs)) {
     if (!p.logprobs) throw bad_request("'top_logprobs' requires 'logprobs' to be true", "top_logprobs");
     p.base.sampling.logprobs = static_cast<int>(*top);

@@ -104,6 +104,20 @@ TEST_F(RequestParams, CompletionFieldsResolveIntoEngineRequests) {
   }
 }
 
+TEST_F(RequestParams, LogprobsWithoutTopEntriesStillAskForTheSampledTokensLogprob) {
+  // chat logprobs: true without top_logprobs, and completions logprobs: 0, return each sampled
+  // token's logprob (the sampler computes it only when asked).
+  const GenerationParams chat = parse_chat_request(chat_body({{"logprobs", true}}), ctx());
+  EXPECT_TRUE(chat.logprobs);
+  EXPECT_TRUE(chat.choice(0).sampling.logprob);
+  EXPECT_EQ(chat.choice(0).sampling.logprobs, 0);
+  const GenerationParams zero = parse_completion_request(completion_body({{"logprobs", 0}}), ctx());
+  EXPECT_TRUE(zero.logprobs);
+  EXPECT_TRUE(zero.choice(0).sampling.logprob);
+  EXPECT_FALSE(parse_chat_request(chat_body({{"logprobs", false}}), ctx()).choice(0).sampling.logprob);
+  EXPECT_FALSE(parse_completion_request(completion_body(), ctx()).choice(0).sampling.logprob);
+}
+
 TEST_F(RequestParams, DefaultsNullsAndIntegralFloats) {
   // null means "not given"; 2.0 is an integer; the completions default is 16 tokens, the chat
   // default whatever the context has left; without a seed the server's random one is used.

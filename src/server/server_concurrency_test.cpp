@@ -134,7 +134,7 @@ TEST(ServerConcurrency, TwoHundredStreamsWithRandomDisconnectsLeakNothing) {
 // A server of its own (draining is one-way), over a scripted engine slowed to 5 ms a step.
 TEST(ServerDrain, InflightStreamsFinishOrGetAFinalErrorAndNewRequestsGet503) {
   testing::ScriptedServer s(std::chrono::milliseconds(5));
-  std::atomic<bool> long_started{false};
+  std::atomic<bool> long_started{false}, short_started{false};
   testing::Reply long_reply, short_reply;
   std::thread long_client([&] {
     long_reply = send(s.port, "POST", "/v1/completions",
@@ -145,9 +145,14 @@ TEST(ServerDrain, InflightStreamsFinishOrGetAFinalErrorAndNewRequestsGet503) {
   });
   std::thread short_client([&] {
     short_reply = send(s.port, "POST", "/v1/completions",
-                       dump_json(Json{{"prompt", "y"}, {"max_tokens", 30}, {"stream", true}}));
+                       dump_json(Json{{"prompt", "y"}, {"max_tokens", 30}, {"stream", true}}), [&](const std::string&) {
+                         short_started = true;
+                         return true;
+                       });
   });
-  while (!long_started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Both streams are in flight before the drain starts (else a slow machine may deliver the short
+  // request after it, and a 503 would be right).
+  while (!long_started || !short_started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::thread drainer([&] { s.http->drain(std::chrono::milliseconds(1000)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const auto refused = testing::post(s.port, "/v1/completions", Json{{"prompt", "late"}, {"max_tokens", 2}});

@@ -33,6 +33,7 @@
 #include "server/serving_model.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer/k3_tokens.h"
+#include "tokenizer/tiny_tokenizer.h"
 
 namespace k3::server::testing {
 
@@ -98,6 +99,7 @@ inline const std::filesystem::path& tiny_model_dir() {
   static const std::filesystem::path dir = [] {
     const auto d = std::filesystem::temp_directory_path() / ("k3-server-test-" + std::to_string(::getpid()));
     checkpoint::write_random_checkpoint(config::builtin_config("k3-tiny"), checkpoint::WriteOptions{}, d);
+    tokenizer::write_tiny_tokenizer(config::builtin_config("k3-tiny").vocab_size, d);
     std::atexit([] {
       std::error_code ec;
       std::filesystem::remove_all(std::filesystem::temp_directory_path() /

@@ -3,14 +3,8 @@
 
 #include "core/error.h"
 #include "engine/model_executor.h"
-#include "tokenizer/k3_tokens.h"
 
 namespace k3::server {
-
-int32_t serving_eos_id(const config::K3Config& config, const tokenizer::Tokenizer& tokenizer) {
-  if (config.eos_token_id >= 0) return config.eos_token_id;
-  return tokenizer.special_id(tokenizer::k3_tokens::kEndOfMsg).value_or(-1);
-}
 
 std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
   auto s = std::unique_ptr<ServingModel>(new ServingModel());
@@ -23,7 +17,7 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
                       " has no tokenizer (tiktoken.model + tokenizer_config.json); serving needs one "
                       "(make-checkpoint writes one for configs with vocab_size >= 512)");
   s->tokenizer_ = std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::load_k3(o.model_dir));
-  s->runner_ = runner::ModelRunner::open(o.model_dir, o.model, o.kv_cache);
+  s->runner_ = runner::ModelRunner::open(o.model_dir, o.model, o.kv_cache, o.load_progress);
   const config::K3Config& config = s->runner_->config();
 
   engine::EngineConfig ec;
@@ -40,9 +34,10 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
   base.checkpoint_interval_blocks = align / o.block_size;
   ec.cache = engine::size_model_cache(config, o.kv_cache, base, o.kv_cache_bytes, o.enable_prefix_cache ? 0.2 : 0.0,
                                       o.max_model_len);
+  // eos: the config's eos_token_id (K3's and k3-tiny's name "<|end_of_msg|>").
   engine::apply_model_defaults(config, ec.scheduler, ec.cache, &ec.eos_token_id);
-  ec.eos_token_id = serving_eos_id(config, *s->tokenizer_);
-  auto executor = std::make_unique<engine::ModelExecutor>(s->runner_->model(), ec.cache, o.kv_cache);
+  auto executor = std::make_unique<engine::ModelExecutor>(s->runner_->model(), ec.cache, o.kv_cache,
+                                                          ec.scheduler.max_model_len);
   s->engine_ = std::make_unique<engine::Engine>(ec, std::move(executor));
 
   s->description_ = "model: " + o.model_dir.string() + " (vocab " + std::to_string(config.vocab_size) + ", " +

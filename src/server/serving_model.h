@@ -26,6 +26,7 @@ struct ServingOptions {
   int32_t block_size = 16;
   int64_t kv_cache_bytes = 256ll << 20;  // MLA pages + KDA slots + prefix checkpoints
   bool enable_prefix_cache = true;
+  checkpoint::LoadProgressFn load_progress;  // optional: sees the weights being read in
 };
 
 class ServingModel {
@@ -46,9 +47,5 @@ class ServingModel {
   std::unique_ptr<engine::Engine> engine_;
   std::string description_;
 };
-
-// The token that ends a turn: the model config's eos_token_id, or else the tokenizer's
-// "<|end_of_msg|>" (K3's eos; the tiny bundled config names none). -1 when neither exists.
-int32_t serving_eos_id(const config::K3Config& config, const tokenizer::Tokenizer& tokenizer);
 
 }  // namespace k3::server

@@ -1,6 +1,7 @@
 // tests/ops/elementwise_ops_test.cpp: token-parallel ops on every device backend against the CPU
-// reference: add, sigmoid_gate, situ_glu, rmsnorm, embedding, attn_res_mix, kda_output_gate,
-// mla_cache_write. OpsOdd: random odd shapes (T in 1, 17, 54, 97); OpsTp8: per-GPU TP8 widths.
+// reference: add, sigmoid_gate, situ_glu, rmsnorm, embedding, attn_res_mix, kda_output_gate
+// (mla_cache_write: mla_ops_test.cpp). OpsOdd: random odd shapes (T in 1, 17, 54, 97); OpsTp8:
+// per-GPU TP8 widths.
 #include <cmath>
 #include <vector>
 
@@ -183,8 +184,10 @@ TEST(OpsOdd, AttnResMix) {
 TEST(OpsTp8, AttnResMix) {
   K3_REQUIRE_CUDA(dev);
   for (Mode m : kModes)
-    for (int64_t T : kTp8T)
-      for (int n : {2, 9}) check_mix(dev, m, T, 7168, n, false, 1100 + T * 10 + n);
+    for (int64_t T : kTp8T) {
+      for (int n : {1, 2, 9}) check_mix(dev, m, T, 7168, n, false, 1100 + T * 10 + n);
+      check_mix(dev, m, T, 7168, 9, true, 1150 + T);  // out = the prefix, in place
+    }
 }
 
 // ---------------------------------------------------------------- kda_output_gate
@@ -214,43 +217,6 @@ TEST(OpsTp8, KdaOutputGate) {
   K3_REQUIRE_CUDA(dev);
   for (Mode m : kModes)
     for (int64_t T : kTp8T) check_output_gate(dev, m, T, 12, 128, 1300 + T);
-}
-
-// ---------------------------------------------------------------- mla_cache_write
-
-void check_cache_write(Device* dev, Mode mode, int64_t T, int64_t L, int64_t rope, DType cache, float k_scale,
-                       uint64_t seed) {
-  core::Rng rng(seed);
-  const Tensor c_n = random_act(rng, {T, L}, mode), k_pe = random_act(rng, {T, rope}, mode, 0, 30);
-  // The CPU stores a "bf16 cache" as f32 holding bf16 values; CUDA stores real bf16.
-  const DType cpu_cache = cache == DType::f8_e4m3 ? DType::f8_e4m3 : DType::f32;
-  Tensor want = Tensor::zeros(cpu_cache, {T, L + rope});
-  cpu_registry().mla_cache_write.run({c_n.view(), k_pe.view(), want.view(), k_scale}, core::Device::cpu);
-  Tensor d_c = dev->act(c_n, mode), d_pe = dev->act(k_pe, mode), dst = dev->poisoned(cache, {T, L + rope});
-  const kernels::MlaCacheWriteArgs args{d_c.view(), d_pe.view(), dst.view(), k_scale};
-  expect_device_impl(dev->registry().mla_cache_write, args, dev);
-  dev->registry().mla_cache_write.run(args, dev->kind());
-  expect_close("mla_cache_write", shape_str({T, L, rope}), mode,
-               std::string(core::dtype_name(cache)) + "_kscale" + std::to_string(k_scale).substr(0, 4),
-               dev->to_host_f32(dst.view()), to_f32(want), Tol{0.0, 1.0 - 1e-12});  // same rounding: exact
-}
-
-TEST(OpsOdd, MlaCacheWrite) {
-  K3_REQUIRE_CUDA(dev);
-  for (Mode m : kModes)
-    for (int64_t T : kOddT) {
-      check_cache_write(dev, m, T, 54, 9, m == Mode::bf16 ? DType::bf16 : DType::f32, 1.0f, 1400 + T);
-      check_cache_write(dev, m, T, 54, 9, DType::f8_e4m3, 1.0f, 1500 + T);
-      check_cache_write(dev, m, T, 54, 9, DType::f8_e4m3, 0.37f, 1600 + T);
-    }
-}
-TEST(OpsTp8, MlaCacheWrite) {
-  K3_REQUIRE_CUDA(dev);
-  for (Mode m : kModes)
-    for (int64_t T : kTp8T) {
-      check_cache_write(dev, m, T, 512, 64, m == Mode::bf16 ? DType::bf16 : DType::f32, 1.0f, 1700 + T);
-      check_cache_write(dev, m, T, 512, 64, DType::f8_e4m3, 1.0f, 1800 + T);
-    }
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 // tests/ops/moe_ops_test.cpp: the sigmoid router top-k and the routed experts (BF16 and MXFP4, the
 // MXFP4 decoded inside the expert kernel) on every device backend against the CPU reference, at
 // odd shapes and at the TP8 expert shapes (896 experts, top-16, latent 3584, intermediate 384).
+// Batches cover both CUDA forms of each op: the router's warp form (<= 1024 experts, k <= 32) and
+// block form; the MXFP4 experts' scan form (<= 256 routes: batch 1, 2, 8) and sorted form (batch
+// 64, odd batch 97), whose results must also be identical run to run.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -48,10 +51,39 @@ void check_router(Device* dev, int64_t T, int64_t E, int64_t k, uint64_t seed) {
 TEST(OpsOdd, RouterTopk) {
   K3_REQUIRE_CUDA(dev);
   for (int64_t T : {1, 17, 54, 97}) check_router(dev, T, 97, 5, 4000 + T);
+  for (int64_t T : {1, 3}) check_router(dev, T, 1100, 40, 4050 + T);  // beyond the warp form
 }
 TEST(OpsTp8, RouterTopk) {
   K3_REQUIRE_CUDA(dev);
-  for (int64_t T : {1, 8, 64}) check_router(dev, T, 896, 16, 4100 + T);
+  for (int64_t T : {1, 2, 8, 64}) check_router(dev, T, 896, 16, 4100 + T);
+}
+
+// Logits and biases from a few values: many exact ties, which both sides must break by the lower
+// id (the distinct biased scores are far apart, so CUDA expf and libm agree on their order).
+TEST(OpsOdd, RouterTopkTiesGoToTheLowerId) {
+  K3_REQUIRE_CUDA(dev);
+  struct Case {
+    int64_t T, E, k;
+  };
+  for (const Case c : {Case{1, 97, 5}, Case{8, 97, 32}, Case{1, 896, 16}, Case{8, 896, 16}, Case{3, 1100, 40}}) {
+    core::Rng rng(4200 + c.E + c.k);
+    Tensor logits = f32_tensor({c.T, c.E}), bias = f32_tensor({c.E});
+    for (float& v : logits.span<float>()) v = static_cast<float>(static_cast<int>(rng.next_u64() % 3) - 1);
+    for (float& v : bias.span<float>()) v = (rng.next_u64() % 4 == 0) ? 0.25f : 0.0f;
+    Tensor ids = Tensor::zeros(DType::i32, {c.T, c.k}), weights = nan_tensor({c.T, c.k});
+    cpu_registry().router_topk.run({logits.view(), bias.view(), ids.view(), weights.view()}, core::Device::cpu);
+    Tensor d_logits = dev->upload(logits), d_bias = dev->upload(bias);
+    Tensor d_ids = dev->poisoned(DType::i32, {c.T, c.k}), d_w = dev->poisoned(DType::f32, {c.T, c.k});
+    const kernels::RouterTopkArgs args{d_logits.view(), d_bias.view(), d_ids.view(), d_w.view()};
+    expect_device_impl(dev->registry().router_topk, args, dev);
+    dev->registry().router_topk.run(args, dev->kind());
+    const Tensor got = dev->to_host(d_ids.view());
+    for (int64_t i = 0; i < c.T * c.k; ++i)
+      ASSERT_EQ(got.data<const int32_t>()[i], ids.data<const int32_t>()[i])
+          << "E " << c.E << " k " << c.k << ": token " << i / c.k << " pick " << i % c.k;
+    expect_close("router_topk", shape_str({c.T, c.E, c.k}), Mode::fp32, "weights_ties", dev->to_host_f32(d_w.view()),
+                 weights, tol_elementwise(Mode::fp32));
+  }
 }
 
 // ---------------------------------------------------------------- moe_experts
@@ -133,24 +165,28 @@ TEST(OpsOdd, MoeExperts) {
     }
 }
 
+// Token 1 carries the router's NaN marker -1: its row is NaN, the others finite. T = 3 takes the
+// scan form, T = 150 (300 routes) the sorted form.
 TEST(OpsOdd, MoeExpertsBadIdGivesANanRow) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(5300);
   const Experts ex(dev, rng, 5, 5, 32, 32, true);
-  const Tensor z = random_act(rng, {3, 32}, Mode::bf16);
-  Tensor ids = Tensor::zeros(DType::i32, {3, 2}), weights = f32_tensor({3, 2});
-  const int32_t id_values[6] = {0, 1, -1, 2, 3, 4};  // token 1 has the router's NaN marker -1
-  std::copy_n(id_values, 6, ids.data<int32_t>());
-  std::fill_n(weights.data<float>(), 6, 0.5f);
-  Tensor dz = dev->act(z, Mode::bf16), d_ids = dev->upload(ids), d_w = dev->upload(weights);
-  Tensor out = dev->upload(Tensor::zeros(DType::bf16, {3, 32}));
-  dev->registry().moe_experts.run({dz.view(), d_ids.view(), d_w.view(), ex.dw1, ex.dw3, ex.dw2, out.view()},
-                                  dev->kind());
-  const Tensor got = dev->to_host_f32(out.view());
-  for (int64_t l = 0; l < 32; ++l) {
-    EXPECT_TRUE(std::isfinite(got.data<float>()[l]));
-    EXPECT_TRUE(std::isnan(got.data<float>()[32 + l]));
-    EXPECT_TRUE(std::isfinite(got.data<float>()[64 + l]));
+  for (int64_t T : {3, 150}) {
+    const Tensor z = random_act(rng, {T, 32}, Mode::bf16);
+    Tensor ids = Tensor::zeros(DType::i32, {T, 2}), weights = f32_tensor({T, 2});
+    for (int64_t q = 0; q < 2 * T; ++q) ids.data<int32_t>()[q] = static_cast<int32_t>(q % 5);
+    ids.data<int32_t>()[2] = -1;
+    std::fill_n(weights.data<float>(), 2 * T, 0.5f);
+    Tensor dz = dev->act(z, Mode::bf16), d_ids = dev->upload(ids), d_w = dev->upload(weights);
+    Tensor out = dev->upload(Tensor::zeros(DType::bf16, {T, 32}));
+    dev->registry().moe_experts.run({dz.view(), d_ids.view(), d_w.view(), ex.dw1, ex.dw3, ex.dw2, out.view()},
+                                    dev->kind());
+    const Tensor got = dev->to_host_f32(out.view());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t l = 0; l < 32; ++l) {
+        const float v = got.data<float>()[t * 32 + l];
+        EXPECT_EQ(std::isnan(v), t == 1) << "T " << T << " token " << t << " column " << l;
+      }
   }
 }
 
@@ -159,7 +195,33 @@ TEST(OpsTp8, MoeExpertsMxfp4Top16Of896) {
   core::Rng rng(6000);
   const Experts ex(dev, rng, 896, 32, 3584, 384, true);
   for (Mode m : kModes)
-    for (int64_t T : {1, 8}) check_experts(dev, m, ex, T, 16, 3584, 6100 + T, "w_mxfp4");
+    for (int64_t T : {1, 2, 8}) check_experts(dev, m, ex, T, 16, 3584, 6100 + T, "w_mxfp4");
+  check_experts(dev, Mode::bf16, ex, 64, 16, 3584, 6164, "w_mxfp4");  // the sorted form (1024 routes)
+}
+
+// The same call twice gives the same bits (the sorted form's route lists are built with atomics;
+// no result may depend on their order).
+TEST(OpsTp8, MoeExpertsRunToRunIdentical) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(6200);
+  const Experts ex(dev, rng, 896, 8, 3584, 384, true);
+  for (int64_t T : {8, 64}) {
+    const Tensor z = random_act(rng, {T, 3584}, Mode::bf16, 0.0, 2.0);
+    Tensor ids, weights;
+    random_routes(rng, T, 896, 16, ids, weights);
+    Tensor dz = dev->act(z, Mode::bf16), d_ids = dev->upload(ids), d_w = dev->upload(weights);
+    std::vector<Tensor> got;
+    for (int run = 0; run < 3; ++run) {
+      Tensor out = dev->poisoned(DType::bf16, {T, 3584});
+      dev->registry().moe_experts.run({dz.view(), d_ids.view(), d_w.view(), ex.dw1, ex.dw3, ex.dw2, out.view()},
+                                      dev->kind());
+      got.push_back(dev->to_host(out.view()));
+    }
+    for (int run = 1; run < 3; ++run)
+      EXPECT_TRUE(std::equal(got[0].span<const uint16_t>().begin(), got[0].span<const uint16_t>().end(),
+                             got[run].span<const uint16_t>().begin()))
+          << "T " << T << ": run " << run << " differs from run 0";
+  }
 }
 
 }  // namespace

@@ -1,7 +1,15 @@
-// kernels/attn_res/cuda.cu: CUDA AttnRes depth-attention Mix (spec §3.1), one block per token:
-//   c = norm * query (fp32); per source j: rho_j = 1/sqrt(mean(R_j^2) + eps), s_j = rho_j sum(R_j c)
-//   alpha = softmax(s) (max-subtracted, expf); out = round(sum_j alpha_j R_j) in source order.
-// Every thread reads and writes only its own columns, after the reductions: out may alias a source.
+// kernels/attn_res/cuda.cu: CUDA AttnRes depth-attention Mix (spec §3.1), in two passes so that the
+// n sources of a token are read by many blocks at once (a token's 9 x 7168 values are too few
+// bytes for one block to read at full bandwidth):
+//   1. partials: a block per (column chunk, token) sums R_j^2 and R_j c (c = norm * query, fp32)
+//      over its columns for every source j;
+//   2. apply: a block per (column chunk, token) adds the chunks' partials in chunk order,
+//      rho_j = 1/sqrt(mean(R_j^2) + eps), s_j = rho_j sum(R_j c), alpha = softmax(s) (max-subtracted,
+//      expf, sum in source order), then writes its columns of out = round(sum_j alpha_j R_j) in
+//      source order.
+// Every sum has a fixed order (thread, warp tree, warps in order, chunks in order): the result
+// does not change between runs. Pass 2 reads and writes only its own columns: out may alias a
+// source.
 #include "kernels/attn_res/mix.h"
 #include "kernels/cuda_common.cuh"
 
@@ -11,7 +19,6 @@ using namespace cuda_detail;
 
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kMaxSources = 16;  // K3 mixes at most 9 (8 bank rows + the prefix)
 
 template <class T>
@@ -21,26 +28,28 @@ struct Sources {
   int n;
 };
 
+constexpr int kChunkThreads = 64;  // columns per block: 64 * N (512 on the vector path)
+
+// Grid (T, chunks). Pass 1. part[(t * chunks + chunk) * n + j] = (sum R_j^2, sum R_j c) over the block's columns.
 // N elements per access: 8 (16-byte vectors) when every row and weight is aligned, else 1.
 template <class T, int N>
-__global__ void __launch_bounds__(kThreads) mix_kernel(Sources<T> src, const void* query, bool query_bf16,
-                                                       const void* norm, bool norm_bf16, T* out, int64_t out_ld,
-                                                       int64_t D, float eps, bool round) {
-  __shared__ float red[2 * kMaxSources][32];
-  __shared__ float alpha[kMaxSources];
-  const int64_t t = blockIdx.x;
+__global__ void __launch_bounds__(kChunkThreads) mix_partials_kernel(Sources<T> src, const void* query,
+                                                                    bool query_bf16, const void* norm,
+                                                                    bool norm_bf16, int64_t D, float2* part) {
+  __shared__ float red[kChunkThreads / 32][kMaxSources][2];
+  const int64_t t = blockIdx.x, h = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * N;
   const int n = src.n;
   float sum_sq[kMaxSources], dot[kMaxSources];
 #pragma unroll
   for (int j = 0; j < kMaxSources; ++j) sum_sq[j] = dot[j] = 0.0f;
-  for (int64_t h = threadIdx.x * int64_t{N}; h < D; h += blockDim.x * int64_t{N}) {
+  if (h < D) {  // N = 8 only when D % 8 == 0: the whole vector is in range
     float c[N], q[N];
     load_vec_n<N>(norm, norm_bf16, h, c);
     load_vec_n<N>(query, query_bf16, h, q);
 #pragma unroll
     for (int i = 0; i < N; ++i) c[i] *= q[i];  // c = norm * query in fp32
 #pragma unroll
-    for (int j = 0; j < kMaxSources; ++j) {
+    for (int j = 0; j < kMaxSources; ++j) {  // unrolled: the source table stays in parameter space
       if (j < n) {
         float r[N];
         load_act_n<N>(src.data[j] + t * src.ld[j] + h, r);
@@ -49,49 +58,66 @@ __global__ void __launch_bounds__(kThreads) mix_kernel(Sources<T> src, const voi
       }
     }
   }
-  // 2n block sums at once: warp sums, then thread 0 adds the warps in order.
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
   for (int j = 0; j < kMaxSources; ++j) {
     if (j < n) {
       const float a = warp_sum(sum_sq[j]), b = warp_sum(dot[j]);
-      if (lane == 0) red[2 * j][warp] = a, red[2 * j + 1][warp] = b;
+      if (lane == 0) red[warp][j][0] = a, red[warp][j][1] = b;
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float s[kMaxSources];
-    float m = -INFINITY;
-    for (int j = 0; j < n; ++j) {
+  const int j = static_cast<int>(threadIdx.x);
+  if (j < n) {
+    float ss = 0.0f, dd = 0.0f;
+    for (int w = 0; w < kChunkThreads / 32; ++w) ss += red[w][j][0], dd += red[w][j][1];
+    part[(t * gridDim.y + blockIdx.y) * n + j] = make_float2(ss, dd);
+  }
+}
+
+// Pass 2. Warp 0 turns the partials into alpha (lane j: source j), then every thread mixes its
+// N columns.
+template <class T, int N>
+__global__ void __launch_bounds__(kChunkThreads) mix_apply_kernel(Sources<T> src, const float2* part, int64_t D,
+                                                                 float eps, T* out, int64_t out_ld, bool round) {
+  __shared__ float alpha[kMaxSources];
+  const int64_t t = blockIdx.x;
+  const int n = src.n, chunks = static_cast<int>(gridDim.y);
+  if (threadIdx.x < 32) {
+    const int j = threadIdx.x;
+    float s = -INFINITY;
+    if (j < n) {
       float ss = 0.0f, dd = 0.0f;
-      for (int w = 0; w < warps; ++w) ss += red[2 * j][w], dd += red[2 * j + 1][w];
+      const float2* p = part + t * chunks * n + j;
+      for (int c = 0; c < chunks; ++c) {
+        const float2 v = p[static_cast<int64_t>(c) * n];
+        ss += v.x, dd += v.y;
+      }
       const float rho = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-      s[j] = rho * dd;
-      m = fmaxf(m, s[j]);
+      s = rho * dd;
     }
+    const float m = warp_max(s);
+    const float e = j < n ? expf(s - m) : 0.0f;
     float denom = 0.0f;
-    for (int j = 0; j < n; ++j) {
-      s[j] = expf(s[j] - m);
-      denom += s[j];
-    }
-    for (int j = 0; j < n; ++j) alpha[j] = s[j] / denom;
+    for (int i = 0; i < n; ++i) denom += __shfl_sync(kFullMask, e, i);  // source order
+    if (j < n) alpha[j] = e / denom;
   }
   __syncthreads();
-  for (int64_t h = threadIdx.x * int64_t{N}; h < D; h += blockDim.x * int64_t{N}) {
-    float acc[N], r[N];
-    load_act_n<N>(src.data[0] + t * src.ld[0] + h, r);
+  const int64_t h = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * N;
+  if (h >= D) return;
+  float acc[N], r[N];
+  load_act_n<N>(src.data[0] + t * src.ld[0] + h, r);
 #pragma unroll
-    for (int i = 0; i < N; ++i) acc[i] = alpha[0] * r[i];  // one source: exactly R_0
+  for (int i = 0; i < N; ++i) acc[i] = alpha[0] * r[i];  // one source: exactly R_0
 #pragma unroll
-    for (int j = 1; j < kMaxSources; ++j) {  // unrolled: the source table stays in parameter space
-      if (j < n) {
-        load_act_n<N>(src.data[j] + t * src.ld[j] + h, r);
+  for (int j = 1; j < kMaxSources; ++j) {
+    if (j < n) {
+      load_act_n<N>(src.data[j] + t * src.ld[j] + h, r);
 #pragma unroll
-        for (int i = 0; i < N; ++i) acc[i] += alpha[j] * r[i];
-      }
+      for (int i = 0; i < N; ++i) acc[i] += alpha[j] * r[i];
     }
-    store_act_n<N>(out + t * out_ld + h, acc, round);
   }
+  store_act_n<N>(out + t * out_ld + h, acc, round);
 }
 
 core::Status mix_supports(const CudaOps& ops, const AttnResMixArgs& a) {
@@ -112,7 +138,7 @@ core::Status mix_supports(const CudaOps& ops, const AttnResMixArgs& a) {
 
 void register_attn_res_cuda(Registry& r, const CudaOps& ops) {
   r.attn_res_mix.add(
-      {"cuda_rowwise", core::Device::cuda, 10, [ops](const AttnResMixArgs& a) { return mix_supports(ops, a); },
+      {"cuda_chunked_rows", core::Device::cuda, 10, [ops](const AttnResMixArgs& a) { return mix_supports(ops, a); },
        [ops](const AttnResMixArgs& a) {
          const int64_t T = a.sources[0].dim(0), D = a.sources[0].dim(1);
          if (T == 0) return;
@@ -126,17 +152,25 @@ void register_attn_res_cuda(Registry& r, const CudaOps& ops) {
            }
            bool vec = rows_vec8(a.out) && aligned16(a.query.data) && aligned16(a.norm.data);
            for (const core::TensorView& v : a.sources) vec = vec && rows_vec8(v);
-           const auto launch = [&](auto kernel) {
-             kernel<<<static_cast<unsigned>(T), kThreads, 0, ops.ctx->stream()>>>(
-                 src, a.query.data, a.query.dtype == core::DType::bf16, a.norm.data,
-                 a.norm.dtype == core::DType::bf16, a.out.as<E>(), a.out.strides[0], D, a.eps,
-                 a.precision == Precision::bf16);
-             K3_CUDA_CHECK_LAUNCH("mix_kernel");
+           const int N = vec ? 8 : 1;
+           const unsigned chunks = grid_for(D, kChunkThreads * N);
+           std::shared_ptr<void> part = ops.ctx->scratch(sizeof(float2) * static_cast<size_t>(T) * chunks * src.n);
+           const dim3 grid(static_cast<unsigned>(T), chunks);  // T in x: no 65535 limit
+           const cudaStream_t stream = ops.ctx->stream();
+           const auto launch = [&](auto partials, auto apply) {
+             partials<<<grid, kChunkThreads, 0, stream>>>(src, a.query.data, a.query.dtype == core::DType::bf16,
+                                                           a.norm.data, a.norm.dtype == core::DType::bf16, D,
+                                                           static_cast<float2*>(part.get()));
+             K3_CUDA_CHECK_LAUNCH("mix_partials_kernel");
+             apply<<<grid, kChunkThreads, 0, stream>>>(src, static_cast<const float2*>(part.get()), D, a.eps,
+                                                       a.out.as<E>(), a.out.strides[0],
+                                                       a.precision == Precision::bf16);
+             K3_CUDA_CHECK_LAUNCH("mix_apply_kernel");
            };
            if (vec)
-             launch(mix_kernel<E, 8>);
+             launch(mix_partials_kernel<E, 8>, mix_apply_kernel<E, 8>);
            else
-             launch(mix_kernel<E, 1>);
+             launch(mix_partials_kernel<E, 1>, mix_apply_kernel<E, 1>);
          });
        }});
 }

@@ -43,4 +43,25 @@ void sigmoid_gate_reference(const SigmoidGateArgs& a) {
   }
 }
 
+core::Status to_activation_check(const ToActivationArgs& a) {
+  const auto rows_ok = [](const core::TensorView& v) { return v.rank() == 2 && v.strides[1] == 1; };
+  if (a.x.dtype != core::DType::f32 || !rows_ok(a.x))
+    return core::Status::fail("to_activation: x must be an f32 [T, D] tensor with contiguous rows, got " +
+                              std::string(core::dtype_name(a.x.dtype)) + " " + a.x.shape.str());
+  if (!is_activation_dtype(a.out) || !rows_ok(a.out) || !(a.out.shape == a.x.shape))
+    return core::Status::fail("to_activation: out must be an f32 (or bf16 on CUDA) " + a.x.shape.str() +
+                              " tensor with contiguous rows like x, got " +
+                              std::string(core::dtype_name(a.out.dtype)) + " " + a.out.shape.str());
+  return core::Status::ok();
+}
+
+void to_activation_reference(const ToActivationArgs& a) {
+  const int64_t T = a.x.dim(0), D = a.x.dim(1);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* x = a.x.as<const float>() + t * a.x.strides[0];
+    float* o = a.out.as<float>() + t * a.out.strides[0];
+    for (int64_t d = 0; d < D; ++d) o[d] = round_act(x[d], a.precision);
+  }
+}
+
 }  // namespace k3::kernels

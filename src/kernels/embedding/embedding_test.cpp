@@ -1,4 +1,6 @@
-// kernels/embedding/embedding_test.cpp: lookup copies rows exactly; bad ids and shapes fail.
+// kernels/embedding/embedding_test.cpp: lookup copies rows exactly; bad ids and shapes fail;
+// vocab-parallel slices give their rows and zeros elsewhere, and their sum over the slices is the
+// full lookup.
 #include "kernels/embedding/embedding.h"
 
 #include <gtest/gtest.h>
@@ -120,6 +122,64 @@ TEST(Embedding, BadShapesAndDtypesFail) {
   s = embedding_check({ids.view(), table_u8.view(), out_ok.view()});
   ASSERT_FALSE(s);
   EXPECT_NE(s.reason().find("table"), std::string::npos);
+}
+
+// Vocab-parallel (spec §11): each of n slices returns its own rows and zero rows for ids held by
+// another slice, so the sum over the slices (what the all-reduce computes) is the full lookup.
+TEST(Embedding, VocabSlicesGiveTheirRowsAndZerosElsewhere) {
+  for (int n : {2, 4, 8}) {
+    for (int64_t T : {1, 17, 97}) {
+      const int64_t V = 8 * 13, D = 33, slice = V / n;
+      Tensor table = random_table(DType::bf16, V, D, 100 + n + T);
+      Tensor ids = random_ids(T, V, 5 * T + n);
+      ids.data<int32_t>()[0] = static_cast<int32_t>(V - 1);  // the last row of the last slice
+      if (T > 1) ids.data<int32_t>()[1] = static_cast<int32_t>(slice);  // the first row of slice 1
+      Tensor sum = Tensor::zeros(DType::f32, {T, D});
+      for (int r = 0; r < n; ++r) {
+        // The slice is a row view of the full table (as the checkpoint loader makes it).
+        core::TensorView part = table.view();
+        part.data = table.data<uint16_t>() + r * slice * D;
+        part.shape = core::Shape{slice, D};
+        Tensor out = poisoned(T, D);
+        EmbeddingArgs a{ids.view(), part, out.view(), r * slice, V};
+        ASSERT_TRUE(embedding_check(a)) << embedding_check(a).reason();
+        embedding_reference(a);
+        for (int64_t t = 0; t < T; ++t) {
+          const int32_t id = ids.data<int32_t>()[t];
+          const bool mine = id >= r * slice && id < (r + 1) * slice;
+          for (int64_t d = 0; d < D; ++d) {
+            const float got = out.data<float>()[t * D + d];
+            ASSERT_EQ(got, mine ? table_at(table, id, d) : 0.0f) << "slice " << r << " t=" << t << " d=" << d;
+            sum.data<float>()[t * D + d] += got;
+          }
+        }
+      }
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < D; ++d)
+          ASSERT_EQ(sum.data<float>()[t * D + d], table_at(table, ids.data<int32_t>()[t], d)) << "n=" << n;
+    }
+  }
+}
+
+TEST(Embedding, VocabSliceChecksTheFullVocabularyAndTheSliceRange) {
+  const int64_t V = 40, D = 8;
+  Tensor table = random_table(DType::bf16, V / 4, D, 9);  // one of 4 slices
+  Tensor out = poisoned(2, D);
+  Tensor ids = Tensor::zeros(DType::i32, {2});
+  ids.data<int32_t>()[0] = 35;  // outside the slice but inside the vocabulary: fine
+  ids.data<int32_t>()[1] = 3;
+  EXPECT_TRUE(embedding_check({ids.view(), table.view(), out.view(), 10, V}));
+  ids.data<int32_t>()[1] = 40;  // outside the vocabulary
+  core::Status s = embedding_check({ids.view(), table.view(), out.view(), 10, V});
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.reason().find("token id 40"), std::string::npos) << s.reason();
+  EXPECT_NE(s.reason().find("size 40"), std::string::npos) << s.reason();
+  ids.data<int32_t>()[1] = 0;
+  for (auto [begin, vocab] : {std::pair<int64_t, int64_t>{31, 40}, {-1, 40}, {5, 0}}) {
+    s = embedding_check({ids.view(), table.view(), out.view(), begin, vocab});
+    ASSERT_FALSE(s) << begin << " " << vocab;
+    EXPECT_NE(s.reason().find("vocab_begin " + std::to_string(begin)), std::string::npos) << s.reason();
+  }
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 // kernels/kda/chunked.cpp: the KDA delta rule in chunks (spec §5.7), equal to the recurrent form
 // (§5.5) up to fp32 rounding; the prefill form.
 //
-// Per head, per chunk of n = min(chunk_size, tokens left) tokens r = 0..n-1 (the last chunk is
-// partial), with S_in the state before the chunk (stored V-major S[v][k]; the spec's K x V S_in is
-// its transpose) and G_r = sum_{s<=r} g_s per channel:
+// Per sequence and head, per chunk of n <= chunk_size tokens r = 0..n-1 (chunks lie on the grid of
+// absolute positions: the first may be short when the sequence's position is not a multiple of
+// chunk_size, the last may be partial), with S_in the state before the chunk (stored V-major
+// S[v][k]; the spec's K x V S_in is its transpose) and G_r = sum_{s<=r} g_s per channel:
 //   L[r,j]   = beta_r * sum_i k_r[i] k_j[i] e^{G_r[i]-G_j[i]}     j < r (strictly lower)
 //   W        = (I + L)^-1 diag(beta) (e^G . K)                    [n, D] by forward substitution
 //   U        = (I + L)^-1 diag(beta) V                            [n, D] by forward substitution
@@ -28,6 +29,7 @@
 
 #include "backends/cpu/thread_pool.h"
 #include "kernels/kda/gate.h"
+#include "kernels/kda/kda_check.h"
 
 namespace k3::kernels {
 
@@ -174,16 +176,29 @@ void run_chunk(const KdaAttentionArgs& a, int h, int64_t t0, int n, float* S, Ch
 void kda_chunked_reference(const KdaAttentionArgs& a) {
   if (core::Status s = kda_attention_check(a); !s) throw core::Error("kda_chunked: " + s.reason());
   const int H = a.num_heads, D = a.head_dim;
-  const int64_t T = a.q.dim(0);
-  if (T == 0) return;
-  const int cap = static_cast<int>(std::min<int64_t>(a.chunk_size, T));
-  // Heads are independent: one task per head range; results do not depend on the thread count.
-  backends::cpu::ThreadPool::shared().parallel_for(H, [&](int64_t h_begin, int64_t h_end) {
+  const int64_t cs = a.chunk_size;
+  const std::vector<kda_detail::HostSeq> seqs = kda_detail::host_seqs(a.seqs, true);
+  if (seqs.empty()) return;
+  int64_t longest = 0;
+  for (const kda_detail::HostSeq& sq : seqs) longest = std::max(longest, sq.num_rows);
+  const int cap = static_cast<int>(std::min<int64_t>(cs, longest));
+  // (sequence, head) pairs are independent: one task per range of pairs; results do not depend on
+  // the thread count or on the other sequences of the batch.
+  const int64_t units = static_cast<int64_t>(seqs.size()) * H;
+  backends::cpu::ThreadPool::shared().parallel_for(units, [&](int64_t u_begin, int64_t u_end) {
     ChunkWorkspace w(cap, D);
-    for (int64_t h = h_begin; h < h_end; ++h) {
-      float* S = a.state.as<float>() + h * D * D;
-      for (int64_t t0 = 0; t0 < T; t0 += cap)
-        run_chunk(a, static_cast<int>(h), t0, static_cast<int>(std::min<int64_t>(cap, T - t0)), S, w);
+    for (int64_t u = u_begin; u < u_end; ++u) {
+      const kda_detail::HostSeq& sq = seqs[static_cast<size_t>(u / H)];
+      const int h = static_cast<int>(u % H);
+      float* S = a.state.as<float>() + sq.slot * a.state.strides[0] + static_cast<int64_t>(h) * D * D;
+      // The chunk grid lies on absolute positions: the first chunk ends at the next multiple of
+      // chunk_size after `position`, so where a prefill was split does not change the chunks.
+      const int64_t end = sq.row_begin + sq.num_rows;
+      int64_t n = cs - sq.position % cs;
+      for (int64_t t0 = sq.row_begin; t0 < end; t0 += n, n = cs) {
+        n = std::min(n, end - t0);
+        run_chunk(a, h, t0, static_cast<int>(n), S, w);
+      }
     }
   });
 }

@@ -117,7 +117,8 @@ TEST(KdaChunked, SplitAtAChunkBoundaryIsBitExact) {
     o.insert(o.end(), o2.span<float>().begin(), o2.span<float>().end());
     EXPECT_TRUE(bits_equal(o, o_all.span<float>()));
     EXPECT_TRUE(bits_equal(s.span<float>(), s_all.span<float>()));
-    // Off the grid it still agrees to rounding.
+    // Off the grid the chunk holding the split is computed in two pieces: equal to rounding (the
+    // chunks after it stay on the absolute grid, batch_test.cpp).
     Tensor s3 = copy(in.state0);
     run(true, in, s3, p, chunk, 0, 37);
     run(true, in, s3, p, chunk, 37, T - 37);

@@ -1,5 +1,6 @@
 // kernels/kda/conv_test.cpp: the KDA short conv (spec §5.2) against a naive form, a hand example,
-// state continuation over split calls, the real TP8 shard width, and argument checks.
+// state continuation over split calls, the real TP8 shard width, batches of sequences over a state
+// pool (equal bits to one call per sequence; the model's strided pool), and argument checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,13 +27,15 @@ ConvCase random_conv(uint64_t seed, int T, int C, int K, Precision p) {
   return cc;
 }
 
+// One sequence over all rows of x, its state [C, K-1] as a one-slot pool.
 KdaConvArgs conv_args(const TensorView& x, const Tensor& w, const Tensor& state, const TensorView& out, Precision p) {
   KdaConvArgs a;
   a.x = x;
   a.weight = w.view();
-  a.state = state.view();
+  a.state = pool1(state);
   a.out = out;
   a.precision = p;
+  a.seqs = single_seq(x.dim(0));
   return a;
 }
 
@@ -155,6 +158,118 @@ TEST(KdaConv, RealTp8ShardPrefillThenDecode) {
   kda_conv_reference(conv_args(rows(cc.x.view(), T, 1), cc.w, cc.state, rows(out.view(), T, 1), Precision::bf16));
   EXPECT_TRUE(bf16_close(out.span<float>(), ref));
   EXPECT_TRUE(bits_equal(cc.state.span<float>(), naive_state));
+}
+
+// Four sequences of 1, 3, 17 and 64 rows in a shuffled row order with a gap row nobody owns,
+// slots shuffled over a pool of 7: one batched call gives the bits of one call per sequence;
+// unused slots and the gap row stay untouched.
+TEST(KdaConv, BatchedEqualsOneCallPerSequence) {
+  const int C = 37, K = 4, N = 7;
+  const std::vector<SeqSpec> specs = {{4, 17, 5, 0}, {0, 3, 0, 0}, {86, 1, 3, 0}, {21, 64, 6, 0}};  // row 3 and 85: gaps
+  const int T = 87;
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    SCOPED_TRACE(p == Precision::bf16 ? "bf16" : "fp32");
+    core::Rng rng(p == Precision::bf16 ? 301 : 302);
+    const Tensor x = random(rng, {T, C}, 0.0, 1.0, p), w = random(rng, {C, K}, 0.0, 0.6);
+    const Tensor pool0 = random(rng, {N, C, K - 1}, 0.0, 1.0, p);
+    Tensor pool = copy(pool0), out = poisoned({T, C});
+    const HostSeqs seqs = make_seqs(specs);
+    KdaConvArgs a;
+    a.x = x.view(), a.weight = w.view(), a.state = pool.view(), a.out = out.view(), a.precision = p;
+    a.seqs = seqs.batch;
+    kda_conv_reference(a);
+    for (const SeqSpec& sp : specs) {
+      SCOPED_TRACE("rows=" + std::to_string(sp.num_rows) + " slot=" + std::to_string(sp.slot));
+      Tensor state = f32({C, K - 1}), o = poisoned({sp.num_rows, C});
+      const std::span<float> s0 = slot_span(pool0, sp.slot);
+      std::copy(s0.begin(), s0.end(), state.data<float>());
+      kda_conv_reference(conv_args(rows(x.view(), sp.row_begin, sp.num_rows), w, state, o.view(), p));
+      EXPECT_TRUE(bits_equal(o.span<float>(), out.span<float>().subspan(sp.row_begin * C, sp.num_rows * C)));
+      EXPECT_TRUE(bits_equal(state.span<float>(), slot_span(pool, sp.slot)));
+    }
+    for (int64_t free_slot : {1, 2, 4}) EXPECT_TRUE(bits_equal(slot_span(pool, free_slot), slot_span(pool0, free_slot)));
+    for (int64_t gap : {3, 85})
+      for (int c = 0; c < C; ++c) EXPECT_TRUE(std::isnan(out.data<float>()[gap * C + c]));
+  }
+}
+
+// The model's conv storage [num_slots, 3, P, K-1] passed as three strided pools (index i of dim 1),
+// with x and out column slices of fused [T, 3P] projections: the same bits as contiguous per-slot
+// states, and each of q/k/v updates only its own part of the storage.
+TEST(KdaConv, StridedPoolOfTheModelStorage) {
+  const int P = 19, K = 4, N = 3, T = 9;
+  core::Rng rng(303);
+  const Tensor fused = random(rng, {T, 3 * P}, 0.0, 1.0, Precision::bf16), w = random(rng, {P, K}, 0.0, 0.5);
+  const Tensor storage0 = random(rng, {N, 3, P, K - 1}, 0.0, 1.0, Precision::bf16);
+  Tensor storage = copy(storage0), out = poisoned({T, 3 * P});
+  const HostSeqs seqs = make_seqs({{0, 4, 2, 0}, {4, 5, 0, 0}});  // slot 1 unused
+  for (int i = 0; i < 3; ++i) {
+    KdaConvArgs a;
+    a.x = cols(fused.view(), i * P, P), a.weight = w.view(), a.out = cols(out.view(), i * P, P);
+    a.state = TensorView::contiguous(storage.data<float>() + i * P * (K - 1), core::DType::f32, {N, P, K - 1});
+    a.state.strides = {3 * P * (K - 1), K - 1, 1, 0};
+    a.precision = Precision::bf16;
+    a.seqs = seqs.batch;
+    kda_conv_reference(a);
+  }
+  for (int i = 0; i < 3; ++i)
+    for (const SeqSpec& sp : {SeqSpec{0, 4, 2, 0}, SeqSpec{4, 5, 0, 0}}) {
+      Tensor state = f32({P, K - 1}), o = poisoned({sp.num_rows, P});
+      const float* s0 = storage0.data<float>() + (sp.slot * 3 + i) * P * (K - 1);
+      std::copy(s0, s0 + P * (K - 1), state.data<float>());
+      kda_conv_reference(conv_args(rows(cols(fused.view(), i * P, P), sp.row_begin, sp.num_rows), w, state, o.view(),
+                                   Precision::bf16));
+      for (int t = 0; t < sp.num_rows; ++t)
+        for (int c = 0; c < P; ++c)
+          ASSERT_EQ(o.data<float>()[t * P + c], out.data<float>()[(sp.row_begin + t) * 3 * P + i * P + c]);
+      const float* got = storage.data<float>() + (sp.slot * 3 + i) * P * (K - 1);
+      EXPECT_TRUE(bits_equal(state.span<float>(), std::span<const float>(got, P * (K - 1))));
+    }
+  EXPECT_TRUE(bits_equal(slot_span(storage, 1), slot_span(storage0, 1)));
+}
+
+TEST(KdaConv, CheckNamesTheBadSequenceTable) {
+  const int T = 10, C = 8, K = 4, N = 4;
+  core::Rng rng(304);
+  const Tensor x = random(rng, {T, C}, 0.0, 1.0), w = random(rng, {C, K}, 0.0, 0.5);
+  Tensor pool = random(rng, {N, C, K - 1}, 0.0, 1.0), out = f32({T, C});
+  auto reason = [&](const std::vector<SeqSpec>& specs, auto mutate) {
+    const HostSeqs seqs = make_seqs(specs);
+    KdaConvArgs a;
+    a.x = x.view(), a.weight = w.view(), a.state = pool.view(), a.out = out.view(), a.seqs = seqs.batch;
+    mutate(a);
+    core::Status s = kda_conv_check(a);
+    return s ? std::string("ok") : s.reason();
+  };
+  const auto none = [](KdaConvArgs&) {};
+  const auto has = [](const std::string& r, const std::string& what) {
+    return ::testing::AssertionResult(r.find(what) != std::string::npos) << r;
+  };
+  EXPECT_EQ(reason({{0, 3, 1}, {3, 7, 0}}, none), "ok");
+  EXPECT_EQ(reason({}, none), "ok");  // nothing to do
+  EXPECT_TRUE(has(reason({{0, 3, 4}}, none), "seqs.slot[0] = 4"));           // slot past the pool
+  EXPECT_TRUE(has(reason({{0, 3, -1}}, none), "seqs.slot[0] = -1"));
+  EXPECT_TRUE(has(reason({{0, 3, 2}, {3, 2, 2}}, none), "share a slot"));     // two sequences, one slot
+  EXPECT_TRUE(has(reason({{0, 3, 0}, {8, 3, 1}}, none), "seqs.row_begin[1] = 8"));  // rows 8..10 past T
+  EXPECT_TRUE(has(reason({{-1, 3, 0}}, none), "seqs.row_begin[0] = -1"));
+  EXPECT_TRUE(has(reason({{0, 4, 0}, {3, 2, 1}}, none), "overlap"));          // rows 0..3 and 3..4
+  EXPECT_TRUE(has(reason({{0, 3, 0}}, [](KdaConvArgs& a) { a.seqs.max_rows = 2; }), "seqs.num_rows[0] = 3"));
+  EXPECT_TRUE(has(reason({{0, 0, 0}}, [](KdaConvArgs& a) { a.seqs.max_rows = 3; }), "seqs.num_rows[0] = 0"));
+  Tensor f32_slots = f32({1}), long_rows = Tensor::zeros(core::DType::i32, {2});
+  EXPECT_TRUE(has(reason({{0, 3, 0}}, [&](KdaConvArgs& a) { a.seqs.slot = f32_slots.view(); }), "seqs.slot must be"));
+  EXPECT_TRUE(has(reason({{0, 3, 0}}, [&](KdaConvArgs& a) { a.seqs.num_rows = long_rows.view(); }),
+                  "seqs.num_rows must be"));
+  EXPECT_TRUE(has(reason({{0, 3, 0}}, [&](KdaConvArgs& a) { a.seqs.row_begin = TensorView{}; }), "seqs.row_begin"));
+  EXPECT_TRUE(has(reason({{0, 3, 0}}, [&](KdaConvArgs& a) { a.seqs.max_rows = 0; }), "seqs.max_rows"));
+  // A pool whose slot stride is shorter than a slot: slots would overlap.
+  EXPECT_TRUE(has(reason({{0, 3, 0}}, [&](KdaConvArgs& a) { a.state.strides[0] = C; }), "state slot stride"));
+  // Position is not read by the conv: a missing position table is fine.
+  EXPECT_EQ(reason({{0, 3, 0}}, [](KdaConvArgs& a) { a.seqs.position = TensorView{}; }), "ok");
+  // The reference refuses what the check refuses.
+  const HostSeqs bad = make_seqs({{0, 3, 9}});
+  KdaConvArgs a;
+  a.x = x.view(), a.weight = w.view(), a.state = pool.view(), a.out = out.view(), a.seqs = bad.batch;
+  EXPECT_THROW(kda_conv_reference(a), core::Error);
 }
 
 TEST(KdaConv, CheckNamesTheBadArgument) {

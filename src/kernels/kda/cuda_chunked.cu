@@ -1,9 +1,13 @@
 // kernels/kda/cuda_chunked.cu: CUDA KDA delta rule in chunks (spec §5.7): the prefill form, equal to
 // the recurrent form up to fp32 rounding.
 //
-// As in the recurrent kernel, a block owns kRows state rows v of one head (grid: heads x D/kRows)
-// and walks the chunks in order, its rows resident in shared memory. Per chunk of n <= C tokens
-// (C = min(chunk_size, 64), halved while shared memory is short), with G_r = sum_{s<=r} g_s:
+// As in the recurrent kernel, a block owns kRows state rows v of one head of one sequence (grid:
+// heads x D/kRows x sequences; rows, slot and position from the SeqBatch tables in device memory)
+// and walks that sequence's chunks in order, its rows resident in shared memory (chunks depend on
+// each other through the state, so they are a loop, never a grid dimension). The chunk length is
+// C = min(chunk_size, 64), halved while shared memory is short; the chunk grid lies on absolute
+// positions of C: the first chunk ends at the next multiple of C after the sequence's position
+// (kda.h). Per chunk of n <= C tokens, with G_r = sum_{s<=r} g_s:
 //   L[r,j]   = beta_r sum_i k_r[i] k_j[i] e^{G_r[i]-G_j[i]}   (j < r)
 //   Aqk[r,j] = sum_i q_r[i] k_j[i] e^{G_r[i]-G_j[i]}          (j <= r)
 //   W = (I+L)^-1 diag(beta)(e^G . K),  U = (I+L)^-1 diag(beta) V    (forward substitution per column)
@@ -51,15 +55,23 @@ __global__ void __launch_bounds__(kThreads) kda_chunked_kernel(KdaParams<T> p, i
   float *U = sm + L.u(), *S = sm + L.s(), *beta = sm + L.beta();
   const int64_t c0 = static_cast<int64_t>(h) * D;
   const float a_log = p.a_log[h];
-  float* state = p.state + c0 * D;  // head h: [D][D]
+  // This block's sequence (the same for every thread: the chunk loop below is uniform).
+  const KdaSeq seq = kda_seq(p, blockIdx.z);
+  float* state = seq.state + c0 * D;  // head h of the sequence's slot: [D][D]
+  // First chunk: up to the next multiple of C after the position (a full chunk on the grid).
+  const int position = p.position[blockIdx.z];
+  int first = C - (position >= 0 ? position % C : 0);
 
   for (int e = tid; e < kRows * D; e += blockDim.x) {
     const int c = e / D, kk = e % D;
     S[c * DP + kk] = v0 + c < D ? state[static_cast<int64_t>(v0 + c) * D + kk] : 0.0f;
   }
 
-  for (int64_t t0 = 0; t0 < p.T_len; t0 += C) {
-    const int n = static_cast<int>(p.T_len - t0 < C ? p.T_len - t0 : C);
+  for (int done = 0; done < seq.rows;) {
+    const int n = seq.rows - done < first ? seq.rows - done : first;
+    const int64_t t0 = seq.row0 + done;  // activation row of the chunk's first token
+    done += n;
+    first = C;
     // 1. Per token (a warp each): L2-normalised q (scaled) and k, g, beta; the block's v columns.
     for (int r = warp; r < n; r += warps) {
       const int64_t t = t0 + r;
@@ -185,13 +197,14 @@ void register_kda_chunked_cuda(Registry& r, const CudaOps& ops) {
          return core::Status::ok();
        },
        [ops](const KdaAttentionArgs& a) {
-         if (a.q.dim(0) == 0) return;
+         if (a.q.dim(0) == 0 || a.seqs.num_seqs == 0) return;
          const int C = device_chunk(ops, a);
          const size_t smem = ChunkSmem(C, a.head_dim).total() * sizeof(float);
          with_act(a.q.dtype, [&](auto tag) {
            using E = typename decltype(tag)::type;
            allow_smem(kda_chunked_kernel<E>, smem);
-           const dim3 grid(static_cast<unsigned>(a.num_heads), grid_for(a.head_dim, kRows));
+           const dim3 grid(static_cast<unsigned>(a.num_heads), grid_for(a.head_dim, kRows),
+                           static_cast<unsigned>(a.seqs.num_seqs));
            kda_chunked_kernel<E><<<grid, kThreads, smem, ops.ctx->stream()>>>(kda_params<E>(a), C);
            K3_CUDA_CHECK_LAUNCH("kda_chunked_kernel");
          });

@@ -2,9 +2,11 @@
 // form, also right for speculative-verify rows (T > 1).
 //
 // The rows v of a head's state evolve independently (every step below acts on one row, given the
-// token's q, k, alpha, beta), so a block owns kRows rows of one head and keeps them in registers
-// for the whole call: grid (heads, D / kRows), 4 threads per row, each holding 32 fp32 entries
-// S[v][k] at k = 16 i + 4 sub + e. Per token, every block prepares q, k, alpha (L2 norms over the
+// token's q, k, alpha, beta), so a block owns kRows rows of one head of one sequence and keeps them
+// in registers for the whole call: grid (heads, D / kRows, sequences), so a decode step of 64
+// sequences is one launch; a block reads its sequence's rows and state slot from the SeqBatch tables
+// in device memory (the grid never depends on them). 4 threads per row, each holding 32 fp32
+// entries S[v][k] at k = 16 i + 4 sub + e. Per token, every block prepares q, k, alpha (L2 norms over the
 // head: cheap next to the state) in shared memory, then per row:
 //   1. S[v][:] *= alpha   2. r = S[v] . k   3. u = beta (v - r)   4. S[v] += u k   5. o[v] = S[v] . q
 // Dot products are 4 partial sums joined by shuffles (order differs from the reference: tolerance).
@@ -28,8 +30,9 @@ __global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(KdaParams<T> p)
   const int tid = threadIdx.x, row = tid >> 2, sub = tid & 3;
   const int v = blockIdx.y * kRows + row;
   const bool row_ok = v < D;
-  float* S_row = p.state + (static_cast<int64_t>(h) * D + (row_ok ? v : 0)) * D;
-  const bool vec = (D & 3) == 0;
+  const KdaSeq seq = kda_seq(p, blockIdx.z);  // the same for every thread: uniform control flow
+  float* S_row = seq.state + (static_cast<int64_t>(h) * D + (row_ok ? v : 0)) * D;
+  const bool vec = p.state_vec4;
 
   float s[8][4];
 #pragma unroll
@@ -46,7 +49,8 @@ __global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(KdaParams<T> p)
 
   const int64_t c0 = static_cast<int64_t>(h) * D;
   const float a_log = p.a_log[h];
-  for (int64_t t = 0; t < p.T_len; ++t) {
+  for (int i_row = 0; i_row < seq.rows; ++i_row) {
+    const int64_t t = seq.row0 + i_row;
     // Front: q, k L2-normalised (q also scaled), alpha = exp(g), beta = sigmoid(b), this block's v.
     const bool ch = tid < D;
     const float qi = ch ? to_f32(p.q[t * p.q_ld + c0 + tid]) : 0.0f;
@@ -112,10 +116,11 @@ void register_kda_recurrent_cuda(Registry& r, const CudaOps& ops) {
   r.kda_recurrent.add({"cuda_rowsplit", core::Device::cuda, 10,
                        [ops](const KdaAttentionArgs& a) { return kda_supports(ops, a); },
                        [ops](const KdaAttentionArgs& a) {
-                         if (a.q.dim(0) == 0) return;
+                         if (a.q.dim(0) == 0 || a.seqs.num_seqs == 0) return;
                          with_act(a.q.dtype, [&](auto tag) {
                            using E = typename decltype(tag)::type;
-                           const dim3 grid(static_cast<unsigned>(a.num_heads), grid_for(a.head_dim, kRows));
+                           const dim3 grid(static_cast<unsigned>(a.num_heads), grid_for(a.head_dim, kRows),
+                                           static_cast<unsigned>(a.seqs.num_seqs));
                            kda_recurrent_kernel<E><<<grid, kThreads, 0, ops.ctx->stream()>>>(kda_params<E>(a));
                            K3_CUDA_CHECK_LAUNCH("kda_recurrent_kernel");
                          });

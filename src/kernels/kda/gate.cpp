@@ -37,11 +37,11 @@ core::Status kda_attention_check(const KdaAttentionArgs& a) {
     return core::Status::fail("dt_bias must be contiguous [" + std::to_string(P) +
                               "] (num_heads*head_dim), got " + a.dt_bias.shape.str());
   if (auto s = expect_f32(a.state, "state"); !s) return s;
-  if (!(a.state.shape == core::Shape{H, D, D}) || !a.state.is_contiguous())
-    return core::Status::fail("state must be contiguous f32 [" + std::to_string(H) + ", " +
-                              std::to_string(D) + ", " + std::to_string(D) +
-                              "] (num_heads, V=head_dim, K=head_dim), got " + a.state.shape.str());
-  return core::Status::ok();
+  if (auto s = kda_detail::expect_pool(a.state, "state", {H, D, D}, " (num_heads, V=head_dim, K=head_dim)"); !s)
+    return s;
+  if (a.state.device != a.q.device)
+    return core::Status::fail("state must be on the device of q, got " + kda_detail::describe(a.state));
+  return kda_detail::check_seq_batch(a.seqs, T, a.state.dim(0), a.q.device, /*need_position=*/true);
 }
 
 namespace kda_detail {

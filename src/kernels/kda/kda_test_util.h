@@ -8,7 +8,9 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <limits>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -55,6 +57,67 @@ inline TensorView cols(const TensorView& v, int64_t c0, int64_t n) {
   r.data = static_cast<char*>(v.data) + c0 * static_cast<int64_t>(core::dtype_size(v.dtype));
   r.shape[1] = n;
   return r;
+}
+
+// ---- sequence batches and state pools
+
+// One sequence of a batched call: its activation rows, state slot and position.
+struct SeqSpec {
+  int64_t row_begin = 0, num_rows = 0, slot = 0, position = 0;
+};
+
+// The i32 host tables of a SeqBatch and the batch viewing them (copies share the storage).
+struct HostSeqs {
+  Tensor row_begin, num_rows, position, slot;
+  SeqBatch batch;
+};
+
+inline HostSeqs make_seqs(const std::vector<SeqSpec>& specs) {
+  const int64_t S = static_cast<int64_t>(specs.size());
+  HostSeqs h;
+  for (Tensor* t : {&h.row_begin, &h.num_rows, &h.position, &h.slot}) *t = Tensor::zeros(core::DType::i32, {S});
+  int max_rows = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    h.row_begin.data<int32_t>()[s] = static_cast<int32_t>(specs[s].row_begin);
+    h.num_rows.data<int32_t>()[s] = static_cast<int32_t>(specs[s].num_rows);
+    h.position.data<int32_t>()[s] = static_cast<int32_t>(specs[s].position);
+    h.slot.data<int32_t>()[s] = static_cast<int32_t>(specs[s].slot);
+    max_rows = std::max(max_rows, static_cast<int>(specs[s].num_rows));
+  }
+  h.batch.row_begin = h.row_begin.view(), h.batch.num_rows = h.num_rows.view();
+  h.batch.position = h.position.view(), h.batch.slot = h.slot.view();
+  h.batch.num_seqs = static_cast<int>(S);
+  h.batch.max_rows = max_rows;
+  for (const SeqSpec& sp : specs) h.batch.max_tokens = std::max(h.batch.max_tokens, sp.position + sp.num_rows);
+  return h;
+}
+
+// A SeqBatch whose tables live to the end of the test program (for args built by helpers that
+// return only views; a few bytes per call).
+inline SeqBatch kept(HostSeqs h) {
+  static std::mutex mu;
+  static std::deque<HostSeqs> store;
+  std::lock_guard<std::mutex> lk(mu);
+  store.push_back(std::move(h));
+  return store.back().batch;
+}
+
+// One sequence over all T rows, state slot 0, at `position` (no sequences when T == 0).
+inline SeqBatch single_seq(int64_t T, int64_t position = 0) {
+  return kept(make_seqs(T > 0 ? std::vector<SeqSpec>{{0, T, 0, position}} : std::vector<SeqSpec>{}));
+}
+
+// A state tensor [X...] as a one-slot pool [1, X...] (same storage).
+inline TensorView pool1(const Tensor& state) {
+  const TensorView v = state.view();
+  if (v.rank() == 2) return TensorView::contiguous(v.data, v.dtype, {1, v.dim(0), v.dim(1)});
+  return TensorView::contiguous(v.data, v.dtype, {1, v.dim(0), v.dim(1), v.dim(2)});
+}
+
+// Slot i of a contiguous pool tensor [N, X...] as a span of its elements.
+inline std::span<float> slot_span(const Tensor& pool, int64_t i) {
+  const int64_t per = pool.numel() / pool.dim(0);
+  return {pool.data<float>() + i * per, static_cast<size_t>(per)};
 }
 
 // ||a - b|| / ||b|| over all elements (b the oracle).
@@ -105,7 +168,9 @@ struct AttnInputs {
     return in;
   }
 
-  // Args over tokens [t0, t0+n) of these inputs, writing `out` (rows [0, n)) and updating `state`.
+  // Args over tokens [t0, t0+n) of these inputs, writing `out` (rows [0, n)) and updating `state`
+  // [H, D, D] (a one-slot pool): one sequence at position t0 (so the chunk grid stays on the
+  // absolute positions of these inputs).
   KdaAttentionArgs args(const Tensor& state, const Tensor& out, Precision p, int chunk = 64, int64_t t0 = 0,
                         int64_t n = -1) const {
     if (n < 0) n = T - t0;
@@ -117,12 +182,13 @@ struct AttnInputs {
     a.b = rows(b.view(), t0, n);
     a.a_log = a_log.view();
     a.dt_bias = dt_bias.view();
-    a.state = state.view();
+    a.state = pool1(state);
     a.out = out.view();
     a.num_heads = H;
     a.head_dim = D;
     a.chunk_size = chunk;
     a.precision = p;
+    a.seqs = single_seq(n, t0);
     return a;
   }
 };

@@ -9,25 +9,30 @@
 //   5. output: o[v] = sum_k S[v][k] * q[k]        (post-update state)
 // Every step acts on one row v of S at a time, so the five steps are done row by row; the float
 // operations and their order are the same as five whole-matrix passes. Sums run k = 0..D-1.
+// Each sequence of the batch walks its own rows with its own state slot.
 #include <cmath>
 #include <vector>
 
 #include "backends/cpu/thread_pool.h"
 #include "kernels/kda/gate.h"
+#include "kernels/kda/kda_check.h"
 
 namespace k3::kernels {
 
 void kda_recurrent_reference(const KdaAttentionArgs& a) {
   if (core::Status s = kda_attention_check(a); !s) throw core::Error("kda_recurrent: " + s.reason());
   const int H = a.num_heads, D = a.head_dim;
-  const int64_t T = a.q.dim(0);
-  // Heads are independent (own state slice, own output columns): one task per head range, so the
-  // result does not depend on the thread count.
-  backends::cpu::ThreadPool::shared().parallel_for(H, [&](int64_t h_begin, int64_t h_end) {
+  const std::vector<kda_detail::HostSeq> seqs = kda_detail::host_seqs(a.seqs, true);
+  // (sequence, head) pairs are independent (own state slice, own output rows and columns): one task
+  // per range of pairs, so the result does not depend on the thread count or the batch.
+  const int64_t units = static_cast<int64_t>(seqs.size()) * H;
+  backends::cpu::ThreadPool::shared().parallel_for(units, [&](int64_t u_begin, int64_t u_end) {
     std::vector<float> q(D), k(D), v(D), g(D), alpha(D);
-    for (int64_t h = h_begin; h < h_end; ++h) {
-      float* S = a.state.as<float>() + h * D * D;
-      for (int64_t t = 0; t < T; ++t) {
+    for (int64_t u = u_begin; u < u_end; ++u) {
+      const kda_detail::HostSeq& sq = seqs[static_cast<size_t>(u / H)];
+      const int64_t h = u % H;
+      float* S = a.state.as<float>() + sq.slot * a.state.strides[0] + h * D * D;
+      for (int64_t t = sq.row_begin; t < sq.row_begin + sq.num_rows; ++t) {
         float beta = 0.0f;
         kda_detail::kda_prepare_token(a, t, static_cast<int>(h), q.data(), k.data(), v.data(), g.data(), &beta);
         for (int i = 0; i < D; ++i) alpha[i] = std::exp(g[i]);
@@ -37,8 +42,8 @@ void kda_recurrent_reference(const KdaAttentionArgs& a) {
           for (int ki = 0; ki < D; ++ki) row[ki] *= alpha[ki];                 // 1. decay
           float read = 0.0f;
           for (int ki = 0; ki < D; ++ki) read += row[ki] * k[ki];              // 2. read
-          const float u = beta * (v[vi] - read);                               // 3. delta
-          for (int ki = 0; ki < D; ++ki) row[ki] += u * k[ki];                 // 4. write
+          const float u_v = beta * (v[vi] - read);                             // 3. delta
+          for (int ki = 0; ki < D; ++ki) row[ki] += u_v * k[ki];               // 4. write
           float out = 0.0f;
           for (int ki = 0; ki < D; ++ki) out += row[ki] * q[ki];               // 5. output
           o[vi] = round_act(out, a.precision);  // o is an activation: rounded in bf16 mode

@@ -1,4 +1,5 @@
-// kernels/mla/attention_test.cpp: naive vs absorbed MLA attention vs a double oracle (spec §6, §15 item 5).
+// kernels/mla/attention_test.cpp: naive vs absorbed MLA attention vs a double oracle (spec §6, §15 item 5),
+// one sequence per call over shuffled pages (paged_test.cpp covers batches and page layouts).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -99,7 +100,7 @@ TEST(MlaAttention, CausalMaskHidesLaterCacheRows) {
           MlaProblem edited = p;  // shares storage: copy the tensors it edits
           edited.c_n = core::Tensor::copy_of(p.c_n.view());
           edited.k_pe = core::Tensor::copy_of(p.k_pe.view());
-          edited.cache = core::Tensor::copy_of(p.cache.view());
+          edited.pages = core::Tensor::copy_of(p.pages.view());
           const int64_t row = S - T + k;
           for (int64_t i = 0; i < p.d.kv_lora; ++i) edited.c_n.data<float>()[row * p.d.kv_lora + i] *= -3.0f;
           for (int64_t r = 0; r < p.d.rope; ++r) edited.k_pe.data<float>()[row * p.d.rope + r] += 2.0f;
@@ -162,16 +163,22 @@ TEST(MlaAttention, RealTp8ShardDecode) {
   }
 }
 
-// Views with row strides: q and out live inside wider buffers, and the cache is the first S
-// rows of a larger allocation. Columns outside out's view must stay untouched.
+// Views with row strides: q and out live inside wider buffers, and the pages have padded rows
+// and padded pages. Columns outside out's view must stay untouched.
 TEST(MlaAttention, StridedRowViews) {
-  const MlaProblem p(kOddDims, 17, 4, kFp8, kBf16, 0.5f, 700);
+  const MlaProblem p(kOddDims, 17, 4, kFp8, kBf16, 0.5f, 700, /*page_tokens=*/5);
   const int64_t T = p.T, qw = p.q.dim(1), ow = static_cast<int64_t>(p.d.heads) * p.d.v, pad = 5;
   core::Tensor q_wide = core::Tensor::zeros(kF32, {T, qw + pad});
   for (int64_t t = 0; t < T; ++t)
     std::memcpy(q_wide.data<float>() + t * (qw + pad) + pad, p.q.data<float>() + t * qw, sizeof(float) * qw);
-  core::Tensor cache_big = core::Tensor::zeros(kFp8, {p.S + 3, p.cache.dim(1)});
-  std::memcpy(cache_big.view().data, p.cache.view().data, static_cast<size_t>(p.cache.nbytes()));
+  // Pages [nb, bs, width] inside rows of width + 3 bytes and pages of bs * (width + 3) + 7 bytes.
+  const int64_t nb = p.pages.dim(0), bs = p.pages.dim(1), width = p.pages.dim(2);
+  const int64_t row_ld = width + 3, page_ld = bs * row_ld + 7;
+  core::Tensor pages_big = core::Tensor::zeros(kFp8, {nb * page_ld});
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t r = 0; r < bs; ++r)
+      std::memcpy(pages_big.data<uint8_t>() + b * page_ld + r * row_ld,
+                  p.pages.data<const uint8_t>() + (b * bs + r) * width, static_cast<size_t>(width));
   for (auto op : {kNaive, kAbsorbed}) {
     const core::Tensor expected = p.run(op, Precision::bf16);
     core::Tensor out_wide = mla_test::nan_filled({T, ow + pad});
@@ -180,7 +187,9 @@ TEST(MlaAttention, StridedRowViews) {
     a.q.strides[0] = qw + pad;
     a.out = core::TensorView::contiguous(out_wide.data<float>(), kF32, {T, ow});
     a.out.strides[0] = ow + pad;
-    a.cache = core::TensorView::contiguous(cache_big.view().data, kFp8, {p.S, p.cache.dim(1)});
+    a.pages = core::TensorView::contiguous(pages_big.view().data, kFp8, {nb, bs, width});
+    a.pages.strides[0] = page_ld;
+    a.pages.strides[1] = row_ld;
     ASSERT_TRUE(mla_attention_check(a).is_ok()) << mla_attention_check(a).reason();
     op(a);
     for (int64_t t = 0; t < T; ++t) {

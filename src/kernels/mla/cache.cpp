@@ -1,11 +1,13 @@
-// kernels/mla/cache.cpp: MLA latent cache entries [c_n | k_pe], write and dequantised read (spec §6.3).
+// kernels/mla/cache.cpp: MLA latent cache entries [c_n | k_pe] in pages, write and dequantised read (spec §6.3).
 //
 // One entry per token per MLA layer: kv_lora (512) normalised latent values then rope (64) k_pe
 // values. f32 caches hold the values as given; f8_e4m3 caches hold one E4M3 byte per element,
 // code = fp8(x / k_scale) saturating at +-448, read back as fp8(code) * k_scale.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/fp8.h"
 #include "kernels/mla/mla.h"
@@ -29,15 +31,34 @@ core::Status mla_cache_write_check(const MlaCacheWriteArgs& a) {
       !(a.dst.dtype == core::DType::bf16 && a.dst.device == core::Device::cuda))
     return core::Status::fail("mla_cache_write: dst must be f32 or f8_e4m3 (or bf16 on CUDA), got " +
                               describe(a.dst));
-  if (!mla_detail::is_rows(a.dst) || a.dst.dim(0) != T || a.dst.dim(1) != width)
-    return core::Status::fail("mla_cache_write: dst must be [T, kv_lora + rope] = [" + std::to_string(T) +
-                              ", " + std::to_string(width) + "] with unit inner stride, got " +
-                              describe(a.dst));
+  if (!mla_detail::is_pages(a.dst) || a.dst.dim(2) != width || a.dst.dim(0) < 1 || a.dst.dim(1) < 1)
+    return core::Status::fail("mla_cache_write: dst must be pages [num_blocks >= 1, block_size >= 1, kv_lora + rope = " +
+                              std::to_string(width) + "] with dense rows, got " + describe(a.dst));
+  const core::TensorView& rows = a.cache_rows;
+  if (!rows.defined() || rows.rank() != 1 || rows.dtype != core::DType::i32 || rows.dim(0) != T ||
+      (T > 1 && rows.strides[0] != 1))
+    return core::Status::fail("mla_cache_write: cache_rows must be a dense i32 [T = " + std::to_string(T) +
+                              "] tensor, got " + describe(rows));
   if (!(std::isfinite(a.k_scale) && a.k_scale > 0.0f))
     return core::Status::fail("mla_cache_write: k_scale must be finite and > 0, got " +
                               std::to_string(a.k_scale));
-  if (a.k_pe.device != a.c_n.device || a.dst.device != a.c_n.device)
-    return core::Status::fail("mla_cache_write: c_n, k_pe and dst must be on one device");
+  if (a.k_pe.device != a.c_n.device || a.dst.device != a.c_n.device || (T > 0 && rows.device != a.c_n.device))
+    return core::Status::fail("mla_cache_write: c_n, k_pe, dst and cache_rows must be on one device");
+  if (a.c_n.device != core::Device::cpu) return core::Status::ok();  // device rows: unchecked (see mla.h)
+  // Values (CPU): every row names a cache row of dst (or -1 to skip), no cache row twice.
+  const int64_t capacity = a.dst.dim(0) * a.dst.dim(1);
+  std::vector<int32_t> seen;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t r = rows.as<const int32_t>()[t];
+    if (r < -1 || r >= capacity)
+      return core::Status::fail("mla_cache_write: cache_rows[" + std::to_string(t) + "] = " + std::to_string(r) +
+                                " is not -1 or a cache row in [0, num_blocks * block_size = " +
+                                std::to_string(capacity) + ")");
+    if (r >= 0) seen.push_back(r);
+  }
+  std::sort(seen.begin(), seen.end());
+  if (const auto dup = std::adjacent_find(seen.begin(), seen.end()); dup != seen.end())
+    return core::Status::fail("mla_cache_write: cache_rows names cache row " + std::to_string(*dup) + " twice");
   return core::Status::ok();
 }
 
@@ -47,14 +68,17 @@ void mla_cache_write_reference(const MlaCacheWriteArgs& a) {
   K3_CHECK(a.dst.device == core::Device::cpu, "mla_cache_write_reference: tensors must be on the CPU");
   const int64_t T = a.c_n.dim(0), kv_lora = a.c_n.dim(1), rope = a.k_pe.dim(1);
   for (int64_t t = 0; t < T; ++t) {
+    const int32_t row = a.cache_rows.as<const int32_t>()[t];
+    if (row < 0) continue;  // padding row
     const float* c = mla_detail::row_ptr(a.c_n, t);
     const float* pe = mla_detail::row_ptr(a.k_pe, t);
+    char* dst = mla_detail::page_row_ptr(a.dst, row);
     if (a.dst.dtype == core::DType::f32) {
-      float* d = mla_detail::mutable_row_ptr(a.dst, t);
+      float* d = reinterpret_cast<float*>(dst);
       std::memcpy(d, c, sizeof(float) * kv_lora);
       std::memcpy(d + kv_lora, pe, sizeof(float) * rope);
     } else {
-      uint8_t* d = a.dst.as<uint8_t>() + t * a.dst.strides[0];
+      uint8_t* d = reinterpret_cast<uint8_t*>(dst);
       for (int64_t i = 0; i < kv_lora; ++i) d[i] = core::f32_to_fp8_e4m3(c[i] / a.k_scale);
       for (int64_t i = 0; i < rope; ++i) d[kv_lora + i] = core::f32_to_fp8_e4m3(pe[i] / a.k_scale);
     }
@@ -63,31 +87,61 @@ void mla_cache_write_reference(const MlaCacheWriteArgs& a) {
 
 namespace mla_detail {
 
-DequantCache dequantize_cache(const core::TensorView& cache, float k_scale, int64_t kv_lora,
-                              int64_t rope) {
+namespace {
+
+// The 256 fp8 codes' values, pre-multiplied by k_scale: one table lookup per element.
+struct Fp8Table {
+  float value[256];
+  explicit Fp8Table(float k_scale) {
+    for (int code = 0; code < 256; ++code)
+      value[code] = core::fp8_e4m3_to_f32(static_cast<uint8_t>(code)) * k_scale;
+  }
+};
+
+// One cache entry (f32 values or fp8 codes) into c [kv_lora] and pe [rope].
+void read_entry(const char* src, core::DType dtype, const Fp8Table& fp8, int64_t kv_lora, int64_t rope, float* c,
+                float* pe) {
+  if (dtype == core::DType::f32) {
+    const auto* f = reinterpret_cast<const float*>(src);
+    std::memcpy(c, f, sizeof(float) * kv_lora);
+    std::memcpy(pe, f + kv_lora, sizeof(float) * rope);
+  } else {
+    const auto* u = reinterpret_cast<const uint8_t*>(src);
+    for (int64_t i = 0; i < kv_lora; ++i) c[i] = fp8.value[u[i]];
+    for (int64_t i = 0; i < rope; ++i) pe[i] = fp8.value[u[kv_lora + i]];
+  }
+}
+
+DequantCache empty_cache(int64_t positions, int64_t kv_lora, int64_t rope) {
   DequantCache out;
-  out.positions = cache.dim(0);
+  out.positions = positions;
   out.kv_lora = kv_lora;
   out.rope = rope;
-  out.c_n.resize(static_cast<size_t>(out.positions * kv_lora));
-  out.k_pe.resize(static_cast<size_t>(out.positions * rope));
-  // One table lookup per element instead of a decode: all 256 codes, pre-multiplied by k_scale.
-  float fp8_value[256];
-  for (int code = 0; code < 256; ++code)
-    fp8_value[code] = core::fp8_e4m3_to_f32(static_cast<uint8_t>(code)) * k_scale;
-  for (int64_t j = 0; j < out.positions; ++j) {
-    float* c = out.c_n.data() + j * kv_lora;
-    float* pe = out.k_pe.data() + j * rope;
-    if (cache.dtype == core::DType::f32) {
-      const float* src = cache.as<const float>() + j * cache.strides[0];
-      std::memcpy(c, src, sizeof(float) * kv_lora);
-      std::memcpy(pe, src + kv_lora, sizeof(float) * rope);
-    } else {
-      const uint8_t* src = cache.as<const uint8_t>() + j * cache.strides[0];
-      for (int64_t i = 0; i < kv_lora; ++i) c[i] = fp8_value[src[i]];
-      for (int64_t i = 0; i < rope; ++i) pe[i] = fp8_value[src[kv_lora + i]];
-    }
-  }
+  out.c_n.resize(static_cast<size_t>(positions * kv_lora));
+  out.k_pe.resize(static_cast<size_t>(positions * rope));
+  return out;
+}
+
+}  // namespace
+
+DequantCache dequantize_cache(const core::TensorView& rows, float k_scale, int64_t kv_lora, int64_t rope) {
+  DequantCache out = empty_cache(rows.dim(0), kv_lora, rope);
+  const Fp8Table fp8(k_scale);
+  const int64_t row_bytes = rows.strides[0] * static_cast<int64_t>(core::dtype_size(rows.dtype));
+  for (int64_t j = 0; j < out.positions; ++j)
+    read_entry(static_cast<const char*>(rows.data) + j * row_bytes, rows.dtype, fp8, kv_lora, rope,
+               out.c_n.data() + j * kv_lora, out.k_pe.data() + j * rope);
+  return out;
+}
+
+DequantCache dequantize_sequence(const core::TensorView& pages, const int32_t* block_table, int64_t tokens,
+                                 float k_scale, int64_t kv_lora, int64_t rope) {
+  DequantCache out = empty_cache(tokens, kv_lora, rope);
+  const Fp8Table fp8(k_scale);
+  const int64_t bs = pages.dim(1);
+  for (int64_t j = 0; j < tokens; ++j)
+    read_entry(page_row_ptr(pages, block_table[j / bs] * bs + j % bs), pages.dtype, fp8, kv_lora, rope,
+               out.c_n.data() + j * kv_lora, out.k_pe.data() + j * rope);
   return out;
 }
 

@@ -1,16 +1,20 @@
-// kernels/mla/cache_test.cpp: MLA cache write and read-back for f32 and f8_e4m3 caches (spec §6.3).
+// kernels/mla/cache_test.cpp: MLA cache write into pages through cache_rows, and read-back, for f32 and
+// f8_e4m3 caches (spec §6.3).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "core/fp8.h"
 #include "core/rng.h"
 #include "kernels/mla/mla.h"
 #include "kernels/mla/mla_internal.h"
+#include "kernels/mla/mla_test_util.h"
 
 namespace k3::kernels {
 namespace {
@@ -34,50 +38,63 @@ float entry_value(const Entries& e, int64_t t, int64_t i) {
   return i < kv_lora ? e.c_n.data<float>()[t * kv_lora + i] : e.k_pe.data<float>()[t * rope + i - kv_lora];
 }
 
-// Writes T entries into rows [first, first + T) of a NaN-poisoned cache of `capacity` rows, so
-// the test also sees that the write stays inside its rows.
-void write_rows(const Entries& e, core::Tensor& cache, int64_t first, float k_scale) {
-  const int64_t T = e.c_n.dim(0), width = cache.dim(1);
-  const size_t esize = core::dtype_size(cache.dtype());
+// Where a sequence's T entries go: positions 0 .. T-1 in pages of block_size tokens with shuffled
+// ids, inside a pool with spare pages, so a write outside its rows shows up in the spare pages.
+struct Layout {
+  int64_t block_size = 0, num_blocks = 0;
+  std::vector<int32_t> table;  // page of position j = table[j / block_size]
+  std::vector<int32_t> rows;   // cache row of position j
+  Layout(int64_t T, int64_t bs, uint64_t seed) : block_size(bs) {
+    core::Rng rng(seed);
+    const int64_t blocks = (T + bs - 1) / bs;
+    num_blocks = blocks + 3;
+    table = mla_test::shuffled_ids(num_blocks, rng);
+    table.resize(static_cast<size_t>(blocks));
+    for (int64_t j = 0; j < T; ++j) rows.push_back(table[j / bs] * static_cast<int32_t>(bs) + static_cast<int32_t>(j % bs));
+  }
+};
+
+// Writes the entries through the layout's cache rows (one call) into a poisoned pages tensor.
+void write_rows(const Entries& e, core::Tensor& pages, const std::vector<int32_t>& rows, float k_scale) {
+  const core::Tensor cache_rows = mla_test::i32_tensor(rows);
   MlaCacheWriteArgs a;
   a.c_n = e.c_n.view();
   a.k_pe = e.k_pe.view();
-  a.dst = core::TensorView::contiguous(static_cast<char*>(cache.view().data) + first * width * esize,
-                                       cache.dtype(), {T, width});
+  a.dst = pages.view();
+  a.cache_rows = cache_rows.view();
   a.k_scale = k_scale;
   ASSERT_TRUE(mla_cache_write_check(a).is_ok()) << mla_cache_write_check(a).reason();
   mla_cache_write_reference(a);
 }
 
-core::Tensor poisoned_cache(core::DType dtype, int64_t capacity, int64_t width) {
-  core::Tensor c = core::Tensor::zeros(dtype, {capacity, width});
-  if (dtype == core::DType::f32)
-    for (float& x : c.span<float>()) x = std::numeric_limits<float>::quiet_NaN();
-  else
-    std::memset(c.view().data, 0x7f, static_cast<size_t>(c.nbytes()));  // E4M3 NaN code
-  return c;
+// The position written to each cache row (-1: none).
+std::vector<int64_t> position_of_row(const Layout& l, int64_t capacity) {
+  std::vector<int64_t> pos(static_cast<size_t>(capacity), -1);
+  for (size_t j = 0; j < l.rows.size(); ++j) pos[l.rows[j]] = static_cast<int64_t>(j);
+  return pos;
 }
 
 TEST(MlaCache, F32StoresValuesAsGivenInItsRowsOnly) {
-  for (auto [T, kv_lora, rope] : {std::tuple<int64_t, int64_t, int64_t>{17, 37, 9}, {3, 512, 64}}) {
+  for (auto [T, kv_lora, rope, bs] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{17, 37, 9, 5}, {3, 512, 64, 16},
+                                      {40, 54, 64, 7}}) {
     const Entries e = random_entries(T, kv_lora, rope, 1.0, 11 + T);
-    const int64_t width = kv_lora + rope, first = 5, capacity = T + 8;
-    core::Tensor cache = poisoned_cache(core::DType::f32, capacity, width);
-    write_rows(e, cache, first, /*k_scale=*/0.37f);  // k_scale must not touch an f32 cache
-    for (int64_t r = 0; r < capacity; ++r)
+    const int64_t width = kv_lora + rope;
+    const Layout l(T, bs, 90 + T);
+    core::Tensor pages = mla_test::poisoned_pages(core::DType::f32, l.num_blocks, bs, width);
+    write_rows(e, pages, l.rows, /*k_scale=*/0.37f);  // k_scale must not touch an f32 cache
+    const std::vector<int64_t> pos = position_of_row(l, l.num_blocks * bs);
+    for (int64_t r = 0; r < l.num_blocks * bs; ++r)
       for (int64_t i = 0; i < width; ++i) {
-        const float got = cache.data<float>()[r * width + i];
-        if (r < first || r >= first + T) {
-          ASSERT_TRUE(std::isnan(got)) << "row " << r << " outside the written rows was touched";
+        const float got = pages.data<float>()[r * width + i];
+        if (pos[r] < 0) {
+          ASSERT_TRUE(std::isnan(got)) << "cache row " << r << " outside the written rows was touched";
         } else {
-          ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(entry_value(e, r - first, i)))
+          ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(entry_value(e, pos[r], i)))
               << "row " << r << " col " << i;
         }
       }
-    // Reading back the written rows gives the same values, split into c_n and k_pe.
-    const core::TensorView rows = core::TensorView::contiguous(cache.data<float>() + first * width,
-                                                               core::DType::f32, {T, width});
-    const auto read = mla_detail::dequantize_cache(rows, 0.37f, kv_lora, rope);
+    // Reading the sequence back through its block table gives the values in position order.
+    const auto read = mla_detail::dequantize_sequence(pages.view(), l.table.data(), T, 0.37f, kv_lora, rope);
     ASSERT_EQ(read.positions, T);
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t i = 0; i < kv_lora; ++i) ASSERT_EQ(read.c_n_row(t)[i], entry_value(e, t, i));
@@ -87,24 +104,23 @@ TEST(MlaCache, F32StoresValuesAsGivenInItsRowsOnly) {
 }
 
 TEST(MlaCache, Fp8StoresScaledCodesAndReadsBackTimesKScale) {
-  const int64_t T = 17, kv_lora = 54, rope = 64, width = kv_lora + rope;
+  const int64_t T = 17, kv_lora = 54, rope = 64, width = kv_lora + rope, bs = 4;
   const float k_scale = 0.37f;
   const Entries e = random_entries(T, kv_lora, rope, 3.0, 21);
-  core::Tensor cache = poisoned_cache(core::DType::f8_e4m3, T + 2, width);
-  write_rows(e, cache, 1, k_scale);
-  const uint8_t* codes = cache.data<uint8_t>();
-  for (int64_t i = 0; i < width; ++i) {  // rows 0 and T+1 untouched
-    ASSERT_EQ(codes[i], 0x7f);
-    ASSERT_EQ(codes[(T + 1) * width + i], 0x7f);
-  }
-  const core::TensorView rows = core::TensorView::contiguous(cache.data<uint8_t>() + width,
-                                                             core::DType::f8_e4m3, {T, width});
-  const auto read = mla_detail::dequantize_cache(rows, k_scale, kv_lora, rope);
+  const Layout l(T, bs, 22);
+  core::Tensor pages = mla_test::poisoned_pages(core::DType::f8_e4m3, l.num_blocks, bs, width);
+  write_rows(e, pages, l.rows, k_scale);
+  const uint8_t* codes = pages.data<uint8_t>();
+  const std::vector<int64_t> pos = position_of_row(l, l.num_blocks * bs);
+  for (int64_t r = 0; r < l.num_blocks * bs; ++r)  // rows of no position untouched
+    if (pos[r] < 0)
+      for (int64_t i = 0; i < width; ++i) ASSERT_EQ(codes[r * width + i], 0x7f) << "cache row " << r;
+  const auto read = mla_detail::dequantize_sequence(pages.view(), l.table.data(), T, k_scale, kv_lora, rope);
   int64_t differs_from_unscaled = 0;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < width; ++i) {
       const float x = entry_value(e, t, i);
-      const uint8_t code = codes[(t + 1) * width + i];
+      const uint8_t code = codes[l.rows[t] * width + i];
       ASSERT_EQ(code, core::f32_to_fp8_e4m3(x / k_scale)) << "t " << t << " col " << i;
       differs_from_unscaled += code != core::f32_to_fp8_e4m3(x);
       const float back = i < kv_lora ? read.c_n_row(t)[i] : read.k_pe_row(t)[i - kv_lora];
@@ -115,6 +131,25 @@ TEST(MlaCache, Fp8StoresScaledCodesAndReadsBackTimesKScale) {
           << "x " << x;
     }
   EXPECT_GT(differs_from_unscaled, T * width / 2) << "k_scale seems ignored";
+}
+
+// Rows go wherever cache_rows says, in any order, and -1 rows (padding) are skipped.
+TEST(MlaCache, RowsInAnyOrderAndPaddingRowsSkipped) {
+  const int64_t T = 9, kv_lora = 13, rope = 5, width = kv_lora + rope, bs = 7;
+  const Entries e = random_entries(T, kv_lora, rope, 1.0, 31);
+  const std::vector<int32_t> rows = {20, -1, 3, 0, 13, -1, 27, 6, 14};  // 4 pages of 7 = 28 rows
+  core::Tensor pages = mla_test::poisoned_pages(core::DType::f32, 4, bs, width);
+  write_rows(e, pages, rows, 1.0f);
+  for (int64_t r = 0; r < 4 * bs; ++r) {
+    const auto it = std::find(rows.begin(), rows.end(), static_cast<int32_t>(r));
+    for (int64_t i = 0; i < width; ++i) {
+      const float got = pages.data<float>()[r * width + i];
+      if (it == rows.end())
+        ASSERT_TRUE(std::isnan(got)) << "cache row " << r;
+      else
+        ASSERT_EQ(got, entry_value(e, it - rows.begin(), i)) << "cache row " << r << " col " << i;
+    }
+  }
 }
 
 TEST(MlaCache, Fp8SaturatesAtMaxTimesKScale) {
@@ -130,9 +165,10 @@ TEST(MlaCache, Fp8SaturatesAtMaxTimesKScale) {
   Entries e{core::Tensor::zeros(core::DType::f32, {1, kv_lora}), core::Tensor::zeros(core::DType::f32, {1, rope})};
   for (int64_t i = 0; i < kv_lora + rope; ++i)
     (i < kv_lora ? e.c_n.data<float>()[i] : e.k_pe.data<float>()[i - kv_lora]) = cases[i].first;
-  core::Tensor cache = poisoned_cache(core::DType::f8_e4m3, 1, kv_lora + rope);
-  write_rows(e, cache, 0, k_scale);
-  const auto read = mla_detail::dequantize_cache(cache.view(), k_scale, kv_lora, rope);
+  core::Tensor pages = mla_test::poisoned_pages(core::DType::f8_e4m3, 1, 1, kv_lora + rope);
+  write_rows(e, pages, {0}, k_scale);
+  const int32_t table[] = {0};
+  const auto read = mla_detail::dequantize_sequence(pages.view(), table, 1, k_scale, kv_lora, rope);
   for (int64_t i = 0; i < kv_lora + rope; ++i) {
     const float back = i < kv_lora ? read.c_n_row(0)[i] : read.k_pe_row(0)[i - kv_lora];
     EXPECT_EQ(back, cases[i].second) << "input " << cases[i].first;
@@ -141,12 +177,14 @@ TEST(MlaCache, Fp8SaturatesAtMaxTimesKScale) {
 
 TEST(MlaCache, EmptyWriteIsANoOp) {
   MlaCacheWriteArgs a;
-  core::Tensor dst = core::Tensor::zeros(core::DType::f8_e4m3, {0, 576});
+  core::Tensor dst = mla_test::poisoned_pages(core::DType::f8_e4m3, 2, 16, 576);
   a.c_n = core::TensorView::contiguous(nullptr, core::DType::f32, {0, 512});
   a.k_pe = core::TensorView::contiguous(nullptr, core::DType::f32, {0, 64});
+  a.cache_rows = core::TensorView::contiguous(nullptr, core::DType::i32, {0});
   a.dst = dst.view();
   EXPECT_TRUE(mla_cache_write_check(a).is_ok()) << mla_cache_write_check(a).reason();
   mla_cache_write_reference(a);
+  for (uint8_t code : dst.span<const uint8_t>()) ASSERT_EQ(code, 0x7f);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/fp8.h"
@@ -28,21 +29,52 @@ inline core::Tensor nan_filled(core::Shape shape) {
   return t;
 }
 
-// q, cache and kv_b for T queries over an S-entry cache. Inputs are bf16-representable (as the
-// model hands them over); the cache is written through mla_cache_write_reference.
+// A random permutation of 0 .. n-1 (core::Rng, Fisher-Yates).
+inline std::vector<int32_t> shuffled_ids(int64_t n, core::Rng& rng) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>(i);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(ids[i], ids[rng.next_u64() % static_cast<uint64_t>(i + 1)]);
+  return ids;
+}
+
+// Pages [num_blocks, block_size, width] poisoned with NaN (f32) or the E4M3 NaN code, so a read of
+// a page or row never written shows up in the output.
+inline core::Tensor poisoned_pages(core::DType dtype, int64_t num_blocks, int64_t block_size, int64_t width) {
+  core::Tensor t = core::Tensor::zeros(dtype, {num_blocks, block_size, width});
+  if (dtype == core::DType::f32)
+    std::fill(t.span<float>().begin(), t.span<float>().end(), std::numeric_limits<float>::quiet_NaN());
+  else
+    std::memset(t.view().data, 0x7f, static_cast<size_t>(t.nbytes()));
+  return t;
+}
+
+// An i32 tensor holding v (shape [v.size()] unless given).
+inline core::Tensor i32_tensor(const std::vector<int32_t>& v, core::Shape shape = {}) {
+  if (shape.rank() == 0) shape = core::Shape{static_cast<int64_t>(v.size())};
+  core::Tensor t = core::Tensor::zeros(core::DType::i32, shape);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
+// One sequence: T queries at cache positions S-T .. S-1 over an S-entry cache held in pages of
+// `block_size` tokens whose ids are a random permutation (plus spare pages never written), and
+// kv_b. Inputs are bf16-representable (as the model hands them over); the cache is written
+// through mla_cache_write_reference.
 struct MlaProblem {
   MlaDims d{};
-  int64_t S = 0, T = 0;
+  int64_t S = 0, T = 0, block_size = 0;
   core::Tensor q;      // f32 [T, H*(nope+rope)]
   core::Tensor c_n;    // f32 [S, kv_lora]  the values written into the cache
   core::Tensor k_pe;   // f32 [S, rope]
-  core::Tensor cache;  // f32 or f8_e4m3 [S, kv_lora+rope]
+  core::Tensor pages;  // f32 or f8_e4m3 [num_blocks, block_size, kv_lora+rope]
+  std::vector<int32_t> page_ids;  // the sequence's block table: page of position j = page_ids[j / block_size]
+  core::Tensor row_begin, num_rows, position, block_table;  // i32 SeqBatch tables of the one sequence
   float k_scale = 1.0f;
   LinearWeight kv_b;   // bf16 or f32 [H*(nope+v), kv_lora]
 
   MlaProblem(MlaDims dims, int64_t s, int64_t t, core::DType cache_dtype, core::DType kv_b_dtype,
-             float kscale, uint64_t seed)
-      : d(dims), S(s), T(t), k_scale(kscale) {
+             float kscale, uint64_t seed, int64_t page_tokens = 16)
+      : d(dims), S(s), T(t), block_size(page_tokens), k_scale(kscale) {
     core::Rng rng(seed);
     const int64_t H = d.heads;
     q = core::Tensor::zeros(core::DType::f32, {T, H * (d.nope + d.rope)});
@@ -63,24 +95,55 @@ struct MlaProblem {
       else
         kv_b.weight.data<float>()[i] = w;
     }
-    cache = core::Tensor::zeros(cache_dtype, {S, d.kv_lora + d.rope});
+    // The page layout draws from its own stream, so the values above do not depend on it.
+    core::Rng page_rng = rng.fork(0x9a6e);
+    const int64_t blocks = (S + block_size - 1) / block_size, spare = 3;
+    page_ids = shuffled_ids(blocks + spare, page_rng);
+    page_ids.resize(static_cast<size_t>(blocks));
+    pages = poisoned_pages(cache_dtype, blocks + spare, block_size, d.kv_lora + d.rope);
+    std::vector<int32_t> table = page_ids;
+    table.resize(table.size() + 2, -1);  // unused table entries: never read
+    block_table = i32_tensor(table, {1, static_cast<int64_t>(table.size())});
+    row_begin = i32_tensor({0});
+    num_rows = i32_tensor({static_cast<int32_t>(T)});
+    position = i32_tensor({static_cast<int32_t>(S - T)});
     rewrite_cache();
   }
 
-  // Writes c_n / k_pe (after edits) into the cache.
+  // Cache row of token position j.
+  int64_t cache_row(int64_t j) const { return int64_t{page_ids[j / block_size]} * block_size + j % block_size; }
+
+  // Writes c_n / k_pe (after edits) into the pages.
   void rewrite_cache() {
+    std::vector<int32_t> rows(static_cast<size_t>(S));
+    for (int64_t j = 0; j < S; ++j) rows[j] = static_cast<int32_t>(cache_row(j));
+    const core::Tensor cache_rows = i32_tensor(rows);
     MlaCacheWriteArgs w;
     w.c_n = c_n.view();
     w.k_pe = k_pe.view();
-    w.dst = cache.view();
+    w.dst = pages.view();
+    w.cache_rows = cache_rows.view();
     w.k_scale = k_scale;
     mla_cache_write_reference(w);
+  }
+
+  SeqBatch seqs() const {
+    SeqBatch b;
+    b.row_begin = row_begin.view();
+    b.num_rows = num_rows.view();
+    b.position = position.view();
+    b.block_table = block_table.view();
+    b.num_seqs = 1;
+    b.max_rows = static_cast<int>(T);
+    b.max_tokens = S;
+    return b;
   }
 
   MlaAttentionArgs args(const core::Tensor& out, Precision precision, float scale) const {
     MlaAttentionArgs a;
     a.q = q.view();
-    a.cache = cache.view();
+    a.pages = pages.view();
+    a.seqs = seqs();
     a.k_scale = k_scale;
     a.kv_b = &kv_b;
     a.out = out.view();
@@ -103,11 +166,11 @@ struct MlaProblem {
     return out;
   }
 
-  // The cache value at (j, i) as the spec defines reading it, in double.
+  // The cache value at (position j, column i) as the spec defines reading it, in double.
   double cache_value(int64_t j, int64_t i) const {
-    const int64_t width = d.kv_lora + d.rope;
-    if (cache.dtype() == core::DType::f32) return cache.data<const float>()[j * width + i];
-    const uint8_t code = cache.data<const uint8_t>()[j * width + i];
+    const int64_t width = d.kv_lora + d.rope, at = cache_row(j) * width + i;
+    if (pages.dtype() == core::DType::f32) return pages.data<const float>()[at];
+    const uint8_t code = pages.data<const uint8_t>()[at];
     return static_cast<double>(core::fp8_e4m3_to_f32(code)) * static_cast<double>(k_scale);
   }
 
@@ -164,6 +227,126 @@ struct MlaProblem {
       }
     }
     return result;
+  }
+};
+
+// Several MlaProblems (sharing dims, cache dtype and k_scale; the first one's kv_b) as ONE batched
+// call: their query rows in a shuffled order, each after an unowned row (NaN in q, must stay NaN
+// in out); their caches in one pool of pages of `block_size` tokens with shuffled ids, written by
+// one mla_cache_write_reference (plus a skipped -1 row of NaN). max_rows / max_tokens have slack.
+struct MlaBatch {
+  std::vector<const MlaProblem*> probs;
+  int64_t block_size = 0, rows = 0;
+  std::vector<int64_t> first_row;  // per problem: its first row of q / out
+  core::Tensor q, pages, row_begin, num_rows, position, block_table;
+  int max_rows = 0;
+  int64_t max_tokens = 0;
+
+  MlaBatch(std::vector<const MlaProblem*> ps, int64_t page_tokens, uint64_t seed)
+      : probs(std::move(ps)), block_size(page_tokens) {
+    core::Rng rng(seed);
+    const MlaProblem& p0 = *probs.front();
+    const int64_t n = static_cast<int64_t>(probs.size()), qw = p0.q.dim(1), L = p0.d.kv_lora, R = p0.d.rope;
+    // Rows: problems in a shuffled order, one unowned row before each and one at the end.
+    first_row.assign(probs.size(), 0);
+    for (int32_t k : shuffled_ids(n, rng)) {
+      first_row[k] = rows + 1;
+      rows += 1 + probs[k]->T;
+    }
+    ++rows;
+    q = nan_filled({rows, qw});
+    for (int64_t k = 0; k < n; ++k)
+      std::memcpy(q.data<float>() + first_row[k] * qw, probs[k]->q.data<const float>(),
+                  sizeof(float) * static_cast<size_t>(probs[k]->q.numel()));
+    // Pages: every problem's blocks from one shuffled pool with spares.
+    int64_t blocks = 0, max_blocks = 0;
+    for (const MlaProblem* p : probs) {
+      const int64_t b = (p->S + block_size - 1) / block_size;
+      blocks += b;
+      max_blocks = std::max(max_blocks, b + 1);
+      max_rows = std::max(max_rows, static_cast<int>(p->T) + 1);
+      max_tokens = std::max(max_tokens, p->S + 1);
+    }
+    const std::vector<int32_t> pool = shuffled_ids(blocks + 5, rng);
+    pages = poisoned_pages(p0.pages.dtype(), blocks + 5, block_size, L + R);
+    std::vector<int32_t> table(static_cast<size_t>(n * max_blocks), -1), begins, counts, positions, cache_rows;
+    std::vector<float> c_vals, pe_vals;
+    size_t next = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const MlaProblem& p = *probs[k];
+      for (int64_t b = 0; b * block_size < p.S; ++b) table[k * max_blocks + b] = pool[next++];
+      for (int64_t j = 0; j < p.S; ++j)
+        cache_rows.push_back(table[k * max_blocks + j / block_size] * static_cast<int32_t>(block_size) +
+                             static_cast<int32_t>(j % block_size));
+      c_vals.insert(c_vals.end(), p.c_n.data<const float>(), p.c_n.data<const float>() + p.c_n.numel());
+      pe_vals.insert(pe_vals.end(), p.k_pe.data<const float>(), p.k_pe.data<const float>() + p.k_pe.numel());
+      begins.push_back(static_cast<int32_t>(first_row[k]));
+      counts.push_back(static_cast<int32_t>(p.T));
+      positions.push_back(static_cast<int32_t>(p.S - p.T));
+    }
+    cache_rows.push_back(-1);  // a padding row: never written anywhere
+    c_vals.resize(c_vals.size() + static_cast<size_t>(L), std::numeric_limits<float>::quiet_NaN());
+    pe_vals.resize(pe_vals.size() + static_cast<size_t>(R), std::numeric_limits<float>::quiet_NaN());
+    const int64_t written = static_cast<int64_t>(cache_rows.size());
+    const core::Tensor c_all = core::Tensor::zeros(core::DType::f32, {written, L});
+    const core::Tensor pe_all = core::Tensor::zeros(core::DType::f32, {written, R});
+    std::copy(c_vals.begin(), c_vals.end(), c_all.data<float>());
+    std::copy(pe_vals.begin(), pe_vals.end(), pe_all.data<float>());
+    const core::Tensor rows_t = i32_tensor(cache_rows);
+    MlaCacheWriteArgs w;
+    w.c_n = c_all.view();
+    w.k_pe = pe_all.view();
+    w.dst = pages.view();
+    w.cache_rows = rows_t.view();
+    w.k_scale = p0.k_scale;
+    mla_cache_write_reference(w);
+    row_begin = i32_tensor(begins);
+    num_rows = i32_tensor(counts);
+    position = i32_tensor(positions);
+    block_table = i32_tensor(table, {n, max_blocks});
+  }
+
+  SeqBatch seqs() const {
+    SeqBatch b;
+    b.row_begin = row_begin.view();
+    b.num_rows = num_rows.view();
+    b.position = position.view();
+    b.block_table = block_table.view();
+    b.num_seqs = static_cast<int>(probs.size());
+    b.max_rows = max_rows;
+    b.max_tokens = max_tokens;
+    return b;
+  }
+
+  // Runs one form over the whole batch on a NaN-poisoned [rows, H*v] output.
+  template <class Fn>
+  core::Tensor run(Fn op, Precision precision) const {
+    const MlaProblem& p0 = *probs.front();
+    core::Tensor out = nan_filled({rows, static_cast<int64_t>(p0.d.heads) * p0.d.v});
+    MlaAttentionArgs a = p0.args(out, precision, p0.default_scale());
+    a.q = q.view();
+    a.pages = pages.view();
+    a.seqs = seqs();
+    op(a);
+    return out;
+  }
+
+  // Problem k's rows of a batch output, as a [T_k, H*v] copy.
+  core::Tensor rows_of(const core::Tensor& out, size_t k) const {
+    const int64_t w = out.dim(1);
+    core::Tensor r = core::Tensor::zeros(core::DType::f32, {probs[k]->T, w});
+    std::memcpy(r.data<float>(), out.data<const float>() + first_row[k] * w, static_cast<size_t>(r.nbytes()));
+    return r;
+  }
+  // Rows of the output that belong to no problem.
+  std::vector<int64_t> unowned_rows() const {
+    std::vector<bool> owned(static_cast<size_t>(rows), false);
+    for (size_t k = 0; k < probs.size(); ++k)
+      for (int64_t t = 0; t < probs[k]->T; ++t) owned[first_row[k] + t] = true;
+    std::vector<int64_t> out;
+    for (int64_t r = 0; r < rows; ++r)
+      if (!owned[r]) out.push_back(r);
+    return out;
   }
 };
 

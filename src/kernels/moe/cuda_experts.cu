@@ -1,17 +1,28 @@
 // kernels/moe/cuda_experts.cu: CUDA routed experts in latent space (spec §7), MXFP4 (or bf16/f32)
-// weights decoded inside the expert GEMV (never expanded to a bf16 copy):
+// weights decoded inside the expert GEMV (never expanded to a bf16 copy).
+//
+// MXFP4 weights with rows of whole 16-byte chunks (every K3 shape) take the kernels of
+// cuda_experts_mxfp4.cuh: a block per (row tile, expert), 16-byte code loads decoded in registers,
+// gate/up fused with SiTU, then down, then a fixed-order combine; batches of up to
+// fp4_experts::kScanMaxRoutes routes find their experts' routes inside each block (no sort), larger
+// ones use the sort below. Other formats and odd widths take the generic row-dot kernels:
 //   A. routes: the T*k routes (t, j) grouped by expert id (counting sort on the device);
 //   B. gate/up: a block per (row range, expert) walks that expert's routes, 8 at a time, reading
 //      each weight row once per 8 routes: h = round(SiTU(round(W1 z_t), round(W3 z_t)));
 //   C. down: e_tj = round(W2 h) the same way;
 //   D. combine: u_t = round(sum_j p_tj e_tj), fp32 in route order j = 0..k-1.
+// Without round_output (a TP rank's partial sum) C and D do not round and D writes f32.
 // Each route's sums depend only on its own token, never on where it sits in its expert's list, so
 // the result does not depend on the (atomic) order of the sort. A route whose id is outside
 // [0, E) (the router writes -1 for a NaN score) makes its token's output row NaN.
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda_rowdot.cuh"
+#include "kernels/moe/cuda_experts_mxfp4.cuh"
 #include "kernels/moe/experts.h"
 
 namespace k3::kernels {
@@ -23,27 +34,14 @@ namespace {
 constexpr int kSortThreads = 1024;
 constexpr int kMaxExperts = 8192;
 constexpr int kTokensPerPiece = 2048;  // bounds the scratch: [piece * k, max(I, L)] f32
-constexpr int kWordsPerExpert = 6;     // w1, w1 scale, w3, w3 scale, w2, w2 scale
 constexpr int kDownRows = 2;           // down-projection rows per warp segment
 
-// Per-expert weight pointers (a device table) and the layout all experts share.
-struct ExpertTable {
-  const uint64_t* words;  // [E][6]
-  int64_t ld1, sld1, ld3, sld3, ld2, sld2;
-  __device__ WeightRef w1(int e) const { return {ptr(e, 0), scale(e, 1), ld1, sld1}; }
-  __device__ WeightRef w3(int e) const { return {ptr(e, 2), scale(e, 3), ld3, sld3}; }
-  __device__ WeightRef w2(int e) const { return {ptr(e, 4), scale(e, 5), ld2, sld2}; }
-  __device__ const void* ptr(int e, int i) const { return reinterpret_cast<const void*>(words[e * 6 + i]); }
-  __device__ const uint8_t* scale(int e, int i) const {
-    return reinterpret_cast<const uint8_t*>(words[e * 6 + i]);
-  }
-};
-
 // A. offsets[E+1], order[] = route indices grouped by expert, active[0 .. *n_active) = the experts
-// with routes (in no particular order); bad[t] = 1 for a token with an id outside [0, E). One block.
+// with routes (in no particular order) and, when groups is set, groups[g] = {active[g], its first
+// index into order, its route count, 0}; bad[t] = 1 for a token with an id outside [0, E). One block.
 __global__ void __launch_bounds__(kSortThreads) sort_routes_kernel(const int32_t* ids, int64_t ids_ld, int64_t T,
                                                                    int k, int E, int* offsets, int* order, int* bad,
-                                                                   int* active, int* n_active) {
+                                                                   int* active, int* n_active, int4* groups) {
   __shared__ int cursor[kMaxExperts];
   __shared__ int warp_totals[32];
   __shared__ int active_count;
@@ -88,7 +86,11 @@ __global__ void __launch_bounds__(kSortThreads) sort_routes_kernel(const int32_t
     offsets[e] = start;
     cursor[e] = start;
     start += c;
-    if (c > 0) active[atomicAdd(&active_count, 1)] = e;
+    if (c > 0) {
+      const int g = atomicAdd(&active_count, 1);
+      active[g] = e;
+      if (groups) groups[g] = make_int4(e, start - c, c, 0);
+    }
   }
   if (tid == blockDim.x - 1) offsets[E] = start;  // the last run ends at the total
   __syncthreads();
@@ -179,7 +181,14 @@ __global__ void combine_kernel(const float* expert_out, int64_t L, const float* 
 core::Status experts_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
   if (auto s = ops.usable(); !s) return s;
   if (auto s = on_cuda({{"z", &a.z}, {"ids", &a.ids}, {"weights", &a.weights}, {"out", &a.out}}); !s) return s;
-  if (auto s = same_act({{"z", &a.z}, {"out", &a.out}}, a.precision); !s) return s;
+  if (a.round_output) {
+    if (auto s = same_act({{"z", &a.z}, {"out", &a.out}}, a.precision); !s) return s;
+  } else if (auto s = same_act({{"z", &a.z}}, a.precision); !s) {
+    return s;
+  } else if (a.out.dtype != core::DType::f32) {
+    return core::Status::fail("out must be f32 when round_output is off (unrounded partial sums), got " +
+                              describe(a.out));
+  }
   if (a.w1.size() > static_cast<size_t>(kMaxExperts))
     return core::Status::fail("at most " + std::to_string(kMaxExperts) + " experts on CUDA, got " +
                               std::to_string(a.w1.size()));
@@ -199,6 +208,109 @@ core::Status experts_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
     }
   }
   return core::Status::ok();
+}
+
+// One piece of tokens on the MXFP4 kernels of cuda_experts_mxfp4.cuh (see the file comment).
+struct Fp4Piece {
+  ExpertTable tab;
+  int64_t T, L, I;
+  int k, E, sm_count;
+  const int32_t* ids;  // [T, k], rows ids_ld apart
+  int64_t ids_ld;
+  const float* p;  // route weights [T, k]
+  int64_t p_ld;
+  void* out;  // [T, L] XT (round_output) or f32
+  int64_t out_ld;
+  int *offsets, *order, *bad, *active, *n_active;  // the sort's outputs (sorted form)
+  int4* groups;                                     // [E] (sorted form)
+  void* h;                                          // [T * k, I] bf16 (rounding) or f32
+  float* eo;                                        // [T * k, L] f32
+  float beta, linear_beta;
+  bool round, round_output;
+};
+
+// Whether the MXFP4 kernels take these widths: whole 16-byte chunks per row and an item's scale
+// bytes within kMaxScalesPerThread per thread; two stages within the shared memory a block may use.
+bool fp4_shapes_ok(int64_t L, int64_t I, size_t smem_optin) {
+  namespace fx = fp4_experts;
+  if (L % 32 != 0 || I % 32 != 0 || L == 0 || I == 0) return false;
+  const int width = fx::segment_lanes(I / 32);
+  const int64_t max_scales = int64_t{fx::kMaxScalesPerThread} * fx::kThreads;
+  return 2 * fx::kGateUpRows * (L / 32) <= max_scales && fx::down_rows(width) * (I / 32) <= max_scales &&
+         2 * static_cast<size_t>(fx::gate_up_stage_bytes(L)) <= smem_optin &&
+         2 * static_cast<size_t>(fx::down_stage_bytes(I, width)) <= smem_optin;
+}
+
+// Persistent blocks: as many as fit on the device at once (cached per kernel and shared memory),
+// never more than the items.
+template <class Kernel>
+unsigned persistent_blocks(Kernel kernel, size_t smem, int sm_count, int64_t items) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, size_t>, int> per_sm;
+  int n = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    auto it = per_sm.find({reinterpret_cast<const void*>(kernel), smem});
+    if (it == per_sm.end()) {
+      allow_smem(kernel, smem);
+      K3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, fp4_experts::kThreads, smem));
+      it = per_sm.emplace(std::pair{reinterpret_cast<const void*>(kernel), smem}, std::max(n, 1)).first;
+    }
+    n = it->second;
+  }
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(items, int64_t{n} * sm_count)));
+}
+
+template <class XT>
+void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t stream) {
+  namespace fx = fp4_experts;
+  const int64_t routes = f.T * f.k;
+  const bool sorted = routes > fx::kScanMaxRoutes;
+  if (sorted) {
+    sort_routes_kernel<<<1, kSortThreads, 0, stream>>>(f.ids, f.ids_ld, f.T, f.k, f.E, f.offsets, f.order, f.bad,
+                                                       f.active, f.n_active, f.groups);
+    K3_CUDA_CHECK_LAUNCH("sort_routes_kernel");
+  }
+  const fx::RouteSource rs{f.ids, f.ids_ld, f.k, static_cast<int>(routes), f.E, f.groups, f.order, f.n_active};
+  // Groups: a route each (route form), at most min(E, routes) experts (sorted form).
+  const int64_t groups = sorted ? std::min<int64_t>(f.E, routes) : routes;
+  const int width_dn = fx::segment_lanes(f.I / 32);
+  const int64_t items_gu = groups * ((f.I + fx::kGateUpRows - 1) / fx::kGateUpRows);
+  const int64_t items_dn = groups * ((f.L + fx::down_rows(width_dn) - 1) / fx::down_rows(width_dn));
+  const size_t smem_gu = 2 * static_cast<size_t>(fx::gate_up_stage_bytes(f.L));
+  const size_t smem_dn = 2 * static_cast<size_t>(fx::down_stage_bytes(f.I, width_dn));
+  const auto launch = [&](auto h_tag, auto sorted_tag) {
+    using HT = typename decltype(h_tag)::type;
+    constexpr bool S = decltype(sorted_tag)::value;
+    HT* h = static_cast<HT*>(f.h);
+    const auto gate_up = fx::gate_up_kernel<XT, HT, S>;
+    gate_up<<<persistent_blocks(gate_up, smem_gu, f.sm_count, items_gu), fx::kThreads, smem_gu, stream>>>(
+        f.tab, rs, z, z_ld, f.I, f.L, h, f.beta, f.linear_beta, f.round);
+    K3_CUDA_CHECK_LAUNCH("fp4_experts::gate_up_kernel");
+    const auto down = fx::down_kernel<HT, S>;
+    down<<<persistent_blocks(down, smem_dn, f.sm_count, items_dn), fx::kThreads, smem_dn, stream>>>(
+        f.tab, rs, h, f.I, f.L, f.eo, width_dn, f.round && f.round_output);
+    K3_CUDA_CHECK_LAUNCH("fp4_experts::down_kernel");
+  };
+  // h is a bf16 value whenever it is rounded: stored as bf16 then (half the bytes to read back).
+  const auto with_sorted = [&](auto h_tag) {
+    if (sorted)
+      launch(h_tag, std::true_type{});
+    else
+      launch(h_tag, std::false_type{});
+  };
+  if (f.round)
+    with_sorted(Tag<bf16>{});
+  else
+    with_sorted(Tag<float>{});
+  const dim3 grid_c(grid_for(f.L / 4, 256), static_cast<unsigned>(f.T));
+  if (f.round_output)
+    fx::combine_kernel<XT><<<grid_c, 256, 0, stream>>>(f.eo, f.L, f.ids, f.ids_ld, f.p, f.p_ld, f.k, f.E,
+                                                       static_cast<XT*>(f.out), f.out_ld, f.round);
+  else  // a TP rank's unrounded f32 partial sum
+    fx::combine_kernel<float><<<grid_c, 256, 0, stream>>>(f.eo, f.L, f.ids, f.ids_ld, f.p, f.p_ld, f.k, f.E,
+                                                          static_cast<float*>(f.out), f.out_ld, false);
+  K3_CUDA_CHECK_LAUNCH("fp4_experts::combine_kernel");
 }
 
 void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
@@ -231,6 +343,7 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   std::shared_ptr<void> ints = ops.ctx->scratch(sizeof(int) * static_cast<size_t>(2 * E + 2 + piece * k + piece));
   std::shared_ptr<void> h_buf = ops.ctx->scratch(sizeof(float) * static_cast<size_t>(piece * k * I));
   std::shared_ptr<void> e_buf = ops.ctx->scratch(sizeof(float) * static_cast<size_t>(piece * k * L));
+  std::shared_ptr<void> groups_buf = ops.ctx->scratch(sizeof(int4) * static_cast<size_t>(E));
   int* offsets = static_cast<int*>(ints.get());
   int* order = offsets + E + 1;
   int* bad = order + piece * k;
@@ -241,12 +354,27 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
 
   with_act(a.z.dtype, [&](auto tag) {
     using XT = typename decltype(tag)::type;
+    // The MXFP4 kernels: whole 16-byte chunks on every row (z rows and h rows 16-byte aligned).
+    const bool fp4_fast = fmt == WFmt::mxfp4 && aligned && fp4_shapes_ok(L, I, ops.ctx->smem_optin()) &&
+                          vector_ok(fmt, r1, L, a.z.data, a.z.strides[0], sizeof(XT)) &&
+                          vector_ok(fmt, r3, L, a.z.data, a.z.strides[0], sizeof(XT)) &&
+                          vector_ok(fmt, r2, I, h, I, round ? sizeof(bf16) : sizeof(float)) && aligned16(eo);
     for (int64_t t0 = 0; t0 < T_all; t0 += piece) {
       const int64_t T = std::min(piece, T_all - t0);
       const XT* z = a.z.as<const XT>() + t0 * a.z.strides[0];
+      if (fp4_fast) {
+        Fp4Piece f{tab, T, L, I, k, E, ops.ctx->info().sm_count, a.ids.as<const int32_t>() + t0 * a.ids.strides[0],
+                   a.ids.strides[0], a.weights.as<const float>() + t0 * a.weights.strides[0], a.weights.strides[0],
+                   nullptr, a.out.strides[0], offsets, order, bad, active, n_active,
+                   static_cast<int4*>(groups_buf.get()), h, eo, a.beta, a.linear_beta, round, a.round_output};
+        f.out = a.round_output ? static_cast<void*>(a.out.as<XT>() + t0 * a.out.strides[0])
+                               : static_cast<void*>(a.out.as<float>() + t0 * a.out.strides[0]);
+        run_fp4_piece<XT>(f, z, a.z.strides[0], stream);
+        continue;
+      }
       sort_routes_kernel<<<1, kSortThreads, 0, stream>>>(a.ids.as<const int32_t>() + t0 * a.ids.strides[0],
                                                          a.ids.strides[0], T, k, E, offsets, order, bad, active,
-                                                         n_active);
+                                                         n_active, nullptr);
       K3_CUDA_CHECK_LAUNCH("sort_routes_kernel");
       const unsigned slots = static_cast<unsigned>(std::min<int64_t>(E, T * k));  // distinct experts <= routes
       with_wfmt(fmt, [&](auto fc) {
@@ -270,7 +398,7 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
           const dim3 grid(grid_for(L, kRowdotThreads / width * kDownRows), slots);
           kernel<<<grid, kRowdotThreads, 0, stream>>>(tab, offsets, order, active, n_active,
                                                      static_cast<const float*>(h), I, k, L, I, eo, L, width, a.beta,
-                                                     a.linear_beta, round);
+                                                     a.linear_beta, round && a.round_output);
           K3_CUDA_CHECK_LAUNCH("expert_rows_kernel<down>");
         };
         if (vec_c)
@@ -278,9 +406,15 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
         else
           launch_c(expert_rows_kernel<false, FC, false, float>, segment_width<FC, false>(I));
       });
-      combine_kernel<XT><<<dim3(static_cast<unsigned>(T), grid_for(L, 256)), 256, 0, stream>>>(
-          eo, L, a.weights.as<const float>() + t0 * a.weights.strides[0], a.weights.strides[0], k, bad,
-          a.out.as<XT>() + t0 * a.out.strides[0], a.out.strides[0], round);
+      if (a.round_output) {
+        combine_kernel<XT><<<dim3(static_cast<unsigned>(T), grid_for(L, 256)), 256, 0, stream>>>(
+            eo, L, a.weights.as<const float>() + t0 * a.weights.strides[0], a.weights.strides[0], k, bad,
+            a.out.as<XT>() + t0 * a.out.strides[0], a.out.strides[0], round);
+      } else {  // a TP rank's unrounded f32 partial sum
+        combine_kernel<float><<<dim3(static_cast<unsigned>(T), grid_for(L, 256)), 256, 0, stream>>>(
+            eo, L, a.weights.as<const float>() + t0 * a.weights.strides[0], a.weights.strides[0], k, bad,
+            a.out.as<float>() + t0 * a.out.strides[0], a.out.strides[0], false);
+      }
       K3_CUDA_CHECK_LAUNCH("combine_kernel");
     }
   });

@@ -1,7 +1,10 @@
-// kernels/moe/cuda_router.cu: CUDA sigmoid router with biased top-k (spec §7), one warp per token:
-// s = sigmoid(logits) fp32; k rounds of a warp-wide argmax over s + bias (higher wins, the lower
-// id on exact ties, as the reference); weights use s only:
+// kernels/moe/cuda_router.cu: CUDA sigmoid router with biased top-k (spec §7), a block per token:
+//   s = sigmoid(logits) fp32, b = s + bias; the k best b (higher wins, the lower id on exact ties,
+//   as the reference) in descending order; weights use s only:
 //   renormalize: w_j = s_j / (sum_{selected, in written order} s + 1e-20) * scaling; else s_j * scaling.
+// Selection without k serial rounds: each b becomes an order-preserving 32-bit key, a radix select
+// (4 passes of 8 bits over a shared histogram) finds the k-th largest key, the keys above it and the
+// lowest ids among those equal to it are the k picks, and each pick's place is its rank among them.
 // A NaN biased score cannot throw from the device: that token gets ids -1 and NaN weights, which the
 // expert op turns into a NaN output row (never an out-of-range read).
 #include <cmath>
@@ -15,86 +18,155 @@ using namespace cuda_detail;
 
 namespace {
 
-constexpr int kThreads = 256;      // the scores: all threads; the k rounds: warp 0 alone
-constexpr int kMaxExperts = 8192;  // shared memory: score + biased + taken flag per expert
+constexpr int kThreads = 256;
+constexpr int kMaxExperts = 8192;  // shared memory: key + score per expert
 
-// (value, id) ordering of the reference: higher value first, lower id on ties.
-__device__ __forceinline__ bool better(float v, int id, float bv, int bid) {
-  return v > bv || (v == bv && id < bid);
+// Orders like the float (after -0 -> +0, which the reference's != treats as equal to +0).
+__device__ __forceinline__ uint32_t order_key(float b) {
+  const uint32_t u = __float_as_uint(b + 0.0f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+// (key, id) ordering of the reference: higher key first, lower id on ties.
+__device__ __forceinline__ bool better(uint32_t ka, int ia, uint32_t kb, int ib) {
+  return ka > kb || (ka == kb && ia < ib);
 }
 
-// In the k rounds (warp 0), lane l owns experts e = l, l + 32, ...: it alone reads and writes their
-// `taken` flags and keeps the best untaken one in registers, so a round is one warp argmax plus one
-// lane's rescan, with no block barrier.
-__device__ __forceinline__ void lane_best(const float* biased, const unsigned char* taken, int E, int lane,
-                                          float& bv, int& bid) {
-  bv = -INFINITY, bid = 0x7fffffff;
-  for (int e = lane; e < E; e += 32)
-    if (!taken[e] && better(biased[e], e, bv, bid)) bv = biased[e], bid = e;
+// Exclusive prefix over the block of `flag` in thread order (blockDim.x threads), and the total.
+__device__ __forceinline__ int block_prefix(bool flag, int* warp_counts, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned ballot = __ballot_sync(kFullMask, flag);
+  if (lane == 0) warp_counts[warp] = __popc(ballot);
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) {
+    before += w < warp ? warp_counts[w] : 0;
+    all += warp_counts[w];
+  }
+  __syncthreads();  // warp_counts is reused by the next call
+  *total = all;
+  return before + __popc(ballot & ((1u << lane) - 1u));
 }
 
 __global__ void __launch_bounds__(kThreads) router_kernel(const float* logits, int64_t logits_ld, const void* bias,
-                                                          bool bias_bf16, int E, int k, int32_t* ids,
-                                                          int64_t ids_ld, float* weights, int64_t weights_ld,
-                                                          bool renormalize, float scaling) {
-  extern __shared__ float smem[];
-  float* score = smem;                                                    // [E]
-  float* biased = smem + E;                                               // [E]
-  unsigned char* taken = reinterpret_cast<unsigned char*>(smem + 2 * E);  // [E]
+                                                          bool bias_bf16, int E, int k, int32_t* ids, int64_t ids_ld,
+                                                          float* weights, int64_t weights_ld, bool renormalize,
+                                                          float scaling) {
+  extern __shared__ uint32_t smem[];
+  uint32_t* key = smem;                                       // [E]
+  float* score = reinterpret_cast<float*>(smem + E);          // [E]
+  uint32_t* pick_key = smem + 2 * E;                          // [k]
+  int* pick_id = reinterpret_cast<int*>(smem + 2 * E + k);    // [k]
+  float* pick_score = reinterpret_cast<float*>(smem + 2 * E + 2 * k);  // [k], in written order
+  __shared__ int hist[256];
+  __shared__ int warp_counts[kThreads / 32];
+  __shared__ int sel_digit, sel_remaining, n_picked;
+  __shared__ float denom;
   const int64_t t = blockIdx.x;
-  const int lane = threadIdx.x & 31;
-  bool nan_seen = false;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {  // many loads in flight
-    const float s = 1.0f / (1.0f + expf(-logits[t * logits_ld + e]));
-    score[e] = s;
-    biased[e] = s + load_vec(bias, bias_bf16, e);
-    taken[e] = 0;
-    nan_seen = nan_seen || isnan(biased[e]);
-  }
+  const int tid = threadIdx.x;
   int32_t* ids_t = ids + t * ids_ld;
   float* w_t = weights + t * weights_ld;
-  if (__syncthreads_or(nan_seen)) {  // also publishes the scores to warp 0
-    for (int j = threadIdx.x; j < k; j += blockDim.x) ids_t[j] = -1, w_t[j] = NAN;
+
+  bool nan_seen = false;
+  for (int e = tid; e < E; e += blockDim.x) {
+    const float s = 1.0f / (1.0f + expf(-logits[t * logits_ld + e]));
+    const float b = s + load_vec(bias, bias_bf16, e);
+    nan_seen = nan_seen || isnan(b);
+    score[e] = s;
+    key[e] = order_key(b);
+  }
+  if (tid == 0) n_picked = 0;
+  if (__syncthreads_or(nan_seen)) {
+    for (int j = tid; j < k; j += blockDim.x) ids_t[j] = -1, w_t[j] = NAN;
     return;
   }
-  if (threadIdx.x >= 32) return;
-  float bv;
-  int bid;
-  lane_best(biased, taken, E, lane, bv, bid);
-  float sum = 0.0f;  // lane 0: selected scores in written order
-  for (int j = 0; j < k; ++j) {
-    float v = bv;
-    int id = bid;
+
+  // Radix select: after the passes, `prefix` is the k-th largest key and `remaining` the number of
+  // picks among the keys equal to it (the keys above it are k - remaining).
+  uint32_t prefix = 0, mask = 0;
+  int remaining = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    hist[tid] = 0;  // kThreads == 256 bins
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x)
+      if ((key[e] & mask) == prefix) atomicAdd(&hist[(key[e] >> shift) & 255u], 1);
+    __syncthreads();
+    if (tid < 32) {  // lane l: digits 255 - 8l .. 248 - 8l, highest first
+      int cnt[8], sum = 0;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(kFullMask, v, o);
-      const int oid = __shfl_xor_sync(kFullMask, id, o);
-      if (better(ov, oid, v, id)) v = ov, id = oid;
+      for (int i = 0; i < 8; ++i) sum += cnt[i] = hist[255 - 8 * tid - i];
+      int incl = sum;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(kFullMask, incl, o);
+        if (tid >= o) incl += y;
+      }
+      const unsigned hit = __ballot_sync(kFullMask, incl >= remaining);  // the matching keys >= remaining
+      if (tid == __ffs(hit) - 1) {
+        int before = incl - sum;
+        for (int i = 0; i < 8; ++i) {
+          if (before + cnt[i] >= remaining) {
+            sel_digit = 255 - 8 * tid - i;
+            sel_remaining = remaining - before;
+            break;
+          }
+          before += cnt[i];
+        }
+      }
     }
-    // -inf biased scores still rank (lowest id first), as the reference's sort.
-    if (lane == 0) {
-      ids_t[j] = id;
-      sum += score[id];
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(sel_digit) << shift;
+    mask |= 255u << shift;
+    remaining = sel_remaining;
+  }
+  const int equal = hist[prefix & 255u];  // keys equal to the k-th largest
+  __syncthreads();
+
+  // The picks, in no particular order: every key above, and the `remaining` lowest ids of the keys
+  // equal (all of them when that is every equal key, else counted in id order).
+  for (int e0 = 0; e0 < E; e0 += blockDim.x) {
+    const int e = e0 + tid;
+    const uint32_t ke = e < E ? key[e] : 0u;
+    bool take = e < E && ke > prefix;
+    if (equal == remaining) {
+      take = take || (e < E && ke == prefix);
+    } else {
+      int total;
+      const int rank = block_prefix(e < E && ke == prefix, warp_counts, &total);
+      take = take || (e < E && ke == prefix && rank < remaining);
+      remaining -= total;  // the equal keys of the following rounds rank after these
     }
-    if (lane == (id & 31)) {
-      taken[id] = 1;
-      lane_best(biased, taken, E, lane, bv, bid);
+    if (take) {
+      const int p = atomicAdd(&n_picked, 1);
+      pick_key[p] = ke;
+      pick_id[p] = e;
     }
   }
-  if (lane == 0) {
-    const float denom = sum + 1e-20f;
-    for (int j = 0; j < k; ++j) {
-      const float s = score[ids_t[j]];
-      w_t[j] = renormalize ? s / denom * scaling : s * scaling;
-    }
+  __syncthreads();
+  // Each pick's place is the number of picks better than it.
+  for (int j = tid; j < k; j += blockDim.x) {
+    const uint32_t kj = pick_key[j];
+    const int ij = pick_id[j];
+    int place = 0;
+    for (int i = 0; i < k; ++i) place += better(pick_key[i], pick_id[i], kj, ij);
+    ids_t[place] = ij;
+    pick_score[place] = score[ij];
   }
+  __syncthreads();
+  if (tid == 0) {
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) sum += pick_score[j];
+    denom = sum + 1e-20f;
+  }
+  __syncthreads();
+  for (int j = tid; j < k; j += blockDim.x)
+    w_t[j] = renormalize ? pick_score[j] / denom * scaling : pick_score[j] * scaling;
 }
 
 }  // namespace
 
 void register_router_cuda(Registry& r, const CudaOps& ops) {
   r.router_topk.add(
-      {"cuda_block_topk", core::Device::cuda, 10,
+      {"cuda_radix_topk", core::Device::cuda, 10,
        [ops](const RouterTopkArgs& a) {
          if (auto s = ops.usable(); !s) return s;
          if (a.logits.dim(1) > kMaxExperts)
@@ -106,7 +178,7 @@ void register_router_cuda(Registry& r, const CudaOps& ops) {
          const int64_t T = a.logits.dim(0);
          const int E = static_cast<int>(a.logits.dim(1)), k = static_cast<int>(a.ids.dim(1));
          if (T == 0) return;
-         const size_t smem = static_cast<size_t>(E) * (2 * sizeof(float) + 1);
+         const size_t smem = sizeof(uint32_t) * (2 * static_cast<size_t>(E) + 3 * static_cast<size_t>(k));
          allow_smem(router_kernel, smem);
          router_kernel<<<static_cast<unsigned>(T), kThreads, smem, ops.ctx->stream()>>>(
              a.logits.as<const float>(), a.logits.strides[0], a.bias.data, a.bias.dtype == core::DType::bf16, E, k,

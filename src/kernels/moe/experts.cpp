@@ -4,6 +4,7 @@
 //   h_tj = SiTU(round(W1_e z_t), round(W3_e z_t))   linear_reference + situ_glu_reference
 //   e_tj = round(W2_e h_tj)                          linear_reference
 //   u_t  = round(sum_j p_tj * e_tj)                  fp32, in route order j = 0..k-1
+// (without round_output, a TP rank's partial sum: e_tj and u_t unrounded)
 // The math lives in the linear and SiTU references; this file only groups the routes by expert
 // (so every expert's weights are decoded once per call, whatever the token count) and combines.
 // Each route's result depends only on its own token, so the grouping does not change any bit.
@@ -68,9 +69,12 @@ core::Status moe_experts_check(const MoeExpertsArgs& a) {
   if (!is_matrix(a.weights, core::DType::f32, T, k))
     return core::Status::fail("weights must be f32 " + core::Shape{T, k}.str() + " like ids, got " +
                               describe(a.weights));
-  if (!is_matrix(a.out, a.z.dtype, T, L))
-    return core::Status::fail("out must be " + std::string(core::dtype_name(a.z.dtype)) + " " +
-                              core::Shape{T, L}.str() + " like z, got " + describe(a.out));
+  const core::DType out_dtype = a.round_output ? a.z.dtype : core::DType::f32;
+  if (!is_matrix(a.out, out_dtype, T, L))
+    return core::Status::fail("out must be " + std::string(core::dtype_name(out_dtype)) + " " +
+                              core::Shape{T, L}.str() +
+                              (a.round_output ? " like z" : " (unrounded partial sums: round_output is off)") +
+                              ", got " + describe(a.out));
   const size_t E = a.w1.size();
   if (E == 0 || a.w3.size() != E || a.w2.size() != E)
     return core::Status::fail("w1, w3, w2 must hold one weight per expert each, got " +
@@ -138,7 +142,7 @@ void moe_experts_reference(const MoeExpertsArgs& a) {
     linear_reference({f32_view(z_rows, n, L), &a.w3[e], f32_view(up, n, I), true, a.precision});
     situ_glu_reference({f32_view(gate, n, I), f32_view(up, n, I), f32_view(act, n, I), a.beta,
                         a.linear_beta, a.precision});
-    linear_reference({f32_view(act, n, I), &a.w2[e], f32_view(down, n, L), true, a.precision});
+    linear_reference({f32_view(act, n, I), &a.w2[e], f32_view(down, n, L), a.round_output, a.precision});
     for (int64_t m = 0; m < n; ++m)
       std::copy(down.begin() + m * L, down.begin() + (m + 1) * L, expert_out.begin() + r[m] * L);
   }
@@ -149,7 +153,7 @@ void moe_experts_reference(const MoeExpertsArgs& a) {
     for (int64_t h = 0; h < L; ++h) {
       float acc = 0.0f;
       for (int64_t j = 0; j < k; ++j) acc += p[j] * expert_out[(t * k + j) * L + h];
-      out[h] = round_act(acc, a.precision);
+      out[h] = a.round_output ? round_act(acc, a.precision) : acc;
     }
   }
 }

@@ -93,12 +93,12 @@ Routing make_routing(int64_t T, int64_t L, int E, int64_t k, uint64_t seed) {
   return r;
 }
 
-Tensor run(const Routing& r, const Experts& x, Precision p) {
+Tensor run(const Routing& r, const Experts& x, Precision p, bool round_output = true) {
   const std::vector<LinearWeight> w1 = x.l1(), w3 = x.l3(), w2 = x.l2();
   Tensor out = Tensor::zeros(DType::f32, r.z.shape());
   for (float& v : out.span<float>()) v = kNaN;
   MoeExpertsArgs a{r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2, out.view(), 4.0f, 25.0f,
-                   p};
+                   p, round_output};
   EXPECT_TRUE(moe_experts_check(a)) << moe_experts_check(a).reason();
   moe_experts_reference(a);
   return out;
@@ -116,8 +116,8 @@ std::vector<float> naive_linear(const std::vector<float>& w, const float* x, int
   return y;
 }
 
-// Spec §7 and §8 written out per token and route.
-std::vector<float> naive_moe(const Routing& r, const Experts& x, Precision p) {
+// Spec §7 and §8 written out per token and route (round_output false: e_j and u unrounded).
+std::vector<float> naive_moe(const Routing& r, const Experts& x, Precision p, bool round_output = true) {
   const int64_t T = r.z.dim(0), L = r.z.dim(1), k = r.ids.dim(1);
   std::vector<float> u(static_cast<size_t>(T * L));
   for (int64_t t = 0; t < T; ++t) {
@@ -132,10 +132,11 @@ std::vector<float> naive_moe(const Routing& r, const Experts& x, Precision p) {
         const float gate = 4.0f * std::tanh(g[i] / 4.0f) * (1.0f / (1.0f + std::exp(-g[i])));
         h[i] = round_act(gate * (25.0f * std::tanh(c[i] / 25.0f)), p);
       }
-      const std::vector<float> ej = naive_linear(x.w2[e].values, h.data(), L, I, p);
+      const std::vector<float> ej =
+          naive_linear(x.w2[e].values, h.data(), L, I, round_output ? p : Precision::fp32);
       for (int64_t l = 0; l < L; ++l) acc[l] = acc[l] + r.weights.data<float>()[t * k + j] * ej[l];
     }
-    for (int64_t l = 0; l < L; ++l) u[t * L + l] = round_act(acc[l], p);
+    for (int64_t l = 0; l < L; ++l) u[t * L + l] = round_output ? round_act(acc[l], p) : acc[l];
   }
   return u;
 }
@@ -265,6 +266,41 @@ TEST(MoeExperts, LatentTpSplitEqualsUnsharded) {
       EXPECT_LE(max_rel_diff(rmsnorm_fp32(reduced, norm_w), full_normed), 1e-5) << "tp=" << tp;
     }
   }
+}
+
+// round_output off (a TP rank's partial sum): gate/up and SiTU rounded as ever, e_j and u not;
+// the ranks' partial sums add up to the unsharded unrounded sum, which rounds to the usual result
+// up to the e_j rounding TP cannot keep.
+TEST(MoeExperts, UnroundedPartialSumsForTensorParallelism) {
+  const int64_t L = 64, I = 128;
+  for (bool mxfp4 : {false, true}) {
+    const Experts x = make_experts(6, L, I, mxfp4, mxfp4 ? 80 : 70);
+    for (int64_t T : {1, 17}) {
+      const Routing r = make_routing(T, L, 6, 3, 71 + T);
+      const Tensor full = run(r, x, Precision::bf16, /*round_output=*/false);
+      expect_bitwise(full, naive_moe(r, x, Precision::bf16, /*round_output=*/false));
+      int64_t off_grid = 0;  // values that are not bf16: the output really is unrounded
+      for (float v : full.span<float>()) off_grid += v != core::bf16_round(v);
+      EXPECT_GT(off_grid, full.numel() / 2);
+      for (int tp : {2, 4}) {
+        Tensor reduced = Tensor::zeros(DType::f32, {T, L});
+        for (int s = 0; s < tp; ++s) {
+          const Tensor partial = run(r, shard(x, s, tp), Precision::bf16, false);
+          for (int64_t i = 0; i < T * L; ++i) reduced.data<float>()[i] += partial.data<float>()[i];
+        }
+        EXPECT_LE(max_rel_diff(reduced, full), 1e-5) << "tp=" << tp << " mxfp4=" << mxfp4;
+      }
+    }
+  }
+  // The output must be f32 when unrounded, whatever z is.
+  const Experts x = make_experts(2, L, 32, false, 90);
+  const Routing r = make_routing(3, L, 2, 1, 91);
+  const std::vector<LinearWeight> w1 = x.l1(), w3 = x.l3(), w2 = x.l2();
+  Tensor out_bf16 = Tensor::zeros(DType::bf16, {3, L});
+  const core::Status st = moe_experts_check({r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2,
+                                             out_bf16.view(), 4.0f, 25.0f, Precision::bf16, false});
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.reason().find("round_output"), std::string::npos) << st.reason();
 }
 
 TEST(MoeExperts, BadArgumentsFail) {

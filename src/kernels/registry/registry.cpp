@@ -27,6 +27,7 @@ void register_reference_ops(Registry& r) {
   register_reference(r.mla_absorbed, mla_absorbed_reference);
   register_reference(r.add, add_reference);
   register_reference(r.sigmoid_gate, sigmoid_gate_reference);
+  register_reference(r.to_activation, to_activation_reference);
 }
 
 #ifndef K3_HAVE_CUDA

@@ -15,7 +15,7 @@ core::Tensor attn_res_mix(const ForwardContext& ctx, std::span<const core::Tenso
   core::Tensor out = ctx.alloc(prefix.dim(0), prefix.dim(1));
   // query is stored [1, hidden]; the op reads it as a vector.
   core::TensorView query = w.query.view();
-  query = core::TensorView::contiguous(query.data, query.dtype, {query.numel()});
+  query = core::TensorView::contiguous(query.data, query.dtype, {query.numel()}, query.device);
   ctx.ops.attn_res_mix.run(
       {sources, query, w.norm.view(), out.view(), ctx.config.rms_norm_eps, ctx.precision()},
       ctx.device());

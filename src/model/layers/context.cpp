@@ -7,16 +7,26 @@
 
 namespace k3::model {
 
-core::Tensor ForwardContext::alloc(int64_t rows, int64_t cols) const {
-  core::Tensor t = core::Tensor::zeros(core::DType::f32, {rows, cols});
-  if (options.poison_buffers)
-    for (float& v : t.span<float>()) v = std::numeric_limits<float>::quiet_NaN();
+core::Tensor ForwardContext::alloc_as(core::DType dtype, int64_t rows, int64_t cols) const {
+  core::Tensor t = memory.empty(dtype, {rows, cols});
+  if (options.poison_buffers) memory.fill_bytes(t.view(), 0xff);  // NaN (f32, bf16), -1 (i32)
   return t;
+}
+
+void ForwardContext::emit(std::string_view name, int layer, const core::Tensor& t) const {
+  if (!trace || !*trace) return;
+  if (t.view().device == core::Device::cpu) {
+    (*trace)(name, layer, t.view());
+  } else {
+    const core::Tensor host = memory.download_f32(t.view());
+    (*trace)(name, layer, host.view());
+  }
 }
 
 core::Tensor ForwardContext::linear(const core::Tensor& x, const LinearWeight& w,
                                     bool round_output) const {
-  core::Tensor y = alloc(x.dim(0), w.out_features());
+  // Unrounded outputs (router and lm_head logits) stay f32 on every device (spec §2).
+  core::Tensor y = round_output ? alloc(x.dim(0), w.out_features()) : alloc_as(core::DType::f32, x.dim(0), w.out_features());
   ops.linear.run({x.view(), &w, y.view(), round_output, precision()}, device());
   return y;
 }
@@ -41,6 +51,26 @@ core::Tensor ForwardContext::add(const core::Tensor& a, const core::Tensor& b) c
   return y;
 }
 
+core::Tensor ForwardContext::row_parallel_linear(const core::Tensor& x, const LinearWeight& w) const {
+  return linear(x, w, /*round_output=*/!tensor_parallel());
+}
+
+core::Tensor ForwardContext::reduce_partial(const core::Tensor& partial) const {
+  if (!tensor_parallel()) return partial;
+  comm->all_reduce_sum(partial.view());
+  // A bf16 partial (a layer that rounded its row-parallel output) is already summed and rounded
+  // once by the collective; an f32 sum in fp32 mode needs no rounding.
+  if (partial.dtype() != core::DType::f32 || precision() == kernels::Precision::fp32)
+    return partial;
+  return to_activation(partial.view());
+}
+
+core::Tensor ForwardContext::to_activation(const core::TensorView& x) const {
+  core::Tensor y = alloc(x.dim(0), x.dim(1));
+  ops.to_activation.run({x, y.view(), precision()}, device());
+  return y;
+}
+
 core::Tensor row_slice(const core::Tensor& t, int64_t begin, int64_t end) {
   K3_CHECK(t.shape().rank() == 2 && 0 <= begin && begin <= end && end <= t.dim(0),
            "row_slice out of range");
@@ -49,17 +79,18 @@ core::Tensor row_slice(const core::Tensor& t, int64_t begin, int64_t end) {
                begin * cols * static_cast<int64_t>(core::dtype_size(t.dtype()));
   // Shares t's storage: the slice keeps a copy of t (and so its keep-alive).
   auto keep = std::make_shared<core::Tensor>(t);
-  return core::Tensor(core::TensorView::contiguous(base, t.dtype(), {end - begin, cols}), keep);
+  return core::Tensor(core::TensorView::contiguous(base, t.dtype(), {end - begin, cols}, t.view().device), keep);
 }
 
-core::Tensor column_copy(const core::Tensor& t, int64_t begin, int64_t end) {
-  const int64_t rows = t.dim(0), cols = t.dim(1), width = end - begin;
-  K3_CHECK(t.dtype() == core::DType::f32 && 0 <= begin && begin <= end && end <= cols,
+core::Tensor column_copy(const ForwardContext& ctx, const core::Tensor& t, int64_t begin, int64_t end) {
+  const int64_t rows = t.dim(0), cols = t.dim(1);
+  K3_CHECK(t.shape().rank() == 2 && t.view().is_contiguous() && 0 <= begin && begin <= end && end <= cols,
            "column_copy out of range");
-  core::Tensor out = core::Tensor::zeros(core::DType::f32, {rows, width});
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(out.data<float>() + r * width, t.data<const float>() + r * cols + begin,
-                static_cast<size_t>(width) * sizeof(float));
+  core::TensorView src = t.view();  // columns [begin, end) as a row-strided view
+  src.data = static_cast<char*>(src.data) + begin * static_cast<int64_t>(core::dtype_size(t.dtype()));
+  src.shape = {rows, end - begin};
+  core::Tensor out = ctx.alloc_as(t.dtype(), rows, end - begin);
+  ctx.memory.copy(out.view(), src);
   return out;
 }
 

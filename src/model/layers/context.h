@@ -5,8 +5,11 @@
 #include <functional>
 #include <span>
 #include <string_view>
+#include <vector>
 
+#include "comm/communicator.h"
 #include "config/k3_config.h"
+#include "core/device_memory.h"
 #include "kernels/registry.h"
 #include "model/kv_storage.h"
 #include "model/weights.h"
@@ -19,8 +22,9 @@ struct ModelOptions {
   float kv_k_scale = 1.0f;          // fp8 cache: stored = fp8(x / k_scale)
   bool kda_chunked_prefill = true;  // prefill steps use chunked KDA (decode steps: recurrent)
   bool poison_buffers = false;      // NaN-fill every new activation buffer (tests)
-  core::Device device = core::Device::cpu;
+  core::Device device = core::Device::cpu;  // must be the device of the Model's DeviceMemory
 };
+
 
 enum class StepKind : uint8_t {
   prefill,  // chunked KDA, naive MLA
@@ -45,32 +49,59 @@ struct Segment {
   int64_t rows() const { return row_end - row_begin; }
 };
 
+// The batch's sequence tables for the attention ops, on the model's device, built once per
+// forward: every sequence (KDA conv, MLA cache), and its prefill and decode subsets.
+struct StepBatches {
+  kernels::SeqBatch all, prefill, decode;
+  core::TensorView cache_rows;  // i32 [T]: MLA cache row (page id * block_size + offset) per activation row
+};
+
 struct ForwardContext {
   const config::K3Config& config;
   KvStorage& kv;
   const kernels::Registry& ops;
   const ModelOptions& options;
   std::span<const Segment> segments;
+  const StepBatches& batches;
+  core::DeviceMemory& memory;
   const TraceFn* trace = nullptr;
+  // Tensor parallelism (spec §11): this rank's communicator; nullptr (or a group of one) is TP1.
+  // The config above is then the rank's (config::shard_config): heads, intermediates and vocab
+  // divided by the group size.
+  comm::Communicator* comm = nullptr;
 
   kernels::Precision precision() const { return options.precision; }
   core::Device device() const { return options.device; }
-  // New f32 [rows, cols] activation (NaN-filled when options.poison_buffers).
-  core::Tensor alloc(int64_t rows, int64_t cols) const;
-  void emit(std::string_view name, int layer, const core::Tensor& t) const {
-    if (trace && *trace) (*trace)(name, layer, t.view());
-  }
+  core::DType act_dtype() const { return kernels::activation_dtype(device(), precision()); }
+  // New [rows, cols] activation on the model's device (NaN-filled when options.poison_buffers).
+  core::Tensor alloc(int64_t rows, int64_t cols) const { return alloc_as(act_dtype(), rows, cols); }
+  // The same in a given dtype (f32 router logits and route weights, i32 expert ids).
+  core::Tensor alloc_as(core::DType dtype, int64_t rows, int64_t cols) const;
+  // Hands a named intermediate to the trace as a CPU f32 view (downloaded from the device).
+  void emit(std::string_view name, int layer, const core::Tensor& t) const;
 
   core::Tensor linear(const core::Tensor& x, const LinearWeight& w, bool round_output = true) const;
   core::Tensor rmsnorm(const core::Tensor& x, const core::Tensor& w, float eps) const;
   core::Tensor situ_glu(const core::Tensor& gate, const core::Tensor& up) const;
   core::Tensor add(const core::Tensor& a, const core::Tensor& b) const;
+
+  // ---- tensor parallelism: row-parallel outputs are fp32 partial products summed over the
+  // ranks and rounded once after the sum, as TP1 rounds the unsplit product once.
+  bool tensor_parallel() const { return comm != nullptr && comm->size() > 1; }
+  // A row-parallel linear (o_proj, down_proj): under TP this rank's unrounded f32 partial
+  // product, for reduce_partial(); without TP the ordinary (rounded) linear output.
+  core::Tensor row_parallel_linear(const core::Tensor& x, const LinearWeight& w) const;
+  // Sums a row_parallel_linear output over the ranks (in place: rank order, fp32) and returns it
+  // rounded once as an activation; without TP returns it as it is.
+  core::Tensor reduce_partial(const core::Tensor& partial) const;
+  // round(x) as a new [rows, cols] activation; x f32, rows may be strided (ops.to_activation).
+  core::Tensor to_activation(const core::TensorView& x) const;
 };
 
 // Rows [begin, end) of a [rows, cols] activation, sharing its storage.
 core::Tensor row_slice(const core::Tensor& t, int64_t begin, int64_t end);
 // Columns [begin, end) of a [rows, cols] activation, copied into a new contiguous tensor.
-core::Tensor column_copy(const core::Tensor& t, int64_t begin, int64_t end);
+core::Tensor column_copy(const ForwardContext& ctx, const core::Tensor& t, int64_t begin, int64_t end);
 
 // Layer functions (one file each under model/layers/). x: the normed input [rows, hidden].
 core::Tensor attention(const ForwardContext& ctx, int layer, const KdaWeights& w, const core::Tensor& x);
@@ -78,6 +109,12 @@ core::Tensor attention(const ForwardContext& ctx, int layer, const MlaWeights& w
 core::Tensor ffn(const ForwardContext& ctx, int layer, const DenseFfnWeights& w, const core::Tensor& x);
 core::Tensor ffn(const ForwardContext& ctx, int layer, const MoeWeights& w, const core::Tensor& router_bias,
                  const core::Tensor& x);
+// One decoder layer over the AttnRes stream (spec §3): Mix -> norm -> attention -> Mix -> norm ->
+// FFN, updating the running block sum; pushes the block sum onto `bank` at a bank-write layer.
+// `router_bias`: the MoE layer's e_score_correction_bias as the router reads it (Model keeps it).
+// Returns the new running block sum. Model::forward calls it per layer; benchmarks call it alone.
+core::Tensor layer_forward(const ForwardContext& ctx, int layer, const LayerWeights& w, const core::Tensor& router_bias,
+                           std::vector<core::Tensor>& bank, const core::Tensor& prefix);
 // AttnRes Mix over bank ++ [prefix] (spec §3.1); with an empty bank returns the prefix.
 core::Tensor attn_res_mix(const ForwardContext& ctx, std::span<const core::Tensor> bank,
                           const core::Tensor& prefix, const AttnResWeights& w);

@@ -1,6 +1,5 @@
-// model/layers/kda.cpp: a KDA attention sublayer (spec §5) for a batch of sequences.
-#include <algorithm>
-
+// model/layers/kda.cpp: a KDA attention sublayer (spec §5) for a batch of sequences: the short convs
+// and the recurrence are batched ops over the step's sequence tables (ctx.batches), one call each.
 #include "model/layers/context.h"
 
 namespace k3::model {
@@ -8,7 +7,18 @@ namespace k3::model {
 namespace {
 // Conv weight [C, 1, K] read as [C, K].
 core::TensorView conv_weight(const core::Tensor& w) {
-  return core::TensorView::contiguous(w.data<void>(), w.dtype(), {w.dim(0), w.dim(2)});
+  return core::TensorView::contiguous(w.data<void>(), w.dtype(), {w.dim(0), w.dim(2)}, w.view().device);
+}
+
+// Part i (0 q, 1 k, 2 v) of the conv storage [num_slots, 3, P, K-1] as the pool [num_slots, P, K-1]
+// the conv op takes: strides {3*P*(K-1), K-1, 1}, same storage.
+core::TensorView conv_pool(const core::Tensor& storage, int64_t i) {
+  const core::TensorView& s = storage.view();
+  core::TensorView v = s;
+  v.data = static_cast<char*>(s.data) + i * s.strides[1] * static_cast<int64_t>(core::dtype_size(s.dtype));
+  v.shape = core::Shape{s.dim(0), s.dim(2), s.dim(3)};
+  v.strides = {s.strides[0], s.strides[2], s.strides[3], 0};
+  return v;
 }
 }  // namespace
 
@@ -23,37 +33,33 @@ core::Tensor attention(const ForwardContext& ctx, int layer, const KdaWeights& w
   core::Tensor q = ctx.alloc(rows, P), k = ctx.alloc(rows, P), v = ctx.alloc(rows, P);
   core::Tensor o = ctx.alloc(rows, P);
 
-  for (const Segment& s : ctx.segments) {  // conv and recurrence are per sequence
-    const int64_t b = s.row_begin, e = s.row_end;
-    const core::TensorView conv_state = ctx.kv.conv_state(layer, s.state->kda_slot);  // [3, P, K-1]
-    const core::Tensor* ins[3] = {&q_in, &k_in, &v_in};
-    core::Tensor* outs[3] = {&q, &k, &v};
-    const core::Tensor* weights[3] = {&w.q_conv, &w.k_conv, &w.v_conv};
+  // Short convs: every sequence of the step (prefill and decode alike) in one call per q/k/v, each
+  // continuing its slot's conv state.
+  const core::Tensor& conv_states = ctx.kv.conv_states(layer);  // [num_slots, 3, P, K-1]
+  const core::Tensor* ins[3] = {&q_in, &k_in, &v_in};
+  core::Tensor* outs[3] = {&q, &k, &v};
+  const core::Tensor* weights[3] = {&w.q_conv, &w.k_conv, &w.v_conv};
+  if (ctx.batches.all.num_seqs > 0)
     for (int i = 0; i < 3; ++i)
-      ctx.ops.kda_conv.run({row_slice(*ins[i], b, e).view(), conv_weight(*weights[i]),
-                            conv_state.row(i), row_slice(*outs[i], b, e).view(), ctx.precision()},
+      ctx.ops.kda_conv.run({ins[i]->view(), conv_weight(*weights[i]), conv_pool(conv_states, i), outs[i]->view(),
+                            ctx.precision(), ctx.batches.all},
                            ctx.device());
-    auto run = [&](int64_t rb, int64_t re, bool chunked) {
-      kernels::KdaAttentionArgs a{row_slice(q, rb, re).view(),     row_slice(k, rb, re).view(),
-                                  row_slice(v, rb, re).view(),     row_slice(decay, rb, re).view(),
-                                  row_slice(beta, rb, re).view(),  w.a_log.view(),
-                                  w.dt_bias.view(),                ctx.kv.kda_state(layer, s.state->kda_slot),
-                                  row_slice(o, rb, re).view(),     kc.num_heads,
-                                  kc.head_dim,                     kc.gate_lower_bound,
-                                  kc.chunk_size,                   ctx.precision()};
-      (chunked ? ctx.ops.kda_chunked : ctx.ops.kda_recurrent).run(a, ctx.device());
-    };
-    if (s.kind == StepKind::prefill && ctx.options.kda_chunked_prefill) {
-      // Keep the chunk grid on absolute positions (multiples of chunk_size from the start of
-      // the sequence), so a prefill split at multiples of chunk_size - chunked prefill, a
-      // prefix-cache hit - computes exactly what one unsplit prefill computes.
-      const int64_t misalign = s.state->num_tokens % kc.chunk_size;
-      const int64_t head = misalign ? std::min<int64_t>(e - b, kc.chunk_size - misalign) : 0;
-      if (head > 0) run(b, b + head, true);
-      if (b + head < e) run(b + head, e, true);
-    } else {
-      run(b, e, false);
-    }
+
+  // The delta rule: decode sequences by the recurrent form, prefill sequences by the chunked form
+  // (whose chunk grid lies on absolute positions, so a prefill split anywhere keeps it) or, when
+  // chunked prefill is off, all of them by the recurrent form in one call.
+  const auto run = [&](const kernels::OpTable<kernels::KdaAttentionArgs>& op, const kernels::SeqBatch& seqs) {
+    if (seqs.num_seqs == 0) return;
+    op.run({q.view(), k.view(), v.view(), decay.view(), beta.view(), w.a_log.view(), w.dt_bias.view(),
+            ctx.kv.kda_states(layer).view(), o.view(), kc.num_heads, kc.head_dim, kc.gate_lower_bound,
+            kc.chunk_size, ctx.precision(), seqs},
+           ctx.device());
+  };
+  if (ctx.options.kda_chunked_prefill) {
+    run(ctx.ops.kda_recurrent, ctx.batches.decode);
+    run(ctx.ops.kda_chunked, ctx.batches.prefill);
+  } else {
+    run(ctx.ops.kda_recurrent, ctx.batches.all);
   }
   ctx.emit("kda.o", layer, o);
 
@@ -62,7 +68,7 @@ core::Tensor attention(const ForwardContext& ctx, int layer, const KdaWeights& w
                                kc.head_dim, ctx.config.rms_norm_eps, ctx.precision()},
                               ctx.device());
   ctx.emit("kda.gated", layer, y);
-  return ctx.linear(y, w.o_proj);
+  return ctx.row_parallel_linear(y, w.o_proj);  // TP: a partial sum, reduced in layer_forward
 }
 
 }  // namespace k3::model

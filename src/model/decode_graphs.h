@@ -1,0 +1,55 @@
+// model/decode_graphs.h: pure-decode steps replayed as captured device work (CUDA graphs).
+//
+// A decode step of B sequences with one token each launches the same kernels on the same buffers
+// every time once its inputs live at fixed addresses: the token ids and the step tables (fixed
+// block-table width and capacity, model/step_batches.h). The first step of each batch size runs
+// eagerly (it warms the pool, cuBLASLt plans and kernel attributes) and is then captured; later
+// steps of that size rewrite the ids and tables in place and replay. Graphs are kept per batch size
+// (least recently used dropped beyond `max_graphs`). Everything else (prefill, mixed steps, verify
+// rows, traces, tensor parallelism, devices that cannot capture) goes through Model::forward.
+#pragma once
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <span>
+
+#include "model/model.h"
+#include "model/step_batches.h"
+
+namespace k3::model {
+
+class DecodeGraphs {
+ public:
+  // `max_blocks_per_seq`: the longest block table a sequence may have (max_model_len / block_size,
+  // rounded up): the fixed width of the tables, and with block_size the attention capacity.
+  DecodeGraphs(const Model& model, KvStorage& kv, int64_t max_blocks_per_seq, int max_graphs = 16);
+
+  // True when forward() takes this batch through a graph.
+  bool eligible(std::span<const SequenceInput> batch) const;
+  // Model::forward(kv, batch, LogitRows::last) for an eligible batch: host f32 logits [B, vocab].
+  core::Tensor forward(std::span<const SequenceInput> batch);
+
+  int64_t replays() const { return replays_; }    // steps served by a replay
+  int64_t captures() const { return captures_; }  // graphs captured
+  size_t kernels_per_step(int batch) const;        // 0 when no graph of that size exists
+
+  static constexpr int kMaxBatch = 64;
+
+ private:
+  struct Entry {
+    int batch = 0;
+    std::unique_ptr<StepTables> tables;
+    core::Tensor ids;     // device i32 [B], rewritten each step
+    core::Tensor logits;  // device f32 [B, V], written by every replay
+    std::unique_ptr<core::CapturedWork> work;
+  };
+  std::vector<Segment> segments(std::span<const SequenceInput> batch) const;
+  const Model& model_;
+  KvStorage& kv_;
+  StepTableShape shape_;
+  int max_graphs_;
+  std::list<Entry> entries_;  // most recently used first
+  int64_t replays_ = 0, captures_ = 0;
+};
+
+}  // namespace k3::model

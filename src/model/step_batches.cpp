@@ -1,0 +1,127 @@
+// model/step_batches.cpp: StepTables.
+#include "model/step_batches.h"
+
+#include <algorithm>
+
+namespace k3::model {
+
+namespace {
+
+// Where one group's tables sit in the shared i32 buffer (element offsets).
+struct GroupLayout {
+  std::vector<const Segment*> seqs;
+  int64_t row_begin = 0, num_rows = 0, position = 0, slot = 0, block_table = 0;
+  int64_t width = 0;
+};
+
+struct Layout {
+  GroupLayout groups[3];  // all, prefill, decode
+  int64_t cache_rows = 0, total_rows = 0;
+};
+
+// Fills `host` and returns the layout; `shape` fixes the table width when set.
+Layout lay_out(std::span<const Segment> segments, int32_t block_size, const StepTableShape& shape,
+               std::vector<int32_t>& host) {
+  Layout L;
+  for (const Segment& s : segments) {
+    L.groups[0].seqs.push_back(&s);
+    L.groups[s.kind == StepKind::prefill ? 1 : 2].seqs.push_back(&s);
+  }
+  host.clear();
+  for (GroupLayout& g : L.groups) {
+    for (const Segment* s : g.seqs) g.width = std::max<int64_t>(g.width, static_cast<int64_t>(s->state->block_table.size()));
+    if (shape.block_table_width > 0) {
+      K3_CHECK(g.width <= shape.block_table_width, "StepTables: a block table has " + std::to_string(g.width) +
+                                                       " blocks, the fixed width is " + std::to_string(shape.block_table_width));
+      g.width = shape.block_table_width;
+    }
+    g.row_begin = static_cast<int64_t>(host.size());
+    for (const Segment* s : g.seqs) host.push_back(static_cast<int32_t>(s->row_begin));
+    g.num_rows = static_cast<int64_t>(host.size());
+    for (const Segment* s : g.seqs) host.push_back(static_cast<int32_t>(s->rows()));
+    g.position = static_cast<int64_t>(host.size());
+    for (const Segment* s : g.seqs) host.push_back(static_cast<int32_t>(s->state->num_tokens));
+    g.slot = static_cast<int64_t>(host.size());
+    for (const Segment* s : g.seqs) host.push_back(s->state->kda_slot);
+    g.block_table = static_cast<int64_t>(host.size());
+    for (const Segment* s : g.seqs) {
+      const auto& t = s->state->block_table;
+      host.insert(host.end(), t.begin(), t.end());
+      host.insert(host.end(), static_cast<size_t>(g.width) - t.size(), -1);  // never read
+    }
+  }
+  for (const Segment& s : segments) L.total_rows = std::max(L.total_rows, s.row_end);
+  L.cache_rows = static_cast<int64_t>(host.size());
+  host.resize(host.size() + static_cast<size_t>(L.total_rows), -1);
+  for (const Segment& s : segments)
+    for (int64_t r = s.row_begin; r < s.row_end; ++r) {
+      const int64_t pos = s.state->num_tokens + (r - s.row_begin);
+      const auto page = static_cast<size_t>(pos / block_size);
+      K3_CHECK(page < s.state->block_table.size(), "StepTables: a block table does not cover position " + std::to_string(pos));
+      host[static_cast<size_t>(L.cache_rows + r)] =
+          static_cast<int32_t>(int64_t{s.state->block_table[page]} * block_size + pos % block_size);
+    }
+  return L;
+}
+
+// Everything the device views depend on: group sizes, row counts, widths, total rows.
+std::vector<int64_t> signature(const Layout& L) {
+  std::vector<int64_t> sig;
+  for (const GroupLayout& g : L.groups) {
+    sig.push_back(static_cast<int64_t>(g.seqs.size()));
+    sig.push_back(g.width);
+    for (const Segment* s : g.seqs) sig.push_back(s->rows());
+  }
+  sig.push_back(L.total_rows);
+  return sig;
+}
+
+}  // namespace
+
+StepTables::StepTables(std::span<const Segment> segments, int32_t block_size, core::DeviceMemory& memory,
+                       StepTableShape shape)
+    : block_size_(block_size), shape_(shape), memory_(memory) {
+  std::vector<int32_t> host;
+  const Layout L = lay_out(segments, block_size_, shape_, host);
+  layout_ = signature(L);
+  storage_ = memory.upload(core::TensorView::contiguous(host.data(), core::DType::i32, {static_cast<int64_t>(host.size())}));
+  auto* base = storage_.data<int32_t>();
+  const core::Device dev = memory.device();
+  auto vec = [&](int64_t off, int64_t n) { return core::TensorView::contiguous(base + off, core::DType::i32, {n}, dev); };
+  kernels::SeqBatch* out[3] = {&batches_.all, &batches_.prefill, &batches_.decode};
+  for (int i = 0; i < 3; ++i) {
+    const GroupLayout& g = L.groups[i];
+    const auto n = static_cast<int64_t>(g.seqs.size());
+    kernels::SeqBatch& b = *out[i];
+    b.row_begin = vec(g.row_begin, n);
+    b.num_rows = vec(g.num_rows, n);
+    b.position = vec(g.position, n);
+    b.slot = vec(g.slot, n);
+    b.block_table = core::TensorView::contiguous(base + g.block_table, core::DType::i32, {n, g.width}, dev);
+    b.num_seqs = static_cast<int>(n);
+    for (const Segment* s : g.seqs) {
+      b.max_rows = std::max<int>(b.max_rows, static_cast<int>(s->rows()));
+      b.max_tokens = std::max<int64_t>(b.max_tokens, s->state->num_tokens + s->rows());
+    }
+    if (shape_.max_tokens > 0) {
+      K3_CHECK(b.max_tokens <= shape_.max_tokens, "StepTables: a sequence reaches " + std::to_string(b.max_tokens) +
+                                                      " tokens, the fixed capacity is " + std::to_string(shape_.max_tokens));
+      b.max_tokens = shape_.max_tokens;
+    }
+  }
+  batches_.cache_rows = vec(L.cache_rows, L.total_rows);
+}
+
+void StepTables::refill(std::span<const Segment> segments) {
+  std::vector<int32_t> host;
+  const Layout L = lay_out(segments, block_size_, shape_, host);
+  K3_CHECK(signature(L) == layout_, "StepTables::refill: the batch does not have the tables' layout");
+  for (const kernels::SeqBatch* b : {&batches_.all, &batches_.prefill, &batches_.decode})
+    for (const Segment* s : L.groups[b == &batches_.all ? 0 : b == &batches_.prefill ? 1 : 2].seqs)
+      K3_CHECK(s->state->num_tokens + s->rows() <= b->max_tokens,
+               "StepTables::refill: a sequence reaches past the fixed capacity " + std::to_string(b->max_tokens));
+  memory_.copy_from_host(storage_.view(),
+                         core::TensorView::contiguous(host.data(), core::DType::i32, {static_cast<int64_t>(host.size())}));
+}
+
+}  // namespace k3::model

@@ -1,0 +1,78 @@
+// runner/tp_runner.h: tensor parallelism (spec §11) on the CPU: `tp` rank models of one checkpoint
+// run in lock step, one thread per rank, talking through comm::ThreadGroup. This is the oracle that
+// proves TP=N gives the logits of TP=1 (CI runs it on two cores); the GPU runner does the same with
+// comm::NcclGroup, one thread per GPU, and per-GPU registries and weights.
+//
+// Each rank holds config::shard_config(full, tp) and its weight slices, read straight from the
+// mmap'd checkpoint (checkpoint::load_weights with a TpShard), and its own caches. Every call runs
+// all ranks through the same forward() sequence; the logits every rank ends with are the same
+// (all-gathered), and rank 0's are returned. In generate(), rank 0 samples and broadcasts the token.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "comm/thread_comm.h"
+#include "config/shard.h"
+#include "kernels/registry.h"
+#include "model/kv_storage.h"
+#include "model/model.h"
+#include "runner/model_runner.h"
+#include "runner/sampler.h"
+
+namespace k3::runner {
+
+class TpRunner {
+ public:
+  // Reads DIR/config.json, checks that tp divides the sharded sizes (config::shard_config, whose
+  // error names the field) and loads every rank's slices. CPU only (options.device must be cpu).
+  // `progress` sees rank 0's load. tp = 1 is allowed (a one-rank group: the plain model).
+  static std::unique_ptr<TpRunner> open(const std::filesystem::path& dir, int tp, const model::ModelOptions& options,
+                                        model::KvCacheDtype kv_cache = model::KvCacheDtype::bf16,
+                                        const checkpoint::LoadProgressFn& progress = nullptr);
+  TpRunner(const std::filesystem::path& dir, int tp, const model::ModelOptions& options, model::KvCacheDtype kv_cache,
+           const checkpoint::LoadProgressFn& progress);
+  ~TpRunner();
+  TpRunner(const TpRunner&) = delete;
+  TpRunner& operator=(const TpRunner&) = delete;
+
+  const config::K3Config& config() const { return full_; }              // the whole model's
+  const config::K3Config& rank_config() const { return rank_config_; }  // what each rank holds
+  int tp() const { return static_cast<int>(ranks_.size()); }
+  const model::Model& model(int rank) const;
+  model::KvCacheDtype kv_cache() const { return kv_cache_; }
+
+  // Like ModelRunner: logits [T, vocab] of every position, the first decode_from tokens in one
+  // prefill, the rest one at a time through the decode path.
+  core::Tensor logits(std::span<const int32_t> tokens, int64_t decode_from) const;
+  // Like ModelRunner::generate; on_token is called from rank 0's thread.
+  std::vector<int32_t> generate(std::span<const int32_t> prompt, int64_t max_tokens, const SamplingParams& sampling,
+                                const std::function<void(int32_t)>& on_token = nullptr,
+                                ModelRunner::GenerateStats* stats = nullptr) const;
+
+  // Runs fn(rank, model, comm) on every rank at once, one thread each, and joins them; the models'
+  // collectives pair up across the threads, so every rank must make the same forward() calls.
+  // Tests use it to drive forward() with their own caches (build them with rank_config()). If a
+  // rank throws, the others are released (the group is aborted) and the first exception is
+  // rethrown here; the next call starts on a fresh group.
+  using RankFn = std::function<void(int rank, const model::Model& model, comm::Communicator& comm)>;
+  void run(const RankFn& fn) const;
+
+ private:
+  struct Rank;
+  void check_ids(std::span<const int32_t> tokens) const;
+  model::LocalCache new_cache(int64_t max_tokens) const;
+  void build_models() const;  // (re)creates the group and every rank's Model on it
+
+  config::K3Config full_, rank_config_;
+  model::ModelOptions options_;
+  model::KvCacheDtype kv_cache_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  mutable std::unique_ptr<comm::ThreadGroup> group_;
+};
+
+}  // namespace k3::runner

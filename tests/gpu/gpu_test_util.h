@@ -1,0 +1,51 @@
+// tests/gpu/gpu_test_util.h: skipping GPU tests cleanly, and CPU/CUDA runner pairs on one checkpoint.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "runner/model_runner.h"
+#include "test_util.h"
+
+#ifdef K3_HAVE_CUDA
+#include "backends/cuda/device.h"
+#endif
+
+namespace k3::gpu_test {
+
+// Empty when a CUDA device is usable, else why not (the skip message).
+inline std::string no_gpu_reason() {
+#ifdef K3_HAVE_CUDA
+  std::string why;
+  if (backends::cuda::device_count(&why) > 0) return "";
+  return "no usable CUDA device: " + why;
+#else
+  return "this build has no CUDA backend (nvcc was not found at configure time)";
+#endif
+}
+
+#define K3_REQUIRE_GPU()                                                     \
+  do {                                                                       \
+    if (const std::string why = ::k3::gpu_test::no_gpu_reason(); !why.empty()) \
+      GTEST_SKIP() << "GPU test skipped: " << why;                           \
+  } while (0)
+
+inline model::ModelOptions options(core::Device device, kernels::Precision precision) {
+  model::ModelOptions o;
+  o.device = device;
+  o.precision = precision;
+  o.poison_buffers = true;  // an output an op forgets to write shows up as NaN logits
+  return o;
+}
+
+// The CPU oracle and the CUDA model on the same checkpoint.
+struct RunnerPair {
+  std::unique_ptr<runner::ModelRunner> cpu, gpu;
+  RunnerPair(const std::filesystem::path& dir, kernels::Precision p, model::KvCacheDtype kv) {
+    cpu = runner::ModelRunner::open(dir, options(core::Device::cpu, p), kv);
+    gpu = runner::ModelRunner::open(dir, options(core::Device::cuda, p), kv);
+  }
+};
+
+}  // namespace k3::gpu_test
