@@ -1,11 +1,14 @@
 // kernels/moe/cuda_experts.cu: CUDA routed experts in latent space (spec §7), MXFP4 (or bf16/f32)
 // weights decoded inside the expert GEMV (never expanded to a bf16 copy).
 //
-// MXFP4 weights with rows of whole 16-byte chunks (every K3 shape) take the kernels of
-// cuda_experts_mxfp4.cuh: a block per (row tile, expert), 16-byte code loads decoded in registers,
-// gate/up fused with SiTU, then down, then a fixed-order combine; batches of up to
-// fp4_experts::kScanMaxRoutes routes find their experts' routes inside each block (no sort), larger
-// ones use the sort below. Other formats and odd widths take the generic row-dot kernels:
+// MXFP4 weights with rows of whole 16-byte chunks (every K3 shape) take persistent blocks that
+// stream the codes through shared memory with cp.async (work items of a few rows of one expert):
+// with bf16 activations and row-contiguous experts (the engine) the tensor-core kernels of
+// cuda_experts_mma.cuh, otherwise (f32 activations) the CUDA-core kernels of
+// cuda_experts_mxfp4.cuh; gate/up fused with SiTU, then down, then a fixed-order combine. Batches of
+// up to fp4_experts::kScanMaxRoutes routes give every route its own group (no sort); larger ones
+// group the routes by expert with the sort below. Other formats and odd widths take the generic
+// row-dot kernels:
 //   A. routes: the T*k routes (t, j) grouped by expert id (counting sort on the device);
 //   B. gate/up: a block per (row range, expert) walks that expert's routes, 8 at a time, reading
 //      each weight row once per 8 routes: h = round(SiTU(round(W1 z_t), round(W3 z_t)));
@@ -18,10 +21,12 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "kernels/cuda_rowdot.cuh"
+#include "kernels/moe/cuda_experts_mma.cuh"
 #include "kernels/moe/cuda_experts_mxfp4.cuh"
 #include "kernels/moe/experts.h"
 
@@ -227,7 +232,17 @@ struct Fp4Piece {
   float* eo;                                        // [T * k, L] f32
   float beta, linear_beta;
   bool round, round_output;
+  bool mma;  // bf16 activations, rounding, row-contiguous experts: the tensor-core kernels
 };
+
+// Whether the tensor-core kernels take these widths (their items' scale bytes and two stages).
+bool mma_shapes_ok(int64_t L, int64_t I, size_t smem_optin) {
+  namespace fx = fp4_experts;
+  const int64_t max_scales = int64_t{fx::kMaxScalesPerThread} * fx::kThreads;
+  return 16 * (L / 32) <= max_scales && fx::kDownMmaRows * (I / 32) <= max_scales &&
+         2 * static_cast<size_t>(fx::mma_gate_up_stage_bytes(L)) + 8 * 1024 <= smem_optin &&
+         2 * static_cast<size_t>(fx::mma_down_stage_bytes(I)) + 4 * 1024 <= smem_optin;
+}
 
 // Whether the MXFP4 kernels take these widths: whole 16-byte chunks per row and an item's scale
 // bytes within kMaxScalesPerThread per thread; two stages within the shared memory a block may use.
@@ -279,6 +294,23 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
   const int64_t items_dn = groups * ((f.L + fx::down_rows(width_dn) - 1) / fx::down_rows(width_dn));
   const size_t smem_gu = 2 * static_cast<size_t>(fx::gate_up_stage_bytes(f.L));
   const size_t smem_dn = 2 * static_cast<size_t>(fx::down_stage_bytes(f.I, width_dn));
+  const auto launch_mma = [&](auto sorted_tag) {
+    if constexpr (std::is_same_v<XT, bf16>) {
+      constexpr bool S = decltype(sorted_tag)::value;
+      bf16* h = static_cast<bf16*>(f.h);
+      const size_t smem_mgu = 2 * static_cast<size_t>(fx::mma_gate_up_stage_bytes(f.L));
+      const size_t smem_mdn = 2 * static_cast<size_t>(fx::mma_down_stage_bytes(f.I));
+      const int64_t items_mdn = groups * ((f.L + fx::kDownMmaRows - 1) / fx::kDownMmaRows);
+      const auto gate_up = fx::gate_up_mma_kernel<S>;
+      gate_up<<<persistent_blocks(gate_up, smem_mgu, f.sm_count, items_gu), fx::kThreads, smem_mgu, stream>>>(
+          f.tab, rs, z, z_ld, f.I, f.L, h, f.beta, f.linear_beta);
+      K3_CUDA_CHECK_LAUNCH("fp4_experts::gate_up_mma_kernel");
+      const auto down = fx::down_mma_kernel<S>;
+      down<<<persistent_blocks(down, smem_mdn, f.sm_count, items_mdn), fx::kThreads, smem_mdn, stream>>>(
+          f.tab, rs, h, f.I, f.L, f.eo, f.round_output);
+      K3_CUDA_CHECK_LAUNCH("fp4_experts::down_mma_kernel");
+    }
+  };
   const auto launch = [&](auto h_tag, auto sorted_tag) {
     using HT = typename decltype(h_tag)::type;
     constexpr bool S = decltype(sorted_tag)::value;
@@ -299,10 +331,16 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
     else
       launch(h_tag, std::false_type{});
   };
-  if (f.round)
+  if (f.mma) {
+    if (sorted)
+      launch_mma(std::true_type{});
+    else
+      launch_mma(std::false_type{});
+  } else if (f.round) {
     with_sorted(Tag<bf16>{});
-  else
+  } else {
     with_sorted(Tag<float>{});
+  }
   const dim3 grid_c(grid_for(f.L / 4, 256), static_cast<unsigned>(f.T));
   if (f.round_output)
     fx::combine_kernel<XT><<<grid_c, 256, 0, stream>>>(f.eo, f.L, f.ids, f.ids_ld, f.p, f.p_ld, f.k, f.E,
@@ -359,6 +397,10 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
                           vector_ok(fmt, r1, L, a.z.data, a.z.strides[0], sizeof(XT)) &&
                           vector_ok(fmt, r3, L, a.z.data, a.z.strides[0], sizeof(XT)) &&
                           vector_ok(fmt, r2, I, h, I, round ? sizeof(bf16) : sizeof(float)) && aligned16(eo);
+    // bf16 activations (exact bf16 inputs for the tensor cores) and row-contiguous expert matrices.
+    const bool fp4_mma = fp4_fast && std::is_same_v<XT, bf16> && round && r1.ld == L / 2 && r3.ld == L / 2 &&
+                         r1.scale_ld == L / 32 && r3.scale_ld == L / 32 && r2.ld == I / 2 && r2.scale_ld == I / 32 &&
+                         mma_shapes_ok(L, I, ops.ctx->smem_optin());
     for (int64_t t0 = 0; t0 < T_all; t0 += piece) {
       const int64_t T = std::min(piece, T_all - t0);
       const XT* z = a.z.as<const XT>() + t0 * a.z.strides[0];
@@ -366,7 +408,8 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
         Fp4Piece f{tab, T, L, I, k, E, ops.ctx->info().sm_count, a.ids.as<const int32_t>() + t0 * a.ids.strides[0],
                    a.ids.strides[0], a.weights.as<const float>() + t0 * a.weights.strides[0], a.weights.strides[0],
                    nullptr, a.out.strides[0], offsets, order, bad, active, n_active,
-                   static_cast<int4*>(groups_buf.get()), h, eo, a.beta, a.linear_beta, round, a.round_output};
+                   static_cast<int4*>(groups_buf.get()), h, eo, a.beta, a.linear_beta, round, a.round_output,
+                   fp4_mma};
         f.out = a.round_output ? static_cast<void*>(a.out.as<XT>() + t0 * a.out.strides[0])
                                : static_cast<void*>(a.out.as<float>() + t0 * a.out.strides[0]);
         run_fp4_piece<XT>(f, z, a.z.strides[0], stream);

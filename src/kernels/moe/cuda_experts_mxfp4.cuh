@@ -1,5 +1,6 @@
-// kernels/moe/cuda_experts_mxfp4.cuh: the routed experts' MXFP4 kernels (included by
-// cuda_experts.cu only), made to stream the experts' packed codes at full bandwidth at any batch,
+// kernels/moe/cuda_experts_mxfp4.cuh: the routed experts' MXFP4 kernels on CUDA cores (f32
+// activations; bf16 ones take cuda_experts_mma.cuh, which shares the groups and the pipeline
+// below), included by cuda_experts.cu only, made to stream the experts' packed codes at any batch,
 // batch 1 included. Work items:
 //   gate/up: (group, tile of kGateUpRows intermediate rows): a warp per row reads its gate and up
 //            codes, decodes them in registers and sums against the group's routes;
