@@ -78,26 +78,48 @@ namespace {
   throw core::Error("safetensors " + path.string() + ": tensor '" + name + "': " + what);
 }
 
+// Finds the first key that appears twice in one object, in a SAX pass that builds nothing.
+// (nlohmann's parse callback cannot do this cheaply: with a callback its DOM builder rescans the
+// parent object after every nested object, quadratic in the entries of a header or an index.)
+struct DuplicateKeyFinder {
+  std::vector<std::set<std::string>> keys_per_object;
+  std::string duplicate;
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const json::string_t&) { return true; }
+  bool string(json::string_t&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool start_object(std::size_t) {
+    keys_per_object.emplace_back();
+    return true;
+  }
+  bool key(json::string_t& k) {
+    if (!keys_per_object.back().insert(k).second && duplicate.empty()) duplicate = k;
+    return true;
+  }
+  bool end_object() {
+    keys_per_object.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) { return true; }
+  bool end_array() { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+};
+
 // Parses JSON text, rejecting duplicate keys in any object (nlohmann would keep the last one
 // silently, and a header with two entries for one name is corrupt).
 json parse_json_strict(std::string_view text, const fs::path& path, const char* what) {
-  std::vector<std::set<std::string>> keys_per_object;
-  std::string duplicate;
-  auto callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) keys_per_object.emplace_back();
-    if (event == json::parse_event_t::object_end && !keys_per_object.empty()) keys_per_object.pop_back();
-    if (event == json::parse_event_t::key && !keys_per_object.empty() && parsed.is_string() &&
-        !keys_per_object.back().insert(parsed.get<std::string>()).second && duplicate.empty())
-      duplicate = parsed.get<std::string>();
-    return true;
-  };
   json j;
   try {
-    j = json::parse(text.begin(), text.end(), callback);
+    j = json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {
     fail_file(path, std::string(what) + " is not valid JSON (" + e.what() + ")");
   }
-  if (!duplicate.empty()) fail_file(path, std::string(what) + " has the key '" + duplicate + "' twice");
+  DuplicateKeyFinder keys;
+  (void)json::sax_parse(text.begin(), text.end(), &keys);  // the text parsed above: it cannot fail here
+  if (!keys.duplicate.empty()) fail_file(path, std::string(what) + " has the key '" + keys.duplicate + "' twice");
   return j;
 }
 
