@@ -22,7 +22,11 @@
 //
 //   k3bench_decode_gpu --model DIR [--make] [--config NAME] [--out FILE] [--batches 1,8,64]
 //                      [--ctx TOKENS] [--steps N] [--warmup N] [--modes eager,graph] [--seed S]
-//                      [--device cuda|cpu]
+//                      [--device cuda|cpu] [--tp N]
+// --tp N: the checkpoint split over GPUs 0..N-1 with runner::TpRunner (one thread per GPU, NCCL
+// rank-order collectives on each rank's op stream, captured into the graphs with the rest of the
+// step); every rank builds its own synthetic context; times are rank 0's; bytes and the floor are
+// per GPU (the rank's shard, spec §11), so x_floor compares directly with the one-GPU rows.
 // --make: when DIR holds no checkpoint, first writes one with checkpoint::write_random_checkpoint
 // (built-in --config, default k3-proxy-tp8, MXFP4 experts), after checking the disk has room.
 // --device cpu runs the same code on the CPU reference ops (small configs only; for testing).
@@ -52,6 +56,10 @@
 #include "model/decode_graphs.h"
 #include "model/kv_storage.h"
 #include "runner/model_runner.h"
+#include "runner/tp_runner.h"
+#ifdef K3_HAVE_NCCL
+#include "comm/nccl_comm.h"
+#endif
 #ifdef K3_HAVE_CUDA
 #include "backends/cuda/device.h"
 #endif
@@ -74,6 +82,7 @@ struct Options {
   int steps = 16, warmup = 2;
   uint64_t seed = 1;
   core::Device device = core::Device::cuda;
+  int tp = 1;  // > 1: runner::TpRunner, rank r on GPU r, NCCL collectives inside every step
 };
 
 double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
@@ -230,13 +239,14 @@ Options parse_options(int argc, char** argv) {
     else if (a == "--warmup") o.warmup = std::stoi(value());
     else if (a == "--modes") o.modes = value();
     else if (a == "--seed") o.seed = std::stoull(value());
+    else if (a == "--tp") o.tp = std::stoi(value());
     else if (a == "--device") {
       const std::string d = value();
       K3_CHECK(d == "cuda" || d == "cpu", "--device must be cuda or cpu, got '" + d + "'");
       o.device = d == "cuda" ? core::Device::cuda : core::Device::cpu;
     } else if (a == "--help" || a == "-h") {
       std::cout << "k3bench_decode_gpu --model DIR [--make] [--config NAME] [--out FILE] [--batches 1,8,64] [--ctx TOKENS]\n"
-                   "                   [--steps N] [--warmup N] [--modes eager,graph] [--seed S] [--device cuda|cpu]\n";
+                   "                   [--steps N] [--warmup N] [--modes eager,graph] [--seed S] [--device cuda|cpu] [--tp N]\n";
       std::exit(0);
     } else {
       throw core::Error("unknown option " + a + " (try --help)");
@@ -247,6 +257,7 @@ Options parse_options(int argc, char** argv) {
   for (int64_t B : o.batches) K3_CHECK(B >= 1 && B <= 4096, "--batches: every batch must be in 1..4096");
   std::sort(o.batches.begin(), o.batches.end());  // the largest (last) sizes the storage
   K3_CHECK(o.ctx >= 1, "--ctx must be >= 1");
+  K3_CHECK(o.tp >= 1 && o.tp <= 64, "--tp must be in [1, 64]");
   K3_CHECK(o.steps >= 1 && o.warmup >= 1, "--steps and --warmup must be >= 1");
   K3_CHECK(o.modes.find("eager") != std::string::npos || o.modes.find("graph") != std::string::npos,
            "--modes must name eager and/or graph");
@@ -319,29 +330,29 @@ int main(int argc, char** argv) {
     const double make_seconds = make_checkpoint_if_needed(o);
 
     // Open: map and check the checkpoint, upload every tensor (lazily mapped pages are read as the
-    // upload touches them: no separate read-in pass).
+    // upload touches them: no separate read-in pass). With --tp each rank's slices go to its GPU.
     model::ModelOptions mo;
     mo.device = o.device;
     mo.precision = kernels::Precision::bf16;
-    std::printf("opening %s on %s ...\n", o.model.string().c_str(), device_name.c_str());
+    std::printf("opening %s on %s (tp %d) ...\n", o.model.string().c_str(), device_name.c_str(), o.tp);
     std::fflush(stdout);
     const auto t0 = clock_type::now();
-    const auto runner = runner::ModelRunner::open(o.model, mo, model::KvCacheDtype::fp8_e4m3);
+    std::unique_ptr<runner::ModelRunner> single;
+    std::unique_ptr<runner::TpRunner> ranks;
+    if (o.tp == 1) single = runner::ModelRunner::open(o.model, mo, model::KvCacheDtype::fp8_e4m3);
+    else ranks = runner::TpRunner::open(o.model, o.tp, mo, model::KvCacheDtype::fp8_e4m3);
     const double load_seconds = seconds_since(t0);
-    const config::K3Config& c = runner->config();
-    const model::Model& model = runner->model();
-    core::DeviceMemory& memory = *model.memory();
-    const int64_t weight_bytes = inventory_bytes(c);
+    const config::K3Config& full = single ? single->config() : ranks->config();
+    const config::K3Config& c = single ? single->config() : ranks->rank_config();  // what one GPU holds
+    const int64_t weight_bytes = inventory_bytes(full);
     // The name shown: --config when the checkpoint holds that built-in config (MXFP4 experts), else the folder's.
     config::K3Config named = config::builtin_config(o.config);
     named.mxfp4.enabled = true;
     named.mxfp4.group_size = 32;
     const fs::path folder = o.model.filename().empty() ? o.model.parent_path() : o.model;
-    const std::string label = named.hash() == c.hash() ? o.config : folder.filename().string();
+    const std::string label = named.hash() == full.hash() ? o.config : folder.filename().string();
     std::printf("opened %s on %s in %.1f s (%.2f GB of weights; read + upload %.2f GB/s)\n", o.model.string().c_str(),
                 device_name.c_str(), load_seconds, weight_bytes / 1e9, weight_bytes / 1e9 / load_seconds);
-    const double copy_bw = measure_copy_bandwidth(memory, o.device == core::Device::cuda ? int64_t{2} << 30 : int64_t{256} << 20);
-    std::printf("device copy %.0f GB/s (read + write)\n", copy_bw / 1e9);
 
     // Storage for the largest batch: ctx tokens already "cached" plus room for one mode's steps.
     const int64_t maxB = o.batches.back();
@@ -352,85 +363,116 @@ int main(int argc, char** argv) {
     sc.block_size = kBlockSize;
     sc.num_slots = static_cast<int32_t>(maxB);
     sc.kv_dtype = model::KvCacheDtype::fp8_e4m3;
-    const auto tf = clock_type::now();
-    model::KvStorage kv(c, sc, model.memory(), mo.precision);
-    for (int l = 0; l < c.num_hidden_layers; ++l) {
-      const uint64_t s = o.seed ^ (static_cast<uint64_t>(l + 1) * 0x100000001b3ull);
-      if (c.attn_kind(l) == config::AttnKind::mla) {
-        fill_random(memory, kv.mla_pages(l).view(), 0.0f, s);
-      } else {
-        fill_random(memory, kv.kda_states(l).view(), 0.05f, s);
-        fill_random(memory, kv.conv_states(l).view(), 1.0f, s ^ 0xc0);
-      }
-    }
-    memory.synchronize();
-    std::vector<int32_t> pages(static_cast<size_t>(sc.num_blocks));  // shuffled: a sequence's pages are scattered
-    for (size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<int32_t>(i);
-    core::Rng shuffle(o.seed ^ 0x5eedull);
-    for (size_t i = pages.size(); i > 1; --i) std::swap(pages[i - 1], pages[shuffle.next_u64() % i]);
-    std::vector<model::SequenceState> seqs(static_cast<size_t>(maxB));
-    for (int64_t i = 0; i < maxB; ++i) {
-      seqs[i].kda_slot = static_cast<int32_t>(i);
-      seqs[i].block_table.assign(pages.begin() + i * pages_per_seq, pages.begin() + (i + 1) * pages_per_seq);
-    }
-    std::printf("synthetic context: %lld sequences x %lld tokens (fp8 latent pages %.2f GB, KDA state + conv %.2f GB) in %.1f s\n",
-                static_cast<long long>(maxB), static_cast<long long>(o.ctx),
-                [&] { double n = 0; for (int l = 0; l < c.num_hidden_layers; ++l) if (c.attn_kind(l) == config::AttnKind::mla) n += kv.mla_pages(l).nbytes(); return n / 1e9; }(),
-                [&] { double n = 0; for (int l = 0; l < c.num_hidden_layers; ++l) if (c.attn_kind(l) == config::AttnKind::kda) n += kv.kda_states(l).nbytes() + kv.conv_states(l).nbytes(); return n / 1e9; }(),
-                seconds_since(tf));
-    std::fflush(stdout);
 
-    model::DecodeGraphs graphs(model, kv, pages_per_seq);
+    // One rank's whole measurement (every rank runs it in lock step; rank 0 records). Returns the
+    // rows, the copy bandwidth and the per-GPU bytes of a step at each batch.
     std::vector<Row> rows;
-    std::printf("per run (as measured):\n");
-    for (const int64_t B : o.batches) {
-      for (const std::string mode : {"eager", "graph"}) {
-        if (o.modes.find(mode) == std::string::npos) continue;
-        Row row{B, mode, {}, 0, true};
-        std::vector<int32_t> ids(static_cast<size_t>(B));
-        for (int64_t i = 0; i < B; ++i) {
-          seqs[i].num_tokens = o.ctx;  // every run starts at the same context length
-          ids[i] = static_cast<int32_t>((i * 7919 + 1) % c.vocab_size);
-        }
-        std::vector<model::SequenceInput> batch(static_cast<size_t>(B));
-        for (int step = 0; step < steps_per_run; ++step) {
-          for (int64_t i = 0; i < B; ++i) batch[i] = {std::span<const int32_t>(&ids[i], 1), &seqs[i], model::StepKind::decode};
-          const auto ts = clock_type::now();
-          const core::Tensor logits = mode == "graph" ? graphs.forward(batch) : model.forward(kv, batch, model::LogitRows::last);
-          const double ms = 1e3 * seconds_since(ts);
-          if (step >= o.warmup) row.ms.push_back(ms);
-          const int64_t V = logits.dim(1);
-          for (int64_t i = 0; i < B; ++i) {  // greedy: feed each sequence its argmax
-            const float* r = logits.data<const float>() + i * V;
-            int64_t best = 0;
-            for (int64_t v = 0; v < V; ++v) {
-              row.finite &= std::isfinite(r[v]);
-              if (r[v] > r[best]) best = v;
-            }
-            ids[i] = static_cast<int32_t>(best);
-          }
-        }
-        if (mode == "graph") row.kernels = graphs.kernels_per_step(static_cast<int>(B));
-        const double med = bench::median(row.ms);
-        std::printf("  batch %3lld %-5s: %8.2f ms/step (p10 %.2f, p90 %.2f), %8.1f tok/s%s%s\n", static_cast<long long>(B),
-                    mode.c_str(), med, percentile(row.ms, 0.1), percentile(row.ms, 0.9), 1e3 * B / med,
-                    row.kernels ? (", " + std::to_string(row.kernels) + " kernels/step").c_str() : "",
-                    row.finite ? "" : ", NON-FINITE LOGITS");
-        std::fflush(stdout);
-        rows.push_back(std::move(row));
+    double copy_bw = 0;
+    std::vector<StepBytes> bytes_of;  // per row
+    const auto measure = [&](int rank, const model::Model& model, comm::Communicator* comm) {
+      core::DeviceMemory& memory = *model.memory();
+      const bool record = rank == 0;
+      const double bw = measure_copy_bandwidth(memory, o.device == core::Device::cuda ? int64_t{2} << 30 : int64_t{256} << 20);
+      if (record) {
+        copy_bw = bw;
+        std::printf("device copy %.0f GB/s (read + write)\n", copy_bw / 1e9);
       }
-    }
+#ifdef K3_HAVE_NCCL
+      // A captured collective must never allocate: size the scratch for the largest one up front
+      // (the packed [latent | hidden] f32 all-reduce of a MoE layer, or the logits all-gather).
+      if (auto* nccl = dynamic_cast<comm::NcclComm*>(comm)) {
+        const int64_t widest = std::max<int64_t>(c.moe.routed_expert_hidden_size + c.hidden_size, int64_t{c.vocab_size} * o.tp);
+        nccl->reserve_scratch(comm::NcclComm::scratch_bytes_for(maxB * widest, core::DType::f32, o.tp));
+      }
+#else
+      (void)comm;
+#endif
+      const auto tf = clock_type::now();
+      model::KvStorage kv(c, sc, model.memory(), mo.precision);
+      for (int l = 0; l < c.num_hidden_layers; ++l) {
+        const uint64_t s = o.seed ^ (static_cast<uint64_t>(l + 1) * 0x100000001b3ull) ^ (static_cast<uint64_t>(rank) << 56);
+        if (c.attn_kind(l) == config::AttnKind::mla) {
+          fill_random(memory, kv.mla_pages(l).view(), 0.0f, s);
+        } else {
+          fill_random(memory, kv.kda_states(l).view(), 0.05f, s);
+          fill_random(memory, kv.conv_states(l).view(), 1.0f, s ^ 0xc0);
+        }
+      }
+      memory.synchronize();
+      std::vector<int32_t> pages(static_cast<size_t>(sc.num_blocks));  // shuffled: a sequence's pages are scattered
+      for (size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<int32_t>(i);
+      core::Rng shuffle(o.seed ^ 0x5eedull);
+      for (size_t i = pages.size(); i > 1; --i) std::swap(pages[i - 1], pages[shuffle.next_u64() % i]);
+      std::vector<model::SequenceState> seqs(static_cast<size_t>(maxB));
+      for (int64_t i = 0; i < maxB; ++i) {
+        seqs[i].kda_slot = static_cast<int32_t>(i);
+        seqs[i].block_table.assign(pages.begin() + i * pages_per_seq, pages.begin() + (i + 1) * pages_per_seq);
+      }
+      if (record) {
+        std::printf("synthetic context: %lld sequences x %lld tokens (fp8 latent pages %.2f GB, KDA state + conv %.2f GB per GPU) in %.1f s\n",
+                    static_cast<long long>(maxB), static_cast<long long>(o.ctx),
+                    [&] { double n = 0; for (int l = 0; l < c.num_hidden_layers; ++l) if (c.attn_kind(l) == config::AttnKind::mla) n += kv.mla_pages(l).nbytes(); return n / 1e9; }(),
+                    [&] { double n = 0; for (int l = 0; l < c.num_hidden_layers; ++l) if (c.attn_kind(l) == config::AttnKind::kda) n += kv.kda_states(l).nbytes() + kv.conv_states(l).nbytes(); return n / 1e9; }(),
+                    seconds_since(tf));
+        std::printf("per run (as measured):\n");
+        std::fflush(stdout);
+      }
+
+      model::DecodeGraphs graphs(model, kv, pages_per_seq);
+      for (const int64_t B : o.batches) {
+        for (const std::string mode : {"eager", "graph"}) {
+          if (o.modes.find(mode) == std::string::npos) continue;
+          Row row{B, mode, {}, 0, true};
+          std::vector<int32_t> ids(static_cast<size_t>(B));
+          for (int64_t i = 0; i < B; ++i) {
+            seqs[i].num_tokens = o.ctx;  // every run starts at the same context length
+            ids[i] = static_cast<int32_t>((i * 7919 + 1) % full.vocab_size);
+          }
+          std::vector<model::SequenceInput> batch(static_cast<size_t>(B));
+          for (int step = 0; step < steps_per_run; ++step) {
+            for (int64_t i = 0; i < B; ++i) batch[i] = {std::span<const int32_t>(&ids[i], 1), &seqs[i], model::StepKind::decode};
+            const auto ts = clock_type::now();
+            const core::Tensor logits = mode == "graph" ? graphs.forward(batch) : model.forward(kv, batch, model::LogitRows::last);
+            const double ms = 1e3 * seconds_since(ts);
+            if (step >= o.warmup) row.ms.push_back(ms);
+            const int64_t V = logits.dim(1);
+            for (int64_t i = 0; i < B; ++i) {  // greedy: feed each sequence its argmax (the same on every rank)
+              const float* r = logits.data<const float>() + i * V;
+              int64_t best = 0;
+              for (int64_t v = 0; v < V; ++v) {
+                row.finite &= std::isfinite(r[v]);
+                if (r[v] > r[best]) best = v;
+              }
+              ids[i] = static_cast<int32_t>(best);
+            }
+          }
+          if (!record) continue;
+          if (mode == "graph") row.kernels = graphs.kernels_per_step(static_cast<int>(B));
+          const double med = bench::median(row.ms);
+          std::printf("  batch %3lld %-5s: %8.2f ms/step (p10 %.2f, p90 %.2f), %8.1f tok/s%s%s\n", static_cast<long long>(B),
+                      mode.c_str(), med, percentile(row.ms, 0.1), percentile(row.ms, 0.9), 1e3 * B / med,
+                      row.kernels ? (", " + std::to_string(row.kernels) + " kernels/step").c_str() : "",
+                      row.finite ? "" : ", NON-FINITE LOGITS");
+          std::fflush(stdout);
+          bytes_of.push_back(step_bytes(c, kv, B, o.ctx));
+          rows.push_back(std::move(row));
+        }
+      }
+    };
+    if (single) measure(0, single->model(), nullptr);
+    else ranks->run([&](int rank, const model::Model& m, comm::Communicator& comm) { measure(rank, m, &comm); });
 
     // Table and bundle.
     nlohmann::json jrows = nlohmann::json::array();
-    std::printf("\n%s decode on %s: %d layers, ctx %lld tokens/sequence, fp8 latent cache, bf16 activations; median of %d steps "
-                "after %d warm-up; device copy %.0f GB/s, floor = bytes / copy bandwidth\n",
-                label.c_str(), device_name.c_str(), c.num_hidden_layers, static_cast<long long>(o.ctx), o.steps, o.warmup,
-                copy_bw / 1e9);
+    std::printf("\n%s decode on %s%s: %d layers, ctx %lld tokens/sequence, fp8 latent cache, bf16 activations; median of %d steps "
+                "after %d warm-up; device copy %.0f GB/s, floor = bytes per GPU / copy bandwidth\n",
+                label.c_str(), device_name.c_str(), o.tp > 1 ? (" x" + std::to_string(o.tp) + " (TP, NCCL)").c_str() : "",
+                c.num_hidden_layers, static_cast<long long>(o.ctx), o.steps, o.warmup, copy_bw / 1e9);
     std::printf("%5s %-5s %10s %9s %9s %10s %8s %9s %8s %9s %8s\n", "batch", "mode", "ms/step", "p10", "p90", "tok/s", "kernels",
                 "GB/step", "GB/s", "floor_ms", "x_floor");
-    for (const Row& r : rows) {
-      const StepBytes bytes = step_bytes(c, kv, r.batch, o.ctx);
+    for (size_t ri = 0; ri < rows.size(); ++ri) {
+      const Row& r = rows[ri];
+      const StepBytes& bytes = bytes_of[ri];
       const double med = bench::median(r.ms), total = bytes.total();
       const double floor_ms = total / copy_bw * 1e3;
       std::printf("%5lld %-5s %10.2f %9.2f %9.2f %10.1f %8zu %9.2f %8.0f %9.2f %8.2f%s\n", static_cast<long long>(r.batch),
@@ -446,13 +488,15 @@ int main(int argc, char** argv) {
     const nlohmann::json bundle = {
         {"benchmark", "decode_gpu"},
         {"environment", env},
-        {"config", {{"name", label}, {"model_dir", o.model.string()}, {"model", config::to_json(c)}, {"model_hash", c.hash()},
-                    {"weight_bytes", weight_bytes}, {"batches", o.batches}, {"ctx_tokens", o.ctx}, {"steps", o.steps},
+        {"config", {{"name", label}, {"model_dir", o.model.string()}, {"model", config::to_json(full)}, {"model_hash", full.hash()},
+                    {"weight_bytes", weight_bytes}, {"tp", o.tp},
+                    {"rank_model", config::to_json(c)}, {"batches", o.batches}, {"ctx_tokens", o.ctx}, {"steps", o.steps},
                     {"warmup", o.warmup}, {"block_size", kBlockSize}, {"kv_cache", "fp8_e4m3"}, {"precision", "bf16"},
                     {"device", o.device == core::Device::cuda ? "cuda" : "cpu"}, {"seed", o.seed},
                     {"context", "synthetic: random fp8 latent pages, random KDA state/conv slots, num_tokens = ctx"},
                     {"feed", "argmax of the previous step's logits"},
-                    {"timing", "wall time of Model::forward (eager) or DecodeGraphs::forward (graph), logits download included"},
+                    {"timing", "wall time of Model::forward (eager) or DecodeGraphs::forward (graph), logits download included; "
+                               "with tp > 1 rank 0's, every TP collective inside the step"},
                     {"bytes", "spec §12: non-expert weights incl. lm_head once, 896(1-(1-16/896)^B) distinct experts per MoE "
                               "layer x per-expert MXFP4 bytes, KDA state+conv r+w, fp8 latent read (ctx+1) + write, AttnRes "
                               "2 x (bank+1) rows x hidden bf16 per token per layer, embedding rows"}}},

@@ -1,18 +1,93 @@
-// runner/tp_runner.cpp: TpRunner: rank models on CPU threads in lock step.
+// runner/tp_runner.cpp: TpRunner: rank models in lock step, on CPU threads or one thread per GPU.
 #include "runner/tp_runner.h"
 
 #include <chrono>
 #include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
 
+#include "comm/thread_comm.h"
 #include "model/local_cache.h"
+
+#ifdef K3_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "backends/cuda/check.h"
+#include "backends/cuda/context.h"
+#include "backends/cuda/cuda_memory.h"
+#include "backends/cuda/device.h"
+#include "kernels/cuda_ops.h"
+#endif
+#ifdef K3_HAVE_NCCL
+#include "comm/nccl_comm.h"
+#endif
 
 namespace k3::runner {
 
 struct TpRunner::Rank {
-  model::Weights weights;     // this rank's slices
-  kernels::Registry registry;  // per rank, as on GPUs (each its own device context)
+  int device = -1;             // CUDA device index; -1 on the CPU
+  model::Weights weights;      // this rank's slices, on its device
+  kernels::Registry registry;  // per rank: each GPU has its own context the ops capture
+  std::shared_ptr<core::DeviceMemory> memory;
+#ifdef K3_HAVE_CUDA
+  std::shared_ptr<backends::cuda::Context> cuda;
+#endif
   std::unique_ptr<model::Model> model;
 };
+
+// The ranks' communicators: CPU threads or NCCL on the GPUs.
+struct TpRunner::Group {
+  std::unique_ptr<comm::ThreadGroup> threads;
+#ifdef K3_HAVE_NCCL
+  std::unique_ptr<comm::NcclGroup> nccl;
+#endif
+  comm::Communicator& rank(int r) {
+#ifdef K3_HAVE_NCCL
+    if (nccl) return nccl->rank(r);
+#endif
+    return threads->rank(r);
+  }
+  void abort(const std::string& reason) {
+#ifdef K3_HAVE_NCCL
+    if (nccl) return nccl->abort(reason);
+#endif
+    threads->abort(reason);
+  }
+  bool aborted() const {
+#ifdef K3_HAVE_NCCL
+    if (nccl) return nccl->aborted();
+#endif
+    return threads->aborted();
+  }
+};
+
+namespace {
+void make_current(int device) {
+#ifdef K3_HAVE_CUDA
+  if (device >= 0) K3_CUDA_CHECK(cudaSetDevice(device));
+#else
+  (void)device;
+#endif
+}
+
+// Why `--tp` cannot run on cuda in this build or on this machine ("" when it can).
+std::string cuda_tp_unavailable(int tp) {
+#if defined(K3_HAVE_CUDA) && defined(K3_HAVE_NCCL)
+  std::string why;
+  const int gpus = backends::cuda::device_count(&why);
+  if (gpus >= tp) return "";
+  return "--tp " + std::to_string(tp) + " on cuda needs " + std::to_string(tp) + " GPUs, " + std::to_string(gpus) +
+         " usable" + (why.empty() ? "" : " (" + why + ")");
+#elif defined(K3_HAVE_CUDA)
+  (void)tp;
+  return "--tp on cuda: this build has no NCCL (set K3_NCCL_ROOT at configure time)";
+#else
+  (void)tp;
+  return "--tp on cuda: this build has no CUDA backend (configure with nvcc present)";
+#endif
+}
+}  // namespace
 
 std::unique_ptr<TpRunner> TpRunner::open(const std::filesystem::path& dir, int tp, const model::ModelOptions& options,
                                          model::KvCacheDtype kv_cache, const checkpoint::LoadProgressFn& progress) {
@@ -22,28 +97,58 @@ std::unique_ptr<TpRunner> TpRunner::open(const std::filesystem::path& dir, int t
 TpRunner::TpRunner(const std::filesystem::path& dir, int tp, const model::ModelOptions& options,
                    model::KvCacheDtype kv_cache, const checkpoint::LoadProgressFn& progress)
     : full_(config::load_config(dir / "config.json")), options_(options), kv_cache_(kv_cache) {
-  K3_CHECK(options.device == core::Device::cpu,
-           "tensor parallelism: TpRunner runs the ranks as CPU threads; --tp on " +
-               std::string(core::device_name(options.device)) + " needs the NCCL runner");
+  const bool cuda = options.device == core::Device::cuda;
+  K3_CHECK(options.device == core::Device::cpu || cuda,
+           "tensor parallelism: no runner for device " + std::string(core::device_name(options.device)));
   rank_config_ = config::shard_config(full_, tp);  // throws naming the field tp does not divide
+  if (cuda)
+    if (const std::string why = cuda_tp_unavailable(tp); !why.empty()) throw core::Error(why);
   for (int r = 0; r < tp; ++r) {
     auto rank = std::make_unique<Rank>();
-    rank->weights = checkpoint::load_weights(dir, full_, config::TpShard{r, tp}, r == 0 ? progress : nullptr);
     kernels::register_reference_ops(rank->registry);
+    rank->memory = core::host_memory();
+    model::Weights host = checkpoint::load_weights(dir, full_, config::TpShard{r, tp}, r == 0 ? progress : nullptr);
+#ifdef K3_HAVE_CUDA
+    if (cuda) {
+      rank->device = r;
+      rank->cuda = backends::cuda::Context::create(r);  // makes GPU r current for the upload
+      kernels::register_cuda_ops(rank->registry, rank->cuda);
+      rank->memory = backends::cuda::make_device_memory(rank->cuda);
+      rank->weights = model::to_device(host, *rank->memory);
+      rank->memory->synchronize();  // the host slices are freed at the end of this iteration
+    }
+#endif
+    if (!cuda) rank->weights = std::move(host);
     ranks_.push_back(std::move(rank));
   }
   build_models();
 }
 
-TpRunner::~TpRunner() = default;
+TpRunner::~TpRunner() {
+  // Models hold the communicators: drop them first, then the group (NCCL finalizes per rank).
+  for (const auto& r : ranks_) r->model.reset();
+  group_.reset();
+}
 
 void TpRunner::build_models() const {
   // The models hold the group's communicators: both are replaced together.
   for (const auto& r : ranks_) r->model.reset();
-  group_ = std::make_unique<comm::ThreadGroup>(tp());
+  group_.reset();
+  group_ = std::make_unique<Group>();
+  if (options_.device == core::Device::cpu) {
+    group_->threads = std::make_unique<comm::ThreadGroup>(tp());
+  } else {
+#if defined(K3_HAVE_CUDA) && defined(K3_HAVE_NCCL)
+    std::vector<int> devices;
+    for (const auto& r : ranks_) devices.push_back(r->device);
+    group_->nccl = std::make_unique<comm::NcclGroup>(devices);
+    // Collectives go on each rank's op stream: stream order replaces cross-stream events.
+    for (int r = 0; r < tp(); ++r) group_->nccl->rank(r).set_stream(ranks_[static_cast<size_t>(r)]->cuda->stream());
+#endif
+  }
   for (int r = 0; r < tp(); ++r) {
     Rank& rank = *ranks_[static_cast<size_t>(r)];
-    rank.model = std::make_unique<model::Model>(rank_config_, rank.weights, rank.registry, options_, core::host_memory(),
+    rank.model = std::make_unique<model::Model>(rank_config_, rank.weights, rank.registry, options_, rank.memory,
                                                 &group_->rank(r));
   }
 }
@@ -53,15 +158,37 @@ const model::Model& TpRunner::model(int rank) const {
   return *ranks_[static_cast<size_t>(rank)]->model;
 }
 
-void TpRunner::run(const RankFn& fn) const {
-  if (group_->aborted()) build_models();  // a failed call left the old group unusable
-  comm::run_ranks(*group_, [&](comm::Communicator& c) {
-    fn(c.rank(), *ranks_[static_cast<size_t>(c.rank())]->model, c);
-  });
+const std::shared_ptr<core::DeviceMemory>& TpRunner::memory(int rank) const {
+  K3_CHECK(rank >= 0 && rank < tp(), "TpRunner: rank " + std::to_string(rank) + " of " + std::to_string(tp()));
+  return ranks_[static_cast<size_t>(rank)]->memory;
 }
 
-model::LocalCache TpRunner::new_cache(int64_t max_tokens) const {
-  return model::LocalCache(rank_config_, 1, max_tokens, kv_cache_, 16, core::host_memory(), options_.precision);
+void TpRunner::run(const RankFn& fn) const {
+  if (group_->aborted()) build_models();  // a failed call left the old group unusable
+  std::mutex mu;
+  std::exception_ptr first;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp(); ++r)
+    threads.emplace_back([&, r] {
+      try {
+        const Rank& rank = *ranks_[static_cast<size_t>(r)];
+        make_current(rank.device);
+        fn(r, *rank.model, group_->rank(r));
+        rank.memory->synchronize();  // the call's device work is done when run() returns
+      } catch (const std::exception& e) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!first) first = std::current_exception();
+        }
+        group_->abort("rank " + std::to_string(r) + " failed: " + e.what());  // release the others
+      }
+    });
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+model::LocalCache TpRunner::new_cache(int rank, int64_t max_tokens) const {
+  return model::LocalCache(rank_config_, 1, max_tokens, kv_cache_, 16, memory(rank), options_.precision);
 }
 
 void TpRunner::check_ids(std::span<const int32_t> tokens) const {
@@ -79,7 +206,7 @@ core::Tensor TpRunner::logits(std::span<const int32_t> tokens, int64_t decode_fr
   const int64_t V = full_.vocab_size;
   core::Tensor out = core::Tensor::zeros(core::DType::f32, {T, V});
   run([&](int rank, const model::Model& m, comm::Communicator&) {
-    model::LocalCache cache = new_cache(T);
+    model::LocalCache cache = new_cache(rank, T);
     model::SequenceState state = cache.new_sequence();
     auto step = [&](int64_t begin, int64_t count, model::StepKind kind) {
       const model::SequenceInput in{tokens.subspan(static_cast<size_t>(begin), static_cast<size_t>(count)), &state, kind};
@@ -98,33 +225,36 @@ std::vector<int32_t> TpRunner::generate(std::span<const int32_t> prompt, int64_t
                                         ModelRunner::GenerateStats* stats) const {
   check_ids(prompt);
   K3_CHECK(max_tokens >= 0, "max_tokens must be >= 0, got " + std::to_string(max_tokens));
-  Sampler sampler(sampling, static_cast<int32_t>(full_.vocab_size));  // rank 0's
   using clock = std::chrono::steady_clock;
   std::vector<int32_t> out;  // rank 0's
   ModelRunner::GenerateStats st;
   st.prompt_tokens = static_cast<int64_t>(prompt.size());
   if (max_tokens > 0) {
-    run([&](int rank, const model::Model& m, comm::Communicator& c) {
-      model::LocalCache cache = new_cache(static_cast<int64_t>(prompt.size()) + max_tokens);
+    run([&](int rank, const model::Model& m, comm::Communicator&) {
+      // Every rank holds the same all-gathered logits, so every rank's sampler (same seed) draws
+      // the same token: no broadcast, and the ranks never wait on rank 0's host work.
+      Sampler sampler(sampling, static_cast<int32_t>(full_.vocab_size));
+      std::vector<int32_t> mine;
+      model::LocalCache cache = new_cache(rank, static_cast<int64_t>(prompt.size()) + max_tokens);
       model::SequenceState state = cache.new_sequence();
       auto t0 = clock::now();
       model::SequenceInput in{prompt, &state, model::StepKind::prefill};
       core::Tensor logits = m.forward(cache.storage(), {&in, 1}, model::LogitRows::last);
       if (rank == 0) st.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
       t0 = clock::now();
-      int32_t next = 0;  // every rank's copy of the newest token
+      int32_t next = 0;
       for (int64_t n = 1;; ++n) {
-        if (rank == 0) {
-          next = sampler.sample(logits.span<const float>(), prompt, out).token;
-          out.push_back(next);
-          if (on_token) on_token(next);
-        }
-        c.broadcast(core::TensorView::contiguous(&next, core::DType::i32, {1}), 0);
+        next = sampler.sample(logits.span<const float>(), prompt, mine).token;
+        mine.push_back(next);
+        if (rank == 0 && on_token) on_token(next);
         if (n >= max_tokens || next == full_.eos_token_id) break;
         in = {std::span<const int32_t>(&next, 1), &state, model::StepKind::decode};
         logits = m.forward(cache.storage(), {&in, 1}, model::LogitRows::last);
       }
-      if (rank == 0) st.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+      if (rank == 0) {
+        st.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+        out = std::move(mine);
+      }
     });
   }
   st.generated_tokens = static_cast<int64_t>(out.size());

@@ -1,7 +1,12 @@
-// runner/tp_runner.h: tensor parallelism (spec §11) on the CPU: `tp` rank models of one checkpoint
-// run in lock step, one thread per rank, talking through comm::ThreadGroup. This is the oracle that
-// proves TP=N gives the logits of TP=1 (CI runs it on two cores); the GPU runner does the same with
-// comm::NcclGroup, one thread per GPU, and per-GPU registries and weights.
+// runner/tp_runner.h: tensor parallelism (spec §11): `tp` rank models of one checkpoint run in lock
+// step, one thread per rank.
+//   * device cpu: the ranks talk through comm::ThreadGroup. This is the oracle that proves TP=N
+//     gives the logits of TP=1 (CI runs it on two cores).
+//   * device cuda: rank r runs on GPU r (CUDA devices 0..tp-1) with its own backends::cuda::Context
+//     (stream, memory pool, cuBLASLt), its own op registry and device weights, and the ranks talk
+//     through comm::NcclGroup (NVLS off, rank-order sums: the same numbers as the CPU group) whose
+//     collectives are queued on the rank's op stream, so a step needs no cross-stream waits. Each
+//     call's rank threads make their GPU current before running anything.
 //
 // Each rank holds config::shard_config(full, tp) and its weight slices, read straight from the
 // mmap'd checkpoint (checkpoint::load_weights with a TpShard), and its own caches. Every call runs
@@ -16,10 +21,11 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
-#include "comm/thread_comm.h"
+#include "comm/communicator.h"
 #include "config/shard.h"
 #include "kernels/registry.h"
 #include "model/kv_storage.h"
+#include "model/local_cache.h"
 #include "model/model.h"
 #include "runner/model_runner.h"
 #include "runner/sampler.h"
@@ -29,8 +35,10 @@ namespace k3::runner {
 class TpRunner {
  public:
   // Reads DIR/config.json, checks that tp divides the sharded sizes (config::shard_config, whose
-  // error names the field) and loads every rank's slices. CPU only (options.device must be cpu).
-  // `progress` sees rank 0's load. tp = 1 is allowed (a one-rank group: the plain model).
+  // error names the field) and loads every rank's slices (on options.device; for cuda, rank r's go
+  // to GPU r, one rank at a time so the host holds one rank's slices at most). cuda needs a build
+  // with NCCL and at least tp GPUs (else core::Error saying which). `progress` sees rank 0's load.
+  // tp = 1 is allowed (a one-rank group: the plain model).
   static std::unique_ptr<TpRunner> open(const std::filesystem::path& dir, int tp, const model::ModelOptions& options,
                                         model::KvCacheDtype kv_cache = model::KvCacheDtype::bf16,
                                         const checkpoint::LoadProgressFn& progress = nullptr);
@@ -49,30 +57,36 @@ class TpRunner {
   // Like ModelRunner: logits [T, vocab] of every position, the first decode_from tokens in one
   // prefill, the rest one at a time through the decode path.
   core::Tensor logits(std::span<const int32_t> tokens, int64_t decode_from) const;
-  // Like ModelRunner::generate; on_token is called from rank 0's thread.
+  // Like ModelRunner::generate; on_token is called from rank 0's thread. Every rank samples the
+  // (identical, all-gathered) logits with its own copy of the sampler, so no token is broadcast.
   std::vector<int32_t> generate(std::span<const int32_t> prompt, int64_t max_tokens, const SamplingParams& sampling,
                                 const std::function<void(int32_t)>& on_token = nullptr,
                                 ModelRunner::GenerateStats* stats = nullptr) const;
 
   // Runs fn(rank, model, comm) on every rank at once, one thread each, and joins them; the models'
   // collectives pair up across the threads, so every rank must make the same forward() calls.
-  // Tests use it to drive forward() with their own caches (build them with rank_config()). If a
+  // Tests and benchmarks use it to drive forward() with their own caches (new_cache(), or a
+  // KvStorage on memory(rank)). If a
   // rank throws, the others are released (the group is aborted) and the first exception is
   // rethrown here; the next call starts on a fresh group.
   using RankFn = std::function<void(int rank, const model::Model& model, comm::Communicator& comm)>;
   void run(const RankFn& fn) const;
 
+  // Rank `rank`'s device memory (where its KvStorage must live) and a one-sequence cache on it.
+  const std::shared_ptr<core::DeviceMemory>& memory(int rank) const;
+  model::LocalCache new_cache(int rank, int64_t max_tokens) const;
+
  private:
   struct Rank;
+  struct Group;  // the ranks' communicators: comm::ThreadGroup or comm::NcclGroup
   void check_ids(std::span<const int32_t> tokens) const;
-  model::LocalCache new_cache(int64_t max_tokens) const;
   void build_models() const;  // (re)creates the group and every rank's Model on it
 
   config::K3Config full_, rank_config_;
   model::ModelOptions options_;
   model::KvCacheDtype kv_cache_;
   std::vector<std::unique_ptr<Rank>> ranks_;
-  mutable std::unique_ptr<comm::ThreadGroup> group_;
+  mutable std::unique_ptr<Group> group_;
 };
 
 }  // namespace k3::runner

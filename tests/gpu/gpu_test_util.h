@@ -2,8 +2,11 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "runner/model_runner.h"
 #include "test_util.h"
@@ -47,5 +50,29 @@ struct RunnerPair {
     gpu = runner::ModelRunner::open(dir, options(core::Device::cuda, p), kv);
   }
 };
+
+// Top-1 agreement over the rows where the oracle's top-1 leads its runner-up by more than
+// `margin` (rows closer than that are decided by rounding noise, not by the model), and how many
+// rows that is.
+inline std::pair<double, int64_t> decided_top1_agreement(const core::Tensor& got, const core::Tensor& want, float margin) {
+  const int64_t rows = want.dim(0), cols = want.dim(1);
+  int64_t decided = 0, agree = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* w = want.data<const float>() + r * cols;
+    const float* g = got.data<const float>() + r * cols;
+    int64_t best = 0, gbest = 0;
+    for (int64_t c = 1; c < cols; ++c) {
+      if (w[c] > w[best]) best = c;
+      if (g[c] > g[gbest]) gbest = c;
+    }
+    float second = -INFINITY;
+    for (int64_t c = 0; c < cols; ++c)
+      if (c != best) second = std::max(second, w[c]);
+    if (w[best] - second <= margin) continue;
+    ++decided;
+    agree += gbest == best;
+  }
+  return {decided ? double(agree) / double(decided) : 1.0, decided};
+}
 
 }  // namespace k3::gpu_test

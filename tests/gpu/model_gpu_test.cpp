@@ -15,6 +15,7 @@
 namespace k3 {
 namespace {
 
+using gpu_test::decided_top1_agreement;
 using gpu_test::RunnerPair;
 using model::KvCacheDtype;
 using testing::compare;
@@ -49,30 +50,6 @@ class ModelGpu : public ::testing::TestWithParam<Case> {
   }
   testing::TempDir tmp_;
 };
-
-// Top-1 agreement over the rows where the oracle's top-1 leads its runner-up by more than
-// `margin` (rows closer than that are decided by rounding noise, not by the model), and how many
-// rows that is.
-std::pair<double, int64_t> decided_top1_agreement(const core::Tensor& got, const core::Tensor& want, float margin) {
-  const int64_t rows = want.dim(0), cols = want.dim(1);
-  int64_t decided = 0, agree = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* w = want.data<const float>() + r * cols;
-    const float* g = got.data<const float>() + r * cols;
-    int64_t best = 0, gbest = 0;
-    for (int64_t c = 1; c < cols; ++c) {
-      if (w[c] > w[best]) best = c;
-      if (g[c] > g[gbest]) gbest = c;
-    }
-    float second = -INFINITY;
-    for (int64_t c = 0; c < cols; ++c)
-      if (c != best) second = std::max(second, w[c]);
-    if (w[best] - second <= margin) continue;
-    ++decided;
-    agree += gbest == best;
-  }
-  return {decided ? double(agree) / double(decided) : 1.0, decided};
-}
 
 // Engine mode: prefill 150 tokens then 100 decode steps, every position's logits. The tiny random
 // model's logits are nearly flat and its sigmoid router nearly tied, so bf16 summation-order noise
