@@ -4,7 +4,7 @@
 # or pcre2 -dev packages, no network). Writes logs and JSON under $OUT and prints a summary table
 # last.
 #
-#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|model|sanitize|bench|layers|proxy]... [--budget SECONDS]
+#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|model|sanitize|bench|layers|comm|proxy]... [--budget SECONDS]
 #
 # Phases (default all, in this order):
 #   build     configure with -DK3_GPU_CHECK_ONLY=ON (only core, config, kernels, backends, tests/ops,
@@ -18,6 +18,9 @@
 #   bench     k3bench_ops_gpu: per-op time, bytes, GB/s, ratio to the floor     -> bench.log, ops_gpu.json
 #   layers    k3bench_layer_gpu --check: one KDA+MoE and one MLA+MoE layer (k3-layer-tp8) per CUDA-graph
 #             step, batch 1/8/32/64: us, kernels, bytes, GB/s, ratio to the copy floor -> layers.log, layer_gpu.json
+#   comm      (2+ GPUs, else SKIP) builds and runs k3_comm_tests (NCCL and the custom peer-access
+#             all-reduce on every visible GPU) and k3bench_allreduce_gpu (custom vs NCCL latency, rows
+#             1..64 x 7168)                                                   -> comm_tests.log, allreduce.log, allreduce_gpu.json
 #   sanitize  k3_ops_tests on the odd shapes under compute-sanitizer memcheck and racecheck
 #                                                                               -> memcheck.log, racecheck.log
 #   proxy     k3bench_decode_gpu: writes the k3-proxy-tp8 checkpoint (~52 GB; $K3_PROXY_DIR, default
@@ -25,6 +28,7 @@
 #             lacks room), opens it on the GPU and times whole-model decode steps at batch 1/8/64 with
 #             an 8K context: ms/step, tok/s, GB/s, ratio to the copy floor   -> proxy.log, decode_gpu.json
 #             (under `all` it runs only when at least 240 s of the budget are left; else SKIP)
+#             K3_PROXY_TP=N splits the model over GPUs 0..N-1 (TpRunner, NCCL) -> decode_gpu_tpN.json
 # summary.txt repeats the table printed at the end. The whole run keeps within --budget seconds
 # (default 570: one 10-minute device command); a phase that would overrun is cut by `timeout` and
 # reported as TIMEOUT. The build folder (build/gpu-check) is reused by later calls, so the phases can
@@ -40,8 +44,8 @@ PHASES=()
 while (($#)); do
   case "$1" in
     --budget) BUDGET=$2; shift 2 ;;
-    all|build|test|model|bench|layers|sanitize|proxy) PHASES+=("$1"); shift ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    all|build|test|model|bench|layers|comm|sanitize|proxy) PHASES+=("$1"); shift ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -218,6 +222,41 @@ if want layers; then
   fi
 fi
 
+# ---------------------------------------------------------------- comm
+COMM_TESTS=$BUILD/src/comm/k3_comm_tests
+AR_BENCH=$BUILD/k3bench_allreduce_gpu
+if want comm; then
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if ((ngpu < 2)); then
+    record comm SKIP 0 "needs 2+ GPUs, $ngpu visible (ask for an nvidia-h200-x2/x4/x8 machine)"
+  else
+    # The benchmark exists only where CMake found NCCL; the tests build either way.
+    comm_targets=(k3_comm_tests)
+    ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q '^k3bench_allreduce_gpu:' && comm_targets+=(k3bench_allreduce_gpu)
+    capped 300 cmake --build "$BUILD" --target "${comm_targets[@]}" -j"$(nproc)" > "$OUT/comm_build.log" 2>&1
+    if [[ ! -f $BUILD/CMakeCache.txt ]]; then
+      record comm FAIL 0 "no $BUILD (run the build phase)"
+    elif ((RC != 0)); then
+      record comm FAIL "$SECS" "build: $(grep -m1 -E 'error|Error' "$OUT/comm_build.log" | cut -c1-100)"
+    else
+      capped 240 "$COMM_TESTS" > "$OUT/comm_tests.log" 2>&1
+      test_rc=$RC; test_secs=$SECS; counts=$(gtest_counts "$OUT/comm_tests.log")
+      if [[ -x $AR_BENCH ]]; then
+        capped 180 "$AR_BENCH" --out "$OUT/allreduce_gpu.json" > "$OUT/allreduce.log" 2>&1
+      else
+        RC=0; SECS=0; echo "k3bench_allreduce_gpu not configured (NCCL not found)" > "$OUT/allreduce.log"
+      fi
+      if ((test_rc == 0 && RC == 0)); then
+        record comm PASS $((test_secs + SECS)) "$ngpu GPUs: $counts; one-shot us: $(grep -m1 '^  custom_one_shot ' "$OUT/allreduce.log" | tr -s ' ' | cut -c18-70)"
+      elif ((test_rc == 124 || test_rc == 137 || RC == 124 || RC == 137)); then
+        record comm TIMEOUT $((test_secs + SECS)) "tests rc $test_rc ($counts), bench rc $RC"
+      else
+        record comm FAIL $((test_secs + SECS)) "tests rc $test_rc ($counts), bench rc $RC: $(grep -m1 -iE 'error|FAILED' "$OUT/comm_tests.log" "$OUT/allreduce.log" | cut -c1-90)"
+      fi
+    fi
+  fi
+fi
+
 # ---------------------------------------------------------------- sanitize
 # The odd shapes only (small, every code path); TP8 shapes would take the sanitizers far too long.
 SAN_FILTER='OpsOdd.*:OpsCoverage.*'
@@ -263,7 +302,9 @@ if want proxy; then
   elif [[ ! -f $PROXY_DIR/config.json ]] && ((free_gb < PROXY_GB + 1)); then
     record proxy FAIL 0 "only ${free_gb} GB free under $(dirname "$PROXY_DIR"); the k3-proxy-tp8 checkpoint needs ${PROXY_GB} GB + 1 GB"
   else
-    capped 480 "$DECODE_BENCH" --model "$PROXY_DIR" --make --config k3-proxy-tp8 --out "$OUT/decode_gpu.json" \
+    PROXY_TP=${K3_PROXY_TP:-1}
+    proxy_json=$OUT/decode_gpu.json; ((PROXY_TP > 1)) && proxy_json=$OUT/decode_gpu_tp$PROXY_TP.json
+    capped 480 "$DECODE_BENCH" --model "$PROXY_DIR" --make --config k3-proxy-tp8 --tp "$PROXY_TP" --out "$proxy_json" \
       > "$OUT/proxy.log" 2>&1
     if ((RC == 0)); then
       record proxy PASS "$SECS" "$(grep -m1 -o 'wrote [0-9.]* GB in [0-9.]* s' "$OUT/proxy.log" || echo 'checkpoint reused'); $(grep -m1 -o 'opened .* in [0-9.]* s' "$OUT/proxy.log" | grep -o 'in [0-9.]* s' | sed 's/^/load /')"
@@ -322,19 +363,21 @@ for r in b["rows"]:
     print(f"  {r['layer']:16} {r['batch']:5d} {r['median_us']:9.1f} {r['p10_us']:8.1f} {r['p90_us']:8.1f} {r['kernels_per_layer']:7.1f} {r['bytes']['total']/1e6:8.1f} {r['GBps']:6.0f} {r['floor_us_copy']:8.1f} {r['ratio_to_copy_floor']:7.2f}  {chk}")
 PY
   fi
-  if [[ -f $OUT/decode_gpu.json ]] && command -v python3 > /dev/null; then
-    python3 - "$OUT/decode_gpu.json" <<'PY'
+  for decode_json in "$OUT"/decode_gpu*.json; do
+    [[ -f $decode_json ]] && command -v python3 > /dev/null || continue
+    python3 - "$decode_json" <<'PY'
 import json, sys
 b = json.load(open(sys.argv[1]))
 c = b["config"]
-print(f"whole-model decode ({c['name']}, {c['weight_bytes']/1e9:.1f} GB, ctx {c['ctx_tokens']}, fp8 cache, bf16; median of {c['steps']} steps; "
+tp = c.get("tp", 1)
+print(f"whole-model decode ({c['name']}{f', TP{tp} over {tp} GPUs, per-GPU bytes' if tp > 1 else ''}, {c['weight_bytes']/1e9:.1f} GB, ctx {c['ctx_tokens']}, fp8 cache, bf16; median of {c['steps']} steps; "
       f"checkpoint written in {b['checkpoint_write_seconds']:.0f} s, loaded in {b['load_seconds']:.0f} s); floor = bytes / device copy {b['copy_GBps']:.0f} GB/s:")
 print(f"  {'batch':>5} {'mode':5} {'ms/step':>9} {'p10':>8} {'p90':>8} {'tok/s':>9} {'kernels':>7} {'GB/step':>8} {'GB/s':>6} {'floor_ms':>8} {'x floor':>7}")
 for r in b["rows"]:
     print(f"  {r['batch']:5d} {r['mode']:5} {r['median_ms']:9.2f} {r['p10_ms']:8.2f} {r['p90_ms']:8.2f} {r['tokens_per_s']:9.1f} {r['kernels_per_step']:7d} "
           f"{r['bytes']['total']/1e9:8.2f} {r['GBps']:6.0f} {r['floor_ms_copy']:8.2f} {r['ratio_to_copy_floor']:7.2f}{'' if r['logits_finite'] else '  NON-FINITE'}")
 PY
-  fi
+  done
   echo
   printf '%-10s %-8s %6s  %s\n' phase status seconds detail
   for row in "${SUMMARY[@]}"; do

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -256,20 +257,24 @@ bool fp4_shapes_ok(int64_t L, int64_t I, size_t smem_optin) {
          2 * static_cast<size_t>(fx::down_stage_bytes(I, width)) <= smem_optin;
 }
 
-// Persistent blocks: as many as fit on the device at once (cached per kernel and shared memory),
-// never more than the items.
+// Persistent blocks: as many as fit on the device at once (cached per device, kernel and shared
+// memory: the shared-memory opt-in and the occupancy are properties of the function on one device,
+// and TP ranks launch the same kernels on several GPUs), never more than the items.
 template <class Kernel>
 unsigned persistent_blocks(Kernel kernel, size_t smem, int sm_count, int64_t items) {
   static std::mutex mu;
-  static std::map<std::pair<const void*, size_t>, int> per_sm;
+  static std::map<std::tuple<int, const void*, size_t>, int> per_sm;
+  int device = 0;
+  K3_CUDA_CHECK(cudaGetDevice(&device));
   int n = 0;
   {
     std::lock_guard<std::mutex> lk(mu);
-    auto it = per_sm.find({reinterpret_cast<const void*>(kernel), smem});
+    const auto key = std::tuple{device, reinterpret_cast<const void*>(kernel), smem};
+    auto it = per_sm.find(key);
     if (it == per_sm.end()) {
       allow_smem(kernel, smem);
       K3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, fp4_experts::kThreads, smem));
-      it = per_sm.emplace(std::pair{reinterpret_cast<const void*>(kernel), smem}, std::max(n, 1)).first;
+      it = per_sm.emplace(key, std::max(n, 1)).first;
     }
     n = it->second;
   }
