@@ -232,7 +232,9 @@ if want comm; then
   else
     # The benchmark exists only where CMake found NCCL; the tests build either way.
     comm_targets=(k3_comm_tests)
-    ninja -C "$BUILD" -t targets all 2>/dev/null | grep -q '^k3bench_allreduce_gpu:' && comm_targets+=(k3bench_allreduce_gpu)
+    # (grep reads all of ninja's output: with -q it would stop early, ninja would die of SIGPIPE
+    # and pipefail would call the pipeline failed)
+    ninja -C "$BUILD" -t targets all 2>/dev/null | grep '^k3bench_allreduce_gpu:' > /dev/null && comm_targets+=(k3bench_allreduce_gpu)
     capped 300 cmake --build "$BUILD" --target "${comm_targets[@]}" -j"$(nproc)" > "$OUT/comm_build.log" 2>&1
     if [[ ! -f $BUILD/CMakeCache.txt ]]; then
       record comm FAIL 0 "no $BUILD (run the build phase)"

@@ -127,6 +127,10 @@ void NcclComm::all_reduce_sum(const core::TensorView& x) {
   if (numel == 0 || n == 1) return;  // one rank: the sum is x itself (bf16 already rounded)
   const ncclDataType_t dt = nccl_sum_type(x.dtype);
   const cudaStream_t s = stream();
+  if (custom_ && sum_mode_ == NcclSumMode::rank_order && custom_->all_reduce_check(x)) {
+    custom_->all_reduce_sum(x, s);  // small decode messages: one peer-access kernel, same bits
+    return;
+  }
   if (sum_mode_ == NcclSumMode::native) {
     K3_NCCL_CHECK(ncclAllReduce(x.data, x.data, static_cast<size_t>(numel), dt, ncclSum, comm(), s));
     return;
@@ -269,6 +273,17 @@ NcclGroup::NcclGroup(std::vector<int> devices) : shared_(std::make_shared<NcclSh
     shared_->abort("set-up failed");
     throw;
   }
+}
+
+bool NcclGroup::use_custom_all_reduce(int64_t max_bytes, std::string* why) {
+  const core::Status st = CustomAllReduceGroup::devices_status(shared_->devices);
+  if (!st) {
+    if (why) *why = st.reason();
+    return false;
+  }
+  custom_ = CustomAllReduceGroup::create(shared_->devices, max_bytes);
+  for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r]->custom_ = &custom_->rank(static_cast<int>(r));
+  return true;
 }
 
 NcclGroup::~NcclGroup() {

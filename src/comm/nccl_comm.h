@@ -37,6 +37,7 @@
 
 #include "backends/cuda/stream.h"
 #include "comm/communicator.h"
+#include "comm/custom_allreduce.h"
 
 namespace k3::comm {
 
@@ -60,6 +61,8 @@ class NcclComm final : public Communicator {
   cudaStream_t stream() const { return stream_ ? stream_ : own_stream_.get(); }
   void set_stream(cudaStream_t stream) { stream_ = stream; }
   void set_sum_mode(NcclSumMode mode) { sum_mode_ = mode; }
+  // The group's custom peer-access all-reduce (NcclGroup::use_custom_all_reduce), or nullptr.
+  CustomAllReduce* custom_all_reduce() const { return custom_; }
   NcclSumMode sum_mode() const { return sum_mode_; }
   // Makes sure the scratch holds `bytes` (see scratch_bytes_for) so later calls never allocate.
   void reserve_scratch(int64_t bytes);
@@ -76,6 +79,7 @@ class NcclComm final : public Communicator {
   void abort(const std::string& reason) override;
 
  private:
+  friend class NcclGroup;  // attaches the custom all-reduce
   ncclComm_t comm() const;
   void enter();  // current device = this rank's GPU; throws if the group was aborted
   void* scratch(int64_t bytes);
@@ -87,6 +91,7 @@ class NcclComm final : public Communicator {
   backends::cuda::Stream own_stream_;
   cudaStream_t stream_ = nullptr;
   NcclSumMode sum_mode_ = NcclSumMode::rank_order;
+  CustomAllReduce* custom_ = nullptr;  // owned by the group; all_reduce_sum uses it when it fits
   void* scratch_ = nullptr;
   int64_t scratch_capacity_ = 0;
   float* barrier_word_ = nullptr;  // one float all-reduced by barrier()
@@ -109,9 +114,17 @@ class NcclGroup {
   void abort(const std::string& reason);
   bool aborted() const;
 
+  // From now on, rank-order all_reduce_sum calls of at most `max_bytes` go through the custom
+  // peer-access all-reduce (comm/custom_allreduce.h: one kernel, payloads that signal their own
+  // arrival, no NCCL launch; the same bits as the NCCL rank-order path), larger ones through NCCL.
+  // Returns false and changes nothing when the devices cannot form such a group (no peer access),
+  // with the reason in *why. Call while the group is idle, before any graph capture.
+  bool use_custom_all_reduce(int64_t max_bytes, std::string* why = nullptr);
+
  private:
   std::shared_ptr<NcclShared> shared_;
   std::vector<std::unique_ptr<NcclComm>> ranks_;
+  std::unique_ptr<CustomAllReduceGroup> custom_;
 };
 
 // "2.28.9" for the NCCL library linked at run time.

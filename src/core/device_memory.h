@@ -44,6 +44,10 @@ class DeviceMemory {
   virtual Tensor download_f32(const TensorView& src) = 0;
   // Waits for everything queued on this device.
   virtual void synchronize() = 0;
+  // Makes this memory's device the calling thread's current one (CUDA: cudaSetDevice), so work
+  // queued next lands on it whatever device the thread used before (several GPUs in one process:
+  // tensor-parallel ranks, or a TP runner created after a one-GPU model on the same thread).
+  virtual void make_current() {}
   // Records the device work `body` queues without running it (CUDA graphs); body may allocate
   // through empty() (the capture keeps those blocks for its replays) but must not transfer to or
   // from the host or synchronize. Devices that cannot capture return nullptr.

@@ -11,7 +11,7 @@ DecodeGraphs::DecodeGraphs(const Model& model, KvStorage& kv, int64_t max_blocks
 }
 
 bool DecodeGraphs::eligible(std::span<const SequenceInput> batch) const {
-  if (batch.empty() || static_cast<int>(batch.size()) > kMaxBatch || model_.tp_size() != 1) return false;
+  if (batch.empty() || static_cast<int>(batch.size()) > kMaxBatch) return false;
   for (const SequenceInput& in : batch)
     if (in.kind != StepKind::decode || in.tokens.size() != 1 || in.state == nullptr ||
         static_cast<int64_t>(in.state->block_table.size()) > shape_.block_table_width ||
@@ -31,6 +31,7 @@ std::vector<Segment> DecodeGraphs::segments(std::span<const SequenceInput> batch
 
 core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch) {
   K3_CHECK(eligible(batch), "DecodeGraphs::forward: not a pure-decode batch of one token per sequence");
+  model_.memory()->make_current();
   core::DeviceMemory& memory = *model_.memory();
   const auto B = static_cast<int>(batch.size());
   const std::vector<Segment> segs = segments(batch);

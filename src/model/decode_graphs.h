@@ -6,7 +6,12 @@
 // eagerly (it warms the pool, cuBLASLt plans and kernel attributes) and is then captured; later
 // steps of that size rewrite the ids and tables in place and replay. Graphs are kept per batch size
 // (least recently used dropped beyond `max_graphs`). Everything else (prefill, mixed steps, verify
-// rows, traces, tensor parallelism, devices that cannot capture) goes through Model::forward.
+// rows, traces, devices that cannot capture) goes through Model::forward.
+//
+// Tensor parallelism: every rank keeps its own DecodeGraphs and the ranks capture the same steps
+// (they run in lock step), so the step's collectives are captured with its kernels. The eager first
+// step of each size grows the communicator's scratch to what that size needs, so a captured
+// collective never allocates.
 #pragma once
 #include <cstdint>
 #include <list>

@@ -110,6 +110,7 @@ void Model::check_step(const KvStorage& kv, std::span<const SequenceInput> batch
 
 core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch, LogitRows rows,
                             const TraceFn* trace) const {
+  memory_->make_current();  // before any upload: the thread may have last used another GPU
   check_step(kv, batch);
   // Lay the sequences out as consecutive row segments.
   std::vector<Segment> segments;

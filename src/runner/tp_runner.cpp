@@ -103,6 +103,10 @@ TpRunner::TpRunner(const std::filesystem::path& dir, int tp, const model::ModelO
   rank_config_ = config::shard_config(full_, tp);  // throws naming the field tp does not divide
   if (cuda)
     if (const std::string why = cuda_tp_unavailable(tp); !why.empty()) throw core::Error(why);
+#ifdef K3_HAVE_CUDA
+  int caller_device = 0;
+  if (cuda) K3_CUDA_CHECK(cudaGetDevice(&caller_device));
+#endif
   for (int r = 0; r < tp; ++r) {
     auto rank = std::make_unique<Rank>();
     kernels::register_reference_ops(rank->registry);
@@ -122,6 +126,9 @@ TpRunner::TpRunner(const std::filesystem::path& dir, int tp, const model::ModelO
     ranks_.push_back(std::move(rank));
   }
   build_models();
+#ifdef K3_HAVE_CUDA
+  if (cuda) K3_CUDA_CHECK(cudaSetDevice(caller_device));  // leave the calling thread as it was
+#endif
 }
 
 TpRunner::~TpRunner() {
@@ -142,6 +149,9 @@ void TpRunner::build_models() const {
     std::vector<int> devices;
     for (const auto& r : ranks_) devices.push_back(r->device);
     group_->nccl = std::make_unique<comm::NcclGroup>(devices);
+    // Decode-sized all-reduces (up to 64 rows of the packed [latent | hidden] f32 MoE partial and
+    // then some) through the custom peer-access kernel; prefill-sized ones through NCCL.
+    (void)group_->nccl->use_custom_all_reduce(int64_t{16} << 20);
     // Collectives go on each rank's op stream: stream order replaces cross-stream events.
     for (int r = 0; r < tp(); ++r) group_->nccl->rank(r).set_stream(ranks_[static_cast<size_t>(r)]->cuda->stream());
 #endif

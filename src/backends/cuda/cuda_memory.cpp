@@ -57,6 +57,7 @@ class CudaMemory final : public core::DeviceMemory {
     return cuda::download_f32(src, ctx_->stream());
   }
   void synchronize() override { K3_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream())); }
+  void make_current() override { K3_CUDA_CHECK(cudaSetDevice(ctx_->device())); }
   std::unique_ptr<core::CapturedWork> capture(const std::function<void()>& body) override {
     struct CapturedGraph final : core::CapturedWork {
       explicit CapturedGraph(Graph g) : graph(std::move(g)) {}
