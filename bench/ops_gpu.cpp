@@ -1,13 +1,13 @@
 // bench/ops_gpu.cpp: per-op CUDA timings at the K3 TP8 per-GPU shapes (spec §11, §14.2), batch 1, 8
 // and 64: every linear of §11 (cuBLASLt), KDA decode (conv, recurrence, output gate), MLA absorbed
 // decode over an 8K context (fp8 and bf16 latent cache), the MXFP4 routed experts (top-16 of 896),
-// the router and the token-parallel elementwise ops. For each: median microseconds over timed runs
+// the router, the token-parallel elementwise ops and the device sampler (`sample`). For each: median microseconds over timed runs
 // (L2 flushed before each run, so reused weights are not served from cache), the bytes the run must
 // move (spec §12 counting: weights read, state read + written, cache read, activations in and out;
 // for the experts only the distinct experts the routes touch), achieved GB/s, and the time over the
 // floor at 4.3 TB/s and at the device-to-device copy bandwidth measured in the same run.
 //
-//   k3bench_ops_gpu [--out FILE] [--iters N] [--batches 1,8,64] [--only linear,kda,mla,moe,elt]
+//   k3bench_ops_gpu [--out FILE] [--iters N] [--batches 1,8,64] [--only linear,kda,mla,moe,elt,sample]
 // Prints a table and writes a JSON result bundle (bench/bundle.h).
 #include <algorithm>
 #include <cmath>
@@ -360,6 +360,43 @@ void bench_elementwise(Bench& b, const Patterns& pat, const std::vector<int64_t>
   }
 }
 
+// ---------------------------------------------------------------- sampling (issue #5)
+
+// The `sample` op on a decode step's logits: vocabulary 20480 (a TP8 shard) and 163840 (K3's, what
+// the sampler sees after the all-gather), logits N(0, 3). Bytes: the logits read once.
+void bench_sampling(Bench& b, const std::vector<int64_t>& batches, core::Rng& rng) {
+  struct Setting {
+    const char* name;
+    float temperature, top_p;
+    int top_k, num_top;
+  };
+  const Setting settings[] = {{"greedy", 0.0f, 1.0f, 0, 0},
+                              {"greedy top20", 0.0f, 1.0f, 0, 20},
+                              {"T0.7 top_p0.9", 0.7f, 0.9f, 0, 0},
+                              {"T0.7 k50 p0.95 lp", 0.7f, 0.95f, 50, 1}};
+  for (int64_t V : {int64_t{20480}, int64_t{163840}})
+    for (int64_t R : batches) {
+      Tensor host = Tensor::zeros(DType::f32, {R, V});
+      for (float& v : host.span<float>()) v = static_cast<float>(rng.normal() * 3.0);
+      Tensor logits = backends::cuda::upload(host.view(), b.ctx->pool(), b.stream());
+      for (const Setting& s : settings) {
+        std::vector<kernels::SampleRowParams> rows(static_cast<size_t>(R));
+        for (int64_t r = 0; r < R; ++r) {
+          kernels::SampleRowParams& p = rows[static_cast<size_t>(r)];
+          p.logits_row = static_cast<int32_t>(r), p.temperature = s.temperature, p.top_p = s.top_p;
+          p.top_k = s.top_k, p.num_top = s.num_top, p.want_logprob = s.num_top > 0, p.uniform = rng.uniform();
+        }
+        const Tensor params_h = kernels::pack_sample_params(rows);
+        Tensor params = backends::cuda::upload(params_h.view(), b.ctx->pool(), b.stream());
+        Tensor out = b.empty(DType::f32, {R, 2 + 2 * int64_t{s.num_top}});
+        const kernels::SampleArgs a{logits.view(), params.view(), out.view()};
+        b.row("sample", std::string("sample ") + s.name, "V=" + std::to_string(V), R,
+              static_cast<double>(logits.nbytes() + params.nbytes() + out.nbytes()),
+              [&] { b.reg.sample.run(a, core::Device::cuda); });
+      }
+    }
+}
+
 std::vector<int64_t> parse_list(const std::string& s) {
   std::vector<int64_t> v;
   size_t pos = 0;
@@ -375,7 +412,7 @@ std::vector<int64_t> parse_list(const std::string& s) {
 
 int main(int argc, char** argv) {
   try {
-    std::string out = "ops_gpu.json", batches_arg = "1,8,64", only = "linear,kda,mla,moe,elt";
+    std::string out = "ops_gpu.json", batches_arg = "1,8,64", only = "linear,kda,mla,moe,elt,sample";
     int iters = 30;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -388,7 +425,7 @@ int main(int argc, char** argv) {
       else if (a == "--batches") batches_arg = value("--batches");
       else if (a == "--only") only = value("--only");
       else if (a == "--help" || a == "-h") {
-        std::cout << "k3bench_ops_gpu [--out FILE] [--iters N] [--batches 1,8,64] [--only linear,kda,mla,moe,elt]\n";
+        std::cout << "k3bench_ops_gpu [--out FILE] [--iters N] [--batches 1,8,64] [--only linear,kda,mla,moe,elt,sample]\n";
         return 0;
       } else {
         throw core::Error("unknown option " + a + " (try --help)");
@@ -410,12 +447,18 @@ int main(int argc, char** argv) {
                 "GB/s", "x4.3TB/s", "xcopy");
     core::Rng rng(42);
     const Patterns pat(rng);
-    const auto wanted = [&](const char* group) { return ("," + only + ",").find("," + std::string(group) + ",") != std::string::npos; };
+    const std::string only_list = "," + only + ",";  // (built once: GCC 12 -Wrestrict misfires on it in the lambda)
+    const auto wanted = [&](const char* group) {
+      std::string key = ",";
+      key.append(group).append(",");
+      return only_list.find(key) != std::string::npos;
+    };
     if (wanted("linear")) bench_linears(b, pat, batches);
     if (wanted("kda")) bench_kda_decode(b, pat, batches);
     if (wanted("mla")) bench_mla_decode(b, pat, batches);
     if (wanted("moe")) bench_moe(b, pat, batches, rng);
     if (wanted("elt")) bench_elementwise(b, pat, batches);
+    if (wanted("sample")) bench_sampling(b, batches, rng);
     nlohmann::json env = bench::environment();
     env["gpu"] = {{"name", info.name}, {"sm_count", info.sm_count}, {"l2_bytes", info.l2_bytes},
                   {"global_bytes", info.global_bytes}, {"cc", std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor)},

@@ -9,5 +9,7 @@ int make_checkpoint_command(std::span<char* const> argv);
 int logits_command(std::span<char* const> argv);
 int generate_command(std::span<char* const> argv);
 int serve_command(std::span<char* const> argv);
+int bench_serve_command(std::span<char* const> argv);
+int bench_compare_command(std::span<char* const> argv);
 
 }  // namespace k3::cli

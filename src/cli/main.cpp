@@ -16,7 +16,9 @@ constexpr const char* kUsage =
     "  make-checkpoint  write a deterministic random checkpoint (e.g. --config k3-tiny)\n"
     "  logits           teacher-forced logits of token ids, as a safetensors file\n"
     "  generate         generate token ids from a prompt of token ids\n"
-    "  serve            serve the model over an OpenAI-compatible HTTP API\n";
+    "  serve            serve the model over an OpenAI-compatible HTTP API\n"
+    "  bench-serve      load-test a running server (random, shared-prefix, agentic, trace) -> bundle\n"
+    "  bench-compare    compare bench-serve bundles: ratios, bootstrap CIs, regressions, SVG plots\n";
 
 }  // namespace
 
@@ -32,6 +34,8 @@ int main(int argc, char** argv) {
     if (command == "logits") return k3::cli::logits_command(rest);
     if (command == "generate") return k3::cli::generate_command(rest);
     if (command == "serve") return k3::cli::serve_command(rest);
+    if (command == "bench-serve") return k3::cli::bench_serve_command(rest);
+    if (command == "bench-compare") return k3::cli::bench_compare_command(rest);
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const k3::core::Error& e) {

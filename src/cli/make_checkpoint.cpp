@@ -1,4 +1,5 @@
 // cli/make_checkpoint.cpp: `k3serve make-checkpoint`: deterministic random weights.
+#include <filesystem>
 #include <iostream>
 
 #include "checkpoint/checkpoint.h"
@@ -6,23 +7,50 @@
 #include "cli/commands.h"
 #include "config/k3_config.h"
 #include "core/error.h"
+#include "draft/draft_config.h"
+#include "draft/draft_weights.h"
 #include "tokenizer/tiny_tokenizer.h"
 
 namespace k3::cli {
 
+namespace {
+
+// `--draft-for TARGET`: a DSpark draft checkpoint (src/draft/draft_weights.h) for that target.
+int make_draft_checkpoint(const Args& args) {
+  K3_CHECK(!args.has("config"), "make-checkpoint: give --config or --draft-for, not both");
+  K3_CHECK(!args.flag("mxfp4") && args.get_int("shard-bytes") == 0,
+           "make-checkpoint: --mxfp4 and --shard-bytes do not apply to a draft model");
+  std::string target = args.get("draft-for");
+  if (std::filesystem::is_directory(target)) target = (std::filesystem::path(target) / "config.json").string();
+  const config::K3Config tcfg = config::resolve_config(target);
+  const draft::DraftConfig dcfg =
+      args.has("draft-config") ? draft::resolve_draft_config(args.get("draft-config")) : draft::default_draft_for(tcfg);
+  draft::check_matches_target(dcfg, tcfg, args.has("draft-config") ? args.get("draft-config") : "the default draft");
+  draft::write_random_draft(dcfg, args.get_u64("seed"), args.get("out"));
+  std::cerr << "wrote draft " << args.get("out") << " for " << args.get("draft-for") << " ("
+            << draft::draft_param_count(dcfg) << " parameters, seed " << args.get_u64("seed") << ")\n";
+  return 0;
+}
+
+}  // namespace
+
 int make_checkpoint_command(std::span<char* const> argv) {
   Args args("make-checkpoint",
-            {{"config", "NAME|PATH", "built-in config (k3-tiny) or a config.json", "", true},
+            {{"config", "NAME|PATH", "built-in config (k3-tiny) or a config.json (required unless --draft-for)", ""},
              {"seed", "N", "random seed", "0"},
              {"out", "DIR", "output folder", "", true},
              {"mxfp4", "", "store routed experts as MXFP4 (compressed-tensors)", ""},
              {"init", "realistic|sensitive", "weight init: spec §14.1 or §14.3", "realistic"},
-             {"shard-bytes", "N", "split into shards of about N bytes (0: one file)", "0"}},
+             {"shard-bytes", "N", "split into shards of about N bytes (0: one file)", "0"},
+             {"draft-for", "NAME|PATH", "write a DSpark draft model for this target (config name, config.json or folder)", ""},
+             {"draft-config", "NAME|PATH", "with --draft-for: the draft's config (default: the builtin/derived one)", ""}},
             argv);
   if (args.help_requested()) {
     std::cout << args.usage();
     return 0;
   }
+  if (args.has("draft-for")) return make_draft_checkpoint(args);
+  K3_CHECK(args.has("config"), "make-checkpoint: --config is required (or --draft-for for a draft model)");
   config::K3Config cfg = config::resolve_config(args.get("config"));
   checkpoint::WriteOptions opt;
   opt.seed = args.get_u64("seed");

@@ -41,7 +41,7 @@ model::KvCacheDtype parse_kv_cache(const Args& args) {
 }
 
 OptionSpec tp_option_spec() {
-  return {"tp", "N", "tensor-parallel ranks, one CPU thread each (N must divide the heads, intermediates and vocab)",
+  return {"tp", "N", "tensor-parallel ranks: CPU threads, or GPUs 0..N-1 with --device cuda (N must divide the heads, intermediates and vocab)",
           "1"};
 }
 
@@ -62,6 +62,38 @@ checkpoint::LoadProgressFn load_progress_to_stderr(const std::string& what) {
 checkpoint::LoadProgressFn load_progress_on_terminal(const std::string& what) {
   if (!::isatty(STDERR_FILENO)) return nullptr;
   return load_progress_to_stderr(what);
+}
+
+std::vector<OptionSpec> speculative_option_specs() {
+  return {
+      {"speculative-method", "M", "speculative decoding: none, ngram (prompt lookup) or synthetic (benchmarks: forced acceptance)",
+       "none"},
+      {"num-speculative-tokens", "K", "drafts verified per request per step (with a method)", "4"},
+      {"synthetic-acceptance-length", "AL", "synthetic: tokens per verify step, 1..K+1 (0: K+1); outputs are NOT the "
+                                            "model's distribution", "0"},
+      {"ngram-min", "N", "ngram: shortest n-gram matched", "1"},
+      {"ngram-max", "N", "ngram: longest n-gram matched", "4"},
+      {"no-adaptive-draft-length", "", "always propose K drafts (default: adapt per request to its acceptance)", ""},
+  };
+}
+
+spec::SpeculativeConfig parse_speculative(const Args& args) {
+  spec::SpeculativeConfig c;
+  c.method = spec::parse_spec_method(args.get("speculative-method"));
+  if (c.method == spec::SpecMethod::dspark)
+    throw core::Error("--speculative-method dspark is not available from the command line yet");
+  c.num_speculative_tokens = static_cast<int32_t>(args.get_int("num-speculative-tokens"));
+  c.synthetic_acceptance_length = static_cast<int32_t>(args.get_int("synthetic-acceptance-length"));
+  c.ngram_min = static_cast<int32_t>(args.get_int("ngram-min"));
+  c.ngram_max = static_cast<int32_t>(args.get_int("ngram-max"));
+  c.adaptive = !args.flag("no-adaptive-draft-length");
+  try {
+    c.validate();
+  } catch (const core::Error& e) {
+    throw core::Error(std::string("--speculative-method / --num-speculative-tokens / --synthetic-acceptance-length / "
+                                  "--ngram-*: ") + e.what());
+  }
+  return c;
 }
 
 }  // namespace k3::cli

@@ -6,6 +6,7 @@
 #include "cli/args.h"
 #include "model/kv_storage.h"
 #include "model/layers/context.h"
+#include "spec/spec_config.h"
 
 namespace k3::cli {
 
@@ -18,6 +19,12 @@ model::KvCacheDtype parse_kv_cache(const Args& args);
 // --tp N (logits and generate): tensor-parallel ranks as CPU threads (runner/tp_runner.h); 1 = off.
 OptionSpec tp_option_spec();
 int parse_tp(const Args& args);  // >= 1; throws naming --tp otherwise
+
+// --speculative-method none|ngram|synthetic, --num-speculative-tokens K,
+// --synthetic-acceptance-length AL (synthetic: forced acceptance, benchmarks only),
+// --ngram-min / --ngram-max, --no-adaptive-draft-length.
+std::vector<OptionSpec> speculative_option_specs();
+spec::SpeculativeConfig parse_speculative(const Args& args);  // validated; throws naming the flag
 
 // Prints checkpoint::LoadProgressLog lines for loading `what` to stderr ("loading DIR: 45%
 // 12.3/27.0 MB 410 MB/s" at most every 0.5 s, then "loaded DIR: ... in T s"). serve always

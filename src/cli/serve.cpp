@@ -27,6 +27,8 @@ int serve_command(std::span<char* const> argv) {
   specs.push_back({"http-threads", "N", "connections served at once (streams + idle keep-alives)", "256"});
   specs.push_back({"max-body-bytes", "B", "largest request body (larger: 413)", "8388608"});
   specs.push_back({"drain-seconds", "S", "on SIGTERM/SIGINT, how long in-flight requests may finish", "30"});
+  for (OptionSpec& s : speculative_option_specs()) specs.push_back(std::move(s));
+  specs.push_back(tp_option_spec());
   Args args("serve", specs, argv);
   if (args.help_requested()) {
     std::cout << args.usage();
@@ -56,6 +58,11 @@ int serve_command(std::span<char* const> argv) {
   o.max_num_batched_tokens = static_cast<int32_t>(positive("max-num-batched-tokens", 1, 1 << 20));
   o.kv_cache_bytes = positive("kv-cache-bytes", 1, int64_t{1} << 50);
   o.enable_prefix_cache = !args.flag("no-prefix-cache");
+  o.tp = parse_tp(args);
+  o.speculative = parse_speculative(args);
+  if (o.speculative.method == spec::SpecMethod::synthetic)
+    std::cerr << "k3serve serve: SYNTHETIC speculative decoding (acceptance is forced: outputs are not the model's "
+                 "distribution; for benchmarks only)" << std::endl;
 
   server::ServerConfig sc;
   sc.host = args.get("host");

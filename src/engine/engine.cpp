@@ -1,6 +1,7 @@
 // engine/engine.cpp: Engine.
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
@@ -15,15 +16,34 @@ const EngineConfig& validated(const EngineConfig& c, const Executor* ex) {
   c.scheduler.validate(c.cache);
   K3_CHECK(c.eos_token_id >= -1 && c.eos_token_id < ex->vocab_size(),
            "Engine: eos_token_id " + std::to_string(c.eos_token_id) + " is outside the vocabulary");
+  c.speculative.validate();
   return c;
 }
 }  // namespace
 
-Engine::Engine(const EngineConfig& config, std::unique_ptr<Executor> executor)
+Engine::Engine(const EngineConfig& config, std::unique_ptr<Executor> executor, std::unique_ptr<spec::Drafter> drafter)
     : config_(validated(config, executor.get())),
       executor_(std::move(executor)),
       scheduler_(config_.scheduler, config_.cache),
-      vocab_(executor_->vocab_size()) {}
+      vocab_(executor_->vocab_size()),
+      drafter_(std::move(drafter)) {
+  const spec::SpeculativeConfig& sc = config_.speculative;
+  if (!sc.enabled()) {
+    K3_CHECK(!drafter_, "Engine: a drafter was given but speculative.method is none (or num_speculative_tokens 0)");
+    return;
+  }
+  if (!drafter_) drafter_ = spec::make_drafter(sc);
+  K3_CHECK(executor_->supports_verify(), "Engine: speculative method " + std::string(spec::to_string(sc.method)) +
+                                             " needs an executor that runs verify steps");
+  if (const spec::HiddenTapRequest tap = drafter_->hidden_tap(); !tap.empty()) {
+    executor_->set_hidden_tap(tap.layers);
+    taps_on_ = true;
+  }
+  if (drafter_->synthetic())
+    synthetic_al_ = sc.synthetic_acceptance_length > 0 ? sc.synthetic_acceptance_length : sc.num_speculative_tokens + 1;
+  draft_length_ = std::make_unique<spec::DraftLengthController>(sc.num_speculative_tokens, sc.adaptive);
+  spec_counters_.accepted_per_pos.assign(static_cast<size_t>(sc.num_speculative_tokens), 0);
+}
 
 Engine::~Engine() {
   stop();
@@ -125,6 +145,10 @@ void Engine::deliver(const scheduler::RequestEvent& e, runner::SampleResult* sam
   t.reason = e.reason;
   if (e.finished) {
     t.stats = e.stats;
+    const spec::SpecCounters& sc = it->second.spec;
+    t.stats.spec_verify_steps = static_cast<int32_t>(sc.num_drafts);
+    t.stats.spec_draft_tokens = sc.num_draft_tokens;
+    t.stats.spec_accepted_tokens = sc.num_accepted_tokens;
     if (e.reason == FinishReason::error) {
       t.error = error;
       ++failed_;
@@ -140,6 +164,7 @@ void Engine::deliver(const scheduler::RequestEvent& e, runner::SampleResult* sam
   }
   if (e.finished) {
     executor_->release(e.id);
+    forget(e.id);
     contexts_.erase(it);
     std::lock_guard lock(inbox_mu_);
     live_.erase(e.id);
@@ -155,7 +180,9 @@ bool Engine::step() {
     publish_stats(Seconds(scheduler::Clock::now() - t0).count(), 0);
     return false;
   }
+  if (drafter_) propose_drafts();
   scheduler_.schedule(out_);
+  for (RequestId id : out_.preempted) forget(id);  // it restarts from scratch
   if (out_.empty()) {  // everything it tried was preempted
     for (RequestId id : out_.preempted) executor_->release(id);
     has_work_ = scheduler_.has_work();
@@ -165,6 +192,8 @@ bool Engine::step() {
   const BatchPlan plan = make_plan(out_);
   sampled_.clear();
   samples_.clear();
+  accepted_.clear();
+  verify_rows_.clear();
   events_.clear();
   double exec_s = 0;
   std::string error;
@@ -173,16 +202,39 @@ bool Engine::step() {
     const core::Tensor logits = executor_->execute(plan);
     exec_s = Seconds(scheduler::Clock::now() - e0).count();
     K3_CHECK(logits.dtype() == core::DType::f32 && logits.shape().rank() == 2 &&
-                 logits.dim(0) == static_cast<int64_t>(plan.seqs.size()) && logits.dim(1) == vocab_,
+                 logits.dim(0) == plan.num_logit_rows && logits.dim(1) == vocab_,
              "executor returned logits of the wrong shape");
-    const float* rows = logits.data<const float>();
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
-      if (!plan.seqs[i].sample) continue;
-      const scheduler::Request* r = scheduler_.find(plan.seqs[i].id);
-      const std::span<const float> row(rows + static_cast<int64_t>(i) * vocab_, static_cast<size_t>(vocab_));
-      samples_.push_back(contexts_.at(plan.seqs[i].id).sampler->sample(row, r->prompt(), r->output()));
-      sampled_.push_back(samples_.back().token);
+    seq_accepted_.assign(plan.seqs.size(), -1);
+    if (logits.view().device != core::Device::cpu) {
+      // Device logits (runner/device_sampler.h): a plain step, row i = sequence i; only tokens,
+      // logprobs and the rows that need host processing come back.
+      sample_rows_.clear();
+      for (size_t i = 0; i < plan.seqs.size(); ++i) {
+        const PlannedSequence& q = plan.seqs[i];
+        K3_CHECK(q.num_drafts == 0, "Engine: the executor kept the logits of a verify step on the device");
+        if (!q.sample) continue;
+        const scheduler::Request* r = scheduler_.find(q.id);
+        sample_rows_.push_back({contexts_.at(q.id).sampler.get(), static_cast<int64_t>(i), r->prompt(), r->output()});
+      }
+      samples_ = runner::sample_rows(logits.view(), sample_rows_, executor_->device_sampler());
+      for (const runner::SampleResult& s : samples_) {
+        sampled_.push_back(s.token);
+        accepted_.push_back(0);
+      }
+    } else {
+      // Row offsets: one row per sequence, num_drafts + 1 for a verify sequence.
+      const float* rows = logits.data<const float>();
+      for (size_t i = 0; i < plan.seqs.size(); ++i) {
+        if (plan.seqs[i].sample) sample_sequence(plan, i, rows);
+        rows += static_cast<int64_t>(1 + plan.seqs[i].num_drafts) * vocab_;
+      }
     }
+    if (!verify_rows_.empty()) {
+      const auto c0 = scheduler::Clock::now();
+      executor_->commit_verified(verify_rows_);  // KDA replay of the accepted rows, MLA truncation
+      exec_s += Seconds(scheduler::Clock::now() - c0).count();
+    }
+    if (drafter_) notify_drafter(plan);
   } catch (const std::exception& ex) {
     error = ex.what();
   }
@@ -190,15 +242,96 @@ bool Engine::step() {
     scheduler_.fail_step(out_, events_);
     for (const auto& e : events_) deliver(e, nullptr, "step failed: " + error);
   } else {
-    scheduler_.update(out_, sampled_, events_);
-    // update() emits exactly one event per sampling sequence, in order.
-    K3_CHECK(events_.size() == samples_.size(), "Engine: events do not match samples");
-    for (size_t i = 0; i < events_.size(); ++i) deliver(events_[i], &samples_[i], "");
+    scheduler_.update(out_, sampled_, accepted_, events_);
+    // Events name the sample they carry (a verify sequence has one per kept token).
+    for (auto& e : events_) {
+      K3_CHECK(e.sample_index < static_cast<int32_t>(samples_.size()), "Engine: an event names a missing sample");
+      deliver(e, e.sample_index >= 0 ? &samples_[static_cast<size_t>(e.sample_index)] : nullptr, "");
+    }
   }
   events_.clear();
   has_work_ = scheduler_.has_work();
   publish_stats(Seconds(scheduler::Clock::now() - t0).count() - exec_s, exec_s);
   return true;
+}
+
+void Engine::propose_drafts() {
+  scheduler_.decoding_requests(decoding_);
+  queries_.clear();
+  for (const scheduler::Request* r : decoding_)
+    queries_.push_back({r->id(), r->tokens(), r->prompt_len(), draft_length_->next(r->id())});
+  if (queries_.empty()) return;
+  drafts_.resize(queries_.size());
+  for (spec::Draft& d : drafts_) d.clear();
+  drafter_->propose(queries_, std::span<spec::Draft>(drafts_.data(), queries_.size()));
+  for (size_t i = 0; i < queries_.size(); ++i) {
+    std::vector<int32_t>& d = drafts_[i].tokens;
+    if (d.size() > static_cast<size_t>(queries_[i].max_drafts)) d.resize(static_cast<size_t>(queries_[i].max_drafts));
+    // A draft outside the vocabulary ends the proposal there (a drafter bug must not reach the model).
+    const auto bad = std::find_if(d.begin(), d.end(), [&](int32_t t) { return t < 0 || t >= vocab_; });
+    d.erase(bad, d.end());
+    if (!d.empty()) scheduler_.set_drafts(queries_[i].id, d);
+  }
+}
+
+void Engine::sample_sequence(const BatchPlan& plan, size_t i, const float* rows) {
+  const PlannedSequence& q = plan.seqs[i];
+  const scheduler::Request* r = scheduler_.find(q.id);
+  Context& ctx = contexts_.at(q.id);
+  if (q.num_drafts == 0) {
+    samples_.push_back(ctx.sampler->sample(std::span(rows, static_cast<size_t>(vocab_)), r->prompt(), r->output()));
+    sampled_.push_back(samples_.back().token);
+    accepted_.push_back(0);
+    return;
+  }
+  // A verify sequence: its tokens are [last, d_1..d_k] and its k+1 rows follow each other.
+  const std::span<const float> all(rows, static_cast<size_t>(q.num_drafts + 1) * static_cast<size_t>(vocab_));
+  const std::span<const int32_t> drafts = q.tokens.subspan(1);
+  if (synthetic_al_ > 0)
+    spec::accept_synthetic(*ctx.sampler, all, vocab_, r->prompt(), r->output(), drafts, synthetic_al_, verified_, scratch_);
+  else
+    spec::accept_point_mass(*ctx.sampler, all, vocab_, r->prompt(), r->output(), drafts, verified_, scratch_);
+  for (runner::SampleResult& s : verified_.tokens) {
+    sampled_.push_back(s.token);
+    samples_.push_back(std::move(s));
+  }
+  const int32_t a = verified_.num_accepted;
+  accepted_.push_back(a);
+  verify_rows_.push_back(a + 1);
+  seq_accepted_[i] = a;
+  spec_counters_.record(q.num_drafts, a);
+  ctx.spec.record(q.num_drafts, a);
+  draft_length_->record(q.id, q.num_drafts, a);
+}
+
+void Engine::notify_drafter(const BatchPlan& plan) {
+  const core::Tensor* taps = taps_on_ ? executor_->hidden_taps() : nullptr;
+  K3_CHECK(!taps_on_ || (taps && taps->dim(0) == plan.num_tokens),
+           "Engine: the executor returned no hidden-state taps for the step");
+  int64_t row = 0;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const PlannedSequence& q = plan.seqs[i];
+    const auto n = static_cast<int64_t>(q.tokens.size());
+    // Committed rows: all of a prefill chunk or plain decode, last + accepted drafts of a verify.
+    const int64_t kept = q.num_drafts > 0 ? seq_accepted_[i] + 1 : n;
+    if (taps) {
+      const int64_t width = taps->dim(1);
+      spec::HiddenTapRows r;
+      r.hidden = core::TensorView::contiguous(const_cast<float*>(taps->data<const float>()) + row * width, core::DType::f32,
+                                              {kept, width});
+      r.position = q.start;
+      r.tokens = q.tokens.first(static_cast<size_t>(kept));
+      drafter_->observe(q.id, r);
+    }
+    if (q.num_drafts > 0) drafter_->on_accepted(q.id, q.num_drafts, seq_accepted_[i]);
+    row += n;
+  }
+}
+
+void Engine::forget(RequestId id) {
+  if (!drafter_) return;
+  drafter_->release(id);
+  draft_length_->release(id);
 }
 
 void Engine::run_until_idle() {
@@ -226,6 +359,14 @@ void Engine::publish_stats(double host_s, double exec_s) {
   s.cache = scheduler_.cache().usage();
   s.host_seconds = host_seconds_;
   s.executor_seconds = executor_seconds_;
+  if (drafter_) {
+    s.spec_method = drafter_->name();
+    s.spec_synthetic = drafter_->synthetic();
+    s.spec_num_drafts = spec_counters_.num_drafts;
+    s.spec_num_draft_tokens = spec_counters_.num_draft_tokens;
+    s.spec_num_accepted_tokens = spec_counters_.num_accepted_tokens;
+    s.spec_accepted_per_pos = spec_counters_.accepted_per_pos;
+  }
   std::lock_guard lock(stats_mu_);
   stats_ = s;
 }

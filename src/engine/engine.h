@@ -4,10 +4,15 @@
 //   abort(id)                         takes effect at the next step, in any state
 //   stats()                           a snapshot, published after every step
 //
-// Each step: admit (drain submissions and aborts) -> schedule (Scheduler: data-only output)
+// Each step: admit (drain submissions and aborts) -> [speculative: propose drafts for every
+// decoding request (spec::Drafter), which the scheduler verifies as K+1-row decodes]
+// -> schedule (Scheduler: data-only output)
 // -> plan (make_plan) -> run (Executor: prepare slots, forward, save checkpoints) -> sample
 // (one runner::Sampler per request) -> update (Scheduler: advance, register prefix blocks,
-// finish) -> deliver events. The loop runs on its own thread (start/stop) or is stepped
+// finish) -> deliver events. With speculation a verify sequence's rows are accepted
+// (spec/acceptance.h: greedy, or rejection sampling with the request's own Rng; lossless), the
+// executor commits the accepted rows (KDA replay, MLA truncation), and the request gets one event
+// per new token (several per step). The loop runs on its own thread (start/stop) or is stepped
 // synchronously (step, run_until_idle) by tests and benchmarks; never both at once.
 #pragma once
 #include <atomic>
@@ -22,8 +27,12 @@
 
 #include "engine/executor.h"
 #include "engine/token_stream.h"
+#include "runner/device_sampler.h"
 #include "runner/sampler.h"
 #include "scheduler/scheduler.h"
+#include "spec/acceptance.h"
+#include "spec/draft_length.h"
+#include "spec/spec_config.h"
 
 namespace k3::engine {
 
@@ -42,6 +51,10 @@ struct EngineConfig {
   scheduler::SchedulerConfig scheduler;
   cache::CacheConfig cache;   // sized (see engine/model_executor.h size_model_cache)
   int32_t eos_token_id = -1;  // the model's; -1: none
+  // Speculative decoding (spec/spec_config.h). With a method other than none the Engine needs a
+  // drafter (made from this for ngram and synthetic, or given to the constructor) and an
+  // executor that supports verify steps.
+  spec::SpeculativeConfig speculative;
 };
 
 struct EngineStats {
@@ -53,11 +66,22 @@ struct EngineStats {
   int64_t generated_tokens = 0, preemptions = 0;
   cache::CacheUsage cache;
   double host_seconds = 0, executor_seconds = 0;     // summed over steps
+  // Speculative decoding (vLLM's spec_decode counters). spec_method "" when off; "synthetic" means
+  // acceptance was forced (benchmarks; outputs are not the model's distribution).
+  std::string spec_method;
+  bool spec_synthetic = false;
+  int64_t spec_num_drafts = 0;            // verify steps of one request with >= 1 draft
+  int64_t spec_num_draft_tokens = 0;      // drafts verified
+  int64_t spec_num_accepted_tokens = 0;   // drafts accepted
+  std::vector<int64_t> spec_accepted_per_pos;  // [K]: draft position i accepted this many times
 };
 
 class Engine {
  public:
-  Engine(const EngineConfig& config, std::unique_ptr<Executor> executor);
+  // `drafter`: for speculative decoding with a drafter make_drafter cannot build (dspark) or a
+  // test's own; null: made from config.speculative (none: no speculation).
+  Engine(const EngineConfig& config, std::unique_ptr<Executor> executor,
+         std::unique_ptr<spec::Drafter> drafter = nullptr);
   ~Engine();  // stops the loop and aborts what is left, so no stream waits forever
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -94,11 +118,18 @@ class Engine {
     std::unique_ptr<runner::Sampler> sampler;
     std::shared_ptr<TokenStream> stream;
     std::function<void(const TokenEvent&)> on_event;
+    spec::SpecCounters spec;  // this request's verify steps (reported on its last event)
   };
   void validate(const GenerateRequest& r) const;
   void drain_inbox();
   void deliver(const scheduler::RequestEvent& e, runner::SampleResult* sample, const std::string& error);
   void publish_stats(double host_s, double exec_s);
+  void propose_drafts();
+  // Samples plan row(s) of sequence i into samples_/sampled_/accepted_ (verify: acceptance).
+  void sample_sequence(const BatchPlan& plan, size_t i, const float* rows);
+  void forget(RequestId id);  // drafter and draft-length state of a request that left or was preempted
+  // After a step: the drafter sees each sequence's committed tap rows, then its verify results.
+  void notify_drafter(const BatchPlan& plan);
   void loop();
 
   EngineConfig config_;
@@ -124,7 +155,20 @@ class Engine {
   std::vector<scheduler::RequestEvent> events_;
   std::vector<int32_t> sampled_;
   std::vector<runner::SampleResult> samples_;
+  std::vector<runner::SampleRow> sample_rows_;  // device logits: the rows to sample
   std::atomic<bool> has_work_{false};
+  // Speculative decoding (null drafter_: off).
+  std::unique_ptr<spec::Drafter> drafter_;
+  std::unique_ptr<spec::DraftLengthController> draft_length_;
+  int32_t synthetic_al_ = 0;                  // > 0: synthetic acceptance of AL - 1 drafts
+  spec::SpecCounters spec_counters_;
+  std::vector<const scheduler::Request*> decoding_;
+  std::vector<spec::DraftQuery> queries_;
+  std::vector<spec::Draft> drafts_;
+  std::vector<int32_t> accepted_, verify_rows_, scratch_;
+  std::vector<int32_t> seq_accepted_;  // per plan sequence: accepted drafts (-1: not a verify)
+  bool taps_on_ = false;               // the drafter observes the target's hidden states
+  spec::Verified verified_;
   int64_t aborted_ = 0, failed_ = 0, generated_ = 0;
   double host_seconds_ = 0, executor_seconds_ = 0;
 

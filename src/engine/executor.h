@@ -2,9 +2,15 @@
 // on its KvStorage; tests use a fake with the same contract.
 #pragma once
 #include <cstdint>
+#include <span>
 
+#include "core/error.h"
 #include "core/tensor.h"
 #include "engine/plan.h"
+
+namespace k3::runner {
+class DeviceSampler;
+}
 
 namespace k3::engine {
 
@@ -16,8 +22,30 @@ class Executor {
   // row i = the last token of plan.seqs[i] (rows of sequences that do not sample are
   // ignored). Throws on failure; the engine then fails the step's requests.
   virtual core::Tensor execute(const BatchPlan& plan) = 0;
+  // Optional (issue #5): an executor whose model runs on a device may keep the logits there:
+  // execute() then returns a device f32 [rows, vocab] tensor (valid until the next execute()), and
+  // this returns the sampler for it, so the engine samples on the device through
+  // runner::sample_rows() and downloads tokens rather than logits. nullptr (the default):
+  // execute() returns host logits.
+  virtual runner::DeviceSampler* device_sampler() { return nullptr; }
   // The request left the engine (finished, aborted, failed): forget its sequence state.
   virtual void release(scheduler::RequestId id) = 0;
+
+  // Speculative decoding. A plan sequence with num_drafts > 0 is a verify sequence: execute()
+  // returns ALL its num_drafts + 1 rows (in order, where its single row would be; so the logits
+  // have plan.num_logit_rows rows) and leaves its committed KDA state untouched. After acceptance
+  // the engine calls commit_verified once with, per verify sequence in plan order, the rows it
+  // keeps (accepted drafts + 1): the executor replays them into the committed state and truncates
+  // the sequence to them (spec §5.9 (b)). Executors without it refuse verify plans.
+  virtual bool supports_verify() const { return false; }
+  virtual void commit_verified(std::span<const int32_t> accepted_rows) { (void)accepted_rows; }
+  // Hidden-state taps for a model drafter (spec/drafter.h): after set_hidden_tap(layers), every
+  // execute() leaves host f32 [plan.num_tokens, layers.size() * hidden] in hidden_taps(): per plan
+  // row (sequences' tokens in plan order), the tapped mixtures concatenated in `layers` order.
+  virtual void set_hidden_tap(std::span<const int32_t> layers) {
+    if (!layers.empty()) throw core::Error("this executor cannot tap the target's hidden states");
+  }
+  virtual const core::Tensor* hidden_taps() const { return nullptr; }
 };
 
 }  // namespace k3::engine

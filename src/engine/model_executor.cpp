@@ -45,9 +45,14 @@ void apply_model_defaults(const config::K3Config& model, scheduler::SchedulerCon
 ModelExecutor::ModelExecutor(const model::Model& model, const cache::CacheConfig& cache, model::KvCacheDtype kv_dtype,
                              int64_t graph_max_model_len)
     : model_(model), storage_(model.config(), storage_config(cache, kv_dtype), model.memory(), model.options().precision) {
-  if (graph_max_model_len > 0 && model.options().device != core::Device::cpu && model.tp_size() == 1)
+  // Tensor-parallel ranks capture too: each rank's graph holds its step's collectives.
+  if (graph_max_model_len > 0 && model.options().device != core::Device::cpu)
     graphs_ = std::make_unique<model::DecodeGraphs>(
         model_, storage_, (graph_max_model_len + cache.block_size - 1) / cache.block_size);
+  // Sampling on the device needs the logits on this model's device, which a TP rank's executor
+  // does not hand out (engine/tp_executor.h returns rank 0's host logits).
+  if (model.options().device != core::Device::cpu && model.tp_size() == 1)
+    device_sampler_ = std::make_unique<runner::DeviceSampler>(model.ops(), model.memory());
 }
 
 core::Tensor ModelExecutor::execute(const BatchPlan& plan) {
@@ -73,12 +78,46 @@ core::Tensor ModelExecutor::execute(const BatchPlan& plan) {
                    " tokens, the plan starts at " + std::to_string(q.start));
       st->block_table.insert(st->block_table.end(), q.new_blocks.begin(), q.new_blocks.end());
     }
-    batch_.push_back(model::SequenceInput{q.tokens, st, q.kind});
+    batch_.push_back(model::SequenceInput{q.tokens, st, q.kind, q.num_drafts > 0});
   }
-  core::Tensor logits = graphs_ && graphs_->eligible(batch_) ? graphs_->forward(batch_)
-                                                              : model_.forward(storage_, batch_, model::LogitRows::last);
+  capture_.clear();  // a failed step may have left one: its requests are gone
+  model::HiddenTaps* taps = taps_.layers.empty() ? nullptr : &taps_;
+  const model::LogitRows rows = plan.num_verifies > 0 ? model::LogitRows::verify : model::LogitRows::last;
+  // Plain steps on a GPU keep their logits there for the device sampler; verify steps (sampled
+  // row by row against drafts on the host) and tapped steps bring them back.
+  const model::LogitsAt at =
+      device_sampler_ && plan.num_verifies == 0 && !taps ? model::LogitsAt::device : model::LogitsAt::host;
+  core::Tensor logits = plan.num_verifies == 0 && !taps && graphs_ && graphs_->eligible(batch_)
+                            ? graphs_->forward(batch_, at)
+                            : model_.forward(storage_, batch_, rows, nullptr, plan.num_verifies > 0 ? &capture_ : nullptr,
+                                             taps, at);
+  if (taps) {  // host [rows, layers * hidden], row-major, the layers side by side
+    const int64_t H = model_.config().hidden_size, n = static_cast<int64_t>(taps_.layers.size());
+    taps_host_ = core::Tensor::zeros(core::DType::f32, {plan.num_tokens, n * H});
+    for (int64_t i = 0; i < n; ++i) {
+      const core::Tensor& v = taps_.values[static_cast<size_t>(i)];
+      const core::Tensor host = v.view().device == core::Device::cpu && v.dtype() == core::DType::f32
+                                    ? v
+                                    : model_.memory()->download_f32(v.view());
+      K3_CHECK(host.dim(0) == plan.num_tokens && host.dim(1) == H, "ModelExecutor: a tap has the wrong shape");
+      for (int64_t r = 0; r < plan.num_tokens; ++r)
+        std::copy_n(host.data<const float>() + r * H, H, taps_host_.data<float>() + (r * n + i) * H);
+    }
+  }
   for (const CheckpointSave& s : plan.saves) storage_.save_checkpoint(s.slot, s.checkpoint);
   return logits;
+}
+
+void ModelExecutor::commit_verified(std::span<const int32_t> accepted_rows) {
+  model_.commit_verified(storage_, capture_, accepted_rows);
+}
+
+void ModelExecutor::set_hidden_tap(std::span<const int32_t> layers) {
+  for (int32_t l : layers)
+    K3_CHECK(l >= 0 && l + 1 < model_.config().num_hidden_layers,
+             "ModelExecutor: tap layer " + std::to_string(l) + " has no next layer (the model has " +
+                 std::to_string(model_.config().num_hidden_layers) + ")");
+  taps_.layers.assign(layers.begin(), layers.end());
 }
 
 }  // namespace k3::engine

@@ -16,6 +16,7 @@
 #include "model/decode_graphs.h"
 #include "model/kv_storage.h"
 #include "model/model.h"
+#include "runner/device_sampler.h"
 #include "scheduler/scheduler_config.h"
 
 namespace k3::engine {
@@ -45,6 +46,12 @@ class ModelExecutor final : public Executor {
   int32_t vocab_size() const override { return model_.config().vocab_size; }
   core::Tensor execute(const BatchPlan& plan) override;
   void release(scheduler::RequestId id) override { states_.erase(id); }
+  bool supports_verify() const override { return true; }
+  void commit_verified(std::span<const int32_t> accepted_rows) override;
+  void set_hidden_tap(std::span<const int32_t> layers) override;
+  const core::Tensor* hidden_taps() const override { return taps_.layers.empty() ? nullptr : &taps_host_; }
+  // On a GPU (one rank), plain steps leave their logits on the device for this sampler.
+  runner::DeviceSampler* device_sampler() override { return device_sampler_.get(); }
 
   model::KvStorage& storage() { return storage_; }
   size_t num_states() const { return states_.size(); }
@@ -56,7 +63,11 @@ class ModelExecutor final : public Executor {
   model::KvStorage storage_;
   std::unordered_map<scheduler::RequestId, model::SequenceState> states_;  // node-based: stable pointers
   std::vector<model::SequenceInput> batch_;
+  model::VerifyCapture capture_;  // the last execute()'s verify rows, until commit_verified
+  model::HiddenTaps taps_;        // the drafter's tap layers (empty: none) and the last step's values
+  core::Tensor taps_host_;        // host f32 [rows, layers * hidden]
   std::unique_ptr<model::DecodeGraphs> graphs_;  // null: every step eager
+  std::unique_ptr<runner::DeviceSampler> device_sampler_;  // null: logits always come back to the host
 };
 
 }  // namespace k3::engine

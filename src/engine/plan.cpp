@@ -21,6 +21,9 @@ BatchPlan make_plan(const scheduler::SchedulerOutput& out) {
     q.kind = s.kind == scheduler::StepKind::decode ? model::StepKind::decode : model::StepKind::prefill;
     q.fresh = s.fresh();
     q.sample = s.sample;
+    q.num_drafts = s.num_drafts;
+    p.num_logit_rows += 1 + s.num_drafts;
+    p.num_verifies += s.num_drafts > 0 ? 1 : 0;
     p.seqs.push_back(q);
     if (s.save_checkpoint >= 0) p.saves.push_back({s.kda_slot, s.save_checkpoint});
   }

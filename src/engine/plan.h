@@ -34,6 +34,8 @@ struct PlannedSequence {
   model::StepKind kind = model::StepKind::prefill;
   bool fresh = false;                   // new state: num_tokens = start, block_table = new_blocks
   bool sample = false;                  // its logits row is sampled
+  int32_t num_drafts = 0;               // > 0: a speculative verify (tokens = last token ++ drafts;
+                                        // every row's logits are returned and sampled)
 };
 
 struct BatchPlan {
@@ -43,6 +45,8 @@ struct BatchPlan {
   std::vector<PlannedSequence> seqs;
   std::vector<CheckpointSave> saves;
   int64_t num_tokens = 0;
+  int64_t num_logit_rows = 0;  // one per sequence, num_drafts + 1 for a verify sequence
+  int32_t num_verifies = 0;    // sequences with num_drafts > 0
 };
 
 // The plan of `out` (which must outlive it: the plan views its buffers).

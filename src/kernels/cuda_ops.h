@@ -48,5 +48,6 @@ void register_mla_cache_cuda(Registry& r, const CudaOps& ops);
 void register_mla_naive_cuda(Registry& r, const CudaOps& ops);
 void register_mla_absorbed_cuda(Registry& r, const CudaOps& ops);
 void register_elementwise_cuda(Registry& r, const CudaOps& ops);
+void register_sampling_cuda(Registry& r, const CudaOps& ops);
 
 }  // namespace k3::kernels

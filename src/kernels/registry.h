@@ -24,6 +24,7 @@
 #include "kernels/moe/experts.h"
 #include "kernels/moe/router.h"
 #include "kernels/norm/rmsnorm.h"
+#include "kernels/sampling/sampling.h"
 #include "kernels/situ/situ_glu.h"
 
 namespace k3::kernels {
@@ -107,6 +108,7 @@ struct Registry {
   OpTable<AddArgs> add{"add", add_check};
   OpTable<SigmoidGateArgs> sigmoid_gate{"sigmoid_gate", sigmoid_gate_check};
   OpTable<ToActivationArgs> to_activation{"to_activation", to_activation_check};  // TP: round a reduced sum
+  OpTable<SampleArgs> sample{"sample", sample_check};  // tokens from the step's logits (runner/device_sampler.h)
 
   // Calls fn(table) for every op table (tests use it to check coverage).
   template <class Fn>
@@ -114,6 +116,7 @@ struct Registry {
     fn(embedding); fn(rmsnorm); fn(linear); fn(attn_res_mix); fn(situ_glu); fn(router_topk);
     fn(moe_experts); fn(kda_conv); fn(kda_recurrent); fn(kda_chunked); fn(kda_output_gate);
     fn(mla_cache_write); fn(mla_naive); fn(mla_absorbed); fn(add); fn(sigmoid_gate); fn(to_activation);
+    fn(sample);
   }
   void set_log(const LogFn& log) {
     for_each([&](auto& t) { t.set_log(log); });

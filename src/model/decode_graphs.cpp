@@ -29,7 +29,7 @@ std::vector<Segment> DecodeGraphs::segments(std::span<const SequenceInput> batch
   return out;
 }
 
-core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch) {
+core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsAt at) {
   K3_CHECK(eligible(batch), "DecodeGraphs::forward: not a pure-decode batch of one token per sequence");
   model_.memory()->make_current();
   core::DeviceMemory& memory = *model_.memory();
@@ -50,7 +50,7 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch) {
     e.work->replay();
     ++replays_;
     for (const Segment& s : segs) s.state->num_tokens += 1;
-    return memory.download_f32(e.logits.view());
+    return at == LogitsAt::device ? e.logits : memory.download_f32(e.logits.view());
   }
 
   // First step of this size: run it eagerly on fixed-address inputs, then capture the same step.
@@ -59,7 +59,7 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch) {
   e.tables = std::make_unique<StepTables>(segs, kv_.storage_config().block_size, memory, shape_);
   e.ids = memory.upload(host_ids);
   const core::Tensor eager = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), LogitRows::last);
-  core::Tensor result = memory.download_f32(eager.view());
+  core::Tensor result = at == LogitsAt::device ? eager : memory.download_f32(eager.view());
   for (const Segment& s : segs) s.state->num_tokens += 1;
   e.work = memory.capture([&] { e.logits = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), LogitRows::last); });
   if (!e.work) return result;  // the device cannot capture: nothing cached, every step eager

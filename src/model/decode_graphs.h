@@ -32,7 +32,8 @@ class DecodeGraphs {
   // True when forward() takes this batch through a graph.
   bool eligible(std::span<const SequenceInput> batch) const;
   // Model::forward(kv, batch, LogitRows::last) for an eligible batch: host f32 logits [B, vocab].
-  core::Tensor forward(std::span<const SequenceInput> batch);
+  // With LogitsAt::device the logits stay on the device (valid until the next forward).
+  core::Tensor forward(std::span<const SequenceInput> batch, LogitsAt at = LogitsAt::host);
 
   int64_t replays() const { return replays_; }    // steps served by a replay
   int64_t captures() const { return captures_; }  // graphs captured

@@ -41,6 +41,10 @@ core::Tensor layer_forward(const ForwardContext& ctx, int l, const LayerWeights&
                            std::vector<core::Tensor>& bank, const core::Tensor& prefix_in) {
   core::Tensor prefix = prefix_in;
   core::Tensor h = attn_res_mix(ctx, bank, prefix, lw.attn_res);
+  ctx.emit("attn_res.mix", l, h);  // the attention-side mixture: a drafter's tap of layer l - 1 (spec §13.2)
+  if (ctx.taps)
+    for (size_t i = 0; i < ctx.taps->layers.size(); ++i)
+      if (ctx.taps->layers[i] + 1 == l) ctx.taps->values[i] = h;
   const bool restart = ctx.config.is_bank_write_layer(l);
   if (restart) bank.push_back(prefix);  // snapshot the block sum before restarting
   const core::Tensor x = ctx.rmsnorm(h, lw.input_norm, ctx.config.rms_norm_eps);
@@ -109,29 +113,47 @@ void Model::check_step(const KvStorage& kv, std::span<const SequenceInput> batch
 }
 
 core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch, LogitRows rows,
-                            const TraceFn* trace) const {
+                            const TraceFn* trace, VerifyCapture* capture, HiddenTaps* taps, LogitsAt at) const {
   memory_->make_current();  // before any upload: the thread may have last used another GPU
   check_step(kv, batch);
+  if (taps) {
+    for (int32_t l : taps->layers)
+      K3_CHECK(l >= 0 && l + 1 < config_.num_hidden_layers,
+               "forward: tap layer " + std::to_string(l) + " has no next layer (the model has " +
+                   std::to_string(config_.num_hidden_layers) + ")");
+    taps->values.assign(taps->layers.size(), core::Tensor());
+  }
   // Lay the sequences out as consecutive row segments.
   std::vector<Segment> segments;
   std::vector<int32_t> ids;
+  if (capture) capture->clear();
   for (const SequenceInput& in : batch) {
     const auto begin = static_cast<int64_t>(ids.size());
     ids.insert(ids.end(), in.tokens.begin(), in.tokens.end());
-    segments.push_back({begin, static_cast<int64_t>(ids.size()), in.state, in.kind});
+    segments.push_back({begin, static_cast<int64_t>(ids.size()), in.state, in.kind, in.verify});
+    if (!in.verify) continue;
+    K3_CHECK(in.kind == StepKind::decode, "forward: a verify sequence must be of the decode kind");
+    K3_CHECK(capture != nullptr, "forward: verify sequences need a VerifyCapture");
+    capture->states.push_back(in.state);
+    capture->row_begin.push_back(capture->total_rows);
+    capture->rows.push_back(static_cast<int64_t>(in.tokens.size()));
+    capture->start.push_back(in.state->num_tokens);
+    capture->total_rows += static_cast<int64_t>(in.tokens.size());
   }
+  if (capture) capture->layers.resize(static_cast<size_t>(config_.num_hidden_layers));
   const auto n = static_cast<int64_t>(ids.size());
   const StepTables tables(segments, kv.storage_config().block_size, *memory_);
   const core::Tensor dev_ids = memory_->upload(core::TensorView::contiguous(ids.data(), core::DType::i32, {n}));
-  const core::Tensor logits = run_step(kv, segments, tables.batches(), dev_ids.view(), rows, trace);
+  const core::Tensor logits = run_step(kv, segments, tables.batches(), dev_ids.view(), rows, trace, capture, taps);
   for (const Segment& s : segments) s.state->num_tokens += s.rows();
-  return options_.device == core::Device::cpu ? logits : memory_->download_f32(logits.view());
+  return options_.device == core::Device::cpu || at == LogitsAt::device ? logits : memory_->download_f32(logits.view());
 }
 
 core::Tensor Model::run_step(KvStorage& kv, std::span<const Segment> segments, const StepBatches& batches,
-                             const core::TensorView& ids, LogitRows rows, const TraceFn* trace) const {
+                             const core::TensorView& ids, LogitRows rows, const TraceFn* trace,
+                             VerifyCapture* capture, HiddenTaps* taps) const {
   const int64_t n = ids.numel();
-  const ForwardContext ctx{config_, kv, ops_, options_, segments, batches, *memory_, trace, comm_};
+  const ForwardContext ctx{config_, kv, ops_, options_, segments, batches, *memory_, trace, comm_, capture, taps};
 
   core::Tensor prefix = ctx.alloc(n, config_.hidden_size);  // P: running sum of the current block
   kernels::EmbeddingArgs embed{ids, weights_.embed.view(), prefix.view()};
@@ -149,11 +171,15 @@ core::Tensor Model::run_step(KvStorage& kv, std::span<const Segment> segments, c
                            prefix);
 
   // Final Mix -> norm -> lm_head, only on the rows whose logits are wanted.
-  if (rows == LogitRows::last && static_cast<int64_t>(segments.size()) != n) {  // else every row is a last row
-    std::vector<int64_t> last;
-    for (const Segment& s : segments) last.push_back(s.row_end - 1);
-    prefix = gather_rows(ctx, prefix, last);
-    for (core::Tensor& b : bank) b = gather_rows(ctx, b, last);
+  if (rows != LogitRows::all && static_cast<int64_t>(segments.size()) != n) {  // else every row is a last row
+    std::vector<int64_t> keep;
+    for (const Segment& s : segments)
+      for (int64_t r = rows == LogitRows::verify && s.verify ? s.row_begin : s.row_end - 1; r < s.row_end; ++r)
+        keep.push_back(r);
+    if (static_cast<int64_t>(keep.size()) != n) {
+      prefix = gather_rows(ctx, prefix, keep);
+      for (core::Tensor& b : bank) b = gather_rows(ctx, b, keep);
+    }
   }
   const core::Tensor h = attn_res_mix(ctx, bank, prefix, weights_.output_res);
   const core::Tensor x = ctx.rmsnorm(h, weights_.final_norm, config_.rms_norm_eps);
@@ -165,6 +191,33 @@ core::Tensor Model::run_step(KvStorage& kv, std::span<const Segment> segments, c
   }
   ctx.emit("logits", -1, logits);
   return logits;
+}
+
+void Model::commit_verified(KvStorage& kv, VerifyCapture& capture, std::span<const int32_t> accepted_rows) const {
+  K3_CHECK(accepted_rows.size() == capture.states.size(),
+           "commit_verified: " + std::to_string(accepted_rows.size()) + " accepted counts for " +
+               std::to_string(capture.states.size()) + " verify sequences");
+  if (capture.empty()) return;
+  // The replay batch: verify sequence j's first accepted_rows[j] rows of the compact capture, from
+  // its committed state (num_tokens back at the step's start, so positions and tables are right).
+  std::vector<Segment> segments;
+  for (size_t j = 0; j < capture.states.size(); ++j) {
+    const int64_t n = accepted_rows[j];
+    K3_CHECK(n >= 1 && n <= capture.rows[j], "commit_verified: verify sequence " + std::to_string(j) + " accepts " +
+                                                 std::to_string(n) + " rows, expected 1.." +
+                                                 std::to_string(capture.rows[j]));
+    capture.states[j]->num_tokens = capture.start[j];
+    segments.push_back({capture.row_begin[j], capture.row_begin[j] + n, capture.states[j], StepKind::decode, true});
+  }
+  const StepTables tables(segments, kv.storage_config().block_size, *memory_);
+  const ForwardContext ctx{config_, kv, ops_, options_, segments, tables.batches(), *memory_, nullptr, comm_, nullptr,
+                           nullptr};
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    const auto* w = std::get_if<KdaWeights>(&weights_.layers[static_cast<size_t>(l)].attn);
+    if (w) kda_commit_replay(ctx, l, *w, capture.layers.at(static_cast<size_t>(l)));
+  }
+  for (size_t j = 0; j < capture.states.size(); ++j) capture.states[j]->num_tokens = capture.start[j] + accepted_rows[j];
+  capture.clear();
 }
 
 }  // namespace k3::model

@@ -15,9 +15,14 @@
 
 namespace k3::model {
 
+// Where forward() leaves the logits: downloaded to the host (CPU tensors, what most callers read),
+// or on the model's device (for device-side sampling: valid until the next forward on this model).
+enum class LogitsAt : uint8_t { host, device };
+
 enum class LogitRows : uint8_t {
   all,   // one row per input token, in batch order
   last,  // the last token of each sequence
+  verify,  // every row of a verify sequence (SequenceInput::verify), the last row of the others
 };
 
 class Model {
@@ -41,6 +46,7 @@ class Model {
 
   const config::K3Config& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
+  const kernels::Registry& ops() const { return ops_; }
   // Tensor-parallel group size (1 without a communicator) and the full vocabulary (the logits'
   // width: config().vocab_size times the group size).
   int tp_size() const { return comm_ ? comm_->size() : 1; }
@@ -51,8 +57,24 @@ class Model {
   // returns f32 logits [rows, vocab_size()] as a CPU tensor (every TP rank gets all of them).
   // Each state's block_table must already cover num_tokens + its new tokens and its slot must be
   // valid. Throws core::Error on bad input.
+  //
+  // Speculative verify (spec §5.9 (b)): sequences with SequenceInput::verify run their rows without
+  // committing their KDA state; `capture` (required then, cleared first) records what
+  // commit_verified needs. Their num_tokens still advance by all rows here, and their MLA pages
+  // hold every row; commit_verified sets the accepted length.
+  //
+  // `taps` (optional): its layers' AttnRes mixtures over every row are left in taps->values
+  // (spec/drafter.h). Each tap layer needs a next layer.
   core::Tensor forward(KvStorage& kv, std::span<const SequenceInput> batch, LogitRows rows,
-                       const TraceFn* trace = nullptr) const;
+                       const TraceFn* trace = nullptr, VerifyCapture* capture = nullptr,
+                       HiddenTaps* taps = nullptr, LogitsAt at = LogitsAt::host) const;
+
+  // After a forward with verify sequences: for verify sequence j (batch order), its first
+  // accepted_rows[j] rows (1 <= that <= its rows: the last committed token plus the accepted
+  // drafts) are replayed through the KDA conv and recurrence into its committed slot state, and
+  // its num_tokens becomes start + accepted_rows[j]. MLA rows past that are left in the pages and
+  // overwritten by later steps. The capture is cleared. Throws core::Error on bad counts.
+  void commit_verified(KvStorage& kv, VerifyCapture& capture, std::span<const int32_t> accepted_rows) const;
 
   // The two halves of forward(), for callers that keep the step's inputs at fixed device
   // addresses (model/decode_graphs.h). check_step validates a batch as forward() does; run_step
@@ -60,7 +82,8 @@ class Model {
   // (so it can be captured), and returns the device logits; it does not advance num_tokens.
   void check_step(const KvStorage& kv, std::span<const SequenceInput> batch) const;
   core::Tensor run_step(KvStorage& kv, std::span<const Segment> segments, const StepBatches& batches,
-                        const core::TensorView& ids, LogitRows rows, const TraceFn* trace = nullptr) const;
+                        const core::TensorView& ids, LogitRows rows, const TraceFn* trace = nullptr,
+                        VerifyCapture* capture = nullptr, HiddenTaps* taps = nullptr) const;
 
  private:
   const config::K3Config& config_;

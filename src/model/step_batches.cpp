@@ -14,8 +14,10 @@ struct GroupLayout {
   int64_t width = 0;
 };
 
+constexpr int kGroups = 6;  // all, prefill, decode, kda_all, kda_decode, verify
+
 struct Layout {
-  GroupLayout groups[3];  // all, prefill, decode
+  GroupLayout groups[kGroups];
   int64_t cache_rows = 0, total_rows = 0;
 };
 
@@ -26,6 +28,13 @@ Layout lay_out(std::span<const Segment> segments, int32_t block_size, const Step
   for (const Segment& s : segments) {
     L.groups[0].seqs.push_back(&s);
     L.groups[s.kind == StepKind::prefill ? 1 : 2].seqs.push_back(&s);
+    K3_CHECK(!s.verify || s.kind == StepKind::decode, "StepTables: a verify sequence must be of the decode kind");
+    if (s.verify) {
+      L.groups[5].seqs.push_back(&s);
+    } else {
+      L.groups[3].seqs.push_back(&s);
+      if (s.kind == StepKind::decode) L.groups[4].seqs.push_back(&s);
+    }
   }
   host.clear();
   for (GroupLayout& g : L.groups) {
@@ -88,8 +97,9 @@ StepTables::StepTables(std::span<const Segment> segments, int32_t block_size, co
   auto* base = storage_.data<int32_t>();
   const core::Device dev = memory.device();
   auto vec = [&](int64_t off, int64_t n) { return core::TensorView::contiguous(base + off, core::DType::i32, {n}, dev); };
-  kernels::SeqBatch* out[3] = {&batches_.all, &batches_.prefill, &batches_.decode};
-  for (int i = 0; i < 3; ++i) {
+  kernels::SeqBatch* out[kGroups] = {&batches_.all,     &batches_.prefill,    &batches_.decode,
+                                     &batches_.kda_all, &batches_.kda_decode, &batches_.verify};
+  for (int i = 0; i < kGroups; ++i) {
     const GroupLayout& g = L.groups[i];
     const auto n = static_cast<int64_t>(g.seqs.size());
     kernels::SeqBatch& b = *out[i];
@@ -116,10 +126,12 @@ void StepTables::refill(std::span<const Segment> segments) {
   std::vector<int32_t> host;
   const Layout L = lay_out(segments, block_size_, shape_, host);
   K3_CHECK(signature(L) == layout_, "StepTables::refill: the batch does not have the tables' layout");
-  for (const kernels::SeqBatch* b : {&batches_.all, &batches_.prefill, &batches_.decode})
-    for (const Segment* s : L.groups[b == &batches_.all ? 0 : b == &batches_.prefill ? 1 : 2].seqs)
-      K3_CHECK(s->state->num_tokens + s->rows() <= b->max_tokens,
-               "StepTables::refill: a sequence reaches past the fixed capacity " + std::to_string(b->max_tokens));
+  const kernels::SeqBatch* groups[kGroups] = {&batches_.all,     &batches_.prefill,    &batches_.decode,
+                                              &batches_.kda_all, &batches_.kda_decode, &batches_.verify};
+  for (int i = 0; i < kGroups; ++i)
+    for (const Segment* s : L.groups[i].seqs)
+      K3_CHECK(s->state->num_tokens + s->rows() <= groups[i]->max_tokens,
+               "StepTables::refill: a sequence reaches past the fixed capacity " + std::to_string(groups[i]->max_tokens));
   memory_.copy_from_host(storage_.view(),
                          core::TensorView::contiguous(host.data(), core::DType::i32, {static_cast<int64_t>(host.size())}));
 }

@@ -3,7 +3,8 @@
 // built on the host from the batch's segments and copied to the model's device in one transfer.
 //
 // Host buffer layout (i32): per group [row_begin S | num_rows S | position S | slot S |
-// block_table S x width], groups all, prefill, decode, then cache_rows [T].
+// block_table S x width], groups all, prefill, decode, kda_all, kda_decode, verify, then
+// cache_rows [T].
 #pragma once
 #include <span>
 #include <vector>

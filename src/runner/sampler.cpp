@@ -295,17 +295,48 @@ int32_t Sampler::draw(std::span<const float> x) {
     }
     n = keep;
   }
-  const double total = mass_of(0, n);
+  // Step 9 walks the survivors in ascending id order, as the min-p-only path above does: the
+  // token a uniform picks then depends on the kept set alone, not on the order nth_element or the
+  // heap left them in (the standard library's), so the device sampler (kernels/sampling) picks the
+  // same token for the same draw. The kept set is a prefix of the most-likely-first order: every
+  // id at or before its least likely member `last_kept`.
+  int32_t last_kept = order_[0];
+  for (size_t i = 1; i < n; ++i)
+    if (more_likely(last_kept, order_[i])) last_kept = order_[i];
+  const bool few = n * 16 < vocab;  // few survivors: sort them by id; else scan the vocabulary
+  if (few) std::sort(at(0), at(n));
+  double total = 0.0;
+  auto for_each_kept = [&](auto&& fn) {  // fn(id) over the survivors, ascending; false stops
+    if (few) {
+      for (size_t i = 0; i < n; ++i)
+        if (!fn(order_[i])) return;
+    } else {
+      for (size_t i = 0; i < vocab; ++i)
+        if (!more_likely(last_kept, static_cast<int32_t>(i)) && !fn(static_cast<int32_t>(i))) return;
+    }
+  };
+  for_each_kept([&](int32_t id) {
+    total += prob_[static_cast<size_t>(id)];
+    return true;
+  });
   double r = rng_.uniform() * total;  // step 9: the single draw of this call
-  int32_t last = order_[0];
-  for (size_t i = 0; i < n; ++i) {
-    const int32_t id = order_[i];
+  int32_t last = last_kept, pick = -1;
+  for_each_kept([&](int32_t id) {
     const double p = prob_[static_cast<size_t>(id)];
-    if (p == 0.0) continue;
+    if (p == 0.0) return true;
     last = id;
-    if ((r -= p) < 0.0) return id;
-  }
-  return last;  // rounding left r >= 0: the last survivor with nonzero mass
+    if ((r -= p) >= 0.0) return true;
+    pick = id;
+    return false;
+  });
+  return pick >= 0 ? pick : last;  // rounding left r >= 0: the last survivor with nonzero mass
 }
+
+bool Sampler::device_eligible() const {
+  return params_.logit_bias.empty() && params_.repetition_penalty == 1.0f && params_.presence_penalty == 0.0f &&
+         params_.frequency_penalty == 0.0f;
+}
+
+double Sampler::draw_uniform() { return params_.temperature == 0.0f ? 0.0 : rng_.uniform(); }
 
 }  // namespace k3::runner

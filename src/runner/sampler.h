@@ -24,8 +24,10 @@
 //                           top_p * (mass left after top-k),
 //   8. min-p:               keep tokens with p >= min_p * max(p),
 //   9. sample:              one uniform draw from the Sampler's own Rng over the renormalised
-//                           survivors. Exactly one draw per sample() call when T > 0, none when
-//                           T = 0, so a request's tokens depend only on its seed and its inputs.
+//                           survivors, walked in ascending id order (the first id whose running
+//                           mass exceeds u * total). Exactly one draw per sample() call when T > 0,
+//                           none when T = 0, so a request's tokens depend only on its seed and its
+//                           inputs (and not on the standard library's nth_element or heap order).
 // With T = 0 the filters are legal and have no effect: each of them always keeps the argmax.
 //
 // Cost per call: O(vocab + |prompt| + |output|) expected, with no sort of the vocabulary:
@@ -92,6 +94,13 @@ class Sampler {
                       std::span<const int32_t> output);
 
   const SamplingParams& params() const { return params_; }
+
+  // For the device sampler (runner/device_sampler.h, kernels/sampling): true when sample() needs
+  // no step 1-3 (no logit_bias, no penalty), so the processed logits are the logits themselves.
+  bool device_eligible() const;
+  // The uniform sample() would draw in step 9, consuming the Rng exactly as sample() does: one
+  // draw when temperature > 0, none (and 0 returned) when greedy.
+  double draw_uniform();
 
  private:
   std::span<const float> process(std::span<const float> logits, std::span<const int32_t> prompt,

@@ -56,6 +56,10 @@ struct RequestStats {
   int64_t cached_prompt_tokens = 0;  // prompt tokens reused from the prefix cache at first admission
   int64_t computed_tokens = 0;       // tokens run through the model, recomputation included
   int32_t preemptions = 0;
+  // Speculative decoding (filled in by the engine on the last event): verify steps, drafts
+  // verified and drafts accepted.
+  int32_t spec_verify_steps = 0;
+  int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;
 
   double queue_seconds() const { return seconds(arrival, first_scheduled); }
   double prefill_seconds() const { return seconds(first_scheduled, first_token); }
@@ -137,6 +141,9 @@ class Request {
 
   RequestStats stats;
   uint64_t last_scheduled_step = 0;  // the scheduler's step stamp
+  // Speculative decoding: draft tokens proposed for the next step (Scheduler::set_drafts); the
+  // next schedule() verifies as many as fit and clears them.
+  std::vector<int32_t> drafts;
 
  private:
   RequestId id_;

@@ -92,17 +92,21 @@ bool Scheduler::reserve_or_preempt(Request& r, int64_t num_tokens, SchedulerOutp
 }
 
 void Scheduler::emit(Request& r, int64_t start, int64_t end, size_t blocks_before, SlotInit init, int32_t restore,
-                     SchedulerOutput& out) {
+                     SchedulerOutput& out, std::span<const int32_t> drafts) {
   Running& run = *r.running();
-  if (cache_.config().enable_prefix_cache && end % cache_.config().checkpoint_interval_tokens() == 0)
+  const auto k = static_cast<int64_t>(drafts.size());
+  // (drafts_that_fit keeps a verify step's end off checkpoint boundaries)
+  if (cache_.config().enable_prefix_cache && (end + k) % cache_.config().checkpoint_interval_tokens() == 0)
     cache_.take_checkpoint(run.cache);  // may find none free: then this boundary is not saved
   ScheduledSequence s;
   s.id = r.id();
   s.start = start;
-  s.num_tokens = static_cast<int32_t>(end - start);
+  s.num_tokens = static_cast<int32_t>(end - start + k);
+  s.num_drafts = static_cast<int32_t>(k);
   s.token_offset = static_cast<int32_t>(out.tokens.size());
   const auto tokens = r.tokens();
   out.tokens.insert(out.tokens.end(), tokens.begin() + start, tokens.begin() + end);
+  out.tokens.insert(out.tokens.end(), drafts.begin(), drafts.end());
   s.block_offset = static_cast<int32_t>(out.blocks.size());
   out.blocks.insert(out.blocks.end(), run.cache.blocks.begin() + static_cast<std::ptrdiff_t>(blocks_before),
                     run.cache.blocks.end());
@@ -120,7 +124,11 @@ void Scheduler::emit(Request& r, int64_t start, int64_t end, size_t blocks_befor
   out.num_samples += s.sample ? 1 : 0;
   if (s.kind == StepKind::decode) {
     ++out.num_decodes;
-    counters_.decode_tokens += 1;
+    counters_.decode_tokens += s.num_tokens;
+    if (k > 0) {
+      ++out.num_verifies;
+      out.num_draft_tokens += k;
+    }
   } else {
     ++out.num_prefills;
     counters_.prefill_tokens += s.num_tokens;
@@ -166,6 +174,34 @@ void Scheduler::admit(SchedulerOutput& out, int32_t& budget, int32_t& prefills) 
   }
 }
 
+void Scheduler::decoding_requests(std::vector<const Request*>& out) const {
+  out.clear();
+  for (const Request* r : running_)
+    if (r->is<Decoding>()) out.push_back(r);
+}
+
+void Scheduler::set_drafts(RequestId id, std::span<const int32_t> drafts) {
+  const auto it = requests_.find(id);
+  if (it == requests_.end() || !it->second->is<Decoding>()) return;
+  it->second->drafts.assign(drafts.begin(), drafts.end());
+}
+
+int32_t Scheduler::drafts_that_fit(const Request& r, int32_t budget) const {
+  int64_t k = static_cast<int64_t>(r.drafts.size());
+  k = std::min<int64_t>(k, budget - 1);                                  // K+1 rows of the token budget
+  k = std::min<int64_t>(k, r.spec().max_tokens - r.num_output() - 1);    // n+1 new tokens <= what is left
+  k = std::min<int64_t>(k, config_.max_model_len - r.num_tokens() - 1);  // ... and within max_model_len
+  if (cache_.config().enable_prefix_cache) {
+    // The rows [start, start + k] must end before the next checkpoint boundary: the slot holds
+    // committed state only after the replay, so a verify step saves no checkpoint; the token that
+    // reaches a boundary is decoded plainly (k = 0) and saved as usual.
+    const int64_t every = cache_.config().checkpoint_interval_tokens();
+    const int64_t start = r.running()->num_computed, boundary = (start / every + 1) * every;
+    k = std::min<int64_t>(k, boundary - start - 2);
+  }
+  return static_cast<int32_t>(std::max<int64_t>(k, 0));
+}
+
 void Scheduler::schedule(SchedulerOutput& out) {
   K3_CHECK(!in_flight_, "Scheduler::schedule: the previous step was neither updated nor failed");
   out.clear();
@@ -179,14 +215,29 @@ void Scheduler::schedule(SchedulerOutput& out) {
   candidates.clear();
   for (Request* r : running_)
     if (r->is<Decoding>()) candidates.push_back(r);
-  for (Request* r : candidates) {
-    if (!r->is<Decoding>() || budget < 1) continue;  // preempted by an earlier one
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    Request* r = candidates[c];
+    if (!r->is<Decoding>() || budget < 1) {  // preempted by an earlier one
+      r->drafts.clear();
+      continue;
+    }
     const int64_t start = r->running()->num_computed;
     const size_t before = r->running()->cache.blocks.size();
-    if (!reserve_or_preempt(*r, start + 1, out)) continue;
-    emit(*r, start, start + 1, before, SlotInit::keep, -1, out);
-    budget -= 1;
+    // Drafts never take the row a later decode needs (decodes never wait for budget).
+    const auto later = static_cast<int32_t>(candidates.size() - c - 1);
+    int32_t k = drafts_that_fit(*r, budget - later);
+    // Pages for all K+1 rows; those past the accepted length stay in the request's table and are
+    // reused by its next steps (or freed with it). Drafts never preempt anyone: without free
+    // pages for them the request decodes plainly.
+    if (k > 0 && !cache_.reserve(r->running()->cache, start + 1 + k)) k = 0;
+    const bool ok = reserve_or_preempt(*r, start + 1 + k, out);
+    if (ok) {
+      emit(*r, start, start + 1, before, SlotInit::keep, -1, out, std::span<const int32_t>(r->drafts).first(static_cast<size_t>(k)));
+      budget -= 1 + k;
+    }
+    r->drafts.clear();
   }
+  for (Request* r : running_) r->drafts.clear();  // drafts never outlive the step they were made for
 
   // 2. Running prefills, admission order.
   int32_t prefills = 0;
@@ -239,38 +290,66 @@ void Scheduler::finish(Request& r, FinishReason reason, int32_t token, std::vect
 
 void Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> sampled,
                        std::vector<RequestEvent>& events) {
+  update(out, sampled, {}, events);
+}
+
+void Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> sampled, std::span<const int32_t> accepted,
+                       std::vector<RequestEvent>& events) {
   K3_CHECK(in_flight_ && out.step == step_ && out.seqs.size() == scheduled_.size(),
            "Scheduler::update: not the output of the step in flight");
-  K3_CHECK(sampled.size() == static_cast<size_t>(out.num_samples),
-           "Scheduler::update: " + std::to_string(sampled.size()) + " sampled tokens for " +
+  K3_CHECK(accepted.empty() || accepted.size() == static_cast<size_t>(out.num_samples),
+           "Scheduler::update: " + std::to_string(accepted.size()) + " accepted counts for " +
                std::to_string(out.num_samples) + " sampling sequences");
-  size_t next_sample = 0;
+  size_t expected = 0, j = 0;
+  for (const ScheduledSequence& s : out.seqs) {
+    if (!s.sample) continue;
+    const int32_t a = accepted.empty() ? 0 : accepted[j++];
+    K3_CHECK(a >= 0 && a <= s.num_drafts, "Scheduler::update: request " + std::to_string(s.id) + " accepts " +
+                                              std::to_string(a) + " of " + std::to_string(s.num_drafts) + " drafts");
+    expected += static_cast<size_t>(a) + 1;
+  }
+  K3_CHECK(sampled.size() == expected, "Scheduler::update: " + std::to_string(sampled.size()) +
+                                           " sampled tokens, the sampling sequences and accepted counts need " +
+                                           std::to_string(expected));
+  size_t next_sample = 0, next_seq = 0;
   for (size_t i = 0; i < out.seqs.size(); ++i) {
     const ScheduledSequence& s = out.seqs[i];
     Request& r = *scheduled_[i];
     Running& run = *r.running();
     K3_CHECK(run.num_computed == s.start, "Scheduler::update: request " + std::to_string(r.id()) + " moved since scheduling");
-    run.num_computed += s.num_tokens;
-    r.stats.computed_tokens += s.num_tokens;
-    cache_.commit(run.cache, r.tokens(), r.block_hashes(), run.num_computed);
+    const int32_t a = s.sample && !accepted.empty() ? accepted[next_seq] : 0;
+    if (s.sample) ++next_seq;
+    // A verify step computed its K+1 rows, but only the last token and the accepted drafts stay.
+    const int64_t computed = s.verify() ? int64_t{a} + 1 : s.num_tokens;
+    run.num_computed += computed;
+    r.stats.computed_tokens += computed;
+    // A verify step's accepted drafts join tokens() below, so it commits once they are there.
+    if (!s.verify()) cache_.commit(run.cache, r.tokens(), r.block_hashes(), run.num_computed);
     if (!s.sample) continue;
-    const int32_t token = sampled[next_sample++];
-    r.append_output(token);
-    if (r.num_output() == 1) r.stats.first_token = Clock::now();
-    const RequestSpec& spec = r.spec();
-    const bool stop = (!spec.ignore_eos && token == spec.eos_token_id && token >= 0) ||
-                      std::find(spec.stop_token_ids.begin(), spec.stop_token_ids.end(), token) != spec.stop_token_ids.end();
-    if (stop) {
-      finish(r, FinishReason::stop, token, events);
-    } else if (r.num_output() >= spec.max_tokens || r.num_tokens() >= config_.max_model_len) {
-      finish(r, FinishReason::length, token, events);
-    } else {
+    const size_t first = next_sample;
+    next_sample += static_cast<size_t>(a) + 1;
+    for (size_t t = first; t < next_sample; ++t) {
+      const int32_t token = sampled[t];
+      r.append_output(token);
+      if (r.num_output() == 1) r.stats.first_token = Clock::now();
+      const RequestSpec& spec = r.spec();
+      const bool stop = (!spec.ignore_eos && token == spec.eos_token_id && token >= 0) ||
+                        std::find(spec.stop_token_ids.begin(), spec.stop_token_ids.end(), token) != spec.stop_token_ids.end();
+      if (stop || r.num_output() >= spec.max_tokens || r.num_tokens() >= config_.max_model_len) {
+        if (s.verify())  // register what was computed of the tokens kept, as a plain step does
+          cache_.commit(run.cache, r.tokens(), r.block_hashes(), std::min(run.num_computed, r.num_tokens()));
+        finish(r, stop ? FinishReason::stop : FinishReason::length, token, events);
+        events.back().sample_index = static_cast<int32_t>(t);
+        break;  // tokens after a finishing one are dropped
+      }
       if (r.is<Prefilling>()) r.transition<Prefilling>([](Prefilling&& p) { return carry<Decoding>(std::move(p)); });
       RequestEvent e;
       e.id = r.id();
       e.token = token;
+      e.sample_index = static_cast<int32_t>(t);
       events.push_back(e);
     }
+    if (s.verify() && !r.is<Finished>()) cache_.commit(run.cache, r.tokens(), r.block_hashes(), run.num_computed);
   }
   in_flight_ = false;
   if (!done_.empty()) {

@@ -34,6 +34,7 @@ struct RequestEvent {
   bool finished = false;
   FinishReason reason = FinishReason::stop;  // when finished
   RequestStats stats;          // complete when finished
+  int32_t sample_index = -1;   // update(): the index of `token` in its `sampled` span (-1: none)
 };
 
 // Totals since start (the step loop's own counters; the engine publishes them).
@@ -60,12 +61,28 @@ class Scheduler {
   // when unknown (or already finished). Not while a step is in flight.
   bool abort(RequestId id, std::vector<RequestEvent>& events);
 
+  // Speculative decoding: the Decoding requests (running, admission order), for the engine to
+  // propose drafts for, and the drafts for one of them. schedule() verifies at most as many as
+  // fit the token budget (leaving one row for every later decode), max_tokens, max_model_len,
+  // the free pages (drafts never cause a preemption) and the next KDA checkpoint boundary (a
+  // verify step never ends on one: a checkpoint is only saved from committed state), then clears
+  // them. Drafts of a request that is not Decoding are ignored.
+  void decoding_requests(std::vector<const Request*>& out) const;
+  void set_drafts(RequestId id, std::span<const int32_t> drafts);
+
   // Plans the next step into `out` (cleared first; reuse it across steps).
   void schedule(SchedulerOutput& out);
   // Applies a step's results: `sampled` has one token per sequence with sample = true, in
   // order. Advances computed tokens, registers full blocks and checkpoints in the prefix
   // cache, appends tokens, finishes requests (stop / length), and appends their events.
   void update(const SchedulerOutput& out, std::span<const int32_t> sampled, std::vector<RequestEvent>& events);
+  // The same with verify sequences: `accepted[j]` drafts of the j-th sampling sequence were
+  // accepted (0 for plain ones), and `sampled` holds accepted[j] + 1 tokens for it (the accepted
+  // drafts, then the target's own token). Its computed tokens advance by accepted[j] + 1; the
+  // tokens are appended one by one, each with its event, until one finishes the request (stop
+  // token, max_tokens, max_model_len): the rest are dropped.
+  void update(const SchedulerOutput& out, std::span<const int32_t> sampled, std::span<const int32_t> accepted,
+              std::vector<RequestEvent>& events);
   // The step failed: every request in it finishes with `error` (and frees what it holds).
   void fail_step(const SchedulerOutput& out, std::vector<RequestEvent>& events);
 
@@ -84,7 +101,8 @@ class Scheduler {
   bool reserve_or_preempt(Request& r, int64_t num_tokens, SchedulerOutput& out);
   void preempt(Request& r, SchedulerOutput& out);
   void emit(Request& r, int64_t start, int64_t end, size_t blocks_before, SlotInit init, int32_t restore,
-            SchedulerOutput& out);
+            SchedulerOutput& out, std::span<const int32_t> drafts = {});
+  int32_t drafts_that_fit(const Request& r, int32_t budget) const;
   void finish(Request& r, FinishReason reason, int32_t token, std::vector<RequestEvent>& events);
   void admit(SchedulerOutput& out, int32_t& budget, int32_t& prefills);
 

@@ -42,6 +42,10 @@ struct ScheduledSequence {
   int32_t restore_checkpoint = -1;  // slot_init == restore
   int32_t save_checkpoint = -1;     // copy the slot here after the step (-1: none)
   bool sample = false;              // the step reaches the request's last token: sample one
+  // Speculative verify (decode kind): its tokens are [last token, num_drafts drafts]; every row
+  // is sampled and the engine reports how many drafts were accepted (Scheduler::update).
+  int32_t num_drafts = 0;
+  bool verify() const { return num_drafts > 0; }
 
   bool fresh() const { return slot_init != SlotInit::keep; }
 };
@@ -55,6 +59,8 @@ struct SchedulerOutput {
   int32_t num_decodes = 0, num_prefills = 0;
   int64_t num_tokens = 0;               // sum of seqs[i].num_tokens
   int32_t num_samples = 0;              // seqs with sample = true
+  int32_t num_verifies = 0;             // seqs with num_drafts > 0
+  int64_t num_draft_tokens = 0;         // sum of num_drafts
 
   bool empty() const { return seqs.empty(); }
   std::span<const int32_t> tokens_of(const ScheduledSequence& s) const {
@@ -68,8 +74,8 @@ struct SchedulerOutput {
     tokens.clear();
     blocks.clear();
     preempted.clear();
-    num_decodes = num_prefills = num_samples = 0;
-    num_tokens = 0;
+    num_decodes = num_prefills = num_samples = num_verifies = 0;
+    num_tokens = num_draft_tokens = 0;
   }
 };
 

@@ -126,6 +126,23 @@ std::string Metrics::render(const engine::EngineStats& s) const {
   sample(out, "vllm:prompt_tokens_total", labels_, static_cast<double>(s.prompt_tokens));
   family(out, "vllm:generation_tokens_total", "counter", "Number of generation tokens processed.");
   sample(out, "vllm:generation_tokens_total", labels_, static_cast<double>(s.generated_tokens));
+  if (!s.spec_method.empty()) {  // speculative decoding on (vLLM's spec_decode counters)
+    family(out, "vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.");
+    sample(out, "vllm:spec_decode_num_drafts_total", labels_, static_cast<double>(s.spec_num_drafts));
+    family(out, "vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.");
+    sample(out, "vllm:spec_decode_num_draft_tokens_total", labels_, static_cast<double>(s.spec_num_draft_tokens));
+    family(out, "vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.");
+    sample(out, "vllm:spec_decode_num_accepted_tokens_total", labels_, static_cast<double>(s.spec_num_accepted_tokens));
+    family(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "Accepted tokens per draft position.");
+    for (size_t i = 0; i < s.spec_accepted_per_pos.size(); ++i)
+      sample(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", labels_ + ",position=\"" + std::to_string(i) + "\"",
+             static_cast<double>(s.spec_accepted_per_pos[i]));
+    // Synthetic acceptance (benchmarks) is forced, not measured: say so on the page.
+    family(out, "k3serve:spec_decode_synthetic", "gauge",
+           "1 when acceptance is SYNTHETIC (forced acceptance length; outputs are not the model's distribution).");
+    sample(out, "k3serve:spec_decode_synthetic", labels_ + ",method=\"" + prometheus_label_value(s.spec_method) + "\"",
+           s.spec_synthetic ? 1.0 : 0.0);
+  }
   {
     std::lock_guard lock(mu_);
     family(out, "vllm:request_success_total", "counter", "Count of finished requests, by finish reason.");

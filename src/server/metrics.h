@@ -6,6 +6,10 @@
 //   vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total (tokens),
 //   vllm:num_preemptions_total, vllm:request_success_total{finished_reason} counters
 //   vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc gauges
+//   with speculative decoding on: vllm:spec_decode_num_drafts_total,
+//   vllm:spec_decode_num_draft_tokens_total, vllm:spec_decode_num_accepted_tokens_total,
+//   vllm:spec_decode_num_accepted_tokens_per_pos_total{position} counters, and
+//   k3serve:spec_decode_synthetic{method} (1: forced synthetic acceptance, benchmarks only)
 // Counters carry the "_total" suffix as vLLM's prometheus_client exposes them. Every sample
 // has vLLM's labels engine="0" and model_name="<served model>". Things vLLM has no name for
 // use the "k3serve:" prefix (client disconnects, malformed tool calls, HTTP errors).

@@ -83,5 +83,28 @@ TEST(Metrics, LabelValuesAreEscaped) {
   EXPECT_NE(m.render({}).find("model_name=\"we\\\"ird\""), std::string::npos);
 }
 
+TEST(Metrics, SpeculativeDecodingCountersUseVllmNames) {
+  Metrics m("k3-tiny");
+  engine::EngineStats s;
+  const std::string off = m.render(s);
+  EXPECT_EQ(off.find("spec_decode"), std::string::npos);  // speculation off: no spec families
+  s.spec_method = "synthetic";
+  s.spec_synthetic = true;
+  s.spec_num_drafts = 5;
+  s.spec_num_draft_tokens = 15;
+  s.spec_num_accepted_tokens = 9;
+  s.spec_accepted_per_pos = {5, 3, 1};
+  const std::string page = m.render(s);
+  const std::string l = "{engine=\"0\",model_name=\"k3-tiny\"";
+  EXPECT_TRUE(has_line(page, "# TYPE vllm:spec_decode_num_drafts_total counter"));
+  EXPECT_TRUE(has_line(page, "vllm:spec_decode_num_drafts_total" + l + "} 5.0"));
+  EXPECT_TRUE(has_line(page, "vllm:spec_decode_num_draft_tokens_total" + l + "} 15.0"));
+  EXPECT_TRUE(has_line(page, "vllm:spec_decode_num_accepted_tokens_total" + l + "} 9.0"));
+  EXPECT_TRUE(has_line(page, "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter"));
+  EXPECT_TRUE(has_line(page, "vllm:spec_decode_num_accepted_tokens_per_pos_total" + l + ",position=\"0\"} 5.0"));
+  EXPECT_TRUE(has_line(page, "vllm:spec_decode_num_accepted_tokens_per_pos_total" + l + ",position=\"2\"} 1.0"));
+  EXPECT_TRUE(has_line(page, "k3serve:spec_decode_synthetic" + l + ",method=\"synthetic\"} 1.0"));
+}
+
 }  // namespace
 }  // namespace k3::server

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "engine/model_executor.h"
+#include "engine/tp_executor.h"
 
 namespace k3::server {
 
@@ -17,8 +18,12 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
                       " has no tokenizer (tiktoken.model + tokenizer_config.json); serving needs one "
                       "(make-checkpoint writes one for configs with vocab_size >= 512)");
   s->tokenizer_ = std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::load_k3(o.model_dir));
-  s->runner_ = runner::ModelRunner::open(o.model_dir, o.model, o.kv_cache, o.load_progress);
-  const config::K3Config& config = s->runner_->config();
+  K3_CHECK(o.tp >= 1, "--tp must be >= 1, got " + std::to_string(o.tp));
+  if (o.tp == 1) s->runner_ = runner::ModelRunner::open(o.model_dir, o.model, o.kv_cache, o.load_progress);
+  else s->tp_runner_ = runner::TpRunner::open(o.model_dir, o.tp, o.model, o.kv_cache, o.load_progress);
+  const config::K3Config& config = s->config();
+  // What one rank's storage holds (KDA heads split, MLA latent replicated): the cache is sized per GPU.
+  const config::K3Config& rank_config = s->runner_ ? config : s->tp_runner_->rank_config();
 
   engine::EngineConfig ec;
   ec.scheduler.max_num_seqs = o.max_num_seqs;
@@ -32,20 +37,26 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
   const int32_t kda_chunk = std::max(config.kda.chunk_size, 1);
   const int32_t align = (kda_chunk + o.block_size - 1) / o.block_size * o.block_size;
   base.checkpoint_interval_blocks = align / o.block_size;
-  ec.cache = engine::size_model_cache(config, o.kv_cache, base, o.kv_cache_bytes, o.enable_prefix_cache ? 0.2 : 0.0,
+  ec.cache = engine::size_model_cache(rank_config, o.kv_cache, base, o.kv_cache_bytes, o.enable_prefix_cache ? 0.2 : 0.0,
                                       o.max_model_len);
   // eos: the config's eos_token_id (K3's and k3-tiny's name "<|end_of_msg|>").
   engine::apply_model_defaults(config, ec.scheduler, ec.cache, &ec.eos_token_id);
-  auto executor = std::make_unique<engine::ModelExecutor>(s->runner_->model(), ec.cache, o.kv_cache,
-                                                          ec.scheduler.max_model_len);
+  ec.speculative = o.speculative;
+  std::unique_ptr<engine::Executor> executor;
+  if (s->runner_)
+    executor = std::make_unique<engine::ModelExecutor>(s->runner_->model(), ec.cache, o.kv_cache, ec.scheduler.max_model_len);
+  else
+    executor = std::make_unique<engine::TpExecutor>(*s->tp_runner_, ec.cache, o.kv_cache, ec.scheduler.max_model_len);
   s->engine_ = std::make_unique<engine::Engine>(ec, std::move(executor));
 
   s->description_ = "model: " + o.model_dir.string() + " (vocab " + std::to_string(config.vocab_size) + ", " +
-                    std::to_string(config.num_hidden_layers) + " layers)\n" +
+                    std::to_string(config.num_hidden_layers) + " layers" +
+                    (o.tp > 1 ? ", tensor parallel over " + std::to_string(o.tp) + " ranks" : std::string()) + ")\n" +
                     "tokenizer: " + std::to_string(s->tokenizer_->num_ranks()) + " ranks, " +
                     std::to_string(s->tokenizer_->specials().size()) + " special tokens, eos id " +
                     std::to_string(ec.eos_token_id) + "\n" + "scheduler: " + scheduler::describe(ec.scheduler) +
-                    "\n" + "cache: " + cache::describe(ec.cache) + "\n";
+                    "\n" + "cache: " + cache::describe(ec.cache) + "\n" +
+                    "speculative: " + spec::describe(ec.speculative) + "\n";
   return s;
 }
 

@@ -12,6 +12,7 @@
 #include "model/kv_storage.h"
 #include "model/layers/context.h"
 #include "runner/model_runner.h"
+#include "runner/tp_runner.h"
 #include "tokenizer/tokenizer.h"
 
 namespace k3::server {
@@ -26,6 +27,8 @@ struct ServingOptions {
   int32_t block_size = 16;
   int64_t kv_cache_bytes = 256ll << 20;  // MLA pages + KDA slots + prefix checkpoints
   bool enable_prefix_cache = true;
+  int tp = 1;  // tensor-parallel ranks (runner::TpRunner; with model.device cuda: GPUs 0..tp-1)
+  spec::SpeculativeConfig speculative;  // speculative decoding (ngram | synthetic); off by default
   checkpoint::LoadProgressFn load_progress;  // optional: sees the weights being read in
 };
 
@@ -37,12 +40,13 @@ class ServingModel {
 
   engine::Engine& engine() { return *engine_; }
   const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
-  const config::K3Config& config() const { return runner_->config(); }
+  const config::K3Config& config() const { return runner_ ? runner_->config() : tp_runner_->config(); }
   // The resolved settings, one per line, printed at start-up.
   const std::string& description() const { return description_; }
 
  private:
-  std::unique_ptr<runner::ModelRunner> runner_;
+  std::unique_ptr<runner::ModelRunner> runner_;   // tp == 1
+  std::unique_ptr<runner::TpRunner> tp_runner_;   // tp > 1
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<engine::Engine> engine_;
   std::string description_;

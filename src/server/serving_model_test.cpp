@@ -1,6 +1,7 @@
 // server/serving_model_test.cpp: what ServingModel::load takes from the model folder: the eos
 // token comes from config.json (k3-tiny's eos_token_id is "<|end_of_msg|>", no special case in
-// the server), and the load progress callback sees every weight byte read in.
+// the server), the load progress callback sees every weight byte read in, and --tp 2 serves the
+// same greedy tokens as one rank (fp32).
 #include <gtest/gtest.h>
 
 #include "server/server_test_util.h"
@@ -30,6 +31,47 @@ TEST(ServingModel, LoadReportsProgressUpToEveryWeightByte) {
   EXPECT_TRUE(reports.back().finished());
   EXPECT_GT(reports.back().bytes_total, 1'000'000);  // k3-tiny: about 6.5 MB of weights
   for (size_t i = 1; i < reports.size(); ++i) EXPECT_GT(reports[i].bytes_done, reports[i - 1].bytes_done) << i;
+}
+
+// The engine over a TP2 model (runner::TpRunner on CPU threads, engine::TpExecutor) gives the
+// one-rank model's greedy tokens in fp32 mode; the description says it is tensor parallel.
+TEST(ServingModel, TensorParallelServesTheSameGreedyTokens) {
+  auto generate = [](int tp) {
+    ServingOptions o;
+    o.model_dir = testing::tiny_model_dir();
+    o.model.precision = kernels::Precision::fp32;
+    o.max_model_len = 128;
+    o.max_num_seqs = 2;
+    o.kv_cache_bytes = 8ll << 20;
+    o.tp = tp;
+    const auto model = ServingModel::load(o);
+    EXPECT_EQ(model->description().find("tensor parallel") != std::string::npos, tp > 1) << model->description();
+    engine::GenerateRequest r;
+    r.prompt = {5, 17, 300, 42, 9, 77, 1000, 3};
+    r.max_tokens = 16;
+    r.ignore_eos = true;
+    auto stream = model->engine().submit(std::move(r)).stream;
+    model->engine().run_until_idle();
+    std::vector<int32_t> out;
+    while (auto e = stream->try_next())
+      if (e->token >= 0) out.push_back(e->token);
+    return out;
+  };
+  const auto one = generate(1);
+  EXPECT_EQ(one.size(), 16u);
+  EXPECT_EQ(generate(2), one);
+}
+
+TEST(ServingModel, TensorParallelSizeTheModelCannotSplitIsAnError) {
+  ServingOptions o;
+  o.model_dir = testing::tiny_model_dir();
+  o.tp = 3;  // k3-tiny's 4 heads and 1024 vocab do not split in 3
+  try {
+    (void)ServingModel::load(o);
+    FAIL() << "tp 3 loaded";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tp=3"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -175,6 +175,7 @@ void run_chunk(const KdaAttentionArgs& a, int h, int64_t t0, int n, float* S, Ch
 
 void kda_chunked_reference(const KdaAttentionArgs& a) {
   if (core::Status s = kda_attention_check(a); !s) throw core::Error("kda_chunked: " + s.reason());
+  K3_CHECK(!a.no_commit, "kda_chunked: no_commit is not supported (verify rows use kda_recurrent)");
   const int H = a.num_heads, D = a.head_dim;
   const int64_t cs = a.chunk_size;
   const std::vector<kda_detail::HostSeq> seqs = kda_detail::host_seqs(a.seqs, true);

@@ -68,7 +68,8 @@ void kda_conv_reference(const KdaConvArgs& a) {
               kda_detail::row_f32_mut(a.out, t)[c] = round_act(kda_detail::silu_f32(sum), a.precision);
               for (int64_t i = 0; i + 1 < K; ++i) window[i] = window[i + 1];
             }
-            for (int64_t i = 0; i < K - 1; ++i) st[i] = window[i];
+            if (!a.no_commit)  // a verify call leaves the committed state as it was
+              for (int64_t i = 0; i < K - 1; ++i) st[i] = window[i];
           }
         }
       },

@@ -191,6 +191,7 @@ void register_kda_chunked_cuda(Registry& r, const CudaOps& ops) {
       {"cuda_chunked", core::Device::cuda, 10,
        [ops](const KdaAttentionArgs& a) {
          if (auto s = kda_supports(ops, a); !s) return s;
+         if (a.no_commit) return core::Status::fail("no_commit is not supported by the chunked form (use kda_recurrent)");
          const int C = device_chunk(ops, a);
          if (ChunkSmem(C, a.head_dim).total() * sizeof(float) > ops.ctx->smem_optin())
            return core::Status::fail("not enough shared memory for head_dim " + std::to_string(a.head_dim));

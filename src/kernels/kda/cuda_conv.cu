@@ -21,7 +21,7 @@ template <class T, class S>
 __global__ void __launch_bounds__(kThreads)
     conv_kernel(const T* x, int64_t x_ld, const float* weight, S* state, int64_t slot_stride, T* out, int64_t out_ld,
                 int64_t C, int K, const int32_t* row_begin, const int32_t* num_rows, const int32_t* slots,
-                int max_rows, bool round) {
+                int max_rows, bool round, bool commit) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int s = blockIdx.y;
@@ -52,6 +52,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i + 1 < kMaxWidth; ++i)
       if (i + 1 < K) window[i] = window[i + 1];
   }
+  if (!commit) return;  // speculative verify (KdaConvArgs::no_commit): the slot keeps its state
 #pragma unroll
   for (int i = 0; i < kMaxWidth; ++i)
     if (i < K - 1) store_act(st + i, window[i], false);
@@ -96,7 +97,7 @@ void register_kda_conv_cuda(Registry& r, const CudaOps& ops) {
                  a.x.as<const E>(), a.x.strides[0], a.weight.as<const float>(), a.state.as<S>(), slot_stride,
                  a.out.as<E>(), a.out.strides[0], C, K, a.seqs.row_begin.as<const int32_t>(),
                  a.seqs.num_rows.as<const int32_t>(), a.seqs.slot.as<const int32_t>(), a.seqs.max_rows,
-                 a.precision == Precision::bf16);
+                 a.precision == Precision::bf16, !a.no_commit);
              K3_CUDA_CHECK_LAUNCH("conv_kernel");
            });
          });

@@ -29,6 +29,7 @@ struct KdaParams {
   int H, D;
   float lower_bound, q_scale;
   bool round;            // bf16 rounding of o (Precision::bf16)
+  bool commit;           // store the final state (false: KdaAttentionArgs::no_commit, recurrent only)
 };
 
 template <class T>
@@ -52,6 +53,7 @@ KdaParams<T> kda_params(const KdaAttentionArgs& a) {
   p.lower_bound = a.lower_bound;
   p.q_scale = 1.0f / sqrtf(static_cast<float>(a.head_dim));
   p.round = a.precision == Precision::bf16;
+  p.commit = !a.no_commit;
   return p;
 }
 

@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(KdaParams<T> p)
     if (row_ok && sub == 0) store_act(p.out + t * p.out_ld + c0 + v, o, p.round);
     __syncthreads();  // the next token's front overwrites the shared vectors
   }
+  if (!p.commit) return;  // speculative verify: the slot keeps its committed state (uniform per launch)
 
 #pragma unroll
   for (int i = 0; i < 8; ++i) {

@@ -37,6 +37,10 @@ struct KdaConvArgs {
   core::TensorView out;     // f32 [T, C] = round(SiLU(sum_i w[c,i] x_{t-K+1+i}[c]))
   Precision precision = Precision::bf16;
   SeqBatch seqs;            // the sequences: rows and state slot of each
+  // Speculative verify (spec §5.9 (b)): read each slot's committed state and compute every row's
+  // output, but leave the slots exactly as they were (the accepted rows are replayed later with
+  // no_commit = false). Off: the normal rolling update.
+  bool no_commit = false;
 };
 core::Status kda_conv_check(const KdaConvArgs& a);
 void kda_conv_reference(const KdaConvArgs& a);
@@ -75,6 +79,10 @@ struct KdaAttentionArgs {
   int chunk_size = 64;       // kda_chunked only; any positive size
   Precision precision = Precision::bf16;
   SeqBatch seqs;             // the sequences: rows, state slot and position of each
+  // Speculative verify (spec §5.9 (b)), kda_recurrent only (kda_chunked refuses it): each sequence
+  // starts from its committed slot state and computes every row's output on a private copy, and
+  // the slots are left unchanged. Off: the state after the last row is stored back.
+  bool no_commit = false;
 };
 core::Status kda_attention_check(const KdaAttentionArgs& a);
 void kda_recurrent_reference(const KdaAttentionArgs& a);

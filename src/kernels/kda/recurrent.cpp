@@ -10,6 +10,7 @@
 // Every step acts on one row v of S at a time, so the five steps are done row by row; the float
 // operations and their order are the same as five whole-matrix passes. Sums run k = 0..D-1.
 // Each sequence of the batch walks its own rows with its own state slot.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -28,10 +29,15 @@ void kda_recurrent_reference(const KdaAttentionArgs& a) {
   const int64_t units = static_cast<int64_t>(seqs.size()) * H;
   backends::cpu::ThreadPool::shared().parallel_for(units, [&](int64_t u_begin, int64_t u_end) {
     std::vector<float> q(D), k(D), v(D), g(D), alpha(D);
+    std::vector<float> scratch(a.no_commit ? static_cast<size_t>(D) * D : 0);  // no_commit: a private copy
     for (int64_t u = u_begin; u < u_end; ++u) {
       const kda_detail::HostSeq& sq = seqs[static_cast<size_t>(u / H)];
       const int64_t h = u % H;
       float* S = a.state.as<float>() + sq.slot * a.state.strides[0] + h * D * D;
+      if (a.no_commit) {  // verify rows run on a copy of the committed state (spec §5.9 (b))
+        std::copy(S, S + static_cast<int64_t>(D) * D, scratch.begin());
+        S = scratch.data();
+      }
       for (int64_t t = sq.row_begin; t < sq.row_begin + sq.num_rows; ++t) {
         float beta = 0.0f;
         kda_detail::kda_prepare_token(a, t, static_cast<int>(h), q.data(), k.data(), v.data(), g.data(), &beta);

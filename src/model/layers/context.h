@@ -35,6 +35,11 @@ struct SequenceInput {
   std::span<const int32_t> tokens;
   SequenceState* state = nullptr;
   StepKind kind = StepKind::prefill;
+  // Speculative verify (decode kind only; spec §5.9 (b)): the rows [last token, drafts...] run with
+  // the KDA conv and recurrence in no-commit mode (the slot keeps its committed state; the MLA
+  // pages get every row). forward() then records the rows' KDA inputs in a VerifyCapture, and
+  // Model::commit_verified replays the accepted ones into the slot and sets num_tokens.
+  bool verify = false;
 };
 
 // Called with named intermediates ("kda.o", layer, [rows, width]) so eval can diff
@@ -46,13 +51,48 @@ struct Segment {
   int64_t row_begin = 0, row_end = 0;
   SequenceState* state = nullptr;
   StepKind kind = StepKind::prefill;
+  bool verify = false;  // SequenceInput::verify
   int64_t rows() const { return row_end - row_begin; }
+};
+
+// The target's hidden-state taps of one step (spec/drafter.h, spec §13.2): for each layer l of
+// `layers`, the AttnRes mixture the attention side of layer l + 1 computes, [T, hidden] per tapped
+// layer over every row of the step (filled by forward(); the tensors share the step's storage).
+struct HiddenTaps {
+  std::vector<int32_t> layers;
+  std::vector<core::Tensor> values;  // parallel to layers
+};
+
+// The KDA inputs of a step's verify rows, per KDA layer, kept from forward() to
+// Model::commit_verified (spec §5.9 (b): replay instead of per-position state copies). Rows are
+// compact: verify sequence j (in batch order) owns rows [row_begin[j], row_begin[j] + rows[j]).
+struct VerifyCapture {
+  struct Layer {
+    core::Tensor q_in, k_in, v_in;  // [R, P] pre-conv inputs (activations)
+    core::Tensor decay, beta;       // [R, P] f_b output, [R, H] beta logits
+  };
+  std::vector<Layer> layers;            // indexed by layer id (empty for MLA layers)
+  std::vector<SequenceState*> states;   // per verify sequence
+  std::vector<int64_t> row_begin, rows, start;  // compact rows and num_tokens before the step
+  int64_t total_rows = 0;
+  bool empty() const { return states.empty(); }
+  void clear() {
+    layers.clear();
+    states.clear();
+    row_begin.clear();
+    rows.clear();
+    start.clear();
+    total_rows = 0;
+  }
 };
 
 // The batch's sequence tables for the attention ops, on the model's device, built once per
 // forward: every sequence (KDA conv, MLA cache), and its prefill and decode subsets.
 struct StepBatches {
-  kernels::SeqBatch all, prefill, decode;
+  kernels::SeqBatch all, prefill, decode;  // decode includes verify sequences (MLA: absorbed form)
+  // KDA's view: verify sequences run their conv and recurrence apart (no_commit), so the
+  // committing calls take all / decode minus them. Without verify sequences these equal all / decode.
+  kernels::SeqBatch kda_all, kda_decode, verify;
   core::TensorView cache_rows;  // i32 [T]: MLA cache row (page id * block_size + offset) per activation row
 };
 
@@ -69,6 +109,10 @@ struct ForwardContext {
   // The config above is then the rank's (config::shard_config): heads, intermediates and vocab
   // divided by the group size.
   comm::Communicator* comm = nullptr;
+  // Where the KDA layers record the verify rows' inputs (non-null when the batch has verify rows).
+  VerifyCapture* capture = nullptr;
+  // Where layer_forward leaves the tapped mixtures (non-null when a drafter asked for taps).
+  HiddenTaps* taps = nullptr;
 
   kernels::Precision precision() const { return options.precision; }
   core::Device device() const { return options.device; }
@@ -106,6 +150,9 @@ core::Tensor column_copy(const ForwardContext& ctx, const core::Tensor& t, int64
 // Layer functions (one file each under model/layers/). x: the normed input [rows, hidden].
 core::Tensor attention(const ForwardContext& ctx, int layer, const KdaWeights& w, const core::Tensor& x);
 core::Tensor attention(const ForwardContext& ctx, int layer, const MlaWeights& w, const core::Tensor& x);
+// Replays the accepted verify rows of one KDA layer into the committed state: conv + recurrence
+// with commit over ctx.batches.verify, whose rows index the capture's compact tensors.
+void kda_commit_replay(const ForwardContext& ctx, int layer, const KdaWeights& w, const VerifyCapture::Layer& cap);
 core::Tensor ffn(const ForwardContext& ctx, int layer, const DenseFfnWeights& w, const core::Tensor& x);
 core::Tensor ffn(const ForwardContext& ctx, int layer, const MoeWeights& w, const core::Tensor& router_bias,
                  const core::Tensor& x);

@@ -1,0 +1,21 @@
+// draft/rope.h: rotary position embedding of the draft model's 64-wide rope slice (the K3 target
+// keeps that slice unrotated; the DSpark drafter is DeepSeek-V3 style and rotates it).
+//
+// Interleaved ("GPT-J", vLLM is_neox_style=False) pairs: for i in [0, d/2)
+//   inv_freq_i = 1 / theta^(2i/d)                          fp32 (powf)
+//   angle      = float(position) * inv_freq_i              fp32
+//   (x[2i], x[2i+1]) <- (x[2i] cos - x[2i+1] sin,  x[2i] sin + x[2i+1] cos)   fp32 (cosf / sinf)
+// then each value is stored as an activation (rounded in bf16 mode). HF DeepSeek-V3 de-interleaves
+// q_pe and k_pe before a rotate-half RoPE; that permutes both sides alike, so every q_pe . k_pe
+// (all attention sees) equals the interleaved form here.
+#pragma once
+#include <cstdint>
+
+#include "kernels/common.h"
+
+namespace k3::draft {
+
+// Rotates x[0..dim) in place for `position`. dim must be even.
+void apply_rope(float* x, int dim, int64_t position, float theta, kernels::Precision precision);
+
+}  // namespace k3::draft

@@ -1,0 +1,104 @@
+// draft/test_util.h: helpers for the draft tests: a temp folder, a random target embedding and a
+// ready DraftModel over random in-memory weights.
+#pragma once
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "core/bf16.h"
+#include "core/rng.h"
+#include "draft/draft_model.h"
+#include "kernels/registry.h"
+
+namespace k3::draft::testing {
+
+// A fresh folder under the system temp dir, removed with the object.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = std::filesystem::temp_directory_path() /
+            ("k3serve-draft-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// bf16 [rows, cols] with N(0, std^2) values (a stand-in for the target's embed_tokens).
+inline core::Tensor random_bf16(int64_t rows, int64_t cols, uint64_t seed, double std = 1.0) {
+  core::Tensor t = core::Tensor::zeros(core::DType::bf16, {rows, cols});
+  core::Rng rng(seed);
+  for (auto& v : t.span<uint16_t>()) v = core::f32_to_bf16_bits(static_cast<float>(rng.normal(0.0, std)));
+  return t;
+}
+
+// f32 [rows, cols] with N(0, std^2) values, bf16-representable (as stored activations are).
+inline core::Tensor random_act(int64_t rows, int64_t cols, uint64_t seed, double std = 1.0) {
+  core::Tensor t = core::Tensor::zeros(core::DType::f32, {rows, cols});
+  core::Rng rng(seed);
+  for (auto& v : t.span<float>()) v = core::bf16_round(static_cast<float>(rng.normal(0.0, std)));
+  return t;
+}
+
+inline const kernels::Registry& reference_ops() {
+  static const kernels::Registry* r = [] {
+    auto* reg = new kernels::Registry;
+    kernels::register_reference_ops(*reg);
+    return reg;
+  }();
+  return *r;
+}
+
+// A draft model over random weights, owning everything it references.
+struct RandomDraft {
+  DraftConfig config;
+  core::Tensor embed;
+  DraftWeights weights;
+  std::unique_ptr<DraftModel> model;
+  RandomDraft(DraftConfig c, uint64_t seed, DraftOptions options = {}) : config(std::move(c)) {
+    embed = random_bf16(config.vocab_size, config.hidden_size, seed ^ 0xe3b0);
+    weights = random_draft_weights(config, seed, embed);
+    model = std::make_unique<DraftModel>(config, weights, reference_ops(), options);
+  }
+};
+
+// A small draft with odd sizes (non-multiples of any tile) and every optional part on.
+inline DraftConfig odd_config() {
+  DraftConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 54;
+  c.vocab_size = 97;
+  c.draft_vocab_size = 97;
+  c.num_heads = 3;
+  c.q_lora_rank = 17;
+  c.kv_lora_rank = 13;
+  c.qk_nope_head_dim = 7;
+  c.qk_rope_head_dim = 6;
+  c.v_head_dim = 5;
+  c.rope_theta = 500.0f;
+  c.intermediate_size = 23;
+  c.block_size = 5;
+  c.target_layer_ids = {1, 4};
+  c.markov_rank = 11;
+  c.use_confidence_head = true;
+  c.mask_token_id = 96;
+  return c;
+}
+
+inline bool all_finite(const core::Tensor& t) {
+  for (float v : t.span<const float>())
+    if (!std::isfinite(v)) return false;
+  return true;
+}
+
+}  // namespace k3::draft::testing

@@ -1,0 +1,43 @@
+// engine/tp_executor.h: an Executor over a tensor-parallel model (runner::TpRunner): one
+// ModelExecutor per rank, each with its own KvStorage (the rank's KDA heads, a full copy of the
+// MLA latent cache: spec §11) and its own CUDA graphs, run in lock step on the ranks' threads.
+//
+// Every rank executes the same plan (the scheduler, cache manager and request state stay single:
+// the block ids and KDA slots a plan names are valid in every rank's storage because every rank's
+// storage is built from the same CacheConfig). The logits every rank ends with are the same
+// (vocab-parallel lm_head all-gathered), so rank 0's are returned; so are its hidden-state taps
+// (the residual stream is replicated after each all-reduce). Sampling stays on the host.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "engine/model_executor.h"
+#include "runner/tp_runner.h"
+
+namespace k3::engine {
+
+class TpExecutor final : public Executor {
+ public:
+  // `runner` must outlive the executor. The rank executors are built on the ranks' threads (each
+  // allocates its storage on its own device).
+  TpExecutor(const runner::TpRunner& runner, const cache::CacheConfig& cache, model::KvCacheDtype kv_dtype,
+             int64_t graph_max_model_len = 0);
+  ~TpExecutor() override;
+
+  int32_t vocab_size() const override { return runner_.config().vocab_size; }
+  core::Tensor execute(const BatchPlan& plan) override;
+  void release(scheduler::RequestId id) override;
+  bool supports_verify() const override { return true; }
+  void commit_verified(std::span<const int32_t> accepted_rows) override;
+  void set_hidden_tap(std::span<const int32_t> layers) override;
+  const core::Tensor* hidden_taps() const override { return ranks_.front()->hidden_taps(); }
+
+  int tp() const { return runner_.tp(); }
+  ModelExecutor& rank(int r) { return *ranks_.at(static_cast<size_t>(r)); }
+
+ private:
+  const runner::TpRunner& runner_;
+  std::vector<std::unique_ptr<ModelExecutor>> ranks_;
+};
+
+}  // namespace k3::engine

@@ -1,0 +1,71 @@
+// runner/device_sampler.h: sampling a step's logits where they live (issue #5).
+//
+// On a GPU a decode step's logits are [rows, vocab] f32 on the device (640 KB per row at K3's
+// 163840). Downloading them and running the host Sampler costs ~1.5 ms per row; the `sample` op
+// (kernels/sampling) instead reads them on the device and returns per row the token, its logprob
+// and the top-N logprobs: one small upload of per-row parameters, one small download.
+//
+// Rows whose Sampler needs logit_bias or penalties (Sampler::device_eligible() false) go to their
+// host Sampler with just their row downloaded. Every result equals what rows[i].sampler->sample()
+// would return for that row, and each Sampler's Rng advances exactly as sample() would advance it
+// (one draw when temperature > 0): greedy tokens, top-N ids and the kept sets of the filters are
+// exact; a drawn token can differ from the host's only when the draw lies within ~1e-6 (relative)
+// of a boundary of the cumulative distribution, and logprobs by ~1e-6 (kernels/sampling/sampling.h).
+// A row whose logits hold NaN or +inf, or are all -inf, is handed to its host Sampler, which throws
+// the error it always throws (its Rng has then already advanced; the step fails either way).
+//
+// With logits on the CPU (or a DeviceSampler built without ops) every row goes to its Sampler, so
+// callers can use sample_rows() whatever the executor returns.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/device_memory.h"
+#include "core/tensor.h"
+#include "kernels/registry.h"
+#include "runner/sampler.h"
+
+namespace k3::runner {
+
+// One row to sample: the request's Sampler, the logits row and the request's tokens so far (read
+// only by host rows with penalties).
+struct SampleRow {
+  Sampler* sampler = nullptr;
+  int64_t logits_row = 0;
+  std::span<const int32_t> prompt;
+  std::span<const int32_t> output;
+};
+
+class DeviceSampler {
+ public:
+  // Host only: every row through its Sampler.
+  DeviceSampler() = default;
+  // Samples device logits with ops.sample on memory's device; both must outlive the sampler.
+  DeviceSampler(const kernels::Registry& ops, std::shared_ptr<core::DeviceMemory> memory);
+
+  // `logits`: f32 [rows, vocab] on the CPU or on this sampler's device. One result per entry of
+  // `rows`, in order. Throws core::Error as Sampler::sample does, or naming a bad row index.
+  std::vector<SampleResult> sample(const core::TensorView& logits, std::span<const SampleRow> rows);
+
+  // Rows sampled so far by the device op and by host Samplers.
+  int64_t device_rows() const { return device_rows_; }
+  int64_t host_rows() const { return host_rows_; }
+
+ private:
+  SampleResult sample_on_host(const core::TensorView& logits, const SampleRow& row);
+
+  const kernels::Registry* ops_ = nullptr;
+  std::shared_ptr<core::DeviceMemory> memory_;
+  std::vector<kernels::SampleRowParams> params_;  // the device rows of one call (reused)
+  std::vector<size_t> device_index_;              // their positions in `rows`
+  int64_t device_rows_ = 0, host_rows_ = 0;
+};
+
+// The engine's entry point: device->sample(logits, rows) when `device` is non-null, else every row
+// through its host Sampler (logits then must be on the CPU).
+std::vector<SampleResult> sample_rows(const core::TensorView& logits, std::span<const SampleRow> rows,
+                                      DeviceSampler* device = nullptr);
+
+}  // namespace k3::runner

@@ -1,0 +1,37 @@
+// spec/draft_length.cpp: SpecCounters and DraftLengthController.
+#include "spec/draft_length.h"
+
+#include <algorithm>
+
+namespace k3::spec {
+
+void SpecCounters::record(int32_t proposed, int32_t accepted) {
+  if (proposed <= 0) return;
+  ++num_drafts;
+  num_draft_tokens += proposed;
+  num_accepted_tokens += accepted;
+  if (accepted_per_pos.size() < static_cast<size_t>(proposed)) accepted_per_pos.resize(static_cast<size_t>(proposed), 0);
+  for (int32_t i = 0; i < accepted; ++i) ++accepted_per_pos[static_cast<size_t>(i)];
+}
+
+int32_t DraftLengthController::next(RequestId id) const {
+  const auto it = per_request_.find(id);
+  return it == per_request_.end() ? max_ : it->second.length;
+}
+
+double DraftLengthController::rate(RequestId id) const {
+  const auto it = per_request_.find(id);
+  return it == per_request_.end() ? 1.0 : it->second.rate;
+}
+
+void DraftLengthController::record(RequestId id, int32_t proposed, int32_t accepted) {
+  if (proposed <= 0) return;
+  State& s = per_request_.try_emplace(id, State{max_}).first->second;
+  s.rate = 0.7 * s.rate + 0.3 * static_cast<double>(accepted) / static_cast<double>(proposed);
+  if (!adaptive_) return;
+  if (accepted == proposed) s.length = std::min(max_, s.length + 1);
+  else if (s.rate < 0.3) s.length = std::max(1, s.length / 2);
+  else if (s.rate < 0.6) s.length = std::max(1, s.length - 1);
+}
+
+}  // namespace k3::spec

@@ -1,0 +1,55 @@
+// spec/draft_length.h: per-request adaptive draft length and acceptance statistics.
+//
+// Each request starts at K drafts per step. After every verify step with k > 0 drafts of which
+// a were accepted, rate <- 0.7 rate + 0.3 (a / k) (an EWMA, starting at 1), and
+//   a == k (all accepted)          length <- min(K, length + 1)
+//   rate < 0.3                     length <- max(1, length / 2)
+//   rate < 0.6                     length <- max(1, length - 1)
+// so a request whose drafts keep failing verifies few rows (cheap steps) and one whose drafts
+// keep succeeding verifies K. Steps where the drafter proposed nothing change nothing. With
+// adaptation off the length stays K.
+#pragma once
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "spec/drafter.h"
+
+namespace k3::spec {
+
+// Counters of verify steps (the engine's, per request and in total).
+struct SpecCounters {
+  int64_t num_drafts = 0;           // verify steps with at least one draft
+  int64_t num_draft_tokens = 0;     // drafts verified
+  int64_t num_accepted_tokens = 0;  // drafts accepted
+  std::vector<int64_t> accepted_per_pos;  // [K]: position i (0-based) accepted this many times
+  void record(int32_t proposed, int32_t accepted);
+  // Mean tokens per verify step (accepted + 1); 0 before the first.
+  double mean_acceptance_length() const {
+    return num_drafts > 0 ? 1.0 + static_cast<double>(num_accepted_tokens) / static_cast<double>(num_drafts) : 0.0;
+  }
+};
+
+class DraftLengthController {
+ public:
+  DraftLengthController(int32_t max_drafts, bool adaptive) : max_(max_drafts), adaptive_(adaptive) {}
+
+  int32_t max_drafts() const { return max_; }
+  // The draft budget of the request's next step (K for a new request).
+  int32_t next(RequestId id) const;
+  void record(RequestId id, int32_t proposed, int32_t accepted);
+  void release(RequestId id) { per_request_.erase(id); }
+  double rate(RequestId id) const;
+  size_t num_tracked() const { return per_request_.size(); }
+
+ private:
+  struct State {
+    int32_t length;
+    double rate = 1.0;
+  };
+  int32_t max_;
+  bool adaptive_;
+  std::unordered_map<RequestId, State> per_request_;
+};
+
+}  // namespace k3::spec
