@@ -1,7 +1,10 @@
 // tests/gpu/engine_gpu_test.cpp: the engine core serving requests on the GPU: staggered arrivals
 // (mixed prefill/decode steps), a prefix-cache hit (shared MLA pages + a restored KDA checkpoint on
 // the device) and greedy decoding give the tokens the CPU oracle engine gives, in exact mode, both
-// eager and with decode steps replayed as CUDA graphs.
+// eager and with decode steps replayed as CUDA graphs, with plain steps sampled on the device
+// (runner::DeviceSampler: checked to have run), and with n-gram speculative decoding (verify rows
+// through the CUDA no-commit KDA kernels, accepted rows replayed into the committed state).
+#include <cstdio>
 #include <vector>
 
 #include "core/rng.h"
@@ -39,8 +42,12 @@ std::vector<int32_t> tokens(uint64_t seed, int n) {
 
 // Runs the same request mix on an engine over `runner` and returns every request's tokens; with
 // `graphs`, pure-decode steps replay as CUDA graphs (and the test checks that they did).
-std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool graphs) {
-  const engine::EngineConfig c = engine_config();
+std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool graphs, bool speculate = false) {
+  engine::EngineConfig c = engine_config();
+  if (speculate) {
+    c.speculative.method = spec::SpecMethod::ngram;
+    c.speculative.num_speculative_tokens = 4;
+  }
   auto executor = std::make_unique<engine::ModelExecutor>(runner.model(), c.cache, model::KvCacheDtype::bf16,
                                                           graphs ? c.scheduler.max_model_len : 0);
   engine::ModelExecutor* exec = executor.get();
@@ -81,6 +88,19 @@ std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool 
   }
   if (graphs) EXPECT_GT(exec->graph_replays(), 20) << "decode steps should have replayed CUDA graphs";
   if (!graphs) EXPECT_EQ(exec->graph_replays(), 0);
+  if (runner.model().options().device == core::Device::cpu) {
+    EXPECT_EQ(exec->device_sampler(), nullptr);
+  } else {
+    EXPECT_NE(exec->device_sampler(), nullptr);
+    if (exec->device_sampler())
+      EXPECT_GT(exec->device_sampler()->device_rows(), 100) << "plain steps should be sampled on the device";
+  }
+  if (speculate) {
+    const engine::EngineStats st = e.stats();
+    EXPECT_GT(st.spec_num_draft_tokens, 0) << "the n-gram drafter never proposed: verify rows were not exercised";
+    std::printf("ngram speculation: %lld drafts, %lld accepted\n", static_cast<long long>(st.spec_num_draft_tokens),
+                static_cast<long long>(st.spec_num_accepted_tokens));
+  }
   return out;
 }
 
@@ -93,11 +113,14 @@ TEST(EngineGpu, ServesTheOracleTokensExactMode) {
   const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
   gpu_test::RunnerPair r(dir, kernels::Precision::fp32, model::KvCacheDtype::bf16);
   const auto want = serve(*r.cpu, false), eager = serve(*r.gpu, false), graphs = serve(*r.gpu, true);
+  const auto speculative = serve(*r.gpu, true, /*speculate=*/true);
   ASSERT_EQ(eager.size(), want.size());
   ASSERT_EQ(graphs.size(), want.size());
+  ASSERT_EQ(speculative.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(eager[i], want[i]) << "request " << i << " (eager)";
     EXPECT_EQ(graphs[i], want[i]) << "request " << i << " (CUDA graphs)";
+    EXPECT_EQ(speculative[i], want[i]) << "request " << i << " (n-gram speculation, graphs for plain decode steps)";
   }
 }
 
