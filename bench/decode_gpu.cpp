@@ -22,7 +22,12 @@
 //
 //   k3bench_decode_gpu --model DIR [--make] [--config NAME] [--out FILE] [--batches 1,8,64]
 //                      [--ctx TOKENS] [--steps N] [--warmup N] [--modes eager,graph] [--seed S]
-//                      [--device cuda|cpu] [--tp N]
+//                      [--device cuda|cpu] [--tp N] [--spec-k K] [--spec-al AL]
+// --modes ... verify: speculative verify steps with SYNTHETIC acceptance (issue #8's measure): each
+// sequence runs its last token + K drafts (--spec-k, default 7) through the decode path with KDA in
+// no-commit mode, then Model::commit_verified keeps AL rows (--spec-al, default 6: KDA replay, MLA
+// truncation); step time = both, tokens/s = batch * AL / step time. Verify steps run eagerly (the
+// engine does not capture them).
 // --tp N: the checkpoint split over GPUs 0..N-1 with runner::TpRunner (one thread per GPU, NCCL
 // rank-order collectives on each rank's op stream, captured into the graphs with the rest of the
 // step); every rank builds its own synthetic context; times are rank 0's; bytes and the floor are
@@ -83,6 +88,7 @@ struct Options {
   uint64_t seed = 1;
   core::Device device = core::Device::cuda;
   int tp = 1;  // > 1: runner::TpRunner, rank r on GPU r, NCCL collectives inside every step
+  int spec_k = 7, spec_al = 6;  // mode "verify": K drafts per sequence, AL tokens kept per step
 };
 
 double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
@@ -240,13 +246,16 @@ Options parse_options(int argc, char** argv) {
     else if (a == "--modes") o.modes = value();
     else if (a == "--seed") o.seed = std::stoull(value());
     else if (a == "--tp") o.tp = std::stoi(value());
+    else if (a == "--spec-k") o.spec_k = std::stoi(value());
+    else if (a == "--spec-al") o.spec_al = std::stoi(value());
     else if (a == "--device") {
       const std::string d = value();
       K3_CHECK(d == "cuda" || d == "cpu", "--device must be cuda or cpu, got '" + d + "'");
       o.device = d == "cuda" ? core::Device::cuda : core::Device::cpu;
     } else if (a == "--help" || a == "-h") {
       std::cout << "k3bench_decode_gpu --model DIR [--make] [--config NAME] [--out FILE] [--batches 1,8,64] [--ctx TOKENS]\n"
-                   "                   [--steps N] [--warmup N] [--modes eager,graph] [--seed S] [--device cuda|cpu] [--tp N]\n";
+                   "                   [--steps N] [--warmup N] [--modes eager,graph,verify] [--seed S] [--device cuda|cpu] [--tp N]\n"
+                   "                   [--spec-k K] [--spec-al AL]\n";
       std::exit(0);
     } else {
       throw core::Error("unknown option " + a + " (try --help)");
@@ -259,8 +268,11 @@ Options parse_options(int argc, char** argv) {
   K3_CHECK(o.ctx >= 1, "--ctx must be >= 1");
   K3_CHECK(o.tp >= 1 && o.tp <= 64, "--tp must be in [1, 64]");
   K3_CHECK(o.steps >= 1 && o.warmup >= 1, "--steps and --warmup must be >= 1");
-  K3_CHECK(o.modes.find("eager") != std::string::npos || o.modes.find("graph") != std::string::npos,
-           "--modes must name eager and/or graph");
+  K3_CHECK(o.modes.find("eager") != std::string::npos || o.modes.find("graph") != std::string::npos ||
+               o.modes.find("verify") != std::string::npos,
+           "--modes must name eager, graph and/or verify");
+  K3_CHECK(o.spec_k >= 1 && o.spec_k <= 32, "--spec-k must be in [1, 32]");
+  K3_CHECK(o.spec_al >= 1 && o.spec_al <= o.spec_k + 1, "--spec-al must be in [1, spec-k + 1]");
   return o;
 }
 
@@ -303,6 +315,7 @@ struct Row {
   std::vector<double> ms;
   size_t kernels = 0;
   bool finite = true;
+  int64_t tokens_per_seq = 1;  // tokens a step yields per sequence (verify: the synthetic AL)
 };
 
 }  // namespace
@@ -357,7 +370,10 @@ int main(int argc, char** argv) {
     // Storage for the largest batch: ctx tokens already "cached" plus room for one mode's steps.
     const int64_t maxB = o.batches.back();
     const int64_t steps_per_run = o.warmup + o.steps;
-    const int64_t pages_per_seq = (o.ctx + steps_per_run + kBlockSize - 1) / kBlockSize;
+    // A verify step writes K+1 rows and keeps AL: room for the last step's K+1 past the kept ones.
+    const int64_t tokens_per_run = o.modes.find("verify") != std::string::npos
+                                       ? steps_per_run * o.spec_al + o.spec_k + 1 : steps_per_run;
+    const int64_t pages_per_seq = (o.ctx + tokens_per_run + kBlockSize - 1) / kBlockSize;
     model::KvStorageConfig sc;
     sc.num_blocks = static_cast<int32_t>(maxB * pages_per_seq);
     sc.block_size = kBlockSize;
@@ -420,7 +436,7 @@ int main(int argc, char** argv) {
 
       model::DecodeGraphs graphs(model, kv, pages_per_seq);
       for (const int64_t B : o.batches) {
-        for (const std::string mode : {"eager", "graph"}) {
+        for (const std::string mode : {"eager", "graph", "verify"}) {
           if (o.modes.find(mode) == std::string::npos) continue;
           Row row{B, mode, {}, 0, true};
           std::vector<int32_t> ids(static_cast<size_t>(B));
@@ -429,7 +445,36 @@ int main(int argc, char** argv) {
             ids[i] = static_cast<int32_t>((i * 7919 + 1) % full.vocab_size);
           }
           std::vector<model::SequenceInput> batch(static_cast<size_t>(B));
-          for (int step = 0; step < steps_per_run; ++step) {
+          if (mode == "verify") {
+            // Speculative verify with synthetic acceptance: every sequence runs [last, K drafts]
+            // through the decode path (KDA no-commit), then AL rows are kept (KDA replay, MLA
+            // truncation). A step = forward + commit_verified; it yields AL tokens per sequence.
+            const int64_t R = o.spec_k + 1;
+            std::vector<int32_t> rows_ids(static_cast<size_t>(B * R));
+            const std::vector<int32_t> keep(static_cast<size_t>(B), o.spec_al);
+            model::VerifyCapture capture;
+            for (int step = 0; step < steps_per_run; ++step) {
+              for (int64_t i = 0; i < B; ++i) {
+                rows_ids[i * R] = ids[i];
+                for (int64_t j = 1; j < R; ++j) rows_ids[i * R + j] = static_cast<int32_t>((ids[i] + 31 * j) % full.vocab_size);
+                batch[i] = {std::span<const int32_t>(&rows_ids[i * R], static_cast<size_t>(R)), &seqs[i],
+                            model::StepKind::decode, /*verify=*/true};
+              }
+              const auto ts = clock_type::now();
+              const core::Tensor logits = model.forward(kv, batch, model::LogitRows::verify, nullptr, &capture);
+              model.commit_verified(kv, capture, keep);
+              memory.synchronize();
+              const double ms = 1e3 * seconds_since(ts);
+              if (step >= o.warmup) row.ms.push_back(ms);
+              const int64_t V = logits.dim(1);
+              for (int64_t i = 0; i < B; ++i) {  // the next "last token": argmax of the last kept row
+                const float* r = logits.data<const float>() + (i * R + o.spec_al - 1) * V;
+                row.finite &= std::isfinite(r[0]);
+                ids[i] = static_cast<int32_t>(std::max_element(r, r + V) - r);
+              }
+            }
+          }
+          for (int step = 0; mode != "verify" && step < steps_per_run; ++step) {
             for (int64_t i = 0; i < B; ++i) batch[i] = {std::span<const int32_t>(&ids[i], 1), &seqs[i], model::StepKind::decode};
             const auto ts = clock_type::now();
             const core::Tensor logits = mode == "graph" ? graphs.forward(batch) : model.forward(kv, batch, model::LogitRows::last);
@@ -449,12 +494,14 @@ int main(int argc, char** argv) {
           if (!record) continue;
           if (mode == "graph") row.kernels = graphs.kernels_per_step(static_cast<int>(B));
           const double med = bench::median(row.ms);
-          std::printf("  batch %3lld %-5s: %8.2f ms/step (p10 %.2f, p90 %.2f), %8.1f tok/s%s%s\n", static_cast<long long>(B),
-                      mode.c_str(), med, percentile(row.ms, 0.1), percentile(row.ms, 0.9), 1e3 * B / med,
+          row.tokens_per_seq = mode == "verify" ? o.spec_al : 1;
+          std::printf("  batch %3lld %-6s: %8.2f ms/step (p10 %.2f, p90 %.2f), %8.1f tok/s%s%s\n", static_cast<long long>(B),
+                      mode.c_str(), med, percentile(row.ms, 0.1), percentile(row.ms, 0.9), 1e3 * B * row.tokens_per_seq / med,
                       row.kernels ? (", " + std::to_string(row.kernels) + " kernels/step").c_str() : "",
                       row.finite ? "" : ", NON-FINITE LOGITS");
           std::fflush(stdout);
-          bytes_of.push_back(step_bytes(c, kv, B, o.ctx));
+          // A verify step moves what B * (K+1) decode rows move (every row reads its context).
+          bytes_of.push_back(step_bytes(c, kv, mode == "verify" ? B * (o.spec_k + 1) : B, o.ctx));
           rows.push_back(std::move(row));
         }
       }
@@ -468,18 +515,19 @@ int main(int argc, char** argv) {
                 "after %d warm-up; device copy %.0f GB/s, floor = bytes per GPU / copy bandwidth\n",
                 label.c_str(), device_name.c_str(), o.tp > 1 ? (" x" + std::to_string(o.tp) + " (TP, NCCL)").c_str() : "",
                 c.num_hidden_layers, static_cast<long long>(o.ctx), o.steps, o.warmup, copy_bw / 1e9);
-    std::printf("%5s %-5s %10s %9s %9s %10s %8s %9s %8s %9s %8s\n", "batch", "mode", "ms/step", "p10", "p90", "tok/s", "kernels",
+    std::printf("%5s %-6s %10s %9s %9s %10s %8s %9s %8s %9s %8s\n", "batch", "mode", "ms/step", "p10", "p90", "tok/s", "kernels",
                 "GB/step", "GB/s", "floor_ms", "x_floor");
     for (size_t ri = 0; ri < rows.size(); ++ri) {
       const Row& r = rows[ri];
       const StepBytes& bytes = bytes_of[ri];
       const double med = bench::median(r.ms), total = bytes.total();
       const double floor_ms = total / copy_bw * 1e3;
-      std::printf("%5lld %-5s %10.2f %9.2f %9.2f %10.1f %8zu %9.2f %8.0f %9.2f %8.2f%s\n", static_cast<long long>(r.batch),
-                  r.mode.c_str(), med, percentile(r.ms, 0.1), percentile(r.ms, 0.9), 1e3 * r.batch / med, r.kernels, total / 1e9,
+      std::printf("%5lld %-6s %10.2f %9.2f %9.2f %10.1f %8zu %9.2f %8.0f %9.2f %8.2f%s\n", static_cast<long long>(r.batch),
+                  r.mode.c_str(), med, percentile(r.ms, 0.1), percentile(r.ms, 0.9), 1e3 * r.batch * r.tokens_per_seq / med, r.kernels, total / 1e9,
                   total / (med * 1e-3) / 1e9, floor_ms, med / floor_ms, r.finite ? "" : "  NON-FINITE");
       jrows.push_back({{"batch", r.batch}, {"mode", r.mode}, {"median_ms", med}, {"p10_ms", percentile(r.ms, 0.1)},
-                       {"p90_ms", percentile(r.ms, 0.9)}, {"samples_ms", r.ms}, {"tokens_per_s", 1e3 * r.batch / med},
+                       {"p90_ms", percentile(r.ms, 0.9)}, {"samples_ms", r.ms}, {"tokens_per_s", 1e3 * r.batch * r.tokens_per_seq / med},
+                       {"tokens_per_step_per_seq", r.tokens_per_seq},
                        {"kernels_per_step", r.kernels}, {"bytes", bytes.json()}, {"GBps", total / (med * 1e-3) / 1e9},
                        {"floor_ms_copy", floor_ms}, {"ratio_to_copy_floor", med / floor_ms},
                        {"floor_ms_4p3TBps", total / kSpecBytesPerSecond * 1e3},
@@ -490,7 +538,10 @@ int main(int argc, char** argv) {
         {"environment", env},
         {"config", {{"name", label}, {"model_dir", o.model.string()}, {"model", config::to_json(full)}, {"model_hash", full.hash()},
                     {"weight_bytes", weight_bytes}, {"tp", o.tp},
-                    {"rank_model", config::to_json(c)}, {"batches", o.batches}, {"ctx_tokens", o.ctx}, {"steps", o.steps},
+                    {"rank_model", config::to_json(c)}, {"batches", o.batches},
+                    {"verify", {{"spec_k", o.spec_k}, {"synthetic_acceptance_length", o.spec_al},
+                                {"what", "mode verify: SYNTHETIC acceptance; each step runs K+1 rows per sequence (KDA no-commit) "
+                                         "and keeps AL (KDA replay + MLA truncation); tokens/s = B * AL / step time"}}}, {"ctx_tokens", o.ctx}, {"steps", o.steps},
                     {"warmup", o.warmup}, {"block_size", kBlockSize}, {"kv_cache", "fp8_e4m3"}, {"precision", "bf16"},
                     {"device", o.device == core::Device::cuda ? "cuda" : "cpu"}, {"seed", o.seed},
                     {"context", "synthetic: random fp8 latent pages, random KDA state/conv slots, num_tokens = ctx"},
