@@ -66,7 +66,8 @@ checkpoint::LoadProgressFn load_progress_on_terminal(const std::string& what) {
 
 std::vector<OptionSpec> speculative_option_specs() {
   return {
-      {"speculative-method", "M", "speculative decoding: none, ngram (prompt lookup) or synthetic (benchmarks: forced acceptance)",
+      {"speculative-model", "DIR", "the draft checkpoint for --speculative-method dspark", ""},
+      {"speculative-method", "M", "speculative decoding: none, ngram (prompt lookup), dspark (draft model, --speculative-model) or synthetic (benchmarks: forced acceptance)",
        "none"},
       {"num-speculative-tokens", "K", "drafts verified per request per step (with a method)", "4"},
       {"synthetic-acceptance-length", "AL", "synthetic: tokens per verify step, 1..K+1 (0: K+1); outputs are NOT the "
@@ -80,8 +81,6 @@ std::vector<OptionSpec> speculative_option_specs() {
 spec::SpeculativeConfig parse_speculative(const Args& args) {
   spec::SpeculativeConfig c;
   c.method = spec::parse_spec_method(args.get("speculative-method"));
-  if (c.method == spec::SpecMethod::dspark)
-    throw core::Error("--speculative-method dspark is not available from the command line yet");
   c.num_speculative_tokens = static_cast<int32_t>(args.get_int("num-speculative-tokens"));
   c.synthetic_acceptance_length = static_cast<int32_t>(args.get_int("synthetic-acceptance-length"));
   c.ngram_min = static_cast<int32_t>(args.get_int("ngram-min"));

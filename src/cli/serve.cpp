@@ -60,6 +60,9 @@ int serve_command(std::span<char* const> argv) {
   o.enable_prefix_cache = !args.flag("no-prefix-cache");
   o.tp = parse_tp(args);
   o.speculative = parse_speculative(args);
+  o.draft_model_dir = args.get("speculative-model");
+  K3_CHECK(o.draft_model_dir.empty() || o.speculative.method == spec::SpecMethod::dspark,
+           "--speculative-model is only used with --speculative-method dspark");
   if (o.speculative.method == spec::SpecMethod::synthetic)
     std::cerr << "k3serve serve: SYNTHETIC speculative decoding (acceptance is forced: outputs are not the model's "
                  "distribution; for benchmarks only)" << std::endl;

@@ -28,6 +28,10 @@ class ModelRunner {
   ModelRunner(checkpoint::LoadedModel loaded, const model::ModelOptions& options, model::KvCacheDtype kv_cache);
 
   const config::K3Config& config() const { return loaded_.config; }
+  // The checkpoint's weights on the host (mmap'd) and the op registry: what a CPU draft model
+  // that aliases the target's embedding needs (draft/dspark_drafter.h).
+  const model::Weights& host_weights() const { return loaded_.weights; }
+  const kernels::Registry& registry() const { return registry_; }
   const model::Model& model() const { return *model_; }
 
   // Logits [T, vocab] for every position of `tokens`: the first `decode_from` tokens in one

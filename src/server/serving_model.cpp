@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "engine/model_executor.h"
 #include "engine/tp_executor.h"
+#include "draft/dspark_drafter.h"
 
 namespace k3::server {
 
@@ -19,6 +20,9 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
                       "(make-checkpoint writes one for configs with vocab_size >= 512)");
   s->tokenizer_ = std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::load_k3(o.model_dir));
   K3_CHECK(o.tp >= 1, "--tp must be >= 1, got " + std::to_string(o.tp));
+  K3_CHECK(o.speculative.method != spec::SpecMethod::dspark || !o.draft_model_dir.empty(),
+           "--speculative-method dspark needs --speculative-model DIR (a draft checkpoint: k3serve make-checkpoint "
+           "--draft-for TARGET writes one)");
   if (o.tp == 1) s->runner_ = runner::ModelRunner::open(o.model_dir, o.model, o.kv_cache, o.load_progress);
   else s->tp_runner_ = runner::TpRunner::open(o.model_dir, o.tp, o.model, o.kv_cache, o.load_progress);
   const config::K3Config& config = s->config();
@@ -47,7 +51,13 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
     executor = std::make_unique<engine::ModelExecutor>(s->runner_->model(), ec.cache, o.kv_cache, ec.scheduler.max_model_len);
   else
     executor = std::make_unique<engine::TpExecutor>(*s->tp_runner_, ec.cache, o.kv_cache, ec.scheduler.max_model_len);
-  s->engine_ = std::make_unique<engine::Engine>(ec, std::move(executor));
+  std::unique_ptr<spec::Drafter> drafter;  // null: made from ec.speculative (ngram, synthetic) or none
+  if (o.speculative.method == spec::SpecMethod::dspark) {
+    K3_CHECK(s->runner_ != nullptr, "--speculative-method dspark with --tp is not supported yet (the CPU draft model reads "
+                                    "the target's whole embedding)");
+    drafter = draft::load_dspark_drafter(o.draft_model_dir, config, s->runner_->host_weights(), s->runner_->registry());
+  }
+  s->engine_ = std::make_unique<engine::Engine>(ec, std::move(executor), std::move(drafter));
 
   s->description_ = "model: " + o.model_dir.string() + " (vocab " + std::to_string(config.vocab_size) + ", " +
                     std::to_string(config.num_hidden_layers) + " layers" +

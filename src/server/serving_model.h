@@ -28,7 +28,8 @@ struct ServingOptions {
   int64_t kv_cache_bytes = 256ll << 20;  // MLA pages + KDA slots + prefix checkpoints
   bool enable_prefix_cache = true;
   int tp = 1;  // tensor-parallel ranks (runner::TpRunner; with model.device cuda: GPUs 0..tp-1)
-  spec::SpeculativeConfig speculative;  // speculative decoding (ngram | synthetic); off by default
+  spec::SpeculativeConfig speculative;
+  std::filesystem::path draft_model_dir;  // speculative.method dspark: the draft checkpoint folder  // speculative decoding (ngram | synthetic); off by default
   checkpoint::LoadProgressFn load_progress;  // optional: sees the weights being read in
 };
 

@@ -4,6 +4,12 @@
 // same greedy tokens as one rank (fp32).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "draft/draft_config.h"
+#include "draft/draft_weights.h"
 #include "server/server_test_util.h"
 
 namespace k3::server {
@@ -60,6 +66,58 @@ TEST(ServingModel, TensorParallelServesTheSameGreedyTokens) {
   const auto one = generate(1);
   EXPECT_EQ(one.size(), 16u);
   EXPECT_EQ(generate(2), one);
+}
+
+// DSpark drafts (a random draft checkpoint for the tiny target) are verified losslessly: greedy
+// fp32 outputs equal plain decoding, and the engine counted verified drafts.
+TEST(ServingModel, DsparkSpeculationKeepsGreedyTokens) {
+  const auto draft_dir = std::filesystem::temp_directory_path() / ("k3-serving-dspark-" + std::to_string(::getpid()));
+  draft::write_random_draft(draft::builtin_draft_config("k3-tiny-dspark"), 3, draft_dir);
+  auto generate = [&](bool speculate, engine::EngineStats* stats) {
+    ServingOptions o;
+    o.model_dir = testing::tiny_model_dir();
+    o.model.precision = kernels::Precision::fp32;
+    o.max_model_len = 128;
+    o.max_num_seqs = 2;
+    o.kv_cache_bytes = 8ll << 20;
+    if (speculate) {
+      o.speculative.method = spec::SpecMethod::dspark;
+      o.speculative.num_speculative_tokens = 3;
+      o.draft_model_dir = draft_dir;
+    }
+    const auto model = ServingModel::load(o);
+    engine::GenerateRequest r;
+    r.prompt = {5, 17, 300, 42, 9, 77, 1000, 3, 5, 17, 300};
+    r.max_tokens = 24;
+    r.ignore_eos = true;
+    auto stream = model->engine().submit(std::move(r)).stream;
+    model->engine().run_until_idle();
+    std::vector<int32_t> out;
+    while (auto e = stream->try_next())
+      if (e->token >= 0) out.push_back(e->token);
+    *stats = model->engine().stats();
+    return out;
+  };
+  engine::EngineStats plain_stats, spec_stats;
+  const auto plain = generate(false, &plain_stats);
+  const auto speculative = generate(true, &spec_stats);
+  EXPECT_EQ(speculative, plain);
+  EXPECT_GT(spec_stats.spec_num_draft_tokens, 0) << "the DSpark drafter never proposed";
+  EXPECT_EQ(spec_stats.spec_method, "dspark");
+  std::filesystem::remove_all(draft_dir);
+}
+
+TEST(ServingModel, DsparkWithoutADraftModelIsAnError) {
+  ServingOptions o;
+  o.model_dir = testing::tiny_model_dir();
+  o.speculative.method = spec::SpecMethod::dspark;
+  o.speculative.num_speculative_tokens = 3;
+  try {
+    (void)ServingModel::load(o);
+    FAIL() << "dspark without --speculative-model loaded";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--speculative-model"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ServingModel, TensorParallelSizeTheModelCannotSplitIsAnError) {
