@@ -3,13 +3,15 @@
 // the device) and greedy decoding give the tokens the CPU oracle engine gives, in exact mode, both
 // eager and with decode steps replayed as CUDA graphs, with plain steps sampled on the device
 // (runner::DeviceSampler: checked to have run), and with n-gram speculative decoding (verify rows
-// through the CUDA no-commit KDA kernels, accepted rows replayed into the committed state).
+// through the CUDA no-commit KDA kernels, accepted rows replayed into the committed state); and the
+// engine over a TP2 model on two GPUs (engine::TpExecutor) gives the same tokens.
 #include <cstdio>
 #include <vector>
 
 #include "core/rng.h"
 #include "engine/engine.h"
 #include "engine/model_executor.h"
+#include "engine/tp_executor.h"
 #include "gpu_test_util.h"
 
 namespace k3 {
@@ -122,6 +124,73 @@ TEST(EngineGpu, ServesTheOracleTokensExactMode) {
     EXPECT_EQ(graphs[i], want[i]) << "request " << i << " (CUDA graphs)";
     EXPECT_EQ(speculative[i], want[i]) << "request " << i << " (n-gram speculation, graphs for plain decode steps)";
   }
+}
+
+// The engine serving a TP model on the GPUs (engine::TpExecutor: one ModelExecutor per rank, each
+// capturing its decode steps with their collectives as CUDA graphs) gives, in fp32, the greedy
+// tokens of the CPU engine over the plain model: staggered requests, chunked prefill beside
+// decodes, a prefix hit.
+TEST(EngineGpu, TensorParallelServesTheOracleTokensFp32) {
+  K3_REQUIRE_GPUS(2);
+  testing::TempDir tmp;
+  checkpoint::WriteOptions w;
+  w.mxfp4 = true;
+  const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
+  engine::EngineConfig c;
+  c.cache.block_size = 16;
+  c.cache.num_blocks = 96;
+  c.cache.num_slots = 4;
+  c.cache.num_checkpoints = 16;
+  c.cache.checkpoint_interval_blocks = 4;
+  c.cache.enable_prefix_cache = true;
+  c.scheduler.max_num_seqs = 4;
+  c.scheduler.max_num_batched_tokens = 128;
+  c.scheduler.max_prefill_tokens_per_seq = 64;
+  c.scheduler.max_partial_prefills = 4;
+  c.scheduler.max_model_len = 256;
+  c.eos_token_id = -1;
+  auto serve = [&](std::unique_ptr<engine::Executor> executor, int64_t* graph_replays, engine::Executor** keep) {
+    *keep = executor.get();
+    engine::Engine e(c, std::move(executor));
+    const auto a = tokens(1, 150), b0 = tokens(3, 40);
+    std::vector<int32_t> b(a.begin(), a.begin() + 130);
+    const auto tail = tokens(2, 17);
+    b.insert(b.end(), tail.begin(), tail.end());
+    std::vector<std::shared_ptr<engine::TokenStream>> streams;
+    for (const auto& p : {a, b0}) {
+      engine::GenerateRequest g;
+      g.prompt = p;
+      g.max_tokens = 20;
+      streams.push_back(e.submit(std::move(g)).stream);
+      e.step();
+    }
+    e.run_until_idle();
+    engine::GenerateRequest g;
+    g.prompt = b;
+    g.max_tokens = 20;
+    streams.push_back(e.submit(std::move(g)).stream);
+    e.run_until_idle();
+    std::vector<std::vector<int32_t>> out;
+    for (auto& st : streams) {
+      out.emplace_back();
+      while (auto ev = st->try_next())
+        if (ev->token >= 0) out.back().push_back(ev->token);
+    }
+    if (graph_replays) {
+      auto* tp = static_cast<engine::TpExecutor*>(*keep);
+      *graph_replays = tp->rank(0).graph_replays();
+    }
+    return out;
+  };
+  auto cpu = runner::ModelRunner::open(dir, gpu_test::options(core::Device::cpu, kernels::Precision::fp32), model::KvCacheDtype::bf16);
+  engine::Executor* keep = nullptr;
+  const auto want = serve(std::make_unique<engine::ModelExecutor>(cpu->model(), c.cache, model::KvCacheDtype::bf16), nullptr, &keep);
+  auto ranks = runner::TpRunner::open(dir, 2, gpu_test::options(core::Device::cuda, kernels::Precision::fp32), model::KvCacheDtype::bf16);
+  int64_t replays = 0;
+  const auto got = serve(std::make_unique<engine::TpExecutor>(*ranks, c.cache, model::KvCacheDtype::bf16, c.scheduler.max_model_len),
+                         &replays, &keep);
+  EXPECT_EQ(got, want);
+  EXPECT_GT(replays, 10) << "TP decode steps should replay CUDA graphs on every rank";
 }
 
 }  // namespace

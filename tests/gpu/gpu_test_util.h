@@ -34,6 +34,21 @@ inline std::string no_gpu_reason() {
       GTEST_SKIP() << "GPU test skipped: " << why;                           \
   } while (0)
 
+inline int usable_gpus() {
+#ifdef K3_HAVE_CUDA
+  return backends::cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+#define K3_REQUIRE_GPUS(n)                                                                           \
+  do {                                                                                               \
+    K3_REQUIRE_GPU();                                                                                \
+    if (::k3::gpu_test::usable_gpus() < (n))                                                                     \
+      GTEST_SKIP() << "GPU test skipped: needs " << (n) << " GPUs, " << ::k3::gpu_test::usable_gpus() << " usable"; \
+  } while (0)
+
 inline model::ModelOptions options(core::Device device, kernels::Precision precision) {
   model::ModelOptions o;
   o.device = device;

@@ -14,31 +14,14 @@
 #include "gpu_test_util.h"
 #include "runner/tp_runner.h"
 
-#ifdef K3_HAVE_CUDA
-#include "backends/cuda/device.h"
-#endif
 
 namespace k3 {
 namespace {
 
 using gpu_test::decided_top1_agreement;
 using gpu_test::options;
+using gpu_test::usable_gpus;
 using model::KvCacheDtype;
-
-int usable_gpus() {
-#ifdef K3_HAVE_CUDA
-  return backends::cuda::device_count();
-#else
-  return 0;
-#endif
-}
-
-#define K3_REQUIRE_GPUS(n)                                                                           \
-  do {                                                                                               \
-    K3_REQUIRE_GPU();                                                                                \
-    if (usable_gpus() < (n))                                                                         \
-      GTEST_SKIP() << "GPU test skipped: needs " << (n) << " GPUs, " << usable_gpus() << " usable"; \
-  } while (0)
 
 std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
   core::Rng rng(seed);
