@@ -62,13 +62,6 @@ struct Options {
   int replays = 50;
 };
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stoll(item));
-  return v;
-}
-
 Options parse_options(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -79,7 +72,7 @@ Options parse_options(int argc, char** argv) {
     };
     if (a == "--out") o.out = value();
     else if (a == "--gpus") o.gpus = std::stoi(value());
-    else if (a == "--rows") o.rows = parse_list(value());
+    else if (a == "--rows") o.rows = k3::bench::parse_int_list(value(), a);
     else if (a == "--calls") o.calls = std::stoi(value());
     else if (a == "--replays") o.replays = std::stoi(value());
     else if (a == "--help" || a == "-h") {

@@ -217,16 +217,6 @@ StepBytes step_bytes(const config::K3Config& c, const model::KvStorage& kv, int6
 
 // ------------------------------------------------------------------ the benchmark
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  for (size_t pos = 0; pos < s.size();) {
-    const size_t comma = s.find(',', pos);
-    v.push_back(std::stoll(s.substr(pos, comma - pos)));
-    pos = comma == std::string::npos ? s.size() : comma + 1;
-  }
-  return v;
-}
-
 Options parse_options(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -239,7 +229,7 @@ Options parse_options(int argc, char** argv) {
     else if (a == "--make") o.make = true;
     else if (a == "--config") o.config = value();
     else if (a == "--out") o.out = value();
-    else if (a == "--batches") o.batches = parse_list(value());
+    else if (a == "--batches") o.batches = k3::bench::parse_int_list(value(), a);
     else if (a == "--ctx") o.ctx = std::stoll(value());
     else if (a == "--steps") o.steps = std::stoi(value());
     else if (a == "--warmup") o.warmup = std::stoi(value());

@@ -350,16 +350,6 @@ void print_table(const Bench& b) {
                 r["GBps"].get<double>(), r["floor_us_copy"].get<double>(), r["ratio_to_copy_floor"].get<double>());
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  for (size_t pos = 0; pos < s.size();) {
-    const size_t comma = s.find(',', pos);
-    v.push_back(std::stoll(s.substr(pos, comma - pos)));
-    pos = comma == std::string::npos ? s.size() : comma + 1;
-  }
-  return v;
-}
-
 Options parse_options(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -369,7 +359,7 @@ Options parse_options(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--out") o.out = value();
-    else if (a == "--batches") o.batches = parse_list(value());
+    else if (a == "--batches") o.batches = k3::bench::parse_int_list(value(), a);
     else if (a == "--layers") o.layers = value();
     else if (a == "--replays") o.replays = std::stoi(value());
     else if (a == "--copies") o.copies = std::stoi(value());

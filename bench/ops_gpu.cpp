@@ -397,17 +397,6 @@ void bench_sampling(Bench& b, const std::vector<int64_t>& batches, core::Rng& rn
     }
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  size_t pos = 0;
-  while (pos < s.size()) {
-    const size_t comma = s.find(',', pos);
-    v.push_back(std::stoll(s.substr(pos, comma - pos)));
-    pos = comma == std::string::npos ? s.size() : comma + 1;
-  }
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -432,7 +421,7 @@ int main(int argc, char** argv) {
       }
     }
     K3_CHECK(iters >= 1, "--iters must be >= 1");
-    const std::vector<int64_t> batches = parse_list(batches_arg);
+    const std::vector<int64_t> batches = k3::bench::parse_int_list(batches_arg, "--batches");
     Bench b;
     b.ctx = backends::cuda::Context::create(0);
     b.iters = iters;
