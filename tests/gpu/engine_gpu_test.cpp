@@ -85,17 +85,23 @@ std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool 
       if (ev->finished) cached = ev->stats.cached_prompt_tokens;
     }
     EXPECT_EQ(t.size(), 24u);
-    if (&s == &subs.back()) EXPECT_EQ(cached, 128) << "the last request should reuse 128 cached prompt tokens";
+    if (&s == &subs.back()) {
+      EXPECT_EQ(cached, 128) << "the last request should reuse 128 cached prompt tokens";
+    }
     out.push_back(std::move(t));
   }
-  if (graphs) EXPECT_GT(exec->graph_replays(), 20) << "decode steps should have replayed CUDA graphs";
-  if (!graphs) EXPECT_EQ(exec->graph_replays(), 0);
+  if (graphs) {
+    EXPECT_GT(exec->graph_replays(), 20) << "decode steps should have replayed CUDA graphs";
+  } else {
+    EXPECT_EQ(exec->graph_replays(), 0);
+  }
   if (runner.model().options().device == core::Device::cpu) {
     EXPECT_EQ(exec->device_sampler(), nullptr);
   } else {
     EXPECT_NE(exec->device_sampler(), nullptr);
-    if (exec->device_sampler())
+    if (exec->device_sampler()) {
       EXPECT_GT(exec->device_sampler()->device_rows(), 50) << "plain steps should be sampled on the device";
+    }
   }
   if (speculate) {
     const engine::EngineStats st = e.stats();
@@ -136,21 +142,10 @@ TEST(EngineGpu, TensorParallelServesTheOracleTokensFp32) {
   checkpoint::WriteOptions w;
   w.mxfp4 = true;
   const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
-  engine::EngineConfig c;
-  c.cache.block_size = 16;
-  c.cache.num_blocks = 96;
-  c.cache.num_slots = 4;
-  c.cache.num_checkpoints = 16;
-  c.cache.checkpoint_interval_blocks = 4;
-  c.cache.enable_prefix_cache = true;
-  c.scheduler.max_num_seqs = 4;
-  c.scheduler.max_num_batched_tokens = 128;
-  c.scheduler.max_prefill_tokens_per_seq = 64;
-  c.scheduler.max_partial_prefills = 4;
-  c.scheduler.max_model_len = 256;
-  c.eos_token_id = -1;
-  auto serve = [&](std::unique_ptr<engine::Executor> executor, int64_t* graph_replays, engine::Executor** keep) {
-    *keep = executor.get();
+  const engine::EngineConfig c = engine_config();
+  // `graph_replays`: for the TP executor, rank 0's replays (read before the engine frees it).
+  auto serve = [&](std::unique_ptr<engine::Executor> executor, int64_t* graph_replays) {
+    engine::Executor* raw = executor.get();
     engine::Engine e(c, std::move(executor));
     const auto a = tokens(1, 150), b0 = tokens(3, 40);
     std::vector<int32_t> b(a.begin(), a.begin() + 130);
@@ -176,19 +171,15 @@ TEST(EngineGpu, TensorParallelServesTheOracleTokensFp32) {
       while (auto ev = st->try_next())
         if (ev->token >= 0) out.back().push_back(ev->token);
     }
-    if (graph_replays) {
-      auto* tp = static_cast<engine::TpExecutor*>(*keep);
-      *graph_replays = tp->rank(0).graph_replays();
-    }
+    if (graph_replays) *graph_replays = static_cast<engine::TpExecutor*>(raw)->rank(0).graph_replays();
     return out;
   };
   auto cpu = runner::ModelRunner::open(dir, gpu_test::options(core::Device::cpu, kernels::Precision::fp32), model::KvCacheDtype::bf16);
-  engine::Executor* keep = nullptr;
-  const auto want = serve(std::make_unique<engine::ModelExecutor>(cpu->model(), c.cache, model::KvCacheDtype::bf16), nullptr, &keep);
+  const auto want = serve(std::make_unique<engine::ModelExecutor>(cpu->model(), c.cache, model::KvCacheDtype::bf16), nullptr);
   auto ranks = runner::TpRunner::open(dir, 2, gpu_test::options(core::Device::cuda, kernels::Precision::fp32), model::KvCacheDtype::bf16);
   int64_t replays = 0;
   const auto got = serve(std::make_unique<engine::TpExecutor>(*ranks, c.cache, model::KvCacheDtype::bf16, c.scheduler.max_model_len),
-                         &replays, &keep);
+                         &replays);
   EXPECT_EQ(got, want);
   EXPECT_GT(replays, 10) << "TP decode steps should replay CUDA graphs on every rank";
 }
