@@ -126,8 +126,28 @@ void Engine::drain_inbox() {
   for (Pending& p : adds) scheduler_.add(p.id, std::move(p.spec), p.arrival);  // validated at submit
   events_.clear();
   for (RequestId id : aborts) scheduler_.abort(id, events_);  // false: it finished meanwhile
-  for (const auto& e : events_) deliver(e, nullptr, "");
+  if (!events_.empty()) deliver_events(0, 0, "");
+}
+
+void Engine::deliver_events(double host_s, double exec_s, const std::string& error) {
+  for (const auto& e : events_) {
+    if (e.token >= 0) ++generated_;
+    if (e.finished && e.reason == FinishReason::error) ++failed_;
+    if (e.finished && e.reason == FinishReason::abort) ++aborted_;
+  }
+  publish_stats(host_s, exec_s);
+  const auto t0 = scheduler::Clock::now();
+  // Events name the sample they carry (a verify sequence has one per kept token).
+  for (const auto& e : events_) {
+    runner::SampleResult* sample = nullptr;
+    if (error.empty() && e.sample_index >= 0) {
+      K3_CHECK(e.sample_index < static_cast<int32_t>(samples_.size()), "Engine: an event names a missing sample");
+      sample = &samples_[static_cast<size_t>(e.sample_index)];
+    }
+    deliver(e, sample, error);
+  }
   events_.clear();
+  host_seconds_ += Seconds(scheduler::Clock::now() - t0).count();  // published with the next step
 }
 
 void Engine::deliver(const scheduler::RequestEvent& e, runner::SampleResult* sample, const std::string& error) {
@@ -140,7 +160,6 @@ void Engine::deliver(const scheduler::RequestEvent& e, runner::SampleResult* sam
     t.logprob = sample->logprob;
     t.top_logprobs = std::move(sample->top_logprobs);
   }
-  if (e.token >= 0) ++generated_;
   t.finished = e.finished;
   t.reason = e.reason;
   if (e.finished) {
@@ -149,11 +168,7 @@ void Engine::deliver(const scheduler::RequestEvent& e, runner::SampleResult* sam
     t.stats.spec_verify_steps = static_cast<int32_t>(sc.num_drafts);
     t.stats.spec_draft_tokens = sc.num_draft_tokens;
     t.stats.spec_accepted_tokens = sc.num_accepted_tokens;
-    if (e.reason == FinishReason::error) {
-      t.error = error;
-      ++failed_;
-    }
-    if (e.reason == FinishReason::abort) ++aborted_;
+    if (e.reason == FinishReason::error) t.error = error;
   }
   Context& ctx = it->second;
   if (ctx.on_event) {
@@ -238,20 +253,13 @@ bool Engine::step() {
   } catch (const std::exception& ex) {
     error = ex.what();
   }
-  if (!error.empty()) {
+  if (!error.empty())
     scheduler_.fail_step(out_, events_);
-    for (const auto& e : events_) deliver(e, nullptr, "step failed: " + error);
-  } else {
+  else
     scheduler_.update(out_, sampled_, accepted_, events_);
-    // Events name the sample they carry (a verify sequence has one per kept token).
-    for (auto& e : events_) {
-      K3_CHECK(e.sample_index < static_cast<int32_t>(samples_.size()), "Engine: an event names a missing sample");
-      deliver(e, e.sample_index >= 0 ? &samples_[static_cast<size_t>(e.sample_index)] : nullptr, "");
-    }
-  }
-  events_.clear();
   has_work_ = scheduler_.has_work();
-  publish_stats(Seconds(scheduler::Clock::now() - t0).count() - exec_s, exec_s);
+  deliver_events(Seconds(scheduler::Clock::now() - t0).count() - exec_s, exec_s,
+                 error.empty() ? "" : "step failed: " + error);
   return true;
 }
 

@@ -122,6 +122,9 @@ class Engine {
   };
   void validate(const GenerateRequest& r) const;
   void drain_inbox();
+  // Counts events_ into the stats, publishes them, then hands every event to its client: a
+  // client that has its last token already finds it in stats() (and /metrics).
+  void deliver_events(double host_s, double exec_s, const std::string& error);
   void deliver(const scheduler::RequestEvent& e, runner::SampleResult* sample, const std::string& error);
   void publish_stats(double host_s, double exec_s);
   void propose_drafts();

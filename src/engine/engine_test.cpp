@@ -172,6 +172,40 @@ TEST(Engine, CallbackAndLogprobs) {
   }
 }
 
+// A client that has its last event already finds its tokens and its finish in stats(): the
+// server's /metrics must not lag the replies (a load generator diffs them right after a run).
+TEST(Engine, StatsCountEveryEventBeforeTheClientSeesIt) {
+  Rig rig;
+  int64_t seen_tokens = 0, seen_finishes = 0, lagging = 0;
+  const auto on_event = [&](const TokenEvent& e) {
+    seen_tokens += e.token >= 0 ? 1 : 0;
+    seen_finishes += e.finished ? 1 : 0;
+    const EngineStats s = rig.engine->stats();
+    if (s.generated_tokens < seen_tokens || s.finished < seen_finishes) ++lagging;
+  };
+  for (int32_t salt = 0; salt < 4; ++salt) {
+    GenerateRequest r = request(9 + salt, 2 + salt, salt);
+    r.on_event = on_event;
+    rig.engine->submit(std::move(r));
+  }
+  GenerateRequest r = request(12, 50, 7);
+  r.on_event = on_event;
+  auto aborted = rig.engine->submit(std::move(r));
+  rig.engine->step();
+  rig.engine->step();
+  rig.engine->abort(aborted.id);
+  rig.engine->run_until_idle();
+  EXPECT_EQ(lagging, 0);
+  EXPECT_EQ(seen_finishes, 5);
+  const EngineStats end = rig.engine->stats();
+  EXPECT_EQ(end.generated_tokens, seen_tokens);
+  EXPECT_EQ(end.finished, 5);
+  EXPECT_EQ(end.aborted, 1);
+  const auto ev = drain(*aborted.stream);
+  ASSERT_FALSE(ev.empty());
+  EXPECT_EQ(ev.back().reason, FinishReason::abort);
+}
+
 TEST(Engine, FailedStepErrorsItsRequestsAndTheRestContinue) {
   Rig rig;
   rig.fake->fail_on_call(2);
