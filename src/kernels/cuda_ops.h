@@ -49,5 +49,6 @@ void register_mla_naive_cuda(Registry& r, const CudaOps& ops);
 void register_mla_absorbed_cuda(Registry& r, const CudaOps& ops);
 void register_elementwise_cuda(Registry& r, const CudaOps& ops);
 void register_sampling_cuda(Registry& r, const CudaOps& ops);
+// fused ops (fastpath/), one line each:
 
 }  // namespace k3::kernels

@@ -109,6 +109,7 @@ struct Registry {
   OpTable<SigmoidGateArgs> sigmoid_gate{"sigmoid_gate", sigmoid_gate_check};
   OpTable<ToActivationArgs> to_activation{"to_activation", to_activation_check};  // TP: round a reduced sum
   OpTable<SampleArgs> sample{"sample", sample_check};  // tokens from the step's logits (runner/device_sampler.h)
+  // Fused ops of the latency_specialized decode path (fastpath/), one line each:
 
   // Calls fn(table) for every op table (tests use it to check coverage).
   template <class Fn>
@@ -117,6 +118,7 @@ struct Registry {
     fn(moe_experts); fn(kda_conv); fn(kda_recurrent); fn(kda_chunked); fn(kda_output_gate);
     fn(mla_cache_write); fn(mla_naive); fn(mla_absorbed); fn(add); fn(sigmoid_gate); fn(to_activation);
     fn(sample);
+    // fused ops (fastpath/), one line each:
   }
   void set_log(const LogFn& log) {
     for_each([&](auto& t) { t.set_log(log); });

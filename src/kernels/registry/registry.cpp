@@ -29,6 +29,7 @@ void register_reference_ops(Registry& r) {
   register_reference(r.sigmoid_gate, sigmoid_gate_reference);
   register_reference(r.to_activation, to_activation_reference);
   register_reference(r.sample, sample_reference);
+  // fused ops (fastpath/), one line each:
 }
 
 #ifndef K3_HAVE_CUDA

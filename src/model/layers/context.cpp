@@ -2,10 +2,21 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "model/layers/context.h"
 
 namespace k3::model {
+
+std::string_view decode_backend_name(DecodeBackend b) {
+  return b == DecodeBackend::latency_specialized ? "latency_specialized" : "auto";
+}
+
+DecodeBackend parse_decode_backend(std::string_view name) {
+  if (name == "auto") return DecodeBackend::standard;
+  if (name == "latency_specialized") return DecodeBackend::latency_specialized;
+  throw core::Error("decode_backend '" + std::string(name) + "' is not one of: auto, latency_specialized");
+}
 
 core::Tensor ForwardContext::alloc_as(core::DType dtype, int64_t rows, int64_t cols) const {
   core::Tensor t = memory.empty(dtype, {rows, cols});

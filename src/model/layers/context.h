@@ -16,8 +16,17 @@
 
 namespace k3::model {
 
+// Which code runs a pure-decode step (design.md "Two decode paths, one contract"): the standard
+// path (config name "auto": the layers calling registry ops; it serves every step) or the fused
+// path of fastpath/ ("latency_specialized"), which falls back to the standard path, visibly and
+// with a reason, for any step it does not cover.
+enum class DecodeBackend : uint8_t { standard, latency_specialized };
+std::string_view decode_backend_name(DecodeBackend b);          // "auto" | "latency_specialized"
+DecodeBackend parse_decode_backend(std::string_view name);      // core::Error naming the accepted names
+
 struct ModelOptions {
   kernels::Precision precision = kernels::Precision::bf16;
+  DecodeBackend decode_backend = DecodeBackend::standard;
   kernels::RmsNormStyle rmsnorm_style = kernels::RmsNormStyle::moonshot;
   float kv_k_scale = 1.0f;          // fp8 cache: stored = fp8(x / k_scale)
   bool kda_chunked_prefill = true;  // prefill steps use chunked KDA (decode steps: recurrent)
