@@ -21,6 +21,8 @@ int generate_command(std::span<char* const> argv) {
   specs.push_back({"presence-penalty", "P", "subtract P from logits of ids already generated, in [-2, 2]", "0"});
   specs.push_back({"frequency-penalty", "F", "subtract F * count from logits of generated ids, in [-2, 2]", "0"});
   specs.push_back(tp_option_spec());
+  specs.push_back({"explain", "", "print the plan of the prefill and first decode step to stderr: the decode path and why, "
+                                  "and every op with the kernel that ran", ""});
   Args args("generate", specs, argv);
   if (args.help_requested()) {
     std::cout << args.usage();
@@ -41,6 +43,8 @@ int generate_command(std::span<char* const> argv) {
   const int tp = parse_tp(args);
   runner::ModelRunner::GenerateStats st;
   std::vector<int32_t> out;
+  const bool explain = args.flag("explain");
+  K3_CHECK(!explain || tp == 1, "--explain needs --tp 1");
   if (tp > 1) {
     auto runner = runner::TpRunner::open(args.get("model"), tp, parse_model_options(args), parse_kv_cache(args),
                                          load_progress_on_terminal(args.get("model")));
@@ -48,6 +52,7 @@ int generate_command(std::span<char* const> argv) {
   } else {
     auto runner = runner::ModelRunner::open(args.get("model"), parse_model_options(args), parse_kv_cache(args),
                                             load_progress_on_terminal(args.get("model")));
+    if (explain) runner->set_explain([](const std::string& plan) { std::cerr << plan; });
     out = runner->generate(prompt, max_tokens, sampling, nullptr, &st);
   }
   for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? "," : "") << out[i];

@@ -17,6 +17,10 @@ std::vector<OptionSpec> model_option_specs() {
       {"kv-cache", "bf16|fp8", "MLA latent cache dtype", "bf16"},
       {"kda-prefill", "chunked|recurrent", "KDA algorithm for prefill steps", "chunked"},
       {"device", "cpu|cuda", "where the model runs (cuda: GPU 0, CUDA builds only)", "cpu"},
+      {"decode-backend", "auto|latency_specialized",
+       "auto: the standard path; latency_specialized: fused kernels for pure-decode steps of 1..64 rows "
+       "(other steps fall back to the standard path, counted by reason)",
+       "auto"},
   };
 }
 
@@ -31,6 +35,11 @@ model::ModelOptions parse_model_options(const Args& args) {
   const std::string device = args.get("device");
   K3_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '" + device + "'");
   o.device = device == "cuda" ? core::Device::cuda : core::Device::cpu;
+  try {
+    o.decode_backend = model::parse_decode_backend(args.get("decode-backend"));
+  } catch (const core::Error& e) {
+    throw core::Error(std::string("--decode-backend: ") + e.what());
+  }
   return o;
 }
 

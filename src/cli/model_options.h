@@ -12,7 +12,7 @@ namespace k3::cli {
 
 inline constexpr const char* kDefaultModelDir = "models/k3-tiny";  // written by scripts/setup.sh
 
-// --model, --precision, --kv-cache, --kda-prefill, --device
+// --model, --precision, --kv-cache, --kda-prefill, --device, --decode-backend
 std::vector<OptionSpec> model_option_specs();
 model::ModelOptions parse_model_options(const Args& args);
 model::KvCacheDtype parse_kv_cache(const Args& args);

@@ -367,6 +367,7 @@ void Engine::publish_stats(double host_s, double exec_s) {
   s.cache = scheduler_.cache().usage();
   s.host_seconds = host_seconds_;
   s.executor_seconds = executor_seconds_;
+  s.decode_paths = executor_->decode_path_counters();
   if (drafter_) {
     s.spec_method = drafter_->name();
     s.spec_synthetic = drafter_->synthetic();

@@ -74,6 +74,9 @@ struct EngineStats {
   int64_t spec_num_draft_tokens = 0;      // drafts verified
   int64_t spec_num_accepted_tokens = 0;   // drafts accepted
   std::vector<int64_t> spec_accepted_per_pos;  // [K]: draft position i accepted this many times
+  // Model steps per decode path (decode_backend latency_specialized: fused or standard) and the
+  // fused path's fallbacks by reason.
+  model::DecodePathCounters decode_paths;
 };
 
 class Engine {

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "engine/plan.h"
+#include "model/fused_decode.h"
 
 namespace k3::runner {
 class DeviceSampler;
@@ -46,6 +47,8 @@ class Executor {
     if (!layers.empty()) throw core::Error("this executor cannot tap the target's hidden states");
   }
   virtual const core::Tensor* hidden_taps() const { return nullptr; }
+  // Model steps per decode path and the fused path's fallbacks by reason (model::Model's).
+  virtual model::DecodePathCounters decode_path_counters() const { return {}; }
 };
 
 }  // namespace k3::engine

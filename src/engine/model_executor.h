@@ -52,6 +52,7 @@ class ModelExecutor final : public Executor {
   const core::Tensor* hidden_taps() const override { return taps_.layers.empty() ? nullptr : &taps_host_; }
   // On a GPU (one rank), plain steps leave their logits on the device for this sampler.
   runner::DeviceSampler* device_sampler() override { return device_sampler_.get(); }
+  model::DecodePathCounters decode_path_counters() const override { return model_.decode_path_counters(); }
 
   model::KvStorage& storage() { return storage_; }
   size_t num_states() const { return states_.size(); }

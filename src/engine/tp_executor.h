@@ -31,6 +31,7 @@ class TpExecutor final : public Executor {
   void commit_verified(std::span<const int32_t> accepted_rows) override;
   void set_hidden_tap(std::span<const int32_t> layers) override;
   const core::Tensor* hidden_taps() const override { return ranks_.front()->hidden_taps(); }
+  model::DecodePathCounters decode_path_counters() const override { return ranks_.front()->decode_path_counters(); }
 
   int tp() const { return runner_.tp(); }
   ModelExecutor& rank(int r) { return *ranks_.at(static_cast<size_t>(r)); }

@@ -50,5 +50,9 @@ void register_mla_absorbed_cuda(Registry& r, const CudaOps& ops);
 void register_elementwise_cuda(Registry& r, const CudaOps& ops);
 void register_sampling_cuda(Registry& r, const CudaOps& ops);
 // fused ops (fastpath/), one line each:
+void register_multi_linear_cuda(Registry& r, const CudaOps& ops);
+void register_attn_res_fused_cuda(Registry& r, const CudaOps& ops);  // attn_res_bank, attn_res_merge
+void register_kda_decode_cuda(Registry& r, const CudaOps& ops);
+void register_mla_decode_cuda(Registry& r, const CudaOps& ops);
 
 }  // namespace k3::kernels

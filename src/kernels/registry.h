@@ -16,13 +16,17 @@
 
 #include "core/error.h"
 #include "kernels/attn_res/mix.h"
+#include "kernels/attn_res_fused/attn_res_fused.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/kda/kda.h"
+#include "kernels/kda_decode/kda_decode.h"
 #include "kernels/linear/linear.h"
 #include "kernels/mla/mla.h"
+#include "kernels/mla_decode/mla_decode.h"
 #include "kernels/moe/experts.h"
 #include "kernels/moe/router.h"
+#include "kernels/multi_linear/multi_linear.h"
 #include "kernels/norm/rmsnorm.h"
 #include "kernels/sampling/sampling.h"
 #include "kernels/situ/situ_glu.h"
@@ -30,6 +34,35 @@
 namespace k3::kernels {
 
 using LogFn = std::function<void(const std::string&)>;
+
+// Records which implementation ran for each op call while started: `--explain` prints a step's
+// plan from it, and tests use it to prove that a fused kernel (not a fallback) ran. One recorder
+// may watch several registries (every rank of a TP group); record() is thread-safe.
+class OpRecorder {
+ public:
+  struct Call {
+    std::string op, impl, device;
+  };
+  void start() {
+    std::lock_guard lk(mu_);
+    calls_.clear();
+    on_ = true;
+  }
+  std::vector<Call> stop() {
+    std::lock_guard lk(mu_);
+    on_ = false;
+    return std::move(calls_);
+  }
+  void record(const std::string& op, const std::string& impl, core::Device device) {
+    std::lock_guard lk(mu_);
+    if (on_) calls_.push_back({op, impl, std::string(core::device_name(device))});
+  }
+
+ private:
+  std::mutex mu_;
+  bool on_ = false;
+  std::vector<Call> calls_;
+};
 
 template <class Args>
 struct OpImpl {
@@ -71,9 +104,29 @@ class OpTable {
     note_choice(*best);
     return *best;
   }
-  void run(const Args& a, core::Device device) const { select(a, device).run(a); }
+  void run(const Args& a, core::Device device) const {
+    const OpImpl<Args>& impl = select(a, device);
+    if (recorder_) recorder_->record(op_, impl.name, device);
+    impl.run(a);
+  }
+  // The implementation run() would pick, or nullptr with `why` set (the check's or every
+  // candidate's reason): lets a caller take another route instead of failing.
+  const OpImpl<Args>* find(const Args& a, core::Device device, std::string* why) const {
+    try {
+      return &select(a, device);
+    } catch (const core::Error& e) {
+      if (why) *why = e.what();
+      return nullptr;
+    }
+  }
+
+  // A caller that took another route after find() failed says so (--explain shows it).
+  void note_skipped(const std::string& why, core::Device device) const {
+    if (recorder_) recorder_->record(op_, "not used: " + why, device);
+  }
 
   void set_log(LogFn log) { log_ = std::move(log); }
+  void set_recorder(OpRecorder* recorder) { recorder_ = recorder; }
 
  private:
   void note_choice(const OpImpl<Args>& impl) const {
@@ -86,6 +139,7 @@ class OpTable {
   CheckFn check_;
   std::vector<OpImpl<Args>> impls_;
   LogFn log_;
+  OpRecorder* recorder_ = nullptr;
   mutable std::mutex mu_;
   mutable std::set<std::string> logged_;
 };
@@ -110,6 +164,11 @@ struct Registry {
   OpTable<ToActivationArgs> to_activation{"to_activation", to_activation_check};  // TP: round a reduced sum
   OpTable<SampleArgs> sample{"sample", sample_check};  // tokens from the step's logits (runner/device_sampler.h)
   // Fused ops of the latency_specialized decode path (fastpath/), one line each:
+  OpTable<MultiLinearArgs> multi_linear{"multi_linear", multi_linear_check};
+  OpTable<AttnResBankArgs> attn_res_bank{"attn_res_bank", attn_res_bank_check};
+  OpTable<AttnResMergeArgs> attn_res_merge{"attn_res_merge", attn_res_merge_check};
+  OpTable<KdaDecodeArgs> kda_decode{"kda_decode", kda_decode_check};
+  OpTable<MlaDecodeArgs> mla_decode{"mla_decode", mla_decode_check};
 
   // Calls fn(table) for every op table (tests use it to check coverage).
   template <class Fn>
@@ -119,9 +178,16 @@ struct Registry {
     fn(mla_cache_write); fn(mla_naive); fn(mla_absorbed); fn(add); fn(sigmoid_gate); fn(to_activation);
     fn(sample);
     // fused ops (fastpath/), one line each:
+    fn(multi_linear);
+    fn(attn_res_bank); fn(attn_res_merge);
+    fn(kda_decode);
+    fn(mla_decode);
   }
   void set_log(const LogFn& log) {
     for_each([&](auto& t) { t.set_log(log); });
+  }
+  void set_recorder(OpRecorder* recorder) {
+    for_each([&](auto& t) { t.set_recorder(recorder); });
   }
 };
 

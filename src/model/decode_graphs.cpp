@@ -48,6 +48,7 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
     e.tables->refill(segs);
     memory.copy_from_host(e.ids.view(), host_ids);
     e.work->replay();
+    model_.count_path(e.decision);  // the decode path that was captured serves this step
     ++replays_;
     for (const Segment& s : segs) s.state->num_tokens += 1;
     return at == LogitsAt::device ? e.logits : memory.download_f32(e.logits.view());
@@ -61,7 +62,9 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
   const core::Tensor eager = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), LogitRows::last);
   core::Tensor result = at == LogitsAt::device ? eager : memory.download_f32(eager.view());
   for (const Segment& s : segs) s.state->num_tokens += 1;
+  e.decision = model_.last_path_decision();
   e.work = memory.capture([&] { e.logits = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), LogitRows::last); });
+  model_.count_path(e.decision, -1);  // recording the graph was not a step
   if (!e.work) return result;  // the device cannot capture: nothing cached, every step eager
   ++captures_;
   entries_.push_front(std::move(e));

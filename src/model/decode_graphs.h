@@ -48,6 +48,7 @@ class DecodeGraphs {
     core::Tensor ids;     // device i32 [B], rewritten each step
     core::Tensor logits;  // device f32 [B, V], written by every replay
     std::unique_ptr<core::CapturedWork> work;
+    PathDecision decision;  // the decode path captured (counted again at each replay)
   };
   std::vector<Segment> segments(std::span<const SequenceInput> batch) const;
   const Model& model_;

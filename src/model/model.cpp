@@ -10,16 +10,6 @@ namespace k3::model {
 
 namespace {
 
-// Copies the listed rows of a [rows, cols] activation into a new tensor on its device.
-core::Tensor gather_rows(const ForwardContext& ctx, const core::Tensor& t, const std::vector<int64_t>& rows) {
-  core::Tensor out = ctx.alloc_as(t.dtype(), static_cast<int64_t>(rows.size()), t.dim(1));
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const auto r = static_cast<int64_t>(i);
-    ctx.memory.copy(row_slice(out, r, r + 1).view(), row_slice(t, rows[i], rows[i] + 1).view());
-  }
-  return out;
-}
-
 void check_schedule(const config::K3Config& c, const Weights& w) {
   K3_CHECK(static_cast<int>(w.layers.size()) == c.num_hidden_layers,
            "weights have " + std::to_string(w.layers.size()) + " layers, config has " +
@@ -154,16 +144,13 @@ core::Tensor Model::run_step(KvStorage& kv, std::span<const Segment> segments, c
                              VerifyCapture* capture, HiddenTaps* taps) const {
   const int64_t n = ids.numel();
   const ForwardContext ctx{config_, kv, ops_, options_, segments, batches, *memory_, trace, comm_, capture, taps};
+  PathDecision decision;
+  if (options_.decode_backend == DecodeBackend::latency_specialized)
+    decision = fused_ ? fused_->decide(ctx, rows) : PathDecision{false, "no fused decode path attached to the model"};
+  count_path(decision);
+  if (decision.fused) return fused_->run_step(ctx, ids, rows);
 
-  core::Tensor prefix = ctx.alloc(n, config_.hidden_size);  // P: running sum of the current block
-  kernels::EmbeddingArgs embed{ids, weights_.embed.view(), prefix.view()};
-  if (ctx.tensor_parallel()) {  // vocab-parallel: each rank fills its rows, the sum has them all
-    embed.vocab_begin = int64_t{config_.vocab_size} * comm_->rank();
-    embed.vocab_size = vocab_size();
-  }
-  ops_.embedding.run(embed, options_.device);
-  if (ctx.tensor_parallel()) comm_->all_reduce_sum(prefix.view());  // one nonzero term: exact
-  ctx.emit("embed", -1, prefix);
+  core::Tensor prefix = embed_tokens(ctx, weights_, ids);  // P: running sum of the current block
 
   std::vector<core::Tensor> bank;  // completed block sums, embedding first (at most ceil(L / block))
   for (int l = 0; l < config_.num_hidden_layers; ++l)
@@ -171,26 +158,66 @@ core::Tensor Model::run_step(KvStorage& kv, std::span<const Segment> segments, c
                            prefix);
 
   // Final Mix -> norm -> lm_head, only on the rows whose logits are wanted.
-  if (rows != LogitRows::all && static_cast<int64_t>(segments.size()) != n) {  // else every row is a last row
-    std::vector<int64_t> keep;
-    for (const Segment& s : segments)
-      for (int64_t r = rows == LogitRows::verify && s.verify ? s.row_begin : s.row_end - 1; r < s.row_end; ++r)
-        keep.push_back(r);
-    if (static_cast<int64_t>(keep.size()) != n) {
-      prefix = gather_rows(ctx, prefix, keep);
-      for (core::Tensor& b : bank) b = gather_rows(ctx, b, keep);
-    }
+  if (const std::vector<int64_t> keep = logit_rows(segments, rows, n); !keep.empty()) {
+    prefix = gather_rows(ctx, prefix, keep);
+    for (core::Tensor& b : bank) b = gather_rows(ctx, b, keep);
   }
   const core::Tensor h = attn_res_mix(ctx, bank, prefix, weights_.output_res);
   const core::Tensor x = ctx.rmsnorm(h, weights_.final_norm, config_.rms_norm_eps);
-  core::Tensor logits = ctx.linear(x, weights_.lm_head, /*round_output=*/false);  // [rows, V / tp]
-  if (ctx.tensor_parallel()) {  // vocab-parallel lm_head: concatenate the ranks' vocabulary slices
-    core::Tensor full = ctx.alloc_as(core::DType::f32, logits.dim(0), vocab_size());
-    comm_->all_gather(logits.view(), full.view(), comm::GatherAxis::last);
-    logits = full;
+  return lm_head_logits(ctx, weights_, x);
+}
+
+std::vector<int64_t> logit_rows(std::span<const Segment> segments, LogitRows rows, int64_t n) {
+  if (rows == LogitRows::all || static_cast<int64_t>(segments.size()) == n) return {};  // every row is a last row
+  std::vector<int64_t> keep;
+  for (const Segment& s : segments)
+    for (int64_t r = rows == LogitRows::verify && s.verify ? s.row_begin : s.row_end - 1; r < s.row_end; ++r)
+      keep.push_back(r);
+  if (static_cast<int64_t>(keep.size()) == n) keep.clear();
+  return keep;
+}
+
+core::Tensor gather_rows(const ForwardContext& ctx, const core::Tensor& t, const std::vector<int64_t>& rows) {
+  core::Tensor out = ctx.alloc_as(t.dtype(), static_cast<int64_t>(rows.size()), t.dim(1));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto r = static_cast<int64_t>(i);
+    ctx.memory.copy(row_slice(out, r, r + 1).view(), row_slice(t, rows[i], rows[i] + 1).view());
   }
-  ctx.emit("logits", -1, logits);
-  return logits;
+  return out;
+}
+
+void Model::use_fused_decode(std::unique_ptr<FusedDecode> path, kernels::LogFn log) {
+  K3_CHECK(options_.decode_backend == DecodeBackend::latency_specialized,
+           "use_fused_decode: the model's decode_backend is auto, not latency_specialized");
+  K3_CHECK(path != nullptr, "use_fused_decode: no path");
+  fused_ = std::move(path);
+  path_log_ = std::move(log);
+}
+
+DecodePathCounters Model::decode_path_counters() const {
+  std::lock_guard lk(path_mu_);
+  return path_counters_;
+}
+
+PathDecision Model::last_path_decision() const {
+  std::lock_guard lk(path_mu_);
+  return last_decision_;
+}
+
+void Model::count_path(const PathDecision& d, int64_t steps) const {
+  std::lock_guard lk(path_mu_);
+  last_decision_ = d;
+  int64_t& total = d.fused ? path_counters_.fused_steps : path_counters_.standard_steps;
+  if (d.fused && total == 0 && steps > 0 && path_log_) path_log_("decode path: latency_specialized (fused) serves a step");
+  total += steps;
+  if (d.fused || d.reason.empty()) return;  // auto: the standard path is the choice, not a fallback
+  for (auto& [reason, count] : path_counters_.fallbacks)
+    if (reason == d.reason) {
+      count += steps;
+      return;
+    }
+  path_counters_.fallbacks.emplace_back(d.reason, steps);
+  if (path_log_) path_log_("decode path: standard for a step the fused path does not cover (" + d.reason + ")");
 }
 
 void Model::commit_verified(KvStorage& kv, VerifyCapture& capture, std::span<const int32_t> accepted_rows) const {

@@ -5,11 +5,14 @@
 // each with its own tokens, state and step kind. Ops are called through the registry,
 // so the same code runs on every backend that implements them.
 #pragma once
+#include <memory>
+#include <mutex>
 #include <span>
 
 #include "comm/communicator.h"
 #include "config/k3_config.h"
 #include "kernels/registry.h"
+#include "model/fused_decode.h"
 #include "model/layers/context.h"
 #include "model/weights.h"
 
@@ -24,6 +27,11 @@ enum class LogitRows : uint8_t {
   last,  // the last token of each sequence
   verify,  // every row of a verify sequence (SequenceInput::verify), the last row of the others
 };
+
+// The rows of a step whose logits `rows` asks for, in order; empty when that is every row.
+std::vector<int64_t> logit_rows(std::span<const Segment> segments, LogitRows rows, int64_t n);
+// Copies the listed rows of a [rows, cols] activation into a new tensor on its device.
+core::Tensor gather_rows(const ForwardContext& ctx, const core::Tensor& t, const std::vector<int64_t>& rows);
 
 class Model {
  public:
@@ -85,6 +93,19 @@ class Model {
                         const core::TensorView& ids, LogitRows rows, const TraceFn* trace = nullptr,
                         VerifyCapture* capture = nullptr, HiddenTaps* taps = nullptr) const;
 
+  // decode_backend = latency_specialized: the fused path that serves the steps it covers
+  // (fastpath::make_fused_decode). `log` gets one line per new decision (path and reason).
+  void use_fused_decode(std::unique_ptr<FusedDecode> path, kernels::LogFn log = {});
+  const Weights& weights() const { return weights_; }
+  // e_score_correction_bias of MoE layer l as the router reads it (empty for dense layers).
+  const core::Tensor& router_bias(int layer) const { return router_bias_.at(static_cast<size_t>(layer)); }
+  // Steps per path and fallbacks per reason so far; the decision of the last step run_step ran
+  // (model/decode_graphs.h counts each replay of a captured step with it).
+  DecodePathCounters decode_path_counters() const;
+  PathDecision last_path_decision() const;
+  // Counts `steps` steps decided as d (-1: DecodeGraphs takes back the run_step that recorded a graph).
+  void count_path(const PathDecision& d, int64_t steps = 1) const;
+
  private:
   const config::K3Config& config_;
   const Weights& weights_;
@@ -94,6 +115,11 @@ class Model {
   comm::Communicator* comm_ = nullptr;
   // e_score_correction_bias as the router sees it: bf16-rounded in bf16 mode (spec §4).
   std::vector<core::Tensor> router_bias_;
+  std::unique_ptr<FusedDecode> fused_;
+  kernels::LogFn path_log_;
+  mutable std::mutex path_mu_;
+  mutable DecodePathCounters path_counters_;
+  mutable PathDecision last_decision_;
 };
 
 }  // namespace k3::model

@@ -1,6 +1,10 @@
 // runner/model_runner.cpp: ModelRunner.
 #include "runner/model_runner.h"
 
+#include <iostream>
+
+#include "fastpath/fused_decode.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -35,6 +39,11 @@ ModelRunner::ModelRunner(checkpoint::LoadedModel loaded, const model::ModelOptio
   }
   device_weights_ = model::to_device(loaded_.weights, *memory_);
   model_ = std::make_unique<model::Model>(loaded_.config, device_weights_, registry_, options, memory_);
+  fastpath::attach(*model_, 0, fastpath_log_to_stderr());
+}
+
+kernels::LogFn fastpath_log_to_stderr() {
+  return [](const std::string& line) { std::cerr << "k3serve: " << line << std::endl; };
 }
 
 model::LocalCache ModelRunner::new_cache(int64_t max_tokens) const {
@@ -91,7 +100,7 @@ std::vector<int32_t> ModelRunner::generate(std::span<const int32_t> prompt, int6
   }
   auto t0 = clock::now();
   model::SequenceInput in{prompt, &state, model::StepKind::prefill};
-  core::Tensor logits = model_->forward(cache.storage(), {&in, 1}, model::LogitRows::last);
+  core::Tensor logits = explained_forward(cache, in, "prefill step, " + std::to_string(prompt.size()) + " tokens");
   st.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   t0 = clock::now();
   for (;;) {
@@ -100,12 +109,28 @@ std::vector<int32_t> ModelRunner::generate(std::span<const int32_t> prompt, int6
     if (on_token) on_token(next);
     if (static_cast<int64_t>(out.size()) >= max_tokens || next == config().eos_token_id) break;
     in = {std::span<const int32_t>(&out.back(), 1), &state, model::StepKind::decode};
-    logits = model_->forward(cache.storage(), {&in, 1}, model::LogitRows::last);
+    logits = out.size() == 1 ? explained_forward(cache, in, "first decode step, 1 row")
+                             : model_->forward(cache.storage(), {&in, 1}, model::LogitRows::last);
   }
   st.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   st.generated_tokens = static_cast<int64_t>(out.size());
   if (stats) *stats = st;
   return out;
+}
+
+void ModelRunner::set_explain(std::function<void(const std::string&)> sink) {
+  explain_ = std::move(sink);
+  registry_.set_recorder(explain_ ? &recorder_ : nullptr);
+}
+
+core::Tensor ModelRunner::explained_forward(model::LocalCache& cache, const model::SequenceInput& in,
+                                            const std::string& what) const {
+  if (!explain_) return model_->forward(cache.storage(), {&in, 1}, model::LogitRows::last);
+  recorder_.start();
+  core::Tensor logits = model_->forward(cache.storage(), {&in, 1}, model::LogitRows::last);
+  const std::vector<kernels::OpRecorder::Call> calls = recorder_.stop();
+  explain_(what + ": " + fastpath::explain_step(model_->last_path_decision(), calls, config().num_hidden_layers));
+  return logits;
 }
 
 }  // namespace k3::runner

@@ -16,6 +16,9 @@
 
 namespace k3::runner {
 
+// The fused decode path's decision lines (fastpath::attach) as "k3serve: ..." lines on stderr.
+kernels::LogFn fastpath_log_to_stderr();
+
 class ModelRunner {
  public:
   // Loads DIR (config.json + safetensors) and builds the model on options.device: the CPU
@@ -48,15 +51,25 @@ class ModelRunner {
                                 const std::function<void(int32_t)>& on_token = nullptr,
                                 GenerateStats* stats = nullptr) const;
 
+  // --explain: generate() hands `sink` the plan of its prefill step and of its first decode step
+  // (fastpath::explain_step: path and reason, every op with the implementation that ran).
+  void set_explain(std::function<void(const std::string&)> sink);
+  // Sees every op call from now on (tests that prove which kernels ran); nullptr: none.
+  void set_op_recorder(kernels::OpRecorder* recorder) { registry_.set_recorder(recorder); }
+
  private:
   void check_ids(std::span<const int32_t> tokens) const;
   model::LocalCache new_cache(int64_t max_tokens) const;
+  // The model's forward, explained to explain_ when it is set.
+  core::Tensor explained_forward(model::LocalCache& cache, const model::SequenceInput& in, const std::string& what) const;
   checkpoint::LoadedModel loaded_;
   model::KvCacheDtype kv_cache_;
   kernels::Registry registry_;
   std::shared_ptr<core::DeviceMemory> memory_;
   model::Weights device_weights_;  // loaded_.weights on the model's device (shared on the CPU)
   std::unique_ptr<model::Model> model_;
+  std::function<void(const std::string&)> explain_;
+  mutable kernels::OpRecorder recorder_;
 };
 
 }  // namespace k3::runner

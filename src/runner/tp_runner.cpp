@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "comm/thread_comm.h"
+#include "fastpath/fused_decode.h"
 #include "model/local_cache.h"
 
 #ifdef K3_HAVE_CUDA
@@ -160,6 +161,7 @@ void TpRunner::build_models() const {
     Rank& rank = *ranks_[static_cast<size_t>(r)];
     rank.model = std::make_unique<model::Model>(rank_config_, rank.weights, rank.registry, options_, rank.memory,
                                                 &group_->rank(r));
+    fastpath::attach(*rank.model, r, r == 0 ? fastpath_log_to_stderr() : kernels::LogFn{});  // rank 0 speaks for all
   }
 }
 

@@ -143,6 +143,16 @@ std::string Metrics::render(const engine::EngineStats& s) const {
     sample(out, "k3serve:spec_decode_synthetic", labels_ + ",method=\"" + prometheus_label_value(s.spec_method) + "\"",
            s.spec_synthetic ? 1.0 : 0.0);
   }
+  family(out, "k3serve:model_steps_total", "counter",
+         "Model steps by the path that ran them (decode_backend latency_specialized: fused or standard).");
+  sample(out, "k3serve:model_steps_total", labels_ + ",path=\"fused\"", static_cast<double>(s.decode_paths.fused_steps));
+  sample(out, "k3serve:model_steps_total", labels_ + ",path=\"standard\"",
+         static_cast<double>(s.decode_paths.standard_steps));
+  family(out, "k3serve:decode_fallbacks_total", "counter",
+         "Steps the latency_specialized path left to the standard path, by reason.");
+  for (const auto& [reason, n] : s.decode_paths.fallbacks)
+    sample(out, "k3serve:decode_fallbacks_total", labels_ + ",reason=\"" + prometheus_label_value(reason) + "\"",
+           static_cast<double>(n));
   {
     std::lock_guard lock(mu_);
     family(out, "vllm:request_success_total", "counter", "Count of finished requests, by finish reason.");

@@ -106,5 +106,22 @@ TEST(Metrics, SpeculativeDecodingCountersUseVllmNames) {
   EXPECT_TRUE(has_line(page, "k3serve:spec_decode_synthetic" + l + ",method=\"synthetic\"} 1.0"));
 }
 
+// decode_backend latency_specialized: steps per path and fallbacks by reason.
+TEST(Metrics, DecodePathCountersNameThePathAndTheFallbackReason) {
+  Metrics m("k3-tiny");
+  engine::EngineStats s;
+  s.decode_paths.fused_steps = 40;
+  s.decode_paths.standard_steps = 3;
+  s.decode_paths.fallbacks = {{"prefill_or_mixed_step", 2}, {"more_than_64_rows", 1}};
+  const std::string page = m.render(s);
+  const std::string l = "{engine=\"0\",model_name=\"k3-tiny\"";
+  EXPECT_TRUE(has_line(page, "# TYPE k3serve:model_steps_total counter"));
+  EXPECT_TRUE(has_line(page, "k3serve:model_steps_total" + l + ",path=\"fused\"} 40.0"));
+  EXPECT_TRUE(has_line(page, "k3serve:model_steps_total" + l + ",path=\"standard\"} 3.0"));
+  EXPECT_TRUE(has_line(page, "# TYPE k3serve:decode_fallbacks_total counter"));
+  EXPECT_TRUE(has_line(page, "k3serve:decode_fallbacks_total" + l + ",reason=\"prefill_or_mixed_step\"} 2.0"));
+  EXPECT_TRUE(has_line(page, "k3serve:decode_fallbacks_total" + l + ",reason=\"more_than_64_rows\"} 1.0"));
+}
+
 }  // namespace
 }  // namespace k3::server

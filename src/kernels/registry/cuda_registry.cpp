@@ -27,6 +27,10 @@ void register_all(Registry& r, const CudaOps& ops) {
   register_elementwise_cuda(r, ops);
   register_sampling_cuda(r, ops);
   // fused ops (fastpath/), one line each:
+  register_kda_decode_cuda(r, ops);
+  register_multi_linear_cuda(r, ops);
+  register_attn_res_fused_cuda(r, ops);
+  register_mla_decode_cuda(r, ops);
 }
 }  // namespace
 

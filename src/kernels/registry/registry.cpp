@@ -30,6 +30,10 @@ void register_reference_ops(Registry& r) {
   register_reference(r.to_activation, to_activation_reference);
   register_reference(r.sample, sample_reference);
   // fused ops (fastpath/), one line each:
+  register_reference(r.multi_linear, multi_linear_reference);
+  register_reference(r.attn_res_bank, attn_res_bank_reference); register_reference(r.attn_res_merge, attn_res_merge_reference);
+  register_reference(r.kda_decode, kda_decode_reference);
+  register_reference(r.mla_decode, mla_decode_reference);
 }
 
 #ifndef K3_HAVE_CUDA

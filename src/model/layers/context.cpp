@@ -105,4 +105,39 @@ core::Tensor column_copy(const ForwardContext& ctx, const core::Tensor& t, int64
   return out;
 }
 
+core::Tensor verify_rows(const ForwardContext& ctx, const core::Tensor& t) {
+  core::Tensor out = ctx.alloc_as(t.dtype(), ctx.capture->total_rows, t.dim(1));
+  int64_t at = 0;
+  for (const Segment& s : ctx.segments) {
+    if (!s.verify) continue;
+    ctx.memory.copy(row_slice(out, at, at + s.rows()).view(), row_slice(t, s.row_begin, s.row_end).view());
+    at += s.rows();
+  }
+  return out;
+}
+
+core::Tensor embed_tokens(const ForwardContext& ctx, const Weights& w, const core::TensorView& ids) {
+  core::Tensor prefix = ctx.alloc(ids.numel(), ctx.config.hidden_size);
+  kernels::EmbeddingArgs embed{ids, w.embed.view(), prefix.view()};
+  if (ctx.tensor_parallel()) {  // vocab-parallel: each rank fills its rows, the sum has them all
+    embed.vocab_begin = int64_t{ctx.config.vocab_size} * ctx.comm->rank();
+    embed.vocab_size = int64_t{ctx.config.vocab_size} * ctx.comm->size();
+  }
+  ctx.ops.embedding.run(embed, ctx.device());
+  if (ctx.tensor_parallel()) ctx.comm->all_reduce_sum(prefix.view());  // one nonzero term: exact
+  ctx.emit("embed", -1, prefix);
+  return prefix;
+}
+
+core::Tensor lm_head_logits(const ForwardContext& ctx, const Weights& w, const core::Tensor& x) {
+  core::Tensor logits = ctx.linear(x, w.lm_head, /*round_output=*/false);  // [rows, V / tp]
+  if (ctx.tensor_parallel()) {  // vocab-parallel lm_head: concatenate the ranks' vocabulary slices
+    core::Tensor full = ctx.alloc_as(core::DType::f32, logits.dim(0), int64_t{ctx.config.vocab_size} * ctx.comm->size());
+    ctx.comm->all_gather(logits.view(), full.view(), comm::GatherAxis::last);
+    logits = full;
+  }
+  ctx.emit("logits", -1, logits);
+  return logits;
+}
+
 }  // namespace k3::model

@@ -156,6 +156,13 @@ core::Tensor row_slice(const core::Tensor& t, int64_t begin, int64_t end);
 // Columns [begin, end) of a [rows, cols] activation, copied into a new contiguous tensor.
 core::Tensor column_copy(const ForwardContext& ctx, const core::Tensor& t, int64_t begin, int64_t end);
 
+// The verify segments' rows of t [rows, cols], compact [ctx.capture->total_rows, cols] (VerifyCapture).
+core::Tensor verify_rows(const ForwardContext& ctx, const core::Tensor& t);
+// The step's first prefix: Embed[ids] [T, hidden] (vocab-parallel under TP: each rank's rows, summed).
+core::Tensor embed_tokens(const ForwardContext& ctx, const Weights& w, const core::TensorView& ids);
+// f32 logits [rows, full vocab] of the normed final hidden x (vocab-parallel lm_head under TP).
+core::Tensor lm_head_logits(const ForwardContext& ctx, const Weights& w, const core::Tensor& x);
+
 // Layer functions (one file each under model/layers/). x: the normed input [rows, hidden].
 core::Tensor attention(const ForwardContext& ctx, int layer, const KdaWeights& w, const core::Tensor& x);
 core::Tensor attention(const ForwardContext& ctx, int layer, const MlaWeights& w, const core::Tensor& x);
@@ -163,6 +170,16 @@ core::Tensor attention(const ForwardContext& ctx, int layer, const MlaWeights& w
 // with commit over ctx.batches.verify, whose rows index the capture's compact tensors.
 void kda_commit_replay(const ForwardContext& ctx, int layer, const KdaWeights& w, const VerifyCapture::Layer& cap);
 core::Tensor ffn(const ForwardContext& ctx, int layer, const DenseFfnWeights& w, const core::Tensor& x);
+// The MoE layer's front: what reads the layer input x (the fast path computes it in one fused call).
+struct MoeFront {
+  core::Tensor logits;                   // f32 [rows, E] router logits, unrounded
+  core::Tensor z;                        // [rows, L] latent down-projection
+  core::Tensor shared_gate, shared_up;   // [rows, S*I] (empty without shared experts)
+};
+// Everything of the MoE layer after its front: top-k, experts, (TP all-reduce), routed norm,
+// up-projection, shared experts, their sum. `hidden`: the layer's output width.
+core::Tensor moe_tail(const ForwardContext& ctx, int layer, const MoeWeights& w, const core::Tensor& router_bias,
+                      const MoeFront& front, int64_t hidden);
 core::Tensor ffn(const ForwardContext& ctx, int layer, const MoeWeights& w, const core::Tensor& router_bias,
                  const core::Tensor& x);
 // One decoder layer over the AttnRes stream (spec §3): Mix -> norm -> attention -> Mix -> norm ->

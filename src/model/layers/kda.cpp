@@ -21,18 +21,6 @@ core::TensorView conv_pool(const core::Tensor& storage, int64_t i) {
   return v;
 }
 
-// Copies the verify segments' rows of t [rows, cols] into the capture's compact [R, cols] tensor.
-core::Tensor capture_rows(const ForwardContext& ctx, const core::Tensor& t) {
-  core::Tensor out = ctx.alloc_as(t.dtype(), ctx.capture->total_rows, t.dim(1));
-  int64_t at = 0;
-  for (const Segment& s : ctx.segments) {
-    if (!s.verify) continue;
-    ctx.memory.copy(row_slice(out, at, at + s.rows()).view(), row_slice(t, s.row_begin, s.row_end).view());
-    at += s.rows();
-  }
-  return out;
-}
-
 // The three short convs (q, k, v) over `seqs`, from pre-conv inputs into outs.
 void short_convs(const ForwardContext& ctx, int layer, const KdaWeights& w, const core::Tensor* const ins[3],
                  core::Tensor* const outs[3], const kernels::SeqBatch& seqs, bool no_commit) {
@@ -97,8 +85,8 @@ core::Tensor attention(const ForwardContext& ctx, int layer, const KdaWeights& w
     run(ctx.ops.kda_recurrent, ctx.batches.verify, true);
     K3_CHECK(ctx.capture != nullptr, "KDA layer " + std::to_string(layer) + ": verify rows but no VerifyCapture");
     VerifyCapture::Layer& cap = ctx.capture->layers.at(static_cast<size_t>(layer));
-    cap = {capture_rows(ctx, q_in), capture_rows(ctx, k_in), capture_rows(ctx, v_in), capture_rows(ctx, decay),
-           capture_rows(ctx, beta)};
+    cap = {verify_rows(ctx, q_in), verify_rows(ctx, k_in), verify_rows(ctx, v_in), verify_rows(ctx, decay),
+           verify_rows(ctx, beta)};
   }
   ctx.emit("kda.o", layer, o);
 

@@ -25,19 +25,31 @@ core::TensorView columns(const core::Tensor& t, int64_t begin, int64_t end) {
 core::Tensor ffn(const ForwardContext& ctx, int layer, const MoeWeights& w, const core::Tensor& router_bias,
                  const core::Tensor& x) {
   const auto& mc = ctx.config.moe;
-  const int64_t rows = x.dim(0), k = mc.num_experts_per_token;
   // Router logits stay fp32 (spec §2).
-  const core::Tensor logits = ctx.linear(x, w.router, /*round_output=*/false);
+  MoeFront front;
+  front.logits = ctx.linear(x, w.router, /*round_output=*/false);
+  front.z = ctx.linear(x, w.latent_down);  // [rows, L]
+  if (mc.num_shared_experts > 0) {
+    front.shared_gate = ctx.linear(x, w.shared_gate);
+    front.shared_up = ctx.linear(x, w.shared_up);
+  }
+  return moe_tail(ctx, layer, w, router_bias, front, x.dim(1));
+}
+
+core::Tensor moe_tail(const ForwardContext& ctx, int layer, const MoeWeights& w, const core::Tensor& router_bias,
+                      const MoeFront& front, int64_t hidden) {
+  const auto& mc = ctx.config.moe;
+  const core::Tensor& z = front.z;
+  const int64_t rows = z.dim(0), k = mc.num_experts_per_token;
   core::Tensor ids = ctx.alloc_as(core::DType::i32, rows, k);
   core::Tensor route_w = ctx.alloc_as(core::DType::f32, rows, k);  // route weights stay fp32 (spec §7)
-  ctx.ops.router_topk.run({logits.view(), router_bias.view(), ids.view(), route_w.view(), mc.renormalize,
+  ctx.ops.router_topk.run({front.logits.view(), router_bias.view(), ids.view(), route_w.view(), mc.renormalize,
                            mc.routed_scaling_factor},
                           ctx.device());
 
-  const core::Tensor z = ctx.linear(x, w.latent_down);  // [rows, L]
-  const int64_t L = z.dim(1), hidden = x.dim(1);
+  const int64_t L = z.dim(1);
   const bool shared = mc.num_shared_experts > 0;
-  const auto shared_hidden = [&] { return ctx.situ_glu(ctx.linear(x, w.shared_gate), ctx.linear(x, w.shared_up)); };
+  const auto shared_hidden = [&] { return ctx.situ_glu(front.shared_gate, front.shared_up); };
   const kernels::MoeExpertsArgs experts{z.view(), ids.view(), route_w.view(), w.w1, w.w3, w.w2, {},
                                         ctx.config.situ_beta, ctx.config.situ_linear_beta, ctx.precision()};
   core::Tensor u, shared_out;

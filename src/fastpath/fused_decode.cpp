@@ -1,0 +1,97 @@
+// fastpath/fused_decode.cpp: the fused decode step (see fused_decode.h for the scope and the plan).
+#include "fastpath/fused_decode.h"
+
+#include <variant>
+
+#include "fastpath/fused_layers.h"
+
+#ifdef K3_HAVE_CUDA
+#include "backends/cuda/device.h"
+#endif
+
+namespace k3::fastpath {
+
+namespace {
+
+using core::Tensor;
+using model::ForwardContext;
+
+class FusedDecodePath final : public model::FusedDecode {
+ public:
+  FusedDecodePath(const model::Model& model, std::string device_problem)
+      : model_(model), device_problem_(std::move(device_problem)) {}
+
+  model::PathDecision decide(const ForwardContext& ctx, model::LogitRows) const override {
+    if (!device_problem_.empty()) return {false, device_problem_};
+    int64_t rows = 0;
+    for (const model::Segment& s : ctx.segments) {
+      if (s.kind != model::StepKind::decode) return {false, kNotPureDecode};
+      rows += s.rows();
+    }
+    if (rows > kMaxRows) return {false, kTooManyRows};
+    return {true, ""};
+  }
+
+  // The standard run_step's function (model/model.cpp), layer by layer through fused ops.
+  Tensor run_step(const ForwardContext& ctx, const core::TensorView& ids, model::LogitRows rows) const override {
+    const config::K3Config& c = ctx.config;
+    const model::Weights& W = model_.weights();
+    const int L = c.num_hidden_layers;
+    Tensor P = model::embed_tokens(ctx, W, ids);  // the running prefix of the current block
+    AttnResStream res(ctx, W, ids.numel());
+    Tensor x = res.merge(P, nullptr, false, MixSite::attention(0), W.layers[0].input_norm);
+    for (int l = 0; l < L; ++l) {
+      const model::LayerWeights& lw = W.layers[static_cast<size_t>(l)];
+      const bool restart = c.is_bank_write_layer(l);
+      if (restart) res.write_bank(l, P);  // the block sum, before the prefix restarts
+      const Tensor a = std::visit([&](const auto& w) { return fused_attention(ctx, l, w, x); }, lw.attn);
+      ctx.emit("attn.out", l, a);
+      const Tensor fx = res.merge(P, &a, restart, MixSite::ffn(l), lw.post_attn_norm);
+      const Tensor f = std::visit(
+          [&](const auto& w) {
+            if constexpr (std::is_same_v<std::decay_t<decltype(w)>, model::MoeWeights>)
+              return fused_moe(ctx, l, w, model_.router_bias(l), fx);
+            else
+              return model::ffn(ctx, l, w, fx);
+          },
+          lw.ffn);
+      ctx.emit("ffn.out", l, f);
+      x = l + 1 < L ? res.merge(P, &f, false, MixSite::attention(l + 1), W.layers[static_cast<size_t>(l) + 1].input_norm)
+                    : res.merge(P, &f, false, MixSite::output(L), W.final_norm);
+      ctx.emit("prefix", l, P);
+    }
+    // x is now the normed final hidden of every row: the final Mix is row-wise, so keeping only
+    // the wanted rows afterwards equals the standard path's gather before it.
+    if (const std::vector<int64_t> keep = model::logit_rows(ctx.segments, rows, ids.numel()); !keep.empty())
+      x = model::gather_rows(ctx, x, keep);
+    return model::lm_head_logits(ctx, W, x);
+  }
+
+ private:
+  const model::Model& model_;
+  std::string device_problem_;
+};
+
+}  // namespace
+
+std::unique_ptr<model::FusedDecode> make_fused_decode(const model::Model& model, std::string device_problem) {
+  return std::make_unique<FusedDecodePath>(model, std::move(device_problem));
+}
+
+std::string gpu_problem(int index) {
+#ifdef K3_HAVE_CUDA
+  const backends::cuda::DeviceInfo info = backends::cuda::device_info(index);
+  if (info.cc_major != 9 || info.cc_minor != 0) return kUnsupportedGpu;
+#else
+  (void)index;
+#endif
+  return "";
+}
+
+void attach(model::Model& model, int cuda_device, kernels::LogFn log) {
+  if (model.options().decode_backend != model::DecodeBackend::latency_specialized) return;
+  std::string problem = model.options().device == core::Device::cuda ? gpu_problem(cuda_device) : "";
+  model.use_fused_decode(make_fused_decode(model, std::move(problem)), std::move(log));
+}
+
+}  // namespace k3::fastpath

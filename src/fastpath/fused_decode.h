@@ -1,0 +1,55 @@
+// fastpath/fused_decode.h: the latency_specialized decode path (design.md "Two decode paths, one
+// contract"; issue 6).
+//
+// Scope, enforced by decide(): pure-decode steps (every sequence of the step decodes: one token,
+// or K+1 speculative-verify rows) of 1..kMaxRows rows in all, on the CPU (the fused ops' reference
+// implementations: how CI proves this path computes the standard path's function; not faster)
+// or on an sm_90 GPU. Any other step runs the standard path, and the reason (one of the k*
+// phrases below) is counted per reason (Model::decode_path_counters, the server's
+// k3:decode_fallbacks_total) and logged once per reason.
+//
+// Per layer the fused path runs (x: the sublayer input, P: the running AttnRes prefix):
+//   KDA:  multi_linear x -> [q, k, v, g, f_a, b]; kda_decode (conv, SiLU, L2 norms, f_b, decay,
+//         delta rule, o_norm, gate); o_proj
+//   MLA:  multi_linear x -> [q_a, kv_a, g]; q_a norm, q_b; kv_a norm; cache write; mla_decode
+//         (split-KV, W_UV and the gate in the combine); o_proj
+//   MoE:  multi_linear x -> [router, latent_down, shared gate, shared up]; the standard tail
+//   each sublayer ends in attn_res_merge: P += out, the next Mix from the bank partials, RMSNorm
+//   once per bank block: attn_res_bank (the bank part of the block's 24 Mix operators)
+// An op whose fused kernel does not support its arguments (say MXFP4 projections) runs as the
+// standard ops instead; --explain shows which implementation ran for every op.
+#pragma once
+#include <memory>
+#include <span>
+#include <string>
+
+#include "kernels/registry.h"
+#include "model/model.h"
+
+namespace k3::fastpath {
+
+inline constexpr int64_t kMaxRows = 64;
+
+// Fallback reasons (metric labels: short and fixed).
+inline constexpr const char* kNotPureDecode = "prefill_or_mixed_step";
+inline constexpr const char* kTooManyRows = "more_than_64_rows";
+inline constexpr const char* kUnsupportedGpu = "gpu_not_sm90";
+
+// `device_problem`: empty when the model's device is served (the CPU, or a GPU of compute
+// capability 9.0); else the reason every step falls back (kUnsupportedGpu). See gpu_problem().
+std::unique_ptr<model::FusedDecode> make_fused_decode(const model::Model& model, std::string device_problem = "");
+
+// Why CUDA device `index` cannot run the fused kernels, or "" (sm_90). "" in builds without CUDA.
+std::string gpu_problem(int index);
+
+// Attaches the fused path to a model built with decode_backend = latency_specialized (no-op for
+// auto), with `log` for its decisions. The runners call this once per model (per TP rank).
+void attach(model::Model& model, int cuda_device, kernels::LogFn log);
+
+// The plan of one step, from the ops an OpRecorder saw run: the path and why, then each op with
+// the implementation that ran and how many calls (launches on a GPU: one per call for the fused
+// ops), per layer on average.
+std::string explain_step(const model::PathDecision& decision, std::span<const kernels::OpRecorder::Call> calls,
+                         int num_layers);
+
+}  // namespace k3::fastpath

@@ -1,0 +1,269 @@
+// fastpath/fused_layers.cpp: the fused path's sublayers and its AttnRes stream. Each reads as the
+// standard layer it replaces (model/layers/*.cpp) with the fused ops in place of op sequences.
+#include "fastpath/fused_layers.h"
+
+#include <string>
+#include <utility>
+
+namespace k3::fastpath {
+
+using core::Tensor;
+using core::TensorView;
+using model::ForwardContext;
+
+namespace {
+
+constexpr float kMlaNormEps = 1e-6f;  // q_a / kv_a layernorms (spec §6.1), as model/layers/mla.cpp
+
+struct Projection {
+  const kernels::LinearWeight* w;
+  Tensor* out;
+  bool round_output = true;
+};
+
+// Every projection of x in one multi_linear call; where its kernel does not support them (say an
+// MXFP4 weight), one standard linear each, and the skip is recorded for --explain.
+void project(const ForwardContext& ctx, const Tensor& x, std::initializer_list<Projection> outs) {
+  kernels::MultiLinearArgs a;
+  a.x = x.view();
+  a.precision = ctx.precision();
+  for (const Projection& p : outs) a.add(p.w, p.out->view(), p.round_output);
+  std::string why;
+  if (ctx.ops.multi_linear.find(a, ctx.device(), &why)) {
+    ctx.ops.multi_linear.run(a, ctx.device());
+    return;
+  }
+  ctx.ops.multi_linear.note_skipped(why, ctx.device());
+  for (const Projection& p : outs)
+    ctx.ops.linear.run({x.view(), p.w, p.out->view(), p.round_output, ctx.precision()}, ctx.device());
+}
+
+// Element offset `floats` into an f32 tensor, as a contiguous view of `shape`.
+TensorView f32_view(const Tensor& t, int64_t floats, core::Shape shape) {
+  return TensorView::contiguous(static_cast<float*>(t.view().data) + floats, core::DType::f32, shape, t.view().device);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- AttnRes stream
+
+AttnResStream::AttnResStream(const ForwardContext& ctx, const model::Weights& w, int64_t rows)
+    : ctx_(ctx), w_(w), rows_(rows) {}
+
+const model::AttnResWeights& AttnResStream::mix_weights(MixSite site) const {
+  switch (site.side) {
+    case MixSite::Side::attention: return w_.layers.at(static_cast<size_t>(site.layer)).attn_res;
+    case MixSite::Side::ffn: return w_.layers.at(static_cast<size_t>(site.layer)).mlp_res;
+    case MixSite::Side::output: break;
+  }
+  return w_.output_res;
+}
+
+void AttnResStream::write_bank(int l, const Tensor& P) {
+  bank_.push_back(P);
+  // The Mix operators that read this bank: the FFN side of l, then both sides of each later
+  // layer up to the attention side of the next write layer (which still sees this bank), or the
+  // output Mix after the last layer.
+  const int L = ctx_.config.num_hidden_layers;
+  sites_.assign(1, MixSite::ffn(l));
+  for (int k = l + 1;; ++k) {
+    if (k == L) {
+      sites_.push_back(MixSite::output(L));
+      break;
+    }
+    sites_.push_back(MixSite::attention(k));
+    if (ctx_.config.is_bank_write_layer(k)) break;
+    sites_.push_back(MixSite::ffn(k));
+  }
+  const auto M = static_cast<int64_t>(sites_.size());
+  const int64_t D = ctx_.config.hidden_size;
+  acc_ = ctx_.alloc_as(core::DType::f32, M * rows_, D);
+  stats_ = ctx_.alloc_as(core::DType::f32, M * rows_, 2);
+  std::vector<TensorView> bank, queries, norms;
+  for (const Tensor& b : bank_) bank.push_back(b.view());
+  for (const MixSite& s : sites_) {
+    queries.push_back(mix_weights(s).query.view());
+    norms.push_back(mix_weights(s).norm.view());
+  }
+  kernels::AttnResBankArgs a;
+  a.bank = bank;
+  a.queries = queries;
+  a.norms = norms;
+  a.acc = f32_view(acc_, 0, {M, rows_, D});
+  a.stats = f32_view(stats_, 0, {M, rows_, 2});
+  a.eps = ctx_.config.rms_norm_eps;
+  a.precision = ctx_.precision();
+  ctx_.ops.attn_res_bank.run(a, ctx_.device());
+}
+
+bool AttnResStream::wants_mixture(MixSite site) const {
+  if (site.side != MixSite::Side::attention) return false;
+  if (ctx_.trace && *ctx_.trace) return true;
+  if (ctx_.taps)
+    for (int32_t t : ctx_.taps->layers)
+      if (t + 1 == site.layer) return true;
+  return false;
+}
+
+Tensor AttnResStream::merge(Tensor& P, const Tensor* a, bool restart, MixSite site, const Tensor& norm_weight) {
+  const int64_t D = ctx_.config.hidden_size;
+  const model::AttnResWeights& mw = mix_weights(site);
+  kernels::AttnResMergeArgs m;
+  m.prefix = P.view();
+  Tensor P_new, h;
+  if (a) {
+    m.sublayer_out = a->view();
+    m.restart = restart;
+    P_new = ctx_.alloc(rows_, D);  // never in place: P may be a bank row
+    m.prefix_out = P_new.view();
+  }
+  if (!bank_.empty()) {
+    int64_t idx = 0;
+    while (idx < static_cast<int64_t>(sites_.size()) && !(sites_[static_cast<size_t>(idx)] == site)) ++idx;
+    K3_CHECK(idx < static_cast<int64_t>(sites_.size()), "fastpath: a Mix with no bank part (layer " +
+                                                            std::to_string(site.layer) + ")");
+    m.bank_acc = f32_view(acc_, idx * rows_ * D, {rows_, D});
+    m.bank_stats = f32_view(stats_, idx * rows_ * 2, {rows_, 2});
+  }
+  m.query = mw.query.view();
+  m.norm = mw.norm.view();
+  m.rmsnorm_weight = norm_weight.view();
+  const bool mixture = wants_mixture(site);
+  if (mixture) {
+    h = ctx_.alloc(rows_, D);
+    m.mixed_out = h.view();
+  }
+  Tensor x = ctx_.alloc(rows_, D);
+  m.normed_out = x.view();
+  m.mix_eps = ctx_.config.rms_norm_eps;
+  m.rmsnorm_eps = ctx_.config.rms_norm_eps;
+  m.rmsnorm_style = ctx_.options.rmsnorm_style;
+  m.precision = ctx_.precision();
+  ctx_.ops.attn_res_merge.run(m, ctx_.device());
+  if (a) P = P_new;
+  if (mixture) {
+    ctx_.emit("attn_res.mix", site.layer, h);
+    if (ctx_.taps)
+      for (size_t i = 0; i < ctx_.taps->layers.size(); ++i)
+        if (ctx_.taps->layers[i] + 1 == site.layer) ctx_.taps->values[i] = h;
+  }
+  return x;
+}
+
+// ---------------------------------------------------------------- attention
+
+Tensor fused_attention(const ForwardContext& ctx, int layer, const model::KdaWeights& w, const Tensor& x) {
+  const auto& kc = ctx.config.kda;
+  const int64_t n = x.dim(0), P = kc.proj_dim();
+  Tensor q_in = ctx.alloc(n, P), k_in = ctx.alloc(n, P), v_in = ctx.alloc(n, P), g = ctx.alloc(n, P);
+  Tensor f_a = ctx.alloc(n, w.f_a_proj.out_features()), b = ctx.alloc(n, kc.num_heads);
+  project(ctx, x,
+          {{&w.q_proj, &q_in}, {&w.k_proj, &k_in}, {&w.v_proj, &v_in}, {&w.g_proj, &g}, {&w.f_a_proj, &f_a},
+           {&w.b_proj, &b}});
+  Tensor y = ctx.alloc(n, P);
+  const bool traced = ctx.trace && *ctx.trace;
+  Tensor o = traced ? ctx.alloc(n, P) : Tensor();
+  kernels::KdaDecodeArgs a;
+  a.q_in = q_in.view();
+  a.k_in = k_in.view();
+  a.v_in = v_in.view();
+  a.g = g.view();
+  a.f_a = f_a.view();
+  a.f_b = &w.f_b_proj;
+  a.b = b.view();
+  a.q_conv = w.q_conv.view();
+  a.k_conv = w.k_conv.view();
+  a.v_conv = w.v_conv.view();
+  a.conv_state = ctx.kv.conv_states(layer).view();
+  a.a_log = w.a_log.view();
+  a.dt_bias = w.dt_bias.view();
+  a.state = ctx.kv.kda_states(layer).view();
+  a.o_norm = w.o_norm.view();
+  a.out = y.view();
+  if (traced) a.o_trace = o.view();
+  a.num_heads = kc.num_heads;
+  a.head_dim = kc.head_dim;
+  a.lower_bound = kc.gate_lower_bound;
+  a.rms_eps = ctx.config.rms_norm_eps;
+  a.precision = ctx.precision();
+  // Committing decode sequences, then verify sequences without committing (spec §5.9 (b)): their
+  // accepted rows are replayed by Model::commit_verified from what the capture keeps.
+  if (ctx.batches.kda_decode.num_seqs > 0) {
+    a.seqs = ctx.batches.kda_decode;
+    ctx.ops.kda_decode.run(a, ctx.device());
+  }
+  if (ctx.batches.verify.num_seqs > 0) {
+    a.seqs = ctx.batches.verify;
+    a.no_commit = true;
+    ctx.ops.kda_decode.run(a, ctx.device());
+    K3_CHECK(ctx.capture != nullptr, "KDA layer " + std::to_string(layer) + ": verify rows but no VerifyCapture");
+    const Tensor decay = ctx.linear(f_a, w.f_b_proj);  // what the standard replay reads
+    ctx.capture->layers.at(static_cast<size_t>(layer)) = {model::verify_rows(ctx, q_in), model::verify_rows(ctx, k_in),
+                                                          model::verify_rows(ctx, v_in), model::verify_rows(ctx, decay),
+                                                          model::verify_rows(ctx, b)};
+  }
+  if (traced) ctx.emit("kda.o", layer, o);
+  ctx.emit("kda.gated", layer, y);
+  return ctx.reduce_partial(ctx.row_parallel_linear(y, w.o_proj));
+}
+
+Tensor fused_attention(const ForwardContext& ctx, int layer, const model::MlaWeights& w, const Tensor& x) {
+  const auto& mc = ctx.config.mla;
+  const int64_t n = x.dim(0), width = int64_t{mc.num_heads} * mc.v_head_dim;
+  Tensor q_a = ctx.alloc(n, w.q_a_proj.out_features()), kv = ctx.alloc(n, mc.cache_dim());
+  Tensor g = mc.use_output_gate ? ctx.alloc(n, width) : Tensor();
+  if (mc.use_output_gate)
+    project(ctx, x, {{&w.q_a_proj, &q_a}, {&w.kv_a_proj, &kv}, {&w.g_proj, &g}});
+  else
+    project(ctx, x, {{&w.q_a_proj, &q_a}, {&w.kv_a_proj, &kv}});
+  const Tensor q = ctx.linear(ctx.rmsnorm(q_a, w.q_a_norm, kMlaNormEps), w.q_b_proj);
+  const Tensor c_n = ctx.rmsnorm(model::column_copy(ctx, kv, 0, mc.kv_lora_rank), w.kv_a_norm, kMlaNormEps);
+  const Tensor k_pe = model::column_copy(ctx, kv, mc.kv_lora_rank, mc.cache_dim());
+  const Tensor& pages = ctx.kv.mla_pages(layer);
+  ctx.ops.mla_cache_write.run({c_n.view(), k_pe.view(), pages.view(), ctx.batches.cache_rows, ctx.options.kv_k_scale},
+                              ctx.device());
+  Tensor out = ctx.alloc(n, width);
+  kernels::MlaDecodeArgs a;
+  a.q = q.view();
+  a.pages = pages.view();
+  a.seqs = ctx.batches.decode;  // verify sequences included: every row attends causally
+  a.k_scale = ctx.options.kv_k_scale;
+  a.kv_b = &w.kv_b_proj;
+  if (mc.use_output_gate) a.gate = g.view();
+  a.out = out.view();
+  a.num_heads = mc.num_heads;
+  a.qk_nope = mc.qk_nope_head_dim;
+  a.qk_rope = mc.qk_rope_head_dim;
+  a.v_head_dim = mc.v_head_dim;
+  a.kv_lora = mc.kv_lora_rank;
+  a.scale = mc.softmax_scale();
+  a.precision = ctx.precision();
+  ctx.ops.mla_decode.run(a, ctx.device());
+  ctx.emit("mla.gated", layer, out);
+  return ctx.reduce_partial(ctx.row_parallel_linear(out, w.o_proj));
+}
+
+// ---------------------------------------------------------------- MoE
+
+Tensor fused_moe(const ForwardContext& ctx, int layer, const model::MoeWeights& w, const Tensor& router_bias,
+                 const Tensor& x) {
+  const auto& mc = ctx.config.moe;
+  const int64_t n = x.dim(0);
+  model::MoeFront front;
+  front.logits = ctx.alloc_as(core::DType::f32, n, w.router.out_features());  // fp32, unrounded (spec §2)
+  front.z = ctx.alloc(n, w.latent_down.out_features());
+  if (mc.num_shared_experts > 0) {
+    front.shared_gate = ctx.alloc(n, w.shared_gate.out_features());
+    front.shared_up = ctx.alloc(n, w.shared_up.out_features());
+    project(ctx, x,
+            {{&w.router, &front.logits, false},
+             {&w.latent_down, &front.z},
+             {&w.shared_gate, &front.shared_gate},
+             {&w.shared_up, &front.shared_up}});
+  } else {
+    project(ctx, x, {{&w.router, &front.logits, false}, {&w.latent_down, &front.z}});
+  }
+  return model::moe_tail(ctx, layer, w, router_bias, front, x.dim(1));
+}
+
+}  // namespace k3::fastpath

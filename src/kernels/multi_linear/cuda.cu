@@ -1,0 +1,347 @@
+// kernels/multi_linear/cuda.cu: CUDA multi_linear: every output's y_i = x W_i^T in ONE launch over
+// the concatenation of all outputs' weight rows (design and byte counts: multi_linear.h).
+//
+//   cuda_multi_mma (priority 20): bf16 x, bf16 weights, in % 8 == 0, 16-byte aligned rows. A CTA
+//     of 8 warps owns 16 weight rows of one output and up to 64 tokens; the warps split `in` into
+//     interleaved 32-wide k-blocks and run mma.sync m16n8k16 (bf16 in, f32 accumulate); partial
+//     sums meet in shared memory in warp order (deterministic, no workspace, no atomics).
+//   cuda_multi_rowdot (priority 10): any bf16/f32 mix, odd widths: cuda_rowdot.cuh's segment dot
+//     (the standard linear fallback's math) with all outputs' rows in one grid.
+// Both accumulate in fp32 and round once on store (bf16 out, or f32 out with round_output in
+// Precision::bf16); the order of the sum differs from the reference's sequential one (tolerance).
+#include "kernels/cuda_common.cuh"
+#include "kernels/cuda_rowdot.cuh"
+#include "kernels/multi_linear/multi_linear.h"
+
+namespace k3::kernels {
+
+using namespace cuda_detail;
+
+namespace {
+
+// One output's part of the launch (host-filled, passed by value in MlParams).
+struct MlOutput {
+  const void* w = nullptr;  // weight [rows, in], bf16 or f32: row r at w + r * w_ld elements
+  int64_t w_ld = 0;
+  void* y = nullptr;        // out [T, rows], bf16 or f32: row t at y + t * y_ld elements
+  int64_t y_ld = 0;
+  int64_t rows = 0;         // out_i
+  int first_block = 0;      // first blockIdx.x of this output (blocks never span two outputs)
+  int rows_per_block = 0;   // weight rows per block
+  int width = 0;            // rowdot only: lanes per weight row (segment width)
+  bool w_bf16 = false;      // weight dtype: bf16 (else f32)
+  bool y_bf16 = false;      // out dtype: bf16 (always rounds; else f32)
+  bool round = false;       // f32 out: round to bf16 (round_output in Precision::bf16)
+  bool vec = false;         // rowdot only: 16-byte loads (cuda_rowdot.cuh vector_ok)
+};
+
+struct MlParams {
+  MlOutput out[kMultiLinearMaxOutputs];
+  int num_out = 0;
+  const void* x = nullptr;  // [T, in] bf16 or f32 (the kernel's XT), row t at x + t * x_ld elements
+  int64_t x_ld = 0;
+  int64_t T = 0, in = 0;
+};
+
+// The output that owns block `block`: the last one whose first block is <= block. Static indices
+// only, so the descriptors are read from the parameter bank (no local-memory copy).
+__device__ __forceinline__ MlOutput output_of_block(const MlParams& p, int block) {
+  MlOutput d = p.out[0];
+#pragma unroll
+  for (int i = 1; i < kMultiLinearMaxOutputs; ++i)
+    if (i < p.num_out && block >= p.out[i].first_block) d = p.out[i];
+  return d;
+}
+
+__device__ __forceinline__ void store_out(const MlOutput& d, int64_t t, int64_t r, float v) {
+  if (d.y_bf16)
+    static_cast<bf16*>(d.y)[t * d.y_ld + r] = __float2bfloat16_rn(v);
+  else
+    static_cast<float*>(d.y)[t * d.y_ld + r] = round_if(v, d.round);
+}
+
+// ---------------------------------------------------------------- cuda_multi_rowdot
+
+// Grid (sum_i ceil(rows_i / rows_per_block_i), ceil(T / 8)); a block's warps all belong to one
+// output, so the per-output branch below is uniform and every lane of a warp reaches the shuffles.
+template <class XT>
+__global__ void __launch_bounds__(kRowdotThreads) multi_rowdot_kernel(MlParams p) {
+  constexpr int R = kRowdotInputs;
+  const MlOutput d = output_of_block(p, blockIdx.x);
+  const int width = d.width;
+  const int sub = threadIdx.x % width;
+  const int64_t row = static_cast<int64_t>(blockIdx.x - d.first_block) * d.rows_per_block + threadIdx.x / width;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * R;
+  const int nr = static_cast<int>(p.T - t0 < R ? p.T - t0 : R);
+  const XT* x = static_cast<const XT*>(p.x);
+  const XT* xs[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) xs[j] = x + (t0 + (j < nr ? j : 0)) * p.x_ld;
+  WeightRef w;
+  w.data = d.w;
+  w.ld = d.w_ld;
+  const bool active = row < d.rows;
+  float acc[R];
+  if (d.w_bf16) {
+    if (d.vec)
+      segment_row_dot<WFmt::bf16, true, XT, R>(w, row, p.in, xs, nr, sub, width, active, acc);
+    else
+      segment_row_dot<WFmt::bf16, false, XT, R>(w, row, p.in, xs, nr, sub, width, active, acc);
+  } else {
+    if (d.vec)
+      segment_row_dot<WFmt::f32, true, XT, R>(w, row, p.in, xs, nr, sub, width, active, acc);
+    else
+      segment_row_dot<WFmt::f32, false, XT, R>(w, row, p.in, xs, nr, sub, width, active, acc);
+  }
+  if (active && sub == 0)
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+      if (j < nr) store_out(d, t0 + j, row, acc[j]);
+}
+
+// ---------------------------------------------------------------- cuda_multi_mma
+
+constexpr int kMmaWarps = 8;
+constexpr int kMmaThreads = kMmaWarps * 32;
+constexpr int kMmaRows = 16;     // weight rows per CTA: one m16 tile
+constexpr int kMmaTokens = 64;   // tokens per grid.y slice: up to 8 n8 tiles
+constexpr int kKBlock = 32;      // k per (warp, step): 4 lanes x 8 bf16 per row
+
+// c += A (16 x 16, row-major bf16 pairs) * B (16 x 8, col-major bf16 pairs), fp32 accumulate.
+// Fragments (PTX ISA, m16n8k16 .bf16): a0 = (row g, k 2q..2q+1), a1 = (row g+8, same k),
+// a2 = (row g, k 2q+8..), a3 = (row g+8, k 2q+8..); b0 = (k 2q.., col g), b1 = (k 2q+8.., col g);
+// c0,c1 = (row g, col 2q, 2q+1), c2,c3 = (row g+8, same cols); g = lane / 4, q = lane % 4.
+__device__ __forceinline__ void mma_bf16_m16n8k16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                  uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 16 bytes of weights, read once per call: bypass L1 (keeps L1 for x, which every warp re-reads).
+__device__ __forceinline__ uint4 load_weight16(const bf16* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// Grid (sum_i ceil(rows_i / 16), ceil(T / 64)); NT n8 token tiles (8 NT >= this slice's tokens), U
+// k-blocks loaded per step (loads in flight per lane: 2U of weights + U NT of x).
+//
+// k permutation: lane (g, q) loads the 16 bytes at k = 32 kb + 8 q .. +8 of weight rows g and g+8
+// and of x row (token) g. In the first mma its words 0, 1 stand for the logical k pairs 2q and
+// 2q+8, in the second mma words 2, 3 do; A and B use the same map, so each mma still sums
+// products of equal physical k (the dot product is order-free up to rounding).
+template <int NT, int U>
+__global__ void __launch_bounds__(kMmaThreads) multi_mma_kernel(MlParams p) {
+  __shared__ float partial[kMmaWarps][NT * 4 * 32];  // each warp's accumulators, [tile][elem][lane]
+  const MlOutput d = output_of_block(p, blockIdx.x);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, q = lane & 3;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x - d.first_block) * kMmaRows;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMmaTokens;
+  const int64_t in = p.in;
+
+  const bool lo_ok = r0 + g < d.rows, hi_ok = r0 + g + 8 < d.rows;
+  const bf16* w = static_cast<const bf16*>(d.w);
+  const bf16* w_lo = w + (lo_ok ? r0 + g : 0) * d.w_ld;
+  const bf16* w_hi = w + (hi_ok ? r0 + g + 8 : 0) * d.w_ld;
+  const bf16* x = static_cast<const bf16*>(p.x);
+  const bf16* xr[NT];
+  bool x_ok[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int64_t t = t0 + 8 * j + g;
+    x_ok[j] = t < p.T;
+    xr[j] = x + (x_ok[j] ? t : 0) * p.x_ld;
+  }
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  const int64_t n_kblocks = (in + kKBlock - 1) / kKBlock;
+  for (int64_t kb0 = warp; kb0 < n_kblocks; kb0 += static_cast<int64_t>(kMmaWarps) * U) {
+    uint4 wl[U], wh[U], xv[U][NT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t kb = kb0 + static_cast<int64_t>(u) * kMmaWarps;
+      const int64_t k = kb * kKBlock + 8 * q;
+      const bool k_ok = kb < n_kblocks && k < in;  // in % 8 == 0: the 8-element chunk is whole
+      // Unconditional loads from clamped addresses (row 0 / k 0 exist whenever this loop runs),
+      // zeroed after: no branches, so all 2U + U NT loads are in flight before the first mma.
+      const int64_t kc = k_ok ? k : 0;
+      const uint4 lo = load_weight16(w_lo + kc);
+      const uint4 hi = load_weight16(w_hi + kc);
+      wl[u] = k_ok && lo_ok ? lo : zero;
+      wh[u] = k_ok && hi_ok ? hi : zero;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const uint4 xq = __ldg(reinterpret_cast<const uint4*>(xr[j] + kc));
+        xv[u][j] = k_ok && x_ok[j] ? xq : zero;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        mma_bf16_m16n8k16(acc[j], wl[u].x, wh[u].x, wl[u].y, wh[u].y, xv[u][j].x, xv[u][j].y);
+        mma_bf16_m16n8k16(acc[j], wl[u].z, wh[u].z, wl[u].w, wh[u].w, xv[u][j].z, xv[u][j].w);
+      }
+  }
+
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) partial[warp][(j * 4 + e) * 32 + lane] = acc[j][e];
+  __syncthreads();
+  // Entry (row rl, token tl) of the CTA's 16 x 8NT tile, rows fastest (coalesced stores): it sits
+  // in tile j = tl / 8 at lane (rl % 8) * 4 + (tl % 8) / 2, element (rl / 8) * 2 + tl % 2.
+  for (int idx = threadIdx.x; idx < kMmaRows * 8 * NT; idx += kMmaThreads) {
+    const int rl = idx % kMmaRows, tl = idx / kMmaRows;
+    const int j = tl >> 3, tt = tl & 7;
+    const int src = (j * 4 + (rl >> 3) * 2 + (tt & 1)) * 32 + (rl & 7) * 4 + (tt >> 1);
+    float s = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kMmaWarps; ++v) s += partial[v][src];
+    const int64_t row = r0 + rl, t = t0 + tl;
+    if (row < d.rows && t < p.T) store_out(d, t, row, s);
+  }
+}
+
+// ---------------------------------------------------------------- host
+
+int64_t x_row_ld(const MultiLinearArgs& a) { return a.x.dim(0) > 1 ? a.x.strides[0] : a.x.dim(1); }
+
+// Fills the launch descriptors; returns the total block count (grid.x).
+int fill_params(const MultiLinearArgs& a, bool mma, MlParams& p) {
+  const int64_t T = a.x.dim(0), in = a.x.dim(1);
+  p.num_out = a.num_outputs;
+  p.x = a.x.data;
+  p.x_ld = x_row_ld(a);
+  p.T = T;
+  p.in = in;
+  int blocks = 0;
+  for (int i = 0; i < a.num_outputs; ++i) {
+    const MultiLinearOutput& o = a.outputs[static_cast<size_t>(i)];
+    MlOutput& d = p.out[i];
+    const core::TensorView& wv = o.w->weight.view();
+    d.w = wv.data;
+    d.w_ld = wv.strides[0];
+    d.rows = o.w->out_features();
+    d.y = o.out.data;
+    d.y_ld = T > 1 ? o.out.strides[0] : d.rows;
+    d.w_bf16 = wv.dtype == core::DType::bf16;
+    d.y_bf16 = o.out.dtype == core::DType::bf16;
+    d.round = o.round_output && a.precision == Precision::bf16;
+    if (mma) {
+      d.rows_per_block = kMmaRows;
+    } else {
+      const WFmt f = weight_format(*o.w);
+      d.vec = vector_ok(f, weight_ref(*o.w), in, a.x.data, p.x_ld, core::dtype_size(a.x.dtype));
+      if (f == WFmt::bf16)
+        d.width = d.vec ? segment_width<WFmt::bf16, true>(in) : segment_width<WFmt::bf16, false>(in);
+      else
+        d.width = d.vec ? segment_width<WFmt::f32, true>(in) : segment_width<WFmt::f32, false>(in);
+      d.rows_per_block = kRowdotThreads / d.width;
+    }
+    d.first_block = blocks;
+    blocks += static_cast<int>(grid_for(d.rows, d.rows_per_block));
+  }
+  return blocks;
+}
+
+std::string out_name(int i, const char* field) { return "outputs[" + std::to_string(i) + "]." + field; }
+
+// What both implementations need: a device, CUDA tensors, dense bf16/f32 weights, activation dtypes.
+core::Status common_supports(const CudaOps& ops, const MultiLinearArgs& a) {
+  if (auto s = ops.usable(); !s) return s;
+  if (auto s = on_cuda({{"x", &a.x}}); !s) return s;
+  if (a.x.dtype != core::DType::bf16 && a.x.dtype != core::DType::f32)
+    return core::Status::fail("x must be bf16 or f32, got " + describe(a.x));
+  if (a.x.dtype == core::DType::bf16 && a.precision != Precision::bf16)
+    return core::Status::fail("bf16 activations need Precision::bf16");
+  for (int i = 0; i < a.num_outputs; ++i) {
+    const MultiLinearOutput& o = a.outputs[static_cast<size_t>(i)];
+    const std::string w_name = out_name(i, "w"), y_name = out_name(i, "out");
+    if (auto s = on_cuda({{y_name.c_str(), &o.out}}); !s) return s;
+    if (auto s = weight_on_cuda(*o.w, w_name.c_str()); !s) return s;
+    if (o.w->is_mxfp4())
+      return core::Status::fail(w_name + " is MXFP4: multi_linear's CUDA kernels take bf16/f32 weights (use linear)");
+    if (o.out.dtype == core::DType::bf16 && !o.round_output)
+      return core::Status::fail(y_name + ": round_output = false (logits) needs an f32 out, got " + describe(o.out));
+  }
+  return core::Status::ok();
+}
+
+core::Status mma_supports(const CudaOps& ops, const MultiLinearArgs& a) {
+  if (auto s = common_supports(ops, a); !s) return s;
+  if (a.x.dtype != core::DType::bf16)
+    return core::Status::fail("tensor-core path needs bf16 x (engine mode), got " + describe(a.x));
+  const int64_t in = a.x.dim(1);
+  if (in % 8 != 0) return core::Status::fail("tensor-core path needs in % 8 == 0, got in = " + std::to_string(in));
+  if (!aligned16(a.x.data) || (x_row_ld(a) * 2) % 16 != 0)
+    return core::Status::fail("tensor-core path needs x rows 16-byte aligned");
+  for (int i = 0; i < a.num_outputs; ++i) {
+    const core::TensorView& wv = a.outputs[static_cast<size_t>(i)].w->weight.view();
+    if (wv.dtype != core::DType::bf16)
+      return core::Status::fail("tensor-core path needs bf16 weights; " + out_name(i, "w") + " is " + describe(wv));
+    if (!aligned16(wv.data) || (wv.strides[0] * 2) % 16 != 0)
+      return core::Status::fail("tensor-core path needs 16-byte aligned weight rows; " + out_name(i, "w") + " has not");
+  }
+  return core::Status::ok();
+}
+
+void mma_run(const CudaOps& ops, const MultiLinearArgs& a) {
+  const int64_t T = a.x.dim(0);
+  if (T == 0) return;
+  MlParams p;
+  const int blocks = fill_params(a, /*mma=*/true, p);
+  if (blocks == 0) return;
+  const int64_t slice = T < kMmaTokens ? T : kMmaTokens;  // tokens of the widest grid.y slice
+  const dim3 grid(static_cast<unsigned>(blocks), grid_for(T, kMmaTokens));
+  cudaStream_t stream = ops.ctx->stream();
+  if (slice <= 8)
+    multi_mma_kernel<1, 4><<<grid, kMmaThreads, 0, stream>>>(p);
+  else if (slice <= 16)
+    multi_mma_kernel<2, 4><<<grid, kMmaThreads, 0, stream>>>(p);
+  else if (slice <= 32)
+    multi_mma_kernel<4, 2><<<grid, kMmaThreads, 0, stream>>>(p);
+  else
+    multi_mma_kernel<8, 2><<<grid, kMmaThreads, 0, stream>>>(p);
+  K3_CUDA_CHECK_LAUNCH("multi_mma_kernel");
+}
+
+void rowdot_run(const CudaOps& ops, const MultiLinearArgs& a) {
+  const int64_t T = a.x.dim(0);
+  if (T == 0) return;
+  MlParams p;
+  const int blocks = fill_params(a, /*mma=*/false, p);
+  if (blocks == 0) return;
+  const dim3 grid(static_cast<unsigned>(blocks), grid_for(T, kRowdotInputs));
+  with_act(a.x.dtype, [&](auto xt) {
+    using XT = typename decltype(xt)::type;
+    multi_rowdot_kernel<XT><<<grid, kRowdotThreads, 0, ops.ctx->stream()>>>(p);
+    K3_CUDA_CHECK_LAUNCH("multi_rowdot_kernel");
+  });
+}
+
+}  // namespace
+
+void register_multi_linear_cuda(Registry& r, const CudaOps& ops) {
+  r.multi_linear.add({"cuda_multi_mma", core::Device::cuda, 20,
+                      [ops](const MultiLinearArgs& a) { return mma_supports(ops, a); },
+                      [ops](const MultiLinearArgs& a) { mma_run(ops, a); }});
+  r.multi_linear.add({"cuda_multi_rowdot", core::Device::cuda, 10,
+                      [ops](const MultiLinearArgs& a) { return common_supports(ops, a); },
+                      [ops](const MultiLinearArgs& a) { rowdot_run(ops, a); }});
+}
+
+}  // namespace k3::kernels

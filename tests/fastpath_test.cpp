@@ -1,0 +1,233 @@
+// tests/fastpath_test.cpp: the latency_specialized decode path (fastpath/) on the CPU, where it
+// runs the fused ops' reference implementations: it computes the standard path's function (logits
+// in fp32 and bf16, 500 greedy tokens, speculative verify and commit, several sequences), it
+// really ran (the op recorder sees every fused op and no standard op it replaces), and every
+// step it does not cover falls back with its reason counted.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "fastpath/fused_decode.h"
+#include "model/local_cache.h"
+#include "model/model.h"
+#include "runner/model_runner.h"
+#include "test_util.h"
+
+namespace k3 {
+namespace {
+
+using model::LogitRows;
+using model::SequenceInput;
+using model::StepKind;
+using testing::compare;
+
+std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
+  core::Rng rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(vocab));
+  return t;
+}
+
+model::ModelOptions options(kernels::Precision p, model::DecodeBackend b) {
+  model::ModelOptions o;
+  o.precision = p;
+  o.decode_backend = b;
+  o.poison_buffers = true;
+  return o;
+}
+
+// The same checkpoint opened on both paths.
+struct Pair {
+  Pair(kernels::Precision p, checkpoint::InitStyle init = checkpoint::InitStyle::sensitive,
+       const config::K3Config& cfg = config::builtin_config("k3-tiny")) {
+    checkpoint::WriteOptions w;
+    w.init = init;
+    const auto dir = testing::write_checkpoint(tmp, cfg, w);
+    standard = runner::ModelRunner::open(dir, options(p, model::DecodeBackend::standard));
+    fused = runner::ModelRunner::open(dir, options(p, model::DecodeBackend::latency_specialized));
+  }
+  testing::TempDir tmp;
+  std::unique_ptr<runner::ModelRunner> standard, fused;
+};
+
+// Runs the same steps on a model: three sequences prefilled (different lengths), then `steps`
+// pure-decode steps of all three (teacher-forced tokens). Returns every decode step's logits.
+std::vector<core::Tensor> decode_steps(const model::Model& m, int steps, int vocab) {
+  model::LocalCache cache(m.config(), 3, 96, model::KvCacheDtype::bf16, /*block_size=*/7);
+  std::vector<model::SequenceState> st;
+  for (int s = 0; s < 3; ++s) st.push_back(cache.new_sequence());
+  const auto p0 = random_tokens(30, vocab, 1), p1 = random_tokens(5, vocab, 2), p2 = random_tokens(17, vocab, 3);
+  SequenceInput pre[] = {{p0, &st[0], StepKind::prefill}, {p1, &st[1], StepKind::prefill}, {p2, &st[2], StepKind::prefill}};
+  m.forward(cache.storage(), pre, LogitRows::last);
+  const auto feed = random_tokens(3 * steps, vocab, 4);
+  std::vector<core::Tensor> out;
+  for (int i = 0; i < steps; ++i) {
+    SequenceInput dec[3];
+    for (int s = 0; s < 3; ++s) dec[s] = {std::span(feed).subspan(static_cast<size_t>(3 * i + s), 1), &st[static_cast<size_t>(s)], StepKind::decode};
+    out.push_back(m.forward(cache.storage(), dec, LogitRows::last));
+  }
+  return out;
+}
+
+TEST(FastPath, DecodeLogitsEqualTheStandardPathFp32) {
+  Pair p(kernels::Precision::fp32);
+  const int V = p.standard->config().vocab_size;
+  const auto want = decode_steps(p.standard->model(), 12, V);
+  const auto got = decode_steps(p.fused->model(), 12, V);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const auto d = compare(got[i], want[i]);
+    EXPECT_LE(d.rel(), 1e-5) << "step " << i;  // a merged softmax in the AttnRes stream: fp32 rounding only
+    EXPECT_EQ(d.top1_agreement, 1.0) << "step " << i;
+  }
+  const model::DecodePathCounters c = p.fused->model().decode_path_counters();
+  EXPECT_EQ(c.fused_steps, 12);
+  EXPECT_EQ(c.standard_steps, 1);  // the prefill
+  ASSERT_EQ(c.fallbacks.size(), 1u);
+  EXPECT_EQ(c.fallbacks[0].first, fastpath::kNotPureDecode);
+  EXPECT_EQ(c.fallbacks[0].second, 1);
+  const model::DecodePathCounters s = p.standard->model().decode_path_counters();
+  EXPECT_EQ(s.fused_steps, 0);
+  EXPECT_EQ(s.standard_steps, 13);
+  EXPECT_TRUE(s.fallbacks.empty());  // auto chose the standard path: not a fallback
+}
+
+TEST(FastPath, DecodeLogitsTrackTheStandardPathBf16) {
+  for (auto init : {checkpoint::InitStyle::realistic, checkpoint::InitStyle::sensitive}) {
+    Pair p(kernels::Precision::bf16, init);
+    const int V = p.standard->config().vocab_size;
+    const auto want = decode_steps(p.standard->model(), 12, V);
+    const auto got = decode_steps(p.fused->model(), 12, V);
+    int64_t agree = 0, rows = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const auto d = compare(got[i], want[i]);
+      EXPECT_GE(d.cosine, 0.999) << "step " << i;
+      agree += static_cast<int64_t>(d.top1_agreement * static_cast<double>(got[i].dim(0)) + 0.5);
+      rows += got[i].dim(0);
+    }
+    EXPECT_GE(static_cast<double>(agree) / static_cast<double>(rows), 0.97);  // 36 rows: at most one flip
+  }
+}
+
+TEST(FastPath, GreedyFiveHundredTokensIdenticalFp32) {
+  Pair p(kernels::Precision::fp32, checkpoint::InitStyle::realistic);
+  const auto prompt = random_tokens(24, p.standard->config().vocab_size, 9);
+  runner::SamplingParams greedy;
+  const auto want = p.standard->generate(prompt, 500, greedy);
+  const auto got = p.fused->generate(prompt, 500, greedy);
+  ASSERT_EQ(want.size(), 500u);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(p.fused->model().decode_path_counters().fused_steps, 499);
+}
+
+// The recorder sees the fused ops and none of the standard ops they replace.
+TEST(FastPath, TheFusedKernelsRanAndExplainSaysSo) {
+  Pair p(kernels::Precision::bf16);
+  std::string plans;
+  const auto prompt = random_tokens(9, p.fused->config().vocab_size, 5);
+  p.fused->set_explain([&](const std::string& s) { plans += s; });
+  p.fused->generate(prompt, 3, {});
+  EXPECT_NE(plans.find("prefill step, 9 tokens: decode path standard, fallback: prefill_or_mixed_step"), std::string::npos)
+      << plans;
+  const auto decode_at = plans.find("first decode step, 1 row: decode path latency_specialized (fused)");
+  ASSERT_NE(decode_at, std::string::npos) << plans;
+  const std::string decode_plan = plans.substr(decode_at);
+  for (const char* op : {"multi_linear -> cpu/reference", "kda_decode -> cpu/reference", "mla_decode -> cpu/reference",
+                         "attn_res_bank -> cpu/reference", "attn_res_merge -> cpu/reference"})
+    EXPECT_NE(decode_plan.find(op), std::string::npos) << op << "\n" << decode_plan;
+  for (const char* op : {"kda_recurrent", "kda_conv", "kda_output_gate", "mla_absorbed", "attn_res_mix", "sigmoid_gate"})
+    EXPECT_EQ(decode_plan.find(op), std::string::npos) << op << " ran in a fused step\n" << decode_plan;
+
+  // A step run with a recorder of the test's own: the fused ops ran once per layer of their kind.
+  p.fused->set_explain(nullptr);
+  kernels::OpRecorder rec;
+  p.fused->set_op_recorder(&rec);
+  const config::K3Config& c = p.fused->config();
+  model::LocalCache cache(c, 1, 32);
+  model::SequenceState st = cache.new_sequence();
+  SequenceInput in{prompt, &st, StepKind::prefill};
+  p.fused->model().forward(cache.storage(), {&in, 1}, LogitRows::last);
+  rec.start();
+  in = {std::span(prompt).first(1), &st, StepKind::decode};
+  p.fused->model().forward(cache.storage(), {&in, 1}, LogitRows::last);
+  std::map<std::string, int> count;
+  for (const auto& call : rec.stop()) ++count[call.op];
+  int kda = 0, mla = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) (c.attn_kind(l) == config::AttnKind::kda ? kda : mla)++;
+  EXPECT_EQ(count["kda_decode"], kda);
+  EXPECT_EQ(count["mla_decode"], mla);
+  EXPECT_EQ(count["attn_res_merge"], 2 * c.num_hidden_layers + 1);
+  EXPECT_EQ(count["attn_res_bank"], (c.num_hidden_layers + c.attn_res_block_size - 1) / c.attn_res_block_size);
+  p.fused->set_op_recorder(nullptr);
+}
+
+// Speculative verify through the fused path: the verify rows' logits, then the commit of an
+// accepted prefix, then a plain decode step, all equal the standard path (fp32).
+TEST(FastPath, VerifyRowsAndCommitEqualTheStandardPathFp32) {
+  Pair p(kernels::Precision::fp32);
+  const int V = p.standard->config().vocab_size;
+  const auto prompt = random_tokens(20, V, 6), drafts = random_tokens(5, V, 7), next = random_tokens(2, V, 8);
+  auto run = [&](const model::Model& m) {
+    model::LocalCache cache(m.config(), 2, 64, model::KvCacheDtype::bf16, 5);
+    model::SequenceState a = cache.new_sequence(), b = cache.new_sequence();
+    SequenceInput pre[] = {{prompt, &a, StepKind::prefill}, {std::span(prompt).first(11), &b, StepKind::prefill}};
+    m.forward(cache.storage(), pre, LogitRows::last);
+    model::VerifyCapture capture;
+    SequenceInput verify[] = {{drafts, &a, StepKind::decode, true}, {std::span(next).first(1), &b, StepKind::decode}};
+    std::vector<core::Tensor> out{m.forward(cache.storage(), verify, LogitRows::verify, nullptr, &capture)};
+    const int32_t accepted[] = {3};
+    m.commit_verified(cache.storage(), capture, accepted);
+    SequenceInput after[] = {{std::span(next).first(1), &a, StepKind::decode}, {std::span(next).last(1), &b, StepKind::decode}};
+    out.push_back(m.forward(cache.storage(), after, LogitRows::last));
+    return out;
+  };
+  const auto want = run(p.standard->model()), got = run(p.fused->model());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].dim(0), want[i].dim(0));
+    EXPECT_LE(compare(got[i], want[i]).rel(), 1e-5) << "step " << i;
+  }
+  EXPECT_EQ(p.fused->model().decode_path_counters().fused_steps, 2);  // the verify step and the decode step
+}
+
+// Steps outside the scope fall back with their reason; the counters and the log say so.
+TEST(FastPath, OutOfScopeStepsFallBackWithTheirReason) {
+  Pair p(kernels::Precision::bf16);
+  const model::Model& m = p.fused->model();
+  const int V = m.config().vocab_size;
+  const int B = static_cast<int>(fastpath::kMaxRows) + 1;
+  model::LocalCache cache(m.config(), B, 8);
+  std::vector<model::SequenceState> st;
+  for (int s = 0; s < B; ++s) st.push_back(cache.new_sequence());
+  const auto tok = random_tokens(2 * B, V, 10);
+  std::vector<SequenceInput> in;
+  for (int s = 0; s < B; ++s) in.push_back({std::span(tok).subspan(static_cast<size_t>(2 * s), 1), &st[static_cast<size_t>(s)], StepKind::prefill});
+  m.forward(cache.storage(), in, LogitRows::last);  // prefill: falls back
+  for (int s = 0; s < B; ++s) in[static_cast<size_t>(s)] = {std::span(tok).subspan(static_cast<size_t>(2 * s + 1), 1), &st[static_cast<size_t>(s)], StepKind::decode};
+  m.forward(cache.storage(), in, LogitRows::last);  // 65 decode rows: falls back
+  m.forward(cache.storage(), std::span(in).first(64), LogitRows::last);  // 64 rows: fused
+  const model::DecodePathCounters c = m.decode_path_counters();
+  EXPECT_EQ(c.fused_steps, 1);
+  EXPECT_EQ(c.standard_steps, 2);
+  std::map<std::string, int64_t> by_reason(c.fallbacks.begin(), c.fallbacks.end());
+  EXPECT_EQ(by_reason[fastpath::kNotPureDecode], 1);
+  EXPECT_EQ(by_reason[fastpath::kTooManyRows], 1);
+}
+
+TEST(FastPath, ParsesAndNamesTheDecodeBackend) {
+  EXPECT_EQ(model::parse_decode_backend("auto"), model::DecodeBackend::standard);
+  EXPECT_EQ(model::parse_decode_backend("latency_specialized"), model::DecodeBackend::latency_specialized);
+  EXPECT_EQ(model::decode_backend_name(model::DecodeBackend::latency_specialized), "latency_specialized");
+  try {
+    model::parse_decode_backend("fast");
+    FAIL() << "no error";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'fast' is not one of: auto, latency_specialized"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace k3
