@@ -23,6 +23,9 @@
 //   k3bench_decode_gpu --model DIR [--make] [--config NAME] [--out FILE] [--batches 1,8,64]
 //                      [--ctx TOKENS] [--steps N] [--warmup N] [--modes eager,graph] [--seed S]
 //                      [--device cuda|cpu] [--tp N] [--spec-k K] [--spec-al AL]
+//                      [--decode-backend auto|latency_specialized]
+// --decode-backend latency_specialized: the fused path of fastpath/ serves the decode steps it
+// covers; the bundle's decode_path says how many steps each path ran and why any fell back.
 // --modes ... verify: speculative verify steps with SYNTHETIC acceptance (issue #8's measure): each
 // sequence runs its last token + K drafts (--spec-k, default 7) through the decode path with KDA in
 // no-commit mode, then Model::commit_verified keeps AL rows (--spec-al, default 6: KDA replay, MLA
@@ -89,6 +92,7 @@ struct Options {
   core::Device device = core::Device::cuda;
   int tp = 1;  // > 1: runner::TpRunner, rank r on GPU r, NCCL collectives inside every step
   int spec_k = 7, spec_al = 6;  // mode "verify": K drafts per sequence, AL tokens kept per step
+  model::DecodeBackend decode_backend = model::DecodeBackend::standard;
 };
 
 double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
@@ -238,6 +242,7 @@ Options parse_options(int argc, char** argv) {
     else if (a == "--tp") o.tp = std::stoi(value());
     else if (a == "--spec-k") o.spec_k = std::stoi(value());
     else if (a == "--spec-al") o.spec_al = std::stoi(value());
+    else if (a == "--decode-backend") o.decode_backend = model::parse_decode_backend(value());
     else if (a == "--device") {
       const std::string d = value();
       K3_CHECK(d == "cuda" || d == "cpu", "--device must be cuda or cpu, got '" + d + "'");
@@ -245,7 +250,7 @@ Options parse_options(int argc, char** argv) {
     } else if (a == "--help" || a == "-h") {
       std::cout << "k3bench_decode_gpu --model DIR [--make] [--config NAME] [--out FILE] [--batches 1,8,64] [--ctx TOKENS]\n"
                    "                   [--steps N] [--warmup N] [--modes eager,graph,verify] [--seed S] [--device cuda|cpu] [--tp N]\n"
-                   "                   [--spec-k K] [--spec-al AL]\n";
+                   "                   [--spec-k K] [--spec-al AL] [--decode-backend auto|latency_specialized]\n";
       std::exit(0);
     } else {
       throw core::Error("unknown option " + a + " (try --help)");
@@ -337,6 +342,7 @@ int main(int argc, char** argv) {
     model::ModelOptions mo;
     mo.device = o.device;
     mo.precision = kernels::Precision::bf16;
+    mo.decode_backend = o.decode_backend;
     std::printf("opening %s on %s (tp %d) ...\n", o.model.string().c_str(), device_name.c_str(), o.tp);
     std::fflush(stdout);
     const auto t0 = clock_type::now();
@@ -498,6 +504,13 @@ int main(int argc, char** argv) {
     };
     if (single) measure(0, single->model(), nullptr);
     else ranks->run([&](int rank, const model::Model& m, comm::Communicator& comm) { measure(rank, m, &comm); });
+    // Which path ran the steps (latency_specialized falls back per step, with a reason).
+    const model::DecodePathCounters paths = single ? single->model().decode_path_counters() : ranks->model(0).decode_path_counters();
+    nlohmann::json fallbacks = nlohmann::json::object();
+    for (const auto& [reason, n] : paths.fallbacks) fallbacks[reason] = n;
+    std::printf("decode_backend %s: %lld steps fused, %lld standard%s%s\n",
+                std::string(model::decode_backend_name(o.decode_backend)).c_str(), static_cast<long long>(paths.fused_steps),
+                static_cast<long long>(paths.standard_steps), fallbacks.empty() ? "" : "; fallbacks ", fallbacks.empty() ? "" : fallbacks.dump().c_str());
 
     // Table and bundle.
     nlohmann::json jrows = nlohmann::json::array();
@@ -541,6 +554,8 @@ int main(int argc, char** argv) {
                     {"bytes", "spec §12: non-expert weights incl. lm_head once, 896(1-(1-16/896)^B) distinct experts per MoE "
                               "layer x per-expert MXFP4 bytes, KDA state+conv r+w, fp8 latent read (ctx+1) + write, AttnRes "
                               "2 x (bank+1) rows x hidden bf16 per token per layer, embedding rows"}}},
+        {"decode_path", {{"decode_backend", std::string(model::decode_backend_name(o.decode_backend))},
+                         {"fused_steps", paths.fused_steps}, {"standard_steps", paths.standard_steps}, {"fallbacks", fallbacks}}},
         {"checkpoint_write_seconds", make_seconds},
         {"load_seconds", load_seconds},
         {"copy_GBps", copy_bw / 1e9},

@@ -18,7 +18,8 @@ constexpr const char* kUsage =
     "  generate         generate token ids from a prompt of token ids\n"
     "  serve            serve the model over an OpenAI-compatible HTTP API\n"
     "  bench-serve      load-test a running server (random, shared-prefix, agentic, trace) -> bundle\n"
-    "  bench-compare    compare bench-serve bundles: ratios, bootstrap CIs, regressions, SVG plots\n";
+    "  bench-compare    compare bench-serve bundles: ratios, bootstrap CIs, regressions, SVG plots\n"
+    "  layer-diff       diff every traced intermediate of two sides (device/precision/decode path)\n";
 
 }  // namespace
 
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
     if (command == "serve") return k3::cli::serve_command(rest);
     if (command == "bench-serve") return k3::cli::bench_serve_command(rest);
     if (command == "bench-compare") return k3::cli::bench_compare_command(rest);
+    if (command == "layer-diff") return k3::cli::layer_diff_command(rest);
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const k3::core::Error& e) {
