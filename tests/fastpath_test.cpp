@@ -16,6 +16,7 @@
 #include "model/local_cache.h"
 #include "model/model.h"
 #include "runner/model_runner.h"
+#include "runner/tp_runner.h"
 #include "test_util.h"
 
 namespace k3 {
@@ -215,6 +216,64 @@ TEST(FastPath, OutOfScopeStepsFallBackWithTheirReason) {
   std::map<std::string, int64_t> by_reason(c.fallbacks.begin(), c.fallbacks.end());
   EXPECT_EQ(by_reason[fastpath::kNotPureDecode], 1);
   EXPECT_EQ(by_reason[fastpath::kTooManyRows], 1);
+}
+
+// Tensor parallelism: every rank runs the fused path on its shard (heads, experts, vocab split;
+// the same collectives): TP2 fused decode logits equal TP2 standard ones (fp32).
+TEST(FastPath, TensorParallelRanksRunTheFusedPathFp32) {
+  Pair p(kernels::Precision::fp32);
+  const auto tokens = random_tokens(40, p.standard->config().vocab_size, 13);
+  const auto dir = p.tmp.path() / "model";
+  auto standard = runner::TpRunner::open(dir, 2, options(kernels::Precision::fp32, model::DecodeBackend::standard));
+  auto fused = runner::TpRunner::open(dir, 2, options(kernels::Precision::fp32, model::DecodeBackend::latency_specialized));
+  const core::Tensor want = standard->logits(tokens, 24);  // rows 24..39: one decode step each
+  const core::Tensor got = fused->logits(tokens, 24);
+  EXPECT_LE(compare(got, want).rel(), 1e-5);
+  EXPECT_EQ(compare(got, want).top1_agreement, 1.0);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(fused->model(r).decode_path_counters().fused_steps, 16) << "rank " << r;
+}
+
+// A drafter's hidden-state taps (the attention-side mixtures) are the same on both paths.
+TEST(FastPath, HiddenTapsEqualTheStandardPathFp32) {
+  Pair p(kernels::Precision::fp32);
+  const int V = p.standard->config().vocab_size;
+  const auto prompt = random_tokens(12, V, 14);
+  auto taps_of = [&](const model::Model& m) {
+    model::LocalCache cache(m.config(), 1, 32);
+    model::SequenceState st = cache.new_sequence();
+    SequenceInput in{prompt, &st, StepKind::prefill};
+    m.forward(cache.storage(), {&in, 1}, LogitRows::last);
+    model::HiddenTaps taps;
+    taps.layers = {0, 2};
+    in = {std::span(prompt).first(1), &st, StepKind::decode};
+    m.forward(cache.storage(), {&in, 1}, LogitRows::last, nullptr, nullptr, &taps);
+    std::vector<core::Tensor> host;
+    for (const core::Tensor& t : taps.values) host.push_back(t);
+    return host;
+  };
+  const auto want = taps_of(p.standard->model()), got = taps_of(p.fused->model());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_TRUE(got[i].defined()) << "tap " << i << " not filled by the fused path";
+    EXPECT_LE(compare(got[i], want[i]).rel(), 1e-5) << "tap " << i;
+  }
+  EXPECT_EQ(p.fused->model().decode_path_counters().fused_steps, 1);
+}
+
+// A config whose AttnRes schedule the fused ops do not take (block of 17: 34 Mix operators per
+// bank) runs every step on the standard path, with the reason.
+TEST(FastPath, AnAttnResScheduleBeyondTheFusedOpsFallsBack) {
+  config::K3Config c = config::builtin_config("k3-tiny");
+  c.attn_res_block_size = 17;
+  config::validate(c, "block 17");
+  Pair p(kernels::Precision::bf16, checkpoint::InitStyle::realistic, c);
+  const auto prompt = random_tokens(6, c.vocab_size, 15);
+  EXPECT_EQ(p.fused->generate(prompt, 4, {}), p.standard->generate(prompt, 4, {}));
+  const model::DecodePathCounters k = p.fused->model().decode_path_counters();
+  EXPECT_EQ(k.fused_steps, 0);
+  ASSERT_EQ(k.fallbacks.size(), 1u);
+  EXPECT_EQ(k.fallbacks[0].first, fastpath::kUnsupportedAttnRes);
+  EXPECT_EQ(k.fallbacks[0].second, 4);
 }
 
 TEST(FastPath, ParsesAndNamesTheDecodeBackend) {

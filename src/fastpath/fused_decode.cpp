@@ -4,6 +4,7 @@
 #include <variant>
 
 #include "fastpath/fused_layers.h"
+#include "kernels/attn_res_fused/attn_res_fused.h"
 
 #ifdef K3_HAVE_CUDA
 #include "backends/cuda/device.h"
@@ -19,7 +20,16 @@ using model::ForwardContext;
 class FusedDecodePath final : public model::FusedDecode {
  public:
   FusedDecodePath(const model::Model& model, std::string device_problem)
-      : model_(model), device_problem_(std::move(device_problem)) {}
+      : model_(model), device_problem_(std::move(device_problem)) {
+    // The AttnRes stream's fused ops take a bounded bank and number of Mix operators per bank
+    // (kernels/attn_res_fused): ceil(L / block) bank rows, at most 2 x block Mix operators.
+    const config::K3Config& c = model.config();
+    const int block = c.attn_res_block_size;
+    const int bank_rows = (c.num_hidden_layers + block - 1) / block;
+    if (device_problem_.empty() &&
+        (bank_rows > kernels::kAttnResFusedMaxBankRows || 2 * block > kernels::kAttnResFusedMaxMixes))
+      device_problem_ = kUnsupportedAttnRes;
+  }
 
   model::PathDecision decide(const ForwardContext& ctx, model::LogitRows) const override {
     if (!device_problem_.empty()) return {false, device_problem_};
@@ -69,7 +79,7 @@ class FusedDecodePath final : public model::FusedDecode {
 
  private:
   const model::Model& model_;
-  std::string device_problem_;
+  std::string device_problem_;  // set: every step falls back with this reason
 };
 
 }  // namespace

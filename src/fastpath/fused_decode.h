@@ -16,8 +16,9 @@
 //   MoE:  multi_linear x -> [router, latent_down, shared gate, shared up]; the standard tail
 //   each sublayer ends in attn_res_merge: P += out, the next Mix from the bank partials, RMSNorm
 //   once per bank block: attn_res_bank (the bank part of the block's 24 Mix operators)
-// An op whose fused kernel does not support its arguments (say MXFP4 projections) runs as the
-// standard ops instead; --explain shows which implementation ran for every op.
+// An op whose fused kernel does not support its arguments (say MXFP4 projections, or more than
+// 16 local MLA heads on CUDA) runs as the standard ops instead (for kda_decode / mla_decode: the
+// whole standard attention sublayer); --explain shows the skip and its reason.
 #pragma once
 #include <memory>
 #include <span>
@@ -34,6 +35,9 @@ inline constexpr int64_t kMaxRows = 64;
 inline constexpr const char* kNotPureDecode = "prefill_or_mixed_step";
 inline constexpr const char* kTooManyRows = "more_than_64_rows";
 inline constexpr const char* kUnsupportedGpu = "gpu_not_sm90";
+// More bank rows or Mix operators per bank than the fused AttnRes ops take (a config whose
+// attn_res_block_size is small for its depth, or above 16).
+inline constexpr const char* kUnsupportedAttnRes = "attn_res_schedule_unsupported";
 
 // `device_problem`: empty when the model's device is served (the CPU, or a GPU of compute
 // capability 9.0); else the reason every step falls back (kUnsupportedGpu). See gpu_problem().

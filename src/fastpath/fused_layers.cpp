@@ -38,6 +38,16 @@ void project(const ForwardContext& ctx, const Tensor& x, std::initializer_list<P
     ctx.ops.linear.run({x.view(), p.w, p.out->view(), p.round_output, ctx.precision()}, ctx.device());
 }
 
+// Whether `table` has an implementation for `a` on the context's device; when not, the skip and
+// its reason are recorded (--explain) and the caller runs the standard ops instead.
+template <class Args>
+bool fused_op_runs(const ForwardContext& ctx, const kernels::OpTable<Args>& table, const Args& a) {
+  std::string why;
+  if (table.find(a, ctx.device(), &why)) return true;
+  table.note_skipped(why, ctx.device());
+  return false;
+}
+
 // Element offset `floats` into an f32 tensor, as a contiguous view of `shape`.
 TensorView f32_view(const Tensor& t, int64_t floats, core::Shape shape) {
   return TensorView::contiguous(static_cast<float*>(t.view().data) + floats, core::DType::f32, shape, t.view().device);
@@ -157,9 +167,6 @@ Tensor fused_attention(const ForwardContext& ctx, int layer, const model::KdaWei
   const int64_t n = x.dim(0), P = kc.proj_dim();
   Tensor q_in = ctx.alloc(n, P), k_in = ctx.alloc(n, P), v_in = ctx.alloc(n, P), g = ctx.alloc(n, P);
   Tensor f_a = ctx.alloc(n, w.f_a_proj.out_features()), b = ctx.alloc(n, kc.num_heads);
-  project(ctx, x,
-          {{&w.q_proj, &q_in}, {&w.k_proj, &k_in}, {&w.v_proj, &v_in}, {&w.g_proj, &g}, {&w.f_a_proj, &f_a},
-           {&w.b_proj, &b}});
   Tensor y = ctx.alloc(n, P);
   const bool traced = ctx.trace && *ctx.trace;
   Tensor o = traced ? ctx.alloc(n, P) : Tensor();
@@ -186,6 +193,12 @@ Tensor fused_attention(const ForwardContext& ctx, int layer, const model::KdaWei
   a.lower_bound = kc.gate_lower_bound;
   a.rms_eps = ctx.config.rms_norm_eps;
   a.precision = ctx.precision();
+  a.seqs = ctx.batches.decode;
+  // A shape the fused kernel does not take (say head_dim > 128 on CUDA): the standard sublayer.
+  if (!fused_op_runs(ctx, ctx.ops.kda_decode, a)) return model::attention(ctx, layer, w, x);
+  project(ctx, x,
+          {{&w.q_proj, &q_in}, {&w.k_proj, &k_in}, {&w.v_proj, &v_in}, {&w.g_proj, &g}, {&w.f_a_proj, &f_a},
+           {&w.b_proj, &b}});
   // Committing decode sequences, then verify sequences without committing (spec §5.9 (b)): their
   // accepted rows are replayed by Model::commit_verified from what the capture keeps.
   if (ctx.batches.kda_decode.num_seqs > 0) {
@@ -212,17 +225,8 @@ Tensor fused_attention(const ForwardContext& ctx, int layer, const model::MlaWei
   const int64_t n = x.dim(0), width = int64_t{mc.num_heads} * mc.v_head_dim;
   Tensor q_a = ctx.alloc(n, w.q_a_proj.out_features()), kv = ctx.alloc(n, mc.cache_dim());
   Tensor g = mc.use_output_gate ? ctx.alloc(n, width) : Tensor();
-  if (mc.use_output_gate)
-    project(ctx, x, {{&w.q_a_proj, &q_a}, {&w.kv_a_proj, &kv}, {&w.g_proj, &g}});
-  else
-    project(ctx, x, {{&w.q_a_proj, &q_a}, {&w.kv_a_proj, &kv}});
-  const Tensor q = ctx.linear(ctx.rmsnorm(q_a, w.q_a_norm, kMlaNormEps), w.q_b_proj);
-  const Tensor c_n = ctx.rmsnorm(model::column_copy(ctx, kv, 0, mc.kv_lora_rank), w.kv_a_norm, kMlaNormEps);
-  const Tensor k_pe = model::column_copy(ctx, kv, mc.kv_lora_rank, mc.cache_dim());
+  Tensor q = ctx.alloc(n, w.q_b_proj.out_features()), out = ctx.alloc(n, width);
   const Tensor& pages = ctx.kv.mla_pages(layer);
-  ctx.ops.mla_cache_write.run({c_n.view(), k_pe.view(), pages.view(), ctx.batches.cache_rows, ctx.options.kv_k_scale},
-                              ctx.device());
-  Tensor out = ctx.alloc(n, width);
   kernels::MlaDecodeArgs a;
   a.q = q.view();
   a.pages = pages.view();
@@ -238,6 +242,18 @@ Tensor fused_attention(const ForwardContext& ctx, int layer, const model::MlaWei
   a.kv_lora = mc.kv_lora_rank;
   a.scale = mc.softmax_scale();
   a.precision = ctx.precision();
+  // A shape the fused kernel does not take (say more than 16 local heads on CUDA): the standard sublayer.
+  if (!fused_op_runs(ctx, ctx.ops.mla_decode, a)) return model::attention(ctx, layer, w, x);
+  if (mc.use_output_gate)
+    project(ctx, x, {{&w.q_a_proj, &q_a}, {&w.kv_a_proj, &kv}, {&w.g_proj, &g}});
+  else
+    project(ctx, x, {{&w.q_a_proj, &q_a}, {&w.kv_a_proj, &kv}});
+  ctx.ops.linear.run({ctx.rmsnorm(q_a, w.q_a_norm, kMlaNormEps).view(), &w.q_b_proj, q.view(), true, ctx.precision()},
+                     ctx.device());
+  const Tensor c_n = ctx.rmsnorm(model::column_copy(ctx, kv, 0, mc.kv_lora_rank), w.kv_a_norm, kMlaNormEps);
+  const Tensor k_pe = model::column_copy(ctx, kv, mc.kv_lora_rank, mc.cache_dim());
+  ctx.ops.mla_cache_write.run({c_n.view(), k_pe.view(), pages.view(), ctx.batches.cache_rows, ctx.options.kv_k_scale},
+                              ctx.device());
   ctx.ops.mla_decode.run(a, ctx.device());
   ctx.emit("mla.gated", layer, out);
   return ctx.reduce_partial(ctx.row_parallel_linear(out, w.o_proj));
