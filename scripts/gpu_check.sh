@@ -4,7 +4,7 @@
 # or pcre2 -dev packages, no network). Writes logs and JSON under $OUT and prints a summary table
 # last.
 #
-#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|model|sanitize|bench|layers|comm|proxy]... [--budget SECONDS]
+#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|model|sanitize|bench|layers|comm|proxy|fastpath]... [--budget SECONDS]
 #
 # Phases (default all, in this order):
 #   build     configure with -DK3_GPU_CHECK_ONLY=ON (only core, config, kernels, backends, tests/ops,
@@ -29,6 +29,11 @@
 #             an 8K context: ms/step, tok/s, GB/s, ratio to the copy floor   -> proxy.log, decode_gpu.json
 #             (under `all` it runs only when at least 240 s of the budget are left; else SKIP)
 #             K3_PROXY_TP=N splits the model over GPUs 0..N-1 (TpRunner, NCCL) -> decode_gpu_tpN.json
+#   fastpath  (only when named) the latency_specialized path against the standard one on the GPU:
+#             k3eval_layer_diff on k3-tiny (fp32 free run of 200 greedy tokens: identical; bf16
+#             teacher-forced 32 steps: per-layer cosine, top-1), then, when the proxy checkpoint is
+#             on disk ($K3_PROXY_DIR), k3bench_decode_gpu --decode-backend latency_specialized
+#             -> fastpath_*.log, layer_diff_fp32.json, layer_diff_bf16.json, decode_gpu_latency_specialized.json
 # summary.txt repeats the table printed at the end. The whole run keeps within --budget seconds
 # (default 570: one 10-minute device command); a phase that would overrun is cut by `timeout` and
 # reported as TIMEOUT. The build folder (build/gpu-check) is reused by later calls, so the phases can
@@ -44,7 +49,7 @@ PHASES=()
 while (($#)); do
   case "$1" in
     --budget) BUDGET=$2; shift 2 ;;
-    all|build|test|model|bench|layers|comm|sanitize|proxy) PHASES+=("$1"); shift ;;
+    all|build|test|model|bench|layers|comm|sanitize|proxy|fastpath) PHASES+=("$1"); shift ;;
     -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -110,7 +115,7 @@ if want build; then
     targets=(k3bench_ops_gpu)
     grep -q '^K3_BUILD_TESTS:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null &&
       targets=(k3_backends_cuda_tests k3_ops_tests k3_gpu_tests k3bench_ops_gpu)
-    targets+=(k3bench_layer_gpu k3bench_decode_gpu)
+    targets+=(k3bench_layer_gpu k3bench_decode_gpu k3eval_layer_diff)
     capped 400 cmake --build "$BUILD" --target "${targets[@]}" -j"$(nproc)" >> "$OUT/build.log" 2>&1
     secs=$(( $(date +%s) - t0 ))
     if ((RC == 0)); then
@@ -317,6 +322,36 @@ if want proxy; then
     else
       record proxy FAIL "$SECS" "$(grep -m1 -iE 'error' "$OUT/proxy.log" | cut -c1-110) (rc $RC)"
     fi
+  fi
+fi
+
+# ---------------------------------------------------------------- fastpath
+LAYER_DIFF=$BUILD/k3eval_layer_diff
+named() { local p; for p in "${PHASES[@]}"; do [[ $p == "$1" ]] && return 0; done; return 1; }
+if named fastpath; then
+  if [[ ! -x $LAYER_DIFF ]]; then
+    record fastpath FAIL 0 "no $LAYER_DIFF (run the build phase)"
+  else
+    t0=$(date +%s)
+    fp_rc=0
+    capped 120 "$LAYER_DIFF" --config k3-tiny --seed 3 --prompt-len 48 --steps 200 --free-run --check \
+      --a device=cuda,precision=fp32 --b device=cuda,precision=fp32,decode_backend=latency_specialized \
+      --out "$OUT/layer_diff_fp32.json" > "$OUT/fastpath_layer_diff_fp32.log" 2>&1
+    ((RC == 0)) || fp_rc=$RC
+    capped 120 "$LAYER_DIFF" --config k3-tiny --seed 3 --prompt-len 48 --steps 32 \
+      --a device=cuda,precision=bf16 --b device=cuda,precision=bf16,decode_backend=latency_specialized \
+      --out "$OUT/layer_diff_bf16.json" > "$OUT/fastpath_layer_diff_bf16.log" 2>&1
+    ((RC == 0 || fp_rc != 0)) || fp_rc=$RC
+    detail="fp32 free run: $(grep -m1 -o 'identical.*\|first divergence.*' "$OUT/fastpath_layer_diff_fp32.log" | cut -c1-40); bf16: $(grep -m1 -o 'top-1 agreement [0-9.]*%' "$OUT/fastpath_layer_diff_bf16.log")"
+    if [[ -x $DECODE_BENCH && -f ${K3_PROXY_DIR:-/tmp/k3-proxy-tp8}/config.json ]]; then
+      capped 300 "$DECODE_BENCH" --model "${K3_PROXY_DIR:-/tmp/k3-proxy-tp8}" --decode-backend latency_specialized \
+        --out "$OUT/decode_gpu_latency_specialized.json" > "$OUT/fastpath_proxy.log" 2>&1
+      ((RC == 0 || fp_rc != 0)) || fp_rc=$RC
+      detail+="; proxy: $(grep -m1 -o 'decode_backend latency_specialized: .*' "$OUT/fastpath_proxy.log" | cut -c1-60)"
+    else
+      detail+="; proxy skipped (no checkpoint: run the proxy phase first)"
+    fi
+    record fastpath "$( ((fp_rc == 0)) && echo PASS || echo FAIL)" $(( $(date +%s) - t0 )) "$detail"
   fi
 fi
 
