@@ -223,5 +223,21 @@ TEST(OpsTp8, MlaDecodeBatch64) {
   check_decode(dev, Mode::bf16, kTp8, batch, "bf16", 1.0f, 64, true, Out::workspace, 9302);
 }
 
+// Head counts at the kernel's edges: 16 (the most one CTA takes: every 4-head score group live),
+// 5 and 9 (a partial last group), at the TP8 head dims; and more query slots than the split
+// sizing aims CTAs for (100 sequences x 3 verify rows: one split per query).
+TEST(OpsTp8, MlaDecodeHeadCountsAndManyQueries) {
+  K3_REQUIRE_CUDA(dev);
+  uint64_t seed = 9400;
+  for (int heads : {16, 5, 9}) {
+    const Dims d{heads, 128, 64, 128, 512};
+    for (Mode m : kModes) check_decode(dev, m, d, {{1, 1}, {300, 3}, {97, 1}}, "fp8", 1.0f, 16, true, Out::own, ++seed);
+  }
+  core::Rng rng(9401);
+  std::vector<SeqShape> batch;
+  for (int i = 0; i < 100; ++i) batch.push_back({3 + static_cast<int64_t>(rng.next_u64() % 200), 3});
+  check_decode(dev, Mode::bf16, kTp8, batch, "fp8", 1.0f, 16, true, Out::own, ++seed);
+}
+
 }  // namespace
 }  // namespace k3::ops_test

@@ -23,13 +23,17 @@ std::string describe(const core::TensorView& v) {
 }
 bool absent(const core::TensorView& v) { return v.data == nullptr && v.rank() == 0; }
 
-// An activation [T, D] with unit inner stride (rows may be strided).
+// Rows that do not overlap: a row stride of at least the row width (any stride for one row).
+bool rows_apart(const core::TensorView& v, int64_t T, int64_t W) { return T <= 1 || v.strides[0] >= W; }
+// An activation [T, D] with unit inner stride (rows may be strided, never overlapping).
 bool is_act_rows(const core::TensorView& v, int64_t T, int64_t D) {
-  return is_activation_dtype(v) && v.rank() == 2 && v.dim(0) == T && v.dim(1) == D && (D <= 1 || v.strides[1] == 1);
+  return is_activation_dtype(v) && v.rank() == 2 && v.dim(0) == T && v.dim(1) == D && (D <= 1 || v.strides[1] == 1) &&
+         rows_apart(v, T, D);
 }
 // An f32 [T, W] matrix with unit inner stride (bank partials, stats).
 bool is_f32_rows(const core::TensorView& v, int64_t T, int64_t W) {
-  return v.dtype == core::DType::f32 && v.rank() == 2 && v.dim(0) == T && v.dim(1) == W && (W <= 1 || v.strides[1] == 1);
+  return v.dtype == core::DType::f32 && v.rank() == 2 && v.dim(0) == T && v.dim(1) == W && (W <= 1 || v.strides[1] == 1) &&
+         rows_apart(v, T, W);
 }
 // A weight vector of D entries, bf16/f32, stored [D] or [1, D] (res_proj.weight is [1, D]).
 bool is_weight_vector(const core::TensorView& v, int64_t D, bool allow_row) {

@@ -273,6 +273,10 @@ core::Status kda_decode_supports(const CudaOps& ops, const KdaDecodeArgs& a) {
   if (a.o_trace.data != nullptr && a.o_trace.dtype != a.out.dtype)
     return core::Status::fail("o_trace must have out's dtype " + std::string(core::dtype_name(a.out.dtype)) +
                               ", got " + describe(a.o_trace));
+  // A bf16 conv pool rounds the conv window; in fp32 mode the CPU oracle keeps it f32.
+  if (a.precision == Precision::fp32 && a.conv_state.dtype != core::DType::f32)
+    return core::Status::fail("fp32 mode needs an f32 conv_state (the oracle keeps the conv window unrounded), got " +
+                              describe(a.conv_state));
   if (a.head_dim > kMaxD)
     return core::Status::fail("head_dim " + std::to_string(a.head_dim) + " is above the CUDA limit " +
                               std::to_string(kMaxD));
