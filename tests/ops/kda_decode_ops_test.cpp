@@ -174,6 +174,13 @@ void check_decode(Device* dev, Mode mode, const DecodeCase& c, const std::vector
   if (c.no_commit) {
     expect_close("kda_decode", shape, mode, "conv_untouched", dev->to_host_f32(dconv.view()), conv0, exact);
     expect_close("kda_decode", shape, mode, "state_untouched", dev->to_host_f32(dstate.view()), state0, exact);
+    // Untraced (o_trace absent, as the fused path runs without a trace): the same out.
+    kernels::KdaDecodeArgs untraced = args;
+    const Tensor out2 = dev->poisoned(act_dtype(mode), {T, P});
+    untraced.out = out2.view();
+    untraced.o_trace = {};
+    dev->registry().kda_decode.run(untraced, dev->kind());
+    expect_close("kda_decode", shape, mode, "out_untraced", dev->to_host_f32(out2.view()), want, tol_attention(mode));
   }
 }
 
