@@ -19,12 +19,7 @@ using model::SequenceInput;
 using model::StepKind;
 using testing::compare;
 
-std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
-  core::Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(vocab));
-  return t;
-}
+using testing::random_tokens;
 
 model::ModelOptions fp32_options() {
   model::ModelOptions o;

@@ -7,8 +7,10 @@
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "core/rng.h"
 #include "core/tensor.h"
 
 namespace k3::testing {
@@ -35,6 +37,14 @@ inline std::filesystem::path write_checkpoint(const TempDir& dir, const config::
   const auto out = dir.path() / name;
   checkpoint::write_random_checkpoint(cfg, opt, out);
   return out;
+}
+
+// n token ids drawn uniformly from [0, vocab) with core::Rng(seed).
+inline std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
+  core::Rng rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(vocab));
+  return t;
 }
 
 struct Diff {

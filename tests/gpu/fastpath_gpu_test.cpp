@@ -13,12 +13,7 @@
 namespace k3 {
 namespace {
 
-std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
-  core::Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(vocab));
-  return t;
-}
+using testing::random_tokens;
 
 std::unique_ptr<runner::ModelRunner> open(const std::filesystem::path& dir, core::Device device, kernels::Precision p,
                                           model::DecodeBackend backend, model::KvCacheDtype kv) {

@@ -23,12 +23,7 @@ using gpu_test::options;
 using gpu_test::usable_gpus;
 using model::KvCacheDtype;
 
-std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
-  core::Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(vocab));
-  return t;
-}
+using testing::random_tokens;
 
 std::vector<int> tp_sizes() {
   std::vector<int> out;
