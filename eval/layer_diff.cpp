@@ -98,13 +98,26 @@ void check_ids(const runner::ModelRunner& r, std::span<const int32_t> ids) {
                                                         std::to_string(r.config().vocab_size) + ")");
 }
 
+// A chunked prefill (chunk > 0): runs every chunk of the prompt but the last on each side,
+// untraced, and returns the last chunk, the prefill step that is compared. chunk 0: the prompt.
+template <class... Runs>
+std::span<const int32_t> prefill_head(Runs&... runs, std::span<const int32_t> prompt, int64_t chunk) {
+  if (chunk <= 0) return prompt;
+  while (static_cast<int64_t>(prompt.size()) > chunk) {
+    const auto head = prompt.first(static_cast<size_t>(chunk));
+    (runs.step(head, model::StepKind::prefill, nullptr), ...);
+    prompt = prompt.subspan(head.size());
+  }
+  return prompt;
+}
+
 // N greedy tokens of one side on its own: prefill the prompt, then N - 1 decode steps.
 std::vector<int32_t> free_run(const runner::ModelRunner& r, const SideSpec& side, std::span<const int32_t> prompt,
-                              int64_t n) {
+                              int64_t prefill_chunk, int64_t n) {
   std::vector<int32_t> out;
   if (n == 0) return out;
   SideRun run(r, side, static_cast<int64_t>(prompt.size()) + n);
-  out.push_back(greedy_token(run.step(prompt, model::StepKind::prefill, nullptr)));
+  out.push_back(greedy_token(run.step(prefill_head<SideRun>(run, prompt, prefill_chunk), model::StepKind::prefill, nullptr)));
   while (static_cast<int64_t>(out.size()) < n)
     out.push_back(greedy_token(run.step({&out.back(), 1}, model::StepKind::decode, nullptr)));
   return out;
@@ -281,6 +294,7 @@ LayerDiffReport run_layer_diff(const runner::ModelRunner& a, const SideSpec& sid
   K3_CHECK(a.model().options().device == side_a.device && b.model().options().device == side_b.device &&
                a.model().options().precision == side_a.precision && b.model().options().precision == side_b.precision,
            "layer_diff: a side spec does not match the model it describes (open it with open_side)");
+  K3_CHECK(config.prefill_chunk >= 0, "layer_diff: the prefill chunk must be >= 0 tokens, got " + std::to_string(config.prefill_chunk));
   K3_CHECK(config.decode_steps >= 0, "layer_diff: decode steps must be >= 0, got " + std::to_string(config.decode_steps));
   K3_CHECK(std::isfinite(config.threshold) && config.threshold <= 1,
            "layer_diff: the cosine threshold must be a number <= 1, got " + std::to_string(config.threshold));
@@ -293,8 +307,8 @@ LayerDiffReport run_layer_diff(const runner::ModelRunner& a, const SideSpec& sid
   r.config = config;
   if (config.free_run) {
     r.mode = "free_run";
-    r.tokens_a = free_run(a, side_a, config.prompt, config.decode_steps);
-    r.tokens_b = free_run(b, side_b, config.prompt, config.decode_steps);
+    r.tokens_a = free_run(a, side_a, config.prompt, config.prefill_chunk, config.decode_steps);
+    r.tokens_b = free_run(b, side_b, config.prompt, config.prefill_chunk, config.decode_steps);
     for (size_t i = 0; i < r.tokens_a.size(); ++i)
       if (r.tokens_a[i] != r.tokens_b[i]) {
         r.first_divergence = static_cast<int64_t>(i);
@@ -315,8 +329,9 @@ LayerDiffReport run_layer_diff(const runner::ModelRunner& a, const SideSpec& sid
     const model::StepKind kind = prefill ? model::StepKind::prefill : model::StepKind::decode;
     StepTrace trace_a, trace_b;
     const bool traced = !prefill || config.trace_prefill;
-    const std::vector<float> logits_a = run_a.step(tokens, kind, traced ? &trace_a : nullptr);
-    const std::vector<float> logits_b = run_b.step(tokens, kind, traced ? &trace_b : nullptr);
+    const std::span<const int32_t> last = prefill ? prefill_head<SideRun, SideRun>(run_a, run_b, tokens, config.prefill_chunk) : tokens;
+    const std::vector<float> logits_a = run_a.step(last, kind, traced ? &trace_a : nullptr);
+    const std::vector<float> logits_b = run_b.step(last, kind, traced ? &trace_b : nullptr);
     if (!traced) r.rows.push_back({step, "logits", -1, compare(logits_a, logits_b)});  // summarized below
 
     for (const auto& ea : trace_a.entries) {

@@ -99,6 +99,9 @@ struct LayerDiffConfig {
   // false: the prefill step compares only its returned last-row logits (as "logits"), not every
   // [prompt, width] intermediate (a 32K-token prompt would download gigabytes per side).
   bool trace_prefill = true;
+  // > 0: the prompt is prefilled in steps of at most this many tokens, as the engine's chunked
+  // prefill runs a long prompt; only the last chunk is traced and compared. 0: one step.
+  int64_t prefill_chunk = 0;
 };
 
 struct LayerDiffReport {

@@ -49,6 +49,7 @@ TEST(LayerDiffJson, RoundTripsWithEveryField) {
   EXPECT_EQ(j["rows"].size(), r.rows.size());
   EXPECT_EQ(j["steps"].size(), 4u);
   EXPECT_EQ(j["config"]["prompt"], nlohmann::json({5, 9, 1000}));
+  EXPECT_EQ(j["config"]["prefill_chunk"], 0);
   EXPECT_TRUE(j["summary"].contains("top1_agreement"));
   EXPECT_TRUE(j["summary"].contains("first_below_threshold"));
   const LayerDiffReport back = report_from_json(j);

@@ -100,7 +100,7 @@ json to_json(const LayerDiffReport& r) {
       {"sides", {{"a", r.side_a}, {"b", r.side_b}}},
       {"config", {{"prompt", r.config.prompt}, {"decode_steps", r.config.decode_steps},
                   {"threshold", num(r.config.threshold)}, {"free_run", r.config.free_run},
-                  {"trace_prefill", r.config.trace_prefill}}},
+                  {"trace_prefill", r.config.trace_prefill}, {"prefill_chunk", r.config.prefill_chunk}}},
       {"summary", {{"top1_agreement", num(r.top1_agreement)}, {"first_disagreeing_step", r.first_disagreeing_step},
                    {"min_cosine", num(r.min_cosine)}, {"any_below_threshold", r.any_below},
                    {"first_below_threshold", first_below}, {"first_divergence", r.first_divergence}}},
@@ -133,6 +133,7 @@ LayerDiffReport report_from_json(const json& j) {
   r.config.threshold = get_num(config, "threshold", "config");
   r.config.free_run = get<bool>(config, "free_run", "config");
   r.config.trace_prefill = get<bool>(config, "trace_prefill", "config");
+  r.config.prefill_chunk = get<int64_t>(config, "prefill_chunk", "config");
   const json& summary = field(j, "summary", "the bundle");
   r.top1_agreement = get_num(summary, "top1_agreement", "summary");
   r.first_disagreeing_step = get<int64_t>(summary, "first_disagreeing_step", "summary");

@@ -278,6 +278,38 @@ TEST(LayerDiffRun, WithoutPrefillTraceStepZeroComparesOnlyTheLogits) {
   EXPECT_EQ(r.steps[1].token_in, traced.steps[1].token_in);
 }
 
+// A chunked prefill is the engine's way to run a long prompt: the compared prefill step is the
+// last chunk, whose logits equal (fp32, within rounding of the chunk boundaries) one-step prefill's.
+TEST(LayerDiffRun, ChunkedPrefillComparesTheLastChunkAndTracksOneStep) {
+  const SideSpec fp32 = side("precision=fp32");
+  const auto a = open_side(TinyModel::dir(), fp32), b = open_side(TinyModel::dir(), fp32);
+  LayerDiffConfig c;
+  c.prompt = {3, 17, 54, 97, 1, 40, 23, 8, 77, 5, 61};  // 11 tokens: chunks 4, 4, 3
+  c.decode_steps = 2;
+  const LayerDiffReport whole = run_layer_diff(*a, fp32, *b, fp32, c);
+  c.prefill_chunk = 4;
+  const LayerDiffReport chunked = run_layer_diff(*a, fp32, *b, fp32, c);
+  EXPECT_EQ(chunked.min_cosine, 1.0);  // the same side twice, chunked too
+  // The compared prefill step traced only the last chunk: 3 rows of hidden size per intermediate.
+  bool saw_embed = false;
+  for (const StepRow& row : chunked.rows)
+    if (row.step == 0 && row.name == "embed") {
+      saw_embed = true;
+      EXPECT_EQ(row.stats.numel, 3 * a->config().hidden_size);
+    }
+  EXPECT_TRUE(saw_embed);
+  // Chunked and one-step prefill pick the same greedy tokens on this model.
+  ASSERT_EQ(chunked.steps.size(), whole.steps.size());
+  for (size_t i = 0; i < whole.steps.size(); ++i) EXPECT_EQ(chunked.steps[i].greedy_a, whole.steps[i].greedy_a) << i;
+  c.free_run = true;
+  c.decode_steps = 5;
+  const LayerDiffReport free = run_layer_diff(*a, fp32, *b, fp32, c);
+  EXPECT_EQ(free.tokens_a, free.tokens_b);
+  EXPECT_EQ(free.tokens_a.front(), whole.steps.front().greedy_a);
+  c.prefill_chunk = -1;
+  EXPECT_THROW(run_layer_diff(*a, fp32, *b, fp32, c), core::Error);
+}
+
 TEST(LayerDiffRun, FreeRunSameSideIsIdentical) {
   const SideSpec s = side("precision=fp32");
   const auto a = open_side(TinyModel::dir(), s), b = open_side(TinyModel::dir(), s);

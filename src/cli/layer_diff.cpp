@@ -4,7 +4,7 @@
 //
 //   k3serve layer-diff --a device=cuda,precision=bf16 --b device=cuda,precision=bf16,decode_backend=latency_specialized
 //                      [--model DIR | --config k3-tiny --seed 0] [--prompt-len 8 | --token-ids 1,2,3]
-//                      [--steps 16] [--threshold 0.999] [--no-prefill-trace] [--free-run] [--out diff.json] [--check]
+//                      [--steps 16] [--threshold 0.999] [--no-prefill-trace] [--prefill-chunk N] [--free-run] [--out diff.json] [--check]
 #include <unistd.h>
 
 #include <atomic>
@@ -78,6 +78,7 @@ int layer_diff_command(std::span<char* const> argv) {
              {"threshold", "C", "flag intermediates whose worst cosine is below C", "0.999"},
              {"min-top1", "P", "with --check: the least top-1 agreement that passes", "0.99"},
              {"no-prefill-trace", "", "the prefill step compares only its last-row logits (long prompts)", ""},
+             {"prefill-chunk", "N", "prefill the prompt in steps of at most N tokens (0: one step); only the last is compared", "0"},
              {"free-run", "", "each side generates --steps greedy tokens on its own; report the first divergence", ""},
              {"out", "FILE", "write the JSON bundle (per-step rows, summaries, environment) here", ""},
              {"check", "", "exit 1 when an intermediate is below --threshold, top-1 agreement is below --min-top1, "
@@ -101,6 +102,8 @@ int layer_diff_command(std::span<char* const> argv) {
   K3_CHECK(min_top1 >= 0 && min_top1 <= 1, "layer-diff: --min-top1 must be in [0, 1], got " + args.get("min-top1"));
   config.free_run = args.flag("free-run");
   config.trace_prefill = !args.flag("no-prefill-trace");
+  config.prefill_chunk = args.get_int("prefill-chunk");
+  K3_CHECK(config.prefill_chunk >= 0, "layer-diff: --prefill-chunk must be >= 0, got " + std::to_string(config.prefill_chunk));
   const int64_t prompt_len = args.get_int("prompt-len");
   K3_CHECK(prompt_len >= 1, "layer-diff: --prompt-len must be >= 1, got " + std::to_string(prompt_len));
 

@@ -60,26 +60,48 @@ TEST(FastPathGpu, FusedKernelsRunAndGreedyFp32EqualsTheStandardPath) {
   }
 }
 
-TEST(FastPathGpu, Bf16DecodeLogitsTrackTheStandardPath) {
+// bf16: the fused kernels sum in other orders than the standard GPU kernels, as the standard GPU
+// kernels do against the CPU oracle. On the tiny random model (nearly tied sigmoid router, see
+// model_gpu_test.cpp) that noise flips a few routing decisions, so neither GPU path is within
+// cosine 0.999 of another implementation at every row. The bounds: the fused path is as close to
+// the CPU oracle as the standard GPU path is (the same bounds as LogitsMatchOracleBf16, and at most
+// 2x its relative error), and its decided top-1 tokens equal the standard path's.
+TEST(FastPathGpu, Bf16DecodeLogitsAreAsCloseToTheOracleAsTheStandardPath) {
   K3_REQUIRE_GPU();
   for (auto init : {checkpoint::InitStyle::realistic, checkpoint::InitStyle::sensitive}) {
+    SCOPED_TRACE(init == checkpoint::InitStyle::realistic ? "realistic init" : "sensitive init");
     testing::TempDir tmp;
     checkpoint::WriteOptions w;
     w.init = init;
     const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
-    auto standard = open(dir, core::Device::cuda, kernels::Precision::bf16, model::DecodeBackend::standard,
-                         model::KvCacheDtype::bf16);
-    auto fused = open(dir, core::Device::cuda, kernels::Precision::bf16, model::DecodeBackend::latency_specialized,
-                      model::KvCacheDtype::bf16);
-    const auto tokens = random_tokens(160, fused->config().vocab_size, 12);
-    const core::Tensor want = standard->logits(tokens, 100);  // rows 100..159: one decode step each
-    const core::Tensor got = fused->logits(tokens, 100);
-    const core::Tensor want_dec = model::row_slice(want, 100, 160), got_dec = model::row_slice(got, 100, 160);
-    const auto d = testing::compare(got_dec, want_dec);
-    EXPECT_GE(d.cosine, 0.999);
-    const auto [agree, decided] = gpu_test::decided_top1_agreement(got_dec, want_dec, 0.05f);
-    EXPECT_GE(agree, 0.99) << decided << " decided rows";
-    EXPECT_EQ(fused->model().decode_path_counters().fused_steps, 60);
+    const auto bf16 = kernels::Precision::bf16;
+    auto standard = open(dir, core::Device::cuda, bf16, model::DecodeBackend::standard, model::KvCacheDtype::bf16);
+    auto fused = open(dir, core::Device::cuda, bf16, model::DecodeBackend::latency_specialized, model::KvCacheDtype::bf16);
+    auto oracle = open(dir, core::Device::cpu, bf16, model::DecodeBackend::standard, model::KvCacheDtype::bf16);
+    const auto tokens = random_tokens(260, fused->config().vocab_size, 12);
+    const auto decode_rows = [&](runner::ModelRunner& r) {  // rows 100..259: one decode step each
+      return model::row_slice(r.logits(tokens, 100), 100, 260);
+    };
+    const core::Tensor cpu = decode_rows(*oracle), want = decode_rows(*standard), got = decode_rows(*fused);
+    EXPECT_EQ(fused->model().decode_path_counters().fused_steps, 160);
+    const auto std_vs_cpu = testing::compare(want, cpu), fused_vs_cpu = testing::compare(got, cpu),
+               fused_vs_std = testing::compare(got, want);
+    const auto [agree_cpu, decided_cpu] = gpu_test::decided_top1_agreement(got, cpu, 0.02f * static_cast<float>(std_vs_cpu.scale));
+    const auto [agree_std, decided_std] = gpu_test::decided_top1_agreement(got, want, 0.02f * static_cast<float>(std_vs_cpu.scale));
+    const double rel_std = gpu_test::rel_l2(want, cpu), rel_fused = gpu_test::rel_l2(got, cpu), rel_pair = gpu_test::rel_l2(got, want);
+    std::printf("bf16 decode logits (160 rows): standard vs CPU rel_l2 %.4g min cosine %.6f top-1 %.4f; fused vs CPU "
+                "rel_l2 %.4g min cosine %.6f top-1 %.4f (%.4f of %lld decided); fused vs standard rel_l2 %.4g min "
+                "cosine %.6f top-1 %.4f (%.4f of %lld decided)\n",
+                rel_std, std_vs_cpu.cosine, std_vs_cpu.top1_agreement, rel_fused, fused_vs_cpu.cosine,
+                fused_vs_cpu.top1_agreement, agree_cpu, static_cast<long long>(decided_cpu), rel_pair,
+                fused_vs_std.cosine, fused_vs_std.top1_agreement, agree_std, static_cast<long long>(decided_std));
+    EXPECT_GE(fused_vs_cpu.cosine, 0.97);
+    EXPECT_LT(rel_fused, 0.06);
+    EXPECT_LE(rel_fused, 2 * rel_std + 0.005) << "the fused path adds error beyond the standard GPU path's own";
+    EXPECT_GE(agree_cpu, 0.99);
+    EXPECT_GE(agree_std, 0.99);
+    EXPECT_GE(decided_std, 80) << "too few decided rows for the agreement to mean anything";
+    EXPECT_GE(fused_vs_std.top1_agreement, 0.95);
   }
 }
 

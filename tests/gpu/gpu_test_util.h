@@ -69,6 +69,17 @@ struct RunnerPair {
 // Top-1 agreement over the rows where the oracle's top-1 leads its runner-up by more than
 // `margin` (rows closer than that are decided by rounding noise, not by the model), and how many
 // rows that is.
+// ||got - want|| / ||want|| over every value of two same-shape f32 tensors.
+inline double rel_l2(const core::Tensor& got, const core::Tensor& want) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double e = double(got.data<const float>()[i]) - want.data<const float>()[i];
+    num += e * e;
+    den += double(want.data<const float>()[i]) * want.data<const float>()[i];
+  }
+  return std::sqrt(num / den);
+}
+
 inline std::pair<double, int64_t> decided_top1_agreement(const core::Tensor& got, const core::Tensor& want, float margin) {
   const int64_t rows = want.dim(0), cols = want.dim(1);
   int64_t decided = 0, agree = 0;

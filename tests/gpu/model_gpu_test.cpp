@@ -58,13 +58,7 @@ TEST_P(ModelGpu, LogitsMatchOracleBf16) {
   const core::Tensor want = r.cpu->logits(tokens, 150), got = r.gpu->logits(tokens, 150);
   const testing::Diff d = compare(got, want);
   const auto [decided_agree, decided] = decided_top1_agreement(got, want, 0.02f * static_cast<float>(d.scale));
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double e = double(got.data<const float>()[i]) - want.data<const float>()[i];
-    num += e * e;
-    den += double(want.data<const float>()[i]) * want.data<const float>()[i];
-  }
-  const double rel_l2 = std::sqrt(num / den);
+  const double rel_l2 = gpu_test::rel_l2(got, want);
   std::printf("[%s] bf16 logits: rel_l2 %.4g, max_abs %.4g (scale %.4g), min row cosine %.6f, top-1 agreement %.4f "
               "(all %lld rows), %.4f (%lld decided rows)\n",
               GetParam().name, rel_l2, d.max_abs, d.scale, d.cosine, d.top1_agreement,
