@@ -2,7 +2,8 @@
 // spec §14.2): fast multithreaded PRNG fills generated on the host and uploaded in chunks (GBs in
 // about a second, no per-value Box-Muller), and one KDA+MoE or MLA+MoE LayerWeights built from them.
 // Values are for timing only: linears U(-a, a) with std 1/sqrt(in), norms 1 + U(-0.1, 0.1), MXFP4
-// experts random codes with E8M0 scales near 2^-7 / 2^-6 (not a quantized matrix).
+// experts random codes with E8M0 scales near 2^-7 / 2^-6 (not a quantized matrix). Also the bytes
+// one decode step of such a layer reads and writes, by spec §12's counting rules (LayerBytes).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -12,13 +13,17 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "backends/cuda/check.h"
 #include "config/k3_config.h"
 #include "core/bf16.h"
 #include "core/device_memory.h"
 #include "core/rng.h"
+#include "model/kv_storage.h"
 #include "model/weights.h"
 
 namespace k3::bench {
@@ -187,6 +192,79 @@ inline model::LayerWeights make_layer(Filler& fl, const config::K3Config& c, int
     lw.attn = make_mla(fl, c);
   lw.ffn = make_moe(fl, c);
   return lw;
+}
+
+// ------------------------------------------------------------------ bytes a step reads (spec §12 rules)
+
+inline int64_t bytes_of(const kernels::LinearWeight& w) { return w.weight.nbytes() + (w.scale.defined() ? w.scale.nbytes() : 0); }
+
+inline int64_t attn_weight_bytes(const model::LayerWeights& lw) {
+  int64_t n = 0;
+  if (const auto* k = std::get_if<model::KdaWeights>(&lw.attn)) {
+    for (const auto* w : {&k->q_proj, &k->k_proj, &k->v_proj, &k->g_proj, &k->o_proj, &k->f_a_proj, &k->f_b_proj, &k->b_proj})
+      n += bytes_of(*w);
+    for (const Tensor* t : {&k->q_conv, &k->k_conv, &k->v_conv, &k->a_log, &k->dt_bias, &k->o_norm}) n += t->nbytes();
+  } else {
+    const auto& m = std::get<model::MlaWeights>(lw.attn);
+    for (const auto* w : {&m.q_a_proj, &m.q_b_proj, &m.kv_a_proj, &m.kv_b_proj, &m.g_proj, &m.o_proj}) n += bytes_of(*w);
+    n += m.q_a_norm.nbytes() + m.kv_a_norm.nbytes();
+  }
+  return n;
+}
+inline int64_t norm_bytes(const model::LayerWeights& lw) {  // layer norms and the two AttnRes query/norm pairs
+  return lw.input_norm.nbytes() + lw.post_attn_norm.nbytes() + lw.attn_res.query.nbytes() + lw.attn_res.norm.nbytes() +
+         lw.mlp_res.query.nbytes() + lw.mlp_res.norm.nbytes();
+}
+inline int64_t moe_front_bytes(const model::MoeWeights& m) {  // router (+ bias), latent down/up (+ routed norm)
+  return bytes_of(m.router) + bytes_of(m.latent_down) + bytes_of(m.latent_up) + m.router_bias.nbytes() + m.latent_norm.nbytes();
+}
+inline int64_t shared_bytes(const model::MoeWeights& m) {
+  return bytes_of(m.shared_gate) + bytes_of(m.shared_up) + bytes_of(m.shared_down);
+}
+inline int64_t expert_bytes(const model::MoeWeights& m, size_t e) { return bytes_of(m.w1[e]) + bytes_of(m.w3[e]) + bytes_of(m.w2[e]); }
+// Every weight byte of the layer (what make_layer generated and uploaded).
+inline int64_t layer_weight_bytes(const model::LayerWeights& lw) {
+  const auto& moe = std::get<model::MoeWeights>(lw.ffn);
+  int64_t n = norm_bytes(lw) + attn_weight_bytes(lw) + moe_front_bytes(moe) + shared_bytes(moe);
+  for (size_t e = 0; e < moe.w1.size(); ++e) n += expert_bytes(moe, e);
+  return n;
+}
+
+struct LayerBytes {
+  double attn_weights = 0, norms = 0, state = 0, kv = 0, moe_front = 0, shared = 0, routed = 0, attn_res = 0;
+  double expected_experts = 0, per_expert = 0;
+  double total() const { return attn_weights + norms + state + kv + moe_front + shared + routed + attn_res; }
+  nlohmann::json json() const {
+    return {{"attn_weights", attn_weights}, {"norms_and_attnres_weights", norms}, {"kda_state_rw", state},
+            {"mla_kv_read_write", kv}, {"moe_router_latent", moe_front}, {"shared_experts", shared},
+            {"routed_experts", routed}, {"attnres_activations", attn_res}, {"expected_distinct_experts", expected_experts},
+            {"bytes_per_touched_expert", per_expert}, {"total", total()}};
+  }
+};
+
+inline LayerBytes count_bytes(const config::K3Config& c, const model::LayerWeights& lw, const model::KvStorage& kv, int layer,
+                       int64_t batch, int ctx_tokens, size_t bank_rows) {
+  LayerBytes b;
+  const double B = static_cast<double>(batch);
+  const auto& moe = std::get<model::MoeWeights>(lw.ffn);
+  b.norms = static_cast<double>(norm_bytes(lw));
+  b.attn_weights = static_cast<double>(attn_weight_bytes(lw));
+  b.moe_front = static_cast<double>(moe_front_bytes(moe));
+  b.shared = static_cast<double>(shared_bytes(moe));
+  if (c.attn_kind(layer) == config::AttnKind::kda) {  // state and conv state: read + written once
+    const int32_t slots = kv.storage_config().num_slots;
+    b.state = 2.0 * B * static_cast<double>(kv.kda_states(layer).nbytes() + kv.conv_states(layer).nbytes()) / slots;
+  } else {  // every cached token and the new one read, the new one written
+    const double row = static_cast<double>(c.mla.cache_dim() * core::dtype_size(kv.mla_pages(layer).dtype()));
+    b.kv = B * (static_cast<double>(ctx_tokens + 1) * row + row);
+  }
+  const double E = c.moe.num_experts, k = c.moe.num_experts_per_token;
+  b.expected_experts = E * (1.0 - std::pow(1.0 - k / E, B));  // uniform independent routing, n = B tokens
+  b.per_expert = static_cast<double>(expert_bytes(moe, 0));
+  b.routed = b.expected_experts * b.per_expert;
+  // Both Mix sides read bank ++ [prefix]: (rows + 1) x 2 sources of [hidden] bf16 per token.
+  b.attn_res = B * 2.0 * static_cast<double>(bank_rows + 1) * static_cast<double>(c.hidden_size) * 2.0;
+  return b;
 }
 
 }  // namespace k3::bench

@@ -4,7 +4,7 @@
 # or pcre2 -dev packages, no network). Writes logs and JSON under $OUT and prints a summary table
 # last.
 #
-#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|model|sanitize|bench|layers|comm|proxy|fastpath]... [--budget SECONDS]
+#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|model|sanitize|bench|layers|profile|comm|proxy|fastpath]... [--budget SECONDS]
 #
 # Phases (default all, in this order):
 #   build     configure with -DK3_GPU_CHECK_ONLY=ON (only core, config, kernels, backends, tests/ops,
@@ -18,6 +18,8 @@
 #   bench     k3bench_ops_gpu: per-op time, bytes, GB/s, ratio to the floor     -> bench.log, ops_gpu.json
 #   layers    k3bench_layer_gpu --check: one KDA+MoE and one MLA+MoE layer (k3-layer-tp8) per CUDA-graph
 #             step, batch 1/8/32/64: us, kernels, bytes, GB/s, ratio to the copy floor -> layers.log, layer_gpu.json
+#   profile   (only when named) ncu per-kernel times of one layer step at batch 1, KDA+MoE and MLA+MoE,
+#             standard and fused path, the last graph replay's kernels in order -> profile.txt, profile_*.csv
 #   comm      (2+ GPUs, else SKIP) builds and runs k3_comm_tests (NCCL and the custom peer-access
 #             all-reduce on every visible GPU) and k3bench_allreduce_gpu (custom vs NCCL latency, rows
 #             1..64 x 7168)                                                   -> comm_tests.log, allreduce.log, allreduce_gpu.json
@@ -51,7 +53,7 @@ PHASES=()
 while (($#)); do
   case "$1" in
     --budget) BUDGET=$2; shift 2 ;;
-    all|build|test|model|bench|layers|comm|sanitize|proxy|fastpath) PHASES+=("$1"); shift ;;
+    all|build|test|model|bench|layers|profile|comm|sanitize|proxy|fastpath) PHASES+=("$1"); shift ;;
     -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -226,7 +228,7 @@ if want layers; then
     record layers FAIL 0 "no $LAYER_BENCH (run the build phase)"
   else
     # --check: outputs finite, eager deterministic, one graph replay equal to eager bit for bit.
-    capped 180 "$LAYER_BENCH" --check --out "$OUT/layer_gpu.json" > "$OUT/layers.log" 2>&1
+    capped 300 "$LAYER_BENCH" --check --out "$OUT/layer_gpu.json" > "$OUT/layers.log" 2>&1
     if ((RC == 0)); then
       record layers PASS "$SECS" "$(grep -c 'check ok' "$OUT/layers.log") rows checked, $(grep -m1 -o 'device copy [0-9]* GB/s' "$OUT/layers.log")"
     elif ((RC == 124 || RC == 137)); then
@@ -236,6 +238,49 @@ if want layers; then
     else
       record layers FAIL "$SECS" "$(grep -m1 -iE 'error' "$OUT/layers.log" | cut -c1-110) (rc $RC)"
     fi
+  fi
+fi
+
+# ---------------------------------------------------------------- profile
+# (only when named) per-kernel GPU time of one layer step at batch 1, each layer kind and decode
+# path: ncu (clocks left as they run, L2 flushed between kernels) over k3bench_layer_gpu with one
+# copy and one timed replay; the table lists the kernels of the last graph replay in launch order.
+if [[ " ${PHASES[*]} " == *" profile "* ]]; then
+  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [[ -z $NCU || ! -x $LAYER_BENCH ]]; then
+    record profile FAIL 0 "needs ncu (${NCU:-missing}) and $LAYER_BENCH"
+  else
+    t0=$(date +%s); prof_rc=0
+    for layer in kda mla; do
+      for path in auto latency_specialized; do
+        tag=${layer}_$path
+        capped 100 "$NCU" --csv --metrics gpu__time_duration.sum --clock-control none --log-file "$OUT/profile_$tag.csv" \
+          "$LAYER_BENCH" --batches 1 --copies 1 --replays 1 --layers "$layer" --paths "$path" \
+          --out "$OUT/profile_$tag.json" > "$OUT/profile_$tag.log" 2>&1
+        ((RC == 0)) || prof_rc=$RC
+      done
+    done
+    python3 - "$OUT" > "$OUT/profile.txt" 2>&1 <<'PY'
+import csv, json, os, sys
+out = sys.argv[1]
+for layer in ("kda", "mla"):
+    for path in ("auto", "latency_specialized"):
+        tag = f"{layer}_{path}"
+        try:
+            rows = [r for r in csv.reader(open(f"{out}/profile_{tag}.csv")) if len(r) > 10]
+            head = rows[0]; rows = rows[1:]
+            name_i, val_i, unit_i = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
+            n = int(round(json.load(open(f"{out}/profile_{tag}.json"))["rows"][0]["kernels_per_layer"]))
+        except Exception as e:
+            print(f"{tag}: no profile ({e})"); continue
+        last = rows[-n:]
+        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+        us = [float(r[val_i].replace(",", "")) * scale.get(r[unit_i], 1.0) for r in last]
+        print(f"{tag} batch 1: {n} kernels of the last replay, sum {sum(us):.1f} us (ncu, L2 flushed per kernel)")
+        for r, t in zip(last, us):
+            print(f"  {t:8.1f}  {r[name_i][:110]}")
+PY
+    record profile "$( ((prof_rc == 0)) && echo PASS || echo FAIL)" $(( $(date +%s) - t0 )) "see profile.txt"
   fi
 fi
 
