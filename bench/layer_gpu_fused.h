@@ -113,35 +113,45 @@ inline FusedOut fused_layer_step(FusedCopy& fc, int l, const model::LayerWeights
   return {f, P};
 }
 
-// Closeness of two paths' outputs (not bitwise: their bf16 rounding points differ), accumulated
-// over the copies: worst cosine, largest |a - b| relative to the largest |b|, non-finite count.
+// Closeness of two paths' outputs (not bitwise: their bf16 rounding points differ), row by row over
+// the copies: the cosine of each row, rows below 0.999, largest |a - b| relative to the largest |b|,
+// non-finite count. Random weights leave the router nearly tied, so bf16 summation-order noise
+// flips a route of an occasional row (as between the standard GPU path and the CPU oracle,
+// tests/gpu/model_gpu_test.cpp): the check passes when every row is within cosine 0.99 and at
+// most 5% of the rows are below 0.999.
 struct Closeness {
-  double min_cosine = 1.0, max_abs_diff = 0, max_abs_ref = 0;
-  int64_t nonfinite = 0, values = 0;
+  double min_cosine = 1.0, max_abs_diff = 0, max_abs_ref = 0;  // min_cosine: the worst row
+  int64_t nonfinite = 0, values = 0, rows = 0, rows_below = 0;
   void add(const Tensor& a, const Tensor& ref, cudaStream_t s) {
     const Tensor fa = backends::cuda::download_f32(a.view(), s), fb = backends::cuda::download_f32(ref.view(), s);
-    K3_CHECK(fa.numel() == fb.numel(), "cross-path check: outputs of different sizes");
-    double dot = 0, na = 0, nb = 0;
-    for (int64_t i = 0; i < fa.numel(); ++i) {
-      const double x = fa.data<float>()[i], y = fb.data<float>()[i];
-      if (!std::isfinite(x) || !std::isfinite(y)) {
-        ++nonfinite;
-        continue;
+    K3_CHECK(fa.numel() == fb.numel() && a.dim(0) == ref.dim(0), "cross-path check: outputs of different sizes");
+    const int64_t n = a.dim(0), width = fa.numel() / n;
+    for (int64_t r = 0; r < n; ++r) {
+      double dot = 0, na = 0, nb = 0;
+      for (int64_t i = r * width; i < (r + 1) * width; ++i) {
+        const double x = fa.data<float>()[i], y = fb.data<float>()[i];
+        if (!std::isfinite(x) || !std::isfinite(y)) {
+          ++nonfinite;
+          continue;
+        }
+        dot += x * y, na += x * x, nb += y * y;
+        max_abs_diff = std::max(max_abs_diff, std::fabs(x - y));
+        max_abs_ref = std::max(max_abs_ref, std::fabs(y));
       }
-      dot += x * y, na += x * x, nb += y * y;
-      max_abs_diff = std::max(max_abs_diff, std::fabs(x - y));
-      max_abs_ref = std::max(max_abs_ref, std::fabs(y));
+      const double cos = na > 0 && nb > 0 ? dot / std::sqrt(na * nb) : (na == nb ? 1.0 : 0.0);
+      min_cosine = std::min(min_cosine, cos);
+      rows_below += cos < 0.999;
+      ++rows;
     }
     values += fa.numel();
-    min_cosine = std::min(min_cosine, na > 0 && nb > 0 ? dot / std::sqrt(na * nb) : (na == nb ? 1.0 : 0.0));
   }
   double max_rel_diff() const { return max_abs_ref > 0 ? max_abs_diff / max_abs_ref : max_abs_diff; }
-  bool ok() const { return nonfinite == 0 && min_cosine >= 0.999; }
+  bool ok() const { return nonfinite == 0 && min_cosine >= 0.99 && rows_below * 20 <= rows; }
   nlohmann::json json() const {
     return {{"compared", "standard step's new prefix vs fused P + f, eager, from the same KDA state, prefix "
-                         "round(prefix + f_prev) for both"},
-            {"values", values}, {"min_cosine", min_cosine}, {"max_abs_diff", max_abs_diff},
-            {"max_rel_diff", max_rel_diff()}, {"nonfinite", nonfinite}, {"pass", ok()}};
+                         "round(prefix + f_prev) for both; per row"},
+            {"values", values}, {"rows", rows}, {"min_row_cosine", min_cosine}, {"rows_below_0p999", rows_below},
+            {"max_abs_diff", max_abs_diff}, {"max_rel_diff", max_rel_diff()}, {"nonfinite", nonfinite}, {"pass", ok()}};
   }
 };
 

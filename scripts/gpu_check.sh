@@ -180,14 +180,15 @@ if want model; then
     record model FAIL 0 "no $MODEL_TESTS (run the build phase)"
   else
     capped 240 "$MODEL_TESTS" > "$OUT/model_tests.log" 2>&1
-    model_rc=$RC
+    model_rc=$RC; model_secs=$SECS; eval_secs=0
     # eval/'s GPU cases (the layer diff on CUDA sides) join the same log.
     if [[ -x $BUILD/eval/k3_eval_tests ]] && ((model_rc == 0 || model_rc == 1)); then
       capped 120 "$BUILD/eval/k3_eval_tests" --gtest_filter='LayerDiffGpu.*' > "$OUT/eval_gpu_tests.log" 2>&1
       ((RC == 0)) || model_rc=$RC
+      eval_secs=$SECS
       cat "$OUT/eval_gpu_tests.log" >> "$OUT/model_tests.log"
     fi
-    RC=$model_rc
+    RC=$model_rc; SECS=$((model_secs + eval_secs))
     counts=$(gtest_counts "$OUT/model_tests.log")
     if ((RC == 0)); then
       # Multi-GPU cases (tensor parallelism) skip on a one-GPU machine: that is expected; any
@@ -244,7 +245,7 @@ fi
 # ---------------------------------------------------------------- profile
 # (only when named) per-kernel GPU time of one layer step at batch 1, each layer kind and decode
 # path: ncu (clocks left as they run, L2 flushed between kernels) over k3bench_layer_gpu with one
-# copy and one timed replay; the table lists the kernels of the last graph replay in launch order.
+# copy and five timed replays; the table lists the kernels of the last graph replay in launch order.
 if [[ " ${PHASES[*]} " == *" profile "* ]]; then
   NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [[ -z $NCU || ! -x $LAYER_BENCH ]]; then
@@ -254,8 +255,8 @@ if [[ " ${PHASES[*]} " == *" profile "* ]]; then
     for layer in kda mla; do
       for path in auto latency_specialized; do
         tag=${layer}_$path
-        capped 100 "$NCU" --csv --metrics gpu__time_duration.sum --clock-control none --log-file "$OUT/profile_$tag.csv" \
-          "$LAYER_BENCH" --batches 1 --copies 1 --replays 1 --layers "$layer" --paths "$path" \
+        capped 60 "$NCU" --csv --metrics gpu__time_duration.sum --clock-control none --log-file "$OUT/profile_$tag.csv" \
+          "$LAYER_BENCH" --batches 1 --copies 1 --replays 5 --layers "$layer" --paths "$path" \
           --out "$OUT/profile_$tag.json" > "$OUT/profile_$tag.log" 2>&1
         ((RC == 0)) || prof_rc=$RC
       done
