@@ -13,6 +13,7 @@
 
 #include "core/rng.h"
 #include "fastpath/fused_decode.h"
+#include "model/decode_graphs.h"
 #include "model/local_cache.h"
 #include "model/model.h"
 #include "runner/model_runner.h"
@@ -68,6 +69,31 @@ std::vector<core::Tensor> decode_steps(const model::Model& m, int steps, int voc
     out.push_back(m.forward(cache.storage(), dec, LogitRows::last));
   }
   return out;
+}
+
+// DecodeGraphs on a device that cannot capture (the CPU) runs every step eagerly: each one counts
+// once, on the path that served it (the capture it tried records nothing and takes nothing back).
+TEST(FastPath, DecodeGraphsOnTheCpuCountEveryStepOnce) {
+  Pair p(kernels::Precision::fp32);
+  const model::Model& m = p.fused->model();
+  model::LocalCache cache(m.config(), 2, 64, model::KvCacheDtype::bf16, /*block_size=*/8);
+  std::vector<model::SequenceState> st{cache.new_sequence(), cache.new_sequence()};
+  const auto prompt = random_tokens(9, m.config().vocab_size, 5);
+  for (auto& s : st) {
+    SequenceInput pre[] = {{prompt, &s, StepKind::prefill}};
+    m.forward(cache.storage(), pre, LogitRows::last);
+  }
+  model::DecodeGraphs graphs(m, cache.storage(), /*max_blocks_per_seq=*/8);
+  const int32_t tok[] = {3, 7};
+  for (int i = 0; i < 4; ++i) {
+    SequenceInput dec[] = {{std::span(tok).first(1), &st[0], StepKind::decode}, {std::span(tok).last(1), &st[1], StepKind::decode}};
+    ASSERT_TRUE(graphs.eligible(dec));
+    graphs.forward(dec);
+  }
+  EXPECT_EQ(graphs.captures(), 0);
+  const model::DecodePathCounters c = m.decode_path_counters();
+  EXPECT_EQ(c.fused_steps, 4);
+  EXPECT_EQ(c.standard_steps, 2);  // the two prefills
 }
 
 TEST(FastPath, DecodeLogitsEqualTheStandardPathFp32) {

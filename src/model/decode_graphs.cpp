@@ -64,8 +64,8 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
   for (const Segment& s : segs) s.state->num_tokens += 1;
   e.decision = model_.last_path_decision();
   e.work = memory.capture([&] { e.logits = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), LogitRows::last); });
+  if (!e.work) return result;  // the device cannot capture (the body did not run): nothing cached, every step eager
   model_.count_path(e.decision, -1);  // recording the graph was not a step
-  if (!e.work) return result;  // the device cannot capture: nothing cached, every step eager
   ++captures_;
   entries_.push_front(std::move(e));
   if (static_cast<int>(entries_.size()) > max_graphs_) entries_.pop_back();

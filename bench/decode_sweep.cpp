@@ -1,0 +1,595 @@
+// bench/decode_sweep.cpp: the decode sweep of k3bench_decode_gpu (bench/decode_gpu.cpp has the
+// command line): one checkpoint opened once with runner::ModelRunner (or runner::TpRunner), decode
+// steps timed for every ctx x batch x decode backend x mode.
+//
+// Backends: the runner's model is built with the first --decode-backend; every other backend gets a
+// sibling model::Model over the SAME weights, registry, device memory and communicator (a Model
+// only references its weights; it owns a copy of the small router biases), with the fused path
+// attached as the runners attach it (fastpath::attach). So the weights are loaded once, and each
+// backend keeps its own decode-path counters and its own model::DecodeGraphs.
+//
+// Context, per ctx: built synthetically, not prefilled (8K tokens x 64 sequences through the model
+// would take minutes): one model::KvStorage on the model's memory, sized for the largest ctx x the
+// largest batch, whose MLA pages are all refilled with random fp8 latents (magnitudes 0.25..3.75,
+// never NaN) and whose KDA state / conv slots get small random values, saved to KDA checkpoint i =
+// slot i; each sequence gets a shuffled block table covering ctx + one row's steps. The seeds do not
+// depend on ctx, the backend or the mode. Every row (ctx, batch, backend, mode) starts from that
+// context: num_tokens = ctx, the KDA slots restored from their checkpoints, the same first tokens.
+// A row's steps only write MLA rows at positions >= ctx, each before any step reads it, so rows that
+// differ only in the backend compare like for like.
+//
+// Steps: Model::forward(kv, batch, LogitRows::last) of StepKind::decode, one token per sequence,
+// each fed the argmax of its previous logits: "eager" (every kernel launched per step) and "graph"
+// (model::DecodeGraphs of this ctx's table width: the step captured once per batch size and
+// replayed, as the engine serves pure-decode steps); "verify": speculative verify steps with
+// SYNTHETIC acceptance (each sequence runs its last token + K drafts with KDA in no-commit mode,
+// then Model::commit_verified keeps AL rows; eager). A step's time is the wall time of the call,
+// logits download included; tokens/s = batch * tokens per step per sequence / median step time.
+// A row's decode_path is the change of its model's counters over the row (warm-up included): the
+// steps each path ran and every fallback with its reason, so a row that fell back shows it.
+//
+// Bytes per step follow spec §12's counting from the actual config: every non-expert weight once
+// (lm_head included; the embedding only its B rows), the expected distinct routed experts per MoE
+// layer 896(1 - (1 - 16/896)^B) x the per-expert MXFP4 bytes, KDA state + conv state read and
+// written, the fp8 latent cache read (ctx + 1 tokens) and written, AttnRes 2 x (bank rows + 1) x
+// hidden bf16 per token per layer. GB/s = bytes / step time; the floor is bytes / the device copy
+// bandwidth measured in the same run.
+#include "bench/decode_sweep.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "bench/bundle.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/param_inventory.h"
+#include "config/k3_config.h"
+#include "core/bf16.h"
+#include "core/rng.h"
+#include "fastpath/fused_decode.h"
+#include "model/decode_graphs.h"
+#include "model/kv_storage.h"
+#include "runner/model_runner.h"
+#include "runner/tp_runner.h"
+#ifdef K3_HAVE_NCCL
+#include "comm/nccl_comm.h"
+#endif
+
+namespace k3::bench {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int32_t kBlockSize = 16;              // tokens per MLA page
+constexpr double kSpecBytesPerSecond = 4.3e12;  // spec §12
+
+double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[static_cast<size_t>(std::lround(p * static_cast<double>(v.size() - 1)))];
+}
+
+std::string backend_name(model::DecodeBackend b) { return std::string(model::decode_backend_name(b)); }
+
+
+// ------------------------------------------------------------------ synthetic context
+
+// Random bytes for a tensor of `dtype`: f32 / bf16 values U(-amp, amp); fp8 e4m3 values of magnitude
+// 0.25..3.75 (exponent field 5..8, any mantissa: never NaN). Filled on every hardware thread, each
+// with its own stream, and copied to the device in chunks of at most 256 MiB.
+void fill_random(core::DeviceMemory& memory, const core::TensorView& dst, float amp, uint64_t seed) {
+  K3_CHECK(dst.is_contiguous(), "fill_random: the destination must be contiguous");
+  const size_t unit = core::dtype_size(dst.dtype), total = static_cast<size_t>(dst.nbytes());
+  const size_t chunk_bytes = std::min(total, (size_t{256} << 20) / unit * unit);
+  std::vector<uint8_t> host(chunk_bytes);
+  const size_t threads = std::max(1u, std::thread::hardware_concurrency());
+  for (size_t off = 0, chunk = 0; off < total; off += chunk_bytes, ++chunk) {
+    const size_t bytes = std::min(chunk_bytes, total - off), n = bytes / unit;
+    auto work = [&](size_t t) {
+      core::Rng rng = core::Rng(seed).fork(chunk * 1024 + t);
+      for (size_t i = n * t / threads, end = n * (t + 1) / threads; i < end; ++i) {
+        const uint64_t r = rng.next_u64();
+        const float u = amp * (static_cast<float>(r >> 40) * 0x1p-23f - 1.0f);  // U(-amp, amp)
+        if (dst.dtype == core::DType::f32) {
+          std::memcpy(host.data() + 4 * i, &u, 4);
+        } else if (dst.dtype == core::DType::bf16) {
+          const uint16_t b = core::f32_to_bf16_bits(u);
+          std::memcpy(host.data() + 2 * i, &b, 2);
+        } else {
+          K3_CHECK(dst.dtype == core::DType::f8_e4m3, "fill_random: unexpected dtype");
+          host[i] = static_cast<uint8_t>(((r >> 8) & 0x80) | ((5 + ((r >> 3) & 3)) << 3) | (r & 7));
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+    work(0);
+    for (std::thread& th : pool) th.join();
+    const core::Shape shape{static_cast<int64_t>(n)};
+    memory.copy_from_host(core::TensorView::contiguous(static_cast<char*>(dst.data) + off, dst.dtype, shape, dst.device),
+                          core::TensorView::contiguous(host.data(), dst.dtype, shape));
+  }
+}
+
+// The context of one ctx (see the file comment) for every slot: random pages and slots (KDA slot i
+// saved to checkpoint i), and sequence i's block table = pages_per_seq pages of one shuffle of all
+// the pages. Seeds from (seed, layer, rank) only.
+void build_context(core::DeviceMemory& memory, model::KvStorage& kv, const config::K3Config& c, uint64_t seed, int rank,
+                   int64_t pages_per_seq, std::vector<model::SequenceState>& seqs) {
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const uint64_t s = seed ^ (static_cast<uint64_t>(l + 1) * 0x100000001b3ull) ^ (static_cast<uint64_t>(rank) << 56);
+    if (c.attn_kind(l) == config::AttnKind::mla) {
+      fill_random(memory, kv.mla_pages(l).view(), 0.0f, s);
+    } else {
+      fill_random(memory, kv.kda_states(l).view(), 0.05f, s);
+      fill_random(memory, kv.conv_states(l).view(), 1.0f, s ^ 0xc0);
+    }
+  }
+  std::vector<int32_t> pages(static_cast<size_t>(kv.storage_config().num_blocks));  // shuffled: scattered pages
+  for (size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<int32_t>(i);
+  core::Rng shuffle(seed ^ 0x5eedull);
+  for (size_t i = pages.size(); i > 1; --i) std::swap(pages[i - 1], pages[shuffle.next_u64() % i]);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    seqs[i].kda_slot = static_cast<int32_t>(i);
+    seqs[i].block_table.assign(pages.begin() + static_cast<int64_t>(i) * pages_per_seq,
+                               pages.begin() + static_cast<int64_t>(i + 1) * pages_per_seq);
+    kv.save_checkpoint(seqs[i].kda_slot, static_cast<int32_t>(i));
+  }
+  memory.synchronize();
+}
+
+// Device-to-device copy bandwidth (read + write) of a `bytes` DeviceMemory::copy, median of 10
+// (wall time around copy + synchronize).
+double measure_copy_bandwidth(core::DeviceMemory& memory, int64_t bytes) {
+  const core::Shape shape{bytes >> 20, int64_t{1} << 20};
+  core::Tensor src = memory.empty(core::DType::u8, shape), dst = memory.empty(core::DType::u8, shape);
+  memory.fill_bytes(src.view(), 1);
+  std::vector<double> s;
+  for (int i = 0; i < 12; ++i) {
+    memory.synchronize();
+    const auto t0 = clock_type::now();
+    memory.copy(dst.view(), src.view());
+    memory.synchronize();
+    if (i >= 2) s.push_back(seconds_since(t0));
+  }
+  return 2.0 * static_cast<double>(shape.numel()) / median(s);
+}
+
+// ------------------------------------------------------------------ bytes (spec §12 rules)
+
+struct StepBytes {
+  double weights = 0, experts = 0, kda_state = 0, mla_kv = 0, attn_res = 0, embedding_rows = 0;
+  double expected_experts_per_layer = 0;
+  double total() const { return weights + experts + kda_state + mla_kv + attn_res + embedding_rows; }
+  nlohmann::json json() const {
+    return {{"weights_non_expert_incl_lm_head", weights}, {"routed_experts", experts}, {"kda_state_rw", kda_state},
+            {"mla_kv_read_write", mla_kv}, {"attnres_activations", attn_res}, {"embedding_rows", embedding_rows},
+            {"expected_distinct_experts_per_layer", expected_experts_per_layer}, {"total", total()}};
+  }
+};
+
+StepBytes step_bytes(const config::K3Config& c, const model::KvStorage& kv, int64_t batch, int64_t ctx) {
+  StepBytes b;
+  const double B = static_cast<double>(batch);
+  double per_expert = 0;  // one routed expert (w1 + w2 + w3) of one layer, as stored
+  int moe_layers = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) moe_layers += c.ffn_kind(l) == config::FfnKind::moe;
+  for (const checkpoint::ParamSpec& s : checkpoint::expected_params(c)) {
+    const double n = static_cast<double>(s.shapes[0].numel() * static_cast<int64_t>(core::dtype_size(s.dtypes[0])));
+    if (s.role == checkpoint::ParamRole::embedding) {
+      b.embedding_rows = B * n / static_cast<double>(s.shapes[0][0]);
+    } else if (s.role == checkpoint::ParamRole::expert_weight || s.role == checkpoint::ParamRole::expert_packed ||
+               s.role == checkpoint::ParamRole::expert_scale) {
+      per_expert += n;
+    } else {
+      b.weights += n;
+    }
+  }
+  per_expert /= static_cast<double>(moe_layers) * c.moe.num_experts;
+  const double E = c.moe.num_experts, k = c.moe.num_experts_per_token;
+  b.expected_experts_per_layer = E * (1.0 - std::pow(1.0 - k / E, B));
+  b.experts = moe_layers * b.expected_experts_per_layer * per_expert;
+  const int32_t slots = kv.storage_config().num_slots;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.attn_kind(l) == config::AttnKind::kda) {
+      b.kda_state += 2.0 * B * static_cast<double>(kv.kda_states(l).nbytes() + kv.conv_states(l).nbytes()) / slots;
+    } else {
+      const double row = static_cast<double>(c.mla.cache_dim() * core::dtype_size(kv.mla_pages(l).dtype()));
+      b.mla_kv += B * (static_cast<double>(ctx + 1) * row + row);
+    }
+    // Both Mix sides read bank ++ [prefix]; bank rows before layer l: ceil(l / block).
+    const double bank_rows = static_cast<double>((l + c.attn_res_block_size - 1) / c.attn_res_block_size);
+    b.attn_res += B * 2.0 * (bank_rows + 1.0) * static_cast<double>(c.hidden_size) * 2.0;
+  }
+  return b;
+}
+
+nlohmann::json path_json(const model::DecodePathCounters& p) {
+  nlohmann::json fallbacks = nlohmann::json::object();
+  for (const auto& [reason, n] : p.fallbacks) fallbacks[reason] = n;
+  return {{"fused_steps", p.fused_steps}, {"standard_steps", p.standard_steps}, {"fallbacks", fallbacks}};
+}
+
+// ------------------------------------------------------------------ one row
+
+struct Row {
+  int64_t ctx = 0, batch = 0;
+  model::DecodeBackend backend = model::DecodeBackend::standard;
+  std::string mode;
+  std::vector<double> ms;  // timed steps (warm-up left out)
+  size_t kernels = 0;
+  bool finite = true;
+  int64_t tokens_per_seq = 1;       // tokens a step yields per sequence (verify: the synthetic AL)
+  model::DecodePathCounters path;   // this row's steps (warm-up included) per path, fallbacks by reason
+  std::vector<int32_t> final_tokens;  // each sequence's last argmax: rows that differ only in mode agree
+  std::vector<int32_t> trajectory;    // every step's argmax, [steps][B] (eager and graph modes)
+  StepBytes bytes;
+};
+
+// Runs one row's warm-up + timed steps from the context's start: sequences 0..B-1 at num_tokens =
+// ctx with their KDA slots restored, the same first tokens. Every rank of a TP group calls it alike.
+Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::DecodeGraphs* graphs, model::KvStorage& kv,
+            std::vector<model::SequenceState>& seqs, int64_t ctx, int64_t B, const std::string& mode, int32_t vocab) {
+  core::DeviceMemory& memory = *model.memory();
+  Row row;
+  row.ctx = ctx;
+  row.batch = B;
+  row.backend = model.options().decode_backend;
+  row.mode = mode;
+  std::vector<int32_t> ids(static_cast<size_t>(B));
+  for (int64_t i = 0; i < B; ++i) {
+    seqs[i].num_tokens = ctx;
+    kv.restore_checkpoint(static_cast<int32_t>(i), seqs[i].kda_slot);
+    ids[i] = static_cast<int32_t>((i * 7919 + 1) % vocab);
+  }
+  memory.synchronize();
+  const model::DecodePathCounters before = model.decode_path_counters();
+  const int steps_per_run = o.warmup + o.steps;
+  std::vector<model::SequenceInput> batch(static_cast<size_t>(B));
+  if (mode == "verify") {
+    // Speculative verify with synthetic acceptance: every sequence runs [last, K drafts] through
+    // the decode path (KDA no-commit), then AL rows are kept (KDA replay, MLA truncation). A step =
+    // forward + commit_verified; it yields AL tokens per sequence.
+    const int64_t R = o.spec_k + 1;
+    std::vector<int32_t> rows_ids(static_cast<size_t>(B * R));
+    const std::vector<int32_t> keep(static_cast<size_t>(B), o.spec_al);
+    model::VerifyCapture capture;
+    for (int step = 0; step < steps_per_run; ++step) {
+      for (int64_t i = 0; i < B; ++i) {
+        rows_ids[i * R] = ids[i];
+        for (int64_t j = 1; j < R; ++j) rows_ids[i * R + j] = static_cast<int32_t>((ids[i] + 31 * j) % vocab);
+        batch[i] = {std::span<const int32_t>(&rows_ids[i * R], static_cast<size_t>(R)), &seqs[i], model::StepKind::decode,
+                    /*verify=*/true};
+      }
+      const auto ts = clock_type::now();
+      const core::Tensor logits = model.forward(kv, batch, model::LogitRows::verify, nullptr, &capture);
+      model.commit_verified(kv, capture, keep);
+      memory.synchronize();
+      const double ms = 1e3 * seconds_since(ts);
+      if (step >= o.warmup) row.ms.push_back(ms);
+      const int64_t V = logits.dim(1);
+      for (int64_t i = 0; i < B; ++i) {  // the next "last token": argmax of the last kept row
+        const float* r = logits.data<const float>() + (i * R + o.spec_al - 1) * V;
+        row.finite &= std::isfinite(r[0]);
+        ids[i] = static_cast<int32_t>(std::max_element(r, r + V) - r);
+      }
+    }
+    row.tokens_per_seq = o.spec_al;
+  }
+  for (int step = 0; mode != "verify" && step < steps_per_run; ++step) {
+    for (int64_t i = 0; i < B; ++i) batch[i] = {std::span<const int32_t>(&ids[i], 1), &seqs[i], model::StepKind::decode};
+    const auto ts = clock_type::now();
+    const core::Tensor logits = mode == "graph" ? graphs->forward(batch) : model.forward(kv, batch, model::LogitRows::last);
+    const double ms = 1e3 * seconds_since(ts);
+    if (step >= o.warmup) row.ms.push_back(ms);
+    const int64_t V = logits.dim(1);
+    for (int64_t i = 0; i < B; ++i) {  // greedy: feed each sequence its argmax (the same on every rank)
+      const float* r = logits.data<const float>() + i * V;
+      int64_t best = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        row.finite &= std::isfinite(r[v]);
+        if (r[v] > r[best]) best = v;
+      }
+      ids[i] = static_cast<int32_t>(best);
+    }
+    row.trajectory.insert(row.trajectory.end(), ids.begin(), ids.end());
+  }
+  if (mode == "graph") row.kernels = graphs->kernels_per_step(static_cast<int>(B));
+  row.path = counters_delta(before, model.decode_path_counters());
+  row.final_tokens = ids;
+  return row;
+}
+
+// A model on `base`'s weights, registry, memory and communicator with decode backend `backend`, the
+// fused path attached as runner::ModelRunner / TpRunner attach it. Loads and copies no weights.
+std::unique_ptr<model::Model> model_with_backend(const model::Model& base, model::DecodeBackend backend,
+                                                 comm::Communicator* comm, int cuda_device, bool log) {
+  model::ModelOptions mo = base.options();
+  mo.decode_backend = backend;
+  auto m = std::make_unique<model::Model>(base.config(), base.weights(), base.ops(), mo, base.memory(), comm);
+  fastpath::attach(*m, cuda_device, log ? runner::fastpath_log_to_stderr() : kernels::LogFn{});
+  return m;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ public
+
+int64_t inventory_bytes(const config::K3Config& c) {
+  int64_t n = 0;
+  for (const checkpoint::ParamSpec& s : checkpoint::expected_params(c))
+    n += s.shapes[0].numel() * static_cast<int64_t>(core::dtype_size(s.dtypes[0]));
+  return n;
+}
+
+model::DecodePathCounters counters_delta(const model::DecodePathCounters& before, const model::DecodePathCounters& after) {
+  model::DecodePathCounters d;
+  d.fused_steps = after.fused_steps - before.fused_steps;
+  d.standard_steps = after.standard_steps - before.standard_steps;
+  for (const auto& [reason, n] : after.fallbacks) {
+    int64_t was = 0;
+    for (const auto& [r, m] : before.fallbacks)
+      if (r == reason) was = m;
+    if (n != was) d.fallbacks.emplace_back(reason, n - was);
+  }
+  return d;
+}
+
+nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env, double make_seconds) {
+  K3_CHECK(!o.batches.empty() && !o.ctxs.empty() && !o.backends.empty() && !o.modes.empty(),
+           "decode sweep: the batches, ctx, decode backends and modes must each name at least one");
+  const std::string device_name = env.contains("gpu") ? env["gpu"]["name"].get<std::string>() : "CPU (reference ops)";
+
+  // Open: map and check the checkpoint, upload every tensor (lazily mapped pages are read as the
+  // upload touches them: no separate read-in pass). With --tp each rank's slices go to its GPU. The
+  // runner's model gets the first backend; the others are siblings on its weights (file comment).
+  model::ModelOptions mo;
+  mo.device = o.device;
+  mo.precision = o.precision;
+  mo.decode_backend = o.backends.front();
+  std::printf("opening %s on %s (tp %d) ...\n", o.model.string().c_str(), device_name.c_str(), o.tp);
+  std::fflush(stdout);
+  const auto t0 = clock_type::now();
+  std::unique_ptr<runner::ModelRunner> single;
+  std::unique_ptr<runner::TpRunner> ranks;
+  if (o.tp == 1) single = runner::ModelRunner::open(o.model, mo, model::KvCacheDtype::fp8_e4m3);
+  else ranks = runner::TpRunner::open(o.model, o.tp, mo, model::KvCacheDtype::fp8_e4m3);
+  const double load_seconds = seconds_since(t0);
+  const config::K3Config& full = single ? single->config() : ranks->config();
+  const config::K3Config& c = single ? single->config() : ranks->rank_config();  // what one GPU holds
+  const int64_t weight_bytes = inventory_bytes(full);
+  // The name shown: --config when the checkpoint holds that built-in config (MXFP4 experts), else the folder's.
+  config::K3Config named = config::builtin_config(o.config);
+  named.mxfp4.enabled = true;
+  named.mxfp4.group_size = 32;
+  const fs::path folder = o.model.filename().empty() ? o.model.parent_path() : o.model;
+  const std::string label = named.hash() == full.hash() ? o.config : folder.filename().string();
+  std::printf("opened %s on %s in %.1f s (%.2f GB of weights; read + upload %.2f GB/s)\n", o.model.string().c_str(),
+              device_name.c_str(), load_seconds, weight_bytes / 1e9, weight_bytes / 1e9 / load_seconds);
+
+  // Storage for the largest batch at the largest ctx plus room for one row's steps; one KDA
+  // checkpoint per slot holds the context's state that every row starts from.
+  const int64_t maxB = *std::max_element(o.batches.begin(), o.batches.end());
+  const int64_t max_ctx = *std::max_element(o.ctxs.begin(), o.ctxs.end());
+  const auto has_mode = [&](const char* m) { return std::find(o.modes.begin(), o.modes.end(), m) != o.modes.end(); };
+  const int64_t steps_per_run = o.warmup + o.steps;
+  // A verify step writes K+1 rows and keeps AL: room for the last step's K+1 past the kept ones.
+  const int64_t tokens_per_run = has_mode("verify") ? steps_per_run * o.spec_al + o.spec_k + 1 : steps_per_run;
+  const auto pages_for = [&](int64_t ctx) { return (ctx + tokens_per_run + kBlockSize - 1) / kBlockSize; };
+  model::KvStorageConfig sc;
+  K3_CHECK(maxB * pages_for(max_ctx) <= std::numeric_limits<int32_t>::max(), "--ctx x --batches: too many MLA pages");
+  sc.num_blocks = static_cast<int32_t>(maxB * pages_for(max_ctx));
+  sc.block_size = kBlockSize;
+  sc.num_slots = static_cast<int32_t>(maxB);
+  sc.num_checkpoints = static_cast<int32_t>(maxB);
+  sc.kv_dtype = model::KvCacheDtype::fp8_e4m3;
+
+  // One rank's whole measurement (every rank runs it in lock step; rank 0 records): the rows, the
+  // copy bandwidth, and each backend's counters over the whole run.
+  std::vector<Row> rows;
+  double copy_bw = 0;
+  std::vector<model::DecodePathCounters> totals(o.backends.size());
+  const auto measure = [&](int rank, const model::Model& base, comm::Communicator* comm) {
+    core::DeviceMemory& memory = *base.memory();
+    const bool record = rank == 0;
+    const double bw = measure_copy_bandwidth(memory, o.device == core::Device::cuda ? int64_t{2} << 30 : int64_t{64} << 20);
+    if (record) {
+      copy_bw = bw;
+      std::printf("device copy %.0f GB/s (read + write)\n", copy_bw / 1e9);
+    }
+#ifdef K3_HAVE_NCCL
+    // A captured collective must never allocate: size the scratch for the largest one up front
+    // (the packed [latent | hidden] f32 all-reduce of a MoE layer, or the logits all-gather).
+    if (auto* nccl = dynamic_cast<comm::NcclComm*>(comm)) {
+      const int64_t widest = std::max<int64_t>(c.moe.routed_expert_hidden_size + c.hidden_size, int64_t{c.vocab_size} * o.tp);
+      nccl->reserve_scratch(comm::NcclComm::scratch_bytes_for(maxB * widest, core::DType::f32, o.tp));
+    }
+#endif
+    std::vector<std::unique_ptr<model::Model>> siblings;
+    std::vector<const model::Model*> models;  // per backend, in --decode-backend order
+    for (const model::DecodeBackend b : o.backends) {
+      if (b == base.options().decode_backend) {
+        models.push_back(&base);
+      } else {
+        siblings.push_back(model_with_backend(base, b, comm, rank, record));
+        models.push_back(siblings.back().get());
+      }
+    }
+    model::KvStorage kv(c, sc, base.memory(), mo.precision);
+    std::vector<model::SequenceState> seqs(static_cast<size_t>(maxB));
+    for (const int64_t ctx : o.ctxs) {
+      const auto tf = clock_type::now();
+      build_context(memory, kv, c, o.seed, rank, pages_for(ctx), seqs);
+      if (record) {
+        double mla = 0, kda = 0;
+        for (int l = 0; l < c.num_hidden_layers; ++l) {
+          if (c.attn_kind(l) == config::AttnKind::mla) mla += static_cast<double>(kv.mla_pages(l).nbytes());
+          else kda += static_cast<double>(kv.kda_states(l).nbytes() + kv.conv_states(l).nbytes());
+        }
+        std::printf("synthetic context: %lld sequences x %lld tokens (storage for %lld: fp8 latent pages %.2f GB, KDA state + "
+                    "conv %.2f GB per GPU, as much again in checkpoints) in %.1f s\nper row (as measured):\n",
+                    static_cast<long long>(maxB), static_cast<long long>(ctx), static_cast<long long>(max_ctx), mla / 1e9,
+                    kda / 1e9, seconds_since(tf));
+        std::fflush(stdout);
+      }
+      // Graphs per backend (a model's own) at this ctx's table width, dropped with the ctx.
+      std::vector<std::unique_ptr<model::DecodeGraphs>> graphs(models.size());
+      if (has_mode("graph"))
+        for (size_t k = 0; k < models.size(); ++k) graphs[k] = std::make_unique<model::DecodeGraphs>(*models[k], kv, pages_for(ctx));
+      for (const int64_t B : o.batches) {
+        for (size_t k = 0; k < models.size(); ++k) {
+          for (const std::string& mode : o.modes) {
+            Row row = run_row(o, *models[k], graphs[k].get(), kv, seqs, ctx, B, mode, full.vocab_size);
+            if (!record) continue;
+            const double med = median(row.ms);
+            std::printf("  ctx %6lld batch %3lld %-19s %-6s: %8.2f ms/step (p10 %.2f, p90 %.2f), %8.1f tok/s, %lld fused / %lld "
+                        "standard steps%s%s\n",
+                        static_cast<long long>(ctx), static_cast<long long>(B), backend_name(row.backend).c_str(), mode.c_str(),
+                        med, percentile(row.ms, 0.1), percentile(row.ms, 0.9), 1e3 * B * row.tokens_per_seq / med,
+                        static_cast<long long>(row.path.fused_steps), static_cast<long long>(row.path.standard_steps),
+                        row.kernels ? (", " + std::to_string(row.kernels) + " kernels/step").c_str() : "",
+                        row.finite ? "" : ", NON-FINITE LOGITS");
+            std::fflush(stdout);
+            // A verify step moves what B * (K+1) decode rows move (every row reads its context).
+            row.bytes = step_bytes(c, kv, mode == "verify" ? B * (o.spec_k + 1) : B, ctx);
+            rows.push_back(std::move(row));
+          }
+        }
+      }
+    }
+    if (record)
+      for (size_t k = 0; k < models.size(); ++k) totals[k] = models[k]->decode_path_counters();
+  };
+  if (single) measure(0, single->model(), nullptr);
+  else ranks->run([&](int rank, const model::Model& m, comm::Communicator& comm) { measure(rank, m, &comm); });
+  // Which path ran the steps, per backend over the whole run (latency_specialized falls back per
+  // step, with a reason). gpu_check.sh greps these lines.
+  nlohmann::json decode_paths = nlohmann::json::array();
+  for (size_t k = 0; k < o.backends.size(); ++k) {
+    nlohmann::json p = path_json(totals[k]);
+    std::printf("decode_backend %s: %lld steps fused, %lld standard%s%s\n", backend_name(o.backends[k]).c_str(),
+                static_cast<long long>(totals[k].fused_steps), static_cast<long long>(totals[k].standard_steps),
+                p["fallbacks"].empty() ? "" : "; fallbacks ", p["fallbacks"].empty() ? "" : p["fallbacks"].dump().c_str());
+    p["decode_backend"] = backend_name(o.backends[k]);
+    decode_paths.push_back(std::move(p));
+  }
+
+  // Speed-up of the fused path: for each latency_specialized row, the auto row of the same ctx,
+  // batch and mode: its median step time / this row's (NaN: no such row).
+  std::vector<double> speedup(rows.size(), std::nan(""));
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (const Row& s : rows)
+      if (rows[i].backend == model::DecodeBackend::latency_specialized && s.backend == model::DecodeBackend::standard &&
+          s.ctx == rows[i].ctx && s.batch == rows[i].batch && s.mode == rows[i].mode)
+        speedup[i] = median(s.ms) / median(rows[i].ms);
+
+  // Table and bundle.
+  nlohmann::json jrows = nlohmann::json::array();
+  std::printf("\n%s decode on %s%s: %d layers, fp8 latent cache, %s activations; median of %d steps after %d warm-up; "
+              "device copy %.0f GB/s, floor = bytes per GPU / copy bandwidth; steps = fused/standard steps of the row "
+              "(warm-up included); x_auto = auto ms / latency_specialized ms\n",
+              label.c_str(), device_name.c_str(), o.tp > 1 ? (" x" + std::to_string(o.tp) + " (TP, NCCL)").c_str() : "",
+              c.num_hidden_layers, o.precision == kernels::Precision::fp32 ? "fp32" : "bf16", o.steps, o.warmup, copy_bw / 1e9);
+  std::printf("%6s %5s %-19s %-6s %10s %9s %9s %10s %8s %9s %8s %9s %8s %9s %7s\n", "ctx", "batch", "decode_backend", "mode",
+              "ms/step", "p10", "p90", "tok/s", "kernels", "GB/step", "GB/s", "floor_ms", "x_floor", "steps", "x_auto");
+  for (size_t ri = 0; ri < rows.size(); ++ri) {
+    const Row& r = rows[ri];
+    const double med = median(r.ms), total = r.bytes.total();
+    const double floor_ms = total / copy_bw * 1e3;
+    const std::string steps = std::to_string(r.path.fused_steps) + "/" + std::to_string(r.path.standard_steps);
+    const std::string x_auto = std::isnan(speedup[ri]) ? "-" : [&] {
+      char s[32];
+      std::snprintf(s, sizeof s, "%.2f", speedup[ri]);
+      return std::string(s);
+    }();
+    std::printf("%6lld %5lld %-19s %-6s %10.2f %9.2f %9.2f %10.1f %8zu %9.2f %8.0f %9.2f %8.2f %9s %7s%s\n",
+                static_cast<long long>(r.ctx), static_cast<long long>(r.batch), backend_name(r.backend).c_str(), r.mode.c_str(),
+                med, percentile(r.ms, 0.1), percentile(r.ms, 0.9), 1e3 * r.batch * r.tokens_per_seq / med, r.kernels, total / 1e9,
+                total / (med * 1e-3) / 1e9, floor_ms, med / floor_ms, steps.c_str(), x_auto.c_str(),
+                r.finite ? "" : "  NON-FINITE");
+    nlohmann::json j = {
+        {"ctx_tokens", r.ctx}, {"batch", r.batch}, {"decode_backend", backend_name(r.backend)}, {"mode", r.mode},
+        {"median_ms", med}, {"p10_ms", percentile(r.ms, 0.1)}, {"p90_ms", percentile(r.ms, 0.9)}, {"samples_ms", r.ms},
+        {"tokens_per_s", 1e3 * r.batch * r.tokens_per_seq / med}, {"tokens_per_step_per_seq", r.tokens_per_seq},
+        {"kernels_per_step", r.kernels}, {"bytes", r.bytes.json()}, {"GBps", total / (med * 1e-3) / 1e9},
+        {"floor_ms_copy", floor_ms}, {"ratio_to_copy_floor", med / floor_ms},
+        {"floor_ms_4p3TBps", total / kSpecBytesPerSecond * 1e3},
+        {"ratio_to_4p3TBps_floor", med / (total / kSpecBytesPerSecond * 1e3)}, {"logits_finite", r.finite},
+        {"decode_path", path_json(r.path)}, {"final_tokens", r.final_tokens}};
+    if (!std::isnan(speedup[ri])) j["speedup_vs_auto"] = speedup[ri];
+    jrows.push_back(std::move(j));
+  }
+  for (const Row& r : rows)  // a row that fell back says so, with the reasons
+    if (!r.path.fallbacks.empty())
+      std::printf("  fallbacks at ctx %lld batch %lld %s %s: %s\n", static_cast<long long>(r.ctx), static_cast<long long>(r.batch),
+                  backend_name(r.backend).c_str(), r.mode.c_str(), path_json(r.path)["fallbacks"].dump().c_str());
+
+  // The backends compute one function: rows that differ only in the backend start from the same
+  // context and tokens, so their greedy trajectories agree token for token in fp32 (in bf16, the
+  // rounding noise of different summation orders may flip a nearly tied route of a random model).
+  nlohmann::json agreement = nlohmann::json::array();
+  for (const Row& f : rows)
+    for (const Row& s : rows)
+      if (f.backend == model::DecodeBackend::latency_specialized && s.backend == model::DecodeBackend::standard &&
+          s.ctx == f.ctx && s.batch == f.batch && s.mode == f.mode && !f.trajectory.empty() &&
+          f.trajectory.size() == s.trajectory.size()) {
+        int64_t same = 0, first = -1;
+        for (size_t i = 0; i < f.trajectory.size(); ++i) {
+          same += f.trajectory[i] == s.trajectory[i];
+          if (first < 0 && f.trajectory[i] != s.trajectory[i]) first = static_cast<int64_t>(i) / f.batch;
+        }
+        const auto n = static_cast<int64_t>(f.trajectory.size());
+        std::printf("  tokens latency_specialized vs auto at ctx %lld batch %lld %s: %lld of %lld greedy tokens equal%s\n",
+                    static_cast<long long>(f.ctx), static_cast<long long>(f.batch), f.mode.c_str(), static_cast<long long>(same),
+                    static_cast<long long>(n), first < 0 ? " (identical)" : (", first difference at step " + std::to_string(first)).c_str());
+        agreement.push_back({{"ctx_tokens", f.ctx}, {"batch", f.batch}, {"mode", f.mode}, {"tokens", n}, {"equal", same},
+                             {"identical", same == n}, {"first_different_step", first}});
+      }
+
+  nlohmann::json backends = nlohmann::json::array();
+  for (const model::DecodeBackend b : o.backends) backends.push_back(backend_name(b));
+  return {
+      {"benchmark", "decode_gpu"},
+      {"environment", env},
+      {"config", {{"name", label}, {"model_dir", o.model.string()}, {"model", config::to_json(full)}, {"model_hash", full.hash()},
+                  {"weight_bytes", weight_bytes}, {"tp", o.tp},
+                  {"rank_model", config::to_json(c)}, {"batches", o.batches},
+                  {"verify", {{"spec_k", o.spec_k}, {"synthetic_acceptance_length", o.spec_al},
+                              {"what", "mode verify: SYNTHETIC acceptance; each step runs K+1 rows per sequence (KDA no-commit) "
+                                       "and keeps AL (KDA replay + MLA truncation); tokens/s = B * AL / step time"}}},
+                  {"ctx_tokens", o.ctxs.front()}, {"steps", o.steps},
+                  {"sweep", {{"ctx_tokens", o.ctxs}, {"batches", o.batches}, {"decode_backends", backends}, {"modes", o.modes},
+                             {"order", "for each ctx, for each batch, for each decode_backend, each mode"},
+                             {"models", "one checkpoint loaded once; a sibling model::Model on the same weights per extra "
+                                        "decode_backend, each with its own DecodeGraphs and path counters"}}},
+                  {"warmup", o.warmup}, {"block_size", kBlockSize}, {"kv_cache", "fp8_e4m3"}, {"precision", o.precision == kernels::Precision::fp32 ? "fp32" : "bf16"},
+                  {"device", o.device == core::Device::cuda ? "cuda" : "cpu"}, {"seed", o.seed},
+                  {"context", "synthetic, rebuilt per ctx with the same seeds: random fp8 latent pages, random KDA "
+                              "state/conv slots; every row starts at num_tokens = ctx with its KDA slots restored"},
+                  {"feed", "argmax of the previous step's logits"},
+                  {"timing", "wall time of Model::forward (eager) or DecodeGraphs::forward (graph), logits download included; "
+                             "with tp > 1 rank 0's, every TP collective inside the step"},
+                  {"bytes", "spec §12: non-expert weights incl. lm_head once, 896(1-(1-16/896)^B) distinct experts per MoE "
+                            "layer x per-expert MXFP4 bytes, KDA state+conv r+w, fp8 latent read (ctx+1) + write, AttnRes "
+                            "2 x (bank+1) rows x hidden bf16 per token per layer, embedding rows"}}},
+      // The first backend's whole-run counters (the field from before the sweep); decode_paths: all.
+      {"decode_path", decode_paths.front()},
+      {"decode_paths", decode_paths},
+      {"checkpoint_write_seconds", make_seconds},
+      {"load_seconds", load_seconds},
+      {"copy_GBps", copy_bw / 1e9},
+      {"floor_GBps_spec", kSpecBytesPerSecond / 1e9},
+      {"backend_agreement", agreement},
+      {"rows", jrows}};
+}
+
+}  // namespace k3::bench

@@ -1,0 +1,57 @@
+// bench/decode_sweep.h: the in-process decode sweep behind k3bench_decode_gpu (issue #7 item 3):
+// one loaded checkpoint, decode-only steps timed for every context length x batch x decode backend
+// (auto, latency_specialized) x mode (eager, graph, verify). bench/decode_sweep.cpp says how the
+// context is built, timed and counted; bench/decode_gpu.cpp is the program around it (its command
+// line fills DecodeSweepOptions; bench/decode_sweep_test.cpp runs it on the CPU).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/k3_config.h"
+#include "core/tensor.h"
+#include "kernels/common.h"
+#include "model/fused_decode.h"
+#include "model/layers/context.h"
+
+namespace k3::bench {
+
+struct DecodeSweepOptions {
+  std::filesystem::path model, out = "decode_gpu.json";
+  bool make = false;
+  std::string config = "k3-proxy-tp8";
+  std::vector<std::string> modes = {"eager", "graph"};  // in the fixed order eager, graph, verify
+  std::vector<int64_t> batches = {1, 8, 64};            // ascending, distinct
+  std::vector<int64_t> ctxs = {8192};                   // as given (the first is config.ctx_tokens)
+  std::vector<model::DecodeBackend> backends = {model::DecodeBackend::standard};  // as given, distinct
+  int steps = 16, warmup = 2;
+  uint64_t seed = 1;
+#ifdef K3_HAVE_CUDA
+  core::Device device = core::Device::cuda;
+#else
+  core::Device device = core::Device::cpu;  // a CPU-only build has nothing else
+#endif
+  int tp = 1;  // > 1: runner::TpRunner, rank r on GPU r, NCCL collectives inside every step
+  int spec_k = 7, spec_al = 6;  // mode "verify": K drafts per sequence, AL tokens kept per step
+  // Activations (kernels::Precision): bf16 serves; fp32 makes the backends' greedy tokens comparable
+  // token for token (no bf16 rounding noise to flip a nearly tied route).
+  kernels::Precision precision = kernels::Precision::bf16;
+};
+
+// Bytes of every tensor of c's checkpoint as stored (checkpoint::expected_params).
+int64_t inventory_bytes(const config::K3Config& c);
+
+// after - before, fallbacks matched by reason (a reason absent from `before` counts from 0; reasons
+// whose difference is 0 are left out), in `after`'s order.
+model::DecodePathCounters counters_delta(const model::DecodePathCounters& before, const model::DecodePathCounters& after);
+
+// Opens the checkpoint in o.model (it must exist), runs the sweep (progress and the table on
+// stdout) and returns the result bundle: `environment` (bench/bundle.h's environment(), plus "gpu"
+// when there is one) and `make_seconds` (the time it took to write the checkpoint, 0: reused) go
+// into it as they are. Throws core::Error on any failure.
+nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json environment, double make_seconds);
+
+}  // namespace k3::bench

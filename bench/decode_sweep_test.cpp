@@ -1,0 +1,249 @@
+// bench/decode_sweep_test.cpp: k3bench_decode_gpu as CI runs it (CPU reference ops, k3-tiny): the
+// sweep's bundle holds every (ctx, batch, backend, mode) row with its path counts, the rows start
+// from the same context, the command line refuses bad lists, and counters_delta subtracts.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "bench/decode_sweep.h"
+
+namespace k3::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// A scratch folder of this process, removed with the object.
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("k3_decode_sweep_test_" + std::to_string(::getpid()));
+  TempDir() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+struct BenchRun {
+  int rc = -1;
+  std::string out, err;
+};
+
+// Runs k3bench_decode_gpu with `args` (shell words), capturing stdout and stderr.
+BenchRun run_bench(const TempDir& dir, const std::string& args) {
+  const fs::path out = dir.path / "stdout.txt", err = dir.path / "stderr.txt";
+  const std::string cmd = std::string("'") + K3BENCH_DECODE_GPU + "' " + args + " > '" + out.string() + "' 2> '" + err.string() + "'";
+  const int status = std::system(cmd.c_str());
+  BenchRun r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = read_text(out);
+  r.err = read_text(err);
+  return r;
+}
+
+TEST(DecodeSweepCountersDelta, SubtractsStepsAndFallbacksByReason) {
+  model::DecodePathCounters before, after;
+  before.fused_steps = 5;
+  before.standard_steps = 2;
+  before.fallbacks = {{"prefill_or_mixed_step", 2}};
+  after.fused_steps = 9;
+  after.standard_steps = 10;
+  after.fallbacks = {{"prefill_or_mixed_step", 2}, {"more_than_64_rows", 8}};
+  const model::DecodePathCounters d = counters_delta(before, after);
+  EXPECT_EQ(d.fused_steps, 4);
+  EXPECT_EQ(d.standard_steps, 8);
+  ASSERT_EQ(d.fallbacks.size(), 1u);  // the unchanged reason is left out
+  EXPECT_EQ(d.fallbacks[0].first, "more_than_64_rows");
+  EXPECT_EQ(d.fallbacks[0].second, 8);
+  EXPECT_TRUE(counters_delta(after, after).fallbacks.empty());
+}
+
+TEST(DecodeSweepCli, RefusesBadListsNamingTheFlag) {
+  const TempDir dir;
+  const std::string m = "--model '" + (dir.path / "none").string() + "' --device cpu ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--ctx 16,0", "--ctx"},
+      {"--ctx 16,x", "'x'"},
+      {"--ctx 16,16", "twice"},
+      {"--decode-backend auto,fast", "'fast' is not one of: auto, latency_specialized"},
+      {"--decode-backend auto,auto", "twice"},
+      {"--modes eager,prefill", "'prefill'"},
+      {"--batches 1,0", "--batches"},
+      {"--steps 0", "--steps"},
+      {"--seed -3", "--seed"},
+      {"--frobnicate", "unknown option --frobnicate"},
+      {"", "no checkpoint in"},  // parsed fine; nothing to open without --make
+  };
+  for (const auto& [args, needle] : cases) {
+    const BenchRun r = run_bench(dir, m + args);
+    EXPECT_EQ(r.rc, 1) << args;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
+  }
+  const BenchRun help = run_bench(dir, "--help");
+  EXPECT_EQ(help.rc, 0);
+  EXPECT_NE(help.out.find("--decode-backend auto[,latency_specialized]"), std::string::npos) << help.out;
+}
+
+// The sweep CI runs: k3-tiny written by --make, ctx 16,40 x batches 1,3 x both backends x eager,
+// graph, verify; 1 warm-up + 3 timed steps per row. Then the one-backend call of gpu_check.sh's
+// fastpath phase on the same checkpoint.
+TEST(DecodeSweepCli, TinySweepOnCpuHasEveryRowWithItsPath) {
+  const TempDir dir;
+  const fs::path model = dir.path / "k3-tiny", bundle_path = dir.path / "sweep.json";
+  const BenchRun r = run_bench(dir, "--model '" + model.string() + "' --make --config k3-tiny --device cpu --ctx 16,40 --batches 3,1 "
+                               "--decode-backend auto,latency_specialized --steps 3 --warmup 1 --modes verify,graph,eager --out '" +
+                                   bundle_path.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const nlohmann::json b = nlohmann::json::parse(read_text(bundle_path));
+  const nlohmann::json& c = b["config"];
+  EXPECT_EQ(c["name"], "k3-tiny");
+  EXPECT_EQ(c["tp"], 1);
+  EXPECT_EQ(c["ctx_tokens"], 16);  // the first ctx
+  EXPECT_EQ(c["steps"], 3);
+  EXPECT_GT(c["weight_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(c["sweep"]["ctx_tokens"], nlohmann::json({16, 40}));
+  EXPECT_EQ(c["sweep"]["batches"], nlohmann::json({1, 3}));
+  EXPECT_EQ(c["sweep"]["decode_backends"], nlohmann::json({"auto", "latency_specialized"}));
+  EXPECT_EQ(c["sweep"]["modes"], nlohmann::json({"eager", "graph", "verify"}));
+  EXPECT_GT(b["checkpoint_write_seconds"].get<double>(), 0);
+  EXPECT_GT(b["load_seconds"].get<double>(), 0);
+  EXPECT_GT(b["copy_GBps"].get<double>(), 0);
+
+  // Every row, in sweep order: ctx, then batch, then backend, then mode.
+  const std::vector<std::string> backends = {"auto", "latency_specialized"}, modes = {"eager", "graph", "verify"};
+  const nlohmann::json& rows = b["rows"];
+  ASSERT_EQ(rows.size(), 2u * 2u * 2u * 3u);
+  constexpr int64_t kStepsPerRow = 1 + 3;
+  std::map<std::tuple<int64_t, int64_t, std::string, std::string>, nlohmann::json> by_key;
+  size_t i = 0;
+  int64_t fused_total = 0, standard_total = 0;
+  for (const int64_t ctx : {16, 40})
+    for (const int64_t batch : {1, 3})
+      for (const std::string& backend : backends)
+        for (const std::string& mode : modes) {
+          const nlohmann::json& row = rows[i++];
+          const std::string where = "row " + std::to_string(i - 1) + " " + row.dump().substr(0, 200);
+          ASSERT_EQ(row["ctx_tokens"], ctx) << where;
+          ASSERT_EQ(row["batch"], batch) << where;
+          ASSERT_EQ(row["decode_backend"], backend) << where;
+          ASSERT_EQ(row["mode"], mode) << where;
+          EXPECT_GT(row["tokens_per_s"].get<double>(), 0) << where;
+          EXPECT_GT(row["median_ms"].get<double>(), 0) << where;
+          EXPECT_LE(row["p10_ms"].get<double>(), row["p90_ms"].get<double>()) << where;
+          EXPECT_EQ(row["samples_ms"].size(), 3u) << where;
+          EXPECT_TRUE(row["logits_finite"].get<bool>()) << where;
+          EXPECT_GT(row["bytes"]["total"].get<double>(), 0) << where;
+          EXPECT_GT(row["GBps"].get<double>(), 0) << where;
+          EXPECT_GT(row["ratio_to_copy_floor"].get<double>(), 0) << where;
+          EXPECT_EQ(row["tokens_per_step_per_seq"], mode == "verify" ? 6 : 1) << where;
+          EXPECT_EQ(row["kernels_per_step"], 0) << where;  // the CPU captures nothing
+          // The path of every step of the row (warm-up included): the fused path serves all of
+          // these pure-decode steps (1..24 rows); auto never runs it.
+          const nlohmann::json& p = row["decode_path"];
+          if (backend == "auto") {
+            EXPECT_EQ(p["fused_steps"], 0) << where;
+            EXPECT_EQ(p["standard_steps"], kStepsPerRow) << where;
+            EXPECT_FALSE(row.contains("speedup_vs_auto")) << where;
+          } else {
+            EXPECT_EQ(p["fused_steps"], kStepsPerRow) << where;
+            EXPECT_EQ(p["standard_steps"], 0) << where;
+            ASSERT_TRUE(row.contains("speedup_vs_auto")) << where;
+            EXPECT_GT(row["speedup_vs_auto"].get<double>(), 0) << where;
+          }
+          EXPECT_TRUE(p["fallbacks"].empty()) << where;
+          fused_total += p["fused_steps"].get<int64_t>();
+          standard_total += p["standard_steps"].get<int64_t>();
+          ASSERT_EQ(row["final_tokens"].size(), static_cast<size_t>(batch)) << where;
+          for (const nlohmann::json& t : row["final_tokens"]) {
+            EXPECT_GE(t.get<int64_t>(), 0) << where;
+            EXPECT_LT(t.get<int64_t>(), c["model"]["vocab_size"].get<int64_t>()) << where;
+          }
+          by_key[{ctx, batch, backend, mode}] = row;
+        }
+  for (const int64_t batch : {1, 3})
+    for (const std::string& backend : backends)
+      for (const std::string& mode : modes) {
+        // The latent cache read grows with ctx; nothing else does.
+        const nlohmann::json &a = by_key[{16, batch, backend, mode}]["bytes"], &z = by_key[{40, batch, backend, mode}]["bytes"];
+        EXPECT_GT(z["mla_kv_read_write"].get<double>(), a["mla_kv_read_write"].get<double>());
+        EXPECT_EQ(z["weights_non_expert_incl_lm_head"], a["weights_non_expert_incl_lm_head"]);
+        EXPECT_EQ(z["kda_state_rw"], a["kda_state_rw"]);
+      }
+  for (const int64_t ctx : {16, 40})
+    for (const int64_t batch : {1, 3})
+      for (const std::string& backend : backends) {
+        // Rows start from the same context (KDA slots restored, num_tokens = ctx, the same first
+        // tokens): on the CPU a graph step is the eager step, so their greedy tokens agree.
+        const nlohmann::json& eager = by_key[{ctx, batch, backend, "eager"}]["final_tokens"];
+        const nlohmann::json& graph = by_key[{ctx, batch, backend, "graph"}]["final_tokens"];
+        EXPECT_EQ(eager, graph) << "ctx " << ctx << " batch " << batch << " " << backend;
+      }
+
+  // Whole-run counters per backend; decode_path keeps the first backend's (the pre-sweep field).
+  ASSERT_EQ(b["decode_paths"].size(), 2u);
+  EXPECT_EQ(b["decode_paths"][0]["decode_backend"], "auto");
+  EXPECT_EQ(b["decode_paths"][0]["fused_steps"], 0);
+  EXPECT_EQ(b["decode_paths"][1]["decode_backend"], "latency_specialized");
+  EXPECT_EQ(b["decode_paths"][1]["fused_steps"], fused_total);
+  EXPECT_EQ(b["decode_paths"][0]["standard_steps"].get<int64_t>() + b["decode_paths"][1]["standard_steps"].get<int64_t>(),
+            standard_total);
+  EXPECT_EQ(b["decode_path"], b["decode_paths"][0]);
+  EXPECT_NE(r.out.find("decode_backend latency_specialized: " + std::to_string(fused_total) + " steps fused, 0 standard"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("x_auto"), std::string::npos) << r.out;
+  // The backends' greedy trajectories: on the CPU the fused path equals the standard one bit for
+  // bit, so every (ctx, batch, eager|graph) pair agrees on every token of every step.
+  ASSERT_EQ(b["backend_agreement"].size(), 2u * 2u * 2u);
+  for (const nlohmann::json& a : b["backend_agreement"]) {
+    EXPECT_EQ(a["tokens"], kStepsPerRow * a["batch"].get<int64_t>()) << a.dump();
+    EXPECT_TRUE(a["identical"].get<bool>()) << a.dump();
+    EXPECT_EQ(a["first_different_step"], -1) << a.dump();
+  }
+  EXPECT_EQ(c["precision"], "bf16");
+
+  // gpu_check.sh's fastpath call shape (one backend, on an existing checkpoint): no --make needed.
+  const fs::path one_path = dir.path / "one.json";
+  const BenchRun one = run_bench(dir, "--model '" + model.string() + "' --device cpu --decode-backend latency_specialized --ctx 24 "
+                                 "--batches 2 --steps 1 --warmup 1 --out '" + one_path.string() + "'");
+  ASSERT_EQ(one.rc, 0) << one.out << one.err;
+  const nlohmann::json o = nlohmann::json::parse(read_text(one_path));
+  EXPECT_EQ(o["checkpoint_write_seconds"], 0);
+  EXPECT_EQ(o["config"]["ctx_tokens"], 24);
+  ASSERT_EQ(o["rows"].size(), 2u);  // eager, graph (the default modes)
+  for (const nlohmann::json& row : o["rows"]) {
+    EXPECT_EQ(row["decode_backend"], "latency_specialized");
+    EXPECT_EQ(row["decode_path"]["fused_steps"], 2);
+    EXPECT_FALSE(row.contains("speedup_vs_auto"));  // no auto twin
+  }
+  EXPECT_EQ(o["decode_path"]["decode_backend"], "latency_specialized");
+  EXPECT_EQ(o["decode_path"]["fused_steps"], 4);
+
+  // --precision fp32 reaches the model (the bundle says so); a bad value is refused by name.
+  const fs::path fp32_path = dir.path / "fp32.json";
+  const BenchRun f = run_bench(dir, "--model '" + model.string() + "' --device cpu --precision fp32 --ctx 24 --batches 1 "
+                               "--steps 1 --warmup 1 --modes eager --out '" + fp32_path.string() + "'");
+  ASSERT_EQ(f.rc, 0) << f.out << f.err;
+  EXPECT_EQ(nlohmann::json::parse(read_text(fp32_path))["config"]["precision"], "fp32");
+  const BenchRun bad = run_bench(dir, "--model '" + model.string() + "' --device cpu --precision fp16");
+  EXPECT_EQ(bad.rc, 1);
+  EXPECT_NE(bad.err.find("--precision must be bf16 or fp32, got 'fp16'"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace k3::bench
