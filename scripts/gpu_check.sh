@@ -4,7 +4,7 @@
 # or pcre2 -dev packages, no network). Writes logs and JSON under $OUT and prints a summary table
 # last.
 #
-#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|model|sanitize|bench|layers|profile|comm|proxy|fastpath]... [--budget SECONDS]
+#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|model|sanitize|bench|layers|profile|comm|proxy|fastpath|longctx]... [--budget SECONDS]
 #
 # Phases (default all, in this order):
 #   build     configure with -DK3_GPU_CHECK_ONLY=ON (only core, config, kernels, backends, tests/ops,
@@ -27,17 +27,20 @@
 #                                                                               -> memcheck.log, racecheck.log
 #   proxy     k3bench_decode_gpu: writes the k3-proxy-tp8 checkpoint (~52 GB; $K3_PROXY_DIR, default
 #             /tmp/k3-proxy-tp8 on the machine's local disk, reused when present; fails when the disk
-#             lacks room), opens it on the GPU and times whole-model decode steps at batch 1/8/64 with
-#             an 8K context: ms/step, tok/s, GB/s, ratio to the copy floor   -> proxy.log, decode_gpu.json
+#             lacks room), opens it on the GPU once and sweeps whole-model decode steps: ctx 8K and 32K
+#             x batch 1/8/64 x decode backend auto and latency_specialized x eager/graph: ms/step,
+#             tok/s, GB/s, ratio to the copy floor, speed-up of the fused path -> proxy.log, decode_gpu.json
 #             (under `all` it runs only when at least 240 s of the budget are left; else SKIP)
 #             K3_PROXY_TP=N splits the model over GPUs 0..N-1 (TpRunner, NCCL) -> decode_gpu_tpN.json
 #   fastpath  (only when named) the latency_specialized path against the standard one on the GPU:
 #             k3eval_layer_diff on k3-tiny (fp32 free run of 200 greedy tokens: identical; bf16
 #             teacher-forced 200 steps, both inits: fused vs standard, and each vs the CPU oracle,
 #             per-layer cosine and top-1), then, when the proxy checkpoint is on disk
-#             ($K3_PROXY_DIR), k3bench_decode_gpu --decode-backend latency_specialized and the
-#             long-context check (32K-token prompt, 16 decode steps per path)
-#             -> fastpath_*.log, layer_diff_*.json, decode_gpu_latency_specialized.json
+#             ($K3_PROXY_DIR), fp32 decode from a synthetic 32K-token context on both paths at batch
+#             1/8/64: every greedy token must agree -> fastpath_*.log, layer_diff_*.json, decode_gpu_fp32_32k.json
+#   longctx   (only when named) a real 32K-token prompt on the proxy (chunked prefill), 16 decode steps
+#             per side, every layer compared: bf16 fused vs standard, and the standard path against
+#             itself with a recurrent KDA prefill (the bf16 noise floor) -> longctx_*.log, layer_diff_proxy_32k_*.json
 # summary.txt repeats the table printed at the end. The whole run keeps within --budget seconds
 # (default 570: one 10-minute device command); a phase that would overrun is cut by `timeout` and
 # reported as TIMEOUT. The build folder (build/gpu-check) is reused by later calls, so the phases can
@@ -53,7 +56,7 @@ PHASES=()
 while (($#)); do
   case "$1" in
     --budget) BUDGET=$2; shift 2 ;;
-    all|build|test|model|bench|layers|profile|comm|sanitize|proxy|fastpath) PHASES+=("$1"); shift ;;
+    all|build|test|model|bench|layers|profile|comm|sanitize|proxy|fastpath|longctx) PHASES+=("$1"); shift ;;
     -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -369,8 +372,8 @@ if want proxy; then
   else
     PROXY_TP=${K3_PROXY_TP:-1}
     proxy_json=$OUT/decode_gpu.json; ((PROXY_TP > 1)) && proxy_json=$OUT/decode_gpu_tp$PROXY_TP.json
-    capped 480 "$DECODE_BENCH" --model "$PROXY_DIR" --make --config k3-proxy-tp8 --tp "$PROXY_TP" --out "$proxy_json" \
-      > "$OUT/proxy.log" 2>&1
+    capped 480 "$DECODE_BENCH" --model "$PROXY_DIR" --make --config k3-proxy-tp8 --tp "$PROXY_TP" --ctx 8192,32768 \
+      --decode-backend auto,latency_specialized --out "$proxy_json" > "$OUT/proxy.log" 2>&1
     if ((RC == 0)); then
       record proxy PASS "$SECS" "$(grep -m1 -o 'wrote [0-9.]* GB in [0-9.]* s' "$OUT/proxy.log" || echo 'checkpoint reused'); $(grep -m1 -o 'opened .* in [0-9.]* s' "$OUT/proxy.log" | grep -o 'in [0-9.]* s' | sed 's/^/load /')"
     elif ((RC == 124 || RC == 137)); then
@@ -411,29 +414,43 @@ if named fastpath; then
     detail+="; bf16 top-1 fused/std: $(grep -m1 -o 'top-1 agreement [0-9.]*%' "$OUT/fastpath_layer_diff_bf16_std_fused_realistic.log" | grep -o '[0-9.]*%')"
     detail+=" (std/cpu $(grep -m1 -o 'top-1 agreement [0-9.]*%' "$OUT/fastpath_layer_diff_bf16_cpu_std_realistic.log" | grep -o '[0-9.]*%'))"
     if [[ -x $DECODE_BENCH && -f $PROXY_DIR/config.json ]]; then
-      capped 300 "$DECODE_BENCH" --model "$PROXY_DIR" --decode-backend latency_specialized \
-        --out "$OUT/decode_gpu_latency_specialized.json" > "$OUT/fastpath_proxy.log" 2>&1
+      # Long context, decisive: fp32 activations from the same synthetic 32K-token context, both
+      # paths, batch 1 / 8 / 64, 8 greedy steps each: every token must agree (bf16 rounding noise
+      # flips nearly tied routes of the random proxy: see the longctx phase for that comparison).
+      capped 240 "$DECODE_BENCH" --model "$PROXY_DIR" --precision fp32 --ctx 32768 --batches 1,8,64 --modes eager \
+        --steps 8 --warmup 0 --decode-backend auto,latency_specialized --out "$OUT/decode_gpu_fp32_32k.json" \
+        > "$OUT/fastpath_fp32_32k.log" 2>&1
       ((RC == 0 || fp_rc != 0)) || fp_rc=$RC
-      detail+="; proxy: $(grep -m1 -o 'decode_backend latency_specialized: .*' "$OUT/fastpath_proxy.log" | cut -c1-60)"
-      # Long context: a 32K-token prompt (chunked prefill, standard on both sides), then 16
-      # teacher-forced decode steps on each path; final logits and every layer compared. fp32 is
-      # the decisive comparison (rounding noise 1e-7 flips no route); in bf16 the random proxy's
-      # nearly tied routers turn rounding noise into different experts, layer after layer, so the
-      # bf16 pair reads beside a noise floor: the standard path against itself with the prompt's
-      # KDA state prefilled by the recurrent instead of the chunked kernel.
-      for lc in "fp32|device=cuda,precision=fp32,kv_cache=fp8|device=cuda,precision=fp32,kv_cache=fp8,decode_backend=latency_specialized" \
-                "bf16|device=cuda,precision=bf16,kv_cache=fp8|device=cuda,precision=bf16,kv_cache=fp8,decode_backend=latency_specialized" \
-                "bf16_noise_floor|device=cuda,precision=bf16,kv_cache=fp8|device=cuda,precision=bf16,kv_cache=fp8,kda_prefill=recurrent"; do
-        IFS='|' read -r name side_a side_b <<< "$lc"
-        capped 150 "$LAYER_DIFF" --model "$PROXY_DIR" --prompt-len 32768 --prefill-chunk 4096 --no-prefill-trace --steps 16 \
-          --a "$side_a" --b "$side_b" --out "$OUT/layer_diff_proxy_32k_$name.json" > "$OUT/fastpath_long_context_$name.log" 2>&1
-        ((RC == 0 || fp_rc != 0)) || fp_rc=$RC
-        detail+="; 32K $name: $(grep -m1 -o 'top-1 agreement [0-9.]*%' "$OUT/fastpath_long_context_$name.log" | grep -o '[0-9.]*%')"
-      done
+      agree=$(grep -c 'greedy tokens equal (identical)' "$OUT/fastpath_fp32_32k.log"); pairs=$(grep -c 'greedy tokens equal' "$OUT/fastpath_fp32_32k.log")
+      ((agree == pairs && pairs > 0)) || fp_rc=1
+      detail+="; fp32 32K: $agree of $pairs batches token-identical"
     else
       detail+="; proxy skipped (no checkpoint: run the proxy phase first)"
     fi
     record fastpath "$( ((fp_rc == 0)) && echo PASS || echo FAIL)" $(( $(date +%s) - t0 )) "$detail"
+  fi
+fi
+
+# ---------------------------------------------------------------- longctx
+# (only when named; needs the proxy checkpoint) a real 32K-token prompt, chunked prefill (standard
+# on both sides), then 16 teacher-forced decode steps per path, every layer compared: bf16 fused vs
+# standard, and the bf16 noise floor of the standard path against itself with the prompt's KDA state
+# prefilled by the recurrent instead of the chunked kernel. (fp32 here prefills too slowly; the
+# fastpath phase compares fp32 decode from a synthetic 32K context instead.)
+if named longctx; then
+  if [[ ! -x $LAYER_DIFF || ! -f $PROXY_DIR/config.json ]]; then
+    record longctx FAIL 0 "needs $LAYER_DIFF and the proxy checkpoint (run the build and proxy phases)"
+  else
+    t0=$(date +%s); lc_rc=0; detail=""
+    for lc in "bf16|device=cuda,precision=bf16,kv_cache=fp8|device=cuda,precision=bf16,kv_cache=fp8,decode_backend=latency_specialized" \
+              "bf16_noise_floor|device=cuda,precision=bf16,kv_cache=fp8|device=cuda,precision=bf16,kv_cache=fp8,kda_prefill=recurrent"; do
+      IFS='|' read -r name side_a side_b <<< "$lc"
+      capped 150 "$LAYER_DIFF" --model "$PROXY_DIR" --prompt-len 32768 --prefill-chunk 4096 --no-prefill-trace --steps 16 \
+        --a "$side_a" --b "$side_b" --out "$OUT/layer_diff_proxy_32k_$name.json" > "$OUT/longctx_$name.log" 2>&1
+      ((RC == 0)) || lc_rc=$RC
+      detail+="32K $name: top-1 $(grep -m1 -o 'top-1 agreement [0-9.]*%' "$OUT/longctx_$name.log" | grep -o '[0-9.]*%'); "
+    done
+    record longctx "$( ((lc_rc == 0)) && echo PASS || echo FAIL)" $(( $(date +%s) - t0 )) "$detail"
   fi
 fi
 
@@ -518,10 +535,14 @@ c = b["config"]
 tp = c.get("tp", 1)
 print(f"whole-model decode ({c['name']}{f', TP{tp} over {tp} GPUs, per-GPU bytes' if tp > 1 else ''}, {c['weight_bytes']/1e9:.1f} GB, ctx {c['ctx_tokens']}, fp8 cache, bf16; median of {c['steps']} steps; "
       f"checkpoint written in {b['checkpoint_write_seconds']:.0f} s, loaded in {b['load_seconds']:.0f} s); floor = bytes / device copy {b['copy_GBps']:.0f} GB/s:")
-print(f"  {'batch':>5} {'mode':5} {'ms/step':>9} {'p10':>8} {'p90':>8} {'tok/s':>9} {'kernels':>7} {'GB/step':>8} {'GB/s':>6} {'floor_ms':>8} {'x floor':>7}")
+print(f"  {'ctx':>6} {'batch':>5} {'backend':7} {'mode':5} {'ms/step':>9} {'p10':>8} {'p90':>8} {'tok/s':>9} {'kernels':>7} {'GB/step':>8} {'GB/s':>6} {'floor_ms':>8} {'x floor':>7} {'x_auto':>6}")
 for r in b["rows"]:
-    print(f"  {r['batch']:5d} {r['mode']:5} {r['median_ms']:9.2f} {r['p10_ms']:8.2f} {r['p90_ms']:8.2f} {r['tokens_per_s']:9.1f} {r['kernels_per_step']:7d} "
-          f"{r['bytes']['total']/1e9:8.2f} {r['GBps']:6.0f} {r['floor_ms_copy']:8.2f} {r['ratio_to_copy_floor']:7.2f}{'' if r['logits_finite'] else '  NON-FINITE'}")
+    be = "fused" if r.get("decode_backend") == "latency_specialized" else "auto"
+    xa = f"{r['speedup_vs_auto']:6.2f}" if "speedup_vs_auto" in r else ""
+    print(f"  {r.get('ctx_tokens', c['ctx_tokens']):6d} {r['batch']:5d} {be:7} {r['mode']:5} {r['median_ms']:9.2f} {r['p10_ms']:8.2f} {r['p90_ms']:8.2f} {r['tokens_per_s']:9.1f} {r['kernels_per_step']:7d} "
+          f"{r['bytes']['total']/1e9:8.2f} {r['GBps']:6.0f} {r['floor_ms_copy']:8.2f} {r['ratio_to_copy_floor']:7.2f} {xa:>6}{'' if r['logits_finite'] else '  NON-FINITE'}")
+for a in b.get("backend_agreement", []):
+    print(f"  {c.get('precision', 'bf16')} tokens fused vs auto, ctx {a['ctx_tokens']} batch {a['batch']} {a['mode']}: {a['equal']} of {a['tokens']} equal" + (" (identical)" if a["identical"] else f", first difference at step {a['first_different_step']}"))
 PY
   done
   echo
