@@ -3,7 +3,8 @@
 // weights, f32 logits beside rounded outputs, outputs as column slices of one NaN-poisoned buffer
 // whose gaps must stay NaN, strided x) and the three per-GPU TP8 groups of spec §11 (KDA six, MLA
 // three, MoE front four) at T = 1, 2, 8, 64. Every case checks which implementation ran:
-// cuda_multi_mma (tensor cores) for bf16 x bf16 with in % 8 == 0, cuda_multi_rowdot otherwise.
+// cuda_multi_mma (tensor cores) for bf16 x bf16 with in % 8 == 0, cuda_multi_rowdot otherwise; above
+// 16 rows cuda_multi_cublaslt (a cuBLASLt GEMM per output) where cuBLASLt takes every output.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -83,7 +84,19 @@ void check_multi(Device* dev, Mode mode, const std::vector<kernels::LinearWeight
   for (size_t i = 0; i < outs.size(); ++i)
     args.add(&dws[i], columns(outs[i].logits ? f32_buf : act_buf, c0s[i], outs[i].out), !outs[i].logits);
   expect_device_impl(dev->registry().multi_linear, args, dev);
-  EXPECT_EQ(dev->registry().multi_linear.select(args, dev->kind()).name, c.expect_impl);
+  // Above 16 rows one cuBLASLt GEMM per output takes over when the linear op would run every
+  // output on cuBLASLt (cuda_multi_cublaslt); otherwise the case's own implementation.
+  std::string expect_impl = c.expect_impl;
+  if (c.T > 16) {
+    bool all_cublaslt = true;
+    for (int i = 0; i < args.num_outputs; ++i) {
+      const auto& o = args.outputs[static_cast<size_t>(i)];
+      const auto* impl = dev->registry().linear.find({args.x, o.w, o.out, o.round_output, p}, dev->kind(), nullptr);
+      all_cublaslt &= impl != nullptr && impl->name == "cuda_cublaslt";
+    }
+    if (all_cublaslt) expect_impl = "cuda_multi_cublaslt";
+  }
+  EXPECT_EQ(dev->registry().multi_linear.select(args, dev->kind()).name, expect_impl);
   dev->registry().multi_linear.run(args, dev->kind());
 
   for (size_t i = 0; i < outs.size(); ++i) {

@@ -7,6 +7,7 @@
 #include "backends/cuda/blas_lt.h"
 #include "kernels/cuda_common.cuh"
 #include "kernels/cuda_rowdot.cuh"
+#include "kernels/linear/cuda_linear.h"
 #include "kernels/linear/linear.h"
 
 namespace k3::kernels {
@@ -81,6 +82,9 @@ void rowdot_run(const CudaOps& ops, const LinearArgs& a) {
 }
 
 }  // namespace
+
+core::Status linear_cublaslt_supports(const CudaOps& ops, const LinearArgs& a) { return cublaslt_supports(ops, a); }
+void linear_cublaslt_run(const CudaOps& ops, const LinearArgs& a) { cublaslt_run(ops, a); }
 
 void register_linear_cuda(Registry& r, const CudaOps& ops) {
   r.linear.add({"cuda_cublaslt", core::Device::cuda, 20,

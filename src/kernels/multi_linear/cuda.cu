@@ -5,12 +5,18 @@
 //     of 8 warps owns 16 weight rows of one output and up to 64 tokens; the warps split `in` into
 //     interleaved 32-wide k-blocks and run mma.sync m16n8k16 (bf16 in, f32 accumulate); partial
 //     sums meet in shared memory in warp order (deterministic, no workspace, no atomics).
+//   cuda_multi_cublaslt (priority 25): above kMmaMaxRows rows, one cuBLASLt GEMM per output (the
+//     standard linear's route) when cuBLASLt takes every output: the one-launch kernel re-reads x
+//     from L2 in every CTA (T x in bf16 per 16 weight rows), which past 16 rows costs more than
+//     the launches it saves (H200, k3-layer-tp8: the fused KDA layer was 0.94x the standard one
+//     at batch 64 with it, 1.19x at batch 8).
 //   cuda_multi_rowdot (priority 10): any bf16/f32 mix, odd widths: cuda_rowdot.cuh's segment dot
 //     (the standard linear fallback's math) with all outputs' rows in one grid.
 // Both accumulate in fp32 and round once on store (bf16 out, or f32 out with round_output in
 // Precision::bf16); the order of the sum differs from the reference's sequential one (tolerance).
 #include "kernels/cuda_common.cuh"
 #include "kernels/cuda_rowdot.cuh"
+#include "kernels/linear/cuda_linear.h"
 #include "kernels/multi_linear/multi_linear.h"
 
 namespace k3::kernels {
@@ -105,6 +111,7 @@ constexpr int kMmaWarps = 8;
 constexpr int kMmaThreads = kMmaWarps * 32;
 constexpr int kMmaRows = 16;     // weight rows per CTA: one m16 tile
 constexpr int kMmaTokens = 64;   // tokens per grid.y slice: up to 8 n8 tiles
+constexpr int64_t kMmaMaxRows = 16;  // above: cuda_multi_cublaslt when cuBLASLt takes every output
 constexpr int kKBlock = 32;      // k per (warp, step): 4 lanes x 8 bf16 per row
 
 // c += A (16 x 16, row-major bf16 pairs) * B (16 x 8, col-major bf16 pairs), fp32 accumulate.
@@ -333,9 +340,33 @@ void rowdot_run(const CudaOps& ops, const MultiLinearArgs& a) {
   });
 }
 
+// Output i as the standard linear's arguments.
+LinearArgs linear_args(const MultiLinearArgs& a, int i) {
+  const MultiLinearOutput& o = a.outputs[static_cast<size_t>(i)];
+  return {a.x, o.w, o.out, o.round_output, a.precision};
+}
+
+core::Status cublaslt_supports(const CudaOps& ops, const MultiLinearArgs& a) {
+  if (auto s = common_supports(ops, a); !s) return s;
+  if (a.x.dim(0) <= kMmaMaxRows)
+    return core::Status::fail(std::to_string(a.x.dim(0)) + " rows: up to " + std::to_string(kMmaMaxRows) +
+                              " the one-launch kernels stream each weight once for all rows");
+  for (int i = 0; i < a.num_outputs; ++i)
+    if (auto s = linear_cublaslt_supports(ops, linear_args(a, i)); !s)
+      return core::Status::fail("outputs[" + std::to_string(i) + "]: " + s.reason());
+  return core::Status::ok();
+}
+
+void cublaslt_run(const CudaOps& ops, const MultiLinearArgs& a) {
+  for (int i = 0; i < a.num_outputs; ++i) linear_cublaslt_run(ops, linear_args(a, i));
+}
+
 }  // namespace
 
 void register_multi_linear_cuda(Registry& r, const CudaOps& ops) {
+  r.multi_linear.add({"cuda_multi_cublaslt", core::Device::cuda, 25,
+                      [ops](const MultiLinearArgs& a) { return cublaslt_supports(ops, a); },
+                      [ops](const MultiLinearArgs& a) { cublaslt_run(ops, a); }});
   r.multi_linear.add({"cuda_multi_mma", core::Device::cuda, 20,
                       [ops](const MultiLinearArgs& a) { return mma_supports(ops, a); },
                       [ops](const MultiLinearArgs& a) { mma_run(ops, a); }});

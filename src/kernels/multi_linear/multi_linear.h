@@ -46,6 +46,9 @@
 //     meet in shared memory in warp order 0..7 and are stored once (rounded as above). Grid:
 //     (sum_i ceil(out_i / 16), ceil(T / 64)): 393 CTAs for KDA (~3 per SM, one wave), each weight
 //     byte read once per 64 tokens.
+//   cuda_multi_cublaslt (more than 16 rows, every output cuBLASLt-able; priority 25): one cuBLASLt
+//     GEMM per output, as the standard path: cuda_multi_mma re-reads x from L2 in every CTA
+//     (T x in x 2 B per 16 weight rows), which past 16 rows costs more than the launches it saves.
 //   cuda_multi_rowdot (any bf16/f32 mix of x and W dtypes, odd widths; priority 10): the standard
 //     row-dot kernel (kernels/cuda_rowdot.cuh) with every output's rows in one grid, 8 tokens per
 //     pass over a weight row.
