@@ -55,6 +55,7 @@
 #include "bench/layer_gpu_fused.h"
 #include "bench/layer_gpu_weights.h"
 #include "config/k3_config.h"
+#include "config/shard.h"
 #include "core/bf16.h"
 #include "core/rng.h"
 #include "fastpath/fused_decode.h"
@@ -83,6 +84,7 @@ struct Options {
   std::string out = "layer_gpu.json", layers = "kda,mla";
   std::vector<int64_t> batches = {1, 8, 32, 64};
   int replays = 200, copies = 3, ctx_tokens = 8192;
+  int tp = 8;  // the rank shapes: one rank of K3 at this tensor parallelism
   bool check = false;
   uint64_t seed = 1;
   bool run_auto = true, run_fused = true;  // --paths: the standard path, the latency_specialized one
@@ -94,19 +96,15 @@ struct Options {
   }
 };
 
-// One TP8 rank's share of K3 (spec §11): heads split 8 ways, experts TP-sharded (intermediate
-// 3072 / 8), shared experts 6144 / 8, dense 33792 / 8, vocab 163840 / 8; router and latent
-// projections stay whole (replicated).
-config::K3Config rank_config() {
-  config::K3Config c = config::builtin_config("k3");
-  c.kda.num_heads = 12;
-  c.mla.num_heads = 12;
-  c.moe.moe_intermediate_size = 384;  // shared: 2 x 384 = 768
-  c.intermediate_size = 4224;
-  c.vocab_size = 20480;
+// One rank's share of K3 at tensor parallelism tp (spec §11, config::shard_config): heads split tp
+// ways, experts TP-sharded (intermediate 3072 / tp), shared experts 6144 / tp, dense 33792 / tp,
+// vocab 163840 / tp; router and latent projections stay whole (replicated). tp 8 is k3-layer-tp8
+// (spec §14.2: 12 KDA / 12 MLA heads, experts [384, 3584]); tp 16 has 6 heads and experts [192, 3584].
+config::K3Config rank_config(int tp) {
+  config::K3Config c = config::shard_config(config::builtin_config("k3"), tp);
   c.bos_token_id = c.eos_token_id = c.pad_token_id = -1;  // K3's ids lie outside one rank's vocabulary
   c.mxfp4.enabled = true;
-  config::validate(c, "k3-layer-tp8 rank config");
+  config::validate(c, "k3-layer-tp" + std::to_string(tp) + " rank config");
   return c;
 }
 
@@ -474,9 +472,9 @@ void run_row(Bench& b, int layer, const model::LayerWeights& lw, const model::We
 }
 
 void print_table(const Bench& b) {
-  std::printf("\nk3-layer-tp8 decode, one layer per step (µs = CUDA-graph time / %d copies, median of %d replays); "
+  std::printf("\nk3-layer-tp%d decode, one layer per step (µs = CUDA-graph time / %d copies, median of %d replays); "
               "device copy %.0f GB/s; floor = bytes / copy bandwidth\n",
-              b.opt.copies, b.opt.replays, b.copy_bytes_per_second / 1e9);
+              b.opt.tp, b.opt.copies, b.opt.replays, b.copy_bytes_per_second / 1e9);
   std::printf("(fused rows: +bank = with the AttnRes bank write amortized over its block; speed-up = auto / fused)\n");
   std::printf("%-16s %-6s %5s %10s %9s %9s %8s %10s %8s %10s %8s %10s %8s %8s\n", "layer", "path", "batch", "us/layer", "p10",
               "p90", "kernels", "MB/layer", "GB/s", "floor_us", "x_floor", "us+bank", "speedup", "spd+bank");
@@ -508,6 +506,7 @@ Options parse_options(int argc, char** argv) {
     else if (a == "--replays") o.replays = std::stoi(value());
     else if (a == "--copies") o.copies = std::stoi(value());
     else if (a == "--ctx") o.ctx_tokens = std::stoi(value());
+    else if (a == "--tp") o.tp = std::stoi(value());
     else if (a == "--seed") o.seed = std::stoull(value());
     else if (a == "--check") o.check = true;
     else if (a == "--paths") {
@@ -524,7 +523,7 @@ Options parse_options(int argc, char** argv) {
     }
     else if (a == "--help" || a == "-h") {
       std::cout << "k3bench_layer_gpu [--out FILE] [--batches 1,8,32,64] [--layers kda,mla] [--replays N] [--copies R]\n"
-                   "                  [--ctx TOKENS] [--paths auto,latency_specialized] [--check] [--seed S]\n";
+                   "                  [--ctx TOKENS] [--paths auto,latency_specialized] [--check] [--seed S] [--tp 8|16]\n";
       std::exit(0);
     } else {
       throw core::Error("unknown option " + a + " (try --help)");
@@ -536,6 +535,7 @@ Options parse_options(int argc, char** argv) {
   K3_CHECK(o.replays >= 5, "--replays must be >= 5");
   K3_CHECK(o.copies >= 1, "--copies must be >= 1");
   K3_CHECK(o.ctx_tokens >= 1, "--ctx must be >= 1");
+  K3_CHECK(o.tp >= 1, "--tp must be >= 1");
   K3_CHECK(o.layers.find("kda") != std::string::npos || o.layers.find("mla") != std::string::npos,
            "--layers must name kda and/or mla");
   return o;
@@ -552,7 +552,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "k3bench_layer_gpu: no usable CUDA device: %s\n", why.c_str());
       return 2;
     }
-    b.config = rank_config();
+    b.config = rank_config(b.opt.tp);
     b.ctx = cu::Context::create(0);
     b.memory = cu::make_device_memory(b.ctx);
     kernels::register_reference_ops(b.registry);
@@ -570,8 +570,11 @@ int main(int argc, char** argv) {
     b.copy_bytes_per_second = measure_copy_bandwidth(b);
     std::printf("k3bench_layer_gpu on %s (%d SMs, L2 %zu MiB): device copy %.0f GB/s (read + write)\n", info.name.c_str(),
                 info.sm_count, info.l2_bytes >> 20, b.copy_bytes_per_second / 1e9);
-    std::printf("  k3-layer-tp8 (spec §14.2): one TP8 rank, hidden 7168, 12 KDA / 12 MLA heads, 896 MXFP4 experts "
-                "[384, 3584], ctx %d, fp8 latent cache, bf16 activations\n", b.opt.ctx_tokens);
+    std::printf("  k3-layer-tp%d (spec §11, §14.2): one TP%d rank, hidden %lld, %d KDA / %d MLA heads, %d MXFP4 experts "
+                "[%lld, %lld], ctx %d, fp8 latent cache, bf16 activations\n", b.opt.tp, b.opt.tp,
+                static_cast<long long>(b.config.hidden_size), b.config.kda.num_heads, b.config.mla.num_heads,
+                b.config.moe.num_experts, static_cast<long long>(b.config.moe.moe_intermediate_size),
+                static_cast<long long>(b.config.moe.routed_expert_hidden_size), b.opt.ctx_tokens);
     std::printf("  collectives STUBBED: single GPU, the TP all-reduces are not run. Weights random; experts are random "
                 "MXFP4 codes with E8M0 scales near 2^-7 (timing only)\n");
 
@@ -635,7 +638,7 @@ int main(int argc, char** argv) {
     const nlohmann::json bundle = {
         {"benchmark", "layer_gpu"},
         {"environment", env},
-        {"config", {{"name", "k3-layer-tp8"}, {"model", config::to_json(b.config)}, {"model_hash", b.config.hash()},
+        {"config", {{"name", "k3-layer-tp" + std::to_string(b.opt.tp)}, {"tp", b.opt.tp}, {"model", config::to_json(b.config)}, {"model_hash", b.config.hash()},
                     {"batches", b.opt.batches}, {"paths", b.opt.paths()}, {"copies", b.opt.copies}, {"replays", b.opt.replays},
                     {"ctx_tokens", b.opt.ctx_tokens}, {"block_size", kBlockSize}, {"kv_cache", "fp8_e4m3"},
                     {"precision", "bf16"}, {"check", b.opt.check}, {"seed", b.opt.seed},

@@ -233,8 +233,12 @@ if want layers; then
   else
     # --check: outputs finite, eager deterministic, one graph replay equal to eager bit for bit.
     capped 300 "$LAYER_BENCH" --check --out "$OUT/layer_gpu.json" > "$OUT/layers.log" 2>&1
+    # One TP16 rank's shapes too (6 heads, experts [192, 3584]), batch 1 and 64, both paths.
     if ((RC == 0)); then
-      record layers PASS "$SECS" "$(grep -c 'check ok' "$OUT/layers.log") rows checked, $(grep -m1 -o 'device copy [0-9]* GB/s' "$OUT/layers.log")"
+      capped 120 "$LAYER_BENCH" --tp 16 --batches 1,64 --check --out "$OUT/layer_gpu_tp16.json" >> "$OUT/layers.log" 2>&1
+    fi
+    if ((RC == 0)); then
+      record layers PASS "$((SECS))" "$(grep -c 'check ok' "$OUT/layers.log") rows checked (TP8 and TP16 shapes), $(grep -m1 -o 'device copy [0-9]* GB/s' "$OUT/layers.log")"
     elif ((RC == 124 || RC == 137)); then
       record layers TIMEOUT "$SECS" "partial rows in layers.log"
     elif ((RC == 3)); then
@@ -493,12 +497,13 @@ for r in b["rows"]:
     print(f"  {r['op'][:26]:26} {r['shape'][:22]:22} {r['batch']:5d} {r['median_us']:9.1f} {r['GBps']:7.0f} {r['ratio_to_4p3TBps_floor']:8.2f}")
 PY
   fi
-  if [[ -f $OUT/layer_gpu.json ]] && command -v python3 > /dev/null; then
-    python3 - "$OUT/layer_gpu.json" <<'PY'
+  for layer_json in "$OUT"/layer_gpu*.json; do
+    [[ -f $layer_json ]] && command -v python3 > /dev/null || continue
+    python3 - "$layer_json" <<'PY'
 import json, sys
 b = json.load(open(sys.argv[1]))
 c = b["config"]
-print(f"per-layer decode (k3-layer-tp8, ctx {c['ctx_tokens']}, fp8 cache; CUDA graph / {c['copies']} copies, median of {c['replays']} replays; collectives stubbed); floor = bytes / device copy {b['copy_GBps']:.0f} GB/s:")
+print(f"per-layer decode ({c['name']}, ctx {c['ctx_tokens']}, fp8 cache; CUDA graph / {c['copies']} copies, median of {c['replays']} replays; collectives stubbed); floor = bytes / device copy {b['copy_GBps']:.0f} GB/s:")
 print(f"  {'layer':16} {'path':6} {'batch':>5} {'us/layer':>9} {'p10':>8} {'p90':>8} {'kernels':>7} {'MB':>8} {'GB/s':>6} {'floor_us':>8} {'x floor':>7} {'speedup':>7}  check")
 std = {}
 for r in b["rows"]:
@@ -511,7 +516,7 @@ for r in b["rows"]:
     chk = "" if not r["check"] else ("ok" if r["check"]["pass"] else "FAILED")
     print(f"  {r['layer']:16} {path[:6]:6} {r['batch']:5d} {us:9.1f} {r['p10_us']:8.1f} {r['p90_us']:8.1f} {r['kernels_per_layer']:7.1f} {r['bytes']['total']/1e6:8.1f} {r['bytes']['total']/(us*1e-6)/1e9:6.0f} {r['floor_us_copy']:8.1f} {us/r['floor_us_copy']:7.2f} {speed:>7}  {chk}")
 PY
-  fi
+  done
   layer_diffs=("$OUT"/layer_diff_*.json)
   if [[ -f ${layer_diffs[0]} ]] && command -v python3 > /dev/null; then
     python3 - "${layer_diffs[@]}" <<'PY'
