@@ -99,7 +99,7 @@ struct DecodeCase {
 };
 
 void check_decode(Device* dev, Mode mode, const DecodeCase& c, const std::vector<int64_t>& rows,
-                  const std::vector<int64_t>& positions, uint64_t seed) {
+                  const std::vector<int64_t>& positions, uint64_t seed, const char* expect_impl = nullptr) {
   core::Rng rng(seed);
   const Batch batch(dev, rng, rows, positions);
   const int64_t T = batch.T, N = batch.num_slots, P = int64_t{c.H} * c.D;
@@ -145,18 +145,15 @@ void check_decode(Device* dev, Mode mode, const DecodeCase& c, const std::vector
                                           o_norm, want, want_trace, batch.host()),
                                 core::Device::cpu);
 
-  // Device: activations and the conv state in the mode's dtype (bf16 values either way).
+  // Device: activations and the conv state in the mode's dtype (bf16 values either way). Every
+  // device implementation that takes these arguments runs (the V-split cluster form and the
+  // head-CTA form where both apply), each on fresh copies of the pools; the one run() picks must be
+  // `expect_impl` when given (proves which kernel the registry chooses at this batch size).
   const Tensor dproj = dev->act(proj, mode);
   const kernels::LinearWeight dfb = dev->upload(f_b);
   const Tensor dqc = dev->upload(q_conv), dkc = dev->upload(k_conv), dvc = dev->upload(v_conv);
-  const Tensor dconv = dev->upload(conv0, act_dtype(mode)), dal = dev->upload(a_log), ddt = dev->upload(dt_bias);
-  const Tensor dstate = dev->upload(state0), don = dev->upload(o_norm);
-  const Tensor out = dev->poisoned(act_dtype(mode), {T, P}), trace = dev->poisoned(act_dtype(mode), {T, P});
-  const kernels::KdaDecodeArgs args =
-      make_args(dproj, dfb, dqc, dkc, dvc, dconv, dal, ddt, dstate, don, out, trace, batch.device());
-  expect_device_impl(dev->registry().kda_decode, args, dev);
-  dev->registry().kda_decode.run(args, dev->kind());
-
+  const Tensor dal = dev->upload(a_log), ddt = dev->upload(dt_bias), don = dev->upload(o_norm);
+  const kernels::SeqBatch dseqs = batch.device();
   std::string shape = "H";  // (built in steps: GCC 12 warns falsely on "H" + std::to_string)
   shape += std::to_string(c.H);
   shape += " D" + std::to_string(c.D);
@@ -164,24 +161,46 @@ void check_decode(Device* dev, Mode mode, const DecodeCase& c, const std::vector
   shape += " K" + std::to_string(c.K);
   shape += c.no_commit ? " verify " : " ";
   shape += batch.str();
-  expect_close("kda_decode", shape, mode, "out", dev->to_host_f32(out.view()), want, tol_attention(mode));
-  expect_close("kda_decode", shape, mode, "o_trace", dev->to_host_f32(trace.view()), want_trace, tol_attention(mode));
-  // The conv window only moves values: exact. no_commit: both pools exactly as uploaded.
-  const Tol exact{0.0, 1 - 1e-12};
-  expect_close("kda_decode", shape, mode, "conv_state", dev->to_host_f32(dconv.view()), want_conv, exact);
-  expect_close("kda_decode", shape, mode, "state", dev->to_host_f32(dstate.view()), want_state,
-               c.no_commit ? exact : tol_attention(mode));
-  if (c.no_commit) {
-    expect_close("kda_decode", shape, mode, "conv_untouched", dev->to_host_f32(dconv.view()), conv0, exact);
-    expect_close("kda_decode", shape, mode, "state_untouched", dev->to_host_f32(dstate.view()), state0, exact);
-    // Untraced (o_trace absent, as the fused path runs without a trace): the same out.
-    kernels::KdaDecodeArgs untraced = args;
-    const Tensor out2 = dev->poisoned(act_dtype(mode), {T, P});
-    untraced.out = out2.view();
-    untraced.o_trace = {};
-    dev->registry().kda_decode.run(untraced, dev->kind());
-    expect_close("kda_decode", shape, mode, "out_untraced", dev->to_host_f32(out2.view()), want, tol_attention(mode));
+  const auto& table = dev->registry().kda_decode;
+  int ran = 0;
+  bool selection_checked = false;
+  for (const auto& impl : table.impls()) {
+    if (impl.device != dev->kind()) continue;
+    const Tensor dconv = dev->upload(conv0, act_dtype(mode)), dstate = dev->upload(state0);
+    const Tensor out = dev->poisoned(act_dtype(mode), {T, P}), trace = dev->poisoned(act_dtype(mode), {T, P});
+    const kernels::KdaDecodeArgs args =
+        make_args(dproj, dfb, dqc, dkc, dvc, dconv, dal, ddt, dstate, don, out, trace, dseqs);
+    if (!selection_checked) {
+      selection_checked = true;
+      expect_device_impl(table, args, dev);
+      if (expect_impl != nullptr) {
+        EXPECT_EQ(table.select(args, dev->kind()).name, expect_impl) << shape;
+      }
+    }
+    if (impl.supports && !impl.supports(args)) continue;
+    ++ran;
+    impl.run(args);
+    const std::string at = shape + " [" + impl.name + "]";
+    expect_close("kda_decode", at, mode, "out", dev->to_host_f32(out.view()), want, tol_attention(mode));
+    expect_close("kda_decode", at, mode, "o_trace", dev->to_host_f32(trace.view()), want_trace, tol_attention(mode));
+    // The conv window only moves values: exact. no_commit: both pools exactly as uploaded.
+    const Tol exact{0.0, 1 - 1e-12};
+    expect_close("kda_decode", at, mode, "conv_state", dev->to_host_f32(dconv.view()), want_conv, exact);
+    expect_close("kda_decode", at, mode, "state", dev->to_host_f32(dstate.view()), want_state,
+                 c.no_commit ? exact : tol_attention(mode));
+    if (c.no_commit) {
+      expect_close("kda_decode", at, mode, "conv_untouched", dev->to_host_f32(dconv.view()), conv0, exact);
+      expect_close("kda_decode", at, mode, "state_untouched", dev->to_host_f32(dstate.view()), state0, exact);
+      // Untraced (o_trace absent, as the fused path runs without a trace): the same out.
+      kernels::KdaDecodeArgs untraced = args;
+      const Tensor out2 = dev->poisoned(act_dtype(mode), {T, P});
+      untraced.out = out2.view();
+      untraced.o_trace = {};
+      impl.run(untraced);
+      expect_close("kda_decode", at, mode, "out_untraced", dev->to_host_f32(out2.view()), want, tol_attention(mode));
+    }
   }
+  EXPECT_GE(ran, 1) << shape;
 }
 
 std::vector<int64_t> repeat(int64_t rows, int n) { return std::vector<int64_t>(static_cast<size_t>(n), rows); }
@@ -200,16 +219,44 @@ TEST(OpsOdd, KdaDecode) {
     }
 }
 
+// Which CUDA kernel the registry picks (cuda_kda_decode.cu, split_slices): the V-split cluster form
+// while 4 * H * num_seqs <= 2 * SMs, the head-CTA form beyond. The expectations hold on any GPU of
+// 72 to 407 SMs (the H200 has 132): H * num_seqs <= 36 splits, H * num_seqs >= 204 does not.
+constexpr const char* kSplit = "cuda_vsplit_cluster";
+constexpr const char* kHeadCta = "cuda_head_cta";
+
 TEST(OpsTp8, KdaDecode) {
   // One TP8 rank of K3 (spec §11, §14.2): 12 heads of 128, R = 128, K = 4, bf16 f_b and o_norm.
   K3_REQUIRE_CUDA(dev);
   uint64_t seed = 9300;
   for (Mode m : kModes) {
-    check_decode(dev, m, {12, 128, 128, 4, false}, repeat(1, 64), {8191}, seed++);  // decode step of 64
-    check_decode(dev, m, {12, 128, 128, 4, false}, {1}, {511}, seed++);             // batch 1
+    check_decode(dev, m, {12, 128, 128, 4, false}, repeat(1, 64), {8191}, seed++, kHeadCta);  // decode step of 64
+    check_decode(dev, m, {12, 128, 128, 4, false}, {1}, {511}, seed++, kSplit);               // batch 1
     check_decode(dev, m, {12, 128, 128, 4, true}, repeat(4, 8), {100}, seed++);     // verify, K = 3 drafts
     check_decode(dev, m, {12, 128, 128, 4, false}, repeat(4, 8), {100}, seed++);    // the same rows committed
-    check_decode(dev, m, {12, 128, 128, 4, true, true}, {1, 8, 1}, {0, 7, 300}, seed++);
+    check_decode(dev, m, {12, 128, 128, 4, true, true}, {1, 8, 1}, {0, 7, 300}, seed++, kSplit);
+  }
+}
+
+TEST(OpsTp8, KdaDecodeVSplit) {
+  // The split form at batch 1 (8 slices of 16 value rows), 2 (8) and 3 (4 slices of 32) of a TP8
+  // rank, decode and verify rows; batch 17 of a TP8 rank takes the head-CTA form; one head (as a
+  // TP64-like shard) splits at batch 1 and 17. Every case also runs the head-CTA kernel (the test
+  // runs all implementations that accept the arguments), so both are held to the oracle.
+  K3_REQUIRE_CUDA(dev);
+  uint64_t seed = 9500;
+  for (Mode m : kModes) {
+    check_decode(dev, m, {12, 128, 128, 4, false}, {1}, {0}, seed++, kSplit);                 // fresh slot
+    check_decode(dev, m, {12, 128, 128, 4, true}, {4}, {63}, seed++, kSplit);                 // verify 4 rows
+    check_decode(dev, m, {12, 128, 128, 4, false}, {4}, {63}, seed++, kSplit);                // committed
+    check_decode(dev, m, {12, 128, 128, 4, false}, {1, 1}, {5, 900}, seed++, kSplit);         // batch 2
+    check_decode(dev, m, {12, 128, 128, 4, false}, repeat(1, 3), {40, 0, 7}, seed++, kSplit); // batch 3: 4 slices
+    check_decode(dev, m, {12, 128, 128, 4, true}, {2, 5, 1}, {3, 9, 0}, seed++, kSplit);      // batch 3 verify
+    check_decode(dev, m, {12, 128, 128, 4, false}, repeat(1, 17), {31}, seed++, kHeadCta);    // batch 17: no split
+    check_decode(dev, m, {1, 128, 128, 4, false}, {1}, {12}, seed++, kSplit);
+    check_decode(dev, m, {1, 128, 128, 4, false}, repeat(1, 17), {12, 0}, seed++, kSplit);
+    check_decode(dev, m, {1, 128, 128, 4, true}, {3, 1, 6}, {2, 0, 50}, seed++, kSplit);
+    check_decode(dev, m, {1, 128, 1024, 4, false, true}, {2}, {6}, seed++, kSplit);  // R = 1024: uncached f_b chunks
   }
 }
 
