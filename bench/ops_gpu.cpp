@@ -271,6 +271,25 @@ void bench_mla_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>&
                                         1.0f / std::sqrt(192.0f)};
       b.row("mla", std::string("mla_absorbed ") + (cache_t == DType::bf16 ? "bf16" : "fp8"),
             "ctx=8192 H=12 paged16", B, bytes, [&] { b.reg.mla_absorbed.run(a, core::Device::cuda); });
+      if (cache_t != DType::f8_e4m3) continue;
+      // The fused path's mla_decode (fastpath/: absorbed decode + W_UV + the output gate) at its own
+      // split length and at fixed ones (MlaDecodeArgs::split_len), to tune the split choice.
+      Tensor gate = b.empty(DType::bf16, {B, H * vd}), gated = b.empty(DType::bf16, {B, H * vd});
+      b.fill(gate, pat.bf16_act);
+      kernels::MlaDecodeArgs d;
+      d.q = q.view();
+      d.pages = pages.view();
+      d.seqs = seqs;
+      d.kv_b = &kv_b;
+      d.gate = gate.view();
+      d.out = gated.view();
+      d.num_heads = H, d.qk_nope = nope, d.qk_rope = rope, d.v_head_dim = vd, d.kv_lora = L;
+      d.scale = 1.0f / std::sqrt(192.0f);
+      for (int64_t split_len : {int64_t{0}, int64_t{64}, int64_t{128}, int64_t{256}, int64_t{512}, int64_t{1024}, int64_t{2048}}) {
+        d.split_len = split_len;
+        const std::string shape = "ctx=8192 H=12 split " + (split_len ? std::to_string(split_len) : "auto " + std::to_string(kernels::mla_decode_split_len(d)));
+        b.row("mla", "mla_decode fp8 gate", shape, B, bytes + B * H * vd * 2.0 * 2, [&] { b.reg.mla_decode.run(d, core::Device::cuda); });
+      }
     }
   }
 }

@@ -102,7 +102,7 @@ enum class Out { own, workspace, in_place };  // separate out; + caller workspac
 // cache: "bf16" (CPU: f32 holding bf16 values; device: real bf16), "f32" or "fp8". Device pages are
 // written by the device's mla_cache_write into NaN-poisoned pages (spare pages stay NaN).
 void check_decode(Device* dev, Mode mode, Dims d, const std::vector<SeqShape>& seqs, const std::string& cache,
-                  float k_scale, int64_t bs, bool gated, Out how, uint64_t seed) {
+                  float k_scale, int64_t bs, bool gated, Out how, uint64_t seed, int64_t split_len = 0) {
   core::Rng rng(seed);
   const Layout lay(seqs, bs, rng);
   const int64_t H = d.heads, L = d.kv_lora, E = L + d.rope, R = lay.rows, W = H * d.v;
@@ -155,6 +155,7 @@ void check_decode(Device* dev, Mode mode, Dims d, const std::vector<SeqShape>& s
   Tensor out = how == Out::in_place ? dev->act(gate, mode) : dev->poisoned(act_dtype(mode), {R, W});
   kernels::MlaDecodeArgs args = make_args(dq.view(), dpages.view(), lay.seqs(drb, dnr, dpos, dbt), &dkv_b,
                                           how == Out::in_place ? out.view() : dgate.view(), out.view());
+  args.split_len = split_len;  // 0: the op's own choice
   Tensor ws;
   if (how == Out::workspace) {
     ws = dev->poisoned(DType::f32, {kernels::mla_decode_workspace_floats(args)});
@@ -211,6 +212,19 @@ TEST(OpsTp8, MlaDecodeLongContext) {
     check_decode(dev, m, kTp8, {{4096, 1}}, "fp8", 1.0f, 64, true, Out::own, ++seed);
     check_decode(dev, m, kTp8, {{3001, 1}, {2500, 4}}, act_cache(m), 1.0f, 16, true, Out::own, ++seed);
   }
+}
+
+// Explicit split lengths (benchmarks tune them with MlaDecodeArgs::split_len): one long sequence and
+// a batch with verify rows, from one tile per split to the whole context in one split.
+TEST(OpsTp8, MlaDecodeSplitLengths) {
+  K3_REQUIRE_CUDA(dev);
+  uint64_t seed = 9250;
+  for (Mode m : kModes)
+    for (int64_t split_len : {32, 96, 512, 4096}) {
+      SCOPED_TRACE("split_len " + std::to_string(split_len));
+      check_decode(dev, m, kTp8, {{4096, 1}}, "fp8", 1.0f, 16, true, Out::own, ++seed, split_len);
+      check_decode(dev, m, kTp8, {{700, 1}, {97, 3}}, "fp8", 1.0f, 16, true, Out::workspace, ++seed, split_len);
+    }
 }
 
 // 64 decode sequences in one call (the batch-64 decode step), contexts from 1 to 700 tokens.

@@ -406,8 +406,8 @@ void decode_run(const CudaOps& ops, const MlaDecodeArgs& a) {
   const int H = a.num_heads, nope = a.qk_nope, rope = a.qk_rope, vd = a.v_head_dim, L = a.kv_lora, E = L + rope;
   const cudaStream_t stream = ops.ctx->stream();
   const bool round = a.precision == Precision::bf16;
-  const int64_t split_len = mla_decode_split_len(Q, sq.max_tokens);
-  const int splits = static_cast<int>(mla_decode_num_splits(Q, sq.max_tokens));
+  const int64_t split_len = mla_decode_split_len(a);
+  const int splits = static_cast<int>(mla_decode_num_splits(a));
 
   // Workspace: Qc [Q][H][E] (reused for o_lat [Q][H][L] once split_kv is done), then the partials.
   std::shared_ptr<void> scratch;

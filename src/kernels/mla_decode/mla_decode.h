@@ -71,12 +71,17 @@ struct MlaDecodeArgs {
   int num_heads = 0, qk_nope = 0, qk_rope = 0, v_head_dim = 0, kv_lora = 0;
   float scale = 0.0f;                  // (nope + rope)^-1/2
   Precision precision = Precision::bf16;
+  int64_t split_len = 0;               // > 0: positions per split (a multiple of kMlaDecodeTile) instead of
+                                       //   mla_decode_split_len's choice (benchmarks and tests; the CPU ignores it)
 };
 
 // Positions per split for Q = num_seqs * max_rows query slots over max_tokens: a multiple of
 // kMlaDecodeTile, >= kMlaDecodeTile; splits = ceil(max_tokens / split_len).
 int64_t mla_decode_split_len(int64_t query_slots, int64_t max_tokens);
 int64_t mla_decode_num_splits(int64_t query_slots, int64_t max_tokens);
+// The split length and count one call uses: a.split_len when set, else the choice above.
+int64_t mla_decode_split_len(const MlaDecodeArgs& a);
+int64_t mla_decode_num_splits(const MlaDecodeArgs& a);
 // f32 workspace of the CUDA op: Q*H*(kv_lora + rope) (Qc) + Q*H*splits*(kv_lora + 2) (partials).
 int64_t mla_decode_workspace_floats(const MlaDecodeArgs& a);
 

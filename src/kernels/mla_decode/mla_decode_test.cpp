@@ -302,6 +302,21 @@ TEST(MlaDecode, SplitSizingCoversTheContextInWholeTiles) {
   const int64_t Q = 2 * b.max_rows, E = kOdd.kv_lora + kOdd.rope;
   EXPECT_EQ(mla_decode_workspace_floats(a), Q * kOdd.heads * E +
                                                 Q * kOdd.heads * mla_decode_num_splits(Q, b.max_tokens) * (kOdd.kv_lora + 2));
+  // An explicit split length replaces the choice, for the workspace too.
+  MlaDecodeArgs fixed = a;
+  fixed.split_len = 2 * kMlaDecodeTile;
+  EXPECT_EQ(mla_decode_split_len(fixed), 2 * kMlaDecodeTile);
+  EXPECT_EQ(mla_decode_num_splits(fixed), (b.max_tokens + 2 * kMlaDecodeTile - 1) / (2 * kMlaDecodeTile));
+  EXPECT_EQ(mla_decode_workspace_floats(fixed),
+            Q * kOdd.heads * E + Q * kOdd.heads * mla_decode_num_splits(fixed) * (kOdd.kv_lora + 2));
+  EXPECT_EQ(mla_decode_split_len(a), mla_decode_split_len(Q, b.max_tokens));
+  EXPECT_TRUE(mla_decode_check(fixed).is_ok()) << mla_decode_check(fixed).reason();
+  for (int64_t bad : {int64_t{-kMlaDecodeTile}, int64_t{kMlaDecodeTile + 1}}) {
+    fixed.split_len = bad;
+    const core::Status s = mla_decode_check(fixed);
+    EXPECT_FALSE(s.is_ok()) << bad;
+    EXPECT_NE(s.reason().find("split_len must be 0 (automatic) or a positive multiple of"), std::string::npos) << s.reason();
+  }
 }
 
 // ---------------------------------------------------------------- checks

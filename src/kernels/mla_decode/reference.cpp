@@ -55,9 +55,19 @@ int64_t mla_decode_num_splits(int64_t query_slots, int64_t max_tokens) {
   return std::max<int64_t>(1, (std::max<int64_t>(1, max_tokens) + len - 1) / len);
 }
 
+int64_t mla_decode_split_len(const MlaDecodeArgs& a) {
+  const int64_t Q = static_cast<int64_t>(std::max(0, a.seqs.num_seqs)) * std::max(0, a.seqs.max_rows);
+  return a.split_len > 0 ? a.split_len : mla_decode_split_len(Q, a.seqs.max_tokens);
+}
+
+int64_t mla_decode_num_splits(const MlaDecodeArgs& a) {
+  const int64_t len = mla_decode_split_len(a);
+  return std::max<int64_t>(1, (std::max<int64_t>(1, a.seqs.max_tokens) + len - 1) / len);
+}
+
 int64_t mla_decode_workspace_floats(const MlaDecodeArgs& a) {
   const int64_t Q = static_cast<int64_t>(std::max(0, a.seqs.num_seqs)) * std::max(0, a.seqs.max_rows);
-  const int64_t H = a.num_heads, L = a.kv_lora, splits = mla_decode_num_splits(Q, a.seqs.max_tokens);
+  const int64_t H = a.num_heads, L = a.kv_lora, splits = mla_decode_num_splits(a);
   return Q * H * (L + a.qk_rope) + Q * H * splits * (L + 2);
 }
 
@@ -87,6 +97,9 @@ core::Status mla_decode_check(const MlaDecodeArgs& a) {
     if (why.rfind(prefix, 0) == 0) why = why.substr(prefix.size());
     return fail(why);
   }
+  if (a.split_len < 0 || a.split_len % kMlaDecodeTile != 0)
+    return fail("split_len must be 0 (automatic) or a positive multiple of " + std::to_string(kMlaDecodeTile) +
+                ", got " + std::to_string(a.split_len));
   const int64_t T = a.q.dim(0), width = static_cast<int64_t>(a.num_heads) * a.v_head_dim;
   if (has(a.gate)) {
     if (!mla_detail::is_rows(a.gate) || a.gate.dtype != a.out.dtype || a.gate.dim(0) != T || a.gate.dim(1) != width)
