@@ -159,7 +159,8 @@ TEST(FastPath, TheFusedKernelsRanAndExplainSaysSo) {
   ASSERT_NE(decode_at, std::string::npos) << plans;
   const std::string decode_plan = plans.substr(decode_at);
   for (const char* op : {"multi_linear -> cpu/reference", "kda_decode -> cpu/reference", "mla_decode -> cpu/reference",
-                         "attn_res_bank -> cpu/reference", "attn_res_merge -> cpu/reference"})
+                         "attn_res_bank -> cpu/reference", "attn_res_merge -> cpu/reference",
+                         "moe_tail_combine -> cpu/reference"})
     EXPECT_NE(decode_plan.find(op), std::string::npos) << op << "\n" << decode_plan;
   for (const char* op : {"kda_recurrent", "kda_conv", "kda_output_gate", "mla_absorbed", "attn_res_mix", "sigmoid_gate"})
     EXPECT_EQ(decode_plan.find(op), std::string::npos) << op << " ran in a fused step\n" << decode_plan;
@@ -182,6 +183,10 @@ TEST(FastPath, TheFusedKernelsRanAndExplainSaysSo) {
   for (int l = 0; l < c.num_hidden_layers; ++l) (c.attn_kind(l) == config::AttnKind::kda ? kda : mla)++;
   EXPECT_EQ(count["kda_decode"], kda);
   EXPECT_EQ(count["mla_decode"], mla);
+  int moe = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) moe += c.ffn_kind(l) == config::FfnKind::moe ? 1 : 0;
+  EXPECT_EQ(count["moe_tail_combine"], moe);  // replaces situ_glu, 2 linears, rmsnorm and add per MoE layer
+  EXPECT_EQ(count["add"], 0);
   EXPECT_EQ(count["attn_res_merge"], 2 * c.num_hidden_layers + 1);
   EXPECT_EQ(count["attn_res_bank"], (c.num_hidden_layers + c.attn_res_block_size - 1) / c.attn_res_block_size);
   p.fused->set_op_recorder(nullptr);

@@ -279,7 +279,30 @@ Tensor fused_moe(const ForwardContext& ctx, int layer, const model::MoeWeights& 
   } else {
     project(ctx, x, {{&w.router, &front.logits, false}, {&w.latent_down, &front.z}});
   }
-  return model::moe_tail(ctx, layer, w, router_bias, front, x.dim(1));
+  // Under TP the routed and shared partial sums are all-reduced between the experts and the tail.
+  if (ctx.tensor_parallel()) return model::moe_tail(ctx, layer, w, router_bias, front, x.dim(1));
+  const Tensor u = model::moe_routed_latent(ctx, layer, w, router_bias, front);  // [n, L]
+  // The tail (situ, shared_down, routed norm, latent_up, add) in one fused op.
+  Tensor f = ctx.alloc(n, w.latent_up.out_features());
+  kernels::MoeTailCombineArgs a;
+  a.u = u.view();
+  a.latent_norm = w.latent_norm.view();
+  a.latent_up = &w.latent_up;
+  if (mc.num_shared_experts > 0) {
+    a.shared_gate = front.shared_gate.view();
+    a.shared_up = front.shared_up.view();
+    a.shared_down = &w.shared_down;
+  }
+  a.out = f.view();
+  a.use_norm = mc.latent_moe_use_norm;
+  a.eps = ctx.config.rms_norm_eps;
+  a.style = ctx.options.rmsnorm_style;
+  a.situ_beta = ctx.config.situ_beta;
+  a.situ_linear_beta = ctx.config.situ_linear_beta;
+  a.precision = ctx.precision();
+  if (!fused_op_runs(ctx, ctx.ops.moe_tail_combine, a)) return model::moe_combine(ctx, w, u, front);
+  ctx.ops.moe_tail_combine.run(a, ctx.device());
+  return f;
 }
 
 }  // namespace k3::fastpath

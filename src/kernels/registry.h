@@ -26,6 +26,7 @@
 #include "kernels/mla_decode/mla_decode.h"
 #include "kernels/moe/experts.h"
 #include "kernels/moe/router.h"
+#include "kernels/moe_tail/moe_tail.h"
 #include "kernels/multi_linear/multi_linear.h"
 #include "kernels/norm/rmsnorm.h"
 #include "kernels/sampling/sampling.h"
@@ -169,6 +170,7 @@ struct Registry {
   OpTable<AttnResMergeArgs> attn_res_merge{"attn_res_merge", attn_res_merge_check};
   OpTable<KdaDecodeArgs> kda_decode{"kda_decode", kda_decode_check};
   OpTable<MlaDecodeArgs> mla_decode{"mla_decode", mla_decode_check};
+  OpTable<MoeTailCombineArgs> moe_tail_combine{"moe_tail_combine", moe_tail_combine_check};
 
   // Calls fn(table) for every op table (tests use it to check coverage).
   template <class Fn>
@@ -182,6 +184,7 @@ struct Registry {
     fn(attn_res_bank); fn(attn_res_merge);
     fn(kda_decode);
     fn(mla_decode);
+    fn(moe_tail_combine);
   }
   void set_log(const LogFn& log) {
     for_each([&](auto& t) { t.set_log(log); });

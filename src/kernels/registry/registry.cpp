@@ -34,6 +34,7 @@ void register_reference_ops(Registry& r) {
   register_reference(r.attn_res_bank, attn_res_bank_reference); register_reference(r.attn_res_merge, attn_res_merge_reference);
   register_reference(r.kda_decode, kda_decode_reference);
   register_reference(r.mla_decode, mla_decode_reference);
+  register_reference(r.moe_tail_combine, moe_tail_combine_reference);
 }
 
 #ifndef K3_HAVE_CUDA

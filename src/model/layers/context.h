@@ -178,10 +178,18 @@ struct MoeFront {
 };
 // Everything of the MoE layer after its front: top-k, experts, (TP all-reduce), routed norm,
 // up-projection, shared experts, their sum. `hidden`: the layer's output width.
+// Without TP it is moe_combine(ctx, w, moe_routed_latent(...), front) (the fast path runs the parts).
 core::Tensor moe_tail(const ForwardContext& ctx, int layer, const MoeWeights& w, const core::Tensor& router_bias,
                       const MoeFront& front, int64_t hidden);
 core::Tensor ffn(const ForwardContext& ctx, int layer, const MoeWeights& w, const core::Tensor& router_bias,
                  const core::Tensor& x);
+// The non-TP parts of moe_tail. moe_routed_latent: top-k and the routed experts, u = the rounded
+// latent combination [rows, L] (traced as "moe.latent"); core::Error under TP (u is a partial sum there).
+core::Tensor moe_routed_latent(const ForwardContext& ctx, int layer, const MoeWeights& w,
+                               const core::Tensor& router_bias, const MoeFront& front);
+// moe_combine: f = bf16(latent_up(routed_norm(u)) + shared_down(situ(shared_gate, shared_up))) [rows, hidden]
+// (without shared experts the first term alone): the op sequence kernels::moe_tail_combine fuses.
+core::Tensor moe_combine(const ForwardContext& ctx, const MoeWeights& w, const core::Tensor& u, const MoeFront& front);
 // One decoder layer over the AttnRes stream (spec §3): Mix -> norm -> attention -> Mix -> norm ->
 // FFN, updating the running block sum; pushes the block sum onto `bank` at a bank-write layer.
 // `router_bias`: the MoE layer's e_score_correction_bias as the router reads it (Model keeps it).

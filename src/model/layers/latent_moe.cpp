@@ -36,42 +36,76 @@ core::Tensor ffn(const ForwardContext& ctx, int layer, const MoeWeights& w, cons
   return moe_tail(ctx, layer, w, router_bias, front, x.dim(1));
 }
 
-core::Tensor moe_tail(const ForwardContext& ctx, int layer, const MoeWeights& w, const core::Tensor& router_bias,
-                      const MoeFront& front, int64_t hidden) {
+namespace {
+
+// Top-k routes of every row: ids i32 [rows, k] and fp32 weights [rows, k] (spec §7).
+struct Routes {
+  core::Tensor ids, weights;
+};
+Routes route(const ForwardContext& ctx, const core::Tensor& router_bias, const MoeFront& front) {
   const auto& mc = ctx.config.moe;
-  const core::Tensor& z = front.z;
-  const int64_t rows = z.dim(0), k = mc.num_experts_per_token;
-  core::Tensor ids = ctx.alloc_as(core::DType::i32, rows, k);
-  core::Tensor route_w = ctx.alloc_as(core::DType::f32, rows, k);  // route weights stay fp32 (spec §7)
-  ctx.ops.router_topk.run({front.logits.view(), router_bias.view(), ids.view(), route_w.view(), mc.renormalize,
+  const int64_t rows = front.z.dim(0), k = mc.num_experts_per_token;
+  Routes r{ctx.alloc_as(core::DType::i32, rows, k), ctx.alloc_as(core::DType::f32, rows, k)};  // weights stay fp32
+  ctx.ops.router_topk.run({front.logits.view(), router_bias.view(), r.ids.view(), r.weights.view(), mc.renormalize,
                            mc.routed_scaling_factor},
                           ctx.device());
+  return r;
+}
 
-  const int64_t L = z.dim(1);
+kernels::MoeExpertsArgs experts_args(const ForwardContext& ctx, const MoeWeights& w, const MoeFront& front,
+                                     const Routes& r) {
+  return {front.z.view(), r.ids.view(), r.weights.view(), w.w1, w.w3, w.w2, {},
+          ctx.config.situ_beta, ctx.config.situ_linear_beta, ctx.precision()};
+}
+
+}  // namespace
+
+core::Tensor moe_routed_latent(const ForwardContext& ctx, int layer, const MoeWeights& w,
+                               const core::Tensor& router_bias, const MoeFront& front) {
+  K3_CHECK(!ctx.tensor_parallel(), "moe_routed_latent: under tensor parallelism u is a partial sum (moe_tail)");
+  const Routes r = route(ctx, router_bias, front);
+  core::Tensor u = ctx.alloc(front.z.dim(0), front.z.dim(1));  // [rows, L]
+  kernels::MoeExpertsArgs a = experts_args(ctx, w, front, r);
+  a.out = u.view();
+  ctx.ops.moe_experts.run(a, ctx.device());
+  ctx.emit("moe.latent", layer, u);
+  return u;
+}
+
+core::Tensor moe_combine(const ForwardContext& ctx, const MoeWeights& w, const core::Tensor& u, const MoeFront& front) {
+  const auto& mc = ctx.config.moe;
   const bool shared = mc.num_shared_experts > 0;
-  const auto shared_hidden = [&] { return ctx.situ_glu(front.shared_gate, front.shared_up); };
-  const kernels::MoeExpertsArgs experts{z.view(), ids.view(), route_w.view(), w.w1, w.w3, w.w2, {},
-                                        ctx.config.situ_beta, ctx.config.situ_linear_beta, ctx.precision()};
-  core::Tensor u, shared_out;
-  if (!ctx.tensor_parallel()) {
-    u = ctx.alloc(rows, L);
-    kernels::MoeExpertsArgs a = experts;
-    a.out = u.view();
-    ctx.ops.moe_experts.run(a, ctx.device());
-    if (shared) shared_out = ctx.linear(shared_hidden(), w.shared_down);
-  } else {
-    core::Tensor partial = ctx.alloc_as(core::DType::f32, rows, L + (shared ? hidden : 0));  // [T, L | hidden]
-    kernels::MoeExpertsArgs a = experts;
-    a.out = columns(partial, 0, L);
-    a.round_output = false;
-    ctx.ops.moe_experts.run(a, ctx.device());
-    if (shared)
-      ctx.ops.linear.run({shared_hidden().view(), &w.shared_down, columns(partial, L, L + hidden), false, ctx.precision()},
-                         ctx.device());
-    ctx.comm->all_reduce_sum(partial.view());
-    u = ctx.to_activation(columns(partial, 0, L));
-    if (shared) shared_out = ctx.to_activation(columns(partial, L, L + hidden));
-  }
+  core::Tensor shared_out;
+  if (shared) shared_out = ctx.linear(ctx.situ_glu(front.shared_gate, front.shared_up), w.shared_down);
+  const core::Tensor routed =
+      ctx.linear(mc.latent_moe_use_norm ? ctx.rmsnorm(u, w.latent_norm, ctx.config.rms_norm_eps) : u, w.latent_up);
+  if (!shared) return routed;
+  return ctx.add(routed, shared_out);  // f = bf16(y_r + y_s); the caller adds it into the prefix
+}
+
+core::Tensor moe_tail(const ForwardContext& ctx, int layer, const MoeWeights& w, const core::Tensor& router_bias,
+                      const MoeFront& front, int64_t hidden) {
+  if (!ctx.tensor_parallel()) return moe_combine(ctx, w, moe_routed_latent(ctx, layer, w, router_bias, front), front);
+
+  // Tensor parallel: the routed latent sum and the shared output are partial sums, all-reduced together.
+  const auto& mc = ctx.config.moe;
+  const core::Tensor& z = front.z;
+  const int64_t rows = z.dim(0), L = z.dim(1);
+  const bool shared = mc.num_shared_experts > 0;
+  const Routes r = route(ctx, router_bias, front);
+  core::Tensor partial = ctx.alloc_as(core::DType::f32, rows, L + (shared ? hidden : 0));  // [T, L | hidden]
+  kernels::MoeExpertsArgs a = experts_args(ctx, w, front, r);
+  a.out = columns(partial, 0, L);
+  a.round_output = false;
+  ctx.ops.moe_experts.run(a, ctx.device());
+  if (shared)
+    ctx.ops.linear.run({ctx.situ_glu(front.shared_gate, front.shared_up).view(), &w.shared_down,
+                        columns(partial, L, L + hidden), false, ctx.precision()},
+                       ctx.device());
+  ctx.comm->all_reduce_sum(partial.view());
+  const core::Tensor u = ctx.to_activation(columns(partial, 0, L));
+  core::Tensor shared_out;
+  if (shared) shared_out = ctx.to_activation(columns(partial, L, L + hidden));
   ctx.emit("moe.latent", layer, u);
   const core::Tensor routed =
       ctx.linear(mc.latent_moe_use_norm ? ctx.rmsnorm(u, w.latent_norm, ctx.config.rms_norm_eps) : u, w.latent_up);
