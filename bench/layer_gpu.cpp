@@ -434,7 +434,7 @@ void run_row(Bench& b, int layer, const model::LayerWeights& lw, const model::We
                   "rows below 0.999, max rel diff %.3g, %lld non-finite%s\n", close.min_cosine,
                   static_cast<long long>(close.rows_below), static_cast<long long>(close.rows), close.max_rel_diff(),
                   static_cast<long long>(close.nonfinite),
-                  close.ok() ? "" : " -- FAILED (a row below 0.99, over 5% of rows below 0.999, or non-finite)");
+                  close.ok() ? "" : " -- FAILED (over 5% of rows below 0.999, or non-finite)");
     if (!close.ok())
       m.problems.push_back("cross-path: fused P + f vs standard prefix: worst row cosine " +
                            std::to_string(close.min_cosine) + ", " + std::to_string(close.rows_below) + " of " +
