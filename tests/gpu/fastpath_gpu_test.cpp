@@ -51,7 +51,7 @@ TEST(FastPathGpu, FusedKernelsRunAndGreedyFp32EqualsTheStandardPath) {
     ASSERT_NE(at, std::string::npos) << plans;
     const std::string plan = plans.substr(at);
     for (const char* op : {"kda_decode -> cuda/", "mla_decode -> cuda/", "multi_linear -> cuda/", "attn_res_bank -> cuda/",
-                           "attn_res_merge -> cuda/"})
+                           "attn_res_merge -> cuda/", "moe_tail_combine -> cuda/"})
       EXPECT_NE(plan.find(op), std::string::npos) << op << "\n" << plan;
     EXPECT_EQ(plan.find("not used"), std::string::npos) << plan;  // no fused op fell back to standard ops
     EXPECT_EQ(plan.find("/reference"), std::string::npos) << plan;
