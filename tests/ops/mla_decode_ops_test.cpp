@@ -102,7 +102,8 @@ enum class Out { own, workspace, in_place };  // separate out; + caller workspac
 // cache: "bf16" (CPU: f32 holding bf16 values; device: real bf16), "f32" or "fp8". Device pages are
 // written by the device's mla_cache_write into NaN-poisoned pages (spare pages stay NaN).
 void check_decode(Device* dev, Mode mode, Dims d, const std::vector<SeqShape>& seqs, const std::string& cache,
-                  float k_scale, int64_t bs, bool gated, Out how, uint64_t seed, int64_t split_len = 0) {
+                  float k_scale, int64_t bs, bool gated, Out how, uint64_t seed, int64_t split_len = 0,
+                  bool kv_b_f32 = false) {
   core::Rng rng(seed);
   const Layout lay(seqs, bs, rng);
   const int64_t H = d.heads, L = d.kv_lora, E = L + d.rope, R = lay.rows, W = H * d.v;
@@ -111,7 +112,8 @@ void check_decode(Device* dev, Mode mode, Dims d, const std::vector<SeqShape>& s
   const Tensor c_n = random_act(rng, {lay.tokens, L}, Mode::bf16), k_pe = random_act(rng, {lay.tokens, d.rope}, Mode::bf16);
   const Tensor cache_rows = i32_host(lay.cache_rows, {lay.tokens});
   kernels::LinearWeight kv_b;
-  kv_b.weight = random_bf16_weight(rng, H * (d.nope + d.v), L);
+  kv_b.weight = kv_b_f32 ? random_uniform_f32(rng, {H * (d.nope + d.v), L}, 1.0 / std::sqrt(static_cast<double>(L)))
+                         : random_bf16_weight(rng, H * (d.nope + d.v), L);
   const bool fp8 = cache == "fp8";
   Tensor cpu_pages = Tensor::zeros(fp8 ? DType::f8_e4m3 : DType::f32, {lay.num_blocks, bs, E});
   cpu_registry().mla_cache_write.run({c_n.view(), k_pe.view(), cpu_pages.view(), cache_rows.view(), k_scale},
@@ -189,6 +191,15 @@ TEST(OpsOdd, MlaDecode) {
     }
   check_decode(dev, Mode::bf16, kOdd, batch, "fp8", 0.5f, 7, true, Out::workspace, ++seed);
   check_decode(dev, Mode::fp32, kOdd, batch, "f32", 1.0f, 16, true, Out::in_place, ++seed);
+}
+
+// kv_b stored in f32 (a checkpoint whose kv_b_proj is f32): W_UK and W_UV read as f32.
+TEST(OpsOdd, MlaDecodeF32KvB) {
+  K3_REQUIRE_CUDA(dev);
+  const std::vector<SeqShape> batch = {{1, 1}, {17, 4}, {97, 3}};
+  uint64_t seed = 9050;
+  for (Mode m : kModes) check_decode(dev, m, kOdd, batch, "fp8", 0.5f, 16, true, Out::own, ++seed, 0, true);
+  check_decode(dev, Mode::bf16, kTp8, {{700, 1}}, "bf16", 1.0f, 16, true, Out::own, ++seed, 0, true);
 }
 
 TEST(OpsTp8, MlaDecodeContexts) {

@@ -160,6 +160,21 @@ TEST(OpsOdd, MultiLinear) {
   }
 }
 
+// The most outputs one call takes (kMultiLinearMaxOutputs = 8), bf16, odd sizes and a logits output:
+// one tensor-core launch up to 16 rows, one GEMM per output above where cuBLASLt takes them all.
+TEST(OpsOdd, MultiLinearEightOutputs) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(6500);
+  const std::vector<OutCase> eight = {{1, WKind::bf16},  {5, WKind::bf16},  {54, WKind::bf16, true}, {97, WKind::bf16},
+                                      {16, WKind::bf16}, {33, WKind::bf16}, {128, WKind::bf16},      {7, WKind::bf16}};
+  ASSERT_EQ(static_cast<int>(eight.size()), kernels::kMultiLinearMaxOutputs);
+  const auto ws = make_weights(rng, eight, 96);
+  for (Mode m : kModes)
+    for (int64_t T : {1, 9, 17, 64})
+      check_multi(dev, m, ws, eight, {"eight", T, 96, 0, 0, m == Mode::bf16 ? "cuda_multi_mma" : "cuda_multi_rowdot"},
+                  6600 + T);
+}
+
 TEST(OpsOdd, MultiLinearRejectsMxfp4) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(6400);
