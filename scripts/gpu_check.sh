@@ -431,7 +431,7 @@ if named fastpath; then
       # paths, batch 1 / 8 / 64, 8 greedy steps each: every token must agree (bf16 rounding noise
       # flips nearly tied routes of the random proxy: see the longctx phase for that comparison).
       capped 240 "$DECODE_BENCH" --model "$PROXY_DIR" --precision fp32 --ctx 32768 --batches 1,8,64 --modes eager \
-        --steps 8 --warmup 0 --decode-backend auto,latency_specialized --out "$OUT/decode_gpu_fp32_32k.json" \
+        --steps 8 --warmup 1 --decode-backend auto,latency_specialized --out "$OUT/decode_gpu_fp32_32k.json" \
         > "$OUT/fastpath_fp32_32k.log" 2>&1
       ((RC == 0 || fp_rc != 0)) || fp_rc=$RC
       agree=$(grep -c 'greedy tokens equal (identical)' "$OUT/fastpath_fp32_32k.log"); pairs=$(grep -c 'greedy tokens equal' "$OUT/fastpath_fp32_32k.log")
