@@ -8,7 +8,7 @@
 #   bash scripts/evaluate.sh [--model-dir DIR] [--out DIR] [--bin K3SERVE] [--scale tiny|full]
 #                            [--concurrency "1 2 4 8 16"] [--sessions-per-worker N] [--max-duration S]
 #                            [--device cpu|cuda] [--seed N] [--port P] [--baseline-dir DIR]
-#                            [-- EXTRA bench-serve OPTIONS]
+#                            [--serve-extra "SERVER OPTIONS"] [-- EXTRA bench-serve OPTIONS]
 #
 # Defaults: on a machine with nvidia-smi, the k3-proxy-tp8 model ($K3_PROXY_DIR, default
 # /tmp/k3-proxy-tp8, written with make-checkpoint when absent: ~52 GB) on cuda at full scale
@@ -19,6 +19,8 @@
 # (compare/) sets every level against the first; --baseline-dir DIR (an earlier evaluate.sh
 # folder) adds compare-cN/ per level: DIR's agentic-cN.json against this run's, with regressions
 # flagged.
+# --serve-extra adds options to `k3serve serve` (split at spaces), e.g. "--decode-backend
+# latency_specialized" or "--speculative-method ngram"; they are recorded in every bundle's engine config.
 # The k3serve binary: --bin, else build/default/k3serve (built with cmake when missing).
 # Exit status: 0 done; 1 something failed (server, bench-serve, a compare); 3 a regression was
 # flagged against --baseline-dir. Requests that failed are kept in the bundles and warned about.
@@ -37,6 +39,7 @@ MAX_DURATION=""
 SEED=0
 PORT=0
 BASELINE_DIR=""
+SERVE_EXTRA=""
 EXTRA=()
 while (($#)); do
   case "$1" in
@@ -51,8 +54,9 @@ while (($#)); do
     --seed) SEED=$2; shift 2 ;;
     --port) PORT=$2; shift 2 ;;
     --baseline-dir) BASELINE_DIR=$2; shift 2 ;;
+    --serve-extra) SERVE_EXTRA=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "evaluate.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -107,6 +111,8 @@ fi
 # ---- the server
 SERVE_ARGS=(serve --model "$MODEL_DIR" --device "$DEVICE" --host 127.0.0.1 --port "$PORT"
             --max-model-len "$MAX_MODEL_LEN" --kv-cache-bytes "$KV_BYTES" --drain-seconds 5)
+read -r -a serve_extra <<< "$SERVE_EXTRA"
+SERVE_ARGS+=("${serve_extra[@]}")
 LOG=$OUT/server.log
 SERVER_PID=""
 cleanup() {

@@ -4,7 +4,7 @@
 # or pcre2 -dev packages, no network). Writes logs and JSON under $OUT and prints a summary table
 # last.
 #
-#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|model|sanitize|bench|layers|profile|comm|proxy|fastpath|longctx]... [--budget SECONDS]
+#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|model|sanitize|bench|layers|profile|comm|proxy|fastpath|longctx|serve]... [--budget SECONDS]
 #
 # Phases (default all, in this order):
 #   build     configure with -DK3_GPU_CHECK_ONLY=ON (only core, config, kernels, backends, tests/ops,
@@ -41,6 +41,14 @@
 #   longctx   (only when named) a real 32K-token prompt on the proxy (chunked prefill), 16 decode steps
 #             per side, every layer compared: bf16 fused vs standard, and the standard path against
 #             itself with a recurrent KDA prefill (the bf16 noise floor) -> longctx_*.log, layer_diff_proxy_32k_*.json
+#   serve     (only when named) the server on the GPU: builds k3serve (full configuration, CUDA) in
+#             build/gpu-serve from the Debian headers and libraries that scripts/carry_headers.sh
+#             stages in .carry (carry it along), then scripts/evaluate.sh (agentic multi-turn replay,
+#             full scale, on the proxy checkpoint in $K3_PROXY_DIR, written when absent) once per
+#             decode backend in $K3_SERVE_BACKENDS (default "auto latency_specialized") at the
+#             concurrencies $K3_SERVE_CONCURRENCY (default "1 2 4 8 16"), $K3_SERVE_SECONDS per level
+#             (default 40), then the n-gram drafter (--speculative-method ngram, K = 4) at
+#             concurrency 1 when $K3_SERVE_NGRAM is not 0              -> serve_*/ (bundles, reports)
 # summary.txt repeats the table printed at the end. The whole run keeps within --budget seconds
 # (default 570: one 10-minute device command); a phase that would overrun is cut by `timeout` and
 # reported as TIMEOUT. The build folder (build/gpu-check) is reused by later calls, so the phases can
@@ -56,8 +64,8 @@ PHASES=()
 while (($#)); do
   case "$1" in
     --budget) BUDGET=$2; shift 2 ;;
-    all|build|test|model|bench|layers|profile|comm|sanitize|proxy|fastpath|longctx) PHASES+=("$1"); shift ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    all|build|test|model|bench|layers|profile|comm|sanitize|proxy|fastpath|longctx|serve) PHASES+=("$1"); shift ;;
+    -h|--help) sed -n '2,52p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -464,6 +472,38 @@ if named longctx; then
       detail+="32K $name: top-1 $(grep -m1 -o 'top-1 agreement [0-9.]*%' "$OUT/longctx_$name.log" | grep -o '[0-9.]*%'); "
     done
     record longctx "$( ((lc_rc == 0)) && echo PASS || echo FAIL)" $(( $(date +%s) - t0 )) "$detail"
+  fi
+fi
+
+# ---------------------------------------------------------------- serve
+if named serve; then
+  t0=$(date +%s)
+  SERVE_BUILD=$ROOT/build/gpu-serve
+  if [[ ! -f $ROOT/.carry/lib/pkgconfig/cpp-httplib.pc || -z $NVCC ]]; then
+    record serve FAIL 0 "needs nvcc and .carry from scripts/carry_headers.sh (carried along)"
+  else
+    {
+      PKG_CONFIG_PATH=$ROOT/.carry/lib/pkgconfig cmake -S "$ROOT" -B "$SERVE_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DK3_ENABLE_CUDA=ON -DK3_BUILD_TESTS=OFF -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=OFF \
+        "-DCMAKE_CUDA_FLAGS=-gencode=arch=compute_90a,code=sm_90a" "-DCMAKE_CXX_FLAGS=-I$ROOT/.carry/include"
+    } > "$OUT/serve_build.log" 2>&1
+    capped 300 cmake --build "$SERVE_BUILD" --target k3serve -j"$(nproc)" >> "$OUT/serve_build.log" 2>&1
+    if ((RC != 0)); then
+      record serve FAIL $(( $(date +%s) - t0 )) "build: $(grep -m1 -E 'error|Error' "$OUT/serve_build.log" | cut -c1-100)"
+    else
+      sv_rc=0; detail="built in $SECS s"
+      runs=(); for b in ${K3_SERVE_BACKENDS:-auto latency_specialized}; do runs+=("$b|${K3_SERVE_CONCURRENCY:-1 2 4 8 16}|--decode-backend $b"); done
+      [[ ${K3_SERVE_NGRAM:-1} != 0 ]] && runs+=("ngram|1|--decode-backend auto --speculative-method ngram --num-speculative-tokens 4")
+      for r in "${runs[@]}"; do
+        IFS='|' read -r name conc extra <<< "$r"
+        capped 600 bash "$ROOT/scripts/evaluate.sh" --bin "$SERVE_BUILD/k3serve" --model-dir "$PROXY_DIR" --device cuda \
+          --scale full --concurrency "$conc" --max-duration "${K3_SERVE_SECONDS:-40}" --serve-extra "$extra" \
+          --out "$OUT/serve_$name" > "$OUT/serve_$name.log" 2>&1
+        ((RC == 0)) || sv_rc=$RC
+        detail+="; $name: rc $RC in $SECS s"
+      done
+      record serve "$( ((sv_rc == 0)) && echo PASS || echo FAIL)" $(( $(date +%s) - t0 )) "$detail"
+    fi
   fi
 fi
 
