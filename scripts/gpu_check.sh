@@ -496,7 +496,9 @@ if named serve; then
       [[ ${K3_SERVE_NGRAM:-1} != 0 ]] && runs+=("ngram|1|--decode-backend auto --speculative-method ngram --num-speculative-tokens 4")
       for r in "${runs[@]}"; do
         IFS='|' read -r name conc extra <<< "$r"
-        capped 600 bash "$ROOT/scripts/evaluate.sh" --bin "$SERVE_BUILD/k3serve" --model-dir "$PROXY_DIR" --device cuda \
+        # No --model-dir: evaluate.sh takes $K3_PROXY_DIR and writes it (with its tokenizer) when absent.
+        export K3_PROXY_DIR=$PROXY_DIR
+        capped 600 bash "$ROOT/scripts/evaluate.sh" --bin "$SERVE_BUILD/k3serve" --device cuda \
           --scale full --concurrency "$conc" --max-duration "${K3_SERVE_SECONDS:-40}" --serve-extra "$extra" \
           --out "$OUT/serve_$name" > "$OUT/serve_$name.log" 2>&1
         ((RC == 0)) || sv_rc=$RC
