@@ -12,7 +12,7 @@
 #
 # Defaults: on a machine with nvidia-smi, the k3-proxy-tp8 model ($K3_PROXY_DIR, default
 # /tmp/k3-proxy-tp8, written with make-checkpoint when absent: ~52 GB) on cuda at full scale
-# (first turn 50K tokens, +800 per turn, 10-15 turns, 500 output tokens, 1 s pauses); elsewhere
+# (MXFP4 experts; first turn 50K tokens, +800 per turn, 10-15 turns, 500 output tokens, 1 s pauses); elsewhere
 # k3-tiny (models/k3-tiny, written when absent) on the CPU at tiny scale (first turn 256, +32,
 # 3-4 turns, 16 output tokens, 50 ms pauses). Each concurrency level runs
 # concurrency x sessions-per-worker sessions, cut at --max-duration seconds. The sweep report
@@ -83,11 +83,13 @@ fi
 
 # ---- the model
 if [[ -z $MODEL_DIR ]]; then
-  if ((HAVE_GPU)); then MODEL_DIR=${K3_PROXY_DIR:-/tmp/k3-proxy-tp8}; CONFIG=k3-proxy-tp8
-  else MODEL_DIR=$ROOT/models/k3-tiny; CONFIG=k3-tiny; fi
+  # The proxy's routed experts in MXFP4 as K3 ships them (bf16 experts would not fit the disk).
+  if ((HAVE_GPU)); then MODEL_DIR=${K3_PROXY_DIR:-/tmp/k3-proxy-tp8}; MAKE=(--config k3-proxy-tp8 --mxfp4)
+  else MODEL_DIR=$ROOT/models/k3-tiny; MAKE=(--config k3-tiny); fi
   if [[ ! -f $MODEL_DIR/config.json ]]; then
-    say "writing $CONFIG to $MODEL_DIR"
-    "$BIN" make-checkpoint --config "$CONFIG" --seed 0 --out "$MODEL_DIR" >"$OUT/make_checkpoint.log" 2>&1
+    say "writing ${MAKE[*]} to $MODEL_DIR"
+    "$BIN" make-checkpoint "${MAKE[@]}" --seed 0 --out "$MODEL_DIR" >"$OUT/make_checkpoint.log" 2>&1 ||
+      { say "make-checkpoint failed:"; tail -5 "$OUT/make_checkpoint.log"; exit 1; }
   fi
 fi
 [[ -f $MODEL_DIR/config.json ]] || { say "no config.json in $MODEL_DIR"; exit 1; }
