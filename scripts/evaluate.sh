@@ -87,9 +87,17 @@ if [[ -z $MODEL_DIR ]]; then
   if ((HAVE_GPU)); then MODEL_DIR=${K3_PROXY_DIR:-/tmp/k3-proxy-tp8}; MAKE=(--config k3-proxy-tp8 --mxfp4)
   else MODEL_DIR=$ROOT/models/k3-tiny; MAKE=(--config k3-tiny); fi
   if [[ ! -f $MODEL_DIR/config.json ]]; then
+    # Written beside and renamed when complete: a cut write leaves no half checkpoint in MODEL_DIR
+    # (and the next run clears the partial one, which on a RAM-backed /dev/shm would hold memory).
     say "writing ${MAKE[*]} to $MODEL_DIR"
-    "$BIN" make-checkpoint "${MAKE[@]}" --seed 0 --out "$MODEL_DIR" >"$OUT/make_checkpoint.log" 2>&1 ||
-      { say "make-checkpoint failed:"; tail -5 "$OUT/make_checkpoint.log"; exit 1; }
+    rm -rf "$MODEL_DIR.partial"
+    "$BIN" make-checkpoint "${MAKE[@]}" --seed 0 --out "$MODEL_DIR.partial" >"$OUT/make_checkpoint.log" 2>&1 ||
+      { say "make-checkpoint failed:"; tail -5 "$OUT/make_checkpoint.log"; rm -rf "$MODEL_DIR.partial"; exit 1; }
+    if [[ -d $MODEL_DIR ]] && ! rmdir "$MODEL_DIR" 2>/dev/null; then
+      say "$MODEL_DIR holds files but no config.json: not a checkpoint; move it away (the new one is in $MODEL_DIR.partial)"
+      exit 1
+    fi
+    mv "$MODEL_DIR.partial" "$MODEL_DIR"
   fi
 fi
 [[ -f $MODEL_DIR/config.json ]] || { say "no config.json in $MODEL_DIR"; exit 1; }
