@@ -9,7 +9,7 @@
 //                      [--seed S] [--device cuda|cpu] [--tp N] [--spec-k K] [--spec-al AL]
 //                      [--decode-backend auto[,latency_specialized]] [--precision bf16|fp32]
 // Rows run for each --ctx (in the order given), for each batch (ascending), for each
-// --decode-backend (in the order given), for each mode (eager, graph, verify). Every row starts from
+// --decode-backend (in the order given), for each mode (eager, graph, verify, verify-graph). Every row starts from
 // the same synthetic context of its ctx (num_tokens = ctx, the same KDA state), so rows that differ
 // only in the backend compare like for like; the table's x_auto column is auto's step time over
 // latency_specialized's for those pairs.
@@ -20,8 +20,9 @@
 // --modes ... verify: speculative verify steps with SYNTHETIC acceptance (issue #8's measure): each
 // sequence runs its last token + K drafts (--spec-k, default 7) through the decode path with KDA in
 // no-commit mode, then Model::commit_verified keeps AL rows (--spec-al, default 6: KDA replay, MLA
-// truncation); step time = both, tokens/s = batch * AL / step time. Verify steps run eagerly (the
-// engine does not capture them).
+// truncation); step time = both, tokens/s = batch * AL / step time. verify: every kernel launched;
+// verify-graph: the verify forward replayed from a CUDA graph per (batch, K + 1) as the engine serves
+// speculative steps (model::DecodeGraphs), the commit eager after it.
 // --tp N: the checkpoint split over GPUs 0..N-1 with runner::TpRunner (one thread per GPU, NCCL
 // rank-order collectives on each rank's op stream, captured into the graphs with the rest of the
 // step); every rank builds its own synthetic context and sibling models; times are rank 0's; bytes
@@ -73,9 +74,9 @@ namespace {
 
 const char* const kUsage =
     "k3bench_decode_gpu --model DIR [--make] [--config NAME] [--out FILE] [--batches 1,8,64] [--ctx 8192[,32768...]]\n"
-    "                   [--steps N] [--warmup N] [--modes eager,graph,verify] [--seed S] [--device cuda|cpu] [--tp N]\n"
+    "                   [--steps N] [--warmup N] [--modes eager,graph,verify,verify-graph] [--seed S] [--device cuda|cpu] [--tp N]\n"
     "                   [--spec-k K] [--spec-al AL] [--decode-backend auto[,latency_specialized]] [--precision bf16|fp32]\n";
-const std::vector<std::string> kModes = {"eager", "graph", "verify"};  // the order rows run in
+const std::vector<std::string> kModes = {"eager", "graph", "verify", "verify-graph"};  // the order rows run in
 
 using clock_type = std::chrono::steady_clock;
 
@@ -186,7 +187,7 @@ bench::DecodeSweepOptions parse_options(std::span<const std::string> args, bool&
       check_distinct(named, a, text);
       for (const std::string& m : named)
         K3_CHECK(std::find(kModes.begin(), kModes.end(), m) != kModes.end(),
-                 "--modes: '" + m + "' in '" + text + "' is not one of eager, graph, verify");
+                 "--modes: '" + m + "' in '" + text + "' is not one of eager, graph, verify, verify-graph");
       o.modes.clear();
       for (const std::string& m : kModes)
         if (std::find(named.begin(), named.end(), m) != named.end()) o.modes.push_back(m);

@@ -23,7 +23,9 @@
 // (model::DecodeGraphs of this ctx's table width: the step captured once per batch size and
 // replayed, as the engine serves pure-decode steps); "verify": speculative verify steps with
 // SYNTHETIC acceptance (each sequence runs its last token + K drafts with KDA in no-commit mode,
-// then Model::commit_verified keeps AL rows; eager). A step's time is the wall time of the call,
+// then Model::commit_verified keeps AL rows; eager) and "verify-graph" (the same steps through
+// model::DecodeGraphs, which captures a verify step per (batch, K + 1), as the engine serves them;
+// the commit runs eagerly after the replay). A step's time is the wall time of the call,
 // logits download included; tokens/s = batch * tokens per step per sequence / median step time.
 // A row's decode_path is the change of its model's counters over the row (warm-up included): the
 // steps each path ran and every fallback with its reason, so a row that fell back shows it.
@@ -255,7 +257,8 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
   const model::DecodePathCounters before = model.decode_path_counters();
   const int steps_per_run = o.warmup + o.steps;
   std::vector<model::SequenceInput> batch(static_cast<size_t>(B));
-  if (mode == "verify") {
+  const bool verify = mode == "verify" || mode == "verify-graph";
+  if (verify) {
     // Speculative verify with synthetic acceptance: every sequence runs [last, K drafts] through
     // the decode path (KDA no-commit), then AL rows are kept (KDA replay, MLA truncation). A step =
     // forward + commit_verified; it yields AL tokens per sequence.
@@ -271,7 +274,8 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
                     /*verify=*/true};
       }
       const auto ts = clock_type::now();
-      const core::Tensor logits = model.forward(kv, batch, model::LogitRows::verify, nullptr, &capture);
+      const core::Tensor logits = mode == "verify-graph" ? graphs->forward(batch, model::LogitsAt::host, &capture)
+                                                         : model.forward(kv, batch, model::LogitRows::verify, nullptr, &capture);
       model.commit_verified(kv, capture, keep);
       memory.synchronize();
       const double ms = 1e3 * seconds_since(ts);
@@ -285,7 +289,7 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
     }
     row.tokens_per_seq = o.spec_al;
   }
-  for (int step = 0; mode != "verify" && step < steps_per_run; ++step) {
+  for (int step = 0; !verify && step < steps_per_run; ++step) {
     for (int64_t i = 0; i < B; ++i) batch[i] = {std::span<const int32_t>(&ids[i], 1), &seqs[i], model::StepKind::decode};
     const auto ts = clock_type::now();
     const core::Tensor logits = mode == "graph" ? graphs->forward(batch) : model.forward(kv, batch, model::LogitRows::last);
@@ -304,6 +308,7 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
     row.trajectory.insert(row.trajectory.end(), ids.begin(), ids.end());
   }
   if (mode == "graph") row.kernels = graphs->kernels_per_step(static_cast<int>(B));
+  if (mode == "verify-graph") row.kernels = graphs->kernels_per_step(static_cast<int>(B), static_cast<int>(o.spec_k + 1));
   row.path = counters_delta(before, model.decode_path_counters());
   row.final_tokens = ids;
   return row;
@@ -383,7 +388,8 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
   const auto has_mode = [&](const char* m) { return std::find(o.modes.begin(), o.modes.end(), m) != o.modes.end(); };
   const int64_t steps_per_run = o.warmup + o.steps;
   // A verify step writes K+1 rows and keeps AL: room for the last step's K+1 past the kept ones.
-  const int64_t tokens_per_run = has_mode("verify") ? steps_per_run * o.spec_al + o.spec_k + 1 : steps_per_run;
+  const int64_t tokens_per_run =
+      has_mode("verify") || has_mode("verify-graph") ? steps_per_run * o.spec_al + o.spec_k + 1 : steps_per_run;
   const auto pages_for = [&](int64_t ctx) { return (ctx + tokens_per_run + kBlockSize - 1) / kBlockSize; };
   model::KvStorageConfig sc;
   K3_CHECK(maxB * pages_for(max_ctx) <= std::numeric_limits<int32_t>::max(), "--ctx x --batches: too many MLA pages");
@@ -443,7 +449,7 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
       }
       // Graphs per backend (a model's own) at this ctx's table width, dropped with the ctx.
       std::vector<std::unique_ptr<model::DecodeGraphs>> graphs(models.size());
-      if (has_mode("graph"))
+      if (has_mode("graph") || has_mode("verify-graph"))
         for (size_t k = 0; k < models.size(); ++k) graphs[k] = std::make_unique<model::DecodeGraphs>(*models[k], kv, pages_for(ctx));
       for (const int64_t B : o.batches) {
         for (size_t k = 0; k < models.size(); ++k) {
@@ -460,7 +466,7 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
                         row.finite ? "" : ", NON-FINITE LOGITS");
             std::fflush(stdout);
             // A verify step moves what B * (K+1) decode rows move (every row reads its context).
-            row.bytes = step_bytes(c, kv, mode == "verify" ? B * (o.spec_k + 1) : B, ctx);
+            row.bytes = step_bytes(c, kv, mode == "verify" || mode == "verify-graph" ? B * (o.spec_k + 1) : B, ctx);
             rows.push_back(std::move(row));
           }
         }

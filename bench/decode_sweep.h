@@ -1,6 +1,6 @@
 // bench/decode_sweep.h: the in-process decode sweep behind k3bench_decode_gpu (issue #7 item 3):
 // one loaded checkpoint, decode-only steps timed for every context length x batch x decode backend
-// (auto, latency_specialized) x mode (eager, graph, verify). bench/decode_sweep.cpp says how the
+// (auto, latency_specialized) x mode (eager, graph, verify, verify-graph). bench/decode_sweep.cpp says how the
 // context is built, timed and counted; bench/decode_gpu.cpp is the program around it (its command
 // line fills DecodeSweepOptions; bench/decode_sweep_test.cpp runs it on the CPU).
 #pragma once
@@ -23,7 +23,7 @@ struct DecodeSweepOptions {
   std::filesystem::path model, out = "decode_gpu.json";
   bool make = false;
   std::string config = "k3-proxy-tp8";
-  std::vector<std::string> modes = {"eager", "graph"};  // in the fixed order eager, graph, verify
+  std::vector<std::string> modes = {"eager", "graph"};  // in the fixed order eager, graph, verify, verify-graph
   std::vector<int64_t> batches = {1, 8, 64};            // ascending, distinct
   std::vector<int64_t> ctxs = {8192};                   // as given (the first is config.ctx_tokens)
   std::vector<model::DecodeBackend> backends = {model::DecodeBackend::standard};  // as given, distinct
@@ -35,7 +35,7 @@ struct DecodeSweepOptions {
   core::Device device = core::Device::cpu;  // a CPU-only build has nothing else
 #endif
   int tp = 1;  // > 1: runner::TpRunner, rank r on GPU r, NCCL collectives inside every step
-  int spec_k = 7, spec_al = 6;  // mode "verify": K drafts per sequence, AL tokens kept per step
+  int spec_k = 7, spec_al = 6;  // modes "verify", "verify-graph": K drafts per sequence, AL tokens kept per step
   // Activations (kernels::Precision): bf16 serves; fp32 makes the backends' greedy tokens comparable
   // token for token (no bf16 rounding noise to flip a nearly tied route).
   kernels::Precision precision = kernels::Precision::bf16;

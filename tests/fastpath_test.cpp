@@ -220,6 +220,59 @@ TEST(FastPath, VerifyRowsAndCommitEqualTheStandardPathFp32) {
   EXPECT_EQ(p.fused->model().decode_path_counters().fused_steps, 2);  // the verify step and the decode step
 }
 
+// Verify steps of equal draft counts go through DecodeGraphs (captured on a GPU; on the CPU the
+// same run_step eagerly): two rounds of verify + commit (different accepted lengths), then plain
+// decode, give the logits of Model::forward + commit_verified, on both decode backends (fp32).
+TEST(FastPath, VerifyStepsThroughDecodeGraphsEqualForwardFp32) {
+  Pair p(kernels::Precision::fp32);
+  const int V = p.standard->config().vocab_size;
+  const auto prompt = random_tokens(20, V, 16), drafts = random_tokens(16, V, 17), next = random_tokens(2, V, 18);
+  auto run = [&](const model::Model& m, bool graphs) {
+    model::LocalCache cache(m.config(), 2, 96, model::KvCacheDtype::bf16, 5);
+    model::SequenceState a = cache.new_sequence(), b = cache.new_sequence();
+    SequenceInput pre[] = {{prompt, &a, StepKind::prefill}, {std::span(prompt).first(11), &b, StepKind::prefill}};
+    m.forward(cache.storage(), pre, LogitRows::last);
+    model::DecodeGraphs g(m, cache.storage(), /*max_blocks_per_seq=*/20);
+    std::vector<core::Tensor> out;
+    const int32_t accepted[2][2] = {{3, 4}, {1, 4}};
+    for (int round = 0; round < 2; ++round) {
+      model::VerifyCapture capture;
+      const auto d = std::span(drafts).subspan(static_cast<size_t>(8 * round), 8);
+      SequenceInput verify[] = {{d.first(4), &a, StepKind::decode, true}, {d.last(4), &b, StepKind::decode, true}};
+      if (graphs) {
+        EXPECT_TRUE(g.eligible(verify));
+        out.push_back(g.forward(verify, model::LogitsAt::host, &capture));
+      } else {
+        out.push_back(m.forward(cache.storage(), verify, LogitRows::verify, nullptr, &capture));
+      }
+      EXPECT_EQ(a.num_tokens, (round == 0 ? 20 : 23) + 4);  // every row advanced until the commit
+      m.commit_verified(cache.storage(), capture, accepted[round]);
+    }
+    EXPECT_EQ(a.num_tokens, 20 + 3 + 1);
+    EXPECT_EQ(b.num_tokens, 11 + 4 + 4);
+    SequenceInput after[] = {{std::span(next).first(1), &a, StepKind::decode}, {std::span(next).last(1), &b, StepKind::decode}};
+    out.push_back(m.forward(cache.storage(), after, LogitRows::last));
+    return out;
+  };
+  for (const auto* r : {p.standard.get(), p.fused.get()}) {
+    const auto want = run(r->model(), false), got = run(r->model(), true);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i].dim(0), want[i].dim(0));
+      EXPECT_EQ(compare(got[i], want[i]).max_abs, 0.0) << "step " << i;  // the same run_step: bit for bit
+    }
+  }
+  // Unequal draft counts, or a verify sequence beside a plain one, are not graph steps.
+  model::LocalCache cache(p.standard->config(), 2, 32);
+  model::SequenceState a = cache.new_sequence(), b = cache.new_sequence();
+  a.num_tokens = b.num_tokens = 4;
+  model::DecodeGraphs g(p.standard->model(), cache.storage(), 4);
+  SequenceInput unequal[] = {{std::span(drafts).first(3), &a, StepKind::decode, true}, {std::span(drafts).first(2), &b, StepKind::decode, true}};
+  SequenceInput mixed[] = {{std::span(drafts).first(3), &a, StepKind::decode, true}, {std::span(drafts).first(1), &b, StepKind::decode}};
+  EXPECT_FALSE(g.eligible(unequal));
+  EXPECT_FALSE(g.eligible(mixed));
+}
+
 // Steps outside the scope fall back with their reason; the counters and the log say so.
 TEST(FastPath, OutOfScopeStepsFallBackWithTheirReason) {
   Pair p(kernels::Precision::bf16);

@@ -87,8 +87,9 @@ core::Tensor ModelExecutor::execute(const BatchPlan& plan) {
   // row by row against drafts on the host) and tapped steps bring them back.
   const model::LogitsAt at =
       device_sampler_ && plan.num_verifies == 0 && !taps ? model::LogitsAt::device : model::LogitsAt::host;
-  core::Tensor logits = plan.num_verifies == 0 && !taps && graphs_ && graphs_->eligible(batch_)
-                            ? graphs_->forward(batch_, at)
+  // Pure-decode steps and verify steps of equal draft counts replay captured graphs (DecodeGraphs).
+  core::Tensor logits = !taps && graphs_ && graphs_->eligible(batch_)
+                            ? graphs_->forward(batch_, at, plan.num_verifies > 0 ? &capture_ : nullptr)
                             : model_.forward(storage_, batch_, rows, nullptr, plan.num_verifies > 0 ? &capture_ : nullptr,
                                              taps, at);
   if (taps) {  // host [rows, layers * hidden], row-major, the layers side by side

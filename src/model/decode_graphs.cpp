@@ -12,10 +12,13 @@ DecodeGraphs::DecodeGraphs(const Model& model, KvStorage& kv, int64_t max_blocks
 
 bool DecodeGraphs::eligible(std::span<const SequenceInput> batch) const {
   if (batch.empty() || static_cast<int>(batch.size()) > kMaxBatch) return false;
+  const size_t rows = batch[0].tokens.size();
+  const bool verify = batch[0].verify;
+  if (verify ? rows < 2 || static_cast<int64_t>(rows * batch.size()) > kMaxRows : rows != 1) return false;
   for (const SequenceInput& in : batch)
-    if (in.kind != StepKind::decode || in.tokens.size() != 1 || in.state == nullptr ||
+    if (in.kind != StepKind::decode || in.verify != verify || in.tokens.size() != rows || in.state == nullptr ||
         static_cast<int64_t>(in.state->block_table.size()) > shape_.block_table_width ||
-        in.state->num_tokens + 1 > shape_.max_tokens)
+        in.state->num_tokens + static_cast<int64_t>(rows) > shape_.max_tokens)
       return false;
   return true;
 }
@@ -23,47 +26,83 @@ bool DecodeGraphs::eligible(std::span<const SequenceInput> batch) const {
 std::vector<Segment> DecodeGraphs::segments(std::span<const SequenceInput> batch) const {
   std::vector<Segment> out;
   for (size_t i = 0; i < batch.size(); ++i) {
-    const auto r = static_cast<int64_t>(i);
-    out.push_back({r, r + 1, batch[i].state, StepKind::decode});
+    const auto R = static_cast<int64_t>(batch[i].tokens.size()), r = static_cast<int64_t>(i) * R;
+    out.push_back({r, r + R, batch[i].state, StepKind::decode, batch[i].verify});
   }
   return out;
 }
 
-core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsAt at) {
-  K3_CHECK(eligible(batch), "DecodeGraphs::forward: not a pure-decode batch of one token per sequence");
+void DecodeGraphs::describe_verify(std::span<const SequenceInput> batch, int rows, VerifyCapture& capture) const {
+  capture.states.clear();
+  capture.row_begin.clear();
+  capture.rows.clear();
+  capture.start.clear();
+  capture.total_rows = 0;
+  for (const SequenceInput& in : batch) {
+    capture.states.push_back(in.state);
+    capture.row_begin.push_back(capture.total_rows);
+    capture.rows.push_back(rows);
+    capture.start.push_back(in.state->num_tokens);
+    capture.total_rows += rows;
+  }
+}
+
+core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsAt at, VerifyCapture* capture) {
+  K3_CHECK(eligible(batch), "DecodeGraphs::forward: not a pure-decode batch of one token per sequence, nor a verify "
+                            "batch of equal row counts");
+  const bool verify = batch[0].verify;
+  K3_CHECK(!verify || capture != nullptr, "DecodeGraphs::forward: a verify batch needs a VerifyCapture");
   model_.memory()->make_current();
   core::DeviceMemory& memory = *model_.memory();
-  const auto B = static_cast<int>(batch.size());
+  const auto B = static_cast<int>(batch.size()), R = static_cast<int>(batch[0].tokens.size());
+  const LogitRows rows = verify ? LogitRows::verify : LogitRows::last;
   const std::vector<Segment> segs = segments(batch);
   std::vector<int32_t> ids;
-  for (const SequenceInput& in : batch) ids.push_back(in.tokens[0]);
-  const core::TensorView host_ids = core::TensorView::contiguous(ids.data(), core::DType::i32, {B});
+  for (const SequenceInput& in : batch) ids.insert(ids.end(), in.tokens.begin(), in.tokens.end());
+  const core::TensorView host_ids = core::TensorView::contiguous(ids.data(), core::DType::i32, {B * R});
   model_.check_step(kv_, batch);
+  const auto advance = [&] {
+    for (const Segment& s : segs) s.state->num_tokens += s.rows();
+  };
 
   auto it = entries_.begin();
-  while (it != entries_.end() && it->batch != B) ++it;
+  while (it != entries_.end() && (it->batch != B || it->rows != R)) ++it;
   if (it != entries_.end()) {  // replay: rewrite the inputs in place
     entries_.splice(entries_.begin(), entries_, it);
     Entry& e = entries_.front();
     e.tables->refill(segs);
     memory.copy_from_host(e.ids.view(), host_ids);
+    if (verify) {  // this step's sequences around the graph's KDA buffers (which the replay rewrites)
+      describe_verify(batch, R, *capture);
+      capture->layers = e.capture.layers;
+    }
     e.work->replay();
     model_.count_path(e.decision);  // the decode path that was captured serves this step
     ++replays_;
-    for (const Segment& s : segs) s.state->num_tokens += 1;
+    advance();
     return at == LogitsAt::device ? e.logits : memory.download_f32(e.logits.view());
   }
 
-  // First step of this size: run it eagerly on fixed-address inputs, then capture the same step.
+  // First step of this shape: run it eagerly on fixed-address inputs, then capture the same step.
   Entry e;
   e.batch = B;
+  e.rows = R;
   e.tables = std::make_unique<StepTables>(segs, kv_.storage_config().block_size, memory, shape_);
   e.ids = memory.upload(host_ids);
-  const core::Tensor eager = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), LogitRows::last);
+  if (verify) {
+    describe_verify(batch, R, *capture);
+    capture->layers.assign(static_cast<size_t>(model_.config().num_hidden_layers), {});
+    describe_verify(batch, R, e.capture);
+    e.capture.layers.assign(static_cast<size_t>(model_.config().num_hidden_layers), {});
+  }
+  const core::Tensor eager = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), rows, nullptr,
+                                             verify ? capture : nullptr);
   core::Tensor result = at == LogitsAt::device ? eager : memory.download_f32(eager.view());
-  for (const Segment& s : segs) s.state->num_tokens += 1;
+  advance();
   e.decision = model_.last_path_decision();
-  e.work = memory.capture([&] { e.logits = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), LogitRows::last); });
+  e.work = memory.capture([&] {
+    e.logits = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), rows, nullptr, verify ? &e.capture : nullptr);
+  });
   if (!e.work) return result;  // the device cannot capture (the body did not run): nothing cached, every step eager
   model_.count_path(e.decision, -1);  // recording the graph was not a step
   ++captures_;
@@ -72,9 +111,9 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
   return result;
 }
 
-size_t DecodeGraphs::kernels_per_step(int batch) const {
+size_t DecodeGraphs::kernels_per_step(int batch, int rows) const {
   for (const Entry& e : entries_)
-    if (e.batch == batch) return e.work->kernel_launches();
+    if (e.batch == batch && e.rows == rows) return e.work->kernel_launches();
   return 0;
 }
 

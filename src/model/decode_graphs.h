@@ -5,8 +5,15 @@
 // block-table width and capacity, model/step_batches.h). The first step of each batch size runs
 // eagerly (it warms the pool, cuBLASLt plans and kernel attributes) and is then captured; later
 // steps of that size rewrite the ids and tables in place and replay. Graphs are kept per batch size
-// (least recently used dropped beyond `max_graphs`). Everything else (prefill, mixed steps, verify
-// rows, traces, devices that cannot capture) goes through Model::forward.
+// (least recently used dropped beyond `max_graphs`).
+//
+// Speculative verify steps (spec §5.9 (b)) are captured the same way when every sequence of the
+// batch verifies the same number of rows R >= 2 (the last token plus R - 1 drafts: a fixed K, as
+// synthetic acceptance and drafters without adaptive lengths propose): graphs are kept per (B, R).
+// The graph's KDA no-commit inputs live in its own buffers; forward() hands the caller a
+// VerifyCapture over them for Model::commit_verified, which runs eagerly (its row counts are the
+// accepted lengths). Everything else (prefill, mixed steps, verify batches of unequal lengths,
+// traces, devices that cannot capture) goes through Model::forward.
 //
 // Tensor parallelism: every rank keeps its own DecodeGraphs and the ranks capture the same steps
 // (they run in lock step), so the step's collectives are captured with its kernels. The eager first
@@ -29,27 +36,36 @@ class DecodeGraphs {
   // rounded up): the fixed width of the tables, and with block_size the attention capacity.
   DecodeGraphs(const Model& model, KvStorage& kv, int64_t max_blocks_per_seq, int max_graphs = 16);
 
-  // True when forward() takes this batch through a graph.
+  // True when forward() takes this batch through a graph: 1..kMaxBatch sequences, either all plain
+  // decode with one token each, or all verify sequences with the same R >= 2 rows (B * R <= kMaxRows).
   bool eligible(std::span<const SequenceInput> batch) const;
-  // Model::forward(kv, batch, LogitRows::last) for an eligible batch: host f32 logits [B, vocab].
+  // Model::forward(kv, batch, LogitRows::last) for an eligible plain batch: host f32 logits [B, vocab];
+  // for a verify batch Model::forward(kv, batch, LogitRows::verify, nullptr, capture): logits
+  // [B * R, vocab], `capture` (required then) filled for Model::commit_verified.
   // With LogitsAt::device the logits stay on the device (valid until the next forward).
-  core::Tensor forward(std::span<const SequenceInput> batch, LogitsAt at = LogitsAt::host);
+  core::Tensor forward(std::span<const SequenceInput> batch, LogitsAt at = LogitsAt::host,
+                       VerifyCapture* capture = nullptr);
 
   int64_t replays() const { return replays_; }    // steps served by a replay
   int64_t captures() const { return captures_; }  // graphs captured
-  size_t kernels_per_step(int batch) const;        // 0 when no graph of that size exists
+  // 0 when no graph of that shape exists (rows: 1 for plain decode, R for verify).
+  size_t kernels_per_step(int batch, int rows = 1) const;
 
   static constexpr int kMaxBatch = 64;
+  static constexpr int kMaxRows = 64;  // rows of a captured verify step (the fused path's scope)
 
  private:
   struct Entry {
-    int batch = 0;
+    int batch = 0, rows = 1;  // sequences and rows per sequence (> 1: a verify step)
     std::unique_ptr<StepTables> tables;
-    core::Tensor ids;     // device i32 [B], rewritten each step
-    core::Tensor logits;  // device f32 [B, V], written by every replay
+    core::Tensor ids;     // device i32 [B * rows], rewritten each step
+    core::Tensor logits;  // device f32 [B * rows, V], written by every replay
+    VerifyCapture capture;  // verify: the KDA inputs the graph writes (layers), for commit_verified
     std::unique_ptr<core::CapturedWork> work;
     PathDecision decision;  // the decode path captured (counted again at each replay)
   };
+  // The host side of a verify capture for `batch` (states, rows, starts) around `layers`.
+  void describe_verify(std::span<const SequenceInput> batch, int rows, VerifyCapture& capture) const;
   std::vector<Segment> segments(std::span<const SequenceInput> batch) const;
   const Model& model_;
   KvStorage& kv_;
