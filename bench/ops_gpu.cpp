@@ -271,9 +271,11 @@ void bench_mla_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>&
                                         1.0f / std::sqrt(192.0f)};
       b.row("mla", std::string("mla_absorbed ") + (cache_t == DType::bf16 ? "bf16" : "fp8"),
             "ctx=8192 H=12 paged16", B, bytes, [&] { b.reg.mla_absorbed.run(a, core::Device::cuda); });
-      if (cache_t != DType::f8_e4m3) continue;
       // The fused path's mla_decode (fastpath/: absorbed decode + W_UV + the output gate) at its own
-      // split length and at fixed ones (MlaDecodeArgs::split_len), to tune the split choice.
+      // split length and at fixed ones (MlaDecodeArgs::split_len) from one 32-position tile to 2048, to
+      // measure the split choice (mla_decode.h "Splits"); bf16 activations select the tensor-core
+      // strategy, named at the end of the shape ("mma"; "cuda": the CUDA-core one). The bf16 cache only
+      // at the automatic split.
       Tensor gate = b.empty(DType::bf16, {B, H * vd}), gated = b.empty(DType::bf16, {B, H * vd});
       b.fill(gate, pat.bf16_act);
       kernels::MlaDecodeArgs d;
@@ -285,10 +287,19 @@ void bench_mla_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>&
       d.out = gated.view();
       d.num_heads = H, d.qk_nope = nope, d.qk_rope = rope, d.v_head_dim = vd, d.kv_lora = L;
       d.scale = 1.0f / std::sqrt(192.0f);
-      for (int64_t split_len : {int64_t{0}, int64_t{64}, int64_t{128}, int64_t{256}, int64_t{512}, int64_t{1024}, int64_t{2048}}) {
+      const std::string cache_name = cache_t == DType::bf16 ? "bf16" : "fp8";
+      const std::vector<int64_t> split_lens = cache_t == DType::f8_e4m3
+                                                  ? std::vector<int64_t>{0, 32, 64, 128, 256, 512, 1024, 2048}
+                                                  : std::vector<int64_t>{0};
+      for (int64_t split_len : split_lens) {
         d.split_len = split_len;
-        const std::string shape = "ctx=8192 H=12 split " + (split_len ? std::to_string(split_len) : "auto " + std::to_string(kernels::mla_decode_split_len(d)));
-        b.row("mla", "mla_decode fp8 gate", shape, B, bytes + B * H * vd * 2.0 * 2, [&] { b.reg.mla_decode.run(d, core::Device::cuda); });
+        const std::string impl = b.reg.mla_decode.select(d, core::Device::cuda).name;
+        const std::string kind = impl.size() > 4 && impl.compare(impl.size() - 4, 4, "_mma") == 0 ? "mma" : "cuda";
+        const std::string shape = "ctx=8192 H=12 split " +
+                                  (split_len ? std::to_string(split_len) : "auto " + std::to_string(kernels::mla_decode_split_len(d))) +
+                                  " " + kind;
+        b.row("mla", "mla_decode " + cache_name + " gate", shape, B, bytes + B * H * vd * 2.0 * 2,
+              [&] { b.reg.mla_decode.run(d, core::Device::cuda); });
       }
     }
   }
@@ -338,7 +349,10 @@ void bench_moe(Bench& b, const Patterns& pat, const std::vector<int64_t>& batche
     b.fill(z, pat.bf16_act);
     const kernels::MoeExpertsArgs a{z.view(), ids.view(), wts.view(), w[0], w[1], w[2], u.view()};
     const double bytes = distinct * expert_bytes + static_cast<double>(z.nbytes() + u.nbytes() + ids.nbytes() + wts.nbytes());
-    b.row("moe", "moe_experts mxfp4", "896x(384x3584) top16 d=" + std::to_string(distinct), T, bytes,
+    // The strategy the registry picks for this batch (cuda_expert_gemv / cuda_expert_rowdot), shortened.
+    const std::string impl = b.reg.moe_experts.select(a, core::Device::cuda).name;
+    const std::string strategy = impl.rfind("cuda_expert_", 0) == 0 ? impl.substr(12) : impl;
+    b.row("moe", "moe_experts fp4 " + strategy, "896x(384x3584) top16 d=" + std::to_string(distinct), T, bytes,
           [&] { b.reg.moe_experts.run(a, core::Device::cuda); });
     Tensor logits = b.empty(DType::f32, {T, E}), r_ids = b.empty(DType::i32, {T, k}), r_w = b.empty(DType::f32, {T, k});
     b.fill(logits, pat.f32_act);

@@ -2,9 +2,21 @@
 // device backend against the CPU reference: batches of decode and verify sequences with different
 // positions, row counts and shuffled block tables, over bf16 / f32 / fp8 e4m3 latent caches in pages of
 // 7, 16 and 64 tokens, with and without the output gate, at odd dims and at one TP8 rank's shapes
-// (12 heads, nope 128, rope 64, v 128, kv_lora 512) with contexts of 1, 17, 97, 1000+ and a few thousand
-// positions, 64 decode sequences in one call, a caller-provided (NaN-poisoned) workspace, and out
-// written in place over the gate. Each case checks that the registry picked the device implementation.
+// (12 heads, nope 128, rope 64, v 128, kv_lora 512) with contexts of 1, 17, 31, 33, 97, 1000+ and up to
+// 8192 positions, 64 decode sequences in one call, a caller-provided (NaN-poisoned) workspace, out
+// written in place over the gate, and explicit split lengths. Each case checks that the registry picked
+// exactly the strategy it should: "cuda_decode_splitkv_mma" (tensor cores) for bf16 activations whenever
+// its dims fit, "cuda_decode_splitkv" (CUDA cores) for f32 activations and for odd dims.
+//
+// Tolerance: the tensor-core path keeps tol_attention (bf16: rel 3e-2, cosine 0.999). Its scores are exact
+// products (bf16 Qc x cache codes, which are bf16-exact) summed in fp32, like the CUDA-core path; what it
+// adds is rounding P_j = e^{s_j - m} to the P.V operand type: f16 beside an fp8 cache (relative error
+// delta_j <= 2^-11) or bf16 beside a bf16 cache (<= 2^-8, about 1.6e-3 rms). l sums the
+// same rounded P, so o_lat stays a weighted mean whose weights carry independent relative errors: to first
+// order its error is sum_j P_j delta_j (c_j - o_lat) / l, of rms rms(delta) * |c - o_lat| * sqrt(sum P_j^2) / l.
+// For flat attention over n positions that is ~1.6e-3 |c| / sqrt(n) against |o_lat| ~ |c| / sqrt(n); for
+// peaked attention ~1.6e-3 |c| against |o_lat| ~ |c| (a one-hot P rounds exactly): ~2e-3 relative either
+// way, the size of o_lat's own bf16 rounding and ~15x below the bound; W_UV and the gate are linear in it.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -99,6 +111,18 @@ std::string shape_of(const std::vector<SeqShape>& seqs, int64_t bs, int heads) {
 
 enum class Out { own, workspace, in_place };  // separate out; + caller workspace; out written over the gate
 
+constexpr const char* kMmaImpl = "cuda_decode_splitkv_mma";
+constexpr const char* kCudaCoreImpl = "cuda_decode_splitkv";
+
+// The strategy the registry must pick (cuda_mla_decode_mma.cu's supports()): tensor cores for bf16
+// activations over an fp8 / bf16 cache when heads <= 16, kv_lora % 64 == 0 (<= 512) and
+// (kv_lora + rope) % 16 == 0 (<= 576); the CUDA-core strategy for everything else.
+std::string expected_impl(Mode mode, Dims d, const std::string& cache) {
+  const bool dims_fit = d.heads <= 16 && d.kv_lora % 64 == 0 && d.kv_lora <= 512 && (d.kv_lora + d.rope) % 16 == 0 &&
+                        d.kv_lora + d.rope <= 576;
+  return mode == Mode::bf16 && cache != "f32" && dims_fit ? kMmaImpl : kCudaCoreImpl;
+}
+
 // cache: "bf16" (CPU: f32 holding bf16 values; device: real bf16), "f32" or "fp8". Device pages are
 // written by the device's mla_cache_write into NaN-poisoned pages (spare pages stay NaN).
 void check_decode(Device* dev, Mode mode, Dims d, const std::vector<SeqShape>& seqs, const std::string& cache,
@@ -164,6 +188,8 @@ void check_decode(Device* dev, Mode mode, Dims d, const std::vector<SeqShape>& s
     args.workspace = ws.view();
   }
   expect_device_impl(dev->registry().mla_decode, args, dev);
+  EXPECT_EQ(dev->registry().mla_decode.select(args, dev->kind()).name, expected_impl(mode, d, cache))
+      << "mla_decode picked another strategy for " << mode_name(mode) << " activations, cache " << cache;
   dev->registry().mla_decode.run(args, dev->kind());
   const Tensor got = dev->to_host_f32(out.view());
   if (how != Out::in_place) {
@@ -262,6 +288,69 @@ TEST(OpsTp8, MlaDecodeHeadCountsAndManyQueries) {
   std::vector<SeqShape> batch;
   for (int i = 0; i < 100; ++i) batch.push_back({3 + static_cast<int64_t>(rng.next_u64() % 200), 3});
   check_decode(dev, Mode::bf16, kTp8, batch, "fp8", 1.0f, 16, true, Out::own, ++seed);
+}
+
+// ---------------------------------------------------------------- the tensor-core strategy
+
+// The registry's choice itself: bf16 activations at TP8 dims take the tensor-core split_kv (fp8 and bf16
+// caches), f32 activations the CUDA-core one; odd dims stay on CUDA cores in either precision.
+TEST(OpsTp8, MlaDecodeStrategyByActivationDtype) {
+  K3_REQUIRE_CUDA(dev);
+  EXPECT_EQ(expected_impl(Mode::bf16, kTp8, "fp8"), kMmaImpl);
+  EXPECT_EQ(expected_impl(Mode::bf16, kTp8, "bf16"), kMmaImpl);
+  EXPECT_EQ(expected_impl(Mode::fp32, kTp8, "fp8"), kCudaCoreImpl);
+  EXPECT_EQ(expected_impl(Mode::bf16, kOdd, "fp8"), kCudaCoreImpl);
+  uint64_t seed = 9500;  // check_decode asserts the selected name for each
+  check_decode(dev, Mode::bf16, kTp8, {{33, 1}}, "fp8", 1.0f, 16, true, Out::own, ++seed);
+  check_decode(dev, Mode::bf16, kTp8, {{33, 1}}, "bf16", 1.0f, 16, true, Out::own, ++seed);
+  check_decode(dev, Mode::fp32, kTp8, {{33, 1}}, "fp8", 1.0f, 16, true, Out::own, ++seed);
+  check_decode(dev, Mode::fp32, kTp8, {{33, 1}}, "f32", 1.0f, 16, true, Out::own, ++seed);
+}
+
+// Head counts 1, 5, 12, 16 at the TP8 head dims (padded mma rows, every row live at 16) over contexts
+// around the 64-position stage and its 16-position k-steps (1, 17, 31, 33, 97, 1000), decode and verify
+// rows, fp8 (k_scale 0.5) and bf16 caches, pages of 16 and 64.
+TEST(OpsTp8, MlaDecodeMmaHeadCounts) {
+  K3_REQUIRE_CUDA(dev);
+  const std::vector<SeqShape> batch = {{1, 1}, {17, 1}, {31, 2}, {33, 1}, {97, 4}, {1000, 1}};
+  uint64_t seed = 9600;
+  for (int heads : {1, 5, 12, 16}) {
+    SCOPED_TRACE("heads " + std::to_string(heads));
+    const Dims d{heads, 128, 64, 128, 512};
+    ASSERT_EQ(expected_impl(Mode::bf16, d, "fp8"), kMmaImpl);
+    check_decode(dev, Mode::bf16, d, batch, "fp8", 0.5f, 16, true, Out::own, ++seed);
+    check_decode(dev, Mode::bf16, d, batch, "bf16", 1.0f, 64, heads % 2 == 0, Out::own, ++seed);
+  }
+}
+
+// Small dims the tensor-core kernel takes: kv_lora 64 (one P.V warp), 128, 256, 448 (7 of 8 P.V warps);
+// entries of 8, 9, 18 and 31 k-steps (uneven K quarters); odd nope and v (q_absorb, w_uv_gate edges);
+// pages of 7, 16 and 64; a caller workspace and out in place over the gate.
+TEST(OpsOdd, MlaDecodeMmaSmallDims) {
+  K3_REQUIRE_CUDA(dev);
+  const std::vector<SeqShape> batch = {{1, 1}, {17, 4}, {31, 1}, {33, 2}, {97, 3}, {130, 1}};
+  const Dims dims[] = {{3, 17, 64, 13, 64}, {5, 32, 16, 24, 128}, {16, 64, 32, 40, 256}, {1, 16, 48, 16, 448}};
+  uint64_t seed = 9700;
+  for (const Dims& d : dims) {
+    SCOPED_TRACE("kv_lora " + std::to_string(d.kv_lora) + " rope " + std::to_string(d.rope));
+    ASSERT_EQ(expected_impl(Mode::bf16, d, "fp8"), kMmaImpl);
+    check_decode(dev, Mode::bf16, d, batch, "fp8", 0.25f, 7, true, Out::own, ++seed);
+    check_decode(dev, Mode::bf16, d, batch, "bf16", 1.0f, 16, false, Out::workspace, ++seed);
+    check_decode(dev, Mode::bf16, d, batch, "fp8", 1.0f, 64, true, Out::in_place, ++seed);
+  }
+}
+
+// An 8K context (the benchmark's) alone and beside shorter sequences with verify rows, at the automatic
+// split and at split_len 32 (half-empty 64-position stages), 64 and 2048 (32 stages per CTA).
+TEST(OpsTp8, MlaDecodeMmaLongContextSplits) {
+  K3_REQUIRE_CUDA(dev);
+  uint64_t seed = 9800;
+  for (int64_t split_len : {0, 32, 64, 2048}) {
+    SCOPED_TRACE("split_len " + std::to_string(split_len));
+    check_decode(dev, Mode::bf16, kTp8, {{8192, 1}}, "fp8", 1.0f, 16, true, Out::own, ++seed, split_len);
+    check_decode(dev, Mode::bf16, kTp8, {{8192, 1}, {5000, 3}, {33, 1}}, split_len == 64 ? "bf16" : "fp8", 1.0f, 64,
+                 true, Out::workspace, ++seed, split_len);
+  }
 }
 
 }  // namespace

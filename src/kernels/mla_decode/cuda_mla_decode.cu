@@ -1,22 +1,17 @@
-// kernels/mla_decode/cuda_mla_decode.cu: the fused MLA decode op on CUDA (mla_decode.h), strategy
-// "cuda_decode_splitkv": four launches per call, grids from host integers only (graph-replayable).
-// Query slots qi = s * max_rows + i (i < max_rows); a slot with i >= num_rows[s] exits at once.
-//   1. q_absorb  grid (H, ceil(kv_lora / 64), ceil(Q / 16)): W_UK[h]'s 64-column tile [nope][64] staged
-//                in shared memory, then its 16 slots: Qc[qi][h] = [round(W_UK[h]^T q_nope); q_pe]  (workspace)
-//   2. split_kv  grid (splits, Q): tiles of 32 cache entries staged (dequantised to f32) in shared memory
-//                once for ALL heads (<= 16); scores: 4 threads per (2 positions x 4 heads), float4
-//                reads over the 576-wide entry; online softmax: a warp per head; P.V: a thread per 4
-//                latent dims x every other head. Writes unnormalised o [kv_lora] and (m, l) per head.
-//   3. combine   grid (Q * H, ceil(kv_lora / 64)): o_lat = round(sum_s w_s o_s / sum_s w_s l_s),
-//                w_s = e^{m_s - max m} over the slot's non-empty splits (into the Qc region: Qc is dead).
-//   4. w_uv_gate grid (H * ceil(v / 8), ceil(Q / 8)): a warp per W_UV row (held in registers) against
-//                the o_lat of 8 slots (staged in shared memory): out = round(round(W_UV o_lat) * gate').
-// Sums run in another order than the reference (splits, partial dots, shuffles; nvcc contracts
-// multiply-adds): equal to the CPU reference within attention tolerance (tests/ops/mla_decode_ops_test.cpp).
+// kernels/mla_decode/cuda_mla_decode.cu: the fused MLA decode op on CUDA (mla_decode.h): its registration
+// (two strategies) and the CUDA-core split_kv of strategy "cuda_decode_splitkv" (priority 10): any dims the
+// op allows, f32 or bf16 activations, f32 / bf16 / fp8 caches; the exact-ish fp32 path for f32 activations
+// and the fallback for whatever "cuda_decode_splitkv_mma" (cuda_mla_decode_mma.cu, priority 20) refuses.
+// q_absorb, combine and w_uv_gate are shared (cuda_mla_decode_stages.cu).
+//   split_kv grid (splits, Q), 256 threads: tiles of 32 cache entries staged (dequantised to f32) in shared
+//            memory once for ALL heads (<= 16); scores: 4 threads per (2 positions x 4 heads), float4 reads
+//            over the E-wide entry; online softmax: a warp per head; P.V: a thread per 4 latent dims x
+//            every other head. Writes unnormalised o [kv_lora] and (m, l) per head and split.
+// fp32 on CUDA cores: 12 x (576 + 512) FMA per position, every operand from shared memory (issue-bound).
 #include <algorithm>
+#include <string>
 
-#include "kernels/mla/cuda_mla_common.cuh"
-#include "kernels/mla_decode/mla_decode.h"
+#include "kernels/mla_decode/cuda_mla_decode.cuh"
 
 namespace k3::kernels {
 
@@ -27,56 +22,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 32;          // positions per staged tile (= warp size: the softmax step's lanes)
-constexpr int kMaxHeads = 16;      // split_kv: 4 head quads for the scores, 8 heads per thread in P.V
-constexpr int kMaxNope = 256;      // q_absorb stages [nope][64] f32 of W_UK
-constexpr int kQaCols = 64;        // q_absorb columns per CTA
-constexpr int kQaSlots = 16;       // q_absorb query slots per CTA (4 per thread)
+constexpr int kMaxHeads = kDecodeMaxHeads;  // 4 head quads for the scores, 8 heads per thread in P.V
 constexpr int kPvGroups = 128;     // P.V: float4 column groups (4 * 128 = 512 = kMlaMaxLatent)
-constexpr int kCombineCols = 64;   // combine columns per CTA
-constexpr int kUvRows = kWarps;    // w_uv_gate: W_UV rows per CTA (a warp each)
-constexpr int kUvSlots = 8;        // w_uv_gate: query slots per CTA
-constexpr int kUvPerLane = kMlaMaxLatent / 32;
-static_assert(kTile == 32 && kMlaDecodeTile % kTile == 0 && 4 * kPvGroups == kMlaMaxLatent);
+static_assert(kTile == 32 && kMlaDecodeTile % kTile == 0 && 4 * kPvGroups == kMlaMaxLatent && kMaxHeads == 16);
 static_assert(kThreads == 4 * (kTile / 2) * (kMaxHeads / 4) && kThreads == 2 * kPvGroups);
 
-__device__ __forceinline__ bool slot_used(const SeqTables& sq, int64_t qi, int& seq, int& i_row) {
-  seq = static_cast<int>(qi / sq.max_rows);
-  i_row = static_cast<int>(qi % sq.max_rows);
-  return i_row < sq.num_rows[seq];
-}
-
-// ---------------------------------------------------------------- 1. q_absorb
-
-template <class T, WFmt F>
-__global__ void __launch_bounds__(kThreads) q_absorb_kernel(SeqTables sq, const T* q, int64_t q_ld, WeightRef kv_b,
-                                                            float* qc, int H, int nope, int rope, int vd, int L,
-                                                            bool round) {
-  extern __shared__ float w_s[];  // [nope][kQaCols]: W_UK[h][d][c0 + c], zeros past L
-  const int h = blockIdx.x, c0 = blockIdx.y * kQaCols, E = L + rope;
-  const int64_t row0 = static_cast<int64_t>(h) * (nope + vd);  // W_UK[h] = kv_b rows row0 .. row0 + nope - 1
-  for (int e = threadIdx.x; e < nope * kQaCols; e += blockDim.x) {
-    const int d = e / kQaCols, c = e % kQaCols;
-    w_s[e] = c0 + c < L ? weight_at<F>(kv_b, row0 + d, c0 + c) : 0.0f;
-  }
-  __syncthreads();
-  const int c = threadIdx.x % kQaCols, group = threadIdx.x / kQaCols;
-  const int64_t Q = static_cast<int64_t>(sq.num_seqs) * sq.max_rows, qi0 = static_cast<int64_t>(blockIdx.z) * kQaSlots;
-  const int64_t qi_end = qi0 + kQaSlots < Q ? qi0 + kQaSlots : Q;
-  for (int64_t qi = qi0 + group; qi < qi_end; qi += kThreads / kQaCols) {
-    int seq, i_row;
-    if (!slot_used(sq, qi, seq, i_row)) continue;
-    const int64_t t = static_cast<int64_t>(sq.row_begin[seq]) + i_row;
-    const T* qh = q + t * q_ld + static_cast<int64_t>(h) * (nope + rope);
-    float acc = 0.0f;  // d in order, as the reference
-    for (int d = 0; d < nope; ++d) acc += w_s[d * kQaCols + c] * to_f32(qh[d]);
-    float* out = qc + (qi * H + h) * E;
-    if (c0 + c < L) out[c0 + c] = round_if(acc, round);
-    if (blockIdx.y == 0)
-      for (int r = c; r < rope; r += kQaCols) out[L + r] = to_f32(qh[nope + r]);
-  }
-}
-
-// ---------------------------------------------------------------- 2. split_kv
 
 struct SplitParams {
   SeqTables sq;
@@ -265,133 +215,16 @@ __global__ void __launch_bounds__(kThreads) split_kv_kernel(SplitParams p, const
   }
 }
 
-// ---------------------------------------------------------------- 3. combine
-
-// Grid (Q * H, column blocks of kCombineCols); threads = kCombineCols columns x 4 split groups whose
-// partial sums are added in group order. Only the slot's non-empty splits were written and are read.
-__global__ void __launch_bounds__(kThreads) combine_kernel(SeqTables sq, const float* part_o, const float* part_m,
-                                                           const float* part_l, int H, int splits, int64_t split_len,
-                                                           float* o_lat, int L, bool round) {
-  extern __shared__ float weight[];  // [splits]
-  __shared__ float red[32];
-  __shared__ float partial[kThreads];
-  const int64_t qh = blockIdx.x, qi = qh / H;  // blockIdx.x = qi * H + h
-  int seq, i_row;
-  if (!slot_used(sq, qi, seq, i_row)) return;  // the whole block: an unused slot
-  const int64_t visible = static_cast<int64_t>(sq.position[seq]) + i_row + 1;
-  const int64_t nonempty = (visible + split_len - 1) / split_len;  // splits with a visible position
-  const int used = nonempty < splits ? static_cast<int>(nonempty) : splits;
-  const int64_t base = qh * splits;
-  float m = -INFINITY;
-  for (int s = threadIdx.x; s < used; s += blockDim.x) m = fmaxf(m, part_m[base + s]);
-  const float M = block_max(m, red);
-  float z = 0.0f;
-  for (int s = threadIdx.x; s < used; s += blockDim.x) {
-    const float w = expf(part_m[base + s] - M);
-    weight[s] = w;
-    z += w * part_l[base + s];
-  }
-  const float Z = block_sum(z, red);  // its barriers also publish weight[]
-  constexpr int kGroups = kThreads / kCombineCols;
-  const int col = threadIdx.x % kCombineCols, g = threadIdx.x / kCombineCols;
-  const int i = blockIdx.y * kCombineCols + col;
-  float acc = 0.0f;
-  if (i < L) {
-#pragma unroll 4
-    for (int s = g; s < used; s += kGroups) acc += weight[s] * part_o[(base + s) * L + i];
-  }
-  partial[threadIdx.x] = acc;
-  __syncthreads();
-  if (g == 0 && i < L) {
-    float sum = partial[col];
-#pragma unroll
-    for (int k = 1; k < kGroups; ++k) sum += partial[k * kCombineCols + col];
-    o_lat[qh * L + i] = round_if(sum / Z, round);
-  }
-}
-
-// ---------------------------------------------------------------- 4. w_uv_gate
-
-// Grid (H * row blocks, slot chunks of kUvSlots): the CTA's rows e = rb * kUvRows + warp all belong to
-// head h = blockIdx.x / row_blocks; the o_lat [L] of its slots is staged in shared memory.
-template <class T, WFmt F>
-__global__ void __launch_bounds__(kThreads) w_uv_gate_kernel(SeqTables sq, WeightRef kv_b, const float* o_lat,
-                                                             const T* gate, int64_t gate_ld, T* out, int64_t out_ld,
-                                                             int H, int nope, int vd, int L, int row_blocks,
-                                                             bool round) {
-  extern __shared__ float ol[];  // [kUvSlots][L]
-  __shared__ int64_t t_row[kUvSlots];  // q row of each slot of the chunk, -1 when unused
-  const int h = blockIdx.x / row_blocks, e = (blockIdx.x % row_blocks) * kUvRows + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  const int64_t Q = static_cast<int64_t>(sq.num_seqs) * sq.max_rows, qi0 = static_cast<int64_t>(blockIdx.y) * kUvSlots;
-  if (threadIdx.x < kUvSlots) {
-    const int64_t qi = qi0 + threadIdx.x;
-    int seq = 0, i_row = 0;
-    t_row[threadIdx.x] = qi < Q && slot_used(sq, qi, seq, i_row) ? static_cast<int64_t>(sq.row_begin[seq]) + i_row : -1;
-  }
-  __syncthreads();
-  for (int x = threadIdx.x; x < kUvSlots * L; x += blockDim.x) {
-    const int s = x / L, i = x % L;
-    ol[x] = t_row[s] >= 0 ? o_lat[((qi0 + s) * H + h) * L + i] : 0.0f;
-  }
-  __syncthreads();
-  if (e >= vd) return;  // after the last barrier: a warp with no W_UV row
-  float w[kUvPerLane];
-  const int64_t r = static_cast<int64_t>(h) * (nope + vd) + nope + e;  // W_UV[h][e] in kv_b
-#pragma unroll
-  for (int k = 0; k < kUvPerLane; ++k) {
-    const int i = lane + 32 * k;
-    w[k] = i < L ? weight_at<F>(kv_b, r, i) : 0.0f;
-  }
-  for (int s = 0; s < kUvSlots; ++s) {
-    if (t_row[s] < 0) continue;  // warp-uniform
-    float acc = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kUvPerLane; ++k) {
-      const int i = lane + 32 * k;
-      if (i < L) acc = fmaf(w[k], ol[s * L + i], acc);
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) {
-      const int64_t col = static_cast<int64_t>(h) * vd + e;
-      const float o = round_if(acc, round);  // o = round(W_UV o_lat): the standard op's output
-      float v = o;
-      if (gate != nullptr) v = o * round_if(sigmoid_f32(to_f32(gate[t_row[s] * gate_ld + col])), round);
-      store_act(out + t_row[s] * out_ld + col, v, round);
-    }
-  }
-}
-
-// ---------------------------------------------------------------- host
-
 size_t split_smem_for(const MlaDecodeArgs& a) {
   const int E4 = (a.kv_lora + a.qk_rope + 3) / 4 * 4;
   return split_smem_bytes(E4, a.num_heads);
 }
 
-core::Status decode_supports(const CudaOps& ops, const MlaDecodeArgs& a) {
-  if (auto s = mla_supports(ops, mla_decode_attention_args(a, a.out)); !s) return s;
-  if (a.gate.data != nullptr) {
-    if (auto s = on_cuda({{"gate", &a.gate}}); !s) return s;
-    if (auto s = same_act({{"q", &a.q}, {"gate", &a.gate}}, a.precision); !s) return s;
-    if (overlaps(a.out, a.gate) && a.out.data != a.gate.data)
-      return core::Status::fail("out overlaps gate without being the same view");
-  }
-  if (a.workspace.data != nullptr)
-    if (auto s = on_cuda({{"workspace", &a.workspace}}); !s) return s;
-  const int64_t slots = static_cast<int64_t>(a.seqs.num_seqs) * a.seqs.max_rows;  // split_kv grid.y
-  if (slots > kMaxGridYZ)
-    return core::Status::fail("num_seqs * max_rows = " + std::to_string(slots) + " is above the CUDA grid limit " +
-                              std::to_string(kMaxGridYZ));
-  if (a.num_heads > kMaxHeads)
-    return core::Status::fail("num_heads " + std::to_string(a.num_heads) + " is above the split_kv limit " +
-                              std::to_string(kMaxHeads) + " (all heads share one CTA)");
-  if (a.kv_lora > kMlaMaxLatent)
-    return core::Status::fail("kv_lora " + std::to_string(a.kv_lora) + " is above the CUDA limit " +
-                              std::to_string(kMlaMaxLatent));
-  if (a.qk_nope > kMaxNope)
-    return core::Status::fail("qk_nope " + std::to_string(a.qk_nope) + " is above the q_absorb limit " +
-                              std::to_string(kMaxNope));
+}  // namespace
+
+namespace cuda_detail {
+
+core::Status split_kv_cuda_core_supports(const CudaOps& ops, const MlaDecodeArgs& a) {
   const size_t smem = split_smem_for(a);
   if (smem > ops.ctx->smem_optin())
     return core::Status::fail("split_kv needs " + std::to_string(smem) + " bytes of shared memory, the device allows " +
@@ -399,87 +232,49 @@ core::Status decode_supports(const CudaOps& ops, const MlaDecodeArgs& a) {
   return core::Status::ok();
 }
 
-void decode_run(const CudaOps& ops, const MlaDecodeArgs& a) {
-  const SeqTables sq = seq_tables(a.seqs);
-  if (sq.num_seqs == 0) return;
-  const int64_t Q = static_cast<int64_t>(sq.num_seqs) * sq.max_rows;
-  const int H = a.num_heads, nope = a.qk_nope, rope = a.qk_rope, vd = a.v_head_dim, L = a.kv_lora, E = L + rope;
-  const cudaStream_t stream = ops.ctx->stream();
-  const bool round = a.precision == Precision::bf16;
-  const int64_t split_len = mla_decode_split_len(a);
-  const int splits = static_cast<int>(mla_decode_num_splits(a));
-
-  // Workspace: Qc [Q][H][E] (reused for o_lat [Q][H][L] once split_kv is done), then the partials.
-  std::shared_ptr<void> scratch;
-  float* ws = nullptr;
-  if (a.workspace.data != nullptr) {
-    ws = a.workspace.as<float>();
-  } else {
-    scratch = ops.ctx->scratch(static_cast<size_t>(mla_decode_workspace_floats(a)) * sizeof(float));
-    ws = static_cast<float*>(scratch.get());
-  }
+void launch_split_kv_cuda_core(const CudaOps& ops, const MlaDecodeArgs& a, const DecodePlan& plan) {
   SplitParams p;
-  p.sq = sq;
+  p.sq = seq_tables(a.seqs);
   p.pg = pages_ref(a.pages);
-  p.qc = ws;
-  p.part_o = ws + Q * H * E;
-  p.part_m = p.part_o + Q * H * splits * L;
-  p.part_l = p.part_m + Q * H * splits;
+  p.qc = plan.qc;
+  p.part_o = plan.part_o;
+  p.part_m = plan.part_m;
+  p.part_l = plan.part_l;
   p.k_scale = a.k_scale, p.scale = a.scale;
-  p.H = H, p.L = L, p.rope = rope;
-  p.E4 = (E + 3) / 4 * 4;
+  p.H = plan.H, p.L = plan.L, p.rope = plan.rope;
+  p.E4 = (plan.E + 3) / 4 * 4;
   p.ld = split_ld(p.E4);
-  p.splits = splits, p.split_len = split_len;
+  p.splits = plan.splits, p.split_len = plan.split_len;
   const size_t elem = core::dtype_size(a.pages.dtype);
-  p.vec4 = E % 4 == 0 && reinterpret_cast<uintptr_t>(a.pages.data) % (4 * elem) == 0 &&
+  p.vec4 = plan.E % 4 == 0 && reinterpret_cast<uintptr_t>(a.pages.data) % (4 * elem) == 0 &&
            (a.pages.dim(0) <= 1 || p.pg.page_ld % 4 == 0) && (a.pages.dim(1) <= 1 || p.pg.row_ld % 4 == 0);
-  float* o_lat = ws;  // the Qc region, dead after split_kv
-
-  const WeightRef w = weight_ref(*a.kv_b);
-  const int row_blocks = (vd + kUvRows - 1) / kUvRows;
-  with_act(a.q.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    with_wfmt(weight_format(*a.kv_b), [&](auto fc) {
-      constexpr WFmt FC = decltype(fc)::value;
-      if constexpr (FC != WFmt::mxfp4) {
-        const size_t qa_smem = static_cast<size_t>(nope) * kQaCols * sizeof(float);
-        allow_smem(q_absorb_kernel<T, FC>, qa_smem);
-        q_absorb_kernel<T, FC><<<dim3(H, grid_for(L, kQaCols), grid_for(Q, kQaSlots)), kThreads, qa_smem, stream>>>(
-            sq, a.q.as<const T>(), a.q.strides[0], w, ws, H, nope, rope, vd, L, round);
-        K3_CUDA_CHECK_LAUNCH("mla_decode q_absorb_kernel");
-
-        with_cache(a.pages, [&](const auto* pages) {
-          using CacheT = std::remove_cv_t<std::remove_pointer_t<decltype(pages)>>;
-          const size_t smem = split_smem_bytes(p.E4, H);
-          allow_smem(split_kv_kernel<CacheT>, smem);
-          split_kv_kernel<CacheT><<<dim3(splits, static_cast<unsigned>(Q)), kThreads, smem, stream>>>(p, pages);
-          K3_CUDA_CHECK_LAUNCH("mla_decode split_kv_kernel");
-        });
-
-        const size_t combine_smem = static_cast<size_t>(splits) * sizeof(float);
-        allow_smem(combine_kernel, combine_smem);
-        combine_kernel<<<dim3(static_cast<unsigned>(Q * H), grid_for(L, kCombineCols)), kThreads, combine_smem,
-                         stream>>>(sq, p.part_o, p.part_m, p.part_l, H, splits, split_len, o_lat, L, round);
-        K3_CUDA_CHECK_LAUNCH("mla_decode combine_kernel");
-
-        const size_t uv_smem = static_cast<size_t>(kUvSlots) * L * sizeof(float);
-        allow_smem(w_uv_gate_kernel<T, FC>, uv_smem);
-        const T* gate = a.gate.data != nullptr ? a.gate.as<const T>() : nullptr;
-        const int64_t gate_ld = a.gate.data != nullptr ? a.gate.strides[0] : 0;
-        w_uv_gate_kernel<T, FC><<<dim3(H * row_blocks, grid_for(Q, kUvSlots)), kThreads, uv_smem, stream>>>(
-            sq, w, o_lat, gate, gate_ld, a.out.as<T>(), a.out.strides[0], H, nope, vd, L, row_blocks, round);
-        K3_CUDA_CHECK_LAUNCH("mla_decode w_uv_gate_kernel");
-      }
-    });
+  with_cache(a.pages, [&](const auto* pages) {
+    using CacheT = std::remove_cv_t<std::remove_pointer_t<decltype(pages)>>;
+    const size_t smem = split_smem_bytes(p.E4, plan.H);
+    allow_smem(split_kv_kernel<CacheT>, smem);
+    split_kv_kernel<CacheT><<<dim3(plan.splits, static_cast<unsigned>(plan.Q)), kThreads, smem, ops.ctx->stream()>>>(
+        p, pages);
+    K3_CUDA_CHECK_LAUNCH("mla_decode split_kv_kernel");
   });
 }
 
-}  // namespace
+}  // namespace cuda_detail
 
 void register_mla_decode_cuda(Registry& r, const CudaOps& ops) {
+  // CUDA-core split_kv: every shape the op allows (f32 activations: the exact-ish path).
   r.mla_decode.add({"cuda_decode_splitkv", core::Device::cuda, 10,
-                    [ops](const MlaDecodeArgs& a) { return decode_supports(ops, a); },
-                    [ops](const MlaDecodeArgs& a) { decode_run(ops, a); }});
+                    [ops](const MlaDecodeArgs& a) {
+                      if (auto s = decode_supports_common(ops, a); !s) return s;
+                      return split_kv_cuda_core_supports(ops, a);
+                    },
+                    [ops](const MlaDecodeArgs& a) { decode_run(ops, a, launch_split_kv_cuda_core); }});
+  // Tensor-core split_kv: bf16 activations over fp8 / bf16 caches at the dims it names in supports().
+  r.mla_decode.add({"cuda_decode_splitkv_mma", core::Device::cuda, 20,
+                    [ops](const MlaDecodeArgs& a) {
+                      if (auto s = decode_supports_common(ops, a); !s) return s;
+                      return split_kv_mma_supports(ops, a);
+                    },
+                    [ops](const MlaDecodeArgs& a) { decode_run(ops, a, launch_split_kv_mma); }});
 }
 
 }  // namespace k3::kernels

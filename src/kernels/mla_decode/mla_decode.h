@@ -15,32 +15,52 @@
 // the standard op pair bit for bit in both precisions. CUDA is compared at attention tolerance (split
 // softmax, FMA contraction, device expf).
 //
-// CUDA design (cuda_mla_decode.cu, strategy "cuda_decode_splitkv"): four launches per call, grids from
-// host integers only (num_seqs, max_rows, max_tokens, dims), so a captured CUDA graph replays for any
-// positions, row counts and block tables. Query slots qi = s * max_rows + i (Q = num_seqs * max_rows);
-// slots with i >= num_rows[s] exit at once.
-//   1. q_absorb  grid (H, kv_lora / 64, ceil(Q / 16)): W_UK[h]'s [nope x 64] column tile staged in shared
-//                memory, then its 16 slots: Qc[qi][h] = [round(W_UK[h]^T q_nope); q_pe]   (workspace)
-//   2. split_kv  grid (splits, Q): a CTA streams its split's cache entries (576 values: 512 c_n + 64 k_pe;
-//                576 B per token in fp8) through shared memory (dequantised to f32, 32 entries a tile)
-//                ONCE for ALL local heads (MQA: the entry is shared by the heads; <= 16 heads), keeps an
-//                online softmax per head and writes the unnormalised partial o [kv_lora] plus (max, sum)
-//                per head. Splits past the slot's last visible position exit at once.
-//   3. combine   grid (Q * H, kv_lora / 64): o_lat = round(sum_s w_s o_s / sum_s w_s l_s) with
-//                log-sum-exp weights w_s = e^{m_s - max m} over the slot's non-empty splits.
-//   4. w_uv_gate grid (H * v / 8, ceil(Q / 8)): a warp per W_UV row (in registers) against the o_lat of 8
-//                slots (shared memory): o = round(W_UV o_lat), out = round(o * round(sigmoid(gate))) or o.
-//   Splits: split_len = max_tokens / floor(kMlaDecodeTargetCtas / Q) rounded up to whole 32-position
-//   tiles (mla_decode_split_len), so about 2 CTAs per SM of an H200 (132 SMs), one wave, at any batch.
-//   Verify rows of one sequence are separate query slots (each reads the sequence's cache; L2 serves
-//   the repeats). Scores and P.V run on CUDA cores in fp32 (tensor cores: a later step).
+// CUDA design: four launches per call, grids from host integers only (num_seqs, max_rows, max_tokens,
+// dims), so a captured CUDA graph replays for any positions, row counts and block tables. Query slots
+// qi = s * max_rows + i (Q = num_seqs * max_rows); slots with i >= num_rows[s] exit at once. Two strategies
+// share launches 1, 3, 4 (cuda_mla_decode_stages.cu) and differ in split_kv:
+//   "cuda_decode_splitkv_mma" (priority 20, cuda_mla_decode_mma.cu): bf16 activations, fp8 / bf16 cache,
+//        heads <= 16, kv_lora % 64 == 0 (<= 512), (kv_lora + rope) % 16 == 0 (<= 576), 16-byte cache rows.
+//   "cuda_decode_splitkv"     (priority 10, cuda_mla_decode.cu): everything else the op allows, in particular
+//        f32 activations (Precision::fp32, the exact-ish fp32 CUDA-core path) and odd dims.
+//   1. q_absorb  grid (H, ceil(kv_lora / 32), ceil(Q / 16)), 128 threads: W_UK[h]'s [nope x 32] column tile
+//                (16-byte loads) staged once, a quarter of a column per thread in registers, against the
+//                q_nope of 16 slots: Qc[qi][h] = [round(W_UK[h]^T q_nope); q_pe] (workspace). 192 CTAs at
+//                TP8 batch 1 (132 SMs), 768 at batch 64; W_UK read once from DRAM (1.5 MB), then from L2.
+//   2. split_kv  grid (splits, Q): a CTA per (slot, split) streams the split's cache entries (576 values:
+//                512 c_n + 64 k_pe; 576 B per token in fp8) ONCE for ALL local heads (MQA; <= 16 heads)
+//                with an online softmax per head, and writes the unnormalised partial o [kv_lora] and
+//                (max, sum) per head. Splits past the slot's last visible position exit at once.
+//                mma: 256 threads, stages of 64 positions by cp.async (2 stages, 37 KB each in fp8), scores
+//                and P.V on tensor cores (mma.sync m16n8k16, heads padded to M = 16; exact bf16 / f16
+//                operands, fp32 sums; P rounded to f16 (fp8 cache) or bf16 (bf16 cache)). 96.6 KB of shared
+//                memory (fp8): 2 CTAs per SM. CUDA-core: 32-position tiles dequantised to f32 in shared
+//                memory, fp32 FMA (12 x (576 + 512) per position, issue-bound: ~20 us per tile per CTA).
+//   3. combine   grid (Q * H, ceil(kv_lora / 128)), 256 threads = 32 float4 columns x 8 split groups:
+//                o_lat = round(sum_s w_s o_s / sum_s w_s l_s), w_s = e^{m_s - max m} over the non-empty splits.
+//   4. w_uv_gate grid (H * v / 8, ceil(Q / 8)): a warp per W_UV row (registers, 16-byte loads) against the
+//                o_lat of 8 slots (shared memory): o = round(W_UV o_lat), out = round(o * round(sigmoid(gate))) or o.
+//   Verify rows of one sequence are separate query slots (each reads the sequence's cache; L2 serves the
+//   repeats).
+// Splits (mla_decode_split_len; MlaDecodeArgs::split_len overrides): splits = floor(kMlaDecodeTargetCtas / Q)
+// (>= 1), so Q * splits stays within one wave of about 2 CTAs per SM of an H200 (132 SMs), and
+// split_len = ceil(max_tokens / splits) rounded up to the kernel's granularity: whole 64-position stages
+// (>= 64) for the tensor-core rule, whole 32-position tiles (>= 32) for the CUDA-core rule. The rule follows
+// the activation dtype (bf16: tensor_core, f32: cuda_core), so the workspace (mla_decode_workspace_floats)
+// always matches whichever strategy runs. At 8K context: batch 1 -> 128 splits of 64 (tensor core; the
+// CUDA-core rule 256 of 32), batch 8 -> 32 of 256, batch 64 -> 4 of 2048: 128-256 CTAs. The 64-position
+// floor bounds the partials (written by split_kv, read by combine, L2-resident) at batch 1 to 128 x 12 x
+// 514 x 4 B = 3.2 MB, against 4.7 MB of cache from DRAM (the 32-position rule wrote 6.3 MB).
 // Bytes per call at TP8 (12 heads, kv_lora 512, rope 64, fp8 cache 576 B/token, 8K context, bf16 kv_b):
-//   batch 1:  cache 4.72 MB + W_UK/W_UV 3.15 MB = 7.9 MB from DRAM (1.8 us at 4.3 TB/s), plus partials
-//             256 splits x 12 heads x 514 x 4 B = 6.3 MB written and read back (L2-resident).
-//   batch 64: cache 302 MB + W 3.15 MB = 305 MB (71 us at 4.3 TB/s), plus partials 64 x 12 x 4 splits
-//             x 514 x 4 B = 6.3 MB (L2). The fp32 CUDA-core arithmetic (12 x (576 + 512) FMA per cached
-//             token per query row: 6.9 GFMA at batch 64, 0.11 GFMA at batch 1) bounds it near 200 us at
-//             batch 64 and a few us at batch 1 on an H200; tensor cores are what closes that gap.
+//   batch 1:  cache 4.72 MB + W_UK/W_UV 3.15 MB = 7.9 MB from DRAM (1.8 us at 4.3 TB/s); partials 3.2 MB (L2).
+//             Expected (model, to confirm with k3bench_ops_gpu --only mla): q_absorb ~2 us, split_kv ~3 us
+//             (128 CTAs x 1 stage: a DRAM round trip + ~1.2K cycles of issue), combine ~2 us, w_uv_gate ~2 us:
+//             ~9 us (measured before: 79 us).
+//   batch 8:  cache 37.7 MB (8.8 us) + W 3.15 MB; split_kv 256 CTAs x 4 stages, memory-bound: ~10 us; ~16 us total.
+//   batch 64: cache 302 MB + W 3.15 MB = 305 MB (71 us at 4.3 TB/s); partials 4 x 64 x 12 x 514 x 4 B = 6.3 MB.
+//             The tensor-core split_kv issues ~4.9K warp instructions per 64-position stage per CTA (exact
+//             fp8 -> bf16 conversions dominate), ~38 us per SM of work at 62 stages per SM: under the memory
+//             time, so ~75-90 us total (measured before: 1570 us on CUDA cores).
 #pragma once
 #include <cstdint>
 
@@ -53,6 +73,7 @@ namespace k3::kernels {
 // Split-KV tuning (part of the contract because the workspace size depends on it).
 constexpr int64_t kMlaDecodeTargetCtas = 264;  // split_kv CTAs aimed for: 2 per SM of an H200
 constexpr int64_t kMlaDecodeTile = 32;         // positions per staged tile; split_len is a multiple
+constexpr int64_t kMlaDecodeMmaStage = 64;     // positions per stage of the tensor-core split_kv
 
 // Same fields as MlaAttentionArgs (same meaning, same checks) plus the gate and the workspace.
 // Reads the q and gate rows and writes the out rows of the sequences only; rows of q / gate / out that
@@ -75,11 +96,19 @@ struct MlaDecodeArgs {
                                        //   mla_decode_split_len's choice (benchmarks and tests; the CPU ignores it)
 };
 
-// Positions per split for Q = num_seqs * max_rows query slots over max_tokens: a multiple of
-// kMlaDecodeTile, >= kMlaDecodeTile; splits = ceil(max_tokens / split_len).
-int64_t mla_decode_split_len(int64_t query_slots, int64_t max_tokens);
-int64_t mla_decode_num_splits(int64_t query_slots, int64_t max_tokens);
-// The split length and count one call uses: a.split_len when set, else the choice above.
+// Which split_kv kernel an automatic split length is sized for (see "Splits" above).
+enum class MlaDecodeSplitRule {
+  cuda_core,    // 32-position tiles: split_len a multiple of kMlaDecodeTile
+  tensor_core,  // 64-position stages: split_len a multiple of kMlaDecodeMmaStage
+};
+// tensor_core when q is bf16 (the CUDA op's "cuda_decode_splitkv_mma" candidates), else cuda_core.
+MlaDecodeSplitRule mla_decode_split_rule(const MlaDecodeArgs& a);
+// Positions per split for Q = num_seqs * max_rows query slots over max_tokens: a multiple of the rule's
+// granularity (both are multiples of kMlaDecodeTile), >= it; splits = ceil(max_tokens / split_len).
+int64_t mla_decode_split_len(MlaDecodeSplitRule rule, int64_t query_slots, int64_t max_tokens);
+int64_t mla_decode_num_splits(MlaDecodeSplitRule rule, int64_t query_slots, int64_t max_tokens);
+// The split length and count one call uses: a.split_len when set, else the choice above for
+// mla_decode_split_rule(a).
 int64_t mla_decode_split_len(const MlaDecodeArgs& a);
 int64_t mla_decode_num_splits(const MlaDecodeArgs& a);
 // f32 workspace of the CUDA op: Q*H*(kv_lora + rope) (Qc) + Q*H*splits*(kv_lora + 2) (partials).

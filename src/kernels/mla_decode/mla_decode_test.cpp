@@ -253,7 +253,8 @@ TEST(MlaDecode, SplitKvEqualsDirectFormForEverySplitLength) {
     const Batch b(kOdd, batch, cache, 0.5f, 7, ++seed);
     const int64_t Q = static_cast<int64_t>(batch.size()) * b.max_rows;
     for (int64_t split_len : {int64_t{1}, int64_t{7}, int64_t{32}, int64_t{54}, int64_t{64}, int64_t{1000},
-                              mla_decode_split_len(Q, b.max_tokens)}) {
+                              mla_decode_split_len(MlaDecodeSplitRule::cuda_core, Q, b.max_tokens),
+                              mla_decode_split_len(MlaDecodeSplitRule::tensor_core, Q, b.max_tokens)}) {
       for (Precision p : {Precision::fp32, Precision::bf16}) {
         const Tensor want = b.fused(true, p);
         Tensor got = b.new_out();
@@ -273,7 +274,7 @@ TEST(MlaDecode, SplitKvEqualsDirectFormForEverySplitLength) {
 TEST(MlaDecode, SplitKvTp8ShapesLongContext) {
   const Batch b(kTp8, {{1500, 1}, {700, 2}}, DType::f8_e4m3, 1.0f, 64, 600);
   const Tensor want = b.fused(false, Precision::fp32);
-  for (int64_t split_len : {int64_t{64}, int64_t{448}, mla_decode_split_len(4, b.max_tokens)}) {
+  for (int64_t split_len : {int64_t{64}, int64_t{448}, mla_decode_split_len(MlaDecodeSplitRule::tensor_core, 4, b.max_tokens)}) {
     Tensor got = b.new_out();
     mla_decode_split_reference(b.args(got, false, Precision::fp32), split_len);
     expect_close(got, want, 2e-5, 2e-5, "tp8 split_len " + std::to_string(split_len));
@@ -281,27 +282,44 @@ TEST(MlaDecode, SplitKvTp8ShapesLongContext) {
 }
 
 TEST(MlaDecode, SplitSizingCoversTheContextInWholeTiles) {
-  for (int64_t Q : {1, 2, 17, 64, 256, 1000})
-    for (int64_t tokens : {1, 17, 64, 65, 97, 1000, 8192, 131072}) {
-      const int64_t len = mla_decode_split_len(Q, tokens), splits = mla_decode_num_splits(Q, tokens);
-      EXPECT_EQ(len % kMlaDecodeTile, 0) << Q << " " << tokens;
-      EXPECT_GE(len, kMlaDecodeTile);
-      EXPECT_GE(splits * len, tokens);             // every position is in a split
-      EXPECT_LT((splits - 1) * len, tokens);       // and no split is empty at max_tokens
-      // Enough CTAs for the device (at least half the target), unless the context has fewer tiles.
-      EXPECT_GE(Q * splits, std::min(kMlaDecodeTargetCtas, Q * ((tokens + kMlaDecodeTile - 1) / kMlaDecodeTile)) / 2)
-          << Q << " " << tokens;
-    }
-  // TP8 numbers stated in the header: 256 splits at batch 1, 4 at batch 64 (8K context): 256 CTAs each.
-  EXPECT_EQ(mla_decode_num_splits(1, 8192), 256);
-  EXPECT_EQ(mla_decode_num_splits(64, 8192), 4);
-  EXPECT_EQ(mla_decode_num_splits(8, 8192), 32);
+  for (MlaDecodeSplitRule rule : {MlaDecodeSplitRule::cuda_core, MlaDecodeSplitRule::tensor_core}) {
+    const int64_t unit = rule == MlaDecodeSplitRule::tensor_core ? kMlaDecodeMmaStage : kMlaDecodeTile;
+    for (int64_t Q : {1, 2, 17, 64, 256, 1000})
+      for (int64_t tokens : {1, 17, 64, 65, 97, 1000, 8192, 131072}) {
+        const int64_t len = mla_decode_split_len(rule, Q, tokens), splits = mla_decode_num_splits(rule, Q, tokens);
+        EXPECT_EQ(len % unit, 0) << Q << " " << tokens;  // whole tiles / stages
+        EXPECT_EQ(len % kMlaDecodeTile, 0) << Q << " " << tokens;
+        EXPECT_GE(len, unit);
+        EXPECT_GE(splits * len, tokens);             // every position is in a split
+        EXPECT_LT((splits - 1) * len, tokens);       // and no split is empty at max_tokens
+        EXPECT_LE(Q * splits, std::max(Q, kMlaDecodeTargetCtas)) << Q << " " << tokens;  // one wave
+        // Enough CTAs for the device (at least half the target), unless the context has fewer units.
+        EXPECT_GE(Q * splits, std::min(kMlaDecodeTargetCtas, Q * ((tokens + unit - 1) / unit)) / 2)
+            << Q << " " << tokens;
+      }
+  }
+  // TP8 numbers stated in the header (8K context): CUDA-core 256 splits at batch 1; tensor core 128 (whole
+  // 64-position stages); both 32 at batch 8 and 4 at batch 64 (256 CTAs).
+  EXPECT_EQ(mla_decode_num_splits(MlaDecodeSplitRule::cuda_core, 1, 8192), 256);
+  EXPECT_EQ(mla_decode_num_splits(MlaDecodeSplitRule::cuda_core, 64, 8192), 4);
+  EXPECT_EQ(mla_decode_num_splits(MlaDecodeSplitRule::cuda_core, 8, 8192), 32);
+  EXPECT_EQ(mla_decode_num_splits(MlaDecodeSplitRule::tensor_core, 1, 8192), 128);
+  EXPECT_EQ(mla_decode_split_len(MlaDecodeSplitRule::tensor_core, 1, 8192), 64);
+  EXPECT_EQ(mla_decode_num_splits(MlaDecodeSplitRule::tensor_core, 8, 8192), 32);
+  EXPECT_EQ(mla_decode_num_splits(MlaDecodeSplitRule::tensor_core, 64, 8192), 4);
   const Batch b(kOdd, {{17, 2}, {3, 1}}, DType::f32, 1.0f, 7, 700);
   Tensor out = b.new_out();
   const MlaDecodeArgs a = b.args(out, true, Precision::bf16);
   const int64_t Q = 2 * b.max_rows, E = kOdd.kv_lora + kOdd.rope;
-  EXPECT_EQ(mla_decode_workspace_floats(a), Q * kOdd.heads * E +
-                                                Q * kOdd.heads * mla_decode_num_splits(Q, b.max_tokens) * (kOdd.kv_lora + 2));
+  // CPU args carry f32 q: the CUDA-core rule; bf16 q (the CUDA engine mode) takes the tensor-core rule.
+  EXPECT_EQ(mla_decode_split_rule(a), MlaDecodeSplitRule::cuda_core);
+  MlaDecodeArgs bf16_q = a;
+  bf16_q.q.dtype = DType::bf16;  // only the dtype is looked at
+  EXPECT_EQ(mla_decode_split_rule(bf16_q), MlaDecodeSplitRule::tensor_core);
+  EXPECT_EQ(mla_decode_split_len(bf16_q), mla_decode_split_len(MlaDecodeSplitRule::tensor_core, Q, b.max_tokens));
+  EXPECT_EQ(mla_decode_workspace_floats(a),
+            Q * kOdd.heads * E +
+                Q * kOdd.heads * mla_decode_num_splits(MlaDecodeSplitRule::cuda_core, Q, b.max_tokens) * (kOdd.kv_lora + 2));
   // An explicit split length replaces the choice, for the workspace too.
   MlaDecodeArgs fixed = a;
   fixed.split_len = 2 * kMlaDecodeTile;
@@ -309,7 +327,7 @@ TEST(MlaDecode, SplitSizingCoversTheContextInWholeTiles) {
   EXPECT_EQ(mla_decode_num_splits(fixed), (b.max_tokens + 2 * kMlaDecodeTile - 1) / (2 * kMlaDecodeTile));
   EXPECT_EQ(mla_decode_workspace_floats(fixed),
             Q * kOdd.heads * E + Q * kOdd.heads * mla_decode_num_splits(fixed) * (kOdd.kv_lora + 2));
-  EXPECT_EQ(mla_decode_split_len(a), mla_decode_split_len(Q, b.max_tokens));
+  EXPECT_EQ(mla_decode_split_len(a), mla_decode_split_len(MlaDecodeSplitRule::cuda_core, Q, b.max_tokens));
   EXPECT_TRUE(mla_decode_check(fixed).is_ok()) << mla_decode_check(fixed).reason();
   for (int64_t bad : {int64_t{-kMlaDecodeTile}, int64_t{kMlaDecodeTile + 1}}) {
     fixed.split_len = bad;

@@ -41,23 +41,28 @@ core::TensorView row_view(const core::TensorView& v, int64_t r) {
 
 }  // namespace
 
-int64_t mla_decode_split_len(int64_t query_slots, int64_t max_tokens) {
+MlaDecodeSplitRule mla_decode_split_rule(const MlaDecodeArgs& a) {
+  return a.q.dtype == core::DType::bf16 ? MlaDecodeSplitRule::tensor_core : MlaDecodeSplitRule::cuda_core;
+}
+
+int64_t mla_decode_split_len(MlaDecodeSplitRule rule, int64_t query_slots, int64_t max_tokens) {
   const int64_t q = std::max<int64_t>(1, query_slots), tokens = std::max<int64_t>(1, max_tokens);
+  const int64_t unit = rule == MlaDecodeSplitRule::tensor_core ? kMlaDecodeMmaStage : kMlaDecodeTile;
   // Rounded down: q * splits stays within one wave of kMlaDecodeTargetCtas (a second, partial wave
   // would leave most SMs idle while it runs).
   const int64_t wanted_splits = std::max<int64_t>(1, kMlaDecodeTargetCtas / q);
   const int64_t len = (tokens + wanted_splits - 1) / wanted_splits;
-  return std::max<int64_t>(kMlaDecodeTile, (len + kMlaDecodeTile - 1) / kMlaDecodeTile * kMlaDecodeTile);
+  return std::max<int64_t>(unit, (len + unit - 1) / unit * unit);
 }
 
-int64_t mla_decode_num_splits(int64_t query_slots, int64_t max_tokens) {
-  const int64_t len = mla_decode_split_len(query_slots, max_tokens);
+int64_t mla_decode_num_splits(MlaDecodeSplitRule rule, int64_t query_slots, int64_t max_tokens) {
+  const int64_t len = mla_decode_split_len(rule, query_slots, max_tokens);
   return std::max<int64_t>(1, (std::max<int64_t>(1, max_tokens) + len - 1) / len);
 }
 
 int64_t mla_decode_split_len(const MlaDecodeArgs& a) {
   const int64_t Q = static_cast<int64_t>(std::max(0, a.seqs.num_seqs)) * std::max(0, a.seqs.max_rows);
-  return a.split_len > 0 ? a.split_len : mla_decode_split_len(Q, a.seqs.max_tokens);
+  return a.split_len > 0 ? a.split_len : mla_decode_split_len(mla_decode_split_rule(a), Q, a.seqs.max_tokens);
 }
 
 int64_t mla_decode_num_splits(const MlaDecodeArgs& a) {
