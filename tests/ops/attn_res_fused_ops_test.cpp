@@ -1,8 +1,13 @@
 // tests/ops/attn_res_fused_ops_test.cpp: the fused AttnRes ops of fastpath/ (attn_res_bank,
 // attn_res_merge) on every device backend against the CPU reference, both modes, random odd
-// shapes and one TP8 rank's real shapes (hidden 7168, 9 bank rows, 24 mixes, T 1..64); plus the
-// device chain bank -> merge against the standard CPU path add -> attn_res_mix -> rmsnorm.
+// shapes and one TP8 rank's real shapes (hidden 7168, 9 bank rows, 24 mixes, T 1..64); the two
+// CUDA forms of the merge (cluster form for T <= 32, one CTA per row beyond), each case naming the
+// form that must run, the cluster form's run-to-run determinism and its agreement with the
+// one-CTA form; plus the device chain bank -> merge against the standard CPU path add ->
+// attn_res_mix -> rmsnorm.
 #include <cmath>
+#include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -119,14 +124,28 @@ struct MergeCase {
   bool alias;         // P_new written in place (over P_old, or over a on a restart)
   bool with_h;        // mixed_out requested
   kernels::RmsNormStyle style;
+  const char* impl = nullptr;  // the CUDA strategy the registry must select (nullptr: any cuda_*)
 };
+
+// The CUDA strategies of attn_res_merge (kernels/attn_res_fused/cuda*.cu).
+constexpr const char* kCluster = "cuda_merge_cluster";  // T <= 32 rows, 2..8 CTAs per row
+constexpr const char* kRowwise = "cuda_merge_rowwise";  // one CTA per row
+
+const kernels::OpImpl<kernels::AttnResMergeArgs>& merge_impl(Device* dev, const std::string& name) {
+  for (const auto& impl : dev->registry().attn_res_merge.impls())
+    if (impl.name == name && impl.device == dev->kind()) return impl;
+  throw std::runtime_error("attn_res_merge has no implementation named " + name);
+}
 
 // merge on `dev` (nullptr: CPU) from host P_old, a and this mix's bank part (host f32, uploaded).
 struct MergeOut {
   Tensor prefix, mixed, normed;
 };
+// `force_impl`: run that device strategy directly (it must support the args) instead of the
+// registry's choice.
 MergeOut run_merge(Device* dev, Mode mode, const MergeCase& c, const Tensor& p_old, const Tensor& a,
-                   const BankOut* bank, int m, const Mix& mix, const Tensor& norm_w) {
+                   const BankOut* bank, int m, const Mix& mix, const Tensor& norm_w,
+                   const char* force_impl = nullptr) {
   const auto act = [&](const Tensor& t) { return dev ? dev->act(t, mode) : copy(t); };
   const auto up = [&](const Tensor& t) { return dev ? dev->upload(t) : t; };
   const auto out = [&]() { return dev ? dev->poisoned(act_dtype(mode), {c.T, c.D}) : nan_tensor({c.T, c.D}); };
@@ -158,31 +177,54 @@ MergeOut run_merge(Device* dev, Mode mode, const MergeCase& c, const Tensor& p_o
   args.rmsnorm_eps = kEps;
   args.rmsnorm_style = c.style;
   args.precision = precision(mode);
-  if (dev) {
+  const std::string shape = shape_str({c.T, c.D, c.n});
+  if (dev && force_impl) {
+    const auto& impl = merge_impl(dev, force_impl);
+    const core::Status checked = kernels::attn_res_merge_check(args), supported = impl.supports(args);
+    EXPECT_TRUE(checked) << shape << ": " << checked.reason();
+    EXPECT_TRUE(supported) << force_impl << " " << shape << ": " << supported.reason();
+    if (checked && supported) impl.run(args);
+  } else if (dev) {
     expect_device_impl(dev->registry().attn_res_merge, args, dev);
+    if (c.impl) {
+      EXPECT_EQ(dev->registry().attn_res_merge.select(args, dev->kind()).name, c.impl) << shape;
+    }
     dev->registry().attn_res_merge.run(args, dev->kind());
+  } else {
+    cpu_registry().attn_res_merge.run(args, core::Device::cpu);
+  }
+  if (dev) {
     o.prefix = dev->to_host_f32(o.prefix.view());
     if (c.with_h) o.mixed = dev->to_host_f32(o.mixed.view());
     o.normed = dev->to_host_f32(o.normed.view());
-  } else {
-    cpu_registry().attn_res_merge.run(args, core::Device::cpu);
   }
   return o;
 }
 
-// The merge kernel alone: both sides get the same bank partials (the CPU's, uploaded as f32).
-void check_merge(Device* dev, Mode mode, const MergeCase& c, uint64_t seed) {
+// The inputs of one merge case: bank partials (the CPU's, fed to both sides), P_old, a, mix 1.
+struct MergeInputs {
+  BankOut part;
+  Tensor p_old, a, norm_w;
+  std::vector<Mix> mixes;
+  const BankOut* bank() const { return part.acc.defined() ? &part : nullptr; }  // n = 0: none
+};
+MergeInputs merge_inputs(Mode mode, const MergeCase& c, uint64_t seed) {
   core::Rng rng(seed);
   const std::vector<Tensor> bank = random_bank(rng, mode, c.n, c.T, c.D);
-  const Tensor p_old = random_act(rng, {c.T, c.D}, mode, 0.0, 1.0), a = random_act(rng, {c.T, c.D}, mode, 0.0, 1.5);
-  std::vector<Mix> mixes;
-  for (int m = 0; m < 2; ++m) mixes.push_back(random_mix(rng, c.D, DType::bf16));
-  const Tensor norm_w = random_norm_weight(rng, c.D);
-  BankOut part;
-  if (c.n > 0) part = run_bank(nullptr, mode, bank, mixes);
-  const BankOut* bp = c.n > 0 ? &part : nullptr;
-  const MergeOut want = run_merge(nullptr, mode, c, p_old, a, bp, 1, mixes[1], norm_w);
-  const MergeOut got = run_merge(dev, mode, c, p_old, a, bp, 1, mixes[1], norm_w);
+  MergeInputs in;
+  in.p_old = random_act(rng, {c.T, c.D}, mode, 0.0, 1.0);
+  in.a = random_act(rng, {c.T, c.D}, mode, 0.0, 1.5);
+  for (int m = 0; m < 2; ++m) in.mixes.push_back(random_mix(rng, c.D, DType::bf16));
+  in.norm_w = random_norm_weight(rng, c.D);
+  if (c.n > 0) in.part = run_bank(nullptr, mode, bank, in.mixes);
+  return in;
+}
+
+// The merge kernel alone: both sides get the same bank partials (the CPU's, uploaded as f32).
+void check_merge(Device* dev, Mode mode, const MergeCase& c, uint64_t seed) {
+  const MergeInputs in = merge_inputs(mode, c, seed);
+  const MergeOut want = run_merge(nullptr, mode, c, in.p_old, in.a, in.bank(), 1, in.mixes[1], in.norm_w);
+  const MergeOut got = run_merge(dev, mode, c, in.p_old, in.a, in.bank(), 1, in.mixes[1], in.norm_w);
   const std::string shape = shape_str({c.T, c.D, c.n});
   const std::string tag = std::string(c.with_a ? (c.restart ? "restart" : "add") : "no_a") + (c.alias ? "_inplace" : "");
   // P_new is one IEEE add (or a copy) of the same values: exact on every backend.
@@ -214,6 +256,86 @@ TEST(OpsTp8, AttnResMerge) {
       for (bool restart : {false, true})
         check_merge(dev, m, {T, 7168, 9, true, restart, !restart, true, kernels::RmsNormStyle::moonshot},
                     4000 + T + restart);
+}
+
+// ---------------------------------------------------------------- attn_res_merge: the two CUDA forms
+
+// Every case names the strategy that must be selected, so a silent fallback to the one-CTA form
+// (or a cluster form that grabbed a shape it should refuse) fails. Cluster shapes (S CTAs per row,
+// V_cta N-vectors per CTA): D = 97 scalar, 97 vectors -> S = 4 (25, 25, 25, 22 vectors: a short
+// last CTA); D = 1000, 16-byte vectors, 125 -> S = 4 (32, 32, 32, 29); D = 2047 scalar -> S = 8
+// (256 threads, the most per CTA; the last owns 255); D = 7168 (TP8) -> S = 8 (112 of 128 threads).
+TEST(OpsOdd, AttnResMergeClusterForm) {
+  K3_REQUIRE_CUDA(dev);
+  using kernels::RmsNormStyle;
+  int i = 0;
+  for (Mode m : kModes)
+    for (int64_t T : {1, 2, 7, 16, 32})
+      for (int64_t D : {97, 1000})
+        for (int n : {0, 1, 9}) {
+          const bool restart = i % 3 == 1, alias = i % 2 == 1, with_h = i % 5 != 4;
+          const RmsNormStyle style = i % 4 == 3 ? RmsNormStyle::fused : RmsNormStyle::moonshot;
+          check_merge(dev, m, {T, D, n, true, restart, alias, with_h, style, kCluster}, 6000 + i);
+          ++i;
+        }
+  for (Mode m : kModes) {
+    // No sublayer output (layer 0's attention side, the final Mix), with and without a bank.
+    for (int n : {0, 9})
+      check_merge(dev, m, {7, 1000, n, false, false, n == 9, true, RmsNormStyle::moonshot, kCluster}, 6900 + n);
+    check_merge(dev, m, {2, 2047, 9, true, false, true, true, RmsNormStyle::moonshot, kCluster}, 6910);
+    // Outside the cluster form: 33 rows; 17 vectors (too narrow to split); 2049 scalar columns
+    // (257 per CTA: more than one per thread).
+    check_merge(dev, m, {33, 1000, 9, true, false, true, true, RmsNormStyle::moonshot, kRowwise}, 6920);
+    check_merge(dev, m, {7, 136, 9, true, true, false, true, RmsNormStyle::moonshot, kRowwise}, 6921);
+    check_merge(dev, m, {2, 2049, 9, true, false, true, true, RmsNormStyle::fused, kRowwise}, 6922);
+  }
+}
+TEST(OpsTp8, AttnResMergeClusterForm) {
+  K3_REQUIRE_CUDA(dev);
+  using kernels::RmsNormStyle;
+  for (Mode m : kModes) {
+    for (int64_t T : {1, 2, 7, 16, 32})
+      for (bool restart : {false, true})
+        check_merge(dev, m, {T, 7168, 9, true, restart, !restart, true, RmsNormStyle::moonshot, kCluster},
+                    7000 + 2 * T + restart);
+    check_merge(dev, m, {1, 7168, 0, true, false, true, false, RmsNormStyle::moonshot, kCluster}, 7100);  // empty bank
+    check_merge(dev, m, {1, 7168, 1, false, false, false, true, RmsNormStyle::moonshot, kCluster}, 7101);  // no a
+    check_merge(dev, m, {33, 7168, 9, true, false, true, true, RmsNormStyle::moonshot, kRowwise}, 7102);
+  }
+}
+
+bool same_bits(const Tensor& x, const Tensor& y) {
+  return x.numel() == y.numel() && std::memcmp(x.view().data, y.view().data, static_cast<size_t>(x.numel()) * 4) == 0;
+}
+
+// Same inputs through both forms, the cluster form twice: the cluster form repeats itself bit for
+// bit (every sum in a fixed order, the ranks' partials added in rank order); P_new equals the
+// one-CTA form's bit for bit, h and x up to the order of the row sums (fp32 noise; in bf16 a
+// rounding flip here and there).
+void check_cluster_vs_rowwise(Device* dev, Mode mode, int64_t T, int64_t D, uint64_t seed) {
+  const MergeCase c{T, D, 9, true, false, false, true, kernels::RmsNormStyle::moonshot};
+  const MergeInputs in = merge_inputs(mode, c, seed);
+  const auto run = [&](const char* impl) {
+    return run_merge(dev, mode, c, in.p_old, in.a, in.bank(), 1, in.mixes[1], in.norm_w, impl);
+  };
+  const MergeOut first = run(kCluster), second = run(kCluster), rowwise = run(kRowwise);
+  const std::string shape = shape_str({T, D, c.n});
+  EXPECT_TRUE(same_bits(first.prefix, second.prefix)) << "P_new differs between two cluster runs " << shape;
+  EXPECT_TRUE(same_bits(first.mixed, second.mixed)) << "h differs between two cluster runs " << shape;
+  EXPECT_TRUE(same_bits(first.normed, second.normed)) << "x differs between two cluster runs " << shape;
+  const Tol close = mode == Mode::fp32 ? Tol{2e-5, 1 - 1e-9} : tol_reduction(mode);
+  expect_close("attn_res_merge_cluster_vs_rowwise", shape, mode, "prefix", first.prefix, rowwise.prefix,
+               Tol{0.0, 1.0 - 1e-12});
+  expect_close("attn_res_merge_cluster_vs_rowwise", shape, mode, "h", first.mixed, rowwise.mixed, close);
+  expect_close("attn_res_merge_cluster_vs_rowwise", shape, mode, "x", first.normed, rowwise.normed, close);
+}
+
+TEST(OpsTp8, AttnResMergeClusterIsDeterministicAndMatchesTheRowwiseForm) {
+  K3_REQUIRE_CUDA(dev);
+  for (Mode m : kModes) {
+    for (int64_t T : {1, 16}) check_cluster_vs_rowwise(dev, m, T, 7168, 7200 + T);
+    check_cluster_vs_rowwise(dev, m, 7, 97, 7300);  // scalar path, short last CTA
+  }
 }
 
 // ---------------------------------------------------------------- the device chain vs the standard path

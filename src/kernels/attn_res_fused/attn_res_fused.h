@@ -40,9 +40,22 @@
 //     a (2 * D * 2), acc (D * 4), stats 8; write P_new, x (and h) (2-3 * D * 2); plus the three
 //     weight vectors q, n, rmsnorm weight (3 * D * 2, shared by all rows through L2):
 //     T = 1: 57 KB + 43 KB + 43 KB = 143 KB; T = 64: 64 * 100 KB + 43 KB = 6.5 MB (h written).
-//     At T = 1 one CTA moves all 143 KB, so one SM's bandwidth (not DRAM's) bounds it; splitting
-//     the row over a thread block cluster (as attn_res_mix's cluster form does) is the next step
-//     if the merge shows up in the batch-1 profile.
+//     At T = 1 one CTA moves all 143 KB, so one SM's bandwidth (not DRAM's) bounds it (measured
+//     on the H200: 7.3 us per call, twice per layer). Hence, for T <= 32:
+//   attn_res_merge, cluster form (kernels/attn_res_fused/cuda_merge_cluster.cu, "cuda_merge_cluster",
+//     chosen over the one-CTA form "cuda_merge_rowwise" by priority when its supports() accepts):
+//     grid (S, T), one thread block cluster of S CTAs per row (S = min(8, ceil(V / 32)) for V
+//     N-vectors per row: S = 8 at D = 7168, 112 16-byte vectors per CTA, 128 threads), one
+//     N-vector per thread, so the row stays in registers and all six loads of a thread (P_old, a,
+//     norm, query, acc, the RMSNorm weight) are in flight at once: one DRAM round trip, ~18 KB per
+//     SM at T = 1. The two row-wide sums (pass 1: sum P_new^2 and P_new.c for s_P; pass 2: sum h^2
+//     for the RMSNorm) are reduced per CTA, published in the CTA's shared memory, and after a
+//     cluster barrier every CTA adds all S partials in rank order (distributed shared memory):
+//     identical scalars in every CTA, deterministic run to run; the same per-element arithmetic
+//     and rounding as the one-CTA form, so h and x differ from it only by the sums' order, P_new
+//     not at all. Up to 32 rows (S = 8: 256 CTAs of 128 threads, ~2 per SM); wider rows than
+//     256 vectors per CTA (D > 16384 on the vector path, D > 2048 on the scalar one) and rows of
+//     fewer than 64 vectors take the one-CTA form.
 #pragma once
 #include <span>
 

@@ -11,16 +11,18 @@
 //     pass, so P_new may be written over P_old (or over a) in place, and the shared row needs no
 //     barrier beyond those of the block sums.
 // N = 8 (16-byte loads) when every row and vector is aligned and D % 8 == 0, else N = 1.
+// Small batches (T <= 32) take the cluster form of the merge instead (cuda_merge_cluster.cu,
+// registered here at a higher priority): one row over 2-8 SMs.
 #include <algorithm>
 #include <string>
 #include <vector>
 
-#include "kernels/attn_res_fused/attn_res_fused.h"
-#include "kernels/cuda_common.cuh"
+#include "kernels/attn_res_fused/merge_common.cuh"
 
 namespace k3::kernels {
 
 using namespace cuda_detail;
+using namespace attn_res_fused_detail;
 
 namespace {
 
@@ -29,9 +31,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxMergeThreads = 1024;  // merge_kernel: one N-vector per thread up to D = 8192
 constexpr int kMaxRows = kAttnResFusedMaxBankRows;
 constexpr int kMaxMixes = kAttnResFusedMaxMixes;
-constexpr size_t kMaxMergeSmem = 200 * 1024;  // the f32 row of the merge: D <= 51200
-
-bool absent(const core::TensorView& v) { return v.data == nullptr && v.rank() == 0; }
 
 // ---------------------------------------------------------------- attn_res_bank
 
@@ -207,32 +206,7 @@ void bank_run(const CudaOps& ops, const AttnResBankArgs& a) {
 
 // ---------------------------------------------------------------- attn_res_merge
 
-template <class T>
-struct MergeParams {
-  const T* prefix;        // act [T, D]: P_old
-  int64_t prefix_ld;
-  const T* sub;           // act [T, D]: a, or null
-  int64_t sub_ld;
-  bool restart;           // P_new = a
-  const float* acc;       // f32 [T, D]: bank partials, or null (empty bank)
-  int64_t acc_ld;
-  const float* stats;     // f32 [T, 2]: (max_b, sum_b)
-  int64_t stats_ld;
-  const void* query;      // bf16/f32 [D]
-  const void* norm;       // bf16/f32 [D]
-  const void* weight;     // bf16/f32 [D]: the RMSNorm weight
-  bool query_bf16, norm_bf16, weight_bf16;
-  T* prefix_out;          // act [T, D]: P_new, or null (may equal prefix or sub)
-  int64_t prefix_out_ld;
-  T* mixed_out;           // act [T, D]: h, or null
-  int64_t mixed_ld;
-  T* normed_out;          // act [T, D]: x
-  int64_t normed_ld;
-  int64_t D;
-  float mix_eps, rms_eps;
-  bool moonshot;          // round x_hat before the weight (with `round`)
-  bool round;             // Precision::bf16
-};
+// MergeParams, merge_params and merge_supports: merge_common.cuh (shared with the cluster form).
 
 template <class T, int N>
 __global__ void __launch_bounds__(kMaxMergeThreads) merge_kernel(const MergeParams<T> p) {
@@ -327,78 +301,13 @@ __global__ void __launch_bounds__(kMaxMergeThreads) merge_kernel(const MergePara
   }
 }
 
-core::Status merge_supports(const CudaOps& ops, const AttnResMergeArgs& a) {
-  if (auto s = ops.usable(); !s) return s;
-  // The activations of the call (the absent ones left out) share one dtype, on the device.
-  std::vector<Named> acts = {{"prefix", &a.prefix}, {"normed_out", &a.normed_out}};
-  if (!absent(a.sublayer_out)) acts.push_back({"sublayer_out", &a.sublayer_out});
-  if (!absent(a.prefix_out)) acts.push_back({"prefix_out", &a.prefix_out});
-  if (!absent(a.mixed_out)) acts.push_back({"mixed_out", &a.mixed_out});
-  std::vector<Named> all = acts;
-  all.push_back({"query", &a.query});
-  all.push_back({"norm", &a.norm});
-  all.push_back({"rmsnorm_weight", &a.rmsnorm_weight});
-  if (!absent(a.bank_acc)) all.push_back({"bank_acc", &a.bank_acc});
-  if (!absent(a.bank_stats)) all.push_back({"bank_stats", &a.bank_stats});
-  for (const Named& v : all)
-    if (auto s = on_cuda({v}); !s) return s;
-  for (const Named& v : acts)
-    if (auto s = same_act({acts[0], v}, a.precision); !s) return s;
-  const size_t smem = static_cast<size_t>(a.prefix.dim(1)) * sizeof(float);
-  if (smem > kMaxMergeSmem)
-    return core::Status::fail("hidden " + std::to_string(a.prefix.dim(1)) + " needs " + std::to_string(smem) +
-                              " bytes of shared memory for the row; at most " + std::to_string(kMaxMergeSmem));
-  if (a.prefix.dim(0) > 0x7fffffff) return core::Status::fail("more than 2^31 - 1 rows");
-  return core::Status::ok();
-}
-
 void merge_run(const CudaOps& ops, const AttnResMergeArgs& a) {
   const int64_t T = a.prefix.dim(0), D = a.prefix.dim(1);
   if (T == 0) return;
   with_act(a.prefix.dtype, [&](auto tag) {
     using E = typename decltype(tag)::type;
-    MergeParams<E> p{};
-    const auto ld = [](const core::TensorView& v) { return v.strides[0]; };
-    bool vec = rows_vec8(a.prefix) && rows_vec8(a.normed_out) && aligned16(a.query.data) &&
-               aligned16(a.norm.data) && aligned16(a.rmsnorm_weight.data);
-    p.prefix = a.prefix.as<const E>();
-    p.prefix_ld = ld(a.prefix);
-    if (!absent(a.sublayer_out)) {
-      p.sub = a.sublayer_out.as<const E>();
-      p.sub_ld = ld(a.sublayer_out);
-      vec = vec && rows_vec8(a.sublayer_out);
-    }
-    p.restart = a.restart;
-    if (!absent(a.bank_acc)) {
-      p.acc = a.bank_acc.as<const float>();
-      p.acc_ld = ld(a.bank_acc);
-      p.stats = a.bank_stats.as<const float>();
-      p.stats_ld = ld(a.bank_stats);
-      vec = vec && rows_vec8(a.bank_acc);
-    }
-    p.query = a.query.data;
-    p.norm = a.norm.data;
-    p.weight = a.rmsnorm_weight.data;
-    p.query_bf16 = a.query.dtype == core::DType::bf16;
-    p.norm_bf16 = a.norm.dtype == core::DType::bf16;
-    p.weight_bf16 = a.rmsnorm_weight.dtype == core::DType::bf16;
-    if (!absent(a.prefix_out)) {
-      p.prefix_out = a.prefix_out.as<E>();
-      p.prefix_out_ld = ld(a.prefix_out);
-      vec = vec && rows_vec8(a.prefix_out);
-    }
-    if (!absent(a.mixed_out)) {
-      p.mixed_out = a.mixed_out.as<E>();
-      p.mixed_ld = ld(a.mixed_out);
-      vec = vec && rows_vec8(a.mixed_out);
-    }
-    p.normed_out = a.normed_out.as<E>();
-    p.normed_ld = ld(a.normed_out);
-    p.D = D;
-    p.mix_eps = a.mix_eps;
-    p.rms_eps = a.rmsnorm_eps;
-    p.moonshot = a.rmsnorm_style == RmsNormStyle::moonshot;
-    p.round = a.precision == Precision::bf16;
+    const MergeParams<E> p = merge_params<E>(a);
+    const bool vec = merge_rows_vec8(a);
     const size_t smem = static_cast<size_t>(D) * sizeof(float);
     // One N-vector per thread where it fits (D = 7168: 896 threads): a lone row (T = 1) then has
     // all its loads in flight at once; a multiple of 32 for the block sums.
@@ -425,6 +334,7 @@ void register_attn_res_fused_cuda(Registry& r, const CudaOps& ops) {
   r.attn_res_merge.add({"cuda_merge_rowwise", core::Device::cuda, 10,
                         [ops](const AttnResMergeArgs& a) { return merge_supports(ops, a); },
                         [ops](const AttnResMergeArgs& a) { merge_run(ops, a); }});
+  register_attn_res_merge_cluster_cuda(r, ops);  // priority 20: T <= 32 rows, 2-8 CTAs per row
 }
 
 }  // namespace k3::kernels
