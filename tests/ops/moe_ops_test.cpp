@@ -3,7 +3,10 @@
 // odd shapes and at the TP8 expert shapes (896 experts, top-16, latent 3584, intermediate 384).
 // Batches cover both CUDA forms of each op: the router's warp form (<= 1024 experts, k <= 32) and
 // block form; the MXFP4 experts' scan form (<= 256 routes: batch 1, 2, 8) and sorted form (batch
-// 64, odd batch 97), whose results must also be identical run to run.
+// 64, odd batch 97), whose results must also be identical run to run. The small-batch expert GEMV
+// ("cuda_expert_gemv": MXFP4, 1..16 tokens) is checked by name at batches 1..16, k 1, 3, 16, in
+// all three activation modes, odd widths, strided rows, unrounded partial sums and bad ids, and
+// what it refuses is checked to reach "cuda_expert_rowdot".
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -222,6 +225,192 @@ TEST(OpsTp8, MoeExpertsRunToRunIdentical) {
                              got[run].span<const uint16_t>().begin()))
           << "T " << T << ": run " << run << " differs from run 0";
   }
+}
+
+// ---------------------------------------------------------------- moe_experts: the small-batch GEMV
+
+constexpr const char* kGemv = "cuda_expert_gemv";
+constexpr const char* kRowdot = "cuda_expert_rowdot";
+
+// Columns [c0, c1) of a contiguous rank-2 tensor (any device) as a row-strided view.
+TensorView column_block(const Tensor& t, int64_t c0, int64_t c1) {
+  TensorView v = t.view();
+  v.data = static_cast<char*>(v.data) + c0 * static_cast<int64_t>(core::dtype_size(t.dtype()));
+  v.shape = Shape{t.dim(0), c1 - c0};
+  return v;
+}
+
+// The activation storage and precision of one comparison: the engine's bf16, the exact fp32 mode,
+// and f32 storage in bf16 precision (gate/up on CUDA cores, down on tensor cores over a bf16 h).
+struct GemvMode {
+  Mode act;  // device activation dtype (and whether random z is bf16-rounded)
+  Precision precision;
+  const char* name;
+  Mode tol;  // tolerance class
+};
+constexpr GemvMode kGemvModes[] = {{Mode::bf16, Precision::bf16, "bf16", Mode::bf16},
+                                   {Mode::fp32, Precision::fp32, "fp32", Mode::fp32},
+                                   {Mode::fp32, Precision::bf16, "f32_in_bf16", Mode::bf16}};
+
+struct GemvCase {
+  int64_t T, k;
+  bool round_output = true;
+  int64_t z_pad = 0, out_pad = 0;  // extra columns beside z / out: row-strided views
+};
+
+// Runs moe_experts on the device for one case, asserts that `want_impl` was selected, compares with
+// the CPU reference and checks that the pad columns of out kept their NaN poison. `bad` lists
+// (token, route, id) entries to overwrite with ids outside [0, E): those tokens must come back as
+// NaN rows, the others as the reference computes them with the original ids.
+struct BadId {
+  int64_t t, j;
+  int32_t id;
+};
+void check_gemv(Device* dev, const GemvMode& gm, const Experts& ex, const GemvCase& c, uint64_t seed,
+                const std::string& want_impl, const std::vector<BadId>& bad = {}) {
+  core::Rng rng(seed);
+  const int64_t E = static_cast<int64_t>(ex.w1.size()), L = ex.w1[0].in_features(), I = ex.w1[0].out_features();
+  const int64_t T = c.T, k = c.k;
+  const Tensor z_full = random_act(rng, {T, L + c.z_pad}, gm.act, 0.0, 2.0);
+  Tensor ids, weights;
+  random_routes(rng, T, E, k, ids, weights);
+  kernels::MoeExpertsArgs cpu{column_block(z_full, 0, L), ids.view(), weights.view(), ex.w1, ex.w3, ex.w2,
+                              TensorView{}, 4.0f, 25.0f, gm.precision};
+  cpu.round_output = c.round_output;
+  Tensor want = nan_tensor({T, L});
+  cpu.out = want.view();
+  cpu_registry().moe_experts.run(cpu, core::Device::cpu);  // with the valid ids
+
+  Tensor bad_ids = copy(ids);
+  std::vector<bool> bad_token(static_cast<size_t>(T), false);
+  for (const BadId& b : bad) {
+    bad_ids.data<int32_t>()[b.t * k + b.j] = b.id;
+    bad_token[static_cast<size_t>(b.t)] = true;
+  }
+  const DType out_dtype = c.round_output ? act_dtype(gm.act) : DType::f32;
+  Tensor dz = dev->upload(z_full, act_dtype(gm.act)), d_ids = dev->upload(bad_ids), d_w = dev->upload(weights);
+  Tensor out = dev->poisoned(out_dtype, {T, L + c.out_pad});
+  kernels::MoeExpertsArgs args{column_block(dz, 0, L), d_ids.view(), d_w.view(), ex.dw1, ex.dw3, ex.dw2,
+                               column_block(out, 0, L), 4.0f, 25.0f, gm.precision};
+  args.round_output = c.round_output;
+  const std::string shape = shape_str({T, E, k, L, I});
+  ASSERT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, want_impl)
+      << shape << " " << gm.name << (c.round_output ? "" : " partial") << " z_pad " << c.z_pad;
+  dev->registry().moe_experts.run(args, dev->kind());
+  const Tensor got_full = dev->to_host_f32(out.view());
+  Tensor got = copy_rows(column_block(got_full, 0, L));
+  int64_t pad_written = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t l = L; l < L + c.out_pad; ++l) pad_written += !std::isnan(got_full.data<float>()[t * (L + c.out_pad) + l]);
+  EXPECT_EQ(pad_written, 0) << shape << ": out columns beside the op's view were written";
+  for (int64_t t = 0; t < T; ++t) {
+    if (!bad_token[static_cast<size_t>(t)]) continue;
+    int64_t nan_count = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      nan_count += std::isnan(got.data<float>()[t * L + l]);
+      got.data<float>()[t * L + l] = want.data<float>()[t * L + l] = 0.0f;  // out of the comparison
+    }
+    EXPECT_EQ(nan_count, L) << shape << ": token " << t << " has a bad id, its row must be NaN";
+  }
+  const std::string what = std::string(gm.name) + (c.round_output ? "" : "_partial") + (c.z_pad ? "_zld" : "") +
+                           (c.out_pad ? "_outld" : "") + (bad.empty() ? "" : "_badid") + "_k" + std::to_string(k);
+  expect_close(c.round_output ? "moe_experts" : "moe_experts_partial", shape, gm.tol, what, got, want,
+               tol_reduction(gm.tol));
+}
+
+// Odd widths the MXFP4 layout allows (multiples of 32 that leave lanes, steps and warp slices
+// idle: L = 96 is 3 chunks, 2080 is 65, I = 32 is one chunk, 160 is five), every batch 1..16 the
+// GEMV takes, k = 1, 3, 16, in all three modes.
+TEST(OpsOdd, MoeExpertsGemvOddShapes) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(7000);
+  const Experts narrow(dev, rng, 20, 20, 96, 160, true);
+  const Experts wide(dev, rng, 20, 10, 2080, 32, true);
+  const Experts tiny(dev, rng, 5, 5, 32, 96, true);
+  uint64_t seed = 7100;
+  for (const GemvMode& gm : kGemvModes)
+    for (int64_t T : {1, 2, 5, 8, 16}) {
+      for (int64_t k : {1, 3, 16}) {
+        check_gemv(dev, gm, narrow, {T, k}, ++seed, kGemv);
+        check_gemv(dev, gm, wide, {T, k}, ++seed, kGemv);
+      }
+      check_gemv(dev, gm, tiny, {T, 3}, ++seed, kGemv);
+    }
+}
+
+// Strided z rows (16-byte multiples: taken) and strided out rows, rounded and unrounded outputs.
+TEST(OpsOdd, MoeExpertsGemvStridedRows) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(7200);
+  const Experts ex(dev, rng, 12, 12, 224, 96, true);
+  uint64_t seed = 7300;
+  for (const GemvMode& gm : kGemvModes) {
+    const int64_t aligned_pad = gm.act == Mode::bf16 ? 8 : 4;  // 16 bytes
+    for (bool round_output : {true, false})
+      for (int64_t T : {1, 5, 16}) {
+        check_gemv(dev, gm, ex, {T, 3, round_output, aligned_pad, 3}, ++seed, kGemv);
+        check_gemv(dev, gm, ex, {T, 16 - 4, round_output, 0, 5}, ++seed, kGemv);
+      }
+  }
+}
+
+// A TP rank's unrounded f32 partial sums into the latent block of a packed [T, L | hidden] buffer.
+TEST(OpsOdd, MoeExpertsGemvUnroundedPartial) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(7400);
+  const Experts ex(dev, rng, 18, 18, 160, 64, true);
+  uint64_t seed = 7500;
+  for (const GemvMode& gm : kGemvModes)
+    for (int64_t T : {1, 2, 8, 16})
+      for (int64_t k : {1, 16}) check_gemv(dev, gm, ex, {T, k, false, 0, 96}, ++seed, kGemv);
+}
+
+// A route id outside [0, E) (the router's NaN marker -1, or E) makes its token's row NaN; the
+// other tokens' rows are unaffected.
+TEST(OpsOdd, MoeExpertsGemvBadIdGivesANanRow) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(7600);
+  const Experts ex(dev, rng, 9, 9, 96, 64, true);
+  uint64_t seed = 7700;
+  for (const GemvMode& gm : kGemvModes)
+    for (bool round_output : {true, false}) {
+      check_gemv(dev, gm, ex, {3, 2, round_output}, ++seed, kGemv, {{1, 0, -1}});
+      check_gemv(dev, gm, ex, {1, 3, round_output}, ++seed, kGemv, {{0, 2, 9}});
+      check_gemv(dev, gm, ex, {16, 4, round_output, 0, 2}, ++seed, kGemv, {{0, 3, -1}, {7, 0, 9}, {15, 1, 100}});
+    }
+}
+
+// What the GEMV refuses reaches the rowdot strategy (and stays right): more than 16 tokens, z rows
+// not 16-byte multiples apart, more than 64 routes per token, bf16 experts.
+TEST(OpsOdd, MoeExpertsGemvRefusalsTakeRowdot) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(7800);
+  const Experts ex(dev, rng, 70, 10, 96, 64, true);
+  uint64_t seed = 7900;
+  for (const GemvMode& gm : kGemvModes) {
+    check_gemv(dev, gm, ex, {17, 3}, ++seed, kRowdot);
+    check_gemv(dev, gm, ex, {40, 16}, ++seed, kRowdot);
+    const int64_t odd_pad = gm.act == Mode::bf16 ? 4 : 2;  // rows 8 bytes off a 16-byte multiple
+    check_gemv(dev, gm, ex, {5, 3, true, odd_pad, 0}, ++seed, kRowdot);
+    check_gemv(dev, gm, ex, {1, 65}, ++seed, kRowdot);
+    check_gemv(dev, gm, ex, {16, 64}, ++seed, kGemv);  // the largest k taken
+  }
+  const Experts bf16_experts(dev, rng, 6, 6, 64, 32, false);
+  check_gemv(dev, kGemvModes[0], bf16_experts, {2, 3}, ++seed, kRowdot);
+}
+
+// The k3-layer-tp8 rank's expert shapes (L 3584, I 384 = 3072 / 8, top-16; 64 experts instead of
+// 896 to keep memory small, 16 weight sets): the GEMV at batch 1..16, the rowdot kernels at 17.
+TEST(OpsTp8, MoeExpertsGemvMxfp4Top16) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(8000);
+  const Experts ex(dev, rng, 64, 16, 3584, 384, true);
+  uint64_t seed = 8100;
+  for (int64_t T : {1, 8, 16}) check_gemv(dev, kGemvModes[0], ex, {T, 16}, ++seed, kGemv);
+  for (int64_t T : {1, 8}) check_gemv(dev, kGemvModes[1], ex, {T, 16}, ++seed, kGemv);
+  check_gemv(dev, kGemvModes[2], ex, {1, 16}, ++seed, kGemv);
+  check_gemv(dev, kGemvModes[0], ex, {8, 16, false, 0, 7168}, ++seed, kGemv);  // [T, L | hidden] partial sums
+  check_gemv(dev, kGemvModes[0], ex, {17, 16}, ++seed, kRowdot);
 }
 
 }  // namespace
