@@ -25,7 +25,8 @@
 // SYNTHETIC acceptance (each sequence runs its last token + K drafts with KDA in no-commit mode,
 // then Model::commit_verified keeps AL rows; eager) and "verify-graph" (the same steps through
 // model::DecodeGraphs, which captures a verify step per (batch, K + 1), as the engine serves them;
-// the commit runs eagerly after the replay). A step's time is the wall time of the call,
+// the commit runs eagerly after the replay; a step of more than DecodeGraphs::kMaxRows rows runs
+// eagerly, as in the engine, and its row shows no kernel count). A step's time is the wall time of the call,
 // logits download included; tokens/s = batch * tokens per step per sequence / median step time.
 // A row's decode_path is the change of its model's counters over the row (warm-up included): the
 // steps each path ran and every fallback with its reason, so a row that fell back shows it.
@@ -274,8 +275,11 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
                     /*verify=*/true};
       }
       const auto ts = clock_type::now();
-      const core::Tensor logits = mode == "verify-graph" ? graphs->forward(batch, model::LogitsAt::host, &capture)
-                                                         : model.forward(kv, batch, model::LogitRows::verify, nullptr, &capture);
+      // A verify step DecodeGraphs does not take (more than kMaxRows rows) runs eagerly, as the
+      // engine would run it; the row then reports no kernel count.
+      const bool replay = mode == "verify-graph" && graphs->eligible(batch);
+      const core::Tensor logits = replay ? graphs->forward(batch, model::LogitsAt::host, &capture)
+                                         : model.forward(kv, batch, model::LogitRows::verify, nullptr, &capture);
       model.commit_verified(kv, capture, keep);
       memory.synchronize();
       const double ms = 1e3 * seconds_since(ts);

@@ -100,13 +100,13 @@ TEST(DecodeSweepCli, RefusesBadListsNamingTheFlag) {
 }
 
 // The sweep CI runs: k3-tiny written by --make, ctx 16,40 x batches 1,3 x both backends x eager,
-// graph, verify; 1 warm-up + 3 timed steps per row. Then the one-backend call of gpu_check.sh's
+// graph, verify, verify-graph; 1 warm-up + 3 timed steps per row. Then the one-backend call of gpu_check.sh's
 // fastpath phase on the same checkpoint.
 TEST(DecodeSweepCli, TinySweepOnCpuHasEveryRowWithItsPath) {
   const TempDir dir;
   const fs::path model = dir.path / "k3-tiny", bundle_path = dir.path / "sweep.json";
   const BenchRun r = run_bench(dir, "--model '" + model.string() + "' --make --config k3-tiny --device cpu --ctx 16,40 --batches 3,1 "
-                               "--decode-backend auto,latency_specialized --steps 3 --warmup 1 --modes verify,graph,eager --out '" +
+                               "--decode-backend auto,latency_specialized --steps 3 --warmup 1 --modes verify-graph,verify,graph,eager --out '" +
                                    bundle_path.string() + "'");
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   const nlohmann::json b = nlohmann::json::parse(read_text(bundle_path));
@@ -119,15 +119,15 @@ TEST(DecodeSweepCli, TinySweepOnCpuHasEveryRowWithItsPath) {
   EXPECT_EQ(c["sweep"]["ctx_tokens"], nlohmann::json({16, 40}));
   EXPECT_EQ(c["sweep"]["batches"], nlohmann::json({1, 3}));
   EXPECT_EQ(c["sweep"]["decode_backends"], nlohmann::json({"auto", "latency_specialized"}));
-  EXPECT_EQ(c["sweep"]["modes"], nlohmann::json({"eager", "graph", "verify"}));
+  EXPECT_EQ(c["sweep"]["modes"], nlohmann::json({"eager", "graph", "verify", "verify-graph"}));
   EXPECT_GT(b["checkpoint_write_seconds"].get<double>(), 0);
   EXPECT_GT(b["load_seconds"].get<double>(), 0);
   EXPECT_GT(b["copy_GBps"].get<double>(), 0);
 
   // Every row, in sweep order: ctx, then batch, then backend, then mode.
-  const std::vector<std::string> backends = {"auto", "latency_specialized"}, modes = {"eager", "graph", "verify"};
+  const std::vector<std::string> backends = {"auto", "latency_specialized"}, modes = {"eager", "graph", "verify", "verify-graph"};
   const nlohmann::json& rows = b["rows"];
-  ASSERT_EQ(rows.size(), 2u * 2u * 2u * 3u);
+  ASSERT_EQ(rows.size(), 2u * 2u * 2u * 4u);
   constexpr int64_t kStepsPerRow = 1 + 3;
   std::map<std::tuple<int64_t, int64_t, std::string, std::string>, nlohmann::json> by_key;
   size_t i = 0;
@@ -150,7 +150,7 @@ TEST(DecodeSweepCli, TinySweepOnCpuHasEveryRowWithItsPath) {
           EXPECT_GT(row["bytes"]["total"].get<double>(), 0) << where;
           EXPECT_GT(row["GBps"].get<double>(), 0) << where;
           EXPECT_GT(row["ratio_to_copy_floor"].get<double>(), 0) << where;
-          EXPECT_EQ(row["tokens_per_step_per_seq"], mode == "verify" ? 6 : 1) << where;
+          EXPECT_EQ(row["tokens_per_step_per_seq"], mode.starts_with("verify") ? 6 : 1) << where;
           EXPECT_EQ(row["kernels_per_step"], 0) << where;  // the CPU captures nothing
           // The path of every step of the row (warm-up included): the fused path serves all of
           // these pure-decode steps (1..24 rows); auto never runs it.
@@ -192,6 +192,10 @@ TEST(DecodeSweepCli, TinySweepOnCpuHasEveryRowWithItsPath) {
         const nlohmann::json& eager = by_key[{ctx, batch, backend, "eager"}]["final_tokens"];
         const nlohmann::json& graph = by_key[{ctx, batch, backend, "graph"}]["final_tokens"];
         EXPECT_EQ(eager, graph) << "ctx " << ctx << " batch " << batch << " " << backend;
+        // Likewise a verify step through DecodeGraphs (captured on a GPU) is the eager verify step.
+        const nlohmann::json& verify = by_key[{ctx, batch, backend, "verify"}]["final_tokens"];
+        const nlohmann::json& verify_graph = by_key[{ctx, batch, backend, "verify-graph"}]["final_tokens"];
+        EXPECT_EQ(verify, verify_graph) << "ctx " << ctx << " batch " << batch << " " << backend;
       }
 
   // Whole-run counters per backend; decode_path keeps the first backend's (the pre-sweep field).

@@ -56,8 +56,13 @@ int64_t Scheduler::chunk_end(const Request& r, int64_t start, int32_t budget) co
   int64_t end = start + std::min<int64_t>({total - start, budget, config_.max_prefill_tokens_per_seq});
   if (end < total) end = end / align * align;  // an unfinished chunk ends on an alignment boundary
   if (cache_.config().enable_prefix_cache) {
+    // ... and at the last checkpoint boundary it reaches, where its checkpoint is taken (the state
+    // is copied after the step). Boundaries it passes on the way keep no checkpoint: prefix hits
+    // find the deepest one (KvCacheManager::find_prefix), and cutting every chunk at the first
+    // boundary would make a long prompt take one step per interval (64 tokens for K3).
     const int64_t every = cache_.config().checkpoint_interval_tokens();
-    end = std::min(end, (start / every + 1) * every);  // ... and at the next checkpoint boundary
+    const int64_t boundary = end / every * every;
+    if (boundary > start) end = boundary;
   }
   return std::max(end, start);
 }

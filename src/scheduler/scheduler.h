@@ -8,8 +8,8 @@
 //                first chunk, while slots, budget, partial-prefill count and pages allow
 // A chunk is at most max_prefill_tokens_per_seq and what is left of max_num_batched_tokens;
 // when it does not finish the known tokens it ends on a multiple of chunk_align_tokens, and
-// with the prefix cache on at the first KDA checkpoint boundary after its start, where a checkpoint
-// is taken (the state is copied after the step, so the step must end there).
+// with the prefix cache on at the last KDA checkpoint boundary it reaches (when it reaches one),
+// where a checkpoint is taken (the state is copied after the step, so the step must end there).
 // When pages run out, the latest admitted request not yet scheduled this step is preempted
 // (recompute: everything freed, re-queued at the front); if there is none the request itself is.
 #pragma once

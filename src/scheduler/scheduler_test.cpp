@@ -97,6 +97,34 @@ TEST(Scheduler, ChunksEndOnCheckpointBoundariesAndSaveThere) {
   EXPECT_EQ(h.kv.saves(), 3);
 }
 
+// Checkpoints due more often than the cap: a chunk runs to its cap and ends at the LAST boundary
+// it reaches (one step per cap, not one per interval; K3 checkpoints every 64 tokens), saving
+// there; the boundaries it passes keep none, and a later prompt hits the deepest saved one.
+TEST(Scheduler, ChunksRunToTheLastCheckpointBoundaryTheyReach) {
+  Harness h(sched_config(), cache_config(64, /*interval=*/1));  // boundaries every 16 tokens
+  h.sched.add(1, spec(100, 1));
+  std::vector<std::pair<int64_t, int32_t>> chunks;
+  std::vector<bool> saved;
+  for (int i = 0; i < 4 && chunks.size() < 3; ++i) {
+    h.step();
+    if (h.out.seqs.empty()) continue;
+    chunks.emplace_back(h.out.seqs[0].start, h.out.seqs[0].num_tokens);
+    saved.push_back(h.out.seqs[0].save_checkpoint >= 0);
+  }
+  // Cap 48 (a multiple of 16): 48-token chunks, then 96 -> 100 (the tail after the last boundary).
+  EXPECT_EQ(chunks, (std::vector<std::pair<int64_t, int32_t>>{{0, 48}, {48, 48}, {96, 4}}));
+  EXPECT_EQ(saved, (std::vector<bool>{true, true, false}));
+  EXPECT_EQ(h.kv.saves(), 2);
+  ASSERT_TRUE(h.sched.find(1) == nullptr || h.sched.find(1)->is<Finished>());  // max_tokens 1: done
+  // The same prompt again: it restores the checkpoint at 96, the deepest one saved.
+  h.sched.add(2, spec(100, 1));
+  h.step();
+  const ScheduledSequence* s = h.seq_of(2);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->start, 96);
+  EXPECT_GE(s->restore_checkpoint, 0);
+}
+
 TEST(Scheduler, WithoutPrefixCacheChunksFollowCapAndPageBoundaries) {
   cache::CacheConfig c = cache_config();
   c.enable_prefix_cache = false;
