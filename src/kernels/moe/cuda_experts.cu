@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kernels/cuda_rowdot.cuh"
+#include "kernels/moe/cuda_experts_checks.cuh"
 #include "kernels/moe/cuda_experts_mma.cuh"
 #include "kernels/moe/cuda_experts_mxfp4.cuh"
 #include "kernels/moe/experts.h"
@@ -185,16 +186,7 @@ __global__ void combine_kernel(const float* expert_out, int64_t L, const float* 
 }
 
 core::Status experts_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
-  if (auto s = ops.usable(); !s) return s;
-  if (auto s = on_cuda({{"z", &a.z}, {"ids", &a.ids}, {"weights", &a.weights}, {"out", &a.out}}); !s) return s;
-  if (a.round_output) {
-    if (auto s = same_act({{"z", &a.z}, {"out", &a.out}}, a.precision); !s) return s;
-  } else if (auto s = same_act({{"z", &a.z}}, a.precision); !s) {
-    return s;
-  } else if (a.out.dtype != core::DType::f32) {
-    return core::Status::fail("out must be f32 when round_output is off (unrounded partial sums), got " +
-                              describe(a.out));
-  }
+  if (auto s = experts_io_supports(ops, a); !s) return s;
   if (a.w1.size() > static_cast<size_t>(kMaxExperts))
     return core::Status::fail("at most " + std::to_string(kMaxExperts) + " experts on CUDA, got " +
                               std::to_string(a.w1.size()));

@@ -44,6 +44,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/moe/cuda_experts_checks.cuh"
 #include "kernels/moe/cuda_experts_mma.cuh"
 #include "kernels/moe/cuda_experts_mxfp4.cuh"
 #include "kernels/moe/experts.h"
@@ -385,16 +386,7 @@ __global__ void __launch_bounds__(kThreads, 3) gemv_down_kernel(GemvParams p) {
 // ---------------------------------------------------------------- host
 
 core::Status gemv_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
-  if (auto s = ops.usable(); !s) return s;
-  if (auto s = on_cuda({{"z", &a.z}, {"ids", &a.ids}, {"weights", &a.weights}, {"out", &a.out}}); !s) return s;
-  if (a.round_output) {
-    if (auto s = same_act({{"z", &a.z}, {"out", &a.out}}, a.precision); !s) return s;
-  } else if (auto s = same_act({{"z", &a.z}}, a.precision); !s) {
-    return s;
-  } else if (a.out.dtype != core::DType::f32) {
-    return core::Status::fail("out must be f32 when round_output is off (unrounded partial sums), got " +
-                              describe(a.out));
-  }
+  if (auto s = experts_io_supports(ops, a); !s) return s;
   const int64_t T = a.z.dim(0), L = a.z.dim(1), k = a.ids.dim(1);
   if (T < 1 || T > kMaxTokens)
     return core::Status::fail("the expert GEMV takes 1.." + std::to_string(kMaxTokens) +
