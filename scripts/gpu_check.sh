@@ -503,6 +503,14 @@ if named serve; then
           --out "$OUT/serve_$name" > "$OUT/serve_$name.log" 2>&1
         ((RC == 0)) || sv_rc=$RC
         detail+="; $name: rc $RC in $SECS s"
+        # Per level: finished requests, mean TTFT and TPOT (bench-serve's text report).
+        for f in "$OUT/serve_$name"/agentic-c*.txt; do
+          [[ -f $f ]] || continue
+          detail+=" [c${f##*agentic-c}"; detail=${detail%.txt}
+          detail+=": $(awk '/^Successful requests:/ {ok=$3} /^-+ Time to First Token/ {t=1} t && /^mean:/ {ttft=$2; t=0}
+                           /^-+ Time per Output Token/ {p=1} p && /^mean:/ {tpot=$2; p=0}
+                           END {printf "%s done, TTFT %s ms, TPOT %s ms", ok, ttft, tpot}' "$f")]"
+        done
       done
       record serve "$( ((sv_rc == 0)) && echo PASS || echo FAIL)" $(( $(date +%s) - t0 )) "$detail"
     fi
