@@ -1,6 +1,7 @@
 // bench/ops_gpu.cpp: per-op CUDA timings at the K3 TP8 per-GPU shapes (spec §11, §14.2), batch 1, 8
 // and 64: every linear of §11 (cuBLASLt), KDA decode (conv, recurrence, output gate), MLA absorbed
-// decode over an 8K context (fp8 and bf16 latent cache), the MXFP4 routed experts (top-16 of 896),
+// decode over an 8K context (fp8 and bf16 latent cache), the MLA prefill of a 512-row chunk at 8K / 46K,
+// the MXFP4 routed experts (top-16 of 896),
 // the router, the token-parallel elementwise ops and the device sampler (`sample`). For each: median microseconds over timed runs
 // (L2 flushed before each run, so reused weights are not served from cache), the bytes the run must
 // move (spec §12 counting: weights read, state read + written, cache read, activations in and out;
@@ -305,6 +306,53 @@ void bench_mla_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>&
   }
 }
 
+// ---------------------------------------------------------------- MLA prefill (naive form), 512-row chunk
+
+// One sequence's 512-row prefill chunk at the end of an 8K and a 46K context (pages of 16 tokens at shuffled
+// ids), fp8 and bf16 caches, bf16 activations: the strategy mla_naive selects is named in the shape. Bytes:
+// the cache once, kv_b, q and out (the expansion's scratch K/V traffic is not counted: time is the measure).
+void bench_mla_prefill(Bench& b, const Patterns& pat) {
+  const int H = 12, nope = 128, rope = 64, vd = 128, L = 512;
+  const int64_t rows = 512, E = L + rope, block_size = 16;
+  kernels::LinearWeight kv_b;
+  kv_b.weight = b.empty(DType::bf16, {H * (nope + vd), L});
+  b.fill(kv_b.weight, pat.bf16_weight);
+  core::Rng page_rng(0x3a8);
+  Tensor q = b.empty(DType::bf16, {rows, H * (nope + rope)}), out = b.empty(DType::bf16, {rows, H * vd});
+  b.fill(q, pat.bf16_act);
+  for (const int64_t S : {int64_t{8192}, int64_t{46080}})
+    for (DType cache_t : {DType::f8_e4m3, DType::bf16}) {
+      const int64_t num_blocks = S / block_size;
+      Tensor pages = b.empty(cache_t, {num_blocks, block_size, E});
+      b.fill(pages, cache_t == DType::bf16 ? pat.bf16_act : pat.fp8_cache);
+      std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
+      for (int64_t k = 0; k < num_blocks; ++k) ids[k] = static_cast<int32_t>(k);
+      for (int64_t k = num_blocks - 1; k > 0; --k) std::swap(ids[k], ids[page_rng.next_u64() % static_cast<uint64_t>(k + 1)]);
+      Tensor h_rows = Tensor::zeros(DType::i32, {3, 1}), h_table = Tensor::zeros(DType::i32, {1, num_blocks});
+      h_rows.data<int32_t>()[0] = 0;                                  // row_begin
+      h_rows.data<int32_t>()[1] = static_cast<int32_t>(rows);         // num_rows
+      h_rows.data<int32_t>()[2] = static_cast<int32_t>(S - rows);     // position
+      std::copy(ids.begin(), ids.end(), h_table.data<int32_t>());
+      const Tensor d_rows = backends::cuda::upload(h_rows.view(), b.ctx->pool(), b.stream());
+      const Tensor d_table = backends::cuda::upload(h_table.view(), b.ctx->pool(), b.stream());
+      kernels::SeqBatch seqs;
+      seqs.row_begin = d_rows.view().row(0);
+      seqs.num_rows = d_rows.view().row(1);
+      seqs.position = d_rows.view().row(2);
+      seqs.block_table = d_table.view();
+      seqs.num_seqs = 1;
+      seqs.max_rows = static_cast<int>(rows);
+      seqs.max_tokens = S;
+      const double bytes = static_cast<double>(S * E * core::dtype_size(cache_t)) + static_cast<double>(kv_b.weight.nbytes()) +
+                           static_cast<double>(rows * (H * (nope + rope) + H * vd) * 2);
+      const kernels::MlaAttentionArgs a{q.view(), pages.view(), seqs, 1.0f, &kv_b, out.view(), H, nope, rope, vd, L,
+                                        1.0f / std::sqrt(192.0f)};
+      const std::string impl = b.reg.mla_naive.select(a, core::Device::cuda).name;
+      b.row("mla", std::string("mla_naive ") + (cache_t == DType::bf16 ? "bf16" : "fp8"),
+            "ctx=" + std::to_string(S) + " rows=512 " + impl, rows, bytes, [&] { b.reg.mla_naive.run(a, core::Device::cuda); });
+    }
+}
+
 // ---------------------------------------------------------------- routed experts, router
 
 void bench_moe(Bench& b, const Patterns& pat, const std::vector<int64_t>& batches, core::Rng& rng) {
@@ -478,6 +526,7 @@ int main(int argc, char** argv) {
     if (wanted("linear")) bench_linears(b, pat, batches);
     if (wanted("kda")) bench_kda_decode(b, pat, batches);
     if (wanted("mla")) bench_mla_decode(b, pat, batches);
+    if (wanted("mla")) bench_mla_prefill(b, pat);
     if (wanted("moe")) bench_moe(b, pat, batches, rng);
     if (wanted("elt")) bench_elementwise(b, pat, batches);
     if (wanted("sample")) bench_sampling(b, batches, rng);

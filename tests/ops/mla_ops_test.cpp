@@ -4,7 +4,9 @@
 // call per batch whose sequences have different positions and row counts, over bf16 / f32 / fp8 e4m3
 // latent caches in pages of 7, 16 and 64 tokens, at odd dims and at the TP8 shapes (12 heads, nope
 // 128, rope 64, v 128, kv_lora 512, 8K context for decode, a batch of 64 decode sequences), and one
-// decode step captured as a CUDA graph and replayed for new positions, row counts and block tables.
+// decode step captured as a CUDA graph and replayed for new positions, row counts and block tables; the
+// tensor-core prefill strategy (cuda_expand_gemm_flash) at rows 1..512 over prefixes 0..3584, asserting
+// which strategy each case selects.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -116,8 +118,9 @@ std::string shape_of(const std::vector<SeqShape>& seqs, int64_t bs) {
 // cache: "bf16" (CPU: f32 holding bf16 values, device: real bf16), "f32" or "fp8". The device pages
 // are written by the device's mla_cache_write into NaN-poisoned pages (spare pages stay NaN); the
 // CPU reference reads pages its own mla_cache_write filled.
+// want_impl: the exact implementation name the device registry must select (nullptr: any of the device's).
 void check_mla(Device* dev, Mode mode, bool absorbed, MlaDims d, const std::vector<SeqShape>& seqs,
-               const std::string& cache, float k_scale, int64_t bs, uint64_t seed) {
+               const std::string& cache, float k_scale, int64_t bs, uint64_t seed, const char* want_impl = nullptr) {
   core::Rng rng(seed);
   const Layout lay(seqs, bs, /*row_slack=*/1, /*token_slack=*/3, rng);
   const int64_t H = d.heads, L = d.kv_lora, E = d.kv_lora + d.rope, R = lay.rows;
@@ -151,6 +154,9 @@ void check_mla(Device* dev, Mode mode, bool absorbed, MlaDims d, const std::vect
                                        out.view(), d.heads, d.nope, d.rope, d.v, d.kv_lora, scale, p};
   auto& table = absorbed ? dev->registry().mla_absorbed : dev->registry().mla_naive;
   expect_device_impl(table, args, dev);
+  if (want_impl != nullptr) {
+    ASSERT_EQ(table.select(args, dev->kind()).name, want_impl) << shape_of(seqs, bs);
+  }
   table.run(args, dev->kind());
   const Tensor got = dev->to_host_f32(out.view());
   // Row 0 belongs to no sequence: never written. Rows 1.. are every sequence's rows.
@@ -180,6 +186,53 @@ TEST(OpsTp8, MlaNaive) {
     check_mla(dev, m, false, kTp8, {{300, 97}, {128, 128}}, "fp8", 1.0f, 16, 8300);
   }
 }
+// ---------------------------------------------------------------- mla_naive on tensor cores
+
+// "cuda_expand_gemm_flash" takes bf16 mode over bf16 / fp8 (power-of-two k_scale) caches with head dims
+// that are multiples of 16; everything else stays on "cuda_expand_online_softmax". Each case asserts the
+// exact implementation selected, so a refusal cannot pass as a success of the old kernel.
+constexpr const char* kFlash = "cuda_expand_gemm_flash";
+constexpr const char* kOnline = "cuda_expand_online_softmax";
+const MlaDims kK3OneHead{1, 128, 64, 128, 512};
+const MlaDims kSixteens{5, 32, 16, 48, 96};  // every dim a multiple of 16, none K3's
+
+// Rows 1, 17, 64 and 130 after prefixes 0, 37 and 1000, six sequences of different lengths in one call
+// (64-row tiles: partial row tiles, partial key tiles, the causal diagonal inside a tile and across tiles),
+// then batches whose longest sequence has <= 15 rows (16-row tiles) and 17 rows (32-row tiles).
+TEST(OpsOdd, MlaNaiveFlash) {
+  K3_REQUIRE_CUDA(dev);
+  const std::vector<SeqShape> prefill = {{1, 1}, {54, 17}, {1064, 64}, {130, 130}, {1001, 1}, {167, 130}};
+  const std::vector<SeqShape> few_rows = {{1, 1}, {38, 1}, {1015, 15}, {40, 3}};
+  const std::vector<SeqShape> rows17 = {{54, 17}, {1017, 17}, {17, 17}};
+  uint64_t seed = 8900;
+  for (const MlaDims& d : {kK3OneHead, kSixteens, kTp8})
+    for (int64_t bs : {16, 64}) {
+      check_mla(dev, Mode::bf16, false, d, prefill, "bf16", 1.0f, bs, ++seed, kFlash);
+      check_mla(dev, Mode::bf16, false, d, prefill, "fp8", 0.5f, bs, ++seed, kFlash);
+    }
+  for (const MlaDims& d : {kK3OneHead, kSixteens}) {
+    check_mla(dev, Mode::bf16, false, d, few_rows, "fp8", 1.0f, 16, ++seed, kFlash);
+    check_mla(dev, Mode::bf16, false, d, rows17, "bf16", 1.0f, 64, ++seed, kFlash);
+  }
+}
+// What the tensor-core strategy refuses runs on the old one: fp32 mode, f32 caches, a k_scale that is not
+// a power of two (fp8 * k_scale inexact in bf16), head dims that are not multiples of 16.
+TEST(OpsOdd, MlaNaiveFlashRefusals) {
+  K3_REQUIRE_CUDA(dev);
+  const std::vector<SeqShape> batch = {{54, 17}, {40, 3}};
+  check_mla(dev, Mode::fp32, false, kK3OneHead, batch, "f32", 1.0f, 16, 8950, kOnline);
+  check_mla(dev, Mode::fp32, false, kK3OneHead, batch, "fp8", 1.0f, 16, 8951, kOnline);
+  check_mla(dev, Mode::bf16, false, kK3OneHead, batch, "f32", 1.0f, 16, 8952, kOnline);
+  check_mla(dev, Mode::bf16, false, kK3OneHead, batch, "fp8", 0.37f, 16, 8953, kOnline);
+  check_mla(dev, Mode::bf16, false, kOdd, batch, "bf16", 1.0f, 16, 8954, kOnline);
+}
+// The TP8 prefill chunk: 12 heads, 512 rows at context 4096 (positions 3584 .. 4095), both caches.
+TEST(OpsTp8, MlaNaiveFlashChunk512) {
+  K3_REQUIRE_CUDA(dev);
+  check_mla(dev, Mode::bf16, false, kTp8, {{4096, 512}}, "bf16", 1.0f, 64, 8960, kFlash);
+  check_mla(dev, Mode::bf16, false, kTp8, {{4096, 512}}, "fp8", 1.0f, 16, 8961, kFlash);
+}
+
 TEST(OpsOdd, MlaAbsorbed) {
   K3_REQUIRE_CUDA(dev);
   // Plain decode and verify rows (3 and 4) at different positions, in one call.

@@ -10,6 +10,7 @@
 // Scratch and grids depend on num_seqs, max_rows, max_tokens and H only (graph-replayable).
 #include "kernels/cuda_rowdot.cuh"
 #include "kernels/mla/cuda_mla_common.cuh"
+#include "kernels/mla/cuda_naive_flash.cuh"
 
 namespace k3::kernels {
 
@@ -143,6 +144,8 @@ void register_mla_naive_cuda(Registry& r, const CudaOps& ops) {
                      return core::Status::ok();
                    },
                    [ops](const MlaAttentionArgs& a) { naive_run(ops, a); }});
+  // bf16 mode over bf16 / fp8 caches on tensor cores (cuda_naive_flash.cu), preferred where it applies.
+  register_mla_naive_flash_cuda(r, ops);
 }
 
 }  // namespace k3::kernels
