@@ -266,8 +266,10 @@ bool Engine::step() {
 void Engine::propose_drafts() {
   scheduler_.decoding_requests(decoding_);
   queries_.clear();
-  for (const scheduler::Request* r : decoding_)
-    queries_.push_back({r->id(), r->tokens(), r->prompt_len(), draft_length_->next(r->id())});
+  for (const scheduler::Request* r : decoding_) {
+    const int32_t budget = draft_length_->take_step(r->id());
+    if (budget > 0) queries_.push_back({r->id(), r->tokens(), r->prompt_len(), budget});  // 0: paused
+  }
   if (queries_.empty()) return;
   drafts_.resize(queries_.size());
   for (spec::Draft& d : drafts_) d.clear();

@@ -19,6 +19,16 @@ int32_t DraftLengthController::next(RequestId id) const {
   return it == per_request_.end() ? max_ : it->second.length;
 }
 
+int32_t DraftLengthController::take_step(RequestId id) {
+  const auto it = per_request_.find(id);
+  if (it == per_request_.end()) return max_;
+  State& s = it->second;
+  if (s.length > 0) return s.length;
+  if (s.pause_left-- > 0) return 0;
+  s.length = 1;  // the pause is over: probe with one draft
+  return 1;
+}
+
 double DraftLengthController::rate(RequestId id) const {
   const auto it = per_request_.find(id);
   return it == per_request_.end() ? 1.0 : it->second.rate;
@@ -29,8 +39,13 @@ void DraftLengthController::record(RequestId id, int32_t proposed, int32_t accep
   State& s = per_request_.try_emplace(id, State{max_}).first->second;
   s.rate = 0.7 * s.rate + 0.3 * static_cast<double>(accepted) / static_cast<double>(proposed);
   if (!adaptive_) return;
+  if (accepted > 0) s.pause = kFirstPause;
   if (accepted == proposed) s.length = std::min(max_, s.length + 1);
-  else if (s.rate < 0.3) s.length = std::max(1, s.length / 2);
+  else if (s.length == 1 && s.rate < kPauseBelowRate) {
+    s.length = 0;  // stop drafting for a while; a failed probe waits twice as long next time
+    s.pause_left = s.pause;
+    s.pause = std::min(kMaxPause, s.pause * 2);
+  } else if (s.rate < 0.3) s.length = std::max(1, s.length / 2);
   else if (s.rate < 0.6) s.length = std::max(1, s.length - 1);
 }
 

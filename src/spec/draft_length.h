@@ -6,8 +6,15 @@
 //   rate < 0.3                     length <- max(1, length / 2)
 //   rate < 0.6                     length <- max(1, length - 1)
 // so a request whose drafts keep failing verifies few rows (cheap steps) and one whose drafts
-// keep succeeding verifies K. Steps where the drafter proposed nothing change nothing. With
-// adaptation off the length stays K.
+// keep succeeding verifies K. Steps where the drafter proposed nothing change nothing.
+// A request at length 1 whose rate falls below 0.1 stops drafting: it decodes plainly for a pause
+// of 8 steps, then probes with one draft; a probe that fails doubles the pause (up to 64 steps),
+// one that is accepted ends the pausing (pause back to 8, the rate recovers through the EWMA).
+// A verify step costs more than a plain decode step (K+1 rows, the KDA commit), so with drafts
+// that never match (random text, an unrelated drafter) speculation must cost about nothing, not
+// a fixed overhead per token: measured on the H200, n-gram at 0% acceptance took 11.6 ms per
+// token against 8.0 ms without speculation before this pause existed.
+// With adaptation off the length stays K.
 #pragma once
 #include <cstdint>
 #include <unordered_map>
@@ -35,17 +42,24 @@ class DraftLengthController {
   DraftLengthController(int32_t max_drafts, bool adaptive) : max_(max_drafts), adaptive_(adaptive) {}
 
   int32_t max_drafts() const { return max_; }
-  // The draft budget of the request's next step (K for a new request).
+  // The draft budget of the request's next step (K for a new request), without advancing a pause.
   int32_t next(RequestId id) const;
+  // The draft budget of the request's step about to be planned: next(id), and a paused request's
+  // pause advances by one step (0 while paused; 1, the probe, on the step the pause ends).
+  int32_t take_step(RequestId id);
   void record(RequestId id, int32_t proposed, int32_t accepted);
   void release(RequestId id) { per_request_.erase(id); }
   double rate(RequestId id) const;
   size_t num_tracked() const { return per_request_.size(); }
 
  private:
+  static constexpr double kPauseBelowRate = 0.1;
+  static constexpr int32_t kFirstPause = 8, kMaxPause = 64;
   struct State {
-    int32_t length;
+    int32_t length;                // 0 while paused
     double rate = 1.0;
+    int32_t pause_left = 0;        // plain-decode steps left before the probe
+    int32_t pause = kFirstPause;   // length of the next pause
   };
   int32_t max_;
   bool adaptive_;

@@ -302,6 +302,22 @@ TEST_P(EngineSpec, GreedyOutputsIdenticalWithEveryDrafter) {
   }
 }
 
+TEST_P(EngineSpec, DraftsThatNeverMatchStopCostingVerifySteps) {
+  // A drafter whose every draft is wrong: the adaptive length shrinks to 1, then drafting pauses
+  // (8, 16, 32 plain steps between one-draft probes), so 80 tokens take a handful of verify steps,
+  // not one per token, and the output is the plain engine's.
+  const std::vector<std::vector<GenerateRequest>> waves = {{request(tokens(21, 17), 80)}};
+  auto plain = make_engine(config());
+  const Outputs expected = run_waves(*plain, waves);
+  auto e = make_engine(spec_config(4), std::make_unique<OracleDrafter>(expected, true, runner_->model().config().vocab_size));
+  EXPECT_EQ(run_waves(*e, waves), expected);
+  const EngineStats s = e->stats();
+  EXPECT_EQ(s.spec_num_accepted_tokens, 0);
+  EXPECT_GE(s.spec_num_drafts, 7);   // 4, 2, 1, 1, ... drafts until the rate falls below 0.1
+  EXPECT_LE(s.spec_num_drafts, 12);  // then probes only, after 8, 16, 32 plain steps
+  expect_nothing_held(*e);
+}
+
 TEST_P(EngineSpec, SampledOutputsIdenticalWithTheSameSeeds) {
   std::vector<std::vector<GenerateRequest>> waves(1);
   for (uint64_t i = 0; i < 4; ++i) waves[0].push_back(request(repetitive(20 + i, 30), 20, 1.0f, 1000 + i));

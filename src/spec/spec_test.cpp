@@ -254,6 +254,45 @@ TEST(DraftLength, AdaptsWithinBounds) {
   EXPECT_LT(fixed.rate(1), 0.2);
 }
 
+TEST(DraftLength, PausesWhenDraftsNeverMatchAndProbesWithGrowingPauses) {
+  DraftLengthController c(4, true);
+  int32_t k = c.take_step(1);
+  int steps_to_pause = 0;
+  while (k > 0) {  // every draft rejected: 4, 2, 1, 1, ... then the pause
+    c.record(1, k, 0);
+    k = c.take_step(1);
+    ASSERT_LT(++steps_to_pause, 12) << "never paused";
+  }
+  EXPECT_EQ(c.next(1), 0);
+  // The first pause: 8 plain steps in all (the one just taken included), then one probe.
+  int plain = 1;
+  while ((k = c.take_step(1)) == 0) ++plain;
+  EXPECT_EQ(plain, 8);
+  EXPECT_EQ(k, 1);
+  c.record(1, 1, 0);  // the probe fails: the next pause is twice as long
+  plain = 0;
+  while ((k = c.take_step(1)) == 0) ++plain;
+  EXPECT_EQ(plain, 16);
+  c.record(1, 1, 1);  // the probe is accepted: drafting resumes and grows again
+  EXPECT_EQ(c.take_step(1), 2);
+  for (int i = 0; i < 6; ++i) c.record(1, c.take_step(1), c.next(1));
+  EXPECT_EQ(c.take_step(1), 4);
+  // Pauses never exceed 64 steps.
+  for (int round = 0; round < 8; ++round) {
+    while ((k = c.take_step(1)) > 0) c.record(1, k, 0);
+    plain = 1;
+    while ((k = c.take_step(1)) == 0) ++plain;
+    EXPECT_LE(plain, 64);
+    c.record(1, k, 0);
+  }
+  // Without adaptation nothing pauses.
+  DraftLengthController fixed(4, false);
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_EQ(fixed.take_step(2), 4);
+    fixed.record(2, 4, 0);
+  }
+}
+
 TEST(SpecCounters, PerPositionCounts) {
   SpecCounters s;
   s.record(3, 2);
