@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# scripts/evaluate.sh: the serving evaluation (issue #7): start `k3serve serve` on a model, run
-# the agentic multi-turn workload at each concurrency of a sweep with `k3serve bench-serve`
-# (one result bundle each), then `k3serve bench-compare` them into one report (markdown, JSON,
+# scripts/evaluate.sh: the evaluation a contributor runs on their own machine (issue #7): the
+# checks (on a GPU: `scripts/gpu_check.sh build test model proxy`, i.e. every kernel against the
+# CPU reference, the model and engine against the CPU oracle, and the whole-model decode sweep over
+# batch x context x decode backend; without one: the CPU decode sweep), then `k3serve serve` on the
+# model, the agentic multi-turn workload at each concurrency of a sweep with `k3serve bench-serve`
+# (one result bundle each), and `k3serve bench-compare` of them into one report (markdown, JSON,
 # SVG plots: latency CDFs, throughput vs concurrency, interactivity vs throughput). Everything
-# lands in one folder.
+# lands in one folder (the checks in checks/).
 #
 #   bash scripts/evaluate.sh [--model-dir DIR] [--out DIR] [--bin K3SERVE] [--scale tiny|full]
 #                            [--concurrency "1 2 4 8 16"] [--sessions-per-worker N] [--max-duration S]
 #                            [--device cpu|cuda] [--seed N] [--port P] [--baseline-dir DIR]
-#                            [--serve-extra "SERVER OPTIONS"] [-- EXTRA bench-serve OPTIONS]
+#                            [--serve-extra "SERVER OPTIONS"] [--no-checks] [--checks-budget S]
+#                            [-- EXTRA bench-serve OPTIONS]
 #
 # Defaults: on a machine with nvidia-smi, the k3-proxy-tp8 model ($K3_PROXY_DIR, default
 # /tmp/k3-proxy-tp8, written with make-checkpoint when absent: ~52 GB) on cuda at full scale
@@ -21,6 +25,10 @@
 # flagged.
 # --serve-extra adds options to `k3serve serve` (split at spaces), e.g. "--decode-backend
 # latency_specialized" or "--speculative-method ngram"; they are recorded in every bundle's engine config.
+# --no-checks skips the checks (gpu_check.sh's serve phase does: it ran them already); on a GPU
+# they get --checks-budget seconds (default 300: on the H200 the build takes ~75 s, the op tests
+# ~55 s, the model tests ~10 s, and the proxy decode sweep what is left; a phase cut by the budget
+# is reported as TIMEOUT and the serving sweep still runs; a FAIL stops the script).
 # The k3serve binary: --bin, else build/default/k3serve (built with cmake when missing).
 # Exit status: 0 done; 1 something failed (server, bench-serve, a compare); 3 a regression was
 # flagged against --baseline-dir. Requests that failed are kept in the bundles and warned about.
@@ -40,6 +48,8 @@ SEED=0
 PORT=0
 BASELINE_DIR=""
 SERVE_EXTRA=""
+CHECKS=1
+CHECKS_BUDGET=300
 EXTRA=()
 while (($#)); do
   case "$1" in
@@ -55,8 +65,10 @@ while (($#)); do
     --port) PORT=$2; shift 2 ;;
     --baseline-dir) BASELINE_DIR=$2; shift 2 ;;
     --serve-extra) SERVE_EXTRA=$2; shift 2 ;;
+    --no-checks) CHECKS=0; shift ;;
+    --checks-budget) CHECKS_BUDGET=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "evaluate.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -102,6 +114,33 @@ if [[ -z $MODEL_DIR ]]; then
 fi
 [[ -f $MODEL_DIR/config.json ]] || { say "no config.json in $MODEL_DIR"; exit 1; }
 [[ -f $MODEL_DIR/tiktoken.model ]] || { say "no tokenizer (tiktoken.model) in $MODEL_DIR: the server needs one"; exit 1; }
+
+# ---- the checks (before the server: they want the device to themselves)
+if ((CHECKS)); then
+  mkdir -p "$OUT/checks"
+  if ((HAVE_GPU)); then
+    say "checks: scripts/gpu_check.sh build test model proxy (budget ${CHECKS_BUDGET} s) -> $OUT/checks"
+    rc=0
+    K3_PROXY_DIR=$MODEL_DIR OUT=$OUT/checks bash "$ROOT/scripts/gpu_check.sh" build test model proxy \
+      --budget "$CHECKS_BUDGET" >"$OUT/checks/gpu_check.log" 2>&1 || rc=$?
+    tail -8 "$OUT/checks/summary.txt" 2>/dev/null || tail -8 "$OUT/checks/gpu_check.log"
+    if grep -qE '^[a-z]+ +FAIL ' "$OUT/checks/summary.txt" 2>/dev/null || [[ ! -f $OUT/checks/summary.txt ]]; then
+      say "checks FAILED (exit $rc): $OUT/checks/summary.txt"; exit 1
+    fi
+    ((rc == 0)) || say "WARNING: a check phase was cut by the budget (TIMEOUT in $OUT/checks/summary.txt)"
+  else
+    SWEEP_BIN=$(dirname "$BIN")/k3bench_cpu_decode
+    if [[ ! -x $SWEEP_BIN ]]; then
+      say "building k3bench_cpu_decode beside $BIN"
+      cmake --build "$(dirname "$BIN")" --target k3bench_cpu_decode >>"$OUT/checks/build.log" 2>&1 ||
+        { tail -20 "$OUT/checks/build.log"; exit 1; }
+    fi
+    say "checks: CPU decode sweep on $MODEL_DIR -> $OUT/checks/decode_cpu.json (the CPU test suite is .ci/run)"
+    "$SWEEP_BIN" --model "$MODEL_DIR" --repeats 2 --out "$OUT/checks/decode_cpu.json" >"$OUT/checks/decode_cpu.txt" 2>&1 ||
+      { tail -20 "$OUT/checks/decode_cpu.txt"; say "the CPU decode sweep failed"; exit 1; }
+    tail -6 "$OUT/checks/decode_cpu.txt"
+  fi
+fi
 
 # ---- the workload shape
 if [[ $SCALE == full ]]; then
