@@ -7,7 +7,7 @@
 //   k3bench_decode_gpu --model DIR [--make] [--config NAME] [--out FILE] [--batches 1,8,64]
 //                      [--ctx 8192[,32768...]] [--steps N] [--warmup N] [--modes eager,graph]
 //                      [--seed S] [--device cuda|cpu] [--tp N] [--spec-k K] [--spec-al AL]
-//                      [--decode-backend auto[,latency_specialized]] [--precision bf16|fp32]
+//                      [--decode-backend auto[,latency_specialized]] [--precision bf16|fp32] [--profile]
 // Rows run for each --ctx (in the order given), for each batch (ascending), for each
 // --decode-backend (in the order given), for each mode (eager, graph, verify, verify-graph). Every row starts from
 // the same synthetic context of its ctx (num_tokens = ctx, the same KDA state), so rows that differ
@@ -42,6 +42,9 @@
 // their greedy tokens (every step, every sequence) are equal. --precision fp32 (default bf16) runs
 // fp32 activations: the backends' tokens must then be identical (bf16 noise may flip a nearly tied
 // route of a random model).
+// --profile (one GPU): after each eager row, one more eager step with every op call timed on the
+// stream (the per-layer kernel profile of issue 7 item 3): op, implementation, calls, total us, us per
+// layer and share of the step, printed under the row and kept in the bundle row's `profile`.
 // Exit 0 ok, 1 error, 2 no GPU.
 #include <algorithm>
 #include <chrono>
@@ -75,7 +78,8 @@ namespace {
 const char* const kUsage =
     "k3bench_decode_gpu --model DIR [--make] [--config NAME] [--out FILE] [--batches 1,8,64] [--ctx 8192[,32768...]]\n"
     "                   [--steps N] [--warmup N] [--modes eager,graph,verify,verify-graph] [--seed S] [--device cuda|cpu] [--tp N]\n"
-    "                   [--spec-k K] [--spec-al AL] [--decode-backend auto[,latency_specialized]] [--precision bf16|fp32]\n";
+    "                   [--spec-k K] [--spec-al AL] [--decode-backend auto[,latency_specialized]] [--precision bf16|fp32]\n"
+    "                   [--profile]\n";
 const std::vector<std::string> kModes = {"eager", "graph", "verify", "verify-graph"};  // the order rows run in
 
 using clock_type = std::chrono::steady_clock;
@@ -202,6 +206,7 @@ bench::DecodeSweepOptions parse_options(std::span<const std::string> args, bool&
       K3_CHECK(!text.empty() && used == text.size() && text[0] != '-', "--seed takes an unsigned integer, got '" + text + "'");
     }
     else if (a == "--tp") o.tp = static_cast<int>(int_value(a, value()));
+    else if (a == "--profile") o.profile = true;
     else if (a == "--spec-k") o.spec_k = static_cast<int>(int_value(a, value()));
     else if (a == "--spec-al") o.spec_al = static_cast<int>(int_value(a, value()));
     else if (a == "--decode-backend") {

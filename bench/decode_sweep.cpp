@@ -236,6 +236,7 @@ struct Row {
   std::vector<int32_t> final_tokens;  // each sequence's last argmax: rows that differ only in mode agree
   std::vector<int32_t> trajectory;    // every step's argmax, [steps][B] (eager and graph modes)
   StepBytes bytes;
+  nlohmann::json profile;             // --profile, eager rows: profile_step()'s result
 };
 
 // Runs one row's warm-up + timed steps from the context's start: sequences 0..B-1 at num_tokens =
@@ -318,6 +319,61 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
   return row;
 }
 
+// One more eager decode step of the row's B sequences (their last greedy tokens) with every op call
+// timed: `recorder` (installed on the model's registry by the caller) marks the device stream before
+// and after each call, so a call's time is from when the stream reached its start to when it
+// finished the call's work, launch gaps included. Calls inside another op (depth > 0) are shown
+// apart and not added to the totals. Prints the table; returns it as JSON.
+nlohmann::json profile_step(const model::Model& model, model::KvStorage& kv, std::vector<model::SequenceState>& seqs,
+                            const std::vector<int32_t>& last, kernels::OpRecorder& recorder, int num_layers) {
+  core::DeviceMemory& memory = *model.memory();
+  const auto B = static_cast<int64_t>(last.size());
+  std::vector<model::SequenceInput> batch(static_cast<size_t>(B));
+  for (int64_t i = 0; i < B; ++i) batch[i] = {std::span<const int32_t>(&last[i], 1), &seqs[i], model::StepKind::decode};
+  memory.synchronize();
+  memory.take_marks_ms();  // drop stale marks
+  recorder.set_clock(&memory);
+  recorder.start();
+  model.forward(kv, batch, model::LogitRows::last);
+  const std::vector<kernels::OpRecorder::Call> calls = recorder.stop();
+  recorder.set_clock(nullptr);
+  const std::vector<double> marks = memory.take_marks_ms();
+  K3_CHECK(!marks.empty(), "--profile: the device returned no timing marks");
+  struct Entry {
+    std::string op, impl;
+    int depth;
+    int64_t calls = 0;
+    double ms = 0;
+  };
+  std::vector<Entry> entries;  // in order of first call
+  double top_ms = 0;
+  for (const auto& c : calls) {
+    if (c.begin_mark < 0 || c.end_mark < 0) continue;  // a note, not a call
+    const double ms = marks.at(static_cast<size_t>(c.end_mark)) - marks.at(static_cast<size_t>(c.begin_mark));
+    auto it = std::find_if(entries.begin(), entries.end(),
+                           [&](const Entry& e) { return e.op == c.op && e.impl == c.impl && e.depth == std::min(c.depth, 1); });
+    if (it == entries.end()) it = entries.insert(entries.end(), Entry{c.op, c.impl, std::min(c.depth, 1)});
+    ++it->calls;
+    it->ms += ms;
+    if (c.depth == 0) top_ms += ms;
+  }
+  const double step_ms = marks.back() - marks.front();
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.ms > b.ms; });
+  std::printf("    profile (one eager step, op calls timed on the stream): %.3f ms from the first op's start to the last "
+              "op's end, %.3f ms inside top-level ops\n", step_ms, top_ms);
+  std::printf("    %-24s %-30s %6s %10s %12s %7s\n", "op", "implementation", "calls", "total us", "us/layer", "share");
+  nlohmann::json ops = nlohmann::json::array();
+  for (const Entry& e : entries) {
+    const std::string op = (e.depth > 0 ? "  (inside) " : "") + e.op;
+    std::printf("    %-24s %-30s %6lld %10.1f %12.2f %6.1f%%\n", op.c_str(), e.impl.c_str(), static_cast<long long>(e.calls),
+                e.ms * 1e3, e.ms * 1e3 / num_layers, step_ms > 0 ? 100.0 * e.ms / step_ms : 0.0);
+    ops.push_back({{"op", e.op}, {"impl", e.impl}, {"nested", e.depth > 0}, {"calls", e.calls}, {"total_us", e.ms * 1e3},
+                   {"us_per_layer", e.ms * 1e3 / num_layers}});
+  }
+  std::fflush(stdout);
+  return {{"step_ms", step_ms}, {"top_level_ops_ms", top_ms}, {"num_layers", num_layers}, {"ops", ops}};
+}
+
 // A model on `base`'s weights, registry, memory and communicator with decode backend `backend`, the
 // fused path attached as runner::ModelRunner / TpRunner attach it. Loads and copies no weights.
 std::unique_ptr<model::Model> model_with_backend(const model::Model& base, model::DecodeBackend backend,
@@ -356,6 +412,7 @@ model::DecodePathCounters counters_delta(const model::DecodePathCounters& before
 nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env, double make_seconds) {
   K3_CHECK(!o.batches.empty() && !o.ctxs.empty() && !o.backends.empty() && !o.modes.empty(),
            "decode sweep: the batches, ctx, decode backends and modes must each name at least one");
+  K3_CHECK(!o.profile || o.tp == 1, "--profile times one GPU's op calls: it needs --tp 1");
   const std::string device_name = env.contains("gpu") ? env["gpu"]["name"].get<std::string>() : "CPU (reference ops)";
 
   // Open: map and check the checkpoint, upload every tensor (lazily mapped pages are read as the
@@ -405,6 +462,7 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
 
   // One rank's whole measurement (every rank runs it in lock step; rank 0 records): the rows, the
   // copy bandwidth, and each backend's counters over the whole run.
+  kernels::OpRecorder profile_recorder;
   std::vector<Row> rows;
   double copy_bw = 0;
   std::vector<model::DecodePathCounters> totals(o.backends.size());
@@ -469,6 +527,11 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
                         row.kernels ? (", " + std::to_string(row.kernels) + " kernels/step").c_str() : "",
                         row.finite ? "" : ", NON-FINITE LOGITS");
             std::fflush(stdout);
+            if (o.profile && mode == "eager") {
+              single->set_op_recorder(&profile_recorder);
+              row.profile = profile_step(*models[k], kv, seqs, row.final_tokens, profile_recorder, c.num_hidden_layers);
+              single->set_op_recorder(nullptr);
+            }
             // A verify step moves what B * (K+1) decode rows move (every row reads its context).
             row.bytes = step_bytes(c, kv, mode == "verify" || mode == "verify-graph" ? B * (o.spec_k + 1) : B, ctx);
             rows.push_back(std::move(row));
@@ -536,6 +599,7 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
         {"ratio_to_4p3TBps_floor", med / (total / kSpecBytesPerSecond * 1e3)}, {"logits_finite", r.finite},
         {"decode_path", path_json(r.path)}, {"final_tokens", r.final_tokens}};
     if (!std::isnan(speedup[ri])) j["speedup_vs_auto"] = speedup[ri];
+    if (!r.profile.is_null()) j["profile"] = r.profile;
     jrows.push_back(std::move(j));
   }
   for (const Row& r : rows)  // a row that fell back says so, with the reasons

@@ -39,6 +39,10 @@ struct DecodeSweepOptions {
   // Activations (kernels::Precision): bf16 serves; fp32 makes the backends' greedy tokens comparable
   // token for token (no bf16 rounding noise to flip a nearly tied route).
   kernels::Precision precision = kernels::Precision::bf16;
+  // After each eager row, one more eager step with every op call timed by stream-ordered marks
+  // (core::DeviceMemory::mark): the step's profile per op and implementation (calls, time, time per
+  // layer, share of the step), printed under the row and kept in its bundle row. One GPU only.
+  bool profile = false;
 };
 
 // Bytes of every tensor of c's checkpoint as stored (checkpoint::expected_params).

@@ -249,5 +249,51 @@ TEST(DecodeSweepCli, TinySweepOnCpuHasEveryRowWithItsPath) {
   EXPECT_NE(bad.err.find("--precision must be bf16 or fp32, got 'fp16'"), std::string::npos) << bad.err;
 }
 
+TEST(DecodeSweepCli, ProfileTimesEveryOpOfAnEagerStep) {
+  const TempDir dir;
+  const fs::path model = dir.path / "k3-tiny", bundle_path = dir.path / "sweep.json";
+  const BenchRun r = run_bench(dir, "--model '" + model.string() + "' --make --config k3-tiny --device cpu --ctx 16 --batches 2 "
+                               "--decode-backend auto,latency_specialized --steps 2 --warmup 1 --modes eager,graph --profile --out '" +
+                                   bundle_path.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("profile (one eager step"), std::string::npos) << r.out;
+  const nlohmann::json b = nlohmann::json::parse(read_text(bundle_path));
+  const int64_t layers = b["config"]["model"]["num_hidden_layers"].get<int64_t>();
+  ASSERT_EQ(b["rows"].size(), 4u);
+  for (const nlohmann::json& row : b["rows"]) {
+    const std::string where = row["decode_backend"].get<std::string>() + " " + row["mode"].get<std::string>();
+    if (row["mode"] == "graph") {
+      EXPECT_FALSE(row.contains("profile")) << where;  // replays cannot be timed per op
+      continue;
+    }
+    ASSERT_TRUE(row.contains("profile")) << where;
+    const nlohmann::json& p = row["profile"];
+    EXPECT_EQ(p["num_layers"], layers) << where;
+    const double step = p["step_ms"].get<double>(), top = p["top_level_ops_ms"].get<double>();
+    EXPECT_GT(top, 0) << where;
+    EXPECT_LE(top, step * 1.0001 + 1e-6) << where;  // top-level calls do not overlap
+    double sum = 0;
+    std::map<std::string, int64_t> calls;
+    for (const nlohmann::json& op : p["ops"]) {
+      EXPECT_GE(op["total_us"].get<double>(), 0) << where;
+      EXPECT_GT(op["calls"].get<int64_t>(), 0) << where;
+      EXPECT_NEAR(op["us_per_layer"].get<double>() * layers, op["total_us"].get<double>(), 1e-6) << where;
+      if (!op["nested"].get<bool>()) sum += op["total_us"].get<double>();
+      calls[op["op"].get<std::string>()] += op["calls"].get<int64_t>();
+    }
+    EXPECT_NEAR(sum / 1e3, top, 1e-6 + 1e-9 * top) << where;
+    // Every step embeds the tokens and projects the final norm to logits once; the two paths differ
+    // in which attention ops they call.
+    EXPECT_EQ(calls["embedding"], 1) << where;
+    if (row["decode_backend"] == "auto") EXPECT_GT(calls["kda_recurrent"], 0) << where;
+    else EXPECT_GT(calls["kda_decode"], 0) << where;
+  }
+  // Without one GPU of its own, the profile refuses: it times one device's stream.
+  const BenchRun tp = run_bench(dir, "--model '" + model.string() + "' --device cpu --tp 2 --profile --out '" +
+                                         (dir.path / "tp.json").string() + "'");
+  EXPECT_NE(tp.rc, 0);
+  EXPECT_NE((tp.out + tp.err).find("--profile"), std::string::npos) << tp.out << tp.err;
+}
+
 }  // namespace
 }  // namespace k3::bench

@@ -1,7 +1,10 @@
 // core/device_memory.cpp: the CPU DeviceMemory.
 #include "core/device_memory.h"
 
+#include <chrono>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "core/bf16.h"
 #include "core/fp8.h"
@@ -29,6 +32,17 @@ void for_rows(const TensorView& a, const TensorView& b, Fn&& fn) {
 class HostMemory final : public DeviceMemory {
  public:
   Device device() const override { return Device::cpu; }
+  void mark() override {
+    std::lock_guard lk(marks_mu_);
+    marks_.push_back(std::chrono::steady_clock::now());
+  }
+  std::vector<double> take_marks_ms() override {
+    std::lock_guard lk(marks_mu_);
+    std::vector<double> ms;
+    for (const auto& t : marks_) ms.push_back(std::chrono::duration<double, std::milli>(t - marks_.front()).count());
+    marks_.clear();
+    return ms;
+  }
   Tensor empty(DType dtype, Shape shape) override { return Tensor::zeros(dtype, shape); }
   void fill_bytes(const TensorView& dst, uint8_t byte) override {
     for_rows(dst, TensorView{}, [&](void* d, const void*, size_t n) { std::memset(d, byte, n); });
@@ -67,6 +81,10 @@ class HostMemory final : public DeviceMemory {
     return out;
   }
   void synchronize() override {}
+
+ private:
+  std::mutex marks_mu_;
+  std::vector<std::chrono::steady_clock::time_point> marks_;
 };
 
 }  // namespace

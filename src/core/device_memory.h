@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -55,6 +56,13 @@ class DeviceMemory {
     (void)body;
     return nullptr;
   }
+
+  // Stream-ordered timestamps for profiling (k3bench_decode_gpu --profile): mark() records the
+  // moment the work queued so far has run (CPU: now; CUDA: an event on the stream; never call it
+  // inside capture()); take_marks_ms() waits for the device and returns the marks since the last
+  // take, in ms after the first of them. A device without marks returns none.
+  virtual void mark() {}
+  virtual std::vector<double> take_marks_ms() { return {}; }
 
   Tensor zeros(DType dtype, Shape shape) {
     Tensor t = empty(dtype, shape);

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "kernels/attn_res/mix.h"
 #include "kernels/attn_res_fused/attn_res_fused.h"
@@ -43,10 +44,21 @@ class OpRecorder {
  public:
   struct Call {
     std::string op, impl, device;
+    int depth = 0;  // > 0: run from inside another recorded op (a composite op's parts)
+    // With a clock (set_clock): indexes into the clock's marks at the call's start and end.
+    int64_t begin_mark = -1, end_mark = -1;
   };
+  // Times every recorded call with `clock`'s stream-ordered marks (core::DeviceMemory::mark; read
+  // them with take_marks_ms() after stop()); nullptr: no timing.
+  void set_clock(core::DeviceMemory* clock) {
+    std::lock_guard lk(mu_);
+    clock_ = clock;
+  }
   void start() {
     std::lock_guard lk(mu_);
     calls_.clear();
+    open_.clear();
+    marks_ = 0;
     on_ = true;
   }
   std::vector<Call> stop() {
@@ -54,14 +66,41 @@ class OpRecorder {
     on_ = false;
     return std::move(calls_);
   }
+  // A call starts (before the implementation runs).
   void record(const std::string& op, const std::string& impl, core::Device device) {
     std::lock_guard lk(mu_);
-    if (on_) calls_.push_back({op, impl, std::string(core::device_name(device))});
+    if (!on_) return;
+    Call c{op, impl, std::string(core::device_name(device)), static_cast<int>(open_.size())};
+    if (clock_) {
+      clock_->mark();
+      c.begin_mark = marks_++;
+    }
+    open_.push_back(calls_.size());
+    calls_.push_back(std::move(c));
+  }
+  // An entry that is not a call (an op a caller decided not to use): untimed, never open.
+  void note(const std::string& op, const std::string& impl, core::Device device) {
+    std::lock_guard lk(mu_);
+    if (on_) calls_.push_back({op, impl, std::string(core::device_name(device)), static_cast<int>(open_.size())});
+  }
+  // The innermost started call has returned (its work is queued).
+  void finish() {
+    std::lock_guard lk(mu_);
+    if (!on_ || open_.empty()) return;
+    Call& c = calls_[open_.back()];
+    open_.pop_back();
+    if (clock_) {
+      clock_->mark();
+      c.end_mark = marks_++;
+    }
   }
 
  private:
   std::mutex mu_;
   bool on_ = false;
+  core::DeviceMemory* clock_ = nullptr;
+  int64_t marks_ = 0;
+  std::vector<size_t> open_;  // indexes of the calls that have started and not finished
   std::vector<Call> calls_;
 };
 
@@ -107,8 +146,10 @@ class OpTable {
   }
   void run(const Args& a, core::Device device) const {
     const OpImpl<Args>& impl = select(a, device);
-    if (recorder_) recorder_->record(op_, impl.name, device);
+    if (!recorder_) return impl.run(a);
+    recorder_->record(op_, impl.name, device);
     impl.run(a);
+    recorder_->finish();
   }
   // The implementation run() would pick, or nullptr with `why` set (the check's or every
   // candidate's reason): lets a caller take another route instead of failing.
@@ -123,7 +164,7 @@ class OpTable {
 
   // A caller that took another route after find() failed says so (--explain shows it).
   void note_skipped(const std::string& why, core::Device device) const {
-    if (recorder_) recorder_->record(op_, "not used: " + why, device);
+    if (recorder_) recorder_->note(op_, "not used: " + why, device);
   }
 
   void set_log(LogFn log) { log_ = std::move(log); }

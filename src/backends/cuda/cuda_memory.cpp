@@ -1,6 +1,8 @@
 // backends/cuda/cuda_memory.cpp: CudaMemory, core::DeviceMemory over a Context.
 #include "backends/cuda/cuda_memory.h"
 
+#include <vector>
+
 #include "backends/cuda/check.h"
 #include "backends/cuda/device_tensor.h"
 #include "backends/cuda/graph.h"
@@ -57,6 +59,25 @@ class CudaMemory final : public core::DeviceMemory {
     return cuda::download_f32(src, ctx_->stream());
   }
   void synchronize() override { K3_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream())); }
+  void mark() override {
+    cudaEvent_t e = nullptr;
+    K3_CUDA_CHECK(cudaEventCreate(&e));
+    marks_.push_back(e);
+    K3_CUDA_CHECK(cudaEventRecord(e, ctx_->stream()));
+  }
+  std::vector<double> take_marks_ms() override {
+    std::vector<double> ms;
+    if (marks_.empty()) return ms;
+    synchronize();
+    for (cudaEvent_t e : marks_) {
+      float t = 0.0f;
+      K3_CUDA_CHECK(cudaEventElapsedTime(&t, marks_.front(), e));
+      ms.push_back(t);
+    }
+    release_marks();
+    return ms;
+  }
+  ~CudaMemory() override { release_marks(); }
   void make_current() override { K3_CUDA_CHECK(cudaSetDevice(ctx_->device())); }
   std::unique_ptr<core::CapturedWork> capture(const std::function<void()>& body) override {
     struct CapturedGraph final : core::CapturedWork {
@@ -69,7 +90,12 @@ class CudaMemory final : public core::DeviceMemory {
   }
 
  private:
+  void release_marks() {
+    for (cudaEvent_t e : marks_) cudaEventDestroy(e);  // no check: also runs from the destructor
+    marks_.clear();
+  }
   std::shared_ptr<Context> ctx_;
+  std::vector<cudaEvent_t> marks_;  // mark(): events on the stream, read by take_marks_ms()
 };
 
 }  // namespace
