@@ -29,7 +29,8 @@
 #             /tmp/k3-proxy-tp8 on the machine's local disk, reused when present; fails when the disk
 #             lacks room), opens it on the GPU once and sweeps whole-model decode steps: ctx 8K and 32K
 #             x batch 1/8/64 x decode backend auto and latency_specialized x eager/graph: ms/step,
-#             tok/s, GB/s, ratio to the copy floor, speed-up of the fused path -> proxy.log, decode_gpu.json
+#             tok/s, GB/s, ratio to the copy floor, speed-up of the fused path, and (one GPU) each eager
+#             row's per-op profile (--profile)                                -> proxy.log, decode_gpu.json
 #             (under `all` it runs only when at least 240 s of the budget are left; else SKIP)
 #             K3_PROXY_TP=N splits the model over GPUs 0..N-1 (TpRunner, NCCL) -> decode_gpu_tpN.json
 #   fastpath  (only when named) the latency_specialized path against the standard one on the GPU:
@@ -405,8 +406,9 @@ if want proxy; then
   else
     PROXY_TP=${K3_PROXY_TP:-1}
     proxy_json=$OUT/decode_gpu.json; ((PROXY_TP > 1)) && proxy_json=$OUT/decode_gpu_tp$PROXY_TP.json
+    profile=(--profile); ((PROXY_TP > 1)) && profile=()  # per-op times of each eager row (one GPU)
     capped 480 "$DECODE_BENCH" --model "$PROXY_DIR" --make --config k3-proxy-tp8 --tp "$PROXY_TP" --ctx 8192,32768 \
-      --decode-backend auto,latency_specialized --out "$proxy_json" > "$OUT/proxy.log" 2>&1
+      --decode-backend auto,latency_specialized "${profile[@]}" --out "$proxy_json" > "$OUT/proxy.log" 2>&1
     if ((RC == 0)); then
       record proxy PASS "$SECS" "$(grep -m1 -o 'wrote [0-9.]* GB in [0-9.]* s' "$OUT/proxy.log" || echo 'checkpoint reused'); $(grep -m1 -o 'opened .* in [0-9.]* s' "$OUT/proxy.log" | grep -o 'in [0-9.]* s' | sed 's/^/load /')"
     elif ((RC == 124 || RC == 137)); then
