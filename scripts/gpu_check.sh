@@ -34,7 +34,7 @@
 #             (under `all` it runs only when at least 240 s of the budget are left; else SKIP)
 #             K3_PROXY_TP=N splits the model over GPUs 0..N-1 (TpRunner, NCCL) -> decode_gpu_tpN.json
 #   fastpath  (only when named) the latency_specialized path against the standard one on the GPU:
-#             k3eval_layer_diff on k3-tiny (fp32 free run of 200 greedy tokens: identical; bf16
+#             k3eval_layer_diff on k3-tiny (fp32 free run of 500 greedy tokens: identical; bf16
 #             teacher-forced 200 steps, both inits: fused vs standard, and each vs the CPU oracle,
 #             per-layer cosine and top-1), then, when the proxy checkpoint is on disk
 #             ($K3_PROXY_DIR), fp32 decode from a synthetic 32K-token context on both paths at batch
@@ -428,7 +428,7 @@ if named fastpath; then
   else
     t0=$(date +%s)
     fp_rc=0
-    capped 120 "$LAYER_DIFF" --config k3-tiny --seed 3 --prompt-len 48 --steps 200 --free-run --check \
+    capped 120 "$LAYER_DIFF" --config k3-tiny --seed 3 --prompt-len 48 --steps 500 --free-run --check \
       --a device=cuda,precision=fp32 --b device=cuda,precision=fp32,decode_backend=latency_specialized \
       --out "$OUT/layer_diff_fp32.json" > "$OUT/fastpath_layer_diff_fp32.log" 2>&1
     ((RC == 0)) || fp_rc=$RC
