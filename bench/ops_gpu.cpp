@@ -270,8 +270,10 @@ void bench_mla_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>&
                            static_cast<double>(kv_b.weight.nbytes() + h_rows.nbytes() + h_table.nbytes());
       const kernels::MlaAttentionArgs a{q.view(), pages.view(), seqs, 1.0f, &kv_b, out.view(), H, nope, rope, vd, L,
                                         1.0f / std::sqrt(192.0f)};
+      // The strategy mla_absorbed selects is named in the shape (bf16 activations: cuda_absorbed_splitkv_mma).
+      const std::string absorbed_impl = b.reg.mla_absorbed.select(a, core::Device::cuda).name;
       b.row("mla", std::string("mla_absorbed ") + (cache_t == DType::bf16 ? "bf16" : "fp8"),
-            "ctx=8192 H=12 paged16", B, bytes, [&] { b.reg.mla_absorbed.run(a, core::Device::cuda); });
+            "ctx=8192 H=12 paged16 " + absorbed_impl, B, bytes, [&] { b.reg.mla_absorbed.run(a, core::Device::cuda); });
       // The fused path's mla_decode (fastpath/: absorbed decode + W_UV + the output gate) at its own
       // split length and at fixed ones (MlaDecodeArgs::split_len) from one 32-position tile to 2048, to
       // measure the split choice (mla_decode.h "Splits"); bf16 activations select the tensor-core

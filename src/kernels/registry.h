@@ -24,6 +24,7 @@
 #include "kernels/kda_decode/kda_decode.h"
 #include "kernels/linear/linear.h"
 #include "kernels/mla/mla.h"
+#include "kernels/mla/mla_cp.h"
 #include "kernels/mla_decode/mla_decode.h"
 #include "kernels/moe/experts.h"
 #include "kernels/moe/router.h"
@@ -205,6 +206,11 @@ struct Registry {
   OpTable<SigmoidGateArgs> sigmoid_gate{"sigmoid_gate", sigmoid_gate_check};
   OpTable<ToActivationArgs> to_activation{"to_activation", to_activation_check};  // TP: round a reduced sum
   OpTable<SampleArgs> sample{"sample", sample_check};  // tokens from the step's logits (runner/device_sampler.h)
+  // MLA under decode context parallelism (kernels/mla/mla_cp.h):
+  OpTable<MlaQAbsorbArgs> mla_q_absorb{"mla_q_absorb", mla_q_absorb_check};
+  OpTable<MlaPartialAttentionArgs> mla_partial_attention{"mla_partial_attention", mla_partial_attention_check};
+  OpTable<MlaLseRescaleArgs> mla_lse_rescale{"mla_lse_rescale", mla_lse_rescale_check};
+  OpTable<MlaWUvArgs> mla_w_uv{"mla_w_uv", mla_w_uv_check};
   // Fused ops of the latency_specialized decode path (fastpath/), one line each:
   OpTable<MultiLinearArgs> multi_linear{"multi_linear", multi_linear_check};
   OpTable<AttnResBankArgs> attn_res_bank{"attn_res_bank", attn_res_bank_check};
@@ -220,6 +226,7 @@ struct Registry {
     fn(moe_experts); fn(kda_conv); fn(kda_recurrent); fn(kda_chunked); fn(kda_output_gate);
     fn(mla_cache_write); fn(mla_naive); fn(mla_absorbed); fn(add); fn(sigmoid_gate); fn(to_activation);
     fn(sample);
+    fn(mla_q_absorb); fn(mla_partial_attention); fn(mla_lse_rescale); fn(mla_w_uv);
     // fused ops (fastpath/), one line each:
     fn(multi_linear);
     fn(attn_res_bank); fn(attn_res_merge);

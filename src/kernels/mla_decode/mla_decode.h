@@ -15,6 +15,8 @@
 // the standard op pair bit for bit in both precisions. CUDA is compared at attention tolerance (split
 // softmax, FMA contraction, device expf).
 //
+// The standard op mla_absorbed runs the same launches without a gate ("cuda_absorbed_splitkv_mma",
+// cuda_absorbed_via_decode.cu), so both decode paths attend on the tensor cores.
 // CUDA design: four launches per call, grids from host integers only (num_seqs, max_rows, max_tokens,
 // dims), so a captured CUDA graph replays for any positions, row counts and block tables. Query slots
 // qi = s * max_rows + i (Q = num_seqs * max_rows); slots with i >= num_rows[s] exit at once. Two strategies

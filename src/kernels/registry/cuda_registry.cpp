@@ -25,6 +25,8 @@ void register_all(Registry& r, const CudaOps& ops) {
   register_mla_cache_cuda(r, ops);
   register_mla_naive_cuda(r, ops);
   register_mla_absorbed_cuda(r, ops);
+  register_mla_absorbed_mma_cuda(r, ops);
+  register_mla_cp_cuda(r, ops);
   register_elementwise_cuda(r, ops);
   register_sampling_cuda(r, ops);
   // fused ops (fastpath/), one line each:

@@ -1,0 +1,93 @@
+// kernels/mla/mla_cp.h: MLA attention under decode context parallelism (DCP, issue #9 item 3): the
+// latent cache of a sequence is split over the cp ranks of the tensor-parallel group by token
+// (position p lives on rank p % cp at LOCAL position p / cp of that rank's pages), so each rank
+// stores 1/cp of every context and attention becomes three steps around two collectives:
+//
+//   1. mla_q_absorb        (each rank, its H own heads)   qc = [round(W_UK^T q_nope); q_pe]
+//      all_gather(qc, first)                               -> qc of the whole group [cp, T, H, E]
+//   2. mla_partial_attention (each rank, every head of the group, over ITS tokens only)
+//                                                          -> o_part [cp, T, H, L], lse [cp, T, H]
+//      all_gather(lse, first)                              -> lse of every rank [cp, cp, T, H]
+//   3. mla_lse_rescale     o_part *= exp(lse_mine - logsumexp over ranks)   (in place)
+//      reduce_scatter_sum(o_part) over the owner axis      -> o_lat [T, H, L] of this rank's heads
+//   4. mla_w_uv            out = round(W_UV round(o_lat))   [T, H * v]
+//
+// E = kv_lora + rope, L = kv_lora, H = heads per rank. The "owner axis" g of [cp, T, H, ...] is the
+// rank that owns the heads (head g * H + h of the group); reduce_scatter_sum's rank-order fp32 sum
+// makes the combine deterministic and the same on every device. With cp = 1 the four steps compute
+// mla_absorbed_reference's function (spec §6.2) up to the fp32 summation order of the softmax
+// normaliser (the partial is normalised by its own sum, then rescaled; fp32 mode agrees to ~1e-6
+// relative, bf16 mode rounds q_lat, o_lat and o at the same points as the absorbed form).
+//
+// Row / sequence conventions are MlaAttentionArgs's (mla.h): sequence s owns activation rows
+// row_begin[s] .. + num_rows[s] - 1, its row i is the token at GLOBAL position position[s] + i and
+// attends to global positions 0 .. position[s] + i. On a rank, block_table[s] maps LOCAL positions
+// (page = block_table[s][local / block_size]); local position j holds global position
+// j * cp + cp_rank, so the row at global position P sees local positions j with j * cp + cp_rank <= P
+// (possibly none: then its lse is -inf and its o_part row is 0, and the rescale gives it weight 0).
+// SeqBatch::max_tokens bounds LOCAL positions (<= max_blocks * block_size).
+#pragma once
+#include "core/error.h"
+#include "kernels/common.h"
+
+namespace k3::kernels {
+
+// qc[t, h, :] = [round(W_UK[h]^T q_nope[t, h]) (L values) ; q_pe[t, h] (rope values, as given)].
+// Rows of q outside `rows` (row_begin..row_begin+num_rows of `seqs`) are not read; their qc rows
+// are left as they are.
+struct MlaQAbsorbArgs {
+  core::TensorView q;                  // activations [T, H * (nope + rope)] (f32; bf16 on CUDA in bf16 mode)
+  SeqBatch seqs;                       // only row_begin / num_rows are used
+  const LinearWeight* kv_b = nullptr;  // [H * (nope + v), kv_lora]
+  core::TensorView qc;                 // f32 [T, H, kv_lora + rope]
+  int num_heads = 0, qk_nope = 0, qk_rope = 0, v_head_dim = 0, kv_lora = 0;
+  Precision precision = Precision::bf16;
+};
+core::Status mla_q_absorb_check(const MlaQAbsorbArgs& a);
+void mla_q_absorb_reference(const MlaQAbsorbArgs& a);
+
+// Attention of every group's heads over THIS rank's tokens. For owner g, row t, head h:
+//   s(j)  = scale * (qc[g,t,h,:L] . c_n,j + qc[g,t,h,L:] . k_pe,j)   one fp32 sum, latent then rope
+//   m = max_j s(j), Z = sum_j e^{s(j) - m} (j in local order), lse = m + log(Z)
+//   o_part[g,t,h,:] = sum_j (e^{s(j)-m} / Z) c_n,j   (fp32, j order, NOT rounded)
+// over the visible local positions j (see above); none visible: lse = -inf, o_part = 0.
+struct MlaPartialAttentionArgs {
+  core::TensorView qc;      // f32 [G, T, H, kv_lora + rope] (G = cp: the all-gathered qc)
+  core::TensorView pages;   // f32 / f8_e4m3 (bf16 on CUDA) [num_blocks, block_size, kv_lora + rope]: local
+  SeqBatch seqs;            // row_begin, num_rows, position (GLOBAL), block_table (LOCAL), max_tokens (LOCAL)
+  float k_scale = 1.0f;     // dequant: value = fp8 * k_scale
+  core::TensorView o_part;  // f32 [G, T, H, kv_lora]
+  core::TensorView lse;     // f32 [G, T, H]
+  int cp_size = 1, cp_rank = 0;
+  float scale = 0.0f;       // (nope + rope)^-1/2
+};
+core::Status mla_partial_attention_check(const MlaPartialAttentionArgs& a);
+void mla_partial_attention_reference(const MlaPartialAttentionArgs& a);
+
+// In place, for the rows of `seqs`: o_part[g,t,h,:] *= w where
+//   M = max_r lse_all[r,g,t,h], w = e^{lse_all[cp_rank,g,t,h] - M} / sum_r e^{lse_all[r,g,t,h] - M}
+// (sum over r in rank order, fp32; every lse -inf cannot happen: position 0 is on rank 0 and
+// every row sees it). After the reduce-scatter over g, o_lat = sum_r w_r o_part_r.
+struct MlaLseRescaleArgs {
+  core::TensorView o_part;   // f32 [G, T, H, kv_lora], scaled in place
+  core::TensorView lse_all;  // f32 [cp, G, T, H]: every rank's lse, rank-major (all_gather first)
+  SeqBatch seqs;             // only row_begin / num_rows are used
+  int cp_rank = 0;
+};
+core::Status mla_lse_rescale_check(const MlaLseRescaleArgs& a);
+void mla_lse_rescale_reference(const MlaLseRescaleArgs& a);
+
+// out[t, h*v .. (h+1)*v) = round(W_UV[h] round(o_lat[t, h, :])) for the rows of `seqs` (fp32 sum
+// over kv_lora in index order, as the absorbed form).
+struct MlaWUvArgs {
+  core::TensorView o_lat;              // f32 [T, H, kv_lora]
+  SeqBatch seqs;                       // only row_begin / num_rows are used
+  const LinearWeight* kv_b = nullptr;  // [H * (nope + v), kv_lora]
+  core::TensorView out;                // activations [T, H * v] (f32; bf16 on CUDA in bf16 mode)
+  int num_heads = 0, qk_nope = 0, v_head_dim = 0, kv_lora = 0;
+  Precision precision = Precision::bf16;
+};
+core::Status mla_w_uv_check(const MlaWUvArgs& a);
+void mla_w_uv_reference(const MlaWUvArgs& a);
+
+}  // namespace k3::kernels
