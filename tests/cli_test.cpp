@@ -100,6 +100,8 @@ TEST_F(Cli, BadInputGivesAClearErrorAndExitCode2) {
        "--precision"},
       {"logits --model " + model_dir() + " --token-ids 1,2", "--out is required"},
       {"make-checkpoint --config k3-huge --out " + path("y"), "k3-huge"},
+      {"serve --model " + model_dir() + " --tp 2 --decode-context-parallel-size 4",
+       "dcp 4 must be 1 or the tensor-parallel size 2"},
   };
   for (const auto& c : cases) {
     const RunResult r = run(c.args);

@@ -8,11 +8,20 @@
 namespace k3::engine {
 
 namespace {
-model::KvStorageConfig storage_config(const cache::CacheConfig& c, model::KvCacheDtype kv_dtype) {
+// A scheduler block of block_size tokens is block_size / dcp local positions on each rank under
+// decode context parallelism (model/layers/context.h ContextSplit).
+int32_t page_tokens(int32_t block_size, int dcp) {
+  K3_CHECK(dcp >= 1 && block_size % dcp == 0, "decode context parallelism: the cache block_size " +
+                                                  std::to_string(block_size) + " must be a multiple of dcp " +
+                                                  std::to_string(dcp) + " (each rank holds block_size / dcp of its tokens)");
+  return block_size / dcp;
+}
+
+model::KvStorageConfig storage_config(const cache::CacheConfig& c, model::KvCacheDtype kv_dtype, int dcp) {
   c.validate();
   model::KvStorageConfig s;
   s.num_blocks = c.num_blocks;
-  s.block_size = c.block_size;
+  s.block_size = page_tokens(c.block_size, dcp);
   s.num_slots = c.num_slots;
   s.num_checkpoints = c.enable_prefix_cache ? c.num_checkpoints : 0;
   s.kv_dtype = kv_dtype;
@@ -22,10 +31,10 @@ model::KvStorageConfig storage_config(const cache::CacheConfig& c, model::KvCach
 
 cache::CacheConfig size_model_cache(const config::K3Config& config, model::KvCacheDtype kv_dtype,
                                     const cache::CacheConfig& base, int64_t budget_bytes, double checkpoint_fraction,
-                                    int64_t max_model_len) {
+                                    int64_t max_model_len, int dcp) {
   cache::CacheBudget b;
   b.bytes = budget_bytes;
-  b.bytes_per_block = model::KvStorage::bytes_per_block(config, base.block_size, kv_dtype);
+  b.bytes_per_block = model::KvStorage::bytes_per_block(config, page_tokens(base.block_size, dcp), kv_dtype);
   b.bytes_per_kda_state = model::KvStorage::bytes_per_kda_state(config);
   b.checkpoint_fraction = checkpoint_fraction;
   const auto min_blocks = static_cast<int32_t>((max_model_len + base.block_size - 1) / base.block_size);
@@ -44,7 +53,9 @@ void apply_model_defaults(const config::K3Config& model, scheduler::SchedulerCon
 
 ModelExecutor::ModelExecutor(const model::Model& model, const cache::CacheConfig& cache, model::KvCacheDtype kv_dtype,
                              int64_t graph_max_model_len)
-    : model_(model), storage_(model.config(), storage_config(cache, kv_dtype), model.memory(), model.options().precision) {
+    : model_(model),
+      storage_(model.config(), storage_config(cache, kv_dtype, model.options().dcp), model.memory(),
+               model.options().precision) {
   // Tensor-parallel ranks capture too: each rank's graph holds its step's collectives.
   if (graph_max_model_len > 0 && model.options().device != core::Device::cpu)
     graphs_ = std::make_unique<model::DecodeGraphs>(

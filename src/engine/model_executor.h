@@ -23,10 +23,12 @@ namespace k3::engine {
 
 // Cache counts for a model from a byte budget, at KvStorage's prices per page and per KDA
 // state: base gives block_size, num_slots (= max running sequences), checkpoint interval and
-// whether the prefix cache is on; the budget must hold one max_model_len sequence.
+// whether the prefix cache is on; the budget must hold one max_model_len sequence. Under decode
+// context parallelism (`dcp` ranks, model::ModelOptions::dcp) a block of base.block_size tokens
+// costs each rank the pages of base.block_size / dcp local positions: dcp times the tokens per byte.
 cache::CacheConfig size_model_cache(const config::K3Config& config, model::KvCacheDtype kv_dtype,
                                     const cache::CacheConfig& base, int64_t budget_bytes, double checkpoint_fraction,
-                                    int64_t max_model_len);
+                                    int64_t max_model_len, int dcp = 1);
 
 // What the engine should take from the model: its eos, and chunk_align_tokens = the KDA chunk
 // size (rounded up to a page multiple) when left at 0, so prefill chunks start on KDA chunk
@@ -37,7 +39,9 @@ void apply_model_defaults(const config::K3Config& model, scheduler::SchedulerCon
 
 class ModelExecutor final : public Executor {
  public:
-  // `model` must outlive the executor. Allocates the storage for `cache`'s counts. With
+  // `model` must outlive the executor. Allocates the storage for `cache`'s counts (under decode
+  // context parallelism, model.options().dcp > 1, pages of cache.block_size / dcp tokens: a block id
+  // names the same block_size global tokens in every rank's storage, each rank holding its share). With
   // `graph_max_model_len` > 0, pure-decode steps of up to 64 sequences no longer than that many
   // tokens replay as CUDA graphs on devices that can capture (model/decode_graphs.h); 0: eager.
   ModelExecutor(const model::Model& model, const cache::CacheConfig& cache, model::KvCacheDtype kv_dtype,

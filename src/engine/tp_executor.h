@@ -7,6 +7,11 @@
 // storage is built from the same CacheConfig). The logits every rank ends with are the same
 // (vocab-parallel lm_head all-gathered), so rank 0's are returned; so are its hidden-state taps
 // (the residual stream is replicated after each all-reduce). Sampling stays on the host.
+//
+// Decode context parallelism (the runner's options.dcp = tp): the MLA cache is split over the ranks
+// by token instead of replicated; a block id of the plan names cache.block_size global tokens,
+// cache.block_size / tp of them in each rank's pages (ModelExecutor), so the scheduler's blocks
+// hold tp times the tokens of the same memory.
 #pragma once
 #include <memory>
 #include <vector>

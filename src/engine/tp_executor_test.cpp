@@ -1,7 +1,8 @@
 // engine/tp_executor_test.cpp: the Engine serving a tensor-parallel model (TpExecutor over a CPU
 // TpRunner, TP=2 and 4 on k3-tiny) gives, in fp32 mode, the greedy tokens of the same engine over
 // the plain model: three requests batched together, one reusing another's prefix (shared MLA pages
-// and a restored KDA checkpoint on every rank), prefill chunks mixed with decodes.
+// and a restored KDA checkpoint on every rank), prefill chunks mixed with decodes; the same with
+// decode context parallelism (the MLA cache split over the ranks by token).
 #include "engine/tp_executor.h"
 
 #include <gtest/gtest.h>
@@ -85,6 +86,38 @@ TEST(TpExecutor, Fp32GreedyEqualsPlainModelEngine) {
     auto executor = std::make_unique<TpExecutor>(*ranks, cache, model::KvCacheDtype::bf16);
     EXPECT_EQ(executor->tp(), tp);
     EXPECT_EQ(serve(std::move(executor)), want) << "tp " << tp;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Decode context parallelism (dcp = tp): each rank's pages hold block_size / tp tokens of a block
+// (the plan's block ids are the same), and the greedy tokens are still the plain engine's, prefix
+// hit (shared split pages, restored KDA checkpoint) included.
+TEST(TpExecutor, DecodeContextParallelFp32GreedyEqualsPlainModelEngine) {
+  const auto dir = std::filesystem::temp_directory_path() / ("k3-tp-executor-dcp-" + std::to_string(::getpid()));
+  checkpoint::write_random_checkpoint(config::builtin_config("k3-tiny"), {}, dir);
+  model::ModelOptions o;
+  o.precision = kernels::Precision::fp32;
+  const auto plain = runner::ModelRunner::open(dir, o);
+  const cache::CacheConfig cache = small_config().cache;
+  const auto want = serve(std::make_unique<ModelExecutor>(plain->model(), cache, model::KvCacheDtype::bf16));
+  for (int tp : {2, 4}) {
+    o.dcp = tp;
+    const auto ranks = runner::TpRunner::open(dir, tp, o, model::KvCacheDtype::bf16);
+    auto executor = std::make_unique<TpExecutor>(*ranks, cache, model::KvCacheDtype::bf16);
+    for (int r = 0; r < tp; ++r) EXPECT_EQ(executor->rank(r).storage().storage_config().block_size, 16 / tp);
+    EXPECT_EQ(serve(std::move(executor)), want) << "tp = dcp = " << tp;
+  }
+  // A block that does not split evenly over the ranks.
+  cache::CacheConfig odd = cache;
+  odd.block_size = 6;
+  o.dcp = 4;
+  const auto ranks = runner::TpRunner::open(dir, 4, o, model::KvCacheDtype::bf16);
+  try {
+    TpExecutor(*ranks, odd, model::KvCacheDtype::bf16);
+    ADD_FAILURE() << "no error";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("block_size 6 must be a multiple of dcp 4"), std::string::npos) << e.what();
   }
   std::filesystem::remove_all(dir);
 }

@@ -18,7 +18,7 @@ bool DecodeGraphs::eligible(std::span<const SequenceInput> batch) const {
   for (const SequenceInput& in : batch)
     if (in.kind != StepKind::decode || in.verify != verify || in.tokens.size() != rows || in.state == nullptr ||
         static_cast<int64_t>(in.state->block_table.size()) > shape_.block_table_width ||
-        in.state->num_tokens + static_cast<int64_t>(rows) > shape_.max_tokens)
+        model_.context_split().local_tokens(in.state->num_tokens + static_cast<int64_t>(rows)) > shape_.max_tokens)
       return false;
   return true;
 }
@@ -87,7 +87,7 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
   Entry e;
   e.batch = B;
   e.rows = R;
-  e.tables = std::make_unique<StepTables>(segs, kv_.storage_config().block_size, memory, shape_);
+  e.tables = std::make_unique<StepTables>(segs, kv_.storage_config().block_size, memory, shape_, model_.context_split());
   e.ids = memory.upload(host_ids);
   if (verify) {
     describe_verify(batch, R, *capture);

@@ -33,7 +33,8 @@ namespace k3::model {
 class DecodeGraphs {
  public:
   // `max_blocks_per_seq`: the longest block table a sequence may have (max_model_len / block_size,
-  // rounded up): the fixed width of the tables, and with block_size the attention capacity.
+  // rounded up): the fixed width of the tables, and with block_size the attention capacity (in local
+  // positions under decode context parallelism: model/layers/context.h ContextSplit).
   DecodeGraphs(const Model& model, KvStorage& kv, int64_t max_blocks_per_seq, int max_graphs = 16);
 
   // True when forward() takes this batch through a graph: 1..kMaxBatch sequences, either all plain

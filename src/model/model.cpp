@@ -75,6 +75,7 @@ Model::Model(const config::K3Config& config, const Weights& weights, const kerne
                  std::to_string(weights_.embed.dim(0)) + " embedding rows but its config has vocab_size " +
                  std::to_string(config_.vocab_size) + " (give each rank config::shard_config and its weight slices)");
   }
+  check_dcp_size(options_.dcp, tp_size());  // DCP splits the cache over exactly the TP group
   check_schedule(config_, weights_);
   router_bias_.resize(weights_.layers.size());
   for (size_t l = 0; l < weights_.layers.size(); ++l) {
@@ -95,10 +96,11 @@ void Model::check_step(const KvStorage& kv, std::span<const SequenceInput> batch
   for (const SequenceInput& in : batch) {
     K3_CHECK(in.state != nullptr, "forward: a sequence has no state");
     K3_CHECK(!in.tokens.empty(), "forward: a sequence has no tokens");
-    const int64_t need = in.state->num_tokens + static_cast<int64_t>(in.tokens.size());
+    // Under decode context parallelism the table covers this rank's LOCAL positions.
+    const int64_t need = context_split().local_tokens(in.state->num_tokens + static_cast<int64_t>(in.tokens.size()));
     const int64_t have = static_cast<int64_t>(in.state->block_table.size()) * kv.storage_config().block_size;
     K3_CHECK(need <= have, "forward: a sequence's block table covers " + std::to_string(have) + " tokens, the step needs " +
-                               std::to_string(need));
+                               std::to_string(need) + (options_.dcp > 1 ? " (local positions of this rank)" : ""));
   }
 }
 
@@ -132,7 +134,7 @@ core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch,
   }
   if (capture) capture->layers.resize(static_cast<size_t>(config_.num_hidden_layers));
   const auto n = static_cast<int64_t>(ids.size());
-  const StepTables tables(segments, kv.storage_config().block_size, *memory_);
+  const StepTables tables(segments, kv.storage_config().block_size, *memory_, {}, context_split());
   const core::Tensor dev_ids = memory_->upload(core::TensorView::contiguous(ids.data(), core::DType::i32, {n}));
   const core::Tensor logits = run_step(kv, segments, tables.batches(), dev_ids.view(), rows, trace, capture, taps);
   for (const Segment& s : segments) s.state->num_tokens += s.rows();
@@ -146,7 +148,9 @@ core::Tensor Model::run_step(KvStorage& kv, std::span<const Segment> segments, c
   const ForwardContext ctx{config_, kv, ops_, options_, segments, batches, *memory_, trace, comm_, capture, taps};
   PathDecision decision;
   if (options_.decode_backend == DecodeBackend::latency_specialized)
-    decision = fused_ ? fused_->decide(ctx, rows) : PathDecision{false, "no fused decode path attached to the model"};
+    decision = options_.dcp > 1 ? PathDecision{false, "decode context parallelism (dcp > 1) runs the standard path"}
+               : fused_         ? fused_->decide(ctx, rows)
+                                : PathDecision{false, "no fused decode path attached to the model"};
   count_path(decision);
   if (decision.fused) return fused_->run_step(ctx, ids, rows);
 
@@ -236,7 +240,7 @@ void Model::commit_verified(KvStorage& kv, VerifyCapture& capture, std::span<con
     capture.states[j]->num_tokens = capture.start[j];
     segments.push_back({capture.row_begin[j], capture.row_begin[j] + n, capture.states[j], StepKind::decode, true});
   }
-  const StepTables tables(segments, kv.storage_config().block_size, *memory_);
+  const StepTables tables(segments, kv.storage_config().block_size, *memory_, {}, context_split());
   const ForwardContext ctx{config_, kv, ops_, options_, segments, tables.batches(), *memory_, nullptr, comm_, nullptr,
                            nullptr};
   for (int l = 0; l < config_.num_hidden_layers; ++l) {

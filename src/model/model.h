@@ -44,10 +44,12 @@ class Model {
   // its slices (checkpoint::load_weights with a TpShard), and every rank calls forward() with the
   // same batch in lock step. The collectives: an all-reduce after each row-parallel layer (o_proj,
   // dense down_proj, and one per MoE layer for the latent + shared partial sums), one for the
-  // vocab-parallel embedding, and an all-gather of the vocab-parallel logits. The communicator is
-  // a constructor argument rather than a ModelOptions field because it is a live object of one
-  // rank (options are plain values that every rank shares, print and compare); it must outlive
-  // the Model and live on options.device. nullptr: TP1.
+  // vocab-parallel embedding, and an all-gather of the vocab-parallel logits. Decode context
+  // parallelism (options.dcp = the group size) also splits every sequence's MLA cache over the
+  // ranks by token, with three more collectives per MLA layer (kernels/mla/mla_cp.h). The
+  // communicator is a constructor argument rather than a ModelOptions field because it is a live
+  // object of one rank (options are plain values that every rank shares, print and compare); it
+  // must outlive the Model and live on options.device. nullptr: TP1.
   Model(const config::K3Config& config, const Weights& weights, const kernels::Registry& ops,
         ModelOptions options, std::shared_ptr<core::DeviceMemory> memory = core::host_memory(),
         comm::Communicator* comm = nullptr);
@@ -59,6 +61,11 @@ class Model {
   // width: config().vocab_size times the group size).
   int tp_size() const { return comm_ ? comm_->size() : 1; }
   int64_t vocab_size() const { return int64_t{config_.vocab_size} * tp_size(); }
+  // This rank's share of the MLA cache under decode context parallelism (options().dcp > 1): a
+  // sequence's block table covers context_split().local_tokens(its tokens) positions of this rank.
+  ContextSplit context_split() const {
+    return options_.dcp > 1 && comm_ ? ContextSplit{comm_->size(), comm_->rank()} : ContextSplit{};
+  }
   // The model's device memory (KvStorage for forward() must be built on it).
   const std::shared_ptr<core::DeviceMemory>& memory() const { return memory_; }
   // Runs every sequence's tokens on top of its state in `kv` (advancing num_tokens) and

@@ -23,7 +23,7 @@ struct Layout {
 
 // Fills `host` and returns the layout; `shape` fixes the table width when set.
 Layout lay_out(std::span<const Segment> segments, int32_t block_size, const StepTableShape& shape,
-               std::vector<int32_t>& host) {
+               const ContextSplit& split, std::vector<int32_t>& host) {
   Layout L;
   for (const Segment& s : segments) {
     L.groups[0].seqs.push_back(&s);
@@ -65,10 +65,13 @@ Layout lay_out(std::span<const Segment> segments, int32_t block_size, const Step
   for (const Segment& s : segments)
     for (int64_t r = s.row_begin; r < s.row_end; ++r) {
       const int64_t pos = s.state->num_tokens + (r - s.row_begin);
-      const auto page = static_cast<size_t>(pos / block_size);
-      K3_CHECK(page < s.state->block_table.size(), "StepTables: a block table does not cover position " + std::to_string(pos));
+      if (!split.owns(pos)) continue;  // decode context parallelism: another rank stores it (-1)
+      const int64_t local = split.local(pos);
+      const auto page = static_cast<size_t>(local / block_size);
+      K3_CHECK(page < s.state->block_table.size(), "StepTables: a block table does not cover position " + std::to_string(pos) +
+                                                       (split.size > 1 ? " (local " + std::to_string(local) + ")" : ""));
       host[static_cast<size_t>(L.cache_rows + r)] =
-          static_cast<int32_t>(int64_t{s.state->block_table[page]} * block_size + pos % block_size);
+          static_cast<int32_t>(int64_t{s.state->block_table[page]} * block_size + local % block_size);
     }
   return L;
 }
@@ -88,10 +91,10 @@ std::vector<int64_t> signature(const Layout& L) {
 }  // namespace
 
 StepTables::StepTables(std::span<const Segment> segments, int32_t block_size, core::DeviceMemory& memory,
-                       StepTableShape shape)
-    : block_size_(block_size), shape_(shape), memory_(memory) {
+                       StepTableShape shape, ContextSplit split)
+    : block_size_(block_size), shape_(shape), split_(split), memory_(memory) {
   std::vector<int32_t> host;
-  const Layout L = lay_out(segments, block_size_, shape_, host);
+  const Layout L = lay_out(segments, block_size_, shape_, split_, host);
   layout_ = signature(L);
   storage_ = memory.upload(core::TensorView::contiguous(host.data(), core::DType::i32, {static_cast<int64_t>(host.size())}));
   auto* base = storage_.data<int32_t>();
@@ -111,7 +114,7 @@ StepTables::StepTables(std::span<const Segment> segments, int32_t block_size, co
     b.num_seqs = static_cast<int>(n);
     for (const Segment* s : g.seqs) {
       b.max_rows = std::max<int>(b.max_rows, static_cast<int>(s->rows()));
-      b.max_tokens = std::max<int64_t>(b.max_tokens, s->state->num_tokens + s->rows());
+      b.max_tokens = std::max<int64_t>(b.max_tokens, split_.local_tokens(s->state->num_tokens + s->rows()));
     }
     if (shape_.max_tokens > 0) {
       K3_CHECK(b.max_tokens <= shape_.max_tokens, "StepTables: a sequence reaches " + std::to_string(b.max_tokens) +
@@ -124,13 +127,13 @@ StepTables::StepTables(std::span<const Segment> segments, int32_t block_size, co
 
 void StepTables::refill(std::span<const Segment> segments) {
   std::vector<int32_t> host;
-  const Layout L = lay_out(segments, block_size_, shape_, host);
+  const Layout L = lay_out(segments, block_size_, shape_, split_, host);
   K3_CHECK(signature(L) == layout_, "StepTables::refill: the batch does not have the tables' layout");
   const kernels::SeqBatch* groups[kGroups] = {&batches_.all,     &batches_.prefill,    &batches_.decode,
                                               &batches_.kda_all, &batches_.kda_decode, &batches_.verify};
   for (int i = 0; i < kGroups; ++i)
     for (const Segment* s : L.groups[i].seqs)
-      K3_CHECK(s->state->num_tokens + s->rows() <= groups[i]->max_tokens,
+      K3_CHECK(split_.local_tokens(s->state->num_tokens + s->rows()) <= groups[i]->max_tokens,
                "StepTables::refill: a sequence reaches past the fixed capacity " + std::to_string(groups[i]->max_tokens));
   memory_.copy_from_host(storage_.view(),
                          core::TensorView::contiguous(host.data(), core::DType::i32, {static_cast<int64_t>(host.size())}));

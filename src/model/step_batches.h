@@ -4,7 +4,7 @@
 //
 // Host buffer layout (i32): per group [row_begin S | num_rows S | position S | slot S |
 // block_table S x width], groups all, prefill, decode, kda_all, kda_decode, verify, then
-// cache_rows [T].
+// cache_rows [T]. Under decode context parallelism the tables are one rank's (StepBatches).
 #pragma once
 #include <span>
 #include <vector>
@@ -23,9 +23,10 @@ struct StepTableShape {
 
 class StepTables {
  public:
-  // `block_size`: tokens per MLA page. Every segment's block table must cover its new tokens.
+  // `block_size`: tokens per MLA page. Every segment's block table must cover its new tokens
+  // (under decode context parallelism, `split`: their local positions on this rank).
   StepTables(std::span<const Segment> segments, int32_t block_size, core::DeviceMemory& memory,
-             StepTableShape shape = {});
+             StepTableShape shape = {}, ContextSplit split = {});
   const StepBatches& batches() const { return batches_; }
   // Rewrites the device tables in place for a batch of the same layout (as many sequences of
   // each kind with the same row counts and the same fixed shape); throws core::Error otherwise.
@@ -35,6 +36,7 @@ class StepTables {
   std::vector<int32_t> build(std::span<const Segment> segments, bool first);
   int32_t block_size_;
   StepTableShape shape_;
+  ContextSplit split_;
   core::DeviceMemory& memory_;
   std::vector<int64_t> layout_;  // the offsets and sizes build() produced first (refill checks them)
   core::Tensor storage_;         // every table, one i32 buffer on the device

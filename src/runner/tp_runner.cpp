@@ -102,6 +102,7 @@ TpRunner::TpRunner(const std::filesystem::path& dir, int tp, const model::ModelO
   K3_CHECK(options.device == core::Device::cpu || cuda,
            "tensor parallelism: no runner for device " + std::string(core::device_name(options.device)));
   rank_config_ = config::shard_config(full_, tp);  // throws naming the field tp does not divide
+  model::check_dcp_size(options.dcp, tp);          // before loading anything
   if (cuda)
     if (const std::string why = cuda_tp_unavailable(tp); !why.empty()) throw core::Error(why);
 #ifdef K3_HAVE_CUDA
@@ -200,7 +201,9 @@ void TpRunner::run(const RankFn& fn) const {
 }
 
 model::LocalCache TpRunner::new_cache(int rank, int64_t max_tokens) const {
-  return model::LocalCache(rank_config_, 1, max_tokens, kv_cache_, 16, memory(rank), options_.precision);
+  // Under decode context parallelism a rank stores ceil(max_tokens / dcp) of the sequence's tokens.
+  const int64_t local = (max_tokens + options_.dcp - 1) / options_.dcp;
+  return model::LocalCache(rank_config_, 1, local, kv_cache_, 16, memory(rank), options_.precision);
 }
 
 void TpRunner::check_ids(std::span<const int32_t> tokens) const {

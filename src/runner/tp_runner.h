@@ -12,6 +12,10 @@
 // mmap'd checkpoint (checkpoint::load_weights with a TpShard), and its own caches. Every call runs
 // all ranks through the same forward() sequence; the logits every rank ends with are the same
 // (all-gathered), and rank 0's are returned. In generate(), rank 0 samples and broadcasts the token.
+//
+// Decode context parallelism (options.dcp = tp; 1 = off, kernels/mla/mla_cp.h): every sequence's
+// MLA cache is also split over the ranks by token (position p on rank p % tp), so each rank's
+// caches (new_cache) hold ceil(tokens / tp) positions: tp times the context for the same memory.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -38,7 +42,8 @@ class TpRunner {
   // error names the field) and loads every rank's slices (on options.device; for cuda, rank r's go
   // to GPU r, one rank at a time so the host holds one rank's slices at most). cuda needs a build
   // with NCCL and at least tp GPUs (else core::Error saying which). `progress` sees rank 0's load.
-  // tp = 1 is allowed (a one-rank group: the plain model).
+  // tp = 1 is allowed (a one-rank group: the plain model). options.dcp must be 1 or tp (core::Error
+  // "dcp N must be 1 or the tensor-parallel size M").
   static std::unique_ptr<TpRunner> open(const std::filesystem::path& dir, int tp, const model::ModelOptions& options,
                                         model::KvCacheDtype kv_cache = model::KvCacheDtype::bf16,
                                         const checkpoint::LoadProgressFn& progress = nullptr);
@@ -51,6 +56,7 @@ class TpRunner {
   const config::K3Config& config() const { return full_; }              // the whole model's
   const config::K3Config& rank_config() const { return rank_config_; }  // what each rank holds
   int tp() const { return static_cast<int>(ranks_.size()); }
+  int dcp() const { return options_.dcp; }
   const model::Model& model(int rank) const;
   model::KvCacheDtype kv_cache() const { return kv_cache_; }
 
@@ -72,7 +78,8 @@ class TpRunner {
   using RankFn = std::function<void(int rank, const model::Model& model, comm::Communicator& comm)>;
   void run(const RankFn& fn) const;
 
-  // Rank `rank`'s device memory (where its KvStorage must live) and a one-sequence cache on it.
+  // Rank `rank`'s device memory (where its KvStorage must live) and a one-sequence cache on it for
+  // max_tokens tokens (ceil(max_tokens / dcp) local positions under decode context parallelism).
   const std::shared_ptr<core::DeviceMemory>& memory(int rank) const;
   model::LocalCache new_cache(int rank, int64_t max_tokens) const;
 

@@ -34,15 +34,18 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
   ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
   ec.scheduler.max_model_len = o.max_model_len;
   cache::CacheConfig base;
-  base.block_size = o.block_size;
+  // Decode context parallelism: a scheduler block is o.block_size tokens on each of dcp ranks, so
+  // the same bytes hold dcp times the tokens (engine/model_executor.h).
+  const int dcp = o.model.dcp;
+  base.block_size = o.block_size * dcp;
   base.num_slots = o.max_num_seqs;
   base.enable_prefix_cache = o.enable_prefix_cache;
   // Prefill chunks start on KDA chunk boundaries; checkpoints must fall on them too.
   const int32_t kda_chunk = std::max(config.kda.chunk_size, 1);
-  const int32_t align = (kda_chunk + o.block_size - 1) / o.block_size * o.block_size;
-  base.checkpoint_interval_blocks = align / o.block_size;
+  const int32_t align = (kda_chunk + base.block_size - 1) / base.block_size * base.block_size;
+  base.checkpoint_interval_blocks = align / base.block_size;
   ec.cache = engine::size_model_cache(rank_config, o.kv_cache, base, o.kv_cache_bytes, o.enable_prefix_cache ? 0.2 : 0.0,
-                                      o.max_model_len);
+                                      o.max_model_len, dcp);
   // eos: the config's eos_token_id (K3's and k3-tiny's name "<|end_of_msg|>").
   engine::apply_model_defaults(config, ec.scheduler, ec.cache, &ec.eos_token_id);
   ec.speculative = o.speculative;
@@ -61,7 +64,10 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
 
   s->description_ = "model: " + o.model_dir.string() + " (vocab " + std::to_string(config.vocab_size) + ", " +
                     std::to_string(config.num_hidden_layers) + " layers" +
-                    (o.tp > 1 ? ", tensor parallel over " + std::to_string(o.tp) + " ranks" : std::string()) + ")\n" +
+                    (o.tp > 1 ? ", tensor parallel over " + std::to_string(o.tp) + " ranks" : std::string()) +
+                    (dcp > 1 ? ", decode context parallel: each rank holds 1/" + std::to_string(dcp) + " of every MLA cache"
+                             : std::string()) +
+                    ")\n" +
                     "tokenizer: " + std::to_string(s->tokenizer_->num_ranks()) + " ranks, " +
                     std::to_string(s->tokenizer_->specials().size()) + " special tokens, eos id " +
                     std::to_string(ec.eos_token_id) + "\n" + "scheduler: " + scheduler::describe(ec.scheduler) +

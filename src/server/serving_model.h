@@ -24,7 +24,7 @@ struct ServingOptions {
   int64_t max_model_len = 4096;         // prompt + completion tokens of one request
   int32_t max_num_seqs = 64;            // requests running at once (= KDA state slots)
   int32_t max_num_batched_tokens = 2048;
-  int32_t block_size = 16;
+  int32_t block_size = 16;  // tokens per MLA page (a scheduler block: block_size * model.dcp tokens)
   int64_t kv_cache_bytes = 256ll << 20;  // MLA pages + KDA slots + prefix checkpoints
   bool enable_prefix_cache = true;
   int tp = 1;  // tensor-parallel ranks (runner::TpRunner; with model.device cuda: GPUs 0..tp-1)

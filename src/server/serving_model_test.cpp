@@ -1,7 +1,7 @@
 // server/serving_model_test.cpp: what ServingModel::load takes from the model folder: the eos
 // token comes from config.json (k3-tiny's eos_token_id is "<|end_of_msg|>", no special case in
-// the server), the load progress callback sees every weight byte read in, and --tp 2 serves the
-// same greedy tokens as one rank (fp32).
+// the server), the load progress callback sees every weight byte read in, and --tp 2 (also with
+// --decode-context-parallel-size 2) serves the same greedy tokens as one rank (fp32).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -66,6 +66,44 @@ TEST(ServingModel, TensorParallelServesTheSameGreedyTokens) {
   const auto one = generate(1);
   EXPECT_EQ(one.size(), 16u);
   EXPECT_EQ(generate(2), one);
+}
+
+// --decode-context-parallel-size 2 with --tp 2: the same greedy tokens, and the same byte budget
+// holds twice the tokens (scheduler blocks of 2 * block_size tokens, as many of them).
+TEST(ServingModel, DecodeContextParallelServesTheSameGreedyTokensInTwiceTheContext) {
+  auto load = [](int tp, int dcp) {
+    ServingOptions o;
+    o.model_dir = testing::tiny_model_dir();
+    o.model.precision = kernels::Precision::fp32;
+    o.model.dcp = dcp;
+    o.max_model_len = 128;
+    o.max_num_seqs = 2;
+    o.kv_cache_bytes = 8ll << 20;
+    o.tp = tp;
+    return ServingModel::load(o);
+  };
+  auto generate = [](ServingModel& model) {
+    engine::GenerateRequest r;
+    r.prompt = {5, 17, 300, 42, 9, 77, 1000, 3};
+    r.max_tokens = 16;
+    r.ignore_eos = true;
+    auto stream = model.engine().submit(std::move(r)).stream;
+    model.engine().run_until_idle();
+    std::vector<int32_t> out;
+    while (auto e = stream->try_next())
+      if (e->token >= 0) out.push_back(e->token);
+    return out;
+  };
+  const auto tp = load(2, 1), dcp = load(2, 2);
+  EXPECT_NE(dcp->description().find("decode context parallel"), std::string::npos) << dcp->description();
+  const cache::CacheConfig& a = tp->engine().config().cache;
+  const cache::CacheConfig& b = dcp->engine().config().cache;
+  EXPECT_EQ(b.block_size, 2 * a.block_size);
+  EXPECT_GE(int64_t{b.num_blocks} * b.block_size, int64_t{2} * a.num_blocks * a.block_size * 9 / 10);
+  const auto want = generate(*load(1, 1));
+  EXPECT_EQ(want.size(), 16u);
+  EXPECT_EQ(generate(*dcp), want);
+  EXPECT_THROW(load(2, 4), core::Error);
 }
 
 // DSpark drafts (a random draft checkpoint for the tiny target) are verified losslessly: greedy

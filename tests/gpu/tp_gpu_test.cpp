@@ -99,6 +99,66 @@ TEST_F(TpGpu, Bf16LogitsCloseToTp1) {
   }
 }
 
+// Decode context parallelism (options.dcp = tp, kernels/mla/mla_cp.h): every sequence's MLA cache
+// split over the GPUs by token, attention combined across them by log-sum-exp. fp32: the GPU group
+// against the CPU group with the same split (logits), and against the CPU TP=1 model (greedy tokens);
+// bf16 with the fp8 cache: against the GPU TP=1 model as tightly as plain TP.
+model::ModelOptions dcp_options(core::Device device, kernels::Precision precision, int tp) {
+  model::ModelOptions o = options(device, precision);
+  o.dcp = tp;
+  return o;
+}
+
+TEST_F(TpGpu, DcpFp32LogitsMatchCpuDcpGroup) {
+  K3_REQUIRE_GPUS(2);
+  for (int tp : tp_sizes()) {
+    const auto dir = checkpoint(tp, /*mxfp4=*/true);
+    auto cpu = runner::TpRunner::open(dir, tp, dcp_options(core::Device::cpu, kernels::Precision::fp32, tp), KvCacheDtype::bf16);
+    auto gpu = runner::TpRunner::open(dir, tp, dcp_options(core::Device::cuda, kernels::Precision::fp32, tp), KvCacheDtype::bf16);
+    ASSERT_EQ(gpu->dcp(), tp);
+    const auto tokens = random_tokens(97, cpu->config().vocab_size, 5);
+    const core::Tensor want = cpu->logits(tokens, 57), got = gpu->logits(tokens, 57);
+    const testing::Diff d = testing::compare(got, want);
+    std::printf("tp %d dcp fp32 GPU vs CPU group: max_abs %.3g (scale %.3g), min row cosine %.9f, top-1 %.4f\n", tp,
+                d.max_abs, d.scale, d.cosine, d.top1_agreement);
+    EXPECT_LT(d.max_abs, 1e-3 * d.scale) << "tp " << tp;
+    EXPECT_GE(d.cosine, 0.99999) << "tp " << tp;
+    EXPECT_EQ(d.top1_agreement, 1.0) << "tp " << tp;
+  }
+}
+
+TEST_F(TpGpu, DcpFp32GreedyMatchesCpuTp1) {
+  K3_REQUIRE_GPUS(2);
+  for (int tp : tp_sizes()) {
+    const auto dir = checkpoint(tp, /*mxfp4=*/true);
+    auto cpu = runner::ModelRunner::open(dir, options(core::Device::cpu, kernels::Precision::fp32), KvCacheDtype::bf16);
+    auto gpu = runner::TpRunner::open(dir, tp, dcp_options(core::Device::cuda, kernels::Precision::fp32, tp), KvCacheDtype::bf16);
+    const auto prompt = random_tokens(37, cpu->config().vocab_size, 9);
+    runner::SamplingParams greedy;
+    EXPECT_EQ(gpu->generate(prompt, 120, greedy), cpu->generate(prompt, 120, greedy)) << "tp " << tp;
+  }
+}
+
+TEST_F(TpGpu, DcpBf16LogitsCloseToTp1) {
+  K3_REQUIRE_GPUS(2);
+  for (int tp : tp_sizes()) {
+    const auto dir = checkpoint(tp, /*mxfp4=*/true);
+    auto one = runner::ModelRunner::open(dir, options(core::Device::cuda, kernels::Precision::bf16), KvCacheDtype::fp8_e4m3);
+    auto many = runner::TpRunner::open(dir, tp, dcp_options(core::Device::cuda, kernels::Precision::bf16, tp),
+                                       KvCacheDtype::fp8_e4m3);
+    const auto tokens = random_tokens(160, one->config().vocab_size, 23);
+    const core::Tensor want = one->logits(tokens, 100), got = many->logits(tokens, 100);
+    const testing::Diff d = testing::compare(got, want);
+    const auto [decided_agree, decided] = decided_top1_agreement(got, want, 0.02f * static_cast<float>(d.scale));
+    std::printf("tp %d dcp bf16 vs tp 1: min row cosine %.5f, top-1 %.4f (all rows), %.4f (%lld decided rows)\n", tp,
+                d.cosine, d.top1_agreement, decided_agree, static_cast<long long>(decided));
+    EXPECT_GE(decided_agree, 0.99) << "tp " << tp;
+    EXPECT_GE(decided, want.dim(0) / 2) << "tp " << tp;
+    EXPECT_GE(d.top1_agreement, 0.95) << "tp " << tp;
+    EXPECT_GE(d.cosine, 0.97) << "tp " << tp;
+  }
+}
+
 // Runs on every machine: asking for more GPU ranks than there are GPUs (or for cuda in a build
 // without CUDA/NCCL) is a core::Error saying so, not a crash.
 TEST(TpGpuErrors, MoreRanksThanGpusNamesTheCount) {

@@ -1,7 +1,7 @@
 // kernels/mla/mla_cp.h: MLA attention under decode context parallelism (DCP, issue #9 item 3): the
 // latent cache of a sequence is split over the cp ranks of the tensor-parallel group by token
 // (position p lives on rank p % cp at LOCAL position p / cp of that rank's pages), so each rank
-// stores 1/cp of every context and attention becomes three steps around two collectives:
+// stores 1/cp of every context and attention becomes four ops around three collective calls:
 //
 //   1. mla_q_absorb        (each rank, its H own heads)   qc = [round(W_UK^T q_nope); q_pe]
 //      all_gather(qc, first)                               -> qc of the whole group [cp, T, H, E]

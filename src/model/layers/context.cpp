@@ -18,6 +18,11 @@ DecodeBackend parse_decode_backend(std::string_view name) {
   throw core::Error("decode_backend '" + std::string(name) + "' is not one of: auto, latency_specialized");
 }
 
+void check_dcp_size(int dcp, int tp_size) {
+  if (dcp != 1 && dcp != tp_size)
+    throw core::Error("dcp " + std::to_string(dcp) + " must be 1 or the tensor-parallel size " + std::to_string(tp_size));
+}
+
 core::Tensor ForwardContext::alloc_as(core::DType dtype, int64_t rows, int64_t cols) const {
   core::Tensor t = memory.empty(dtype, {rows, cols});
   if (options.poison_buffers) memory.fill_bytes(t.view(), 0xff);  // NaN (f32, bf16), -1 (i32)

@@ -32,6 +32,24 @@ struct ModelOptions {
   bool kda_chunked_prefill = true;  // prefill steps use chunked KDA (decode steps: recurrent)
   bool poison_buffers = false;      // NaN-fill every new activation buffer (tests)
   core::Device device = core::Device::cpu;  // must be the device of the Model's DeviceMemory
+  // Decode context parallelism (kernels/mla/mla_cp.h, issue #9 item 3): 1 = off; else the MLA
+  // latent cache of every sequence is split over the tensor-parallel group by token, and dcp must
+  // equal the group size (check_dcp_size). Each rank then stores 1/dcp of every context.
+  int dcp = 1;
+};
+
+// Throws core::Error "dcp N must be 1 or the tensor-parallel size M" unless dcp is 1 or tp_size.
+void check_dcp_size(int dcp, int tp_size);
+
+// Where a sequence's MLA cache entries live under decode context parallelism: global position p on
+// rank p % size, at LOCAL position p / size of that rank's pages (block tables index local
+// positions and are the same on every rank). size 1 (no DCP): every position on the one rank.
+struct ContextSplit {
+  int size = 1, rank = 0;
+  bool owns(int64_t p) const { return p % size == rank; }
+  int64_t local(int64_t p) const { return p / size; }
+  // Local positions a rank needs for `tokens` global ones (rank 0 holds the most): ceil(tokens / size).
+  int64_t local_tokens(int64_t tokens) const { return (tokens + size - 1) / size; }
 };
 
 
@@ -103,6 +121,8 @@ struct StepBatches {
   // committing calls take all / decode minus them. Without verify sequences these equal all / decode.
   kernels::SeqBatch kda_all, kda_decode, verify;
   core::TensorView cache_rows;  // i32 [T]: MLA cache row (page id * block_size + offset) per activation row
+  // Under decode context parallelism (ContextSplit) the tables are this rank's: cache_rows is -1 for
+  // a token another rank stores, cache rows and max_tokens count LOCAL positions, positions stay global.
 };
 
 struct ForwardContext {
@@ -141,6 +161,10 @@ struct ForwardContext {
   // ---- tensor parallelism: row-parallel outputs are fp32 partial products summed over the
   // ranks and rounded once after the sum, as TP1 rounds the unsplit product once.
   bool tensor_parallel() const { return comm != nullptr && comm->size() > 1; }
+  // This rank's share of the MLA cache (options.dcp > 1: the group's size and this rank).
+  ContextSplit context_split() const {
+    return options.dcp > 1 && comm != nullptr ? ContextSplit{comm->size(), comm->rank()} : ContextSplit{};
+  }
   // A row-parallel linear (o_proj, down_proj): under TP this rank's unrounded f32 partial
   // product, for reduce_partial(); without TP the ordinary (rounded) linear output.
   core::Tensor row_parallel_linear(const core::Tensor& x, const LinearWeight& w) const;

@@ -5,23 +5,67 @@ namespace k3::model {
 
 namespace {
 constexpr float kMlaNormEps = 1e-6f;  // q_a/kv_a layernorms: Moonshot reference default (spec §6.1)
-}  // namespace
 
-core::Tensor attention(const ForwardContext& ctx, int layer, const MlaWeights& w, const core::Tensor& x) {
+// Attention under decode context parallelism (kernels/mla/mla_cp.h): this rank's pages hold only
+// the positions p % cp == rank of every sequence, so every row of the step (prefill, decode and
+// verify alike) takes the absorbed form around three collectives, attending with every head of
+// the group over this rank's tokens and combining the ranks' partial softmaxes by log-sum-exp.
+// Prefill rows pay the absorbed form's kv_lora-wide scores instead of the naive form's
+// (nope + rope)-wide ones: slower at long prompts, fine for now. Returns o [T, H * v] (this rank's heads).
+core::Tensor dcp_attention(const ForwardContext& ctx, const MlaWeights& w, const core::Tensor& q,
+                           const core::Tensor& pages) {
   const auto& mc = ctx.config.mla;
-  const int64_t rows = x.dim(0);
-  const core::Tensor q = ctx.linear(ctx.rmsnorm(ctx.linear(x, w.q_a_proj), w.q_a_norm, kMlaNormEps), w.q_b_proj);
-  const core::Tensor kv = ctx.linear(x, w.kv_a_proj);  // [rows, kv_lora + rope]
-  const core::Tensor c_n = ctx.rmsnorm(column_copy(ctx, kv, 0, mc.kv_lora_rank), w.kv_a_norm, kMlaNormEps);
-  const core::Tensor k_pe = column_copy(ctx, kv, mc.kv_lora_rank, mc.cache_dim());
-  core::Tensor o = ctx.alloc(rows, int64_t{mc.num_heads} * mc.v_head_dim);
+  const ContextSplit cp = ctx.context_split();
+  const int64_t T = q.dim(0), H = mc.num_heads, L = mc.kv_lora_rank, E = mc.cache_dim(), G = cp.size;
+  const kernels::SeqBatch& seqs = ctx.batches.all;  // positions global, block tables / max_tokens local
+  const auto f32 = [&](int64_t rows, int64_t cols) { return ctx.alloc_as(core::DType::f32, rows, cols); };
+  const auto as = [&](const core::Tensor& t, core::Shape shape) {  // t's storage with another shape
+    return core::TensorView::contiguous(t.view().data, core::DType::f32, shape, ctx.device());
+  };
 
-  // Every new token's entry into its page (one call; cache_rows from the step's block tables),
-  // then attention over the pages: the prefill sequences in the naive form and the decode /
-  // verify sequences in the absorbed form, one call each. Together they write every row of o.
-  const core::Tensor& pages = ctx.kv.mla_pages(layer);  // [num_blocks, block_size, width]
-  ctx.ops.mla_cache_write.run({c_n.view(), k_pe.view(), pages.view(), ctx.batches.cache_rows, ctx.options.kv_k_scale},
-                              ctx.device());
+  // 1. qc = [round(W_UK^T q_nope); q_pe] of this rank's heads, gathered: [G, T, H, E] (owner-major).
+  const core::Tensor qc = f32(T, H * E), qc_all = f32(G * T, H * E);
+  ctx.ops.mla_q_absorb.run({q.view(), seqs, &w.kv_b_proj, as(qc, {T, H, E}), mc.num_heads, mc.qk_nope_head_dim,
+                            mc.qk_rope_head_dim, mc.v_head_dim, mc.kv_lora_rank, ctx.precision()},
+                           ctx.device());
+  ctx.comm->all_gather(qc.view(), qc_all.view(), comm::GatherAxis::first);
+
+  // 2. Every owner's heads over this rank's tokens: o_part [G, T, H, L], lse [G, T, H]; then every
+  //    rank's lse: [cp, G, T, H].
+  const core::Tensor o_part = f32(G * T, H * L), lse = f32(G * T, H), lse_all = f32(cp.size * G * T, H);
+  kernels::MlaPartialAttentionArgs part;
+  part.qc = as(qc_all, {G, T, H, E});
+  part.pages = pages.view();
+  part.seqs = seqs;
+  part.k_scale = ctx.options.kv_k_scale;
+  part.o_part = as(o_part, {G, T, H, L});
+  part.lse = as(lse, {G, T, H});
+  part.cp_size = cp.size;
+  part.cp_rank = cp.rank;
+  part.scale = mc.softmax_scale();
+  ctx.ops.mla_partial_attention.run(part, ctx.device());
+  ctx.comm->all_gather(lse.view(), lse_all.view(), comm::GatherAxis::first);
+
+  // 3. Weigh this rank's partials by e^{lse_mine - logsumexp}, then sum the ranks' partials of this
+  //    rank's heads (rank order, fp32): o_lat [T, H, L].
+  ctx.ops.mla_lse_rescale.run({part.o_part, as(lse_all, {cp.size, G, T, H}), seqs, cp.rank}, ctx.device());
+  const core::Tensor o_lat = f32(T, H * L);
+  ctx.comm->reduce_scatter_sum(o_part.view(), o_lat.view());
+
+  // 4. o = round(W_UV round(o_lat)).
+  core::Tensor o = ctx.alloc(T, H * mc.v_head_dim);
+  ctx.ops.mla_w_uv.run({as(o_lat, {T, H, L}), seqs, &w.kv_b_proj, o.view(), mc.num_heads, mc.qk_nope_head_dim,
+                        mc.v_head_dim, mc.kv_lora_rank, ctx.precision()},
+                       ctx.device());
+  return o;
+}
+// Attention over the whole cache of every sequence (this rank holds it all): the prefill sequences
+// in the naive form and the decode / verify sequences in the absorbed form, one call each.
+// Together they write every row of o [T, H * v].
+core::Tensor replicated_attention(const ForwardContext& ctx, const MlaWeights& w, const core::Tensor& q,
+                                  const core::Tensor& pages) {
+  const auto& mc = ctx.config.mla;
+  core::Tensor o = ctx.alloc(q.dim(0), int64_t{mc.num_heads} * mc.v_head_dim);
   const auto attend = [&](const auto& table, const kernels::SeqBatch& seqs) {
     if (seqs.num_seqs == 0) return;
     kernels::MlaAttentionArgs a;
@@ -42,6 +86,26 @@ core::Tensor attention(const ForwardContext& ctx, int layer, const MlaWeights& w
   };
   attend(ctx.ops.mla_naive, ctx.batches.prefill);
   attend(ctx.ops.mla_absorbed, ctx.batches.decode);
+  return o;
+}
+
+}  // namespace
+
+core::Tensor attention(const ForwardContext& ctx, int layer, const MlaWeights& w, const core::Tensor& x) {
+  const auto& mc = ctx.config.mla;
+  const int64_t rows = x.dim(0);
+  const core::Tensor q = ctx.linear(ctx.rmsnorm(ctx.linear(x, w.q_a_proj), w.q_a_norm, kMlaNormEps), w.q_b_proj);
+  const core::Tensor kv = ctx.linear(x, w.kv_a_proj);  // [rows, kv_lora + rope]
+  const core::Tensor c_n = ctx.rmsnorm(column_copy(ctx, kv, 0, mc.kv_lora_rank), w.kv_a_norm, kMlaNormEps);
+  const core::Tensor k_pe = column_copy(ctx, kv, mc.kv_lora_rank, mc.cache_dim());
+
+  // Every new token's entry into its page (one call; cache_rows from the step's block tables;
+  // under DCP only this rank's tokens, the others' rows are -1), then attention over the pages.
+  const core::Tensor& pages = ctx.kv.mla_pages(layer);  // [num_blocks, block_size, width]
+  ctx.ops.mla_cache_write.run({c_n.view(), k_pe.view(), pages.view(), ctx.batches.cache_rows, ctx.options.kv_k_scale},
+                              ctx.device());
+  const core::Tensor o = ctx.context_split().size > 1 ? dcp_attention(ctx, w, q, pages)
+                                                      : replicated_attention(ctx, w, q, pages);
   ctx.emit("mla.o", layer, o);
 
   if (!mc.use_output_gate) return ctx.row_parallel_linear(o, w.o_proj);  // TP: reduced in layer_forward
