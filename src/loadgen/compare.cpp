@@ -96,6 +96,12 @@ std::string fmt(double v) {
   return buf;
 }
 
+// A load level: concurrency 16 (not "16.0"), request rate 2.5.
+std::string fmt_level(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e9) return std::to_string(static_cast<int64_t>(v));
+  return fmt(v);
+}
+
 std::string fmt_ratio(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.3f", v);
@@ -225,7 +231,7 @@ CompareResult compare_bundles(const std::vector<LoadedBundle>& bundles, const Co
     md += "| " + b.name + " | " + env.value("git_sha", std::string("?")).substr(0, 10) +
           (env.value("git_dirty", false) ? "+dirty" : "") + " | " + gpu_name + " | " +
           b.bundle.at("workload").value("kind", std::string("?")) + " | " + run.value("mode", std::string("?")) + " " +
-          fmt(load_level(b.bundle)) + " | " + std::to_string(static_cast<int64_t>(summary_number(b.bundle, "completed"))) + "/" +
+          fmt_level(load_level(b.bundle)) + " | " + std::to_string(static_cast<int64_t>(summary_number(b.bundle, "completed"))) + "/" +
           std::to_string(static_cast<int64_t>(summary_number(b.bundle, "failed"))) + " | " + fmt(summary_number(b.bundle, "duration_s")) + " |\n";
   }
   md += "\n## Summaries\n\n| metric |";

@@ -228,8 +228,10 @@ TEST(Compare, DoesNotFlagTwoRunsOfTheSameBuild) {
 TEST(Compare, SweepPlotsGroupBySeries) {
   const fs::path dir = temp_dir("sweep");
   std::vector<Json> runs;
-  for (int64_t c : {1, 2, 4}) runs.push_back(synthetic_bundle(static_cast<uint64_t>(c), 17, 1.0, c, "c" + std::to_string(c)));
+  for (int64_t c : {1, 2, 16}) runs.push_back(synthetic_bundle(static_cast<uint64_t>(c), 17, 1.0, c, "c" + std::to_string(c)));
   const CompareResult r = compare_bundles(loaded(runs), CompareOptions{}, dir);
+  // The runs table names each level as given: "concurrency 16", not "16.0".
+  EXPECT_NE(r.markdown.find("| concurrency 16 |"), std::string::npos) << r.markdown.substr(0, 800);
   std::stringstream s;
   s << std::ifstream(dir / "throughput_vs_concurrency.svg").rdbuf();
   const std::string svg = s.str();
