@@ -399,11 +399,15 @@ void bench_moe(Bench& b, const Patterns& pat, const std::vector<int64_t>& batche
     b.fill(z, pat.bf16_act);
     const kernels::MoeExpertsArgs a{z.view(), ids.view(), wts.view(), w[0], w[1], w[2], u.view()};
     const double bytes = distinct * expert_bytes + static_cast<double>(z.nbytes() + u.nbytes() + ids.nbytes() + wts.nbytes());
-    // The strategy the registry picks for this batch (cuda_expert_gemv / cuda_expert_rowdot), shortened.
-    const std::string impl = b.reg.moe_experts.select(a, core::Device::cuda).name;
-    const std::string strategy = impl.rfind("cuda_expert_", 0) == 0 ? impl.substr(12) : impl;
-    b.row("moe", "moe_experts fp4 " + strategy, "896x(384x3584) top16 d=" + std::to_string(distinct), T, bytes,
-          [&] { b.reg.moe_experts.run(a, core::Device::cuda); });
+    // Every CUDA strategy that takes this batch gets a row (name shortened: "gemv", "grouped",
+    // "rowdot"); the one the registry picks is marked "*", so a faster strategy that is not picked shows.
+    const std::string picked = b.reg.moe_experts.select(a, core::Device::cuda).name;
+    for (const auto& impl : b.reg.moe_experts.impls()) {
+      if (impl.device != core::Device::cuda || !impl.supports(a)) continue;
+      const std::string strategy = impl.name.rfind("cuda_expert_", 0) == 0 ? impl.name.substr(12) : impl.name;
+      b.row("moe", "moe_experts fp4 " + strategy + (impl.name == picked ? "*" : ""),
+            "896x(384x3584) top16 d=" + std::to_string(distinct), T, bytes, [&] { impl.run(a); });
+    }
     Tensor logits = b.empty(DType::f32, {T, E}), r_ids = b.empty(DType::i32, {T, k}), r_w = b.empty(DType::f32, {T, k});
     b.fill(logits, pat.f32_act);
     const kernels::RouterTopkArgs ra{logits.view(), bias.view(), r_ids.view(), r_w.view()};
