@@ -180,7 +180,8 @@ struct StepBytes {
   }
 };
 
-StepBytes step_bytes(const config::K3Config& c, const model::KvStorage& kv, int64_t batch, int64_t ctx) {
+// dcp > 1: one rank's share of the latent cache (every dcp-th token read, a 1 / dcp chance of the write).
+StepBytes step_bytes(const config::K3Config& c, const model::KvStorage& kv, int64_t batch, int64_t ctx, int dcp) {
   StepBytes b;
   const double B = static_cast<double>(batch);
   double per_expert = 0;  // one routed expert (w1 + w2 + w3) of one layer, as stored
@@ -207,7 +208,7 @@ StepBytes step_bytes(const config::K3Config& c, const model::KvStorage& kv, int6
       b.kda_state += 2.0 * B * static_cast<double>(kv.kda_states(l).nbytes() + kv.conv_states(l).nbytes()) / slots;
     } else {
       const double row = static_cast<double>(c.mla.cache_dim() * core::dtype_size(kv.mla_pages(l).dtype()));
-      b.mla_kv += B * (static_cast<double>(ctx + 1) * row + row);
+      b.mla_kv += B * (static_cast<double>(ctx + 1) * row + row) / dcp;
     }
     // Both Mix sides read bank ++ [prefix]; bank rows before layer l: ceil(l / block).
     const double bank_rows = static_cast<double>((l + c.attn_res_block_size - 1) / c.attn_res_block_size);
@@ -422,7 +423,9 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
   mo.device = o.device;
   mo.precision = o.precision;
   mo.decode_backend = o.backends.front();
-  std::printf("opening %s on %s (tp %d) ...\n", o.model.string().c_str(), device_name.c_str(), o.tp);
+  mo.dcp = o.dcp ? o.tp : 1;
+  std::printf("opening %s on %s (tp %d%s) ...\n", o.model.string().c_str(), device_name.c_str(), o.tp,
+              o.dcp ? ", decode context parallel" : "");
   std::fflush(stdout);
   const auto t0 = clock_type::now();
   std::unique_ptr<runner::ModelRunner> single;
@@ -451,7 +454,12 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
   // A verify step writes K+1 rows and keeps AL: room for the last step's K+1 past the kept ones.
   const int64_t tokens_per_run =
       has_mode("verify") || has_mode("verify-graph") ? steps_per_run * o.spec_al + o.spec_k + 1 : steps_per_run;
-  const auto pages_for = [&](int64_t ctx) { return (ctx + tokens_per_run + kBlockSize - 1) / kBlockSize; };
+  // Pages per sequence on one rank: under DCP a rank stores ceil(tokens / dcp) of them (block
+  // tables count local positions).
+  const auto pages_for = [&](int64_t ctx) {
+    const int64_t local = (ctx + tokens_per_run + mo.dcp - 1) / mo.dcp;
+    return (local + kBlockSize - 1) / kBlockSize;
+  };
   model::KvStorageConfig sc;
   K3_CHECK(maxB * pages_for(max_ctx) <= std::numeric_limits<int32_t>::max(), "--ctx x --batches: too many MLA pages");
   sc.num_blocks = static_cast<int32_t>(maxB * pages_for(max_ctx));
@@ -533,7 +541,7 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
               single->set_op_recorder(nullptr);
             }
             // A verify step moves what B * (K+1) decode rows move (every row reads its context).
-            row.bytes = step_bytes(c, kv, mode == "verify" || mode == "verify-graph" ? B * (o.spec_k + 1) : B, ctx);
+            row.bytes = step_bytes(c, kv, mode == "verify" || mode == "verify-graph" ? B * (o.spec_k + 1) : B, ctx, mo.dcp);
             rows.push_back(std::move(row));
           }
         }
@@ -635,7 +643,7 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
       {"benchmark", "decode_gpu"},
       {"environment", env},
       {"config", {{"name", label}, {"model_dir", o.model.string()}, {"model", config::to_json(full)}, {"model_hash", full.hash()},
-                  {"weight_bytes", weight_bytes}, {"tp", o.tp},
+                  {"weight_bytes", weight_bytes}, {"tp", o.tp}, {"dcp", mo.dcp},
                   {"rank_model", config::to_json(c)}, {"batches", o.batches},
                   {"verify", {{"spec_k", o.spec_k}, {"synthetic_acceptance_length", o.spec_al},
                               {"what", "mode verify: SYNTHETIC acceptance; each step runs K+1 rows per sequence (KDA no-commit) "

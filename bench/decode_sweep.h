@@ -35,6 +35,9 @@ struct DecodeSweepOptions {
   core::Device device = core::Device::cpu;  // a CPU-only build has nothing else
 #endif
   int tp = 1;  // > 1: runner::TpRunner, rank r on GPU r, NCCL collectives inside every step
+  // With tp > 1: decode context parallelism (model::ModelOptions::dcp = tp): each rank holds every
+  // tp-th token of each sequence's latent cache and the MLA attention combines partial results.
+  bool dcp = false;
   int spec_k = 7, spec_al = 6;  // modes "verify", "verify-graph": K drafts per sequence, AL tokens kept per step
   // Activations (kernels::Precision): bf16 serves; fp32 makes the backends' greedy tokens comparable
   // token for token (no bf16 rounding noise to flip a nearly tied route).

@@ -295,5 +295,42 @@ TEST(DecodeSweepCli, ProfileTimesEveryOpOfAnEagerStep) {
   EXPECT_NE((tp.out + tp.err).find("--profile"), std::string::npos) << tp.out << tp.err;
 }
 
+// --dcp: the same sweep with each sequence's latent cache split over 2 CPU ranks runs every row
+// (finite logits) while each rank reads half the latent cache; without --tp it is refused, naming the
+// flag. (The synthetic contexts are random per rank, so the two runs' tokens are not comparable;
+// runner/tp_dcp_test.cpp proves DCP computes what TP 1 computes.)
+TEST(DecodeSweepCli, DcpRowsRunAndCountHalfTheCache) {
+  const TempDir dir;
+  const fs::path model = dir.path / "k3-tiny";
+  const std::string common = "--model '" + model.string() + "' --make --config k3-tiny --device cpu --tp 2 --ctx 40 --batches 1,3 "
+                             "--steps 2 --warmup 1 --modes eager,verify --out '";
+  const BenchRun plain = run_bench(dir, common + (dir.path / "tp.json").string() + "'");  // writes k3-tiny
+  ASSERT_EQ(plain.rc, 0) << plain.out << plain.err;
+  const BenchRun dcp = run_bench(dir, common + (dir.path / "dcp.json").string() + "' --dcp");
+  ASSERT_EQ(dcp.rc, 0) << dcp.out << dcp.err;
+  EXPECT_NE(dcp.out.find("decode context parallel"), std::string::npos) << dcp.out;
+  const nlohmann::json a = nlohmann::json::parse(read_text(dir.path / "tp.json"));
+  const nlohmann::json b = nlohmann::json::parse(read_text(dir.path / "dcp.json"));
+  EXPECT_EQ(a["config"]["dcp"], 1);
+  EXPECT_EQ(b["config"]["dcp"], 2);
+  ASSERT_EQ(a["rows"].size(), 4u);
+  ASSERT_EQ(b["rows"].size(), a["rows"].size());
+  for (size_t i = 0; i < a["rows"].size(); ++i) {
+    const nlohmann::json &ra = a["rows"][i], &rb = b["rows"][i];
+    const std::string where = "row " + std::to_string(i) + " (" + ra["mode"].get<std::string>() + ", batch " +
+                              std::to_string(ra["batch"].get<int64_t>()) + ")";
+    EXPECT_EQ(ra["mode"], rb["mode"]) << where;
+    EXPECT_EQ(ra["batch"], rb["batch"]) << where;
+    EXPECT_TRUE(rb["logits_finite"].get<bool>()) << where;
+    const double kv_a = ra["bytes"]["mla_kv_read_write"].get<double>(), kv_b = rb["bytes"]["mla_kv_read_write"].get<double>();
+    EXPECT_GT(kv_a, 0) << where;
+    EXPECT_NEAR(kv_b, kv_a / 2, 1e-6 * kv_a) << where;
+  }
+  const BenchRun alone = run_bench(dir, "--model '" + model.string() + "' --device cpu --dcp --out '" +
+                                            (dir.path / "alone.json").string() + "'");
+  EXPECT_NE(alone.rc, 0);
+  EXPECT_NE((alone.out + alone.err).find("--dcp"), std::string::npos) << alone.out << alone.err;
+}
+
 }  // namespace
 }  // namespace k3::bench
