@@ -272,20 +272,24 @@ inline bool rows_vec8(const core::TensorView& v) {
   return v.dim(v.rank() - 1) % 8 == 0 && aligned16(v.data) && row_bytes % 16 == 0;
 }
 
-// Raises a kernel's dynamic shared memory limit when it needs more than the default 48 KiB. The
-// limit is a property of the CUDA function on the current device, so the largest value set per
-// (device, kernel) is remembered and the driver call happens only when a launch needs more.
+// Raises a kernel's dynamic shared memory limit when a launch needs more than the default. The
+// default 48 KiB bounds static + dynamic shared memory together, so a kernel with static arrays
+// needs the raise below 48 KiB of dynamic bytes too. The limit is a property of the CUDA function
+// on the current device: the largest value set per (device, kernel) is remembered and the driver
+// calls happen only when a launch needs more than any before it.
 template <class Kernel>
 void allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return;
   static std::mutex mu;
-  static std::map<std::pair<int, const void*>, size_t> raised;  // (device, kernel) -> bytes allowed
+  static std::map<std::pair<int, const void*>, size_t> raised;  // (device, kernel) -> dynamic bytes allowed
   int device = 0;
   K3_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lk(mu);
   size_t& allowed = raised[{device, reinterpret_cast<const void*>(kernel)}];
   if (bytes <= allowed) return;
-  K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  cudaFuncAttributes attr{};
+  K3_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  if (bytes + attr.sharedSizeBytes > 48 * 1024)
+    K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   allowed = bytes;
 }
 

@@ -41,6 +41,7 @@ void register_situ_cuda(Registry& r, const CudaOps& ops);
 void register_router_cuda(Registry& r, const CudaOps& ops);
 void register_moe_experts_cuda(Registry& r, const CudaOps& ops);
 void register_moe_experts_gemv_cuda(Registry& r, const CudaOps& ops);
+void register_moe_experts_grouped_cuda(Registry& r, const CudaOps& ops);
 void register_kda_conv_cuda(Registry& r, const CudaOps& ops);
 void register_kda_recurrent_cuda(Registry& r, const CudaOps& ops);
 void register_kda_chunked_cuda(Registry& r, const CudaOps& ops);

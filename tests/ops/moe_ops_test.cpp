@@ -3,10 +3,12 @@
 // odd shapes and at the TP8 expert shapes (896 experts, top-16, latent 3584, intermediate 384).
 // Batches cover both CUDA forms of each op: the router's warp form (<= 1024 experts, k <= 32) and
 // block form; the MXFP4 experts' scan form (<= 256 routes: batch 1, 2, 8) and sorted form (batch
-// 64, odd batch 97), whose results must also be identical run to run. The small-batch expert GEMV
+// 64 in f32, odd batch 97; bf16 batches of 17..64 select "cuda_expert_grouped"), whose results must
+// also be identical run to run. The small-batch expert GEMV
 // ("cuda_expert_gemv": MXFP4, 1..16 tokens) is checked by name at batches 1..16, k 1, 3, 16, in
 // all three activation modes, odd widths, strided rows, unrounded partial sums and bad ids, and
-// what it refuses is checked to reach "cuda_expert_rowdot".
+// what it refuses is checked to reach "cuda_expert_rowdot" (bf16 at 17..64 tokens: the grouped
+// strategy, tested in moe_grouped_ops_test.cpp).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -231,6 +233,7 @@ TEST(OpsTp8, MoeExpertsRunToRunIdentical) {
 
 constexpr const char* kGemv = "cuda_expert_gemv";
 constexpr const char* kRowdot = "cuda_expert_rowdot";
+constexpr const char* kGrouped = "cuda_expert_grouped";  // bf16, MXFP4, 1..64 tokens (moe_grouped_ops_test.cpp)
 
 // Columns [c0, c1) of a contiguous rank-2 tensor (any device) as a row-strided view.
 TensorView column_block(const Tensor& t, int64_t c0, int64_t c1) {
@@ -380,16 +383,18 @@ TEST(OpsOdd, MoeExpertsGemvBadIdGivesANanRow) {
     }
 }
 
-// What the GEMV refuses reaches the rowdot strategy (and stays right): more than 16 tokens, z rows
-// not 16-byte multiples apart, more than 64 routes per token, bf16 experts.
+// What the GEMV refuses reaches the rowdot strategy (and stays right): more than 16 tokens (in bf16
+// activations the grouped strategy takes 17..64), z rows not 16-byte multiples apart, more than 64
+// routes per token, bf16 experts.
 TEST(OpsOdd, MoeExpertsGemvRefusalsTakeRowdot) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(7800);
   const Experts ex(dev, rng, 70, 10, 96, 64, true);
   uint64_t seed = 7900;
   for (const GemvMode& gm : kGemvModes) {
-    check_gemv(dev, gm, ex, {17, 3}, ++seed, kRowdot);
-    check_gemv(dev, gm, ex, {40, 16}, ++seed, kRowdot);
+    const char* beyond_gemv = gm.act == Mode::bf16 ? kGrouped : kRowdot;
+    check_gemv(dev, gm, ex, {17, 3}, ++seed, beyond_gemv);
+    check_gemv(dev, gm, ex, {40, 16}, ++seed, beyond_gemv);
     const int64_t odd_pad = gm.act == Mode::bf16 ? 4 : 2;  // rows 8 bytes off a 16-byte multiple
     check_gemv(dev, gm, ex, {5, 3, true, odd_pad, 0}, ++seed, kRowdot);
     check_gemv(dev, gm, ex, {1, 65}, ++seed, kRowdot);
@@ -400,7 +405,7 @@ TEST(OpsOdd, MoeExpertsGemvRefusalsTakeRowdot) {
 }
 
 // The k3-layer-tp8 rank's expert shapes (L 3584, I 384 = 3072 / 8, top-16; 64 experts instead of
-// 896 to keep memory small, 16 weight sets): the GEMV at batch 1..16, the rowdot kernels at 17.
+// 896 to keep memory small, 16 weight sets): the GEMV at batch 1..16, the grouped kernels at 17.
 TEST(OpsTp8, MoeExpertsGemvMxfp4Top16) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(8000);
@@ -410,7 +415,7 @@ TEST(OpsTp8, MoeExpertsGemvMxfp4Top16) {
   for (int64_t T : {1, 8}) check_gemv(dev, kGemvModes[1], ex, {T, 16}, ++seed, kGemv);
   check_gemv(dev, kGemvModes[2], ex, {1, 16}, ++seed, kGemv);
   check_gemv(dev, kGemvModes[0], ex, {8, 16, false, 0, 7168}, ++seed, kGemv);  // [T, L | hidden] partial sums
-  check_gemv(dev, kGemvModes[0], ex, {17, 16}, ++seed, kRowdot);
+  check_gemv(dev, kGemvModes[0], ex, {17, 16}, ++seed, kGrouped);
 }
 
 }  // namespace

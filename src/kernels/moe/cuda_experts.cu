@@ -30,6 +30,7 @@
 #include "kernels/moe/cuda_experts_checks.cuh"
 #include "kernels/moe/cuda_experts_mma.cuh"
 #include "kernels/moe/cuda_experts_mxfp4.cuh"
+#include "kernels/moe/cuda_experts_sort.cuh"
 #include "kernels/moe/experts.h"
 
 namespace k3::kernels {
@@ -461,6 +462,16 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
 }
 
 }  // namespace
+
+// The sort for the other strategies (cuda_experts_sort.cuh).
+void cuda_detail::launch_sort_routes(const int32_t* ids, int64_t ids_ld, int64_t T, int k, int E, int* offsets,
+                                     int* order, int* bad, int* active, int* n_active, int4* groups,
+                                     cudaStream_t stream) {
+  static_assert(kMaxExperts == kSortMaxExperts, "cuda_experts_sort.cuh states the sort's expert bound");
+  sort_routes_kernel<<<1, kSortThreads, 0, stream>>>(ids, ids_ld, T, k, E, offsets, order, bad, active, n_active,
+                                                     groups);
+  K3_CUDA_CHECK_LAUNCH("sort_routes_kernel");
+}
 
 void register_moe_experts_cuda(Registry& r, const CudaOps& ops) {
   r.moe_experts.add({"cuda_expert_rowdot", core::Device::cuda, 10,

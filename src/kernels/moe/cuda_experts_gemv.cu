@@ -1,6 +1,6 @@
 // kernels/moe/cuda_experts_gemv.cu: the routed experts (spec §7) for small batches (1..16 tokens) as
-// two memory-bound GEMV kernels that read each route's MXFP4 codes straight from global memory
-// (16-byte loads, no shared-memory staging of weights, no sort): strategy "cuda_expert_gemv".
+// two memory-bound GEMV kernels that read each route's MXFP4 codes straight from global memory into
+// registers (16-byte loads, no shared-memory staging of codes, no sort): strategy "cuda_expert_gemv".
 //
 // Bytes per call at the k3-layer-tp8 shapes (L = 3584, I = 384 per rank, top-16, MXFP4): one route
 // reads gate + up 2 x 384 x (1792 B codes + 112 B scales) = 1,462,272 B and down 3584 x (192 + 12)
@@ -8,44 +8,55 @@
 // 128 routes = 280.8 MB (about 120 distinct experts: 263 MB when a repeated expert is served by
 // L2; floor 61-65 us). Activations (z 7 KB, h 12 KB, out 7 KB per token) are noise.
 //
-// A. gemv_gate_up_kernel, grid (I / 16, T * k), 256 threads: a block per (route, 16 intermediate
-//    rows). The 8 warps are 2 row groups x 4 slices of the latent width: warp (group, slice) sums 8
-//    gate rows and the same 8 up rows over its slice of the chunks (a chunk = 32 codes = 16 bytes =
-//    one E8M0 scale). Lane (g, c) owns gate row g and up row g; in step s of its slice it takes
-//    chunk 4 s + c (the 4 lanes of a row read 64 contiguous bytes), kSteps steps of 2 x 16 bytes
-//    in flight per lane. z_t is staged once per block in shared memory. bf16 z: each chunk is
-//    decoded to exact bf16 weights (value * scale, a power of two) and multiplied on the tensor
-//    cores (mma m16n8k16: A = 8 gate rows over 8 up rows, B column 0 = z_t, the other 7 columns
-//    zero; a few integer ops per weight instead of decode + widen + FMA). f32 z: the same walk on
-//    CUDA cores (decode_word + FMA). The 4 slices meet in shared memory in slice order, then
-//    h = round(SiTU(round(W1 z), round(W3 z))) goes to the scratch h [T * k, I] (bf16 when rounded).
-// B. gemv_down_kernel, grid (L / 16, T), 256 threads: a block per (token, 16 latent rows). The
-//    token's k h rows are staged in shared memory; warp w takes the routes j = w, w + 8, ... and,
-//    for each, the 16 rows' dot products over I (lane (g, c): rows g and g + 8, chunk 4 s + c), the
-//    same tensor-core (bf16 h) or CUDA-core (f32 h) walk; e_tj = round(W2_j h_tj) (not rounded
-//    without round_output) goes to shared memory, and one thread per row sums p_tj * e_tj in route
-//    order j = 0..k-1 in fp32 (separate multiply and add, as the reference), rounds (or not) and
-//    writes out[t][row]. A token with an id outside [0, E) gets a NaN row (gate/up skips its bad
-//    routes); the down blocks of that token read nothing.
-// Every sum runs in an order fixed by (L, I, k) alone, never by the grid or the batch, so results
-// are identical run to run. Grids come from host integers, scratch from the context pool: the two
-// launches are graph-capturable.
+// The unit of work is a step of one warp: 16 weight rows x 4 chunks (chunk = 32 codes = 16 bytes =
+// one E8M0 scale). Lane (g, c) = (lane / 4, lane % 4) takes chunk 4 s + c of rows g and g + 8 (two
+// 16-byte loads; a row's 4 lanes read 64 contiguous bytes). Each warp keeps kSlots = 3 steps of
+// loads in flight, rolling (step s + 3 is loaded as soon as step s is consumed): 3 KB per warp, ~96
+// KB per SM at 32 warps (<= 64 registers: 4 blocks of 256 per SM). While its first loads fly, a
+// block stages its activation rows and its scales in shared memory: the scales as ready multipliers
+// {row g, row g + 8} per (step, g, c), one 8-byte load per step (scale rows are read 4 bytes at a
+// time when 4-byte aligned, else bytewise; a chunk past the row end gets 0, which also zeroes the
+// stale codes its lane keeps instead of loading past the row).
+// bf16 activations (tensor cores): a code word becomes 4 bf16 pairs in 13 integer ops (the E2M1
+// bits placed to read as value * 2^-126), each multiplied once by 2^(e - 1) (exact: value * scale),
+// then 2 mma.m16n8k16 (bf16, fp32 accumulate) per word of the two rows: ~160 instructions per step
+// and lane, 0.08 warp instructions per weight (the kernels before: 0.14, plus 2-way bank
+// conflicts). B is staged in fragment order, [step][word][c] 16-byte groups of pairs (x0, x4), (x1,
+// x5), (x2, x6), (x3, x7): one conflict-free 16-byte load per word (a warp reads 64 contiguous
+// bytes), the same activations in every column, so every lane ends with its rows' sums. A block
+// holding a scale of 2 or more (E8M0 >= 128: never in real weights) or NaN multiplies twice (2^126,
+// then 2^(e - 127)), block-uniformly. f32 activations (CUDA cores): decode_word + FMA on unscaled
+// values, then one multiply-add by the f32 scale per chunk.
 //
-// Expected time (H200): every block of A fits at once at batch 1 (384 blocks, 3 per SM), each
-// warp keeping 4 KB of codes in flight (~90 KB per SM): ~6.5 us for A's 23.4 MB; B's 224 blocks
-// (11.7 MB, two rounds of loads per warp) ~3.5 us: ~10-12 us at batch 1 against 48 us for the
-// rowdot MMA kernels. The decode costs ~0.1 warp instructions per weight (13 integer ops and 4
-// bf16x2 multiplies per 8 codes), ~6 us of issue at batch 1, so compute runs close behind the
-// memory floor; batch 8 ~70-80 us (280 MB). The token bound is kMaxTokens = 16: every route reads
-// its expert again (repeats come from L2), which the rowdot strategy also does up to 16 tokens of
-// top-16 (its route form); beyond that its sorted form reads each expert once for all its routes.
+// A. gemv_gate_up_kernel, grid (I / 16, T * k): a block per (route, 16 intermediate rows); its 8
+//    warps are 2 row groups x 4 slices of the steps of L; warp (group, slice) sums 8 gate rows (mma
+//    rows 0..7) and the same 8 up rows (8..15). The slices meet in shared memory in slice order,
+//    then h = round(SiTU(round(W1 z), round(W3 z))) goes to the scratch h [T * k, h_ld] (h_ld = I
+//    rounded up to whole steps; bf16 h in the fragment order the down kernel stages).
+// B. gemv_down_kernel, grid (L / 16, T): a block per (token, 16 latent rows); warp w walks the
+//    (route, step) units of routes j = w, w + 8, ...; e_tj = round(W2_j h_tj) (unrounded without
+//    round_output) goes to shared memory and one thread per row sums p_tj * e_tj in route order in
+//    fp32 (separate multiply and add, as the reference) into out[t][row]. B is a programmatic
+//    dependent launch of A: its blocks issue their first W2 loads and stage their scales while A
+//    finishes, then wait for A (griddepcontrol) before reading h or writing out (out may alias z).
+//    A token with an id outside [0, E) gets a NaN row (A skips its bad routes).
+// Every sum runs in an order fixed by (L, I, k) alone, never by the grid or the batch: identical
+// results run to run. Grids come from host integers, scratch from the context pool: graph-capturable.
+//
+// Expected time (H200, bf16): at batch 1 A is 384 blocks, all resident, 7 steps per warp, ~30 K
+// warp instructions per SM for 177 KB of codes (integer pipe and DRAM both near 5 us): ~6-7 us;
+// B 224 blocks, ~4 us, its start under A's tail: ~11-13 us in all. Batch 8 ~70-80 us. The token
+// bound is kMaxTokens = 16: every route reads its expert again (repeats come from L2), which the
+// rowdot strategy also does up to 16 tokens of top-16 (its route form); beyond that its sorted form
+// reads each expert once for all its routes.
+#include <algorithm>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "kernels/moe/cuda_experts_checks.cuh"
-#include "kernels/moe/cuda_experts_mma.cuh"
 #include "kernels/moe/cuda_experts_mxfp4.cuh"
 #include "kernels/moe/experts.h"
 
@@ -59,12 +70,20 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxTokens = 16;   // supports(): T <= this (see the file comment)
 constexpr int kMaxRoutes = 64;   // supports(): k <= this (the down block's e table)
-constexpr int kSteps = 4;        // steps (2 x 16 bytes per lane each) loaded before they are used
 constexpr int kGuSlices = 4;     // warps sharing one gate/up row group's latent width
 constexpr int kGuGroups = kWarps / kGuSlices;
 constexpr int kGuRows = 8 * kGuGroups;  // intermediate rows per gate/up block
 constexpr int kDnRows = 16;             // latent rows per down block (one mma's rows)
-constexpr size_t kSmemBudget = 40 * 1024;  // staged z row / h rows: under the 48 KB default
+constexpr int kStepChunks = 4;          // chunks per step: one per lane of a quad
+constexpr int kStepValues = 32 * kStepChunks;
+// supports(): a z row and a token's k h rows of at most this many bytes each (staged in shared
+// memory with the scale tables; a launch over 48 KB opts in to more).
+constexpr size_t kSmemBudget = 40 * 1024;
+constexpr int kSlots = 3;  // steps of loads in flight per warp (24 registers)
+// Blocks per SM the registers are cut for: 4 (<= 64 registers) on the tensor-core walk, 3 (<= 80)
+// on the CUDA-core walk (its decoded values and activations need more).
+template <bool MMA>
+constexpr int kMinBlocks = MMA ? 4 : 3;
 
 // What both kernels read (one struct, so the launches stay short).
 struct GemvParams {
@@ -75,206 +94,322 @@ struct GemvParams {
   int64_t p_ld;
   const void* z;  // [T, L] XT latent input, rows z_ld apart (16-byte aligned rows)
   int64_t z_ld;
-  void* h;  // [T * k, I] HT scratch: SiTU outputs per route (route = t * k + j)
+  void* h;  // [T * k, h_ld] HT scratch: SiTU outputs per route (route = t * k + j)
   void* out;  // [T, L] OT, rows out_ld apart
   int64_t out_ld;
   int64_t L, I;
+  int h_ld;              // steps_i * kStepValues: an h row padded to whole steps
+  int steps_l, steps_i;  // steps of a gate/up row (L / 128, rounded up) and of a down row (I / 128)
   int k, E;
   float beta, linear_beta;
+  bool word_scales_gu, word_scales_dn;  // w1/w3, w2 scale rows read 4 bytes at a time (4-byte aligned)
   bool round;    // Precision::bf16: gate/up sums and SiTU rounded
   bool round_e;  // round && round_output: e_tj and out rounded
 };
 
 // ---------------------------------------------------------------- decode
 
+// (a & mask) | (b & ~mask) in one LOP3, and a & mask, in PTX: written in C++, the compiler folds
+// code_pairs' shared sign masks into two ANDs and an OR per pair (~16 ops per word, not 13).
+__device__ __forceinline__ uint32_t select_bits(uint32_t mask, uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(d) : "r"(a), "r"(b), "r"(mask));
+  return d;
+}
+__device__ __forceinline__ uint32_t and_bits(uint32_t a, uint32_t mask) {
+  uint32_t d;
+  asm("and.b32 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(mask));
+  return d;
+}
+
 // The 4 bf16 pairs of a code word: pair i holds nibbles i (low half) and i + 4 (high half) as
 // value * 2^-126 (magnitude bits e1 e0 m at bf16 bits 6..8, so code 1 = 0.5 lands on the bf16
 // subnormal 2^-127; sign at bit 15). The magnitude masks need no pre-masked word (only the wanted
 // nibble's 3 bits land in kMag after each shift); the sign words are split even/odd so that every
-// unwanted sign bit lands inside kMag, where the 3-input select drops it. 13 integer ops per word.
+// unwanted sign bit lands inside kMag, where the 3-input select drops it: 13 integer ops per word
+// (2 masks, 7 shifts, 4 selects). Any word gives finite pairs (exponent field <= 3).
 __device__ __forceinline__ void code_pairs(uint32_t w, uint32_t (&p)[4]) {
   constexpr uint32_t kMag = 0x01C001C0u;
-  const uint32_t s_even = w & 0x08080808u, s_odd = w & 0x80808080u;
-  p[0] = ((w << 6) & kMag) | ((s_even << 12) & ~kMag);
-  p[1] = ((w << 2) & kMag) | ((s_odd << 8) & ~kMag);
-  p[2] = ((w >> 2) & kMag) | ((s_even << 4) & ~kMag);
-  p[3] = ((w >> 6) & kMag) | (s_odd & ~kMag);
+  const uint32_t s_even = and_bits(w, 0x08080808u), s_odd = and_bits(w, 0x80808080u);
+  p[0] = select_bits(kMag, w << 6, s_even << 12);
+  p[1] = select_bits(kMag, w << 2, s_odd << 8);
+  p[2] = select_bits(kMag, w >> 2, s_even << 4);
+  p[3] = select_bits(kMag, w >> 6, s_odd);
 }
 
-// The bf16x2 multipliers that turn code pairs into exact weights value * 2^(e - 127): 2^(e - 1)
-// (a bf16 while e <= 128: one multiply), else 2^126 then 2^(e - 127) (`second`, 1.0 otherwise);
-// e = 255 (NaN scale) gives NaN. Returns whether the second multiply is needed.
-__device__ __forceinline__ bool scale_factors(uint32_t e, uint32_t& first, uint32_t& second) {
-  const bool big = e > 128 && e < 255;
-  first = e == 255 ? 0x7FC07FC0u : big ? 0x7E807E80u : ((e + 126) << 7) * 0x10001u;
-  second = big ? (e << 7) * 0x10001u : 0x3F803F80u;
-  return big;
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 v = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
-__device__ __forceinline__ void scale_pairs_by(uint32_t (&p)[4], uint32_t factor) {
-  const __nv_bfloat162 f = *reinterpret_cast<const __nv_bfloat162*>(&factor);
+
+// 2^(e - 1) in both halves of a bf16 pair: the multiplier that turns raw pairs (value * 2^-126)
+// into value * 2^(e - 127), exact; one IMAD. Valid for e <= 128 (the fast path takes e < 128).
+__device__ __forceinline__ uint32_t pair_factor(uint32_t e) { return e * 0x00800080u + 0x3F003F00u; }
+
+// The slow path's multiplier, from a staged f = pair_factor(e) (low half (e + 126) << 7 for any
+// e): 2^(e - 127), applied after the exact 2^126 that makes raw pairs values; e = 0 gives the bf16
+// subnormal 2^-127, e = 255 NaN, f = 0 (a pad chunk) 0.
+__device__ __forceinline__ uint32_t slow_factor(uint32_t f) {
+  const uint32_t e = ((f & 0xFFFFu) >> 7) - 126u;
+  const uint32_t bits = f == 0 ? 0u : e == 255 ? 0x7FC0u : e == 0 ? 0x0040u : e << 7;
+  return bits * 0x10001u;
+}
+
+// What the staged scale tables hold for exponent e: the bf16 pair 2^(e - 1) for the tensor-core
+// walk, the f32 bits of 2^(e - 127) for the CUDA-core walk; 0 for a chunk past the row end.
+template <bool MMA>
+__device__ __forceinline__ uint32_t scale_entry(uint32_t e, bool pad) {
+  return pad ? 0u : MMA ? pair_factor(e) : __float_as_uint(e8m0_value(static_cast<uint8_t>(e)));
+}
+
+// The scale bytes of chunks 4 S .. 4 S + 3 of a scale row as one word (byte c = chunk 4 S + c, 0
+// past the row end): one 4-byte load when the rows allow it (`word`: 4-byte aligned) and the step
+// lies inside the row, else bytewise.
+__device__ __forceinline__ uint32_t step_scale_word(const uint8_t* row, int S, int chunks, bool word) {
+  const int q0 = S * kStepChunks;
+  if (word && q0 + kStepChunks <= chunks) return __ldg(reinterpret_cast<const uint32_t*>(row + q0));
+  uint32_t v = 0;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&p[i]), f);
-    p[i] = *reinterpret_cast<const uint32_t*>(&v);
+  for (int c = 0; c < kStepChunks; ++c)
+    if (q0 + c < chunks) v |= static_cast<uint32_t>(__ldg(row + q0 + c)) << (8 * c);
+  return v;
+}
+
+// Stages one step's scale entries of rows lo and hi as 4 uint2 {lo, hi} (lane c's at dst[c]);
+// returns whether some e >= 128 there needs the slow path (a scale of 2 or more, or NaN).
+template <bool MMA>
+__device__ __forceinline__ bool stage_step_scales(uint2* dst, const uint8_t* row_lo, const uint8_t* row_hi, int S,
+                                                  int chunks, bool word) {
+  const uint32_t vl = step_scale_word(row_lo, S, chunks, word), vh = step_scale_word(row_hi, S, chunks, word);
+  uint32_t v[8];
+#pragma unroll
+  for (int c = 0; c < kStepChunks; ++c) {
+    const bool pad = S * kStepChunks + c >= chunks;
+    v[2 * c] = scale_entry<MMA>((vl >> (8 * c)) & 0xFFu, pad);
+    v[2 * c + 1] = scale_entry<MMA>((vh >> (8 * c)) & 0xFFu, pad);
   }
+  reinterpret_cast<uint4*>(dst)[0] = make_uint4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<uint4*>(dst)[1] = make_uint4(v[4], v[5], v[6], v[7]);
+  return ((vl | vh) & 0x80808080u) != 0;
+}
+
+// d += A B on the tensor cores (m16n8k16, bf16 in, fp32 accumulate).
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The B fragment pairs of 8 bf16 activations x[0..7] (one uint4): (x0, x4), (x1, x5), (x2, x6),
+// (x3, x7), the order code_pairs gives the nibbles of a word.
+__device__ __forceinline__ uint4 fragment_order(const uint4& x) {
+  return make_uint4(__byte_perm(x.x, x.z, 0x5410), __byte_perm(x.x, x.z, 0x7632), __byte_perm(x.y, x.w, 0x5410),
+                    __byte_perm(x.y, x.w, 0x7632));
 }
 
 // ---------------------------------------------------------------- one step of one lane
 
-// A lane's partial sums of its two rows (lo: gate row / first latent row, hi: up row / latent row
-// + 8). Tensor-core form: the mma accumulators (column 0 holds the sums: d[0] row lo, d[2] row hi,
-// in lanes c = 0); CUDA-core form: two floats per lane, summed over the 4 lanes of a row at the end.
+// One step's code loads of one lane: 16 bytes of rows lo and hi. A skipped load (a chunk past the
+// row end, staged scale 0) keeps the slot's previous value, so slots start zeroed: never an
+// undefined value the compiler could fold the load's condition away for.
+struct Slot {
+  uint4 a, b;
+  __device__ __forceinline__ void zero() { a = b = make_uint4(0, 0, 0, 0); }
+  __device__ __forceinline__ void load(bool ok, const uint8_t* ca, const uint8_t* cb) {
+    if (ok) {
+      a = __ldg(reinterpret_cast<const uint4*>(ca));
+      b = __ldg(reinterpret_cast<const uint4*>(cb));
+    }
+  }
+};
+
+// A lane's running sums of its two rows (lo: gate row / latent row g, hi: up row / latent row g +
+// 8). Tensor-core form: the mma accumulators (B's columns are all equal, so d[0] holds row lo and
+// d[2] row hi in every lane); CUDA-core form: two floats per lane, summed over the quad at the end.
 template <bool MMA>
 struct RowSums;
 template <>
 struct RowSums<true> {
-  float d0[4], d1[4];  // two chains (pairs 0-1 and 2-3 of each word) for more mma in flight
-  __device__ void zero() {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) d0[i] = d1[i] = 0.0f;
-  }
-  // Valid in lanes with c == 0.
-  __device__ void result(float& lo, float& hi) const { lo = d0[0] + d1[0], hi = d0[2] + d1[2]; }
+  float d[4];
+  __device__ __forceinline__ void zero() { d[0] = d[1] = d[2] = d[3] = 0.0f; }
+  __device__ __forceinline__ void result(float& lo, float& hi) const { lo = d[0], hi = d[2]; }
 };
 template <>
 struct RowSums<false> {
   float lo_sum, hi_sum;
-  __device__ void zero() { lo_sum = hi_sum = 0.0f; }
+  __device__ __forceinline__ void zero() { lo_sum = hi_sum = 0.0f; }
   // Every lane calls it (shuffles); the sums are valid in every lane.
-  __device__ void result(float& lo, float& hi) const {
+  __device__ __forceinline__ void result(float& lo, float& hi) const {
     lo = lo_sum, hi = hi_sum;
     lo += __shfl_xor_sync(kFullMask, lo, 1), hi += __shfl_xor_sync(kFullMask, hi, 1);
     lo += __shfl_xor_sync(kFullMask, lo, 2), hi += __shfl_xor_sync(kFullMask, hi, 2);
   }
 };
 
-// One chunk per lane on the tensor cores: codes qa (row lo) and qb (row hi) with exponents ea, eb;
-// x = the chunk's 32 bf16 activations in shared memory (read only by lanes g = 0: column 0 of B).
-// Every lane of the warp must call it (warp-wide mma and vote).
-__device__ __forceinline__ void step_sums(const uint4& qa, const uint4& qb, uint32_t ea, uint32_t eb, const bf16* x,
-                                          bool x_ok, int g, RowSums<true>& acc) {
-  uint32_t fa, sa, fb, sb;
-  const bool big = scale_factors(ea, fa, sa) | scale_factors(eb, fb, sb);
-  const bool any_big = __any_sync(kFullMask, big);  // warp-uniform: the rare second multiply
-  const bool has_x = x_ok && g == 0;
-  const uint32_t wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
+// The 4 words of a step on the tensor cores, the raw pairs of rows lo and hi multiplied by fa and fb
+// (BIG: first by the exact 2^126, then by fa and fb).
+template <bool BIG>
+__device__ __forceinline__ void mma_words(const Slot& s, const uint4* x, uint32_t fa, uint32_t fb, float (&d)[4]) {
+  const uint32_t wa[4] = {s.a.x, s.a.y, s.a.z, s.a.w}, wb[4] = {s.b.x, s.b.y, s.b.z, s.b.w};
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
-    uint32_t lo[4], hi[4], b[4];
+    uint32_t lo[4], hi[4];
     code_pairs(wa[w], lo);
     code_pairs(wb[w], hi);
-    scale_pairs_by(lo, fa);
-    scale_pairs_by(hi, fb);
-    if (any_big) {
-      scale_pairs_by(lo, sa);
-      scale_pairs_by(hi, sb);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (BIG) lo[i] = hmul2(lo[i], 0x7E807E80u), hi[i] = hmul2(hi[i], 0x7E807E80u);
+      lo[i] = hmul2(lo[i], fa), hi[i] = hmul2(hi[i], fb);
     }
-    const uint4 xv = has_x ? reinterpret_cast<const uint4*>(x)[w] : make_uint4(0, 0, 0, 0);
-    fp4_experts::act_pairs(xv, b);  // (x0, x4), (x1, x5), (x2, x6), (x3, x7): the code pairs' order
-    fp4_experts::mma_bf16(acc.d0, lo[0], hi[0], lo[1], hi[1], b[0], b[1]);
-    fp4_experts::mma_bf16(acc.d1, lo[2], hi[2], lo[3], hi[3], b[2], b[3]);
+    const uint4 b = x[4 * w];  // word w's B fragment: 16 bytes, [step][word][c] order
+    mma16816(d, lo[0], hi[0], lo[1], hi[1], b.x, b.y);
+    mma16816(d, lo[2], hi[2], lo[3], hi[3], b.z, b.w);
   }
 }
 
-// The same chunk on CUDA cores (f32 activations, or f32 h): exact E2M1 values, the chunk's sum on
-// unscaled values, then one multiply-add by the (power of two) scale.
-__device__ __forceinline__ void step_sums(const uint4& qa, const uint4& qb, uint32_t ea, uint32_t eb, const float* x,
-                                          bool x_ok, int, RowSums<false>& acc) {
-  const uint32_t wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
+// One step on the tensor cores (every lane of the warp: mma): f = the staged factors {lo, hi} of
+// the lane's chunk, x = its B groups (word w at x[4 w]), big (block-uniform) = the slow path.
+__device__ __forceinline__ void step_sums(const Slot& s, uint2 f, const uint4* x, bool big, RowSums<true>& acc) {
+  if (!big) return mma_words<false>(s, x, f.x, f.y, acc.d);
+  mma_words<true>(s, x, slow_factor(f.x), slow_factor(f.y), acc.d);
+}
+
+// The same step on CUDA cores (f32 activations or h), f = the f32 scales {lo, hi}, x = the lane's
+// 32 activations: exact E2M1 values, the chunk's sum unscaled, then one multiply-add by the scale.
+__device__ __forceinline__ void step_sums(const Slot& s, uint2 f, const float* x, bool, RowSums<false>& acc) {
+  const uint32_t wa[4] = {s.a.x, s.a.y, s.a.z, s.a.w}, wb[4] = {s.b.x, s.b.y, s.b.z, s.b.w};
   float pa = 0.0f, pb = 0.0f;
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
     float va[8], vb[8], xv[8];
     fp4_experts::decode_word(wa[w], va);
     fp4_experts::decode_word(wb[w], vb);
-    if (x_ok) {
-      load_act_n<8>(x + 8 * w, xv);
-    } else {
-#pragma unroll
-      for (int n = 0; n < 8; ++n) xv[n] = 0.0f;
-    }
+    load_act_n<8>(x + 8 * w, xv);
 #pragma unroll
     for (int n = 0; n < 8; ++n) pa = fmaf(va[n], xv[n], pa), pb = fmaf(vb[n], xv[n], pb);
   }
-  acc.lo_sum = fmaf(pa, e8m0_value(static_cast<uint8_t>(ea)), acc.lo_sum);
-  acc.hi_sum = fmaf(pb, e8m0_value(static_cast<uint8_t>(eb)), acc.hi_sum);
+  acc.lo_sum = fmaf(pa, __uint_as_float(f.x), acc.lo_sum);
+  acc.hi_sum = fmaf(pb, __uint_as_float(f.y), acc.hi_sum);
 }
 
-// kSteps steps of one lane's codes and scales in registers. A step outside the matrix (past the
-// last chunk, a missing row, past the warp's work) holds code 0 and scale 2^0 (adds exact zeros).
-struct StepBatch {
-  uint4 qa[kSteps], qb[kSteps];
-  uint32_t ea[kSteps], eb[kSteps];
-  __device__ __forceinline__ void load(int i, bool ok_a, bool ok_b, const uint8_t* codes_a, const uint8_t* codes_b,
-                                       const uint8_t* scales_a, const uint8_t* scales_b, int q) {
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    qa[i] = ok_a ? __ldg(reinterpret_cast<const uint4*>(codes_a) + q) : zero;
-    qb[i] = ok_b ? __ldg(reinterpret_cast<const uint4*>(codes_b) + q) : zero;
-    ea[i] = ok_a ? static_cast<uint32_t>(__ldg(scales_a + q)) : 127u;
-    eb[i] = ok_b ? static_cast<uint32_t>(__ldg(scales_b + q)) : 127u;
+// Where a lane's activations of step `step` (counted from the row start) live in a staged row:
+// bf16 rows are in fragment order ([step][word][c] groups of 16 bytes), f32 rows in plain order.
+template <class T>
+__device__ __forceinline__ const auto* step_x(const T* row, int step, int c) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return reinterpret_cast<const uint4*>(row) + step * 16 + c;
+  else
+    return row + (step * kStepChunks + c) * 32;
+}
+
+// Stages `rows` rows of n values (source row r at src + r * src_ld) in shared memory, each padded
+// with zeros to `steps` whole steps; bf16 in fragment order: permuted here from plain order (z) or
+// copied when `ordered` (the h scratch, whose pad chunks are never written).
+template <class T>
+__device__ __forceinline__ void stage_rows(T* dst, const T* src, int rows, int64_t src_ld, int64_t n, int steps,
+                                           bool ordered) {
+  const int chunks = static_cast<int>(n / 32);
+  if constexpr (std::is_same_v<T, bf16>) {
+    const int per_row = steps * 16;  // 16-byte groups G = (step * 4 + word) * 4 + c
+#pragma unroll 1
+    for (int i = static_cast<int>(threadIdx.x); i < rows * per_row; i += kThreads) {
+      const int r = i / per_row, G = i - r * per_row;
+      const int c = G & 3, w = (G >> 2) & 3, q = (G >> 4) * kStepChunks + c;
+      const uint4* row = reinterpret_cast<const uint4*>(src + r * src_ld);
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (q < chunks) v = ordered ? row[G] : fragment_order(row[q * 4 + w]);
+      reinterpret_cast<uint4*>(dst)[i] = v;
+    }
+  } else {
+    const int per_row = steps * kStepValues / 4;  // float4 groups
+#pragma unroll 1
+    for (int i = static_cast<int>(threadIdx.x); i < rows * per_row; i += kThreads) {
+      const int r = i / per_row, G = i - r * per_row;
+      const float4* row = reinterpret_cast<const float4*>(src + r * src_ld);
+      reinterpret_cast<float4*>(dst)[i] = G < chunks * 8 ? row[G] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
   }
-};
-
-// Copies `bytes` (a multiple of 16; both ends 16-byte aligned) from global to shared memory.
-__device__ __forceinline__ void stage16(void* smem, const void* src, int64_t bytes) {
-  const int64_t n = bytes / 16;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads)
-    reinterpret_cast<uint4*>(smem)[i] = __ldg(reinterpret_cast<const uint4*>(src) + i);
 }
+
+// Index of intermediate value i in a route's h row: fragment order for bf16, plain for f32.
+template <class HT>
+__device__ __forceinline__ int h_index(int i) {
+  if constexpr (!std::is_same_v<HT, bf16>) return i;
+  const int q = i >> 5, w = (i >> 3) & 3, n = i & 7;
+  return ((((q >> 2) * 4 + w) * 4 + (q & 3)) << 3) + ((n & 3) << 1) + (n >> 2);
+}
+
+// Bytes of the staged scale pairs: 8 per (step, row pair, lane c).
+__host__ __device__ inline int gate_up_scale_bytes(int steps_l) { return steps_l * kGuRows * kStepChunks * 8; }
+__host__ __device__ inline int down_scale_bytes(int k, int steps_i) { return k * steps_i * 8 * kStepChunks * 8; }
+
+// Programmatic dependent launch: waits until the gate/up grid has completed and its writes (h) are
+// visible (a no-op without the launch attribute).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // ---------------------------------------------------------------- A. gate/up + SiTU
 
 // h[route][row] = round(SiTU(round(W1[row] . z_t), round(W3[row] . z_t))) for the block's 16 rows
-// of route blockIdx.y (= t * k + j). Dynamic shared memory: z_t, L values of XT.
+// of route blockIdx.y (= t * k + j). Dynamic shared memory: the scale pairs [step][16 rows][c]
+// {gate, up} (gate_up_scale_bytes), then z_t (steps_l * 128 values of XT).
 template <class XT, class HT>
-__global__ void __launch_bounds__(kThreads, 3) gemv_gate_up_kernel(GemvParams p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<XT, bf16>>)
+    gemv_gate_up_kernel(GemvParams p) {
   constexpr bool MMA = std::is_same_v<XT, bf16>;
+  constexpr int S = kSlots;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float partial[kGuGroups][kGuSlices][8][2];  // [group][slice][row][gate, up]
+  // The down grid may be scheduled now (it waits for this whole grid before reading h).
+  asm volatile("griddepcontrol.launch_dependents;");
   const int route = static_cast<int>(blockIdx.y), t = route / p.k, j = route - t * p.k;
   const int e = p.ids[t * p.ids_ld + j];
   if (e < 0 || e >= p.E) return;  // the whole block: the token's row will be NaN (down kernel)
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, c = lane & 3, group = warp / kGuSlices, slice = warp % kGuSlices;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kGuRows + group * 8 + g;
-  const bool row_ok = row < p.I;
-  const int chunks = static_cast<int>(p.L / 32), steps = (chunks + 3) / 4;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kGuRows;  // rows < I: I % 16 == 0
+  const int chunks = static_cast<int>(p.L / 32), steps = p.steps_l;
   const int per = (steps + kGuSlices - 1) / kGuSlices, first = slice * per;
-  const int n_steps = max(0, min(steps, first + per) - first);  // this warp's steps (warp-uniform)
-  const int64_t r = row_ok ? row : 0;
+  const int n = max(0, min(steps, first + per) - first);  // this warp's steps (warp-uniform)
+  // This lane's steps whose chunk 4 (first + s) + c lies inside the row.
+  const int n_lane = min(n, max(0, (chunks - c + kStepChunks - 1) / kStepChunks - first));
+  const WeightRef wg = p.tab.w1(e), wu = p.tab.w3(e);
+  const int64_t row = row0 + group * 8 + g, q0 = first * kStepChunks + c;
+  const uint8_t* ca = static_cast<const uint8_t*>(wg.data) + row * wg.ld + 16 * q0;
+  const uint8_t* cb = static_cast<const uint8_t*>(wu.data) + row * wu.ld + 16 * q0;
 
-  StepBatch b;
-  const auto load = [&](int s0) {
-    // The row pointers are rebuilt from the (L1-resident) expert table per batch: fewer live registers.
-    const WeightRef wg = p.tab.w1(e), wu = p.tab.w3(e);
-    const uint8_t* gate_codes = static_cast<const uint8_t*>(wg.data) + r * wg.ld;
-    const uint8_t* up_codes = static_cast<const uint8_t*>(wu.data) + r * wu.ld;
-    const uint8_t* gate_scales = wg.scale + r * wg.scale_ld;
-    const uint8_t* up_scales = wu.scale + r * wu.scale_ld;
+  Slot sl[S];
 #pragma unroll
-    for (int i = 0; i < kSteps; ++i) {
-      const int q = (first + s0 + i) * 4 + c;
-      const bool ok = row_ok && s0 + i < n_steps && q < chunks;
-      b.load(i, ok, ok, gate_codes, up_codes, gate_scales, up_scales, q);
-    }
-  };
-  load(0);  // the first codes are in flight while z is staged
-  XT* z_s = reinterpret_cast<XT*>(smem);
-  stage16(z_s, static_cast<const XT*>(p.z) + t * p.z_ld, p.L * static_cast<int64_t>(sizeof(XT)));
-  __syncthreads();
+  for (int i = 0; i < S; ++i) {  // in flight while z and the scales are staged
+    sl[i].zero();
+    sl[i].load(i < n_lane, ca + 64 * i, cb + 64 * i);
+  }
+  uint2* sc_s = reinterpret_cast<uint2*>(smem);
+  XT* z_s = reinterpret_cast<XT*>(smem + gate_up_scale_bytes(steps));
+  stage_rows(z_s, static_cast<const XT*>(p.z) + t * p.z_ld, 1, 0, p.L, steps, false);
+  bool big = false;
+#pragma unroll 1  // few iterations: keep the registers for the loads in flight
+  for (int it = static_cast<int>(threadIdx.x); it < steps * kGuRows; it += kThreads) {  // it = step * 16 + row
+    const int64_t r = row0 + (it & (kGuRows - 1));
+    big |= stage_step_scales<MMA>(sc_s + it * kStepChunks, wg.scale + r * wg.scale_ld, wu.scale + r * wu.scale_ld,
+                                  it / kGuRows, chunks, p.word_scales_gu);
+  }
+  big = __syncthreads_or(big);
 
   RowSums<MMA> acc;
   acc.zero();
-  for (int s0 = 0; s0 < n_steps; s0 += kSteps) {
-    if (s0 > 0) load(s0);
+  const uint2* f = sc_s + (first * kGuRows + group * 8 + g) * kStepChunks + c;  // step stride 64
+  for (int s0 = 0; s0 < n; s0 += S) {
 #pragma unroll
-    for (int i = 0; i < kSteps; ++i) {
-      if (s0 + i < n_steps) {  // warp-uniform
-        const int q = (first + s0 + i) * 4 + c;
-        const bool x_ok = q < chunks;
-        step_sums(b.qa[i], b.qb[i], b.ea[i], b.eb[i], z_s + static_cast<int64_t>(x_ok ? q : 0) * 32, x_ok, g, acc);
+    for (int i = 0; i < S; ++i) {
+      if (s0 + i < n) {  // warp-uniform
+        step_sums(sl[i], f[(s0 + i) * kGuRows * kStepChunks], step_x(z_s, first + s0 + i, c), big, acc);
+        const int next = 64 * (i + S);  // step s0 + i + S, rolled into the slot just consumed
+        sl[i].load(s0 + i + S < n_lane, ca + next, cb + next);
       }
     }
+    ca += 64 * S, cb += 64 * S;
   }
   float gate_sum, up_sum;
   acc.result(gate_sum, up_sum);
@@ -282,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, 3) gemv_gate_up_kernel(GemvParams p)
   __syncthreads();
   if (threadIdx.x < kGuRows) {
     const int rg = static_cast<int>(threadIdx.x) / 8, rr = static_cast<int>(threadIdx.x) % 8;
-    const int64_t h_row = static_cast<int64_t>(blockIdx.x) * kGuRows + threadIdx.x;
+    const int h_row = static_cast<int>(row0) + static_cast<int>(threadIdx.x);
     if (h_row < p.I) {
       float a = 0.0f, u = 0.0f;
 #pragma unroll
@@ -290,7 +425,8 @@ __global__ void __launch_bounds__(kThreads, 3) gemv_gate_up_kernel(GemvParams p)
       a = round_if(a, p.round), u = round_if(u, p.round);
       const float gate_act = p.beta * tanhf(a / p.beta) * sigmoid_f32(a);
       const float up_act = p.linear_beta * tanhf(u / p.linear_beta);
-      store_act(static_cast<HT*>(p.h) + static_cast<int64_t>(route) * p.I + h_row, gate_act * up_act, p.round);
+      store_act(static_cast<HT*>(p.h) + static_cast<int64_t>(route) * p.h_ld + h_index<HT>(h_row), gate_act * up_act,
+                p.round);
     }
   }
 }
@@ -298,118 +434,150 @@ __global__ void __launch_bounds__(kThreads, 3) gemv_gate_up_kernel(GemvParams p)
 // ---------------------------------------------------------------- B. down + combine
 
 // out[t][row] = round?(sum_j p_tj * round?(W2_j[row] . h_tj)) for the block's 16 rows of token
-// blockIdx.y. Dynamic shared memory: the token's h rows, k * I values of HT.
+// blockIdx.y. Dynamic shared memory: the scale pairs [route][step][g][c] {row g, row g + 8}
+// (down_scale_bytes), then the token's h rows (k * h_ld values of HT).
 template <class HT, class OT>
-__global__ void __launch_bounds__(kThreads, 3) gemv_down_kernel(GemvParams p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>)
+    gemv_down_kernel(GemvParams p) {
   constexpr bool MMA = std::is_same_v<HT, bf16>;
+  constexpr int S = kSlots;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float e_s[kMaxRoutes][kDnRows];  // e_tj of the block's rows, route-major
   __shared__ const uint8_t* codes_s[kMaxRoutes];  // W2 codes / scales of the token's routes
   __shared__ const uint8_t* scales_s[kMaxRoutes];
   __shared__ int bad_s;
   const int t = static_cast<int>(blockIdx.y);
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kDnRows;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kDnRows;  // rows < L: L % 16 == 0
   OT* out = static_cast<OT*>(p.out) + t * p.out_ld;
   if (threadIdx.x == 0) bad_s = 0;
   __syncthreads();
-  if (static_cast<int>(threadIdx.x) < p.k) {
+  if (static_cast<int>(threadIdx.x) < p.k) {  // the routes' W2 rows from the block's first row on
     const int e = p.ids[t * p.ids_ld + threadIdx.x];
     const bool ok = e >= 0 && e < p.E;
-    codes_s[threadIdx.x] = ok ? static_cast<const uint8_t*>(p.tab.ptr(e, 4)) : nullptr;
-    scales_s[threadIdx.x] = ok ? p.tab.scale(e, 5) : nullptr;
+    codes_s[threadIdx.x] = ok ? static_cast<const uint8_t*>(p.tab.ptr(e, 4)) + row0 * p.tab.ld2 : nullptr;
+    scales_s[threadIdx.x] = ok ? p.tab.scale(e, 5) + row0 * p.tab.sld2 : nullptr;
     if (!ok) bad_s = 1;
   }
   __syncthreads();
   if (bad_s) {  // the whole block: a NaN row, as the reference contract says
-    if (threadIdx.x < kDnRows && row0 + threadIdx.x < p.L) store_act(out + row0 + threadIdx.x, NAN, false);
+    grid_dependency_wait();  // out may alias z, which the gate/up grid reads
+    if (threadIdx.x < kDnRows) store_act(out + row0 + threadIdx.x, NAN, false);
     return;
   }
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, c = lane & 3;
-  const int chunks = static_cast<int>(p.I / 32), steps = (chunks + 3) / 4;
+  const int chunks = static_cast<int>(p.I / 32), steps = p.steps_i;
+  const int lane_steps = (chunks - c + kStepChunks - 1) / kStepChunks;  // steps whose chunk 4 s + c exists
   const int n_routes = warp < p.k ? (p.k - warp + kWarps - 1) / kWarps : 0;
   const int n_units = n_routes * steps;  // (route, step) units of this warp, route-major
-  const int64_t lo = row0 + g, hi = lo + 8;
-  const bool lo_ok = lo < p.L, hi_ok = hi < p.L;
+  const int sld = static_cast<int>(p.tab.sld2);
+  const int code_lo = g * static_cast<int>(p.tab.ld2) + 16 * c, code_hi = code_lo + 8 * static_cast<int>(p.tab.ld2);
 
-  StepBatch b;
-  const auto load = [&](int u0) {
-#pragma unroll
-    for (int i = 0; i < kSteps; ++i) {
-      const int u = u0 + i, jr = u / steps, s = u - jr * steps;
-      const int q = s * 4 + c;
-      const bool ok = u < n_units && q < chunks;
-      const int j = ok ? warp + jr * kWarps : 0;
-      const uint8_t *codes = codes_s[j], *scales = scales_s[j];
-      const int64_t ld = p.tab.ld2, sld = p.tab.sld2;
-      b.load(i, ok && lo_ok, ok && hi_ok, codes + (lo_ok ? lo : 0) * ld, codes + (hi_ok ? hi : 0) * ld,
-             scales + (lo_ok ? lo : 0) * sld, scales + (hi_ok ? hi : 0) * sld, q);
-    }
+  int load_r = 0, load_s = 0;  // the (route, step) of the next unit to load
+  const auto load_next = [&](Slot& sl) {
+    const bool ok = load_r < n_routes && load_s < lane_steps;
+    const uint8_t* codes = codes_s[ok ? warp + load_r * kWarps : 0] + 64 * load_s;
+    sl.load(ok, codes + code_lo, codes + code_hi);
+    if (++load_s == steps) load_s = 0, ++load_r;
   };
-  load(0);  // the first codes are in flight while h is staged
-  HT* h_s = reinterpret_cast<HT*>(smem);
-  stage16(h_s, static_cast<const HT*>(p.h) + static_cast<int64_t>(t) * p.k * p.I,
-          static_cast<int64_t>(p.k) * p.I * static_cast<int64_t>(sizeof(HT)));
-  __syncthreads();
+  Slot sl[S];
+#pragma unroll
+  for (int i = 0; i < S; ++i) {  // in flight while h and the scales are staged
+    sl[i].zero();
+    load_next(sl[i]);
+  }
+  uint2* sc_s = reinterpret_cast<uint2*>(smem);
+  HT* h_s = reinterpret_cast<HT*>(smem + down_scale_bytes(p.k, steps));
+  bool big = false;
+#pragma unroll 1
+  for (int it = static_cast<int>(threadIdx.x); it < p.k * steps * 8; it += kThreads) {  // (j * steps + s) * 8 + g
+    const int js = it >> 3, jr = js / steps, s = js - jr * steps;
+    const uint8_t* row_lo = scales_s[jr] + (it & 7) * sld;
+    big |= stage_step_scales<MMA>(sc_s + it * kStepChunks, row_lo, row_lo + 8 * sld, s, chunks, p.word_scales_dn);
+  }
+  grid_dependency_wait();  // h is complete from here on (and out may be written)
+  stage_rows(h_s, static_cast<const HT*>(p.h) + static_cast<int64_t>(t) * p.k * p.h_ld, p.k, p.h_ld, p.I, steps,
+             true);
+  big = __syncthreads_or(big);
 
   RowSums<MMA> acc;
   acc.zero();
-  for (int u0 = 0; u0 < n_units; u0 += kSteps) {
-    if (u0 > 0) load(u0);
+  // The unit being summed: route j = warp + r * 8, step s; its staged scales and activations sit
+  // at js = j * steps + s (scale pairs [js][g][c], h groups [js][word][c]).
+  int r = 0, s = 0, js = warp * steps;
+  for (int u0 = 0; u0 < n_units; u0 += S) {
 #pragma unroll
-    for (int i = 0; i < kSteps; ++i) {
-      const int u = u0 + i;
-      if (u < n_units) {  // warp-uniform
-        const int jr = u / steps, s = u - jr * steps, j = warp + jr * kWarps;
-        const int q = s * 4 + c;
-        const bool x_ok = q < chunks;
-        step_sums(b.qa[i], b.qb[i], b.ea[i], b.eb[i], h_s + static_cast<int64_t>(j) * p.I + (x_ok ? q : 0) * 32, x_ok,
-                  g, acc);
-        if (s == steps - 1) {  // route j done: its 16 values e_tj
+    for (int i = 0; i < S; ++i) {
+      if (u0 + i < n_units) {  // warp-uniform
+        step_sums(sl[i], sc_s[js * 32 + lane], step_x(h_s, js, c), big, acc);
+        load_next(sl[i]);
+        ++js;
+        if (++s == steps) {  // route j done: its 16 values e_tj (warp-uniform)
+          const int j = warp + r * kWarps;
           float e_lo, e_hi;
           acc.result(e_lo, e_hi);
           if (c == 0) e_s[j][g] = round_if(e_lo, p.round_e), e_s[j][g + 8] = round_if(e_hi, p.round_e);
           acc.zero();
+          s = 0, ++r, js += (kWarps - 1) * steps;
         }
       }
     }
   }
   __syncthreads();
-  if (threadIdx.x < kDnRows && row0 + threadIdx.x < p.L) {
+  if (threadIdx.x < kDnRows) {
     const float* pt = p.p + t * p.p_ld;
     float sum = 0.0f;
-    for (int j = 0; j < p.k; ++j) sum = __fadd_rn(sum, __fmul_rn(pt[j], e_s[j][threadIdx.x]));
+    for (int jr = 0; jr < p.k; ++jr) sum = __fadd_rn(sum, __fmul_rn(pt[jr], e_s[jr][threadIdx.x]));
     store_act(out + row0 + threadIdx.x, sum, p.round_e);
   }
 }
 
 // ---------------------------------------------------------------- host
 
+int steps_of(int64_t n) { return static_cast<int>((n / 32 + kStepChunks - 1) / kStepChunks); }
+// Dynamic shared memory of a block: the staged scale pairs, then the staged z row / h rows.
+size_t gate_up_smem(int64_t L, size_t x_bytes) {
+  return static_cast<size_t>(gate_up_scale_bytes(steps_of(L))) +
+         static_cast<size_t>(steps_of(L)) * kStepValues * x_bytes;
+}
+size_t down_smem(int64_t k, int64_t I, size_t h_bytes) {
+  return static_cast<size_t>(down_scale_bytes(static_cast<int>(k), steps_of(I))) +
+         static_cast<size_t>(k) * steps_of(I) * kStepValues * h_bytes;
+}
+// Static shared memory of the down block (e table, route pointers) and the gate/up block, at most.
+constexpr size_t kStaticSmem = kMaxRoutes * kDnRows * sizeof(float) + 2 * kMaxRoutes * sizeof(void*) + 16;
+
 core::Status gemv_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
   if (auto s = experts_io_supports(ops, a); !s) return s;
   const int64_t T = a.z.dim(0), L = a.z.dim(1), k = a.ids.dim(1);
+  using std::to_string;
   if (T < 1 || T > kMaxTokens)
-    return core::Status::fail("the expert GEMV takes 1.." + std::to_string(kMaxTokens) +
-                              " tokens (each route reads its expert again), got " + std::to_string(T));
+    return core::Status::fail("the expert GEMV takes 1.." + to_string(kMaxTokens) +
+                              " tokens (each route reads its expert again), got " + to_string(T));
   if (k < 1 || k > kMaxRoutes)
-    return core::Status::fail("the expert GEMV takes 1.." + std::to_string(kMaxRoutes) + " routes per token, got k = " +
-                              std::to_string(k));
+    return core::Status::fail("the expert GEMV takes 1.." + to_string(kMaxRoutes) + " routes per token, got k = " +
+                              to_string(k));
   const int64_t I = a.w1[0].out_features();
   if (L % 32 != 0 || I % 32 != 0)
     return core::Status::fail("the expert GEMV needs whole MXFP4 chunks (L and I multiples of 32), got L = " +
-                              std::to_string(L) + ", I = " + std::to_string(I));
+                              to_string(L) + ", I = " + to_string(I));
   const size_t x_bytes = a.z.dtype == core::DType::bf16 ? 2 : 4;
   const size_t h_bytes = a.precision == Precision::bf16 ? 2 : 4;
   if (static_cast<size_t>(L) * x_bytes > kSmemBudget || static_cast<size_t>(k * I) * h_bytes > kSmemBudget)
-    return core::Status::fail("the expert GEMV stages z (" + std::to_string(L * x_bytes) + " B) and a token's h rows (" +
-                              std::to_string(k * I * h_bytes) + " B) in at most " + std::to_string(kSmemBudget) +
+    return core::Status::fail("the expert GEMV stages z (" + to_string(L * x_bytes) + " B) and a token's h rows (" +
+                              to_string(k * I * h_bytes) + " B) in at most " + to_string(kSmemBudget) +
                               " B of shared memory");
+  // With the staged scales (and rows padded to whole steps) a block may need more than the 48 KB
+  // default: opted in at launch, up to the device's limit.
+  if (const size_t need = std::max(gate_up_smem(L, x_bytes), down_smem(k, I, h_bytes)) + kStaticSmem;
+      need > ops.ctx->smem_optin())
+    return core::Status::fail("the expert GEMV needs " + to_string(need) +
+                              " B of shared memory per block, the device allows " + to_string(ops.ctx->smem_optin()));
   if (!aligned16(a.z.data) || (T > 1 && (static_cast<size_t>(a.z.strides[0]) * x_bytes) % 16 != 0))
     return core::Status::fail("the expert GEMV reads z rows 16 bytes at a time: z must be 16-byte aligned with rows "
                               "a multiple of 16 bytes apart, got " + describe(a.z) + " with row stride " +
-                              std::to_string(a.z.strides[0]));
-  // MXFP4 everywhere, one layout per matrix (the kernels take one row stride each), code rows
-  // 16-byte aligned (16-byte loads straight from global memory).
+                              to_string(a.z.strides[0]));
+  // MXFP4 everywhere, one layout per matrix (one row stride each), code rows 16-byte aligned.
   const std::span<const LinearWeight> mats[3] = {a.w1, a.w3, a.w2};
   const char* names[3] = {"w1", "w3", "w2"};
   for (int m = 0; m < 3; ++m) {
@@ -419,16 +587,16 @@ core::Status gemv_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
                                 describe(w0.weight.view()));
     const int64_t ld = w0.weight.view().strides[0], sld = w0.scale.view().strides[0];
     if (ld % 16 != 0)
-      return core::Status::fail(std::string(names[m]) + " code rows are " + std::to_string(ld) +
+      return core::Status::fail(std::string(names[m]) + " code rows are " + to_string(ld) +
                                 " bytes apart; the expert GEMV needs a multiple of 16");
     for (size_t e = 0; e < mats[m].size(); ++e) {
       const LinearWeight& w = mats[m][e];
       if (auto s = weight_on_cuda(w, names[m]); !s) return s;
       if (!w.is_mxfp4() || w.weight.view().strides[0] != ld || w.scale.view().strides[0] != sld)
-        return core::Status::fail(std::string(names[m]) + "[" + std::to_string(e) +
+        return core::Status::fail(std::string(names[m]) + "[" + to_string(e) +
                                   "] differs in format or layout from " + names[m] + "[0]");
       if (!aligned16(w.weight.view().data))
-        return core::Status::fail(std::string(names[m]) + "[" + std::to_string(e) +
+        return core::Status::fail(std::string(names[m]) + "[" + to_string(e) +
                                   "] codes are not 16-byte aligned (the expert GEMV loads 16 bytes at a time)");
     }
   }
@@ -442,12 +610,14 @@ void gemv_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   const bool round = a.precision == Precision::bf16;
 
   std::vector<uint64_t> words(static_cast<size_t>(E) * kWordsPerExpert);
-  const auto addr = [](const core::Tensor& t) { return reinterpret_cast<uint64_t>(t.view().data); };
+  uint64_t scale_bits[3] = {0, 0, 0};  // OR of every scale pointer and row stride, per matrix
   for (int e = 0; e < E; ++e) {
     const LinearWeight* ws[3] = {&a.w1[e], &a.w3[e], &a.w2[e]};
     for (int m = 0; m < 3; ++m) {
-      words[e * kWordsPerExpert + 2 * m] = addr(ws[m]->weight);
-      words[e * kWordsPerExpert + 2 * m + 1] = addr(ws[m]->scale);
+      const core::TensorView sv = ws[m]->scale.view();
+      words[e * kWordsPerExpert + 2 * m] = reinterpret_cast<uint64_t>(ws[m]->weight.view().data);
+      words[e * kWordsPerExpert + 2 * m + 1] = reinterpret_cast<uint64_t>(sv.data);
+      scale_bits[m] |= reinterpret_cast<uint64_t>(sv.data) | static_cast<uint64_t>(sv.strides[0]);
     }
   }
   GemvParams p{};
@@ -460,32 +630,39 @@ void gemv_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   p.z = a.z.data, p.z_ld = a.z.strides[0];
   p.out = a.out.data, p.out_ld = a.out.strides[0];
   p.L = L, p.I = I, p.k = k, p.E = E;
+  p.steps_l = steps_of(L), p.steps_i = steps_of(I), p.h_ld = p.steps_i * kStepValues;
+  // Scale rows 4-byte aligned (every pointer and the row stride): each step's 4 bytes in one load.
+  p.word_scales_gu = ((scale_bits[0] | scale_bits[1]) & 3u) == 0, p.word_scales_dn = (scale_bits[2] & 3u) == 0;
   p.beta = a.beta, p.linear_beta = a.linear_beta;
   p.round = round, p.round_e = round && a.round_output;
   // h is a bf16 value whenever it is rounded: stored as bf16 then (the tensor-core down walk).
-  const std::shared_ptr<void> h_buf = ops.ctx->scratch(static_cast<size_t>(T * k * I) * (round ? 2 : 4));
+  const std::shared_ptr<void> h_buf = ops.ctx->scratch(static_cast<size_t>(T * k) * p.h_ld * (round ? 2 : 4));
   p.h = h_buf.get();
 
-  const dim3 grid_gu(grid_for(I, kGuRows), static_cast<unsigned>(T * k)), grid_dn(grid_for(L, kDnRows), static_cast<unsigned>(T));
+  const dim3 grid_gu(grid_for(I, kGuRows), static_cast<unsigned>(T * k));
+  const dim3 grid_dn(grid_for(L, kDnRows), static_cast<unsigned>(T));
+  const size_t x_bytes = a.z.dtype == core::DType::bf16 ? 2 : 4, h_bytes = round ? 2 : 4;
+  const size_t gu_smem = gate_up_smem(L, x_bytes), dn_smem = down_smem(k, I, h_bytes);
   const auto launch = [&](auto x_tag, auto h_tag, auto o_tag) {
     using XT = typename decltype(x_tag)::type;
     using HT = typename decltype(h_tag)::type;
     using OT = typename decltype(o_tag)::type;
-    gemv_gate_up_kernel<XT, HT><<<grid_gu, kThreads, static_cast<size_t>(L) * sizeof(XT), stream>>>(p);
+    allow_smem(gemv_gate_up_kernel<XT, HT>, gu_smem);
+    allow_smem(gemv_down_kernel<HT, OT>, dn_smem);
+    gemv_gate_up_kernel<XT, HT><<<grid_gu, kThreads, gu_smem, stream>>>(p);
     K3_CUDA_CHECK_LAUNCH("gemv_gate_up_kernel");
-    gemv_down_kernel<HT, OT><<<grid_dn, kThreads, static_cast<size_t>(k * I) * sizeof(HT), stream>>>(p);
-    K3_CUDA_CHECK_LAUNCH("gemv_down_kernel");
+    // down: a programmatic dependent of gate/up (graph-capturable; see the file comment).
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {grid_dn, dim3(kThreads), dn_smem, stream, attr, 1};
+    K3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_down_kernel<HT, OT>, p));
   };
-  if (a.z.dtype == core::DType::bf16) {  // bf16 storage implies Precision::bf16 (supports)
-    if (a.round_output)
-      launch(Tag<bf16>{}, Tag<bf16>{}, Tag<bf16>{});
-    else
-      launch(Tag<bf16>{}, Tag<bf16>{}, Tag<float>{});
-  } else if (round) {
-    launch(Tag<float>{}, Tag<bf16>{}, Tag<float>{});
-  } else {
-    launch(Tag<float>{}, Tag<float>{}, Tag<float>{});
-  }
+  const bool bf16_z = a.z.dtype == core::DType::bf16;  // bf16 storage implies Precision::bf16 (supports)
+  if (bf16_z && a.round_output) launch(Tag<bf16>{}, Tag<bf16>{}, Tag<bf16>{});
+  else if (bf16_z) launch(Tag<bf16>{}, Tag<bf16>{}, Tag<float>{});
+  else if (round) launch(Tag<float>{}, Tag<bf16>{}, Tag<float>{});
+  else launch(Tag<float>{}, Tag<float>{}, Tag<float>{});
 }
 
 }  // namespace

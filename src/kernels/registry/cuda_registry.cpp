@@ -18,6 +18,7 @@ void register_all(Registry& r, const CudaOps& ops) {
   register_router_cuda(r, ops);
   register_moe_experts_cuda(r, ops);
   register_moe_experts_gemv_cuda(r, ops);
+  register_moe_experts_grouped_cuda(r, ops);
   register_kda_conv_cuda(r, ops);
   register_kda_recurrent_cuda(r, ops);
   register_kda_chunked_cuda(r, ops);

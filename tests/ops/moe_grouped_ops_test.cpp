@@ -1,0 +1,351 @@
+// tests/ops/moe_grouped_ops_test.cpp: the routed experts' grouped strategy ("cuda_expert_grouped":
+// bf16 activations, MXFP4 experts, 1..64 tokens, each touched expert read once per call) against
+// the CPU reference. Batches 1..16 run it by name (the registry picks the GEMV there), 17..64
+// assert that the registry picks it; TP8 shapes (896 experts, top-16, L 3584, I 384), odd widths
+// (L 96 / 2080, I 32 / 160) and few experts (groups of up to 64 routes: several passes of 8), k 1,
+// 3, 16, 64, strided z / out rows, unrounded partial sums, bad ids (NaN rows), bitwise identity
+// run to run and across batches (a token's row does not depend on the tokens beside it), and what
+// it refuses (f32 activations) reaching "cuda_expert_rowdot".
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tests/ops/op_harness.h"
+
+namespace k3::ops_test {
+namespace {
+
+constexpr const char* kGrouped = "cuda_expert_grouped";
+constexpr const char* kRowdot = "cuda_expert_rowdot";
+constexpr const char* kGemv = "cuda_expert_gemv";
+
+// E experts backed by `distinct` random MXFP4 weight sets (expert e uses set e % distinct).
+struct Experts {
+  std::vector<kernels::LinearWeight> w1, w3, w2;     // CPU
+  std::vector<kernels::LinearWeight> dw1, dw3, dw2;  // device
+  Experts(Device* dev, core::Rng& rng, int64_t E, int distinct, int64_t L, int64_t I) {
+    std::vector<kernels::LinearWeight> s1, s3, s2, d1, d3, d2;
+    for (int s = 0; s < distinct; ++s) {
+      s1.push_back(random_mxfp4_weight(rng, I, L)), s3.push_back(random_mxfp4_weight(rng, I, L));
+      s2.push_back(random_mxfp4_weight(rng, L, I));
+      d1.push_back(dev->upload(s1.back())), d3.push_back(dev->upload(s3.back())), d2.push_back(dev->upload(s2.back()));
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      w1.push_back(s1[e % distinct]), w3.push_back(s3[e % distinct]), w2.push_back(s2[e % distinct]);
+      dw1.push_back(d1[e % distinct]), dw3.push_back(d3[e % distinct]), dw2.push_back(d2[e % distinct]);
+    }
+  }
+  int64_t E() const { return static_cast<int64_t>(w1.size()); }
+  int64_t L() const { return w1[0].in_features(); }
+  int64_t I() const { return w1[0].out_features(); }
+};
+
+// ids: k distinct experts per token, uniformly at random; weights: positive, summing to 1.
+void random_routes(core::Rng& rng, int64_t T, int64_t E, int64_t k, Tensor& ids, Tensor& weights) {
+  ids = Tensor::zeros(DType::i32, {T, k});
+  weights = f32_tensor({T, k});
+  for (int64_t t = 0; t < T; ++t) {
+    float sum = 0.0f;
+    int32_t* row = ids.data<int32_t>() + t * k;
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t e;
+      do {
+        e = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(E));
+      } while (std::find(row, row + j, e) != row + j);
+      row[j] = e;
+      sum += weights.data<float>()[t * k + j] = static_cast<float>(rng.uniform(0.1, 1.0));
+    }
+    for (int64_t j = 0; j < k; ++j) weights.data<float>()[t * k + j] /= sum;
+  }
+}
+
+// Columns [c0, c1) of a contiguous rank-2 tensor (any device) as a row-strided view.
+TensorView column_block(const Tensor& t, int64_t c0, int64_t c1) {
+  TensorView v = t.view();
+  v.data = static_cast<char*>(v.data) + c0 * static_cast<int64_t>(core::dtype_size(t.dtype()));
+  v.shape = Shape{t.dim(0), c1 - c0};
+  return v;
+}
+
+// The grouped strategy itself (not what the registry would pick).
+const kernels::OpImpl<kernels::MoeExpertsArgs>& grouped_impl(Device* dev) {
+  for (const auto& impl : dev->registry().moe_experts.impls())
+    if (impl.name == kGrouped && impl.device == dev->kind()) return impl;
+  throw core::Error(std::string("no ") + kGrouped + " implementation registered");
+}
+
+struct Case {
+  int64_t T, k;
+  bool round_output = true;
+  int64_t z_pad = 0, out_pad = 0;  // extra columns beside z / out: row-strided views
+};
+struct BadId {
+  int64_t t, j;
+  int32_t id;
+};
+
+// How a case runs: the grouped strategy by name (batches where another one is picked) or through
+// the registry, asserting that it picks the grouped strategy.
+enum class Run { by_name, selected };
+
+// One case in bf16 activations against the CPU reference; `bad` overwrites ids with values outside
+// [0, E): those tokens must come back as NaN rows, the others as the reference computes them.
+void check_grouped(Device* dev, const Experts& ex, const Case& c, uint64_t seed, Run how,
+                   const std::vector<BadId>& bad = {}) {
+  core::Rng rng(seed);
+  const int64_t E = ex.E(), L = ex.L(), I = ex.I(), T = c.T, k = c.k;
+  const Tensor z_full = random_act(rng, {T, L + c.z_pad}, Mode::bf16, 0.0, 2.0);
+  Tensor ids, weights;
+  random_routes(rng, T, E, k, ids, weights);
+  kernels::MoeExpertsArgs cpu{column_block(z_full, 0, L), ids.view(), weights.view(), ex.w1, ex.w3, ex.w2,
+                              TensorView{}, 4.0f, 25.0f, Precision::bf16};
+  cpu.round_output = c.round_output;
+  Tensor want = nan_tensor({T, L});
+  cpu.out = want.view();
+  cpu_registry().moe_experts.run(cpu, core::Device::cpu);  // with the valid ids
+
+  Tensor bad_ids = copy(ids);
+  std::vector<bool> bad_token(static_cast<size_t>(T), false);
+  for (const BadId& b : bad) {
+    bad_ids.data<int32_t>()[b.t * k + b.j] = b.id;
+    bad_token[static_cast<size_t>(b.t)] = true;
+  }
+  const DType out_dtype = c.round_output ? DType::bf16 : DType::f32;
+  Tensor dz = dev->upload(z_full, DType::bf16), d_ids = dev->upload(bad_ids), d_w = dev->upload(weights);
+  Tensor out = dev->poisoned(out_dtype, {T, L + c.out_pad});
+  kernels::MoeExpertsArgs args{column_block(dz, 0, L), d_ids.view(), d_w.view(), ex.dw1, ex.dw3, ex.dw2,
+                               column_block(out, 0, L), 4.0f, 25.0f, Precision::bf16};
+  args.round_output = c.round_output;
+  const std::string shape = shape_str({T, E, k, L, I});
+  const auto& impl = grouped_impl(dev);
+  const core::Status s = impl.supports(args);
+  ASSERT_TRUE(s) << shape << ": " << s.reason();
+  if (how == Run::selected) {
+    ASSERT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, kGrouped) << shape;
+    dev->registry().moe_experts.run(args, dev->kind());
+  } else {
+    impl.run(args);
+  }
+  const Tensor got_full = dev->to_host_f32(out.view());
+  Tensor got = copy_rows(column_block(got_full, 0, L));
+  int64_t pad_written = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t l = L; l < L + c.out_pad; ++l)
+      pad_written += !std::isnan(got_full.data<float>()[t * (L + c.out_pad) + l]);
+  EXPECT_EQ(pad_written, 0) << shape << ": out columns beside the op's view were written";
+  for (int64_t t = 0; t < T; ++t) {
+    if (!bad_token[static_cast<size_t>(t)]) continue;
+    int64_t nan_count = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      nan_count += std::isnan(got.data<float>()[t * L + l]);
+      got.data<float>()[t * L + l] = want.data<float>()[t * L + l] = 0.0f;  // out of the comparison
+    }
+    EXPECT_EQ(nan_count, L) << shape << ": token " << t << " has a bad id, its row must be NaN";
+  }
+  const std::string what = std::string("grouped") + (c.round_output ? "" : "_partial") + (c.z_pad ? "_zld" : "") +
+                           (c.out_pad ? "_outld" : "") + (bad.empty() ? "" : "_badid") + "_k" + std::to_string(k);
+  expect_close(c.round_output ? "moe_experts" : "moe_experts_partial", shape, Mode::bf16, what, got, want,
+               tol_reduction(Mode::bf16));
+}
+
+// Batches 1..16 by name, 17..64 through the registry.
+Run run_for(int64_t T) { return T <= 16 ? Run::by_name : Run::selected; }
+
+// The registration itself (runs without a GPU too): the name and the priority between the rowdot
+// (10) and the GEMV (20), so the GEMV keeps batches 1..16 and the grouped form takes 17..64.
+TEST(OpsOdd, MoeExpertsGroupedIsRegisteredBetweenRowdotAndGemv) {
+#ifndef K3_HAVE_CUDA
+  GTEST_SKIP() << "this build has no CUDA backend (K3_HAVE_CUDA is off)";
+#else
+  kernels::Registry r;
+  kernels::register_reference_ops(r);
+  kernels::register_cuda_ops(r);
+  int grouped = -1, rowdot = -1, gemv = -1;
+  for (const auto& impl : r.moe_experts.impls()) {
+    if (impl.device != core::Device::cuda) continue;
+    if (impl.name == kGrouped) grouped = impl.priority;
+    if (impl.name == kRowdot) rowdot = impl.priority;
+    if (impl.name == kGemv) gemv = impl.priority;
+  }
+  ASSERT_GE(grouped, 0) << kGrouped << " is not registered";
+  EXPECT_GT(grouped, rowdot);
+  EXPECT_LT(grouped, gemv);
+#endif
+}
+
+// The k3-layer-tp8 rank's expert shapes: 896 experts (32 weight sets), top-16.
+TEST(OpsTp8, MoeExpertsGroupedMxfp4Top16Of896) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(9000);
+  const Experts ex(dev, rng, 896, 32, 3584, 384);
+  uint64_t seed = 9100;
+  for (int64_t T : {1, 8, 16, 17, 33, 64}) check_grouped(dev, ex, {T, 16}, ++seed, run_for(T));
+  check_grouped(dev, ex, {32, 16, false, 0, 7168}, ++seed, Run::selected);  // [T, L | hidden] partial sums
+  check_grouped(dev, ex, {17, 16, true, 8, 3}, ++seed, Run::selected);     // strided z and out rows
+}
+
+// Odd widths (L = 96 is 3 chunks: one step, lane 3 idle, the second slice idle; 2080 is 65 chunks;
+// I = 32 is one chunk, 160 is five) at every kind of batch, k 1, 3, 16.
+TEST(OpsOdd, MoeExpertsGroupedOddShapes) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(9200);
+  const Experts narrow(dev, rng, 20, 20, 96, 160);
+  const Experts wide(dev, rng, 20, 10, 2080, 32);
+  uint64_t seed = 9300;
+  for (int64_t T : {1, 2, 7, 16, 17, 33, 64})
+    for (int64_t k : {1, 3, 16}) {
+      check_grouped(dev, narrow, {T, k}, ++seed, run_for(T));
+      check_grouped(dev, wide, {T, k}, ++seed, run_for(T));
+    }
+}
+
+// Few experts, so groups hold many routes and take several passes of 8: E = 5, k = 3 at batch 64
+// (~38 routes a group), k = 5 (every token on every expert: 64-route groups), E = 2 (k = 1: one
+// or two groups of ~32), E = 70 with k = 64 (the largest k).
+TEST(OpsOdd, MoeExpertsGroupedLargeGroups) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(9400);
+  const Experts five(dev, rng, 5, 5, 224, 64);
+  const Experts two(dev, rng, 2, 2, 96, 96);
+  const Experts seventy(dev, rng, 70, 10, 96, 64);
+  uint64_t seed = 9500;
+  for (int64_t T : {9, 17, 64}) {
+    check_grouped(dev, five, {T, 3}, ++seed, run_for(T));
+    check_grouped(dev, five, {T, 5}, ++seed, run_for(T));
+    check_grouped(dev, two, {T, 1}, ++seed, run_for(T));
+  }
+  check_grouped(dev, five, {64, 3, false, 0, 5}, ++seed, Run::selected);
+  check_grouped(dev, seventy, {2, 64}, ++seed, Run::by_name);
+  check_grouped(dev, seventy, {20, 64}, ++seed, Run::selected);
+}
+
+// Strided z rows (16-byte multiples) and out rows, rounded and unrounded outputs.
+TEST(OpsOdd, MoeExpertsGroupedStridedRows) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(9600);
+  const Experts ex(dev, rng, 12, 12, 224, 96);
+  uint64_t seed = 9700;
+  for (bool round_output : {true, false})
+    for (int64_t T : {1, 5, 16, 17, 40, 64}) {
+      check_grouped(dev, ex, {T, 3, round_output, 8, 3}, ++seed, run_for(T));
+      check_grouped(dev, ex, {T, 12, round_output, 0, 5}, ++seed, run_for(T));
+    }
+}
+
+// A TP rank's unrounded f32 partial sums into the latent block of a packed [T, L | hidden] buffer.
+TEST(OpsOdd, MoeExpertsGroupedUnroundedPartial) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(9800);
+  const Experts ex(dev, rng, 18, 18, 160, 64);
+  uint64_t seed = 9900;
+  for (int64_t T : {1, 2, 16, 17, 64})
+    for (int64_t k : {1, 16}) check_grouped(dev, ex, {T, k, false, 0, 96}, ++seed, run_for(T));
+}
+
+// A route id outside [0, E) (the router's NaN marker -1, or E) makes its token's row NaN; the
+// other tokens' rows (sharing groups with the bad token's valid routes) are unaffected.
+TEST(OpsOdd, MoeExpertsGroupedBadIdGivesANanRow) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(10000);
+  const Experts ex(dev, rng, 9, 9, 96, 64);
+  uint64_t seed = 10100;
+  for (bool round_output : {true, false}) {
+    check_grouped(dev, ex, {3, 2, round_output}, ++seed, Run::by_name, {{1, 0, -1}});
+    check_grouped(dev, ex, {1, 3, round_output}, ++seed, Run::by_name, {{0, 2, 9}});
+    check_grouped(dev, ex, {17, 4, round_output, 0, 2}, ++seed, Run::selected, {{0, 3, -1}, {7, 0, 9}, {16, 1, 100}});
+    check_grouped(dev, ex, {64, 3, round_output}, ++seed, Run::selected, {{63, 2, -1}});
+  }
+}
+
+// Bitwise identity: the same call three times (the sort's groups and route order come from atomics;
+// no bit may depend on them), and a token's row in a batch of 64 equals its row in a batch of the
+// first 17 tokens (other groups, other pass positions). TP8 shapes with 8 weight sets, and 5
+// experts (groups of ~38 routes).
+TEST(OpsTp8, MoeExpertsGroupedBitwiseRunToRunAndAcrossBatches) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(10200);
+  const Experts tp8(dev, rng, 896, 8, 3584, 384);
+  const Experts five(dev, rng, 5, 5, 224, 64);
+  for (const Experts* ex : {&tp8, &five}) {
+    const int64_t T = 64, E = ex->E(), L = ex->L(), k = E > 16 ? 16 : 3;
+    const Tensor z = random_act(rng, {T, L}, Mode::bf16, 0.0, 2.0);
+    Tensor ids, weights;
+    random_routes(rng, T, E, k, ids, weights);
+    Tensor dz = dev->act(z, Mode::bf16), d_ids = dev->upload(ids), d_w = dev->upload(weights);
+    const auto first_rows = [](const Tensor& t, int64_t rows) {
+      TensorView v = t.view();
+      v.shape = Shape{rows, t.dim(1)};
+      return v;
+    };
+    std::vector<Tensor> got;
+    for (int64_t rows : {T, T, T, int64_t{17}}) {
+      Tensor out = dev->poisoned(DType::bf16, {rows, L});
+      const kernels::MoeExpertsArgs args{first_rows(dz, rows), first_rows(d_ids, rows), first_rows(d_w, rows),
+                                         ex->dw1, ex->dw3, ex->dw2, out.view()};
+      ASSERT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, kGrouped) << "T " << rows;
+      dev->registry().moe_experts.run(args, dev->kind());
+      got.push_back(dev->to_host(out.view()));
+    }
+    const auto bits = [](const Tensor& t) { return t.span<const uint16_t>(); };
+    for (int run = 1; run < 3; ++run)
+      EXPECT_TRUE(std::equal(bits(got[0]).begin(), bits(got[0]).end(), bits(got[run]).begin()))
+          << "E " << E << ": run " << run << " differs from run 0";
+    EXPECT_TRUE(std::equal(bits(got[3]).begin(), bits(got[3]).end(), bits(got[0]).begin()))
+        << "E " << E << ": the first 17 tokens' rows differ between batches of 64 and 17";
+  }
+}
+
+// What the grouped strategy refuses reaches the rowdot strategy: f32 activations (with a reason
+// naming bf16), more than 64 tokens, z rows not 16-byte multiples apart.
+TEST(OpsOdd, MoeExpertsGroupedRefusalsTakeRowdot) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(10300);
+  const Experts ex(dev, rng, 12, 12, 96, 64);
+  const auto args_for = [&](const Tensor& dz, const Tensor& d_ids, const Tensor& d_w, const Tensor& out,
+                            Precision p) {
+    return kernels::MoeExpertsArgs{dz.view(), d_ids.view(), d_w.view(), ex.dw1, ex.dw3, ex.dw2, out.view(),
+                                   4.0f, 25.0f, p};
+  };
+  for (int64_t T : {17, 64}) {
+    const Tensor z = random_act(rng, {T, 96}, Mode::fp32);
+    Tensor ids, weights;
+    random_routes(rng, T, 12, 3, ids, weights);
+    Tensor d_ids = dev->upload(ids), d_w = dev->upload(weights);
+    for (Precision p : {Precision::fp32, Precision::bf16}) {
+      Tensor dz = dev->upload(z, DType::f32), out = dev->poisoned(DType::f32, {T, 96});
+      const kernels::MoeExpertsArgs args = args_for(dz, d_ids, d_w, out, p);
+      const core::Status s = grouped_impl(dev).supports(args);
+      ASSERT_FALSE(s) << "f32 activations were taken";
+      EXPECT_NE(s.reason().find("bf16"), std::string::npos) << s.reason();
+      EXPECT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, kRowdot) << "T " << T;
+    }
+  }
+  // 65 tokens and misaligned z rows, through the harness's comparison on the rowdot strategy.
+  {
+    const int64_t T = 65;
+    const Tensor z = random_act(rng, {T, 96}, Mode::bf16);
+    Tensor ids, weights;
+    random_routes(rng, T, 12, 3, ids, weights);
+    Tensor dz = dev->act(z, Mode::bf16), d_ids = dev->upload(ids), d_w = dev->upload(weights);
+    Tensor out = dev->poisoned(DType::bf16, {T, 96});
+    const kernels::MoeExpertsArgs args = args_for(dz, d_ids, d_w, out, Precision::bf16);
+    EXPECT_FALSE(grouped_impl(dev).supports(args));
+    EXPECT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, kRowdot);
+  }
+  {
+    const int64_t T = 20;
+    const Tensor z = random_act(rng, {T, 100}, Mode::bf16);  // rows 200 bytes apart
+    Tensor ids, weights;
+    random_routes(rng, T, 12, 3, ids, weights);
+    Tensor dz = dev->act(z, Mode::bf16), d_ids = dev->upload(ids), d_w = dev->upload(weights);
+    Tensor out = dev->poisoned(DType::bf16, {T, 96});
+    kernels::MoeExpertsArgs args = args_for(dz, d_ids, d_w, out, Precision::bf16);
+    args.z = column_block(dz, 0, 96);
+    EXPECT_FALSE(grouped_impl(dev).supports(args));
+    EXPECT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, kRowdot);
+  }
+}
+
+}  // namespace
+}  // namespace k3::ops_test
