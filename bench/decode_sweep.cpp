@@ -24,8 +24,8 @@
 // replayed, as the engine serves pure-decode steps); "verify": speculative verify steps with
 // SYNTHETIC acceptance (each sequence runs its last token + K drafts with KDA in no-commit mode,
 // then Model::commit_verified keeps AL rows; eager) and "verify-graph" (the same steps through
-// model::DecodeGraphs, which captures a verify step per (batch, K + 1), as the engine serves them;
-// the commit runs eagerly after the replay; a step of more than DecodeGraphs::kMaxRows rows runs
+// model::DecodeGraphs, which captures a verify step per (batch, K + 1) and the KDA commit per
+// accepted-count vector, as the engine serves them; a step of more than DecodeGraphs::kMaxRows rows runs
 // eagerly, as in the engine, and its row shows no kernel count). A step's time is the wall time of the call,
 // logits download included; tokens/s = batch * tokens per step per sequence / median step time.
 // A row's decode_path is the change of its model's counters over the row (warm-up included): the
@@ -282,7 +282,8 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
       const bool replay = mode == "verify-graph" && graphs->eligible(batch);
       const core::Tensor logits = replay ? graphs->forward(batch, model::LogitsAt::host, &capture)
                                          : model.forward(kv, batch, model::LogitRows::verify, nullptr, &capture);
-      model.commit_verified(kv, capture, keep);
+      if (replay) graphs->commit_verified(capture, keep);
+      else model.commit_verified(kv, capture, keep);
       memory.synchronize();
       const double ms = 1e3 * seconds_since(ts);
       if (step >= o.warmup) row.ms.push_back(ms);

@@ -246,7 +246,9 @@ TEST(FastPath, VerifyStepsThroughDecodeGraphsEqualForwardFp32) {
         out.push_back(m.forward(cache.storage(), verify, LogitRows::verify, nullptr, &capture));
       }
       EXPECT_EQ(a.num_tokens, (round == 0 ? 20 : 23) + 4);  // every row advanced until the commit
-      m.commit_verified(cache.storage(), capture, accepted[round]);
+      // DecodeGraphs' commit (a graph on a GPU; on the CPU, which cannot capture, Model's).
+      if (graphs) g.commit_verified(capture, accepted[round]);
+      else m.commit_verified(cache.storage(), capture, accepted[round]);
     }
     EXPECT_EQ(a.num_tokens, 20 + 3 + 1);
     EXPECT_EQ(b.num_tokens, 11 + 4 + 4);

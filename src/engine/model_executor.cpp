@@ -121,7 +121,9 @@ core::Tensor ModelExecutor::execute(const BatchPlan& plan) {
 }
 
 void ModelExecutor::commit_verified(std::span<const int32_t> accepted_rows) {
-  model_.commit_verified(storage_, capture_, accepted_rows);
+  // After a verify step replayed from a graph, its commit replays one too (DecodeGraphs tells).
+  if (graphs_) graphs_->commit_verified(capture_, accepted_rows);
+  else model_.commit_verified(storage_, capture_, accepted_rows);
 }
 
 void ModelExecutor::set_hidden_tap(std::span<const int32_t> layers) {

@@ -1,6 +1,8 @@
 // model/decode_graphs.cpp: DecodeGraphs.
 #include "model/decode_graphs.h"
 
+#include <algorithm>
+
 namespace k3::model {
 
 DecodeGraphs::DecodeGraphs(const Model& model, KvStorage& kv, int64_t max_blocks_per_seq, int max_graphs)
@@ -109,6 +111,52 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
   entries_.push_front(std::move(e));
   if (static_cast<int>(entries_.size()) > max_graphs_) entries_.pop_back();
   return result;
+}
+
+DecodeGraphs::Entry* DecodeGraphs::verify_entry_of(const VerifyCapture& capture) {
+  for (Entry& e : entries_) {
+    if (e.rows < 2 || e.capture.layers.size() != capture.layers.size()) continue;
+    bool any = false, same = true;
+    for (size_t l = 0; l < capture.layers.size() && same; ++l) {
+      const void *mine = e.capture.layers[l].q_in.view().data, *theirs = capture.layers[l].q_in.view().data;
+      if (!mine && !theirs) continue;  // an MLA layer
+      same = mine == theirs;
+      any = true;
+    }
+    if (any && same) return &e;
+  }
+  return nullptr;
+}
+
+void DecodeGraphs::commit_verified(VerifyCapture& capture, std::span<const int32_t> accepted_rows) {
+  Entry* e = verify_entry_of(capture);
+  if (!e) return model_.commit_verified(kv_, capture, accepted_rows);
+  model_.memory()->make_current();
+  const std::vector<Segment> segs = model_.begin_commit(capture, accepted_rows);
+  if (segs.empty()) return;
+  auto it = e->commits.begin();
+  while (it != e->commits.end() && !std::equal(it->accepted.begin(), it->accepted.end(), accepted_rows.begin(),
+                                               accepted_rows.end()))
+    ++it;
+  if (it != e->commits.end()) {  // replay: this step's sequences in the tables, the KDA inputs already in place
+    e->commits.splice(e->commits.begin(), e->commits, it);
+    Commit& c = e->commits.front();
+    c.tables->refill(segs);
+    c.work->replay();
+    ++commit_replays_;
+  } else {  // first commit of this vector: eagerly on fixed tables, then the same queued work captured
+    Commit c;
+    c.accepted.assign(accepted_rows.begin(), accepted_rows.end());
+    c.tables = std::make_unique<StepTables>(segs, kv_.storage_config().block_size, *model_.memory(), shape_,
+                                            model_.context_split());
+    model_.run_commit(kv_, segs, c.tables->batches(), capture);
+    c.work = model_.memory()->capture([&] { model_.run_commit(kv_, segs, c.tables->batches(), capture); });
+    if (c.work) {
+      e->commits.push_front(std::move(c));
+      if (static_cast<int>(e->commits.size()) > kMaxCommitGraphs) e->commits.pop_back();
+    }
+  }
+  model_.end_commit(capture, accepted_rows);
 }
 
 size_t DecodeGraphs::kernels_per_step(int batch, int rows) const {

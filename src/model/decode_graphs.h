@@ -11,8 +11,10 @@
 // batch verifies the same number of rows R >= 2 (the last token plus R - 1 drafts: a fixed K, as
 // synthetic acceptance and drafters without adaptive lengths propose): graphs are kept per (B, R).
 // The graph's KDA no-commit inputs live in its own buffers; forward() hands the caller a
-// VerifyCapture over them for Model::commit_verified, which runs eagerly (its row counts are the
-// accepted lengths). Everything else (prefill, mixed steps, verify batches of unequal lengths,
+// VerifyCapture over them, and commit_verified() replays the KDA commit from a second graph per
+// accepted-count vector of that (B, R) graph (the replay's row counts are the accepted lengths, so
+// each vector is its own shape: at batch 1 there are at most R of them; synthetic acceptance has
+// one). Everything else (prefill, mixed steps, verify batches of unequal lengths,
 // traces, devices that cannot capture) goes through Model::forward.
 //
 // Tensor parallelism: every rank keeps its own DecodeGraphs and the ranks capture the same steps
@@ -47,21 +49,36 @@ class DecodeGraphs {
   core::Tensor forward(std::span<const SequenceInput> batch, LogitsAt at = LogitsAt::host,
                        VerifyCapture* capture = nullptr);
 
+  // After forward() of a verify batch: Model::commit_verified(kv, capture, accepted_rows), replayed
+  // from the commit graph of this accepted-count vector when `capture` is over a verify graph's
+  // buffers (captured on the vector's first use; kMaxCommitGraphs per verify graph, least recently
+  // used dropped); eager for a capture from Model::forward or a device that cannot capture.
+  void commit_verified(VerifyCapture& capture, std::span<const int32_t> accepted_rows);
+
   int64_t replays() const { return replays_; }    // steps served by a replay
+  int64_t commit_replays() const { return commit_replays_; }  // commits served by a replay
   int64_t captures() const { return captures_; }  // graphs captured
   // 0 when no graph of that shape exists (rows: 1 for plain decode, R for verify).
   size_t kernels_per_step(int batch, int rows = 1) const;
 
   static constexpr int kMaxBatch = 64;
   static constexpr int kMaxRows = 64;  // rows of a captured verify step (the fused path's scope)
+  static constexpr int kMaxCommitGraphs = 16;  // per verify graph
 
  private:
+  // A captured KDA commit of one accepted-count vector (Model::run_commit on fixed tables).
+  struct Commit {
+    std::vector<int32_t> accepted;
+    std::unique_ptr<StepTables> tables;
+    std::unique_ptr<core::CapturedWork> work;
+  };
   struct Entry {
     int batch = 0, rows = 1;  // sequences and rows per sequence (> 1: a verify step)
     std::unique_ptr<StepTables> tables;
     core::Tensor ids;     // device i32 [B * rows], rewritten each step
     core::Tensor logits;  // device f32 [B * rows, V], written by every replay
     VerifyCapture capture;  // verify: the KDA inputs the graph writes (layers), for commit_verified
+    std::list<Commit> commits;  // verify: per accepted-count vector, most recently used first
     std::unique_ptr<core::CapturedWork> work;
     PathDecision decision;  // the decode path captured (counted again at each replay)
   };
@@ -73,7 +90,9 @@ class DecodeGraphs {
   StepTableShape shape_;
   int max_graphs_;
   std::list<Entry> entries_;  // most recently used first
-  int64_t replays_ = 0, captures_ = 0;
+  // The verify graph whose buffers `capture` is over (its KDA inputs alias the entry's), or nullptr.
+  Entry* verify_entry_of(const VerifyCapture& capture);
+  int64_t replays_ = 0, captures_ = 0, commit_replays_ = 0;
 };
 
 }  // namespace k3::model

@@ -225,10 +225,18 @@ void Model::count_path(const PathDecision& d, int64_t steps) const {
 }
 
 void Model::commit_verified(KvStorage& kv, VerifyCapture& capture, std::span<const int32_t> accepted_rows) const {
+  const std::vector<Segment> segments = begin_commit(capture, accepted_rows);
+  if (segments.empty()) return;
+  const StepTables tables(segments, kv.storage_config().block_size, *memory_, {}, context_split());
+  run_commit(kv, segments, tables.batches(), capture);
+  end_commit(capture, accepted_rows);
+}
+
+std::vector<Segment> Model::begin_commit(VerifyCapture& capture, std::span<const int32_t> accepted_rows) const {
   K3_CHECK(accepted_rows.size() == capture.states.size(),
            "commit_verified: " + std::to_string(accepted_rows.size()) + " accepted counts for " +
                std::to_string(capture.states.size()) + " verify sequences");
-  if (capture.empty()) return;
+  if (capture.empty()) return {};
   // The replay batch: verify sequence j's first accepted_rows[j] rows of the compact capture, from
   // its committed state (num_tokens back at the step's start, so positions and tables are right).
   std::vector<Segment> segments;
@@ -240,13 +248,19 @@ void Model::commit_verified(KvStorage& kv, VerifyCapture& capture, std::span<con
     capture.states[j]->num_tokens = capture.start[j];
     segments.push_back({capture.row_begin[j], capture.row_begin[j] + n, capture.states[j], StepKind::decode, true});
   }
-  const StepTables tables(segments, kv.storage_config().block_size, *memory_, {}, context_split());
-  const ForwardContext ctx{config_, kv, ops_, options_, segments, tables.batches(), *memory_, nullptr, comm_, nullptr,
-                           nullptr};
+  return segments;
+}
+
+void Model::run_commit(KvStorage& kv, std::span<const Segment> segments, const StepBatches& batches,
+                       const VerifyCapture& capture) const {
+  const ForwardContext ctx{config_, kv, ops_, options_, segments, batches, *memory_, nullptr, comm_, nullptr, nullptr};
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     const auto* w = std::get_if<KdaWeights>(&weights_.layers[static_cast<size_t>(l)].attn);
     if (w) kda_commit_replay(ctx, l, *w, capture.layers.at(static_cast<size_t>(l)));
   }
+}
+
+void Model::end_commit(VerifyCapture& capture, std::span<const int32_t> accepted_rows) const {
   for (size_t j = 0; j < capture.states.size(); ++j) capture.states[j]->num_tokens = capture.start[j] + accepted_rows[j];
   capture.clear();
 }

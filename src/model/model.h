@@ -90,6 +90,15 @@ class Model {
   // its num_tokens becomes start + accepted_rows[j]. MLA rows past that are left in the pages and
   // overwritten by later steps. The capture is cleared. Throws core::Error on bad counts.
   void commit_verified(KvStorage& kv, VerifyCapture& capture, std::span<const int32_t> accepted_rows) const;
+  // commit_verified in three parts, for model/decode_graphs.h (which replays the middle one):
+  // begin_commit checks the counts, sets each verify sequence's num_tokens back to the step's start
+  // and returns the replay segments (sequence j: its first accepted_rows[j] rows of the compact
+  // capture); run_commit queues the KDA replay on the device (no host memory touched: capturable);
+  // end_commit sets num_tokens to start + accepted_rows[j] and clears the capture.
+  std::vector<Segment> begin_commit(VerifyCapture& capture, std::span<const int32_t> accepted_rows) const;
+  void run_commit(KvStorage& kv, std::span<const Segment> segments, const StepBatches& batches,
+                  const VerifyCapture& capture) const;
+  void end_commit(VerifyCapture& capture, std::span<const int32_t> accepted_rows) const;
 
   // The two halves of forward(), for callers that keep the step's inputs at fixed device
   // addresses (model/decode_graphs.h). check_step validates a batch as forward() does; run_step

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "model/decode_graphs.h"
+#include "model/local_cache.h"
 #include "gpu_test_util.h"
 
 namespace k3 {
@@ -57,6 +59,67 @@ TEST(FastPathGpu, FusedKernelsRunAndGreedyFp32EqualsTheStandardPath) {
     EXPECT_EQ(plan.find("/reference"), std::string::npos) << plan;
     std::cerr << plan;
     EXPECT_EQ(fused->model().decode_path_counters().fused_steps, 119);
+  }
+}
+
+// Speculative verify steps and their KDA commits replayed from CUDA graphs (model::DecodeGraphs)
+// compute what the eager calls compute (fp32; the graphs' tables have a fixed width, so an attention
+// kernel may split the context differently: relative L2 below 1e-5), on both decode paths: two sequences
+// verify 4 rows each for five rounds with accepted counts that repeat, so the commit graphs of
+// {1, 4} and {3, 4} are captured and then replayed (the first round's commit is eager: that verify
+// step ran eagerly to capture its graph), then one plain decode step reads the committed states.
+TEST(FastPathGpu, VerifyAndCommitGraphsEqualEagerStepsFp32) {
+  K3_REQUIRE_GPU();
+  testing::TempDir tmp;
+  checkpoint::WriteOptions w;
+  w.init = checkpoint::InitStyle::sensitive;
+  w.mxfp4 = true;
+  const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
+  for (const model::DecodeBackend backend : {model::DecodeBackend::standard, model::DecodeBackend::latency_specialized}) {
+    auto r = open(dir, core::Device::cuda, kernels::Precision::fp32, backend, model::KvCacheDtype::bf16);
+    const model::Model& m = r->model();
+    SCOPED_TRACE(backend == model::DecodeBackend::standard ? "standard" : "latency_specialized");
+    const int V = r->config().vocab_size;
+    const auto prompt = random_tokens(20, V, 16), drafts = random_tokens(40, V, 17), next = random_tokens(2, V, 18);
+    const int32_t accepted[5][2] = {{3, 4}, {1, 4}, {3, 4}, {3, 4}, {1, 4}};
+    int64_t commit_replays = -1;
+    auto run = [&](bool graphs) {
+      model::LocalCache cache(r->config(), 2, 128, model::KvCacheDtype::bf16, 16, m.memory(), kernels::Precision::fp32);
+      model::SequenceState a = cache.new_sequence(), b = cache.new_sequence();
+      model::SequenceInput pre[] = {{prompt, &a, model::StepKind::prefill},
+                                    {std::span(prompt).first(11), &b, model::StepKind::prefill}};
+      m.forward(cache.storage(), pre, model::LogitRows::last);
+      model::DecodeGraphs g(m, cache.storage(), /*max_blocks_per_seq=*/8);
+      std::vector<core::Tensor> out;
+      for (int round = 0; round < 5; ++round) {
+        model::VerifyCapture capture;
+        const auto d = std::span(drafts).subspan(static_cast<size_t>(8 * round), 8);
+        model::SequenceInput verify[] = {{d.first(4), &a, model::StepKind::decode, true},
+                                         {d.last(4), &b, model::StepKind::decode, true}};
+        if (graphs) {
+          EXPECT_TRUE(g.eligible(verify));
+          out.push_back(g.forward(verify, model::LogitsAt::host, &capture));
+          g.commit_verified(capture, accepted[round]);
+        } else {
+          out.push_back(m.forward(cache.storage(), verify, model::LogitRows::verify, nullptr, &capture));
+          m.commit_verified(cache.storage(), capture, accepted[round]);
+        }
+      }
+      EXPECT_EQ(a.num_tokens, 20 + 3 + 1 + 3 + 3 + 1);
+      EXPECT_EQ(b.num_tokens, 11 + 5 * 4);
+      model::SequenceInput after[] = {{std::span(next).first(1), &a, model::StepKind::decode},
+                                      {std::span(next).last(1), &b, model::StepKind::decode}};
+      out.push_back(m.forward(cache.storage(), after, model::LogitRows::last));
+      if (graphs) commit_replays = g.commit_replays();
+      return out;
+    };
+    const auto want = run(false), got = run(true);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i].dim(0), want[i].dim(0));
+      EXPECT_LT(gpu_test::rel_l2(got[i], want[i]), 1e-5) << "step " << i;  // a wrong commit moves every later step
+    }
+    EXPECT_EQ(commit_replays, 2) << "rounds 3 and 4 should replay the commit graphs of {3, 4} and {1, 4}";
   }
 }
 
