@@ -60,14 +60,6 @@ void random_routes(core::Rng& rng, int64_t T, int64_t E, int64_t k, Tensor& ids,
   }
 }
 
-// Columns [c0, c1) of a contiguous rank-2 tensor (any device) as a row-strided view.
-TensorView column_block(const Tensor& t, int64_t c0, int64_t c1) {
-  TensorView v = t.view();
-  v.data = static_cast<char*>(v.data) + c0 * static_cast<int64_t>(core::dtype_size(t.dtype()));
-  v.shape = Shape{t.dim(0), c1 - c0};
-  return v;
-}
-
 // The grouped strategy itself (not what the registry would pick).
 const kernels::OpImpl<kernels::MoeExpertsArgs>& grouped_impl(Device* dev) {
   for (const auto& impl : dev->registry().moe_experts.impls())

@@ -235,14 +235,6 @@ constexpr const char* kGemv = "cuda_expert_gemv";
 constexpr const char* kRowdot = "cuda_expert_rowdot";
 constexpr const char* kGrouped = "cuda_expert_grouped";  // bf16, MXFP4, 1..64 tokens (moe_grouped_ops_test.cpp)
 
-// Columns [c0, c1) of a contiguous rank-2 tensor (any device) as a row-strided view.
-TensorView column_block(const Tensor& t, int64_t c0, int64_t c1) {
-  TensorView v = t.view();
-  v.data = static_cast<char*>(v.data) + c0 * static_cast<int64_t>(core::dtype_size(t.dtype()));
-  v.shape = Shape{t.dim(0), c1 - c0};
-  return v;
-}
-
 // The activation storage and precision of one comparison: the engine's bf16, the exact fp32 mode,
 // and f32 storage in bf16 precision (gate/up on CUDA cores, down on tensor cores over a bf16 h).
 struct GemvMode {

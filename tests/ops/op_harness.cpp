@@ -71,6 +71,13 @@ Tensor copy_rows(const TensorView& v) {
   return out;
 }
 
+TensorView column_block(const Tensor& t, int64_t c0, int64_t c1) {
+  TensorView v = t.view();
+  v.data = static_cast<char*>(v.data) + c0 * static_cast<int64_t>(core::dtype_size(t.dtype()));
+  v.shape = Shape{t.dim(0), c1 - c0};
+  return v;
+}
+
 Tensor to_f32(const Tensor& t) {
   if (t.dtype() == DType::f32) return t;
   Tensor out = f32_tensor(t.shape());

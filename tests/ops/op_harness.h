@@ -50,6 +50,8 @@ kernels::LinearWeight random_mxfp4_weight(core::Rng& rng, int64_t rows, int64_t 
 Tensor copy(const Tensor& t);
 // A contiguous CPU copy of a CPU f32 view that may have strided rows (rank 2).
 Tensor copy_rows(const TensorView& v);
+// Columns [c0, c1) of a contiguous rank-2 tensor (any device) as a row-strided view.
+TensorView column_block(const Tensor& t, int64_t c0, int64_t c1);
 // Widens a CPU tensor (f32, bf16, fp8) to f32 values.
 Tensor to_f32(const Tensor& t);
 

@@ -250,30 +250,6 @@ bool fp4_shapes_ok(int64_t L, int64_t I, size_t smem_optin) {
          2 * static_cast<size_t>(fx::down_stage_bytes(I, width)) <= smem_optin;
 }
 
-// Persistent blocks: as many as fit on the device at once (cached per device, kernel and shared
-// memory: the shared-memory opt-in and the occupancy are properties of the function on one device,
-// and TP ranks launch the same kernels on several GPUs), never more than the items.
-template <class Kernel>
-unsigned persistent_blocks(Kernel kernel, size_t smem, int sm_count, int64_t items) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, const void*, size_t>, int> per_sm;
-  int device = 0;
-  K3_CUDA_CHECK(cudaGetDevice(&device));
-  int n = 0;
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    const auto key = std::tuple{device, reinterpret_cast<const void*>(kernel), smem};
-    auto it = per_sm.find(key);
-    if (it == per_sm.end()) {
-      allow_smem(kernel, smem);
-      K3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, fp4_experts::kThreads, smem));
-      it = per_sm.emplace(key, std::max(n, 1)).first;
-    }
-    n = it->second;
-  }
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(items, int64_t{n} * sm_count)));
-}
-
 template <class XT>
 void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t stream) {
   namespace fx = fp4_experts;
@@ -300,11 +276,11 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
       const size_t smem_mdn = 2 * static_cast<size_t>(fx::mma_down_stage_bytes(f.I));
       const int64_t items_mdn = groups * ((f.L + fx::kDownMmaRows - 1) / fx::kDownMmaRows);
       const auto gate_up = fx::gate_up_mma_kernel<S>;
-      gate_up<<<persistent_blocks(gate_up, smem_mgu, f.sm_count, items_gu), fx::kThreads, smem_mgu, stream>>>(
+      gate_up<<<persistent_blocks(gate_up, fx::kThreads, smem_mgu, f.sm_count, items_gu), fx::kThreads, smem_mgu, stream>>>(
           f.tab, rs, z, z_ld, f.I, f.L, h, f.beta, f.linear_beta);
       K3_CUDA_CHECK_LAUNCH("fp4_experts::gate_up_mma_kernel");
       const auto down = fx::down_mma_kernel<S>;
-      down<<<persistent_blocks(down, smem_mdn, f.sm_count, items_mdn), fx::kThreads, smem_mdn, stream>>>(
+      down<<<persistent_blocks(down, fx::kThreads, smem_mdn, f.sm_count, items_mdn), fx::kThreads, smem_mdn, stream>>>(
           f.tab, rs, h, f.I, f.L, f.eo, f.round_output);
       K3_CUDA_CHECK_LAUNCH("fp4_experts::down_mma_kernel");
     }
@@ -314,11 +290,11 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
     constexpr bool S = decltype(sorted_tag)::value;
     HT* h = static_cast<HT*>(f.h);
     const auto gate_up = fx::gate_up_kernel<XT, HT, S>;
-    gate_up<<<persistent_blocks(gate_up, smem_gu, f.sm_count, items_gu), fx::kThreads, smem_gu, stream>>>(
+    gate_up<<<persistent_blocks(gate_up, fx::kThreads, smem_gu, f.sm_count, items_gu), fx::kThreads, smem_gu, stream>>>(
         f.tab, rs, z, z_ld, f.I, f.L, h, f.beta, f.linear_beta, f.round);
     K3_CUDA_CHECK_LAUNCH("fp4_experts::gate_up_kernel");
     const auto down = fx::down_kernel<HT, S>;
-    down<<<persistent_blocks(down, smem_dn, f.sm_count, items_dn), fx::kThreads, smem_dn, stream>>>(
+    down<<<persistent_blocks(down, fx::kThreads, smem_dn, f.sm_count, items_dn), fx::kThreads, smem_dn, stream>>>(
         f.tab, rs, h, f.I, f.L, f.eo, width_dn, f.round && f.round_output);
     K3_CUDA_CHECK_LAUNCH("fp4_experts::down_kernel");
   };

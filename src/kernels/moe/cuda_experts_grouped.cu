@@ -481,29 +481,6 @@ __global__ void __launch_bounds__(128) grouped_combine_kernel(GroupedParams p) {
 
 // ---------------------------------------------------------------- host
 
-// Blocks of `kernel` that fit on the device at once (cached per device, kernel and shared memory),
-// never more than `items`.
-template <class Kernel>
-unsigned resident_blocks(Kernel kernel, size_t smem, int sm_count, int64_t items) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, const void*, size_t>, int> per_sm;
-  int device = 0;
-  K3_CUDA_CHECK(cudaGetDevice(&device));
-  int n = 0;
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    const auto key = std::tuple{device, reinterpret_cast<const void*>(kernel), smem};
-    auto it = per_sm.find(key);
-    if (it == per_sm.end()) {
-      allow_smem(kernel, smem);
-      K3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
-      it = per_sm.emplace(key, std::max(n, 1)).first;
-    }
-    n = it->second;
-  }
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(items, int64_t{n} * sm_count)));
-}
-
 // ceil(2^31 / d): x / d = umulhi(2 x, magic), exact while x * d < 2^31 (x here: a few thousand).
 uint32_t division_magic(int d) { return static_cast<uint32_t>(((uint64_t{1} << 31) + d - 1) / d); }
 
@@ -630,7 +607,7 @@ void grouped_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   const int64_t max_groups = std::min<int64_t>(routes, E);
   const size_t smem_gu = static_cast<size_t>(staged_rows(T, k) * staged_pitch(p.steps_l));
   const size_t smem_dn = static_cast<size_t>(staged_rows(T, k) * staged_pitch(p.steps_i));
-  const unsigned grid_gu = resident_blocks(grouped_gate_up_kernel, smem_gu, sm_count, max_groups * p.slabs_gu);
+  const unsigned grid_gu = persistent_blocks(grouped_gate_up_kernel, kThreads, smem_gu, sm_count, max_groups * p.slabs_gu);
   grouped_gate_up_kernel<<<grid_gu, kThreads, smem_gu, stream>>>(p);
   K3_CUDA_CHECK_LAUNCH("grouped_gate_up_kernel");
   const dim3 grid_c(grid_for(L / 8, 128), static_cast<unsigned>(T));
@@ -638,7 +615,7 @@ void grouped_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   const auto down_and_combine = [&](auto tag) {
     using ET = typename decltype(tag)::type;
     const auto down = grouped_down_kernel<ET>;
-    const unsigned grid_dn = resident_blocks(down, smem_dn, sm_count, max_groups * p.slabs_dn);
+    const unsigned grid_dn = persistent_blocks(down, kThreads, smem_dn, sm_count, max_groups * p.slabs_dn);
     down<<<grid_dn, kThreads, smem_dn, stream>>>(p);
     K3_CUDA_CHECK_LAUNCH("grouped_down_kernel");
     grouped_combine_kernel<ET><<<grid_c, 128, 0, stream>>>(p);
