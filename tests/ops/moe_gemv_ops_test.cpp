@@ -12,22 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "tests/ops/op_harness.h"
+#include "tests/ops/moe_test_util.h"
 
 namespace k3::ops_test {
 namespace {
 
 constexpr const char* kGemv = "cuda_expert_gemv";
-
-struct GemvMode {
-  Mode act;  // device activation dtype (and whether random z is bf16-rounded)
-  Precision precision;
-  const char* name;
-  Mode tol;  // tolerance class
-};
-constexpr GemvMode kModes3[] = {{Mode::bf16, Precision::bf16, "bf16", Mode::bf16},
-                                {Mode::fp32, Precision::fp32, "fp32", Mode::fp32},
-                                {Mode::fp32, Precision::bf16, "f32_in_bf16", Mode::bf16}};
 
 // A device copy of a CPU MXFP4 weight whose scale tensor starts at an odd address (one byte into
 // its buffer): still a contiguous [rows, in/32] u8 view, so the kernel must read it bytewise.
@@ -47,10 +37,10 @@ kernels::LinearWeight upload_odd_scales(Device* dev, const kernels::LinearWeight
 // E experts, each its own random MXFP4 weights; `edit` may change a CPU weight's scale bytes
 // (matrix m: 0 w1, 1 w3, 2 w2) before the upload; odd_scales[m] uploads matrix m's scales at an
 // odd address.
-struct Experts {
+struct ScaledExperts {
   std::vector<kernels::LinearWeight> w1, w3, w2, dw1, dw3, dw2;
   template <class Edit>
-  Experts(Device* dev, core::Rng& rng, int64_t E, int64_t L, int64_t I, Edit edit, const bool (&odd_scales)[3]) {
+  ScaledExperts(Device* dev, core::Rng& rng, int64_t E, int64_t L, int64_t I, Edit edit, const bool (&odd_scales)[3]) {
     for (int64_t e = 0; e < E; ++e) {
       kernels::LinearWeight w[3] = {random_mxfp4_weight(rng, I, L), random_mxfp4_weight(rng, I, L),
                                     random_mxfp4_weight(rng, L, I)};
@@ -85,7 +75,7 @@ void fixed_routes(core::Rng& rng, int64_t T, int64_t E, int64_t k, int64_t step,
 
 // Runs the GEMV (asserting it is the strategy picked) and the CPU reference on the same inputs.
 // NaN entries must match exactly (same positions); the rest is compared within tolerance.
-void check(Device* dev, const GemvMode& gm, const Experts& ex, int64_t T, int64_t k, int64_t step, uint64_t seed,
+void check(Device* dev, const ExpertsMode& gm, const ScaledExperts& ex, int64_t T, int64_t k, int64_t step, uint64_t seed,
            const std::string& what) {
   core::Rng rng(seed);
   const int64_t L = ex.L();
@@ -139,8 +129,8 @@ TEST(OpsOdd, MoeExpertsGemvScaleLoadsWordAndByte) {
   };
   uint64_t seed = 9100;
   for (const Case& c : cases) {
-    const Experts ex(dev, rng, 6, c.L, c.I, kNoEdit, c.odd);
-    for (const GemvMode& gm : kModes3)
+    const ScaledExperts ex(dev, rng, 6, c.L, c.I, kNoEdit, c.odd);
+    for (const ExpertsMode& gm : kExpertsModes)
       for (int64_t T : {1, 5}) check(dev, gm, ex, T, 3, 2, ++seed, c.what);
   }
 }
@@ -162,8 +152,8 @@ TEST(OpsOdd, MoeExpertsGemvLargeScalesTakeTheSlowPath) {
   };
   uint64_t seed = 9300;
   for (const auto& [L, I] : {std::pair<int64_t, int64_t>{256, 128}, {224, 160}}) {
-    const Experts ex(dev, rng, 6, L, I, edit, plain);
-    for (const GemvMode& gm : kModes3)
+    const ScaledExperts ex(dev, rng, 6, L, I, edit, plain);
+    for (const ExpertsMode& gm : kExpertsModes)
       for (int64_t T : {1, 4}) check(dev, gm, ex, T, 3, 1, ++seed, "large_scales");
   }
 }
@@ -181,8 +171,8 @@ TEST(OpsOdd, MoeExpertsGemvNanScaleGivesTheReferenceNans) {
   };
   uint64_t seed = 9500;
   for (const auto& [L, I] : {std::pair<int64_t, int64_t>{256, 128}, {96, 96}}) {
-    const Experts ex(dev, rng, 8, L, I, edit, plain);
-    for (const GemvMode& gm : kModes3) check(dev, gm, ex, 8, 2, 3, ++seed, "nan_scales");
+    const ScaledExperts ex(dev, rng, 8, L, I, edit, plain);
+    for (const ExpertsMode& gm : kExpertsModes) check(dev, gm, ex, 8, 2, 3, ++seed, "nan_scales");
   }
 }
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/ops/op_harness.h"
+#include "tests/ops/moe_test_util.h"
 
 namespace k3::ops_test {
 namespace {
@@ -20,129 +20,15 @@ constexpr const char* kGrouped = "cuda_expert_grouped";
 constexpr const char* kRowdot = "cuda_expert_rowdot";
 constexpr const char* kGemv = "cuda_expert_gemv";
 
-// E experts backed by `distinct` random MXFP4 weight sets (expert e uses set e % distinct).
-struct Experts {
-  std::vector<kernels::LinearWeight> w1, w3, w2;     // CPU
-  std::vector<kernels::LinearWeight> dw1, dw3, dw2;  // device
-  Experts(Device* dev, core::Rng& rng, int64_t E, int distinct, int64_t L, int64_t I) {
-    std::vector<kernels::LinearWeight> s1, s3, s2, d1, d3, d2;
-    for (int s = 0; s < distinct; ++s) {
-      s1.push_back(random_mxfp4_weight(rng, I, L)), s3.push_back(random_mxfp4_weight(rng, I, L));
-      s2.push_back(random_mxfp4_weight(rng, L, I));
-      d1.push_back(dev->upload(s1.back())), d3.push_back(dev->upload(s3.back())), d2.push_back(dev->upload(s2.back()));
-    }
-    for (int64_t e = 0; e < E; ++e) {
-      w1.push_back(s1[e % distinct]), w3.push_back(s3[e % distinct]), w2.push_back(s2[e % distinct]);
-      dw1.push_back(d1[e % distinct]), dw3.push_back(d3[e % distinct]), dw2.push_back(d2[e % distinct]);
-    }
-  }
-  int64_t E() const { return static_cast<int64_t>(w1.size()); }
-  int64_t L() const { return w1[0].in_features(); }
-  int64_t I() const { return w1[0].out_features(); }
-};
-
-// ids: k distinct experts per token, uniformly at random; weights: positive, summing to 1.
-void random_routes(core::Rng& rng, int64_t T, int64_t E, int64_t k, Tensor& ids, Tensor& weights) {
-  ids = Tensor::zeros(DType::i32, {T, k});
-  weights = f32_tensor({T, k});
-  for (int64_t t = 0; t < T; ++t) {
-    float sum = 0.0f;
-    int32_t* row = ids.data<int32_t>() + t * k;
-    for (int64_t j = 0; j < k; ++j) {
-      int32_t e;
-      do {
-        e = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(E));
-      } while (std::find(row, row + j, e) != row + j);
-      row[j] = e;
-      sum += weights.data<float>()[t * k + j] = static_cast<float>(rng.uniform(0.1, 1.0));
-    }
-    for (int64_t j = 0; j < k; ++j) weights.data<float>()[t * k + j] /= sum;
-  }
-}
-
-// The grouped strategy itself (not what the registry would pick).
-const kernels::OpImpl<kernels::MoeExpertsArgs>& grouped_impl(Device* dev) {
-  for (const auto& impl : dev->registry().moe_experts.impls())
-    if (impl.name == kGrouped && impl.device == dev->kind()) return impl;
-  throw core::Error(std::string("no ") + kGrouped + " implementation registered");
-}
-
-struct Case {
-  int64_t T, k;
-  bool round_output = true;
-  int64_t z_pad = 0, out_pad = 0;  // extra columns beside z / out: row-strided views
-};
-struct BadId {
-  int64_t t, j;
-  int32_t id;
-};
-
-// How a case runs: the grouped strategy by name (batches where another one is picked) or through
-// the registry, asserting that it picks the grouped strategy.
-enum class Run { by_name, selected };
-
-// One case in bf16 activations against the CPU reference; `bad` overwrites ids with values outside
-// [0, E): those tokens must come back as NaN rows, the others as the reference computes them.
-void check_grouped(Device* dev, const Experts& ex, const Case& c, uint64_t seed, Run how,
+// One case in bf16 activations against the CPU reference (moe_test_util.h): the grouped strategy
+// by name (batches where the registry picks another) or through the registry, asserting it picks it.
+void check_grouped(Device* dev, const Experts& ex, const ExpertsCase& c, uint64_t seed, RunAs how,
                    const std::vector<BadId>& bad = {}) {
-  core::Rng rng(seed);
-  const int64_t E = ex.E(), L = ex.L(), I = ex.I(), T = c.T, k = c.k;
-  const Tensor z_full = random_act(rng, {T, L + c.z_pad}, Mode::bf16, 0.0, 2.0);
-  Tensor ids, weights;
-  random_routes(rng, T, E, k, ids, weights);
-  kernels::MoeExpertsArgs cpu{column_block(z_full, 0, L), ids.view(), weights.view(), ex.w1, ex.w3, ex.w2,
-                              TensorView{}, 4.0f, 25.0f, Precision::bf16};
-  cpu.round_output = c.round_output;
-  Tensor want = nan_tensor({T, L});
-  cpu.out = want.view();
-  cpu_registry().moe_experts.run(cpu, core::Device::cpu);  // with the valid ids
-
-  Tensor bad_ids = copy(ids);
-  std::vector<bool> bad_token(static_cast<size_t>(T), false);
-  for (const BadId& b : bad) {
-    bad_ids.data<int32_t>()[b.t * k + b.j] = b.id;
-    bad_token[static_cast<size_t>(b.t)] = true;
-  }
-  const DType out_dtype = c.round_output ? DType::bf16 : DType::f32;
-  Tensor dz = dev->upload(z_full, DType::bf16), d_ids = dev->upload(bad_ids), d_w = dev->upload(weights);
-  Tensor out = dev->poisoned(out_dtype, {T, L + c.out_pad});
-  kernels::MoeExpertsArgs args{column_block(dz, 0, L), d_ids.view(), d_w.view(), ex.dw1, ex.dw3, ex.dw2,
-                               column_block(out, 0, L), 4.0f, 25.0f, Precision::bf16};
-  args.round_output = c.round_output;
-  const std::string shape = shape_str({T, E, k, L, I});
-  const auto& impl = grouped_impl(dev);
-  const core::Status s = impl.supports(args);
-  ASSERT_TRUE(s) << shape << ": " << s.reason();
-  if (how == Run::selected) {
-    ASSERT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, kGrouped) << shape;
-    dev->registry().moe_experts.run(args, dev->kind());
-  } else {
-    impl.run(args);
-  }
-  const Tensor got_full = dev->to_host_f32(out.view());
-  Tensor got = copy_rows(column_block(got_full, 0, L));
-  int64_t pad_written = 0;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t l = L; l < L + c.out_pad; ++l)
-      pad_written += !std::isnan(got_full.data<float>()[t * (L + c.out_pad) + l]);
-  EXPECT_EQ(pad_written, 0) << shape << ": out columns beside the op's view were written";
-  for (int64_t t = 0; t < T; ++t) {
-    if (!bad_token[static_cast<size_t>(t)]) continue;
-    int64_t nan_count = 0;
-    for (int64_t l = 0; l < L; ++l) {
-      nan_count += std::isnan(got.data<float>()[t * L + l]);
-      got.data<float>()[t * L + l] = want.data<float>()[t * L + l] = 0.0f;  // out of the comparison
-    }
-    EXPECT_EQ(nan_count, L) << shape << ": token " << t << " has a bad id, its row must be NaN";
-  }
-  const std::string what = std::string("grouped") + (c.round_output ? "" : "_partial") + (c.z_pad ? "_zld" : "") +
-                           (c.out_pad ? "_outld" : "") + (bad.empty() ? "" : "_badid") + "_k" + std::to_string(k);
-  expect_close(c.round_output ? "moe_experts" : "moe_experts_partial", shape, Mode::bf16, what, got, want,
-               tol_reduction(Mode::bf16));
+  check_experts_case(dev, kExpertsModes[0], ex, c, seed, kGrouped, bad, how);
 }
 
 // Batches 1..16 by name, 17..64 through the registry.
-Run run_for(int64_t T) { return T <= 16 ? Run::by_name : Run::selected; }
+RunAs run_for(int64_t T) { return T <= 16 ? RunAs::by_name : RunAs::selected; }
 
 // The registration itself (runs without a GPU too): the name and the priority between the rowdot
 // (10) and the GEMV (20), so the GEMV keeps batches 1..16 and the grouped form takes 17..64.
@@ -173,8 +59,8 @@ TEST(OpsTp8, MoeExpertsGroupedMxfp4Top16Of896) {
   const Experts ex(dev, rng, 896, 32, 3584, 384);
   uint64_t seed = 9100;
   for (int64_t T : {1, 8, 16, 17, 33, 64}) check_grouped(dev, ex, {T, 16}, ++seed, run_for(T));
-  check_grouped(dev, ex, {32, 16, false, 0, 7168}, ++seed, Run::selected);  // [T, L | hidden] partial sums
-  check_grouped(dev, ex, {17, 16, true, 8, 3}, ++seed, Run::selected);     // strided z and out rows
+  check_grouped(dev, ex, {32, 16, false, 0, 7168}, ++seed, RunAs::selected);  // [T, L | hidden] partial sums
+  check_grouped(dev, ex, {17, 16, true, 8, 3}, ++seed, RunAs::selected);     // strided z and out rows
 }
 
 // Odd widths (L = 96 is 3 chunks: one step, lane 3 idle, the second slice idle; 2080 is 65 chunks;
@@ -207,9 +93,9 @@ TEST(OpsOdd, MoeExpertsGroupedLargeGroups) {
     check_grouped(dev, five, {T, 5}, ++seed, run_for(T));
     check_grouped(dev, two, {T, 1}, ++seed, run_for(T));
   }
-  check_grouped(dev, five, {64, 3, false, 0, 5}, ++seed, Run::selected);
-  check_grouped(dev, seventy, {2, 64}, ++seed, Run::by_name);
-  check_grouped(dev, seventy, {20, 64}, ++seed, Run::selected);
+  check_grouped(dev, five, {64, 3, false, 0, 5}, ++seed, RunAs::selected);
+  check_grouped(dev, seventy, {2, 64}, ++seed, RunAs::by_name);
+  check_grouped(dev, seventy, {20, 64}, ++seed, RunAs::selected);
 }
 
 // Strided z rows (16-byte multiples) and out rows, rounded and unrounded outputs.
@@ -243,10 +129,10 @@ TEST(OpsOdd, MoeExpertsGroupedBadIdGivesANanRow) {
   const Experts ex(dev, rng, 9, 9, 96, 64);
   uint64_t seed = 10100;
   for (bool round_output : {true, false}) {
-    check_grouped(dev, ex, {3, 2, round_output}, ++seed, Run::by_name, {{1, 0, -1}});
-    check_grouped(dev, ex, {1, 3, round_output}, ++seed, Run::by_name, {{0, 2, 9}});
-    check_grouped(dev, ex, {17, 4, round_output, 0, 2}, ++seed, Run::selected, {{0, 3, -1}, {7, 0, 9}, {16, 1, 100}});
-    check_grouped(dev, ex, {64, 3, round_output}, ++seed, Run::selected, {{63, 2, -1}});
+    check_grouped(dev, ex, {3, 2, round_output}, ++seed, RunAs::by_name, {{1, 0, -1}});
+    check_grouped(dev, ex, {1, 3, round_output}, ++seed, RunAs::by_name, {{0, 2, 9}});
+    check_grouped(dev, ex, {17, 4, round_output, 0, 2}, ++seed, RunAs::selected, {{0, 3, -1}, {7, 0, 9}, {16, 1, 100}});
+    check_grouped(dev, ex, {64, 3, round_output}, ++seed, RunAs::selected, {{63, 2, -1}});
   }
 }
 
@@ -307,7 +193,7 @@ TEST(OpsOdd, MoeExpertsGroupedRefusalsTakeRowdot) {
     for (Precision p : {Precision::fp32, Precision::bf16}) {
       Tensor dz = dev->upload(z, DType::f32), out = dev->poisoned(DType::f32, {T, 96});
       const kernels::MoeExpertsArgs args = args_for(dz, d_ids, d_w, out, p);
-      const core::Status s = grouped_impl(dev).supports(args);
+      const core::Status s = moe_impl_named(dev, kGrouped).supports(args);
       ASSERT_FALSE(s) << "f32 activations were taken";
       EXPECT_NE(s.reason().find("bf16"), std::string::npos) << s.reason();
       EXPECT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, kRowdot) << "T " << T;
@@ -322,7 +208,7 @@ TEST(OpsOdd, MoeExpertsGroupedRefusalsTakeRowdot) {
     Tensor dz = dev->act(z, Mode::bf16), d_ids = dev->upload(ids), d_w = dev->upload(weights);
     Tensor out = dev->poisoned(DType::bf16, {T, 96});
     const kernels::MoeExpertsArgs args = args_for(dz, d_ids, d_w, out, Precision::bf16);
-    EXPECT_FALSE(grouped_impl(dev).supports(args));
+    EXPECT_FALSE(moe_impl_named(dev, kGrouped).supports(args));
     EXPECT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, kRowdot);
   }
   {
@@ -334,7 +220,7 @@ TEST(OpsOdd, MoeExpertsGroupedRefusalsTakeRowdot) {
     Tensor out = dev->poisoned(DType::bf16, {T, 96});
     kernels::MoeExpertsArgs args = args_for(dz, d_ids, d_w, out, Precision::bf16);
     args.z = column_block(dz, 0, 96);
-    EXPECT_FALSE(grouped_impl(dev).supports(args));
+    EXPECT_FALSE(moe_impl_named(dev, kGrouped).supports(args));
     EXPECT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, kRowdot);
   }
 }

@@ -13,7 +13,7 @@
 #include <cmath>
 #include <vector>
 
-#include "tests/ops/op_harness.h"
+#include "tests/ops/moe_test_util.h"
 
 namespace k3::ops_test {
 namespace {
@@ -93,49 +93,8 @@ TEST(OpsOdd, RouterTopkTiesGoToTheLowerId) {
 
 // ---------------------------------------------------------------- moe_experts
 
-// E experts backed by `distinct` random weight sets (expert e uses set e % distinct: 896 TP8
-// experts without 2 GB of random numbers; the kernels see 896 separate pointers all the same).
-struct Experts {
-  std::vector<kernels::LinearWeight> w1, w3, w2;        // CPU
-  std::vector<kernels::LinearWeight> dw1, dw3, dw2;     // device
-  Experts(Device* dev, core::Rng& rng, int64_t E, int distinct, int64_t L, int64_t I, bool mxfp4) {
-    std::vector<kernels::LinearWeight> s1, s3, s2, d1, d3, d2;
-    const auto make = [&](int64_t rows, int64_t cols) {
-      if (mxfp4) return random_mxfp4_weight(rng, rows, cols);
-      kernels::LinearWeight w;
-      w.weight = random_bf16_weight(rng, rows, cols);
-      return w;
-    };
-    for (int s = 0; s < distinct; ++s) {
-      s1.push_back(make(I, L)), s3.push_back(make(I, L)), s2.push_back(make(L, I));
-      d1.push_back(dev->upload(s1.back())), d3.push_back(dev->upload(s3.back())), d2.push_back(dev->upload(s2.back()));
-    }
-    for (int64_t e = 0; e < E; ++e) {
-      w1.push_back(s1[e % distinct]), w3.push_back(s3[e % distinct]), w2.push_back(s2[e % distinct]);
-      dw1.push_back(d1[e % distinct]), dw3.push_back(d3[e % distinct]), dw2.push_back(d2[e % distinct]);
-    }
-  }
-};
-
-// ids: k distinct experts per token, uniformly at random; weights: positive, summing to 1.
-void random_routes(core::Rng& rng, int64_t T, int64_t E, int64_t k, Tensor& ids, Tensor& weights) {
-  ids = Tensor::zeros(DType::i32, {T, k});
-  weights = f32_tensor({T, k});
-  for (int64_t t = 0; t < T; ++t) {
-    float sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j) {
-      int32_t e;
-      do {
-        e = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(E));
-      } while (std::find(ids.data<int32_t>() + t * k, ids.data<int32_t>() + t * k + j, e) !=
-               ids.data<int32_t>() + t * k + j);
-      ids.data<int32_t>()[t * k + j] = e;
-      sum += weights.data<float>()[t * k + j] = static_cast<float>(rng.uniform(0.1, 1.0));
-    }
-    for (int64_t j = 0; j < k; ++j) weights.data<float>()[t * k + j] /= sum;
-  }
-}
-
+// Experts (moe_test_util.h) come from `distinct` random weight sets: 896 TP8 experts without 2 GB of
+// random numbers; the kernels see 896 separate pointers all the same.
 void check_experts(Device* dev, Mode mode, const Experts& ex, int64_t T, int64_t k, int64_t L, uint64_t seed,
                    const std::string& what) {
   core::Rng rng(seed);
@@ -235,83 +194,6 @@ constexpr const char* kGemv = "cuda_expert_gemv";
 constexpr const char* kRowdot = "cuda_expert_rowdot";
 constexpr const char* kGrouped = "cuda_expert_grouped";  // bf16, MXFP4, 1..64 tokens (moe_grouped_ops_test.cpp)
 
-// The activation storage and precision of one comparison: the engine's bf16, the exact fp32 mode,
-// and f32 storage in bf16 precision (gate/up on CUDA cores, down on tensor cores over a bf16 h).
-struct GemvMode {
-  Mode act;  // device activation dtype (and whether random z is bf16-rounded)
-  Precision precision;
-  const char* name;
-  Mode tol;  // tolerance class
-};
-constexpr GemvMode kGemvModes[] = {{Mode::bf16, Precision::bf16, "bf16", Mode::bf16},
-                                   {Mode::fp32, Precision::fp32, "fp32", Mode::fp32},
-                                   {Mode::fp32, Precision::bf16, "f32_in_bf16", Mode::bf16}};
-
-struct GemvCase {
-  int64_t T, k;
-  bool round_output = true;
-  int64_t z_pad = 0, out_pad = 0;  // extra columns beside z / out: row-strided views
-};
-
-// Runs moe_experts on the device for one case, asserts that `want_impl` was selected, compares with
-// the CPU reference and checks that the pad columns of out kept their NaN poison. `bad` lists
-// (token, route, id) entries to overwrite with ids outside [0, E): those tokens must come back as
-// NaN rows, the others as the reference computes them with the original ids.
-struct BadId {
-  int64_t t, j;
-  int32_t id;
-};
-void check_gemv(Device* dev, const GemvMode& gm, const Experts& ex, const GemvCase& c, uint64_t seed,
-                const std::string& want_impl, const std::vector<BadId>& bad = {}) {
-  core::Rng rng(seed);
-  const int64_t E = static_cast<int64_t>(ex.w1.size()), L = ex.w1[0].in_features(), I = ex.w1[0].out_features();
-  const int64_t T = c.T, k = c.k;
-  const Tensor z_full = random_act(rng, {T, L + c.z_pad}, gm.act, 0.0, 2.0);
-  Tensor ids, weights;
-  random_routes(rng, T, E, k, ids, weights);
-  kernels::MoeExpertsArgs cpu{column_block(z_full, 0, L), ids.view(), weights.view(), ex.w1, ex.w3, ex.w2,
-                              TensorView{}, 4.0f, 25.0f, gm.precision};
-  cpu.round_output = c.round_output;
-  Tensor want = nan_tensor({T, L});
-  cpu.out = want.view();
-  cpu_registry().moe_experts.run(cpu, core::Device::cpu);  // with the valid ids
-
-  Tensor bad_ids = copy(ids);
-  std::vector<bool> bad_token(static_cast<size_t>(T), false);
-  for (const BadId& b : bad) {
-    bad_ids.data<int32_t>()[b.t * k + b.j] = b.id;
-    bad_token[static_cast<size_t>(b.t)] = true;
-  }
-  const DType out_dtype = c.round_output ? act_dtype(gm.act) : DType::f32;
-  Tensor dz = dev->upload(z_full, act_dtype(gm.act)), d_ids = dev->upload(bad_ids), d_w = dev->upload(weights);
-  Tensor out = dev->poisoned(out_dtype, {T, L + c.out_pad});
-  kernels::MoeExpertsArgs args{column_block(dz, 0, L), d_ids.view(), d_w.view(), ex.dw1, ex.dw3, ex.dw2,
-                               column_block(out, 0, L), 4.0f, 25.0f, gm.precision};
-  args.round_output = c.round_output;
-  const std::string shape = shape_str({T, E, k, L, I});
-  ASSERT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, want_impl)
-      << shape << " " << gm.name << (c.round_output ? "" : " partial") << " z_pad " << c.z_pad;
-  dev->registry().moe_experts.run(args, dev->kind());
-  const Tensor got_full = dev->to_host_f32(out.view());
-  Tensor got = copy_rows(column_block(got_full, 0, L));
-  int64_t pad_written = 0;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t l = L; l < L + c.out_pad; ++l) pad_written += !std::isnan(got_full.data<float>()[t * (L + c.out_pad) + l]);
-  EXPECT_EQ(pad_written, 0) << shape << ": out columns beside the op's view were written";
-  for (int64_t t = 0; t < T; ++t) {
-    if (!bad_token[static_cast<size_t>(t)]) continue;
-    int64_t nan_count = 0;
-    for (int64_t l = 0; l < L; ++l) {
-      nan_count += std::isnan(got.data<float>()[t * L + l]);
-      got.data<float>()[t * L + l] = want.data<float>()[t * L + l] = 0.0f;  // out of the comparison
-    }
-    EXPECT_EQ(nan_count, L) << shape << ": token " << t << " has a bad id, its row must be NaN";
-  }
-  const std::string what = std::string(gm.name) + (c.round_output ? "" : "_partial") + (c.z_pad ? "_zld" : "") +
-                           (c.out_pad ? "_outld" : "") + (bad.empty() ? "" : "_badid") + "_k" + std::to_string(k);
-  expect_close(c.round_output ? "moe_experts" : "moe_experts_partial", shape, gm.tol, what, got, want,
-               tol_reduction(gm.tol));
-}
 
 // Odd widths the MXFP4 layout allows (multiples of 32 that leave lanes, steps and warp slices
 // idle: L = 96 is 3 chunks, 2080 is 65, I = 32 is one chunk, 160 is five), every batch 1..16 the
@@ -323,13 +205,13 @@ TEST(OpsOdd, MoeExpertsGemvOddShapes) {
   const Experts wide(dev, rng, 20, 10, 2080, 32, true);
   const Experts tiny(dev, rng, 5, 5, 32, 96, true);
   uint64_t seed = 7100;
-  for (const GemvMode& gm : kGemvModes)
+  for (const ExpertsMode& gm : kExpertsModes)
     for (int64_t T : {1, 2, 5, 8, 16}) {
       for (int64_t k : {1, 3, 16}) {
-        check_gemv(dev, gm, narrow, {T, k}, ++seed, kGemv);
-        check_gemv(dev, gm, wide, {T, k}, ++seed, kGemv);
+        check_experts_case(dev, gm, narrow, {T, k}, ++seed, kGemv);
+        check_experts_case(dev, gm, wide, {T, k}, ++seed, kGemv);
       }
-      check_gemv(dev, gm, tiny, {T, 3}, ++seed, kGemv);
+      check_experts_case(dev, gm, tiny, {T, 3}, ++seed, kGemv);
     }
 }
 
@@ -339,12 +221,12 @@ TEST(OpsOdd, MoeExpertsGemvStridedRows) {
   core::Rng rng(7200);
   const Experts ex(dev, rng, 12, 12, 224, 96, true);
   uint64_t seed = 7300;
-  for (const GemvMode& gm : kGemvModes) {
+  for (const ExpertsMode& gm : kExpertsModes) {
     const int64_t aligned_pad = gm.act == Mode::bf16 ? 8 : 4;  // 16 bytes
     for (bool round_output : {true, false})
       for (int64_t T : {1, 5, 16}) {
-        check_gemv(dev, gm, ex, {T, 3, round_output, aligned_pad, 3}, ++seed, kGemv);
-        check_gemv(dev, gm, ex, {T, 16 - 4, round_output, 0, 5}, ++seed, kGemv);
+        check_experts_case(dev, gm, ex, {T, 3, round_output, aligned_pad, 3}, ++seed, kGemv);
+        check_experts_case(dev, gm, ex, {T, 16 - 4, round_output, 0, 5}, ++seed, kGemv);
       }
   }
 }
@@ -355,9 +237,9 @@ TEST(OpsOdd, MoeExpertsGemvUnroundedPartial) {
   core::Rng rng(7400);
   const Experts ex(dev, rng, 18, 18, 160, 64, true);
   uint64_t seed = 7500;
-  for (const GemvMode& gm : kGemvModes)
+  for (const ExpertsMode& gm : kExpertsModes)
     for (int64_t T : {1, 2, 8, 16})
-      for (int64_t k : {1, 16}) check_gemv(dev, gm, ex, {T, k, false, 0, 96}, ++seed, kGemv);
+      for (int64_t k : {1, 16}) check_experts_case(dev, gm, ex, {T, k, false, 0, 96}, ++seed, kGemv);
 }
 
 // A route id outside [0, E) (the router's NaN marker -1, or E) makes its token's row NaN; the
@@ -367,11 +249,11 @@ TEST(OpsOdd, MoeExpertsGemvBadIdGivesANanRow) {
   core::Rng rng(7600);
   const Experts ex(dev, rng, 9, 9, 96, 64, true);
   uint64_t seed = 7700;
-  for (const GemvMode& gm : kGemvModes)
+  for (const ExpertsMode& gm : kExpertsModes)
     for (bool round_output : {true, false}) {
-      check_gemv(dev, gm, ex, {3, 2, round_output}, ++seed, kGemv, {{1, 0, -1}});
-      check_gemv(dev, gm, ex, {1, 3, round_output}, ++seed, kGemv, {{0, 2, 9}});
-      check_gemv(dev, gm, ex, {16, 4, round_output, 0, 2}, ++seed, kGemv, {{0, 3, -1}, {7, 0, 9}, {15, 1, 100}});
+      check_experts_case(dev, gm, ex, {3, 2, round_output}, ++seed, kGemv, {{1, 0, -1}});
+      check_experts_case(dev, gm, ex, {1, 3, round_output}, ++seed, kGemv, {{0, 2, 9}});
+      check_experts_case(dev, gm, ex, {16, 4, round_output, 0, 2}, ++seed, kGemv, {{0, 3, -1}, {7, 0, 9}, {15, 1, 100}});
     }
 }
 
@@ -383,17 +265,17 @@ TEST(OpsOdd, MoeExpertsGemvRefusalsTakeRowdot) {
   core::Rng rng(7800);
   const Experts ex(dev, rng, 70, 10, 96, 64, true);
   uint64_t seed = 7900;
-  for (const GemvMode& gm : kGemvModes) {
+  for (const ExpertsMode& gm : kExpertsModes) {
     const char* beyond_gemv = gm.act == Mode::bf16 ? kGrouped : kRowdot;
-    check_gemv(dev, gm, ex, {17, 3}, ++seed, beyond_gemv);
-    check_gemv(dev, gm, ex, {40, 16}, ++seed, beyond_gemv);
+    check_experts_case(dev, gm, ex, {17, 3}, ++seed, beyond_gemv);
+    check_experts_case(dev, gm, ex, {40, 16}, ++seed, beyond_gemv);
     const int64_t odd_pad = gm.act == Mode::bf16 ? 4 : 2;  // rows 8 bytes off a 16-byte multiple
-    check_gemv(dev, gm, ex, {5, 3, true, odd_pad, 0}, ++seed, kRowdot);
-    check_gemv(dev, gm, ex, {1, 65}, ++seed, kRowdot);
-    check_gemv(dev, gm, ex, {16, 64}, ++seed, kGemv);  // the largest k taken
+    check_experts_case(dev, gm, ex, {5, 3, true, odd_pad, 0}, ++seed, kRowdot);
+    check_experts_case(dev, gm, ex, {1, 65}, ++seed, kRowdot);
+    check_experts_case(dev, gm, ex, {16, 64}, ++seed, kGemv);  // the largest k taken
   }
   const Experts bf16_experts(dev, rng, 6, 6, 64, 32, false);
-  check_gemv(dev, kGemvModes[0], bf16_experts, {2, 3}, ++seed, kRowdot);
+  check_experts_case(dev, kExpertsModes[0], bf16_experts, {2, 3}, ++seed, kRowdot);
 }
 
 // The k3-layer-tp8 rank's expert shapes (L 3584, I 384 = 3072 / 8, top-16; 64 experts instead of
@@ -403,11 +285,11 @@ TEST(OpsTp8, MoeExpertsGemvMxfp4Top16) {
   core::Rng rng(8000);
   const Experts ex(dev, rng, 64, 16, 3584, 384, true);
   uint64_t seed = 8100;
-  for (int64_t T : {1, 8, 16}) check_gemv(dev, kGemvModes[0], ex, {T, 16}, ++seed, kGemv);
-  for (int64_t T : {1, 8}) check_gemv(dev, kGemvModes[1], ex, {T, 16}, ++seed, kGemv);
-  check_gemv(dev, kGemvModes[2], ex, {1, 16}, ++seed, kGemv);
-  check_gemv(dev, kGemvModes[0], ex, {8, 16, false, 0, 7168}, ++seed, kGemv);  // [T, L | hidden] partial sums
-  check_gemv(dev, kGemvModes[0], ex, {17, 16}, ++seed, kGrouped);
+  for (int64_t T : {1, 8, 16}) check_experts_case(dev, kExpertsModes[0], ex, {T, 16}, ++seed, kGemv);
+  for (int64_t T : {1, 8}) check_experts_case(dev, kExpertsModes[1], ex, {T, 16}, ++seed, kGemv);
+  check_experts_case(dev, kExpertsModes[2], ex, {1, 16}, ++seed, kGemv);
+  check_experts_case(dev, kExpertsModes[0], ex, {8, 16, false, 0, 7168}, ++seed, kGemv);  // [T, L | hidden] partial sums
+  check_experts_case(dev, kExpertsModes[0], ex, {17, 16}, ++seed, kGrouped);
 }
 
 }  // namespace
