@@ -124,6 +124,22 @@ __device__ __forceinline__ float block_max(float v, float* smem) {
   return warp_max(t);
 }
 
+// ---------------------------------------------------------------- device: programmatic dependent launch
+// A kernel started by launch_dependent() (host, below) may begin while the kernel before it on the
+// stream still runs. Its rule: before pdl_wait() it reads only what no kernel of the step writes (weights,
+// norm vectors, parameters), typically prefetch_l2 of its first weight bytes, and it writes nothing;
+// pdl_wait() returns once every earlier kernel of the stream has completed with its writes visible. It is
+// a no-op in a kernel launched without the attribute, so every launch form stays correct.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Lets the next kernel of the stream (when launched by launch_dependent) start its pre-wait part now.
+// Always safe to call early: the dependent still waits for this whole grid in its pdl_wait().
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+// Asks the memory system to bring [p, p + bytes) into L2 (TMA bulk prefetch; no registers, no completion
+// to wait for). p 16-byte aligned, bytes a multiple of 16 and > 0.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
 // ---------------------------------------------------------------- weights
 
 // Storage of a linear weight W [rows, in]: dense f32 / bf16, or MXFP4 (spec §9: u8 codes [rows,
@@ -291,6 +307,25 @@ void allow_smem(Kernel kernel, size_t bytes) {
   if (bytes + attr.sharedSizeBytes > 48 * 1024)
     K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   allowed = bytes;
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the stream's
+// previous kernel (cudaLaunchAttributeProgrammaticStreamSerialization; kept as an edge by graph capture).
+// Only for kernels that follow pdl_wait()'s rule above. cluster: a thread block cluster shape, or
+// dim3(1, 1, 1) for none.
+template <class... KernelArgs, class... Args>
+void launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      dim3 cluster, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n++].val.clusterDim = {cluster.x, cluster.y, cluster.z};
+  }
+  cudaLaunchConfig_t cfg = {grid, block, smem, stream, attr, n};
+  K3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 }  // namespace k3::kernels::cuda_detail
