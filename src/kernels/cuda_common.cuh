@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -125,19 +126,60 @@ __device__ __forceinline__ float block_max(float v, float* smem) {
 }
 
 // ---------------------------------------------------------------- device: programmatic dependent launch
-// A kernel started by launch_dependent() (host, below) may begin while the kernel before it on the
-// stream still runs. Its rule: before pdl_wait() it reads only what no kernel of the step writes (weights,
-// norm vectors, parameters), typically prefetch_l2 of its first weight bytes, and it writes nothing;
-// pdl_wait() returns once every earlier kernel of the stream has completed with its writes visible. It is
-// a no-op in a kernel launched without the attribute, so every launch form stays correct.
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Programmatic dependent launch (PDL, sm_90): a kernel started by launch_dependent() (host, below) may
+// begin while the kernel before it on the stream still runs, so its launch, its CTAs' ramp-up and its
+// first weight bytes overlap the predecessor's tail (at batch 1 a decode layer is 11-18 dependent kernels,
+// each boundary a drain + launch + ramp, and every GEMV-like kernel starts streaming its weights only
+// once it runs). The rules every converted kernel follows (read a converted kernel twice against them:
+// a kernel launched with the attribute but missing its wait is a silent race):
+//  1. pdl_wait() before the first read of anything a kernel of the step writes (activations, state,
+//     caches, workspace, step tables, routes) and before the FIRST global write of any kind (the
+//     predecessor may still read what would be overwritten). Before it a kernel reads only weights (norm
+//     and conv vectors, parameters): prefetch_l2 of its first weight bytes, or loads of its first weights
+//     into registers / shared memory.
+//  2. Every thread of every CTA executes pdl_wait() on every path, also one that ends early (an unused
+//     slot, an empty split): a grid then completes only after its wait returned, so a dependent's wait on
+//     it covers every earlier kernel of the stream (the waits chain through the step).
+//  3. pdl_launch_dependents() early (the top is fine): the hardware launches the dependent only once every
+//     CTA of this grid has triggered or exited, so a multi-wave grid cannot deadlock (its later CTAs
+//     trigger when they run) and the dependent's CTAs only take SM space this grid has left.
+//  4. Every launch of a converted kernel uses launch_dependent(); a kernel with several launch sites
+//     (template paths, strategies) converts all of them or none.
+//  5. Kernels of the standard path are fine too: without the attribute pdl_wait() returns at once and
+//     pdl_launch_dependents() does nothing; with it the results are the same bits, only earlier.
+// Proof that the waits are there: tests/ops/pdl_ops_test.cpp runs every converted op behind a slow
+// producer kernel (it triggers, spins ~200 us, then writes the op's inputs) and compares bit for bit.
+// Converted: multi_linear (mma, rowdot), attn_res_fused (bank, merge, merge cluster), kda_decode (head
+// CTA, V-split cluster), mla_decode (q_absorb, both split_kv, combine, w_uv_gate), moe_tail (prologue,
+// mma, rowdot); moe's expert GEMV down kernel uses the same scheme on its own.
+//
+// Waits until every earlier kernel of the stream has completed with its writes visible (a no-op in a
+// kernel launched without the attribute).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 // Lets the next kernel of the stream (when launched by launch_dependent) start its pre-wait part now.
 // Always safe to call early: the dependent still waits for this whole grid in its pdl_wait().
-__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 // Asks the memory system to bring [p, p + bytes) into L2 (TMA bulk prefetch; no registers, no completion
 // to wait for). p 16-byte aligned, bytes a multiple of 16 and > 0.
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+// prefetch_l2 of the 16-byte aligned part inside [p, p + bytes) (any p, any bytes: the first and last
+// partial 16 bytes are left out, so nothing outside the range is touched); nothing when that is empty.
+__device__ __forceinline__ void prefetch_l2_within(const void* p, uint64_t bytes) {
+  const uint64_t a = reinterpret_cast<uint64_t>(p);
+  const uint64_t first = (a + 15) & ~uint64_t{15}, last = (a + bytes) & ~uint64_t{15};
+  if (last > first) prefetch_l2(reinterpret_cast<const void*>(first), static_cast<uint32_t>(last - first));
 }
 
 // ---------------------------------------------------------------- weights
@@ -307,6 +349,19 @@ void allow_smem(Kernel kernel, size_t bytes) {
   if (bytes + attr.sharedSizeBytes > 48 * 1024)
     K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   allowed = bytes;
+}
+
+// Weight bytes per row that a grid of weight-streaming CTAs prefetches into L2 before its pdl_wait() (see
+// the PDL rules above): the first bytes of each of its `rows` weight rows (the kernels walk k from 0, so
+// those are the bytes they read first), the whole grid bounded to min(16 MiB, L2 / 3): on the H200 (50 MB
+// L2) a third, so the predecessor's working set and the lines not yet consumed survive beside it; a 90 MB
+// weight group gets its first ~18% in flight before the wait. A multiple of 16, at most row_bytes; 0 when
+// a row gets less than 16 bytes (nothing worth a request).
+inline uint32_t pdl_prefetch_row_bytes(int64_t rows, int64_t row_bytes, size_t l2_bytes) {
+  if (rows <= 0 || row_bytes <= 0) return 0;
+  const int64_t budget = std::min<int64_t>(int64_t{16} << 20, static_cast<int64_t>(l2_bytes / 3));
+  const int64_t per_row = std::min(budget / rows, row_bytes) / 16 * 16;
+  return static_cast<uint32_t>(std::max<int64_t>(per_row, 0));
 }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the stream's

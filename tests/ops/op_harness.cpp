@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <mutex>
@@ -167,8 +168,46 @@ kernels::Registry& cpu_registry() {
   return *r;
 }
 
+void expect_same_bytes(const std::string& what, const std::vector<Tensor>& got, const std::vector<Tensor>& want) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t b = 0; b < got.size(); ++b) {
+    const Tensor& g = got[b];
+    const Tensor& w = want[b];
+    ASSERT_EQ(g.dtype(), w.dtype()) << what << " buffer " << b;
+    ASSERT_EQ(g.numel(), w.numel()) << what << " buffer " << b;
+    const size_t elem = core::dtype_size(g.dtype());
+    const auto* gp = static_cast<const unsigned char*>(g.view().data);
+    const auto* wp = static_cast<const unsigned char*>(w.view().data);
+    int64_t differ = 0, first = -1, nan_got = 0, nan_want = 0;
+    const bool floats = g.dtype() == DType::f32 || g.dtype() == DType::bf16 || g.dtype() == DType::f8_e4m3;
+    const Tensor gf = floats ? to_f32(g) : Tensor(), wf = floats ? to_f32(w) : Tensor();
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      if (std::memcmp(gp + i * elem, wp + i * elem, elem) != 0) {
+        ++differ;
+        if (first < 0) first = i;
+      }
+      if (floats) {
+        nan_got += std::isnan(gf.data<const float>()[i]) ? 1 : 0;
+        nan_want += std::isnan(wf.data<const float>()[i]) ? 1 : 0;
+      }
+    }
+    std::printf("  %-40s buffer %zu  %lld elements  %lld differ  NaN %lld (plain %lld)  %s\n", what.c_str(), b,
+                static_cast<long long>(g.numel()), static_cast<long long>(differ), static_cast<long long>(nan_got),
+                static_cast<long long>(nan_want), differ == 0 ? "ok" : "FAIL");
+    EXPECT_EQ(differ, 0) << what << " buffer " << b << " (" << core::dtype_name(g.dtype()) << " " << g.shape().str()
+                         << "): " << differ << " elements differ from the plain run, the first at " << first
+                         << "; NaN " << nan_got << " here, " << nan_want
+                         << " in the plain run (NaN here: a kernel read an input before its pdl_wait(), or "
+                            "stored an output before it)";
+  }
+}
+
 #ifndef K3_HAVE_CUDA
 Device* Device::cuda(std::string* why) {
+  *why = "this build has no CUDA backend (K3_HAVE_CUDA is off: nvcc not found or K3_ENABLE_CUDA=OFF)";
+  return nullptr;
+}
+PdlDevice* PdlDevice::cuda(std::string* why) {
   *why = "this build has no CUDA backend (K3_HAVE_CUDA is off: nvcc not found or K3_ENABLE_CUDA=OFF)";
   return nullptr;
 }

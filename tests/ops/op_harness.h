@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -127,5 +128,71 @@ void expect_device_impl(const Table& table, const Args& args, Device* dev) {
   EXPECT_EQ(impl.name.rfind(dev->impl_prefix(), 0), 0u)
       << table.op() << " selected '" << impl.name << "', not a " << dev->impl_prefix() << "* implementation";
 }
+
+// ---------------------------------------------------------------- the slow-producer run (PDL)
+//
+// Programmatic dependent launch (kernels/cuda_common.cuh) starts a kernel while the kernel before it on
+// the stream still runs; only its pdl_wait() orders its reads and writes after that kernel, so a kernel
+// that touches an input or an output before its wait races, silently, in a normal run. The slow-producer
+// form makes every such race visible: before the op, a producer kernel triggers its dependents at its
+// start (the op's first kernel launches at once, and through the converted kernels' early triggers the
+// op's later kernels too), spins ~200 us (clock64), then copies the op's inputs from staging copies into
+// the real buffers (NaN until then) and writes NaN over the outputs (an output stored before the wait is
+// lost). The op then runs as usual on the same stream; its results must equal the plain run's BIT FOR
+// BIT (same kernels, same inputs, same addresses).
+
+// Device buffers of one op call, each a contiguous view of a whole device tensor.
+struct OpBuffers {
+  std::vector<TensorView> inputs;   // what the op reads that a kernel of the step writes: activations, state,
+                                    // caches, step tables (weights stay out: they may be read before the wait)
+  std::vector<TensorView> outputs;  // what it writes (a state updated in place belongs to inputs)
+};
+
+// One op's buffers with the inputs' current contents kept aside (device copies) when staged: every run
+// starts from them, so runs repeat exactly, also for an op that updates an input in place.
+class StagedOp {
+ public:
+  virtual ~StagedOp() = default;
+  // Each returns the buffers' bytes after the run: host tensors of the same dtype and shape, outputs
+  // first, then inputs (a state written in place).
+  // Plain: inputs restored, outputs NaN, then op().
+  virtual std::vector<Tensor> run_plain(const std::function<void()>& op) = 0;
+  // Slow: inputs and outputs NaN, the slow producer, then op().
+  virtual std::vector<Tensor> run_after_slow_producer(const std::function<void()>& op) = 0;
+  // The slow form (NaN fills, producer, op) captured once as a CUDA graph, replayed `replays` times:
+  // the bytes after each replay.
+  virtual std::vector<std::vector<Tensor>> replay_after_slow_producer(const std::function<void()>& op,
+                                                                      int replays) = 0;
+};
+
+// When the producer ended and when a dependent probe kernel started and left its pdl_wait() (globaltimer
+// ns): proof that the dependent launch really happens early on this GPU and driver.
+struct PdlProbe {
+  int64_t producer_end_ns = 0, probe_start_ns = 0, probe_after_wait_ns = 0;
+};
+
+// The CUDA device of the slow-producer runs: its own context and registry (reference + CUDA ops), so
+// the ops queued through registry() run on the stream the producer uses. nullptr (and why) without CUDA.
+class PdlDevice : public Device {
+ public:
+  static PdlDevice* cuda(std::string* why);
+  // Keeps device copies of the inputs' current contents; throws core::Error naming a buffer that is not
+  // a contiguous CUDA view.
+  virtual std::unique_ptr<StagedOp> stage(const OpBuffers& buffers) = 0;
+  // The producer (spin_us) followed by a probe kernel launched as its programmatic dependent.
+  virtual PdlProbe probe(double spin_us) = 0;
+};
+
+// EXPECTs got[i] byte-identical to want[i] for every buffer, naming the first differing element and
+// counting the NaN elements of got (a read before the wait shows as NaN).
+void expect_same_bytes(const std::string& what, const std::vector<Tensor>& got, const std::vector<Tensor>& want);
+
+// Skips the current test when there is no CUDA device, with the reason; else sets `dev` (a PdlDevice*).
+#define K3_REQUIRE_PDL_CUDA(dev)                                              \
+  std::string k3_pdl_why_;                                                   \
+  ::k3::ops_test::PdlDevice* dev = ::k3::ops_test::PdlDevice::cuda(&k3_pdl_why_); \
+  if (dev == nullptr) {                                                      \
+    GTEST_SKIP() << "no CUDA backend to test: " << k3_pdl_why_;              \
+  }
 
 }  // namespace k3::ops_test

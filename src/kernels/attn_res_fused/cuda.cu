@@ -13,6 +13,10 @@
 // N = 8 (16-byte loads) when every row and vector is aligned and D % 8 == 0, else N = 1.
 // Small batches (T <= 32) take the cluster form of the merge instead (cuda_merge_cluster.cu,
 // registered here at a higher priority): one row over 2-8 SMs.
+// Programmatic dependent launch (rules: kernels/cuda_common.cuh), both kernels: trigger at the top, then
+// the token-0 CTAs ask L2 for the weight vectors they read (bank: its mixes' query and norm, 2 x 14,336 B
+// per CTA at K3 TP8, 24 CTAs at batch 1: 688 KB; merge: query, norm and the RMSNorm weight, 43 KB, CTA 0),
+// then every CTA waits before it reads a bank row, P_old, a, acc or the stats and before any store.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -141,8 +145,18 @@ template <class T, int N>
 __global__ void __launch_bounds__(kThreads) bank_kernel(const BankParams<T> p) {
   __shared__ float red[kWarps][kMaxRows][2];
   __shared__ float score[kMaxRows];
+  const int m_begin = static_cast<int>(blockIdx.y) * p.mixes_per_cta;
   const int m_end = min(p.mixes, (static_cast<int>(blockIdx.y) + 1) * p.mixes_per_cta);
-  for (int m = static_cast<int>(blockIdx.y) * p.mixes_per_cta; m < m_end; ++m)
+  // PDL: thread 2 i (2 i + 1) of a token-0 CTA prefetches mix m_begin + i's query (norm), G <= 32 mixes.
+  pdl_launch_dependents();
+  if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < 2 * (m_end - m_begin)) {
+    const int m = m_begin + static_cast<int>(threadIdx.x >> 1);
+    const bool q = (threadIdx.x & 1) == 0;
+    const bool is_bf16 = q ? p.query_bf16[m] : p.norm_bf16[m];
+    prefetch_l2_within(q ? p.query[m] : p.norm[m], static_cast<uint64_t>(p.D) * (is_bf16 ? 2 : 4));
+  }
+  pdl_wait();
+  for (int m = m_begin; m < m_end; ++m)
     bank_one_mix<T, N>(p, static_cast<int64_t>(blockIdx.x), m, red, score);
 }
 
@@ -196,9 +210,9 @@ void bank_run(const CudaOps& ops, const AttnResBankArgs& a) {
     const unsigned groups = static_cast<unsigned>((M + p.mixes_per_cta - 1) / p.mixes_per_cta);
     const dim3 grid(static_cast<unsigned>(T), groups);
     if (vec) {
-      bank_kernel<E, 8><<<grid, kThreads, 0, ops.ctx->stream()>>>(p);
+      launch_dependent(bank_kernel<E, 8>, grid, dim3(kThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
     } else {
-      bank_kernel<E, 1><<<grid, kThreads, 0, ops.ctx->stream()>>>(p);
+      launch_dependent(bank_kernel<E, 1>, grid, dim3(kThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
     }
     K3_CUDA_CHECK_LAUNCH("attn_res_bank_kernel");
   });
@@ -218,6 +232,14 @@ __global__ void __launch_bounds__(kMaxMergeThreads) merge_kernel(const MergePara
   T* p_out = p.prefix_out ? p.prefix_out + t * p.prefix_out_ld : nullptr;
   const bool has_bank = p.acc != nullptr;
   const int64_t first = static_cast<int64_t>(threadIdx.x) * N, step = static_cast<int64_t>(blockDim.x) * N;
+  // PDL: CTA 0's threads 0..2 prefetch the query, norm and RMSNorm weight vectors; then wait.
+  pdl_launch_dependents();
+  if (blockIdx.x == 0 && (threadIdx.x == 2 || (has_bank && threadIdx.x < 2))) {  // query, norm: with a bank
+    const void* vec = threadIdx.x == 0 ? p.query : threadIdx.x == 1 ? p.norm : p.weight;
+    const bool is_bf16 = threadIdx.x == 0 ? p.query_bf16 : threadIdx.x == 1 ? p.norm_bf16 : p.weight_bf16;
+    prefetch_l2_within(vec, static_cast<uint64_t>(D) * (is_bf16 ? 2 : 4));
+  }
+  pdl_wait();
 
   // Pass 1: P_new = P_old | a | round(P_old + a); stored, kept in `row`, scored against c.
   float sum_sq = 0.0f, dot = 0.0f;
@@ -315,7 +337,8 @@ void merge_run(const CudaOps& ops, const AttnResMergeArgs& a) {
     const auto threads = static_cast<unsigned>(std::clamp<int64_t>((vectors + 31) / 32 * 32, 32, kMaxMergeThreads));
     const auto launch = [&](auto kernel) {
       allow_smem(kernel, smem);
-      kernel<<<static_cast<unsigned>(T), threads, smem, ops.ctx->stream()>>>(p);
+      launch_dependent(kernel, dim3(static_cast<unsigned>(T)), dim3(threads), smem, ops.ctx->stream(), dim3(1, 1, 1),
+                       p);
       K3_CUDA_CHECK_LAUNCH("attn_res_merge_kernel");
     };
     if (vec)

@@ -24,6 +24,10 @@
 // Applies when T <= 32 (below: why), V >= 64 (S >= 2) and V_cta <= 256 (D <= 16384 on the
 // vector path, D <= 2048 on the scalar one); otherwise supports() says why and the one-CTA form
 // runs.
+// Programmatic dependent launch (rules: kernels/cuda_common.cuh): launched while the kernel before it
+// (o_proj, the experts' tail) still runs; each thread triggers, loads its columns of the three weight
+// vectors (norm, query, RMSNorm weight: 3 x 1792 B per CTA, 43 KB per row at K3 TP8) into registers,
+// then waits before it reads P_old, a, acc or the stats and before any store.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -139,12 +143,25 @@ __global__ void __launch_bounds__(kClusterMaxThreads)
   // Every load of this thread's columns, all in flight together. P_new = P_old | a | round(P_old
   // + a), exactly merge_kernel's pass 1; c = norm * query in fp32; b: the bank partials; w: the
   // RMSNorm weight; the bank's softmax stats (one broadcast pair per row). Threads owning no
-  // columns keep zeros (they add nothing to the sums).
-  float max_b = 0.0f, sum_b = 0.0f;
-  if (has_bank) max_b = p.stats[t * p.stats_ld], sum_b = p.stats[t * p.stats_ld + 1];
+  // columns keep zeros (they add nothing to the sums). The weight vectors (c, w) before the PDL
+  // wait, everything a kernel of the step writes after it.
+  pdl_launch_dependents();
   float v[N], c[N], b[N], w[N];
 #pragma unroll
   for (int i = 0; i < N; ++i) v[i] = c[i] = b[i] = w[i] = 0.0f;
+  if (mine) {
+    if (has_bank) {
+      float q[N];
+      load_vec_n<N>(p.norm, p.norm_bf16, h0, c);
+      load_vec_n<N>(p.query, p.query_bf16, h0, q);
+#pragma unroll
+      for (int i = 0; i < N; ++i) c[i] *= q[i];
+    }
+    load_vec_n<N>(p.weight, p.weight_bf16, h0, w);
+  }
+  pdl_wait();
+  float max_b = 0.0f, sum_b = 0.0f;
+  if (has_bank) max_b = p.stats[t * p.stats_ld], sum_b = p.stats[t * p.stats_ld + 1];
   if (mine) {
     if (sub && p.restart) {
       load_act_n<N>(sub + h0, v);  // the prefix restarts from the sublayer output (P_old not read)
@@ -157,15 +174,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads)
         for (int i = 0; i < N; ++i) v[i] = round_if(v[i] + a[i], p.round);  // the standard add
       }
     }
-    if (has_bank) {
-      float q[N];
-      load_vec_n<N>(p.norm, p.norm_bf16, h0, c);
-      load_vec_n<N>(p.query, p.query_bf16, h0, q);
-#pragma unroll
-      for (int i = 0; i < N; ++i) c[i] *= q[i];
-      load_act_n<N>(p.acc + t * p.acc_ld + h0, b);
-    }
-    load_vec_n<N>(p.weight, p.weight_bf16, h0, w);
+    if (has_bank) load_act_n<N>(p.acc + t * p.acc_ld + h0, b);
   }
   float p_new[N];  // stored at the end (v becomes h in pass 2)
 #pragma unroll
@@ -246,19 +255,10 @@ void merge_cluster_run(const CudaOps& ops, const AttnResMergeArgs& a) {
     using E = typename decltype(tag)::type;
     const MergeParams<E> p = merge_params<E>(a);
     const auto launch = [&](auto kernel) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(static_cast<unsigned>(shape.size), static_cast<unsigned>(T));  // x: a multiple of S
-      cfg.blockDim = dim3(static_cast<unsigned>(shape.threads));
-      cfg.dynamicSmemBytes = 0;
-      cfg.stream = ops.ctx->stream();
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = static_cast<unsigned>(shape.size);
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      K3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, shape.vectors_per_cta));
+      // Grid x: a multiple of S; cluster (S, 1, 1): the CTAs of one row; a programmatic dependent.
+      launch_dependent(kernel, dim3(static_cast<unsigned>(shape.size), static_cast<unsigned>(T)),
+                       dim3(static_cast<unsigned>(shape.threads)), 0, ops.ctx->stream(),
+                       dim3(static_cast<unsigned>(shape.size), 1, 1), p, shape.vectors_per_cta);
       K3_CUDA_CHECK_LAUNCH("attn_res_merge_cluster_kernel");
     };
     if (vec)

@@ -19,6 +19,12 @@
 //   5. rstd of o over the head (warp 0);  6. out = round(o * rstd * o_norm * sigmoid(g))
 // Sums run in a different order than the reference (partial sums + shuffles) and nvcc may contract
 // multiply-adds: equal to the CPU reference within fp32 rounding (tests/ops/kda_decode_ops_test.cpp).
+// Programmatic dependent launch (rules: kernels/cuda_common.cuh), both strategies: launched while the
+// multi_linear that produced q/k/v/g/f_a/b still runs; a CTA triggers, takes the weights it needs into
+// registers (conv taps, 3 x 128 x 4 x 4 B = 6 KB per head; the V-split form also its f_b rows, 16 x 256 B
+// per CTA) or asks L2 for them (head-CTA form: the head's f_b rows, 128 x 256 B = 32 KB, sequence-0 CTAs
+// only; 393 KB for all 12 heads at K3 TP8), then waits before it reads a step table, the conv window,
+// the state or an activation, and before any store.
 #include "kernels/kda_decode/cuda_kda_decode.cuh"
 
 namespace k3::kernels {
@@ -37,30 +43,39 @@ __global__ void __launch_bounds__(kThreads) kda_decode_kernel(DecodeParams<T, S>
   const int h = blockIdx.x, seq = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int D = p.D, K = p.K;
   const int64_t c0 = static_cast<int64_t>(h) * D;
+  // State role: row v, quarter sub (also the f_b role: logit fo = v).
+  const int v = tid >> 2, sub = tid & 3;
+  const bool row_ok = v < D;
+
+  // PDL: trigger; before the wait only weights: this thread's conv taps into registers, the head's f_b
+  // rows into L2 (one thread per row, sequence-0 CTAs: every sequence reads the same rows).
+  pdl_launch_dependents();
+  const int cpart = tid / kMaxD, ci = tid % kMaxD;  // conv role: channel ci of part cpart
+  const bool conv_on = cpart < 3 && ci < D;
+  const float* c_w = (cpart == 0 ? p.q_conv : (cpart == 1 ? p.k_conv : p.v_conv)) + (c0 + ci) * K;
+  float cw[kMaxWidth], window[kMaxWidth];
+#pragma unroll
+  for (int i = 0; i < kMaxWidth; ++i) cw[i] = conv_on && i < K ? c_w[i] : 0.0f;
+  if (seq == 0 && row_ok && sub == 0) {
+    const int64_t esize = p.f_b_bf16 ? 2 : 4;
+    prefetch_l2_within(static_cast<const char*>(p.f_b) + (c0 + v) * p.f_b_ld * esize,
+                       static_cast<uint64_t>(p.R) * esize);
+  }
+  pdl_wait();
+
   // The sequence, read from the device tables (the same for every thread: uniform control flow).
   const int n_raw = p.num_rows[seq];
   const int n = n_raw < 0 ? 0 : (n_raw > p.max_rows ? p.max_rows : n_raw);
   const int64_t row0 = p.row_begin[seq];
   const int64_t slot = p.slot[seq];
 
-  // Conv role: channel ci of part cpart.
-  const int cpart = tid / kMaxD, ci = tid % kMaxD;
-  const bool conv_on = cpart < 3 && ci < D;
   const T* c_in = cpart == 0 ? p.q_in : (cpart == 1 ? p.k_in : p.v_in);
   const int64_t c_ld = cpart == 0 ? p.q_ld : (cpart == 1 ? p.k_ld : p.v_ld);
-  const float* c_w = (cpart == 0 ? p.q_conv : (cpart == 1 ? p.k_conv : p.v_conv)) + (c0 + ci) * K;
   S* c_st = p.conv_state + slot * p.conv_slot_stride + (conv_on ? cpart : 0) * p.conv_part_stride +
             (c0 + (conv_on ? ci : 0)) * (K - 1);
-  float cw[kMaxWidth], window[kMaxWidth];
 #pragma unroll
-  for (int i = 0; i < kMaxWidth; ++i) {
-    cw[i] = conv_on && i < K ? c_w[i] : 0.0f;
-    window[i] = conv_on && i < K - 1 ? to_f32(c_st[i]) : 0.0f;
-  }
+  for (int i = 0; i < kMaxWidth; ++i) window[i] = conv_on && i < K - 1 ? to_f32(c_st[i]) : 0.0f;
 
-  // State role: row v, quarter sub.
-  const int v = tid >> 2, sub = tid & 3;
-  const bool row_ok = v < D;
   float* S_row = p.state + slot * p.slot_stride + (c0 + (row_ok ? v : 0)) * D;
   float s[8][4];
 #pragma unroll
@@ -269,7 +284,8 @@ void register_kda_decode_cuda(Registry& r, const CudaOps& ops) {
                         with_act(a.conv_state.dtype, [&](auto st) {
                           using S = typename decltype(st)::type;
                           const dim3 grid(static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.seqs.num_seqs));
-                          kda_decode_kernel<E, S><<<grid, kThreads, 0, ops.ctx->stream()>>>(decode_params<E, S>(a));
+                          launch_dependent(kda_decode_kernel<E, S>, grid, dim3(kThreads), 0, ops.ctx->stream(),
+                                           dim3(1, 1, 1), decode_params<E, S>(a));
                           K3_CUDA_CHECK_LAUNCH("kda_decode_kernel");
                         });
                       });

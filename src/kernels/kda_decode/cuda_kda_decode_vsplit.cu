@@ -23,6 +23,8 @@ namespace {
 // dependency chain. __launch_bounds__(256, 2): two CTAs per SM (<= 128 registers, no spills), which
 // split_slices counts on. (NS = 2, 32 state floats per thread, spilled at 128 registers, and at one
 // CTA per SM would never beat NS = 4 under that rule: not instantiated.)
+// Programmatic dependent launch (cuda_kda_decode.cu's file comment): the conv taps and the f_b rows
+// (in registers) are loaded before the wait, the tables, the conv window and the state after it.
 constexpr int kSplitThreads = 256;
 
 template <class T, class S, int NS>
@@ -50,45 +52,21 @@ __global__ void __launch_bounds__(kSplitThreads, 2) kda_decode_split_kernel(Deco
   const int j0 = rank * W;
   const int own = max(0, min(W, D - j0));           // trailing ranks of a small D may own nothing
   const int64_t c0 = static_cast<int64_t>(h) * D;
-  // The sequence (the same for every CTA of the cluster: the cluster.sync counts match).
-  const int n_raw = p.num_rows[seq];
-  const int n = n_raw < 0 ? 0 : (n_raw > p.max_rows ? p.max_rows : n_raw);
-  const int64_t row0 = p.row_begin[seq];
-  const int64_t slot = p.slot[seq];
 
+  // PDL: trigger; before the wait only weights (conv taps and f_b rows into registers, a_log).
+  pdl_launch_dependents();
   // Conv role: local channel ci of part cpart (global channel c0 + j0 + ci).
   const int cpart = tid / kRows, ci = tid % kRows;
   const bool conv_on = cpart < 3 && ci < own;
   const int64_t cch = conv_on ? c0 + j0 + ci : 0;
-  const T* c_in = cpart == 0 ? p.q_in : (cpart == 1 ? p.k_in : p.v_in);
-  const int64_t c_ld = cpart == 0 ? p.q_ld : (cpart == 1 ? p.k_ld : p.v_ld);
   const float* c_w = (cpart == 0 ? p.q_conv : (cpart == 1 ? p.k_conv : p.v_conv)) + cch * K;
-  S* c_st = p.conv_state + slot * p.conv_slot_stride + (conv_on ? cpart : 0) * p.conv_part_stride + cch * (K - 1);
-  float* c_out = cpart == 0 ? own_q_s : (cpart == 1 ? own_k_s : own_v_s);
   float cw[kMaxWidth], window[kMaxWidth];
 #pragma unroll
-  for (int i = 0; i < kMaxWidth; ++i) {
-    cw[i] = conv_on && i < K ? c_w[i] : 0.0f;
-    window[i] = conv_on && i < K - 1 ? to_f32(c_st[i]) : 0.0f;
-  }
-
+  for (int i = 0; i < kMaxWidth; ++i) cw[i] = conv_on && i < K ? c_w[i] : 0.0f;
   // State and f_b role: local row / logit `local` (global v = j0 + local), part `sub` of it.
   const int local = tid / kTpr, sub = tid % kTpr;
   const bool row_ok = local < own;
   const int64_t v = row_ok ? c0 + j0 + local : c0;  // channel of the row / logit, in [0, P) always
-  float* S_row = p.state + slot * p.slot_stride + v * D;
-  float s[kChunks][4];
-#pragma unroll
-  for (int i = 0; i < kChunks; ++i) {
-    const int k0 = 4 * kTpr * i + 4 * sub;
-    if (row_ok && p.state_vec4 && k0 < D) {
-      const float4 q4 = *reinterpret_cast<const float4*>(S_row + k0);
-      s[i][0] = q4.x, s[i][1] = q4.y, s[i][2] = q4.z, s[i][3] = q4.w;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[i][e] = (row_ok && k0 + e < D) ? S_row[k0 + e] : 0.0f;
-    }
-  }
   const int64_t w_row = v * p.f_b_ld;
   float wc[kFbCached][8];
 #pragma unroll
@@ -102,6 +80,32 @@ __global__ void __launch_bounds__(kSplitThreads, 2) kda_decode_split_kernel(Deco
     }
   }
   const float a_log = p.a_log[h];
+  pdl_wait();
+
+  // The sequence (the same for every CTA of the cluster: the cluster.sync counts match).
+  const int n_raw = p.num_rows[seq];
+  const int n = n_raw < 0 ? 0 : (n_raw > p.max_rows ? p.max_rows : n_raw);
+  const int64_t row0 = p.row_begin[seq];
+  const int64_t slot = p.slot[seq];
+  const T* c_in = cpart == 0 ? p.q_in : (cpart == 1 ? p.k_in : p.v_in);
+  const int64_t c_ld = cpart == 0 ? p.q_ld : (cpart == 1 ? p.k_ld : p.v_ld);
+  S* c_st = p.conv_state + slot * p.conv_slot_stride + (conv_on ? cpart : 0) * p.conv_part_stride + cch * (K - 1);
+  float* c_out = cpart == 0 ? own_q_s : (cpart == 1 ? own_k_s : own_v_s);
+#pragma unroll
+  for (int i = 0; i < kMaxWidth; ++i) window[i] = conv_on && i < K - 1 ? to_f32(c_st[i]) : 0.0f;
+  float* S_row = p.state + slot * p.slot_stride + v * D;
+  float s[kChunks][4];
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const int k0 = 4 * kTpr * i + 4 * sub;
+    if (row_ok && p.state_vec4 && k0 < D) {
+      const float4 q4 = *reinterpret_cast<const float4*>(S_row + k0);
+      s[i][0] = q4.x, s[i][1] = q4.y, s[i][2] = q4.z, s[i][3] = q4.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[i][e] = (row_ok && k0 + e < D) ? S_row[k0 + e] : 0.0f;
+    }
+  }
 
   for (int r = 0; r < n; ++r) {
     const int64_t t = row0 + r;
@@ -285,18 +289,11 @@ core::Status kda_decode_split_supports(const CudaOps& ops, const KdaDecodeArgs& 
 
 template <class E, class S, int NS>
 void launch_split(const CudaOps& ops, const KdaDecodeArgs& a) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(NS * a.num_heads), static_cast<unsigned>(a.seqs.num_seqs));
-  cfg.blockDim = dim3(kSplitThreads);
-  cfg.stream = ops.ctx->stream();
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = NS;  // the NS slices of one (head, sequence): consecutive blockIdx.x
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  K3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kda_decode_split_kernel<E, S, NS>, decode_params<E, S>(a)));
+  // Cluster (NS, 1, 1): the NS slices of one (head, sequence) are consecutive blockIdx.x; a programmatic
+  // dependent of the kernel before it.
+  launch_dependent(kda_decode_split_kernel<E, S, NS>,
+                   dim3(static_cast<unsigned>(NS * a.num_heads), static_cast<unsigned>(a.seqs.num_seqs)),
+                   dim3(kSplitThreads), 0, ops.ctx->stream(), dim3(NS, 1, 1), decode_params<E, S>(a));
 }
 
 }  // namespace

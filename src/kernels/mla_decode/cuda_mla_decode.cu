@@ -93,6 +93,10 @@ __global__ void __launch_bounds__(kThreads) split_kv_kernel(SplitParams p, const
   __shared__ int64_t row_off[kTile];
   const int split = blockIdx.x;
   const int64_t qi = blockIdx.y;
+  // PDL (kernels/cuda_common.cuh): no weights; the cache (the step's cache write), Qc and the tables are
+  // the step's, so the wait comes first, before any early exit.
+  pdl_launch_dependents();
+  pdl_wait();
   int seq, i_row;
   if (!slot_used(p.sq, qi, seq, i_row)) return;  // the whole block: an unused slot
   const int64_t visible = static_cast<int64_t>(p.sq.position[seq]) + i_row + 1;  // positions 0 .. position + i
@@ -252,8 +256,8 @@ void launch_split_kv_cuda_core(const CudaOps& ops, const MlaDecodeArgs& a, const
     using CacheT = std::remove_cv_t<std::remove_pointer_t<decltype(pages)>>;
     const size_t smem = split_smem_bytes(p.E4, plan.H);
     allow_smem(split_kv_kernel<CacheT>, smem);
-    split_kv_kernel<CacheT><<<dim3(plan.splits, static_cast<unsigned>(plan.Q)), kThreads, smem, ops.ctx->stream()>>>(
-        p, pages);
+    launch_dependent(split_kv_kernel<CacheT>, dim3(plan.splits, static_cast<unsigned>(plan.Q)), dim3(kThreads), smem,
+                     ops.ctx->stream(), dim3(1, 1, 1), p, pages);
     K3_CUDA_CHECK_LAUNCH("mla_decode split_kv_kernel");
   });
 }

@@ -218,6 +218,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_kv_mma_kernel(MmaParams p, 
   float* factor = reinterpret_cast<float*>(pm + kHeadsPad * kPLd);                 // [16]
   const int split = blockIdx.x;
   const int64_t qi = blockIdx.y;
+  // PDL (kernels/cuda_common.cuh): no weights; the cache (the step's cache write), Qc and the tables are
+  // the step's, so the wait comes first, before any early exit.
+  pdl_launch_dependents();
+  pdl_wait();
   int seq, i_row;
   if (!slot_used(p.sq, qi, seq, i_row)) return;  // the whole block: an unused slot
   const int64_t visible = static_cast<int64_t>(p.sq.position[seq]) + i_row + 1;  // positions 0 .. position + i
@@ -464,10 +468,12 @@ void launch_split_kv_mma(const CudaOps& ops, const MlaDecodeArgs& a, const Decod
   const dim3 grid(plan.splits, static_cast<unsigned>(plan.Q));
   if (fp8) {
     allow_smem(split_kv_mma_kernel<uint8_t>, smem);
-    split_kv_mma_kernel<uint8_t><<<grid, kThreads, smem, ops.ctx->stream()>>>(p, a.pages.as<const uint8_t>());
+    launch_dependent(split_kv_mma_kernel<uint8_t>, grid, dim3(kThreads), smem, ops.ctx->stream(), dim3(1, 1, 1), p,
+                     a.pages.as<const uint8_t>());
   } else {
     allow_smem(split_kv_mma_kernel<bf16>, smem);
-    split_kv_mma_kernel<bf16><<<grid, kThreads, smem, ops.ctx->stream()>>>(p, a.pages.as<const bf16>());
+    launch_dependent(split_kv_mma_kernel<bf16>, grid, dim3(kThreads), smem, ops.ctx->stream(), dim3(1, 1, 1), p,
+                     a.pages.as<const bf16>());
   }
   K3_CUDA_CHECK_LAUNCH("mla_decode split_kv_mma_kernel");
 }

@@ -12,6 +12,12 @@
 //                out = round(round(W_UV o_lat) * round(sigmoid(gate))), or round(W_UV o_lat) without a gate.
 // Sums run in another order than the reference (d in 4 groups, splits in 8 groups, warp shuffles; nvcc
 // contracts multiply-adds): equal to the CPU reference within attention tolerance.
+// Programmatic dependent launch (rules: kernels/cuda_common.cuh), all four launches: each triggers at
+// its top. q_absorb stages its W_UK tile ([nope x 32] = 8 KB of bf16 per CTA, 192 CTAs = all 1.57 MB of
+// W_UK at K3 TP8 batch 1) in shared memory and w_uv_gate loads its W_UV rows (8 rows x 1 KB per CTA, all
+// 1.57 MB of W_UV) into registers before pdl_wait(); the step tables, q, the cache (written by the step's
+// cache write), the workspace and the gate are read, and anything is stored, only after it. split_kv
+// and combine have no weights: they wait first.
 #include <algorithm>
 #include <string>
 
@@ -51,7 +57,9 @@ __global__ void __launch_bounds__(kQaThreads) q_absorb_kernel(SeqTables sq, cons
   const int tid = threadIdx.x, h = blockIdx.x, c0 = blockIdx.y * kQaCols, E = L + rope;
   const int64_t Q = static_cast<int64_t>(sq.num_seqs) * sq.max_rows, qi0 = static_cast<int64_t>(blockIdx.z) * kQaSlots;
   const int64_t row0 = static_cast<int64_t>(h) * (nope + vd);  // W_UK[h] = kv_b rows row0 .. row0 + nope - 1
-  // W_UK tile first: its loads are independent and in flight while the slots are looked up.
+  pdl_launch_dependents();
+  // W_UK tile first (a weight: before the PDL wait), in flight while the predecessor ends and the slots
+  // are looked up.
   if (vec) {
     for (int e = tid; e < nope * (kQaCols / 8); e += kQaThreads) {
       const int d = e / (kQaCols / 8), part = e % (kQaCols / 8), c = c0 + 8 * part;
@@ -72,6 +80,7 @@ __global__ void __launch_bounds__(kQaThreads) q_absorb_kernel(SeqTables sq, cons
       w_s[e] = c0 + c < L ? weight_at<F>(kv_b, row0 + d, c0 + c) : 0.0f;
     }
   }
+  pdl_wait();  // the tables, q and the qc workspace from here on
   if (tid < kQaSlots) {
     const int64_t qi = qi0 + tid;
     int seq = 0, i_row = 0;
@@ -129,6 +138,8 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(SeqTables sq, 
   __shared__ float red[32];
   __shared__ float4 partial[kCombineGroups][kCombineCols / 4];
   const int64_t qh = blockIdx.x, qi = qh / H;  // blockIdx.x = qi * H + h
+  pdl_launch_dependents();
+  pdl_wait();  // no weights: everything this kernel reads is the step's (tables, split_kv's partials)
   int seq, i_row;
   if (!slot_used(sq, qi, seq, i_row)) return;  // the whole block: an unused slot
   const int64_t visible = static_cast<int64_t>(sq.position[seq]) + i_row + 1;
@@ -207,7 +218,9 @@ __global__ void __launch_bounds__(kUvThreads) w_uv_gate_kernel(SeqTables sq, Wei
   const int h = blockIdx.x / row_blocks, e = (blockIdx.x % row_blocks) * kUvRows + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   const int64_t Q = static_cast<int64_t>(sq.num_seqs) * sq.max_rows, qi0 = static_cast<int64_t>(blockIdx.y) * kUvSlots;
-  // The W_UV row first (registers; its loads overlap the staging below).
+  // The W_UV row first (registers; a weight: before the PDL wait, its loads overlap the predecessor's end
+  // and the staging below).
+  pdl_launch_dependents();
   float w[kUvGroups][8];
   const int64_t r = static_cast<int64_t>(h) * (nope + vd) + nope + (e < vd ? e : 0);  // W_UV[h][e] in kv_b
 #pragma unroll
@@ -223,6 +236,7 @@ __global__ void __launch_bounds__(kUvThreads) w_uv_gate_kernel(SeqTables sq, Wei
       for (int j = 0; j < 8; ++j) w[kg][j] = c + j < L ? weight_at<F>(kv_b, r, c + j) : 0.0f;
     }
   }
+  pdl_wait();  // the tables, o_lat and the gate from here on; out is stored after it
   if (threadIdx.x < kUvSlots) {
     const int64_t qi = qi0 + threadIdx.x;
     int seq = 0, i_row = 0;
@@ -335,8 +349,9 @@ void decode_run(const CudaOps& ops, const MlaDecodeArgs& a, SplitKvLaunch split_
                                  static_cast<size_t>(kQaGroups) * kQaSlots * kQaCols;
         const size_t qa_smem = qa_floats * sizeof(float);
         allow_smem(q_absorb_kernel<T, FC>, qa_smem);
-        q_absorb_kernel<T, FC><<<dim3(H, grid_for(L, kQaCols), grid_for(Q, kQaSlots)), kQaThreads, qa_smem, stream>>>(
-            sq, a.q.as<const T>(), a.q.strides[0], w, plan.qc, H, nope, rope, vd, L, w_vec, round);
+        launch_dependent(q_absorb_kernel<T, FC>, dim3(H, grid_for(L, kQaCols), grid_for(Q, kQaSlots)), dim3(kQaThreads),
+                         qa_smem, stream, dim3(1, 1, 1), sq, a.q.as<const T>(), a.q.strides[0], w, plan.qc, H, nope,
+                         rope, vd, L, w_vec, round);
         K3_CUDA_CHECK_LAUNCH("mla_decode q_absorb_kernel");
 
         split_kv(ops, a, plan);
@@ -345,8 +360,10 @@ void decode_run(const CudaOps& ops, const MlaDecodeArgs& a, SplitKvLaunch split_
         const size_t combine_smem = static_cast<size_t>(padded_floats(plan.splits)) * sizeof(float);
         allow_smem(combine_kernel, combine_smem);
         const dim3 combine_grid(static_cast<unsigned>(Q * H), grid_for(L, kCombineCols));
-        combine_kernel<<<combine_grid, kCombineThreads, combine_smem, stream>>>(
-            sq, plan.part_o, plan.part_m, plan.part_l, H, plan.splits, plan.split_len, plan.o_lat, L, c_vec4, round);
+        launch_dependent(combine_kernel, combine_grid, dim3(kCombineThreads), combine_smem, stream, dim3(1, 1, 1), sq,
+                         static_cast<const float*>(plan.part_o), static_cast<const float*>(plan.part_m),
+                         static_cast<const float*>(plan.part_l), H, plan.splits, plan.split_len, plan.o_lat, L, c_vec4,
+                         round);
         K3_CUDA_CHECK_LAUNCH("mla_decode combine_kernel");
 
         const size_t uv_smem = static_cast<size_t>(kUvSlots) * ((L + 7) / 8 * 8) * sizeof(float);
@@ -354,9 +371,9 @@ void decode_run(const CudaOps& ops, const MlaDecodeArgs& a, SplitKvLaunch split_
         const T* gate = a.gate.data != nullptr ? a.gate.as<const T>() : nullptr;
         const int64_t gate_ld = a.gate.data != nullptr ? a.gate.strides[0] : 0;
         const dim3 uv_grid(H * row_blocks, grid_for(Q, kUvSlots));
-        w_uv_gate_kernel<T, FC><<<uv_grid, kUvThreads, uv_smem, stream>>>(
-            sq, w, plan.o_lat, gate, gate_ld, a.out.as<T>(), a.out.strides[0], H, nope, vd, L, row_blocks, w_vec,
-            round);
+        launch_dependent(w_uv_gate_kernel<T, FC>, uv_grid, dim3(kUvThreads), uv_smem, stream, dim3(1, 1, 1), sq, w,
+                         static_cast<const float*>(plan.o_lat), gate, gate_ld, a.out.as<T>(), a.out.strides[0], H,
+                         nope, vd, L, row_blocks, w_vec, round);
         K3_CUDA_CHECK_LAUNCH("mla_decode w_uv_gate_kernel");
       }
     });

@@ -11,6 +11,13 @@
 //        scratch (rounded yr, ys) and tail_add_kernel out = round(yr + ys): 4 launches.
 //      cuda_tail_rowdot (priority 10): any bf16/f32 mix; a warp per output column and 8 rows.
 // Both sum in fp32 in an order other than the reference's sequential one (tolerance), deterministic.
+// Programmatic dependent launch (rules: kernels/cuda_common.cuh): the prologue, tail_mma and tail_rowdot
+// trigger at their top and wait before they read u, gate, up or the workspace and before any store. The
+// prologue (launched while the experts' down kernel still runs) first asks L2 for the latent norm weight
+// (L x 2 = 7 KB); its early trigger lets tail_mma start right away: each CTA of tail_mma asks L2 for the
+// first bytes of its 16 latent_up rows (the k-blocks its warps read first: pdl_prefetch_row_bytes, the
+// whole grid at most 16 MiB; at K3 TP8 batch 1 2336 of each row's 7168 B: 448 CTAs x 37 KB = 16.7 MB of
+// latent_up's 51.4 MB) before its wait. tail_rowdot prefetches the same per weight row (fp32 mode).
 #include "kernels/cuda_common.cuh"
 #include "kernels/linear/cuda_linear.h"
 #include "kernels/moe_tail/moe_tail.h"
@@ -46,6 +53,7 @@ struct TailParams {
   bool use_norm = false, shared = false, moonshot = true;
   bool round = false;              // Precision::bf16: round every stored value (bf16 storage always rounds)
   float eps = 1e-5f, beta = 4.0f, linear_beta = 25.0f;
+  uint32_t prefetch_row_bytes = 0; // latent_up bytes per row into L2 before the PDL wait (tail_mma, tail_rowdot)
 };
 
 // ---------------------------------------------------------------- launch 1: prologue
@@ -59,6 +67,10 @@ __global__ void __launch_bounds__(kThreads) tail_prologue_kernel(TailParams p) {
   __shared__ float red[32];
   const int64_t t = blockIdx.x;
   E* __restrict__ ws = static_cast<E*>(p.ws) + t * p.ws_ld;
+  pdl_launch_dependents();
+  if (t == 0 && blockIdx.y == 0 && threadIdx.x == 0 && p.use_norm)
+    prefetch_l2_within(p.norm_w, static_cast<uint64_t>(p.L) * (p.norm_w_bf16 ? 2 : 4));
+  pdl_wait();  // u, gate and up are the step's; the workspace may still be read by the last call's GEMM
   if (blockIdx.y == 0) {
     const E* __restrict__ u = static_cast<const E*>(p.u) + t * p.u_ld;
     if (!p.use_norm) {
@@ -124,6 +136,15 @@ template <class E>
 __global__ void __launch_bounds__(kThreads) tail_rowdot_kernel(TailParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t o = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  // PDL: lane 0 of each warp asks L2 for the first bytes of its latent_up row; then every thread waits
+  // (also the warps past `hidden`, before they leave).
+  pdl_launch_dependents();
+  if (blockIdx.y == 0 && lane == 0 && o < p.hidden) {
+    const int64_t esize = p.w_up_bf16 ? 2 : 4, row_bytes = p.L * esize;
+    const int64_t bytes = p.prefetch_row_bytes < row_bytes ? int64_t{p.prefetch_row_bytes} : row_bytes;
+    prefetch_l2_within(static_cast<const char*>(p.w_up) + o * p.w_up_ld * esize, static_cast<uint64_t>(bytes));
+  }
+  pdl_wait();
   if (o >= p.hidden) return;  // whole warp: the shuffles below stay full-warp
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kRowdotRows;
   const int nt = static_cast<int>(p.T - t0 < kRowdotRows ? p.T - t0 : kRowdotRows);
@@ -275,6 +296,12 @@ __global__ void __launch_bounds__(kThreads) tail_mma_kernel(TailParams p) {
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kMmaTokens;
   const bf16* ws = static_cast<const bf16*>(p.ws);
+  // PDL: thread r < 16 asks L2 for the first prefetch_row_bytes of latent_up row r0 + r (the k-blocks
+  // every warp reads first); then wait before the workspace is read or out written.
+  pdl_launch_dependents();
+  if (blockIdx.y == 0 && threadIdx.x < kMmaRows && r0 + threadIdx.x < p.hidden)
+    prefetch_l2_within(static_cast<const bf16*>(p.w_up) + (r0 + threadIdx.x) * p.w_up_ld, p.prefetch_row_bytes);
+  pdl_wait();
 
   float acc[NT][4];
   float yr[PER], ys[PER];
@@ -421,27 +448,30 @@ std::shared_ptr<void> run_prologue(const CudaOps& ops, const MoeTailCombineArgs&
   with_act(act, [&](auto tag) {
     using E = typename decltype(tag)::type;
     if (vec)
-      tail_prologue_kernel<E, 8><<<grid, kThreads, 0, ops.ctx->stream()>>>(p);
+      launch_dependent(tail_prologue_kernel<E, 8>, grid, dim3(kThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
     else
-      tail_prologue_kernel<E, 1><<<grid, kThreads, 0, ops.ctx->stream()>>>(p);
+      launch_dependent(tail_prologue_kernel<E, 1>, grid, dim3(kThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
     K3_CUDA_CHECK_LAUNCH("tail_prologue_kernel");
   });
   return ws;
 }
 
-// Launch 2 of cuda_tail_mma on a filled workspace.
-void mma_launch(const CudaOps& ops, const TailParams& p) {
+// Launch 2 of cuda_tail_mma on a filled workspace (a programmatic dependent of the prologue).
+void mma_launch(const CudaOps& ops, TailParams p) {
+  p.prefetch_row_bytes = pdl_prefetch_row_bytes(p.hidden, p.L * 2, ops.ctx->info().l2_bytes);  // bf16 latent_up
   const int64_t slice = p.T < kMmaTokens ? p.T : kMmaTokens;  // rows of the widest grid.y slice
   const dim3 grid(grid_for(p.hidden, kMmaRows), grid_for(p.T, kMmaTokens));
-  cudaStream_t stream = ops.ctx->stream();
+  const auto launch = [&](auto kernel) {
+    launch_dependent(kernel, grid, dim3(kThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
+  };
   if (slice <= 8)
-    tail_mma_kernel<1, 4><<<grid, kThreads, 0, stream>>>(p);
+    launch(tail_mma_kernel<1, 4>);
   else if (slice <= 16)
-    tail_mma_kernel<2, 4><<<grid, kThreads, 0, stream>>>(p);
+    launch(tail_mma_kernel<2, 4>);
   else if (slice <= 32)
-    tail_mma_kernel<4, 2><<<grid, kThreads, 0, stream>>>(p);
+    launch(tail_mma_kernel<4, 2>);
   else
-    tail_mma_kernel<8, 2><<<grid, kThreads, 0, stream>>>(p);
+    launch(tail_mma_kernel<8, 2>);
   K3_CUDA_CHECK_LAUNCH("tail_mma_kernel");
 }
 
@@ -496,10 +526,11 @@ void rowdot_run(const CudaOps& ops, const MoeTailCombineArgs& a) {
   if (a.u.dim(0) == 0 || a.latent_up->out_features() == 0) return;
   TailParams p = fill_params(a);
   const std::shared_ptr<void> ws = run_prologue(ops, a, p);
+  p.prefetch_row_bytes = pdl_prefetch_row_bytes(p.hidden, p.L * 4, ops.ctx->info().l2_bytes);  // capped per dtype
   const dim3 grid(grid_for(p.hidden, kWarps), grid_for(p.T, kRowdotRows));
   with_act(a.u.dtype, [&](auto tag) {
     using E = typename decltype(tag)::type;
-    tail_rowdot_kernel<E><<<grid, kThreads, 0, ops.ctx->stream()>>>(p);
+    launch_dependent(tail_rowdot_kernel<E>, grid, dim3(kThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
     K3_CUDA_CHECK_LAUNCH("tail_rowdot_kernel");
   });
 }

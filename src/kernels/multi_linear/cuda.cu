@@ -14,6 +14,16 @@
 //     (the standard linear fallback's math) with all outputs' rows in one grid.
 // Both accumulate in fp32 and round once on store (bf16 out, or f32 out with round_output in
 // Precision::bf16); the order of the sum differs from the reference's sequential one (tolerance).
+//
+// Programmatic dependent launch (rules: kernels/cuda_common.cuh): both kernels are launched while the
+// kernel before them (the merge that produced x) still runs; each CTA triggers its dependent, asks L2
+// for the first bytes of its weight rows (pdl_prefetch_row_bytes: the whole grid at most 16 MiB, a third
+// of the H200's 50 MB L2, so the prefetched lines survive the predecessor's traffic until the CTA reads
+// them), then waits before it reads x or writes y. At k3-layer-tp8 batch 1 (in = 7168, rows of 14,336 B):
+//   KDA q/k/v/g/f_a/b  6284 rows, 90.1 MB -> 2656 B of each row, 16.7 MB (393 CTAs x 42.5 KB);
+//   MLA q_a/kv_a/g     3648 rows, 52.3 MB -> 4592 B of each row, 16.8 MB (228 CTAs x 73.5 KB);
+//   MoE router/latent_down/shared gate,up 6016 rows, 86.2 MB -> 2784 B of each row, 16.7 MB (376 CTAs x 44.5 KB).
+// Only the first grid.y slice prefetches (the others read the same rows).
 #include "kernels/cuda_common.cuh"
 #include "kernels/cuda_rowdot.cuh"
 #include "kernels/linear/cuda_linear.h"
@@ -47,6 +57,7 @@ struct MlParams {
   const void* x = nullptr;  // [T, in] bf16 or f32 (the kernel's XT), row t at x + t * x_ld elements
   int64_t x_ld = 0;
   int64_t T = 0, in = 0;
+  uint32_t prefetch_row_bytes = 0;  // L2 prefetch per weight row before the PDL wait (<= any row's bytes)
 };
 
 // The output that owns block `block`: the last one whose first block is <= block. Static indices
@@ -77,6 +88,14 @@ __global__ void __launch_bounds__(kRowdotThreads) multi_rowdot_kernel(MlParams p
   const int width = d.width;
   const int sub = threadIdx.x % width;
   const int64_t row = static_cast<int64_t>(blockIdx.x - d.first_block) * d.rows_per_block + threadIdx.x / width;
+  // PDL: trigger, prefetch this row's first weight bytes, then wait before x is read or y written.
+  pdl_launch_dependents();
+  if (blockIdx.y == 0 && sub == 0 && row < d.rows) {
+    const int64_t esize = d.w_bf16 ? 2 : 4, row_bytes = p.in * esize;
+    const int64_t bytes = p.prefetch_row_bytes < row_bytes ? int64_t{p.prefetch_row_bytes} : row_bytes;
+    prefetch_l2_within(static_cast<const char*>(d.w) + row * d.w_ld * esize, static_cast<uint64_t>(bytes));
+  }
+  pdl_wait();
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * R;
   const int nr = static_cast<int>(p.T - t0 < R ? p.T - t0 : R);
   const XT* x = static_cast<const XT*>(p.x);
@@ -155,6 +174,12 @@ __global__ void __launch_bounds__(kMmaThreads) multi_mma_kernel(MlParams p) {
 
   const bool lo_ok = r0 + g < d.rows, hi_ok = r0 + g + 8 < d.rows;
   const bf16* w = static_cast<const bf16*>(d.w);
+  // PDL: trigger; thread r < 16 asks L2 for the first prefetch_row_bytes of weight row r0 + r (the
+  // k-blocks every warp reads first); then wait before x is read or y written.
+  pdl_launch_dependents();
+  if (blockIdx.y == 0 && threadIdx.x < kMmaRows && r0 + threadIdx.x < d.rows)
+    prefetch_l2_within(w + (r0 + threadIdx.x) * d.w_ld, p.prefetch_row_bytes);
+  pdl_wait();
   const bf16* w_lo = w + (lo_ok ? r0 + g : 0) * d.w_ld;
   const bf16* w_hi = w + (hi_ok ? r0 + g + 8 : 0) * d.w_ld;
   const bf16* x = static_cast<const bf16*>(p.x);
@@ -265,6 +290,14 @@ int fill_params(const MultiLinearArgs& a, bool mma, MlParams& p) {
   return blocks;
 }
 
+// L2 prefetch per weight row before the PDL wait: the 16 MiB budget (pdl_prefetch_row_bytes) over every
+// output's rows, at most a row of `in` elements of max_elem bytes.
+uint32_t prefetch_bytes(const CudaOps& ops, const MlParams& p, int64_t max_elem) {
+  int64_t rows = 0;
+  for (int i = 0; i < p.num_out; ++i) rows += p.out[i].rows;
+  return pdl_prefetch_row_bytes(rows, p.in * max_elem, ops.ctx->info().l2_bytes);
+}
+
 std::string out_name(int i, const char* field) { return "outputs[" + std::to_string(i) + "]." + field; }
 
 // What both implementations need: a device, CUDA tensors, dense bf16/f32 weights, activation dtypes.
@@ -312,17 +345,20 @@ void mma_run(const CudaOps& ops, const MultiLinearArgs& a) {
   MlParams p;
   const int blocks = fill_params(a, /*mma=*/true, p);
   if (blocks == 0) return;
+  p.prefetch_row_bytes = prefetch_bytes(ops, p, /*max_elem=*/2);
   const int64_t slice = T < kMmaTokens ? T : kMmaTokens;  // tokens of the widest grid.y slice
   const dim3 grid(static_cast<unsigned>(blocks), grid_for(T, kMmaTokens));
-  cudaStream_t stream = ops.ctx->stream();
+  const auto launch = [&](auto kernel) {
+    launch_dependent(kernel, grid, dim3(kMmaThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
+  };
   if (slice <= 8)
-    multi_mma_kernel<1, 4><<<grid, kMmaThreads, 0, stream>>>(p);
+    launch(multi_mma_kernel<1, 4>);
   else if (slice <= 16)
-    multi_mma_kernel<2, 4><<<grid, kMmaThreads, 0, stream>>>(p);
+    launch(multi_mma_kernel<2, 4>);
   else if (slice <= 32)
-    multi_mma_kernel<4, 2><<<grid, kMmaThreads, 0, stream>>>(p);
+    launch(multi_mma_kernel<4, 2>);
   else
-    multi_mma_kernel<8, 2><<<grid, kMmaThreads, 0, stream>>>(p);
+    launch(multi_mma_kernel<8, 2>);
   K3_CUDA_CHECK_LAUNCH("multi_mma_kernel");
 }
 
@@ -332,10 +368,11 @@ void rowdot_run(const CudaOps& ops, const MultiLinearArgs& a) {
   MlParams p;
   const int blocks = fill_params(a, /*mma=*/false, p);
   if (blocks == 0) return;
+  p.prefetch_row_bytes = prefetch_bytes(ops, p, /*max_elem=*/4);  // the kernel caps it per row by its dtype
   const dim3 grid(static_cast<unsigned>(blocks), grid_for(T, kRowdotInputs));
   with_act(a.x.dtype, [&](auto xt) {
     using XT = typename decltype(xt)::type;
-    multi_rowdot_kernel<XT><<<grid, kRowdotThreads, 0, ops.ctx->stream()>>>(p);
+    launch_dependent(multi_rowdot_kernel<XT>, grid, dim3(kRowdotThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
     K3_CUDA_CHECK_LAUNCH("multi_rowdot_kernel");
   });
 }
