@@ -160,9 +160,10 @@ TEST(FastPath, TheFusedKernelsRanAndExplainSaysSo) {
   const std::string decode_plan = plans.substr(decode_at);
   for (const char* op : {"multi_linear -> cpu/reference", "kda_decode -> cpu/reference", "mla_decode -> cpu/reference",
                          "attn_res_bank -> cpu/reference", "attn_res_merge -> cpu/reference",
-                         "moe_tail_combine -> cpu/reference"})
+                         "moe_tail_combine -> cpu/reference", "mla_prep -> cpu/reference"})
     EXPECT_NE(decode_plan.find(op), std::string::npos) << op << "\n" << decode_plan;
-  for (const char* op : {"kda_recurrent", "kda_conv", "kda_output_gate", "mla_absorbed", "attn_res_mix", "sigmoid_gate"})
+  for (const char* op : {"kda_recurrent", "kda_conv", "kda_output_gate", "mla_absorbed", "attn_res_mix", "sigmoid_gate",
+                         "rmsnorm", "mla_cache_write", "not used"})
     EXPECT_EQ(decode_plan.find(op), std::string::npos) << op << " ran in a fused step\n" << decode_plan;
 
   // A step run with a recorder of the test's own: the fused ops ran once per layer of their kind.
@@ -183,9 +184,20 @@ TEST(FastPath, TheFusedKernelsRanAndExplainSaysSo) {
   for (int l = 0; l < c.num_hidden_layers; ++l) (c.attn_kind(l) == config::AttnKind::kda ? kda : mla)++;
   EXPECT_EQ(count["kda_decode"], kda);
   EXPECT_EQ(count["mla_decode"], mla);
+  EXPECT_EQ(count["mla_prep"], mla);  // replaces the q_a / kv_a rmsnorms and mla_cache_write per MLA layer
   int moe = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) moe += c.ffn_kind(l) == config::FfnKind::moe ? 1 : 0;
+  const int dense = c.num_hidden_layers - moe;
   EXPECT_EQ(count["moe_tail_combine"], moe);  // replaces situ_glu, 2 linears, rmsnorm and add per MoE layer
+  // The multi_linear projections: KDA [q,k,v,g,f_a,b]; MLA [q_a,kv_a,g] and q_b; the MoE front.
+  EXPECT_EQ(count["multi_linear"], kda + 2 * mla + moe);
+  // What still calls the standard linear: each attention o_proj (cuBLASLt measured faster than the
+  // multi_linear kernel on [7168, 1536] at batch 1-8: docs/perf/fastpath.md), the dense FFN (layer 0 of
+  // k3-tiny: model::ffn's gate, up and down, not a fused sublayer) and the lm_head. No rmsnorm is left
+  // (the AttnRes merges, mla_prep and moe_tail_combine norm inside), and no separate cache write.
+  EXPECT_EQ(count["linear"], kda + mla + 3 * dense + 1);
+  EXPECT_EQ(count["rmsnorm"], 0);
+  EXPECT_EQ(count["mla_cache_write"], 0);
   EXPECT_EQ(count["add"], 0);
   EXPECT_EQ(count["attn_res_merge"], 2 * c.num_hidden_layers + 1);
   EXPECT_EQ(count["attn_res_bank"], (c.num_hidden_layers + c.attn_res_block_size - 1) / c.attn_res_block_size);

@@ -10,9 +10,9 @@
 //
 // Per layer the fused path runs (x: the sublayer input, P: the running AttnRes prefix):
 //   KDA:  multi_linear x -> [q, k, v, g, f_a, b]; kda_decode (conv, SiLU, L2 norms, f_b, decay,
-//         delta rule, o_norm, gate); o_proj
-//   MLA:  multi_linear x -> [q_a, kv_a, g]; q_a norm, q_b; kv_a norm; cache write; mla_decode
-//         (split-KV, W_UV and the gate in the combine); o_proj
+//         delta rule, o_norm, gate); multi_linear o_proj
+//   MLA:  multi_linear x -> [q_a, kv_a, g]; mla_prep (q_a norm, kv_a norm, cache write); multi_linear
+//         q_b; mla_decode (split-KV, W_UV and the gate in the combine); multi_linear o_proj
 //   MoE:  multi_linear x -> [router, latent_down, shared gate, shared up]; the standard tail
 //   each sublayer ends in attn_res_merge: P += out, the next Mix from the bank partials, RMSNorm
 //   once per bank block: attn_res_bank (the bank part of the block's 24 Mix operators)

@@ -224,6 +224,7 @@ Tensor fused_attention(const ForwardContext& ctx, int layer, const model::MlaWei
   const auto& mc = ctx.config.mla;
   const int64_t n = x.dim(0), width = int64_t{mc.num_heads} * mc.v_head_dim;
   Tensor q_a = ctx.alloc(n, w.q_a_proj.out_features()), kv = ctx.alloc(n, mc.cache_dim());
+  Tensor q_a_n = ctx.alloc(n, w.q_a_proj.out_features());  // rmsnorm(q_a): q_b's input
   Tensor g = mc.use_output_gate ? ctx.alloc(n, width) : Tensor();
   Tensor q = ctx.alloc(n, w.q_b_proj.out_features()), out = ctx.alloc(n, width);
   const Tensor& pages = ctx.kv.mla_pages(layer);
@@ -248,12 +249,31 @@ Tensor fused_attention(const ForwardContext& ctx, int layer, const model::MlaWei
     project(ctx, x, {{&w.q_a_proj, &q_a}, {&w.kv_a_proj, &kv}, {&w.g_proj, &g}});
   else
     project(ctx, x, {{&w.q_a_proj, &q_a}, {&w.kv_a_proj, &kv}});
-  ctx.ops.linear.run({ctx.rmsnorm(q_a, w.q_a_norm, kMlaNormEps).view(), &w.q_b_proj, q.view(), true, ctx.precision()},
-                     ctx.device());
-  const Tensor c_n = ctx.rmsnorm(model::column_copy(ctx, kv, 0, mc.kv_lora_rank), w.kv_a_norm, kMlaNormEps);
-  const Tensor k_pe = model::column_copy(ctx, kv, mc.kv_lora_rank, mc.cache_dim());
-  ctx.ops.mla_cache_write.run({c_n.view(), k_pe.view(), pages.view(), ctx.batches.cache_rows, ctx.options.kv_k_scale},
-                              ctx.device());
+  // Both norms and the cache write in one op (mla_prep.h), then q_b; where mla_prep has no kernel for
+  // the call, the standard ops: rmsnorm, q_b, the kv split, rmsnorm, mla_cache_write.
+  kernels::MlaPrepArgs prep;
+  prep.q_a = q_a.view();
+  prep.q_a_norm = w.q_a_norm.view();
+  prep.q_a_out = q_a_n.view();
+  prep.kv = kv.view();
+  prep.kv_a_norm = w.kv_a_norm.view();
+  prep.pages = pages.view();
+  prep.cache_rows = ctx.batches.cache_rows;
+  prep.k_scale = ctx.options.kv_k_scale;
+  prep.eps = kMlaNormEps;
+  prep.style = ctx.options.rmsnorm_style;
+  prep.precision = ctx.precision();
+  if (fused_op_runs(ctx, ctx.ops.mla_prep, prep)) {
+    ctx.ops.mla_prep.run(prep, ctx.device());
+    project(ctx, q_a_n, {{&w.q_b_proj, &q}});
+  } else {
+    ctx.ops.linear.run({ctx.rmsnorm(q_a, w.q_a_norm, kMlaNormEps).view(), &w.q_b_proj, q.view(), true, ctx.precision()},
+                       ctx.device());
+    const Tensor c_n = ctx.rmsnorm(model::column_copy(ctx, kv, 0, mc.kv_lora_rank), w.kv_a_norm, kMlaNormEps);
+    const Tensor k_pe = model::column_copy(ctx, kv, mc.kv_lora_rank, mc.cache_dim());
+    ctx.ops.mla_cache_write.run({c_n.view(), k_pe.view(), pages.view(), ctx.batches.cache_rows, ctx.options.kv_k_scale},
+                                ctx.device());
+  }
   ctx.ops.mla_decode.run(a, ctx.device());
   ctx.emit("mla.gated", layer, out);
   return ctx.reduce_partial(ctx.row_parallel_linear(out, w.o_proj));

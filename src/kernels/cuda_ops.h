@@ -59,5 +59,6 @@ void register_attn_res_fused_cuda(Registry& r, const CudaOps& ops);  // attn_res
 void register_kda_decode_cuda(Registry& r, const CudaOps& ops);
 void register_mla_decode_cuda(Registry& r, const CudaOps& ops);
 void register_moe_tail_combine_cuda(Registry& r, const CudaOps& ops);
+void register_mla_prep_cuda(Registry& r, const CudaOps& ops);
 
 }  // namespace k3::kernels

@@ -26,6 +26,7 @@
 #include "kernels/mla/mla.h"
 #include "kernels/mla/mla_cp.h"
 #include "kernels/mla_decode/mla_decode.h"
+#include "kernels/mla_prep/mla_prep.h"
 #include "kernels/moe/experts.h"
 #include "kernels/moe/router.h"
 #include "kernels/moe_tail/moe_tail.h"
@@ -218,6 +219,7 @@ struct Registry {
   OpTable<KdaDecodeArgs> kda_decode{"kda_decode", kda_decode_check};
   OpTable<MlaDecodeArgs> mla_decode{"mla_decode", mla_decode_check};
   OpTable<MoeTailCombineArgs> moe_tail_combine{"moe_tail_combine", moe_tail_combine_check};
+  OpTable<MlaPrepArgs> mla_prep{"mla_prep", mla_prep_check};
 
   // Calls fn(table) for every op table (tests use it to check coverage).
   template <class Fn>
@@ -233,6 +235,7 @@ struct Registry {
     fn(kda_decode);
     fn(mla_decode);
     fn(moe_tail_combine);
+    fn(mla_prep);
   }
   void set_log(const LogFn& log) {
     for_each([&](auto& t) { t.set_log(log); });

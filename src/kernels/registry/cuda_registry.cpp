@@ -36,6 +36,7 @@ void register_all(Registry& r, const CudaOps& ops) {
   register_attn_res_fused_cuda(r, ops);
   register_mla_decode_cuda(r, ops);
   register_moe_tail_combine_cuda(r, ops);
+  register_mla_prep_cuda(r, ops);
 }
 }  // namespace
 

@@ -38,6 +38,7 @@ void register_reference_ops(Registry& r) {
   register_reference(r.kda_decode, kda_decode_reference);
   register_reference(r.mla_decode, mla_decode_reference);
   register_reference(r.moe_tail_combine, moe_tail_combine_reference);
+  register_reference(r.mla_prep, mla_prep_reference);
 }
 
 #ifndef K3_HAVE_CUDA
