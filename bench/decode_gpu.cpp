@@ -31,6 +31,9 @@
 // --dcp (with --tp N > 1): decode context parallelism: each rank stores and attends over every N-th
 // token of each sequence's latent cache (model::ModelOptions::dcp = N; position p on rank p % N), so
 // a long context's cache read per GPU shrinks N-fold; bytes count each rank's 1/N of the cache.
+// --ep (with --tp N > 1): expert parallelism: each rank holds E / N whole routed experts instead of
+// a slice of every expert (model::ModelOptions::expert_parallel, config/shard.h); bytes count the
+// rank's expected 1/N of the touched experts, whole.
 // --make: when DIR holds no checkpoint, first writes one with checkpoint::write_random_checkpoint
 // (built-in --config, default k3-proxy-tp8, MXFP4 experts), after checking the disk has room.
 // --device cpu runs the same code on the CPU reference ops (small configs only; the default in a
@@ -81,7 +84,7 @@ namespace {
 const char* const kUsage =
     "k3bench_decode_gpu --model DIR [--make] [--config NAME] [--out FILE] [--batches 1,8,64] [--ctx 8192[,32768...]]\n"
     "                   [--steps N] [--warmup N] [--modes eager,graph,verify,verify-graph] [--seed S] [--device cuda|cpu] [--tp N]\n"
-    "                   [--dcp] [--spec-k K] [--spec-al AL] [--decode-backend auto[,latency_specialized]] [--precision bf16|fp32]\n"
+    "                   [--dcp] [--ep] [--spec-k K] [--spec-al AL] [--decode-backend auto[,latency_specialized]] [--precision bf16|fp32]\n"
     "                   [--profile]\n";
 const std::vector<std::string> kModes = {"eager", "graph", "verify", "verify-graph"};  // the order rows run in
 
@@ -211,6 +214,7 @@ bench::DecodeSweepOptions parse_options(std::span<const std::string> args, bool&
     else if (a == "--tp") o.tp = static_cast<int>(int_value(a, value()));
     else if (a == "--profile") o.profile = true;
     else if (a == "--dcp") o.dcp = true;
+    else if (a == "--ep") o.ep = true;
     else if (a == "--spec-k") o.spec_k = static_cast<int>(int_value(a, value()));
     else if (a == "--spec-al") o.spec_al = static_cast<int>(int_value(a, value()));
     else if (a == "--decode-backend") {
@@ -242,6 +246,7 @@ bench::DecodeSweepOptions parse_options(std::span<const std::string> args, bool&
   K3_CHECK(!o.model.empty(), "--model DIR is required");
   K3_CHECK(o.tp >= 1 && o.tp <= 64, "--tp must be in [1, 64]");
   K3_CHECK(!o.dcp || o.tp > 1, "--dcp splits each sequence's latent cache over the TP ranks: it needs --tp N with N > 1");
+  K3_CHECK(!o.ep || o.tp > 1, "--ep splits the routed experts whole over the TP ranks: it needs --tp N with N > 1");
   K3_CHECK(o.steps >= 1 && o.warmup >= 1, "--steps and --warmup must be >= 1");
   K3_CHECK(o.spec_k >= 1 && o.spec_k <= 32, "--spec-k must be in [1, 32]");
   K3_CHECK(o.spec_al >= 1 && o.spec_al <= o.spec_k + 1, "--spec-al must be in [1, spec-k + 1]");

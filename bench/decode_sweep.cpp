@@ -201,7 +201,10 @@ StepBytes step_bytes(const config::K3Config& c, const model::KvStorage& kv, int6
   per_expert /= static_cast<double>(moe_layers) * c.moe.num_experts;
   const double E = c.moe.num_experts, k = c.moe.num_experts_per_token;
   b.expected_experts_per_layer = E * (1.0 - std::pow(1.0 - k / E, B));
-  b.experts = moe_layers * b.expected_experts_per_layer * per_expert;
+  // Expert parallelism (the rank's config has whole experts, E / ep of them): a rank reads its share
+  // of the touched experts, whole; in expectation 1 / ep of them (the busiest rank reads more).
+  const int ep = std::max(c.moe.expert_parallel_size, 1);
+  b.experts = moe_layers * b.expected_experts_per_layer / ep * per_expert;
   const int32_t slots = kv.storage_config().num_slots;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (c.attn_kind(l) == config::AttnKind::kda) {
@@ -425,8 +428,9 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
   mo.precision = o.precision;
   mo.decode_backend = o.backends.front();
   mo.dcp = o.dcp ? o.tp : 1;
-  std::printf("opening %s on %s (tp %d%s) ...\n", o.model.string().c_str(), device_name.c_str(), o.tp,
-              o.dcp ? ", decode context parallel" : "");
+  mo.expert_parallel = o.ep;
+  std::printf("opening %s on %s (tp %d%s%s) ...\n", o.model.string().c_str(), device_name.c_str(), o.tp,
+              o.dcp ? ", decode context parallel" : "", o.ep ? ", expert parallel" : "");
   std::fflush(stdout);
   const auto t0 = clock_type::now();
   std::unique_ptr<runner::ModelRunner> single;
@@ -644,7 +648,7 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
       {"benchmark", "decode_gpu"},
       {"environment", env},
       {"config", {{"name", label}, {"model_dir", o.model.string()}, {"model", config::to_json(full)}, {"model_hash", full.hash()},
-                  {"weight_bytes", weight_bytes}, {"tp", o.tp}, {"dcp", mo.dcp},
+                  {"weight_bytes", weight_bytes}, {"tp", o.tp}, {"dcp", mo.dcp}, {"expert_parallel", o.ep},
                   {"rank_model", config::to_json(c)}, {"batches", o.batches},
                   {"verify", {{"spec_k", o.spec_k}, {"synthetic_acceptance_length", o.spec_al},
                               {"what", "mode verify: SYNTHETIC acceptance; each step runs K+1 rows per sequence (KDA no-commit) "

@@ -38,6 +38,9 @@ struct DecodeSweepOptions {
   // With tp > 1: decode context parallelism (model::ModelOptions::dcp = tp): each rank holds every
   // tp-th token of each sequence's latent cache and the MLA attention combines partial results.
   bool dcp = false;
+  // With tp > 1: expert parallelism (model::ModelOptions::expert_parallel): each rank holds E / tp
+  // whole routed experts instead of a slice of every expert (config/shard.h).
+  bool ep = false;
   int spec_k = 7, spec_al = 6;  // modes "verify", "verify-graph": K drafts per sequence, AL tokens kept per step
   // Activations (kernels::Precision): bf16 serves; fp32 makes the backends' greedy tokens comparable
   // token for token (no bf16 rounding noise to flip a nearly tied route).

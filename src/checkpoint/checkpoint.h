@@ -48,7 +48,9 @@ model::Weights load_weights(const std::filesystem::path& dir, const config::K3Co
 // above), then every tensor is cut to the rank's block (checkpoint/shard_slice.h): row blocks stay
 // views into the mapping, column blocks (row-parallel weights, MXFP4 codes and scales alike) and
 // KDA A_log are copies of the rank's part only. With `progress` only the rank's bytes are read in
-// and counted. shard {0, 1} is load_weights above.
+// and counted. shard {0, 1} is load_weights above. With shard.expert_parallel (config::shard_config
+// with expert_parallel) the rank's routed experts are the whole experts [rank * E / size,
+// (rank + 1) * E / size) only, as views (MoeWeights::expert_begin / num_experts say which).
 model::Weights load_weights(const std::filesystem::path& dir, const config::K3Config& config, config::TpShard shard,
                             const LoadProgressFn& progress = nullptr);
 

@@ -2,7 +2,8 @@
 // parameter inventory. Tensors stay views into the mmap'd safetensors files; with a progress
 // callback the loader also reads every weight page in, reporting bytes as it goes. A tensor-parallel
 // load (spec §11) checks the whole checkpoint the same way, then cuts every tensor to the rank's
-// block (checkpoint/shard_slice.h) and reads in only those bytes.
+// block (checkpoint/shard_slice.h) and reads in only those bytes. Under expert parallelism a rank
+// takes only its own routed experts, whole (views into the mapping; the others are never touched).
 #include <unistd.h>
 
 #include <algorithm>
@@ -198,7 +199,11 @@ model::MlaWeights mla_weights(const CheckedTensors& t, const std::string& a) {
   return w;
 }
 
-model::MoeWeights moe_weights(const CheckedTensors& t, const std::string& m, const config::K3Config& c) {
+// `c` is the full config; under expert parallelism (shard.expert_parallel) the rank takes the whole
+// experts [rank * E / tp, (rank + 1) * E / tp) only (the rank's inventory gives them their full
+// shape, so get() returns the checkpoint tensor itself).
+model::MoeWeights moe_weights(const CheckedTensors& t, const std::string& m, const config::K3Config& c,
+                              config::TpShard shard) {
   model::MoeWeights w;
   w.router = t.linear(m + "gate.weight");
   w.router_bias = t.get(m + "gate.e_score_correction_bias");
@@ -209,7 +214,14 @@ model::MoeWeights moe_weights(const CheckedTensors& t, const std::string& m, con
     if (c.mxfp4.enabled) return {t.get(base + ".weight_packed"), t.get(base + ".weight_scale")};
     return t.linear(base + ".weight");
   };
-  for (int e = 0; e < c.moe.num_experts; ++e) {
+  int first = 0, count = c.moe.num_experts;
+  if (shard.expert_parallel && shard.size > 1) {
+    count = c.moe.num_experts / shard.size;  // shard_config checked that size divides num_experts
+    first = shard.rank * count;
+    w.expert_begin = first;
+    w.num_experts = c.moe.num_experts;
+  }
+  for (int e = first; e < first + count; ++e) {
     const std::string x = m + "experts." + std::to_string(e) + ".";
     w.w1.push_back(expert(x + "w1"));
     w.w2.push_back(expert(x + "w2"));
@@ -300,7 +312,10 @@ model::Weights load_weights(const fs::path& dir, const config::K3Config& config,
   const std::vector<ParamSpec> specs = expected_params(config);
   const SafetensorsSet set = SafetensorsSet::open_dir(dir);
   CheckedTensors t(set, specs);  // throws listing every problem
-  if (shard.size > 1) t.shard_to(shard, expected_params(config::shard_config(config, shard.size)));
+  if (shard.size > 1)
+    t.shard_to(shard, expected_params(config::shard_config(config, shard.size, {shard.expert_parallel})));
+  else
+    config::check_expert_parallel(shard.expert_parallel, shard.size);
   if (progress && shard.size == 1) read_in(t.byte_ranges_in_file_order(), progress);
 
   model::Weights w;
@@ -320,7 +335,7 @@ model::Weights load_weights(const fs::path& dir, const config::K3Config& config,
       lw.ffn = model::DenseFfnWeights{t.linear(p + "mlp.gate_proj.weight"), t.linear(p + "mlp.up_proj.weight"),
                                       t.linear(p + "mlp.down_proj.weight")};
     else
-      lw.ffn = moe_weights(t, p + "block_sparse_moe.", config);
+      lw.ffn = moe_weights(t, p + "block_sparse_moe.", config, shard);
     w.layers.push_back(std::move(lw));
   }
   w.output_res = attn_res(t, "model.output_attn_res_proj.weight", "model.output_attn_res_norm.weight");

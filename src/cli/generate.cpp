@@ -21,6 +21,7 @@ int generate_command(std::span<char* const> argv) {
   specs.push_back({"presence-penalty", "P", "subtract P from logits of ids already generated, in [-2, 2]", "0"});
   specs.push_back({"frequency-penalty", "F", "subtract F * count from logits of generated ids, in [-2, 2]", "0"});
   specs.push_back(tp_option_spec());
+  specs.push_back(expert_parallel_option_spec());
   specs.push_back({"explain", "", "print the plan of the prefill and first decode step to stderr: the decode path and why, "
                                   "and every op with the kernel that ran", ""});
   Args args("generate", specs, argv);
@@ -41,16 +42,20 @@ int generate_command(std::span<char* const> argv) {
   const int64_t max_tokens = args.get_int("max-tokens");
   K3_CHECK(max_tokens >= 0, "--max-tokens must be >= 0");
   const int tp = parse_tp(args);
+  model::ModelOptions options = parse_model_options(args);
+  parse_expert_parallel(args, tp, options);
   runner::ModelRunner::GenerateStats st;
   std::vector<int32_t> out;
   const bool explain = args.flag("explain");
   K3_CHECK(!explain || tp == 1, "--explain needs --tp 1");
+  if (options.expert_parallel)
+    std::cerr << "expert parallel: each of the " << tp << " ranks holds 1/" << tp << " of the routed experts, whole\n";
   if (tp > 1) {
-    auto runner = runner::TpRunner::open(args.get("model"), tp, parse_model_options(args), parse_kv_cache(args),
+    auto runner = runner::TpRunner::open(args.get("model"), tp, options, parse_kv_cache(args),
                                          load_progress_on_terminal(args.get("model")));
     out = runner->generate(prompt, max_tokens, sampling, nullptr, &st);
   } else {
-    auto runner = runner::ModelRunner::open(args.get("model"), parse_model_options(args), parse_kv_cache(args),
+    auto runner = runner::ModelRunner::open(args.get("model"), options, parse_kv_cache(args),
                                             load_progress_on_terminal(args.get("model")));
     if (explain) runner->set_explain([](const std::string& plan) { std::cerr << plan; });
     out = runner->generate(prompt, max_tokens, sampling, nullptr, &st);

@@ -16,14 +16,16 @@ int logits_command(std::span<char* const> argv) {
   specs.push_back({"out", "FILE", "output .safetensors file", "", true});
   specs.push_back({"decode-from", "N", "prefill the first N tokens, decode the rest one at a time (default: all prefill)", ""});
   specs.push_back(tp_option_spec());
+  specs.push_back(expert_parallel_option_spec());
   Args args("logits", specs, argv);
   if (args.help_requested()) {
     std::cout << args.usage();
     return 0;
   }
   const std::vector<int32_t> ids = args.get_ids("token-ids");
-  const model::ModelOptions options = parse_model_options(args);
+  model::ModelOptions options = parse_model_options(args);
   const int tp = parse_tp(args);
+  parse_expert_parallel(args, tp, options);
   const int64_t decode_from = args.has("decode-from") ? args.get_int("decode-from") : static_cast<int64_t>(ids.size());
   core::Tensor logits;
   if (tp > 1) {

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 
+#include "config/shard.h"
 #include "core/error.h"
 
 namespace k3::cli {
@@ -58,6 +59,17 @@ int parse_tp(const Args& args) {
   const int64_t tp = args.get_int("tp");
   K3_CHECK(tp >= 1 && tp <= 64, "--tp must be in [1, 64], got " + std::to_string(tp));
   return static_cast<int>(tp);
+}
+
+OptionSpec expert_parallel_option_spec() {
+  return {"enable-expert-parallel", "",
+          "with --tp N > 1: each rank holds whole routed experts (E / N of them, N must divide E) instead of a "
+          "slice of every expert; their partial sums share the MoE all-reduce", ""};
+}
+
+void parse_expert_parallel(const Args& args, int tp, model::ModelOptions& options) {
+  options.expert_parallel = args.flag("enable-expert-parallel");
+  config::check_expert_parallel(options.expert_parallel, tp);  // "... needs --tp > 1, got --tp 1"
 }
 
 checkpoint::LoadProgressFn load_progress_to_stderr(const std::string& what) {

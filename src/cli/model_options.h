@@ -19,6 +19,11 @@ model::KvCacheDtype parse_kv_cache(const Args& args);
 // --tp N (logits and generate): tensor-parallel ranks as CPU threads (runner/tp_runner.h); 1 = off.
 OptionSpec tp_option_spec();
 int parse_tp(const Args& args);  // >= 1; throws naming --tp otherwise
+// --enable-expert-parallel (vLLM's name; with --tp N > 1): each rank holds whole routed experts,
+// E / N of them (config/shard.h), instead of a slice of every expert. parse_expert_parallel sets
+// options.expert_parallel and throws naming the flag when it comes with --tp 1.
+OptionSpec expert_parallel_option_spec();
+void parse_expert_parallel(const Args& args, int tp, model::ModelOptions& options);
 
 // --speculative-method none|ngram|synthetic, --num-speculative-tokens K,
 // --synthetic-acceptance-length AL (synthetic: forced acceptance, benchmarks only),

@@ -29,6 +29,7 @@ int serve_command(std::span<char* const> argv) {
   specs.push_back({"drain-seconds", "S", "on SIGTERM/SIGINT, how long in-flight requests may finish", "30"});
   for (OptionSpec& s : speculative_option_specs()) specs.push_back(std::move(s));
   specs.push_back(tp_option_spec());
+  specs.push_back(expert_parallel_option_spec());
   specs.push_back({"decode-context-parallel-size", "N",
                    "split every sequence's MLA cache over the --tp ranks by token (1: off, else N = --tp): N times "
                    "the context in the same --kv-cache-bytes",
@@ -65,6 +66,7 @@ int serve_command(std::span<char* const> argv) {
   o.tp = parse_tp(args);
   o.model.dcp = static_cast<int>(positive("decode-context-parallel-size", 1, 64));
   model::check_dcp_size(o.model.dcp, o.tp);
+  parse_expert_parallel(args, o.tp, o.model);
   o.speculative = parse_speculative(args);
   o.draft_model_dir = args.get("speculative-model");
   K3_CHECK(o.draft_model_dir.empty() || o.speculative.method == spec::SpecMethod::dspark,

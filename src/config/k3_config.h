@@ -50,7 +50,17 @@ struct MoeConfig {
   float routed_scaling_factor = 1.0f;
   int num_expert_group = 1;          // grouping is a no-op with 1 group (the only supported value)
   int topk_group = 1;
-  int shared_intermediate() const { return num_shared_experts * moe_intermediate_size; }
+  // A rank's config under expert parallelism (config::shard_config with expert_parallel; never in
+  // a checkpoint's config.json): expert_parallel_size > 0 = the rank holds num_experts /
+  // expert_parallel_size WHOLE routed experts (moe_intermediate_size stays whole), and
+  // shared_intermediate_size > 0 is its share of the shared experts' intermediate (still TP-sharded).
+  int expert_parallel_size = 0;
+  int shared_intermediate_size = 0;
+  int shared_intermediate() const {
+    return shared_intermediate_size > 0 ? shared_intermediate_size : num_shared_experts * moe_intermediate_size;
+  }
+  // The routed experts one rank holds (all of them without expert parallelism).
+  int held_experts() const { return expert_parallel_size > 0 ? num_experts / expert_parallel_size : num_experts; }
 };
 
 struct Mxfp4Config {  // compressed-tensors "mxfp4-pack-quantized" on the routed experts

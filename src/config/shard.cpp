@@ -35,8 +35,14 @@ void check_shard(const TpShard& shard) {
                " ranks is out of range");
 }
 
-K3Config shard_config(const K3Config& full, int tp) {
+void check_expert_parallel(bool expert_parallel, int tp) {
+  K3_CHECK(!expert_parallel || tp > 1, "expert parallelism (--enable-expert-parallel) needs --tp > 1, got --tp " +
+                                           std::to_string(tp) + " (one rank holds every expert anyway)");
+}
+
+K3Config shard_config(const K3Config& full, int tp, ShardOptions options) {
   K3_CHECK(tp >= 1, "tensor parallelism: tp must be >= 1, got " + std::to_string(tp));
+  check_expert_parallel(options.expert_parallel, tp);
   K3Config c = full;
   if (tp == 1) return c;
   c.vocab_size = divide(full.vocab_size, tp, "vocab_size", "the vocabulary rows of embed_tokens and lm_head");
@@ -46,7 +52,16 @@ K3Config shard_config(const K3Config& full, int tp) {
     c.mla.num_heads = divide(full.mla.num_heads, tp, "num_attention_heads", "MLA heads");
   if (uses(full, FfnKind::dense))
     c.intermediate_size = divide(full.intermediate_size, tp, "intermediate_size", "dense FFN intermediate channels");
-  if (uses(full, FfnKind::moe)) {
+  if (uses(full, FfnKind::moe) && options.expert_parallel) {
+    // Whole experts per rank: E / tp of them, moe_intermediate_size untouched; the shared experts'
+    // intermediate is still split.
+    c.moe.expert_parallel_size = tp;
+    divide(full.moe.num_experts, tp, "num_experts", "the routed experts (expert parallelism: whole experts per rank)");
+    if (full.moe.shared_intermediate() > 0)
+      c.moe.shared_intermediate_size = divide(full.moe.shared_intermediate(), tp,
+                                              "num_shared_experts * moe_intermediate_size",
+                                              "the shared experts' intermediate channels");
+  } else if (uses(full, FfnKind::moe)) {
     c.moe.moe_intermediate_size = divide(full.moe.moe_intermediate_size, tp, "moe_intermediate_size",
                                          "every routed and shared expert's intermediate channels");
     if (full.mxfp4.enabled && c.moe.moe_intermediate_size % full.mxfp4.group_size != 0)

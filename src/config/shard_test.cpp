@@ -92,6 +92,49 @@ TEST(ShardConfig, ErrorsNameTheFieldAndTp) {
   EXPECT_EQ(shard_config(parse_config(j), 2).mla.num_heads, 3);
 }
 
+// Expert parallelism: whole routed experts per rank (E / tp of them, moe_intermediate_size kept), the
+// shared experts still split; the rest exactly as plain TP.
+TEST(ShardConfig, ExpertParallelKeepsWholeExpertsAndSplitsTheShared) {
+  const K3Config tiny = builtin_config("k3-tiny");
+  for (int tp : {2, 4}) {
+    const K3Config tp_cfg = shard_config(tiny, tp), ep = shard_config(tiny, tp, {.expert_parallel = true});
+    EXPECT_EQ(ep.moe.moe_intermediate_size, 64);
+    EXPECT_EQ(ep.moe.expert_parallel_size, tp);
+    EXPECT_EQ(ep.moe.held_experts(), 16 / tp);
+    EXPECT_EQ(ep.moe.num_experts, 16);  // ids and the router stay global
+    EXPECT_EQ(ep.moe.shared_intermediate(), tp_cfg.moe.shared_intermediate());
+    EXPECT_EQ(ep.vocab_size, tp_cfg.vocab_size);
+    EXPECT_EQ(ep.kda.num_heads, tp_cfg.kda.num_heads);
+    EXPECT_EQ(ep.intermediate_size, tp_cfg.intermediate_size);
+    EXPECT_EQ(tp_cfg.moe.expert_parallel_size, 0);
+    EXPECT_EQ(tp_cfg.moe.held_experts(), 16);
+  }
+  // K3 at EP8: 112 whole experts of I 3072 per GPU, shared 6144 / 8 (spec §11 "EP variant").
+  const K3Config k3 = shard_config(builtin_config("k3"), 8, {.expert_parallel = true});
+  EXPECT_EQ(k3.moe.held_experts(), 112);
+  EXPECT_EQ(k3.moe.moe_intermediate_size, 3072);
+  EXPECT_EQ(k3.moe.shared_intermediate(), 768);
+  // MXFP4: the 32-group check is about a slice of I, which EP never cuts (64 / 4 = 16 fails as TP).
+  const K3Config mx = shard_config(builtin_config("k3-tiny-mxfp4"), 4, {.expert_parallel = true});
+  EXPECT_EQ(mx.moe.moe_intermediate_size, 64);
+  EXPECT_EQ(mx.moe.held_experts(), 4);
+}
+
+TEST(ShardConfig, ExpertParallelErrorsNameTheProblem) {
+  const K3Config tiny = builtin_config("k3-tiny");
+  expect_error([&] { shard_config(tiny, 1, {.expert_parallel = true}); }, {"--enable-expert-parallel", "--tp > 1", "--tp 1"});
+  expect_error([] { check_expert_parallel(true, 1); }, {"--tp > 1"});
+  check_expert_parallel(false, 1);
+  check_expert_parallel(true, 2);
+  nlohmann::json j = to_json(tiny);
+  j["num_experts"] = 12;  // 3 whole experts per rank at tp 4
+  EXPECT_EQ(shard_config(parse_config(j), 4, {.expert_parallel = true}).moe.held_experts(), 3);
+  j["num_experts"] = 10;
+  expect_error([&] { shard_config(parse_config(j), 4, {.expert_parallel = true}); },
+               {"tp=4", "num_experts = 10", "routed experts"});
+  EXPECT_EQ(shard_config(parse_config(j), 4).moe.moe_intermediate_size, 16);  // plain TP does not need it
+}
+
 TEST(ShardConfig, CheckShard) {
   check_shard({0, 1});
   check_shard({3, 4});

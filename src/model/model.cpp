@@ -4,6 +4,7 @@
 #include <cstring>
 #include <variant>
 
+#include "config/shard.h"
 #include "model/step_batches.h"
 
 namespace k3::model {
@@ -76,7 +77,15 @@ Model::Model(const config::K3Config& config, const Weights& weights, const kerne
                  std::to_string(config_.vocab_size) + " (give each rank config::shard_config and its weight slices)");
   }
   check_dcp_size(options_.dcp, tp_size());  // DCP splits the cache over exactly the TP group
+  config::check_expert_parallel(options_.expert_parallel, tp_size());
   check_schedule(config_, weights_);
+  for (const LayerWeights& lw : weights_.layers)  // the weights must be sharded as the options say
+    if (const auto* moe = std::get_if<MoeWeights>(&lw.ffn))
+      K3_CHECK(moe->expert_parallel() == options_.expert_parallel,
+               std::string("Model: the routed experts are ") +
+                   (moe->expert_parallel() ? "whole experts of one expert-parallel rank" : "not split by expert") +
+                   " but options.expert_parallel is " + (options_.expert_parallel ? "on" : "off") +
+                   " (load with config::TpShard::expert_parallel as the options say)");
   router_bias_.resize(weights_.layers.size());
   for (size_t l = 0; l < weights_.layers.size(); ++l) {
     const auto* moe = std::get_if<MoeWeights>(&weights_.layers[l].ffn);

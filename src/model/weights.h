@@ -55,6 +55,12 @@ struct MoeWeights {
   std::vector<LinearWeight> w2;         // E x [L, I]: bf16, or MXFP4 u8 [L, I/2] + scales [L, I/32]
   LinearWeight shared_gate, shared_up;  // [S*I, hidden] bf16
   LinearWeight shared_down;             // [hidden, S*I] bf16
+  // Expert parallelism (config::ShardOptions::expert_parallel): w1/w3/w2 hold the WHOLE experts
+  // [expert_begin, expert_begin + w1.size()) of num_experts (E / tp of them, full I). num_experts
+  // = 0: every expert (TP=1), or under plain TP a slice of every expert's intermediate.
+  int64_t expert_begin = 0;
+  int64_t num_experts = 0;
+  bool expert_parallel() const { return num_experts > 0; }
 };
 
 struct AttnResWeights {

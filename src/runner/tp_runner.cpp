@@ -101,7 +101,8 @@ TpRunner::TpRunner(const std::filesystem::path& dir, int tp, const model::ModelO
   const bool cuda = options.device == core::Device::cuda;
   K3_CHECK(options.device == core::Device::cpu || cuda,
            "tensor parallelism: no runner for device " + std::string(core::device_name(options.device)));
-  rank_config_ = config::shard_config(full_, tp);  // throws naming the field tp does not divide
+  // Throws naming the field tp does not divide (or expert parallelism with tp 1).
+  rank_config_ = config::shard_config(full_, tp, {options.expert_parallel});
   model::check_dcp_size(options.dcp, tp);          // before loading anything
   if (cuda)
     if (const std::string why = cuda_tp_unavailable(tp); !why.empty()) throw core::Error(why);
@@ -113,7 +114,8 @@ TpRunner::TpRunner(const std::filesystem::path& dir, int tp, const model::ModelO
     auto rank = std::make_unique<Rank>();
     kernels::register_reference_ops(rank->registry);
     rank->memory = core::host_memory();
-    model::Weights host = checkpoint::load_weights(dir, full_, config::TpShard{r, tp}, r == 0 ? progress : nullptr);
+    model::Weights host =
+        checkpoint::load_weights(dir, full_, config::TpShard{r, tp, options.expert_parallel}, r == 0 ? progress : nullptr);
 #ifdef K3_HAVE_CUDA
     if (cuda) {
       rank->device = r;

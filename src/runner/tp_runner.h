@@ -13,6 +13,10 @@
 // all ranks through the same forward() sequence; the logits every rank ends with are the same
 // (all-gathered), and rank 0's are returned. In generate(), rank 0 samples and broadcasts the token.
 //
+// Expert parallelism (options.expert_parallel, tp > 1): rank r holds the whole routed experts
+// [r * E / tp, (r + 1) * E / tp) instead of a slice of every expert (config::ShardOptions); the
+// routed partial sums meet in the same latent all-reduce (the all-reduce form of EP).
+//
 // Decode context parallelism (options.dcp = tp; 1 = off, kernels/mla/mla_cp.h): every sequence's
 // MLA cache is also split over the ranks by token (position p on rank p % tp), so each rank's
 // caches (new_cache) hold ceil(tokens / tp) positions: tp times the context for the same memory.
@@ -57,6 +61,7 @@ class TpRunner {
   const config::K3Config& rank_config() const { return rank_config_; }  // what each rank holds
   int tp() const { return static_cast<int>(ranks_.size()); }
   int dcp() const { return options_.dcp; }
+  bool expert_parallel() const { return options_.expert_parallel; }
   const model::Model& model(int rank) const;
   model::KvCacheDtype kv_cache() const { return kv_cache_; }
 

@@ -65,6 +65,10 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
   s->description_ = "model: " + o.model_dir.string() + " (vocab " + std::to_string(config.vocab_size) + ", " +
                     std::to_string(config.num_hidden_layers) + " layers" +
                     (o.tp > 1 ? ", tensor parallel over " + std::to_string(o.tp) + " ranks" : std::string()) +
+                    (o.model.expert_parallel ? ", expert parallel: each rank holds " +
+                                                   std::to_string(config.moe.num_experts / o.tp) + " of the " +
+                                                   std::to_string(config.moe.num_experts) + " routed experts, whole"
+                                             : std::string()) +
                     (dcp > 1 ? ", decode context parallel: each rank holds 1/" + std::to_string(dcp) + " of every MLA cache"
                              : std::string()) +
                     ")\n" +

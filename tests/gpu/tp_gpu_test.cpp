@@ -5,7 +5,8 @@
 // equal the CPU TP=1 model's token for token; bf16: the TP=N GPU logits agree with the TP=1 GPU
 // model's as tightly as TP changes allow (runner/tp_runner_test.cpp explains why bf16 TP cannot be
 // bit-identical to TP1: a rank holds partial expert outputs, so it rounds at other points).
-// Every TP size the visible GPUs allow (2, 4; k3-tiny has 4 heads) runs. Fewer than 2 GPUs: each case skips with the
+// Expert parallelism (whole experts per rank) runs the same checks. Every TP size the visible GPUs
+// allow (2, 4; k3-tiny has 4 heads) runs. Fewer than 2 GPUs: each case skips with the
 // reason, except the error case, which runs everywhere.
 #include <cstdio>
 #include <vector>
@@ -151,6 +152,67 @@ TEST_F(TpGpu, DcpBf16LogitsCloseToTp1) {
     const testing::Diff d = testing::compare(got, want);
     const auto [decided_agree, decided] = decided_top1_agreement(got, want, 0.02f * static_cast<float>(d.scale));
     std::printf("tp %d dcp bf16 vs tp 1: min row cosine %.5f, top-1 %.4f (all rows), %.4f (%lld decided rows)\n", tp,
+                d.cosine, d.top1_agreement, decided_agree, static_cast<long long>(decided));
+    EXPECT_GE(decided_agree, 0.99) << "tp " << tp;
+    EXPECT_GE(decided, want.dim(0) / 2) << "tp " << tp;
+    EXPECT_GE(d.top1_agreement, 0.95) << "tp " << tp;
+    EXPECT_GE(d.cosine, 0.97) << "tp " << tp;
+  }
+}
+
+// Expert parallelism (options.expert_parallel, config/shard.h): rank r holds the whole routed experts
+// [r * E / tp, (r + 1) * E / tp) and runs only the routes to them (the moe_experts strategies skip the
+// others), their partial sums meeting in the same latent all-reduce. fp32: the GPU EP group against
+// the CPU EP group (logits) and the CPU TP=1 model (greedy tokens); bf16 with the fp8 cache: against
+// the GPU TP=1 model as tightly as plain TP.
+model::ModelOptions ep_options(core::Device device, kernels::Precision precision) {
+  model::ModelOptions o = options(device, precision);
+  o.expert_parallel = true;
+  return o;
+}
+
+TEST_F(TpGpu, EpFp32LogitsMatchCpuEpGroup) {
+  K3_REQUIRE_GPUS(2);
+  for (int tp : tp_sizes()) {
+    const auto dir = checkpoint(tp, /*mxfp4=*/true);
+    auto cpu = runner::TpRunner::open(dir, tp, ep_options(core::Device::cpu, kernels::Precision::fp32), KvCacheDtype::bf16);
+    auto gpu = runner::TpRunner::open(dir, tp, ep_options(core::Device::cuda, kernels::Precision::fp32), KvCacheDtype::bf16);
+    ASSERT_TRUE(gpu->expert_parallel());
+    const auto tokens = random_tokens(100, cpu->config().vocab_size, 13);
+    const core::Tensor want = cpu->logits(tokens, 60), got = gpu->logits(tokens, 60);
+    const testing::Diff d = testing::compare(got, want);
+    std::printf("tp %d ep fp32 GPU vs CPU group: max_abs %.3g (scale %.3g), min row cosine %.9f, top-1 %.4f\n", tp,
+                d.max_abs, d.scale, d.cosine, d.top1_agreement);
+    EXPECT_LT(d.max_abs, 1e-3 * d.scale) << "tp " << tp;
+    EXPECT_GE(d.cosine, 0.99999) << "tp " << tp;
+    EXPECT_EQ(d.top1_agreement, 1.0) << "tp " << tp;
+  }
+}
+
+TEST_F(TpGpu, EpFp32GreedyMatchesCpuTp1) {
+  K3_REQUIRE_GPUS(2);
+  for (int tp : tp_sizes()) {
+    const auto dir = checkpoint(tp, /*mxfp4=*/true);
+    auto cpu = runner::ModelRunner::open(dir, options(core::Device::cpu, kernels::Precision::fp32), KvCacheDtype::bf16);
+    auto gpu = runner::TpRunner::open(dir, tp, ep_options(core::Device::cuda, kernels::Precision::fp32), KvCacheDtype::bf16);
+    const auto prompt = random_tokens(31, cpu->config().vocab_size, 14);
+    runner::SamplingParams greedy;
+    EXPECT_EQ(gpu->generate(prompt, 120, greedy), cpu->generate(prompt, 120, greedy)) << "tp " << tp;
+  }
+}
+
+TEST_F(TpGpu, EpBf16LogitsCloseToTp1) {
+  K3_REQUIRE_GPUS(2);
+  for (int tp : tp_sizes()) {
+    const auto dir = checkpoint(tp, /*mxfp4=*/true);
+    auto one = runner::ModelRunner::open(dir, options(core::Device::cuda, kernels::Precision::bf16), KvCacheDtype::fp8_e4m3);
+    auto many = runner::TpRunner::open(dir, tp, ep_options(core::Device::cuda, kernels::Precision::bf16),
+                                       KvCacheDtype::fp8_e4m3);
+    const auto tokens = random_tokens(160, one->config().vocab_size, 25);
+    const core::Tensor want = one->logits(tokens, 100), got = many->logits(tokens, 100);
+    const testing::Diff d = testing::compare(got, want);
+    const auto [decided_agree, decided] = decided_top1_agreement(got, want, 0.02f * static_cast<float>(d.scale));
+    std::printf("tp %d ep bf16 vs tp 1: min row cosine %.5f, top-1 %.4f (all rows), %.4f (%lld decided rows)\n", tp,
                 d.cosine, d.top1_agreement, decided_agree, static_cast<long long>(decided));
     EXPECT_GE(decided_agree, 0.99) << "tp " << tp;
     EXPECT_GE(decided, want.dim(0) / 2) << "tp " << tp;

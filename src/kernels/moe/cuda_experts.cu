@@ -14,7 +14,10 @@
 //      each weight row once per 8 routes: h = round(SiTU(round(W1 z_t), round(W3 z_t)));
 //   C. down: e_tj = round(W2 h) the same way;
 //   D. combine: u_t = round(sum_j p_tj e_tj), fp32 in route order j = 0..k-1.
-// Without round_output (a TP rank's partial sum) C and D do not round and D writes f32.
+// Without round_output (a TP rank's partial sum) D does not round and writes f32, and C rounds only
+// whole experts (whole_experts: an expert-parallel rank). Expert parallelism: the ids are global,
+// the table holds experts [expert_begin, expert_begin + E); a route to another rank's expert is in
+// no group (A), costs nothing, and D leaves it out of the sum (route order among the held routes).
 // Each route's sums depend only on its own token, never on where it sits in its expert's list, so
 // the result does not depend on the (atomic) order of the sort. A route whose id is outside
 // [0, E) (the router writes -1 for a NaN score) makes its token's output row NaN.
@@ -44,12 +47,14 @@ constexpr int kMaxExperts = 8192;
 constexpr int kTokensPerPiece = 2048;  // bounds the scratch: [piece * k, max(I, L)] f32
 constexpr int kDownRows = 2;           // down-projection rows per warp segment
 
-// A. offsets[E+1], order[] = route indices grouped by expert, active[0 .. *n_active) = the experts
-// with routes (in no particular order) and, when groups is set, groups[g] = {active[g], its first
-// index into order, its route count, 0}; bad[t] = 1 for a token with an id outside [0, E). One block.
+// A. offsets[E+1], order[] = route indices grouped by held expert (id - e_begin in [0, E)),
+// active[0 .. *n_active) = the experts with routes (in no particular order) and, when groups is set,
+// groups[g] = {active[g], its first index into order, its route count, 0}; bad[t] = 1 for a token
+// with an id outside [0, e_total). Routes to experts outside the held range are in no group. One block.
 __global__ void __launch_bounds__(kSortThreads) sort_routes_kernel(const int32_t* ids, int64_t ids_ld, int64_t T,
-                                                                   int k, int E, int* offsets, int* order, int* bad,
-                                                                   int* active, int* n_active, int4* groups) {
+                                                                   int k, int E, int e_begin, int e_total,
+                                                                   int* offsets, int* order, int* bad, int* active,
+                                                                   int* n_active, int4* groups) {
   __shared__ int cursor[kMaxExperts];
   __shared__ int warp_totals[32];
   __shared__ int active_count;
@@ -60,10 +65,11 @@ __global__ void __launch_bounds__(kSortThreads) sort_routes_kernel(const int32_t
   __syncthreads();
   const int64_t routes = T * k;
   for (int64_t q = tid; q < routes; q += blockDim.x) {
-    const int e = ids[(q / k) * ids_ld + q % k];
-    if (e >= 0 && e < E)
+    const int32_t id = ids[(q / k) * ids_ld + q % k];
+    const int e = held_expert(id, e_begin, E);
+    if (e >= 0)
       atomicAdd(&cursor[e], 1);
-    else
+    else if (bad_expert_id(id, e_total))
       atomicExch(&bad[q / k], 1);
   }
   __syncthreads();
@@ -104,8 +110,8 @@ __global__ void __launch_bounds__(kSortThreads) sort_routes_kernel(const int32_t
   __syncthreads();
   if (tid == 0) *n_active = active_count;
   for (int64_t q = tid; q < routes; q += blockDim.x) {
-    const int e = ids[(q / k) * ids_ld + q % k];
-    if (e >= 0 && e < E) order[atomicAdd(&cursor[e], 1)] = static_cast<int>(q);
+    const int e = held_expert(ids[(q / k) * ids_ld + q % k], e_begin, E);
+    if (e >= 0) order[atomicAdd(&cursor[e], 1)] = static_cast<int>(q);
   }
 }
 
@@ -172,17 +178,20 @@ __global__ void __launch_bounds__(kRowdotThreads) expert_rows_kernel(ExpertTable
   }
 }
 
-// D. out[t] = round(sum_j p[t][j] e[t*k+j]) in route order; NaN for a token with a bad id.
-// Grid (T, L / 256): a thread per output element, its k loads independent.
+// D. out[t] = round(sum_j p[t][j] e[t*k+j]) over the held routes (ids[t][j] - e_begin in [0, E))
+// in route order; NaN for a token with a bad id. Grid (T, L / 256): a thread per output element.
 template <class T>
 __global__ void combine_kernel(const float* expert_out, int64_t L, const float* p, int64_t p_ld, int k,
-                               const int* bad, T* out, int64_t out_ld, bool round) {
+                               const int32_t* ids, int64_t ids_ld, int e_begin, int E, const int* bad, T* out,
+                               int64_t out_ld, bool round) {
   const int64_t t = blockIdx.x, l = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (l >= L) return;
   const float* pt = p + t * p_ld;
+  const int32_t* it = ids + t * ids_ld;
   float acc = 0.0f;
 #pragma unroll 8
-  for (int j = 0; j < k; ++j) acc += pt[j] * expert_out[(t * k + j) * L + l];
+  for (int j = 0; j < k; ++j)
+    if (held_expert(it[j], e_begin, E) >= 0) acc += pt[j] * expert_out[(t * k + j) * L + l];
   store_act(out + t * out_ld + l, bad[t] ? NAN : acc, round);
 }
 
@@ -213,7 +222,8 @@ core::Status experts_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
 struct Fp4Piece {
   ExpertTable tab;
   int64_t T, L, I;
-  int k, E, sm_count;
+  int k, E, sm_count;  // E: the held experts (the table's)
+  int e_begin, e_total;  // expert parallelism: held ids [e_begin, e_begin + E) of [0, e_total)
   const int32_t* ids;  // [T, k], rows ids_ld apart
   int64_t ids_ld;
   const float* p;  // route weights [T, k]
@@ -226,6 +236,7 @@ struct Fp4Piece {
   float* eo;                                        // [T * k, L] f32
   float beta, linear_beta;
   bool round, round_output;
+  bool round_e;  // round && (round_output || whole_experts): e_tj rounded
   bool mma;  // bf16 activations, rounding, row-contiguous experts: the tensor-core kernels
 };
 
@@ -256,11 +267,12 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
   const int64_t routes = f.T * f.k;
   const bool sorted = routes > fx::kScanMaxRoutes;
   if (sorted) {
-    sort_routes_kernel<<<1, kSortThreads, 0, stream>>>(f.ids, f.ids_ld, f.T, f.k, f.E, f.offsets, f.order, f.bad,
-                                                       f.active, f.n_active, f.groups);
+    sort_routes_kernel<<<1, kSortThreads, 0, stream>>>(f.ids, f.ids_ld, f.T, f.k, f.E, f.e_begin, f.e_total,
+                                                       f.offsets, f.order, f.bad, f.active, f.n_active, f.groups);
     K3_CUDA_CHECK_LAUNCH("sort_routes_kernel");
   }
-  const fx::RouteSource rs{f.ids, f.ids_ld, f.k, static_cast<int>(routes), f.E, f.groups, f.order, f.n_active};
+  const fx::RouteSource rs{f.ids,    f.ids_ld, f.k,      static_cast<int>(routes), f.E, f.e_begin,
+                           f.groups, f.order,  f.n_active};
   // Groups: a route each (route form), at most min(E, routes) experts (sorted form).
   const int64_t groups = sorted ? std::min<int64_t>(f.E, routes) : routes;
   const int width_dn = fx::segment_lanes(f.I / 32);
@@ -281,7 +293,7 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
       K3_CUDA_CHECK_LAUNCH("fp4_experts::gate_up_mma_kernel");
       const auto down = fx::down_mma_kernel<S>;
       down<<<persistent_blocks(down, fx::kThreads, smem_mdn, f.sm_count, items_mdn), fx::kThreads, smem_mdn, stream>>>(
-          f.tab, rs, h, f.I, f.L, f.eo, f.round_output);
+          f.tab, rs, h, f.I, f.L, f.eo, f.round_e);
       K3_CUDA_CHECK_LAUNCH("fp4_experts::down_mma_kernel");
     }
   };
@@ -295,7 +307,7 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
     K3_CUDA_CHECK_LAUNCH("fp4_experts::gate_up_kernel");
     const auto down = fx::down_kernel<HT, S>;
     down<<<persistent_blocks(down, fx::kThreads, smem_dn, f.sm_count, items_dn), fx::kThreads, smem_dn, stream>>>(
-        f.tab, rs, h, f.I, f.L, f.eo, width_dn, f.round && f.round_output);
+        f.tab, rs, h, f.I, f.L, f.eo, width_dn, f.round_e);
     K3_CUDA_CHECK_LAUNCH("fp4_experts::down_kernel");
   };
   // h is a bf16 value whenever it is rounded: stored as bf16 then (half the bytes to read back).
@@ -317,21 +329,24 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
   }
   const dim3 grid_c(grid_for(f.L / 4, 256), static_cast<unsigned>(f.T));
   if (f.round_output)
-    fx::combine_kernel<XT><<<grid_c, 256, 0, stream>>>(f.eo, f.L, f.ids, f.ids_ld, f.p, f.p_ld, f.k, f.E,
-                                                       static_cast<XT*>(f.out), f.out_ld, f.round);
-  else  // a TP rank's unrounded f32 partial sum
+    fx::combine_kernel<XT><<<grid_c, 256, 0, stream>>>(f.eo, f.L, f.ids, f.ids_ld, f.p, f.p_ld, f.k, f.E, f.e_begin,
+                                                       f.e_total, static_cast<XT*>(f.out), f.out_ld, f.round);
+  else  // a TP or EP rank's unrounded f32 partial sum
     fx::combine_kernel<float><<<grid_c, 256, 0, stream>>>(f.eo, f.L, f.ids, f.ids_ld, f.p, f.p_ld, f.k, f.E,
-                                                          static_cast<float*>(f.out), f.out_ld, false);
+                                                          f.e_begin, f.e_total, static_cast<float*>(f.out), f.out_ld,
+                                                          false);
   K3_CUDA_CHECK_LAUNCH("fp4_experts::combine_kernel");
 }
 
 void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   const int64_t T_all = a.z.dim(0), L = a.z.dim(1);
   const int k = static_cast<int>(a.ids.dim(1)), E = static_cast<int>(a.w1.size());
+  const int e_begin = static_cast<int>(a.expert_begin), e_total = static_cast<int>(moe_total_experts(a));
   const int64_t I = a.w1[0].out_features();
   if (T_all == 0) return;
   const cudaStream_t stream = ops.ctx->stream();
   const bool round = a.precision == Precision::bf16;
+  const bool round_e = round && moe_rounds_expert_outputs(a);
 
   std::vector<uint64_t> words(static_cast<size_t>(E) * kWordsPerExpert);
   bool aligned = true;
@@ -379,19 +394,19 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
       const int64_t T = std::min(piece, T_all - t0);
       const XT* z = a.z.as<const XT>() + t0 * a.z.strides[0];
       if (fp4_fast) {
-        Fp4Piece f{tab, T, L, I, k, E, ops.ctx->info().sm_count, a.ids.as<const int32_t>() + t0 * a.ids.strides[0],
-                   a.ids.strides[0], a.weights.as<const float>() + t0 * a.weights.strides[0], a.weights.strides[0],
-                   nullptr, a.out.strides[0], offsets, order, bad, active, n_active,
-                   static_cast<int4*>(groups_buf.get()), h, eo, a.beta, a.linear_beta, round, a.round_output,
-                   fp4_mma};
+        Fp4Piece f{tab, T, L, I, k, E, ops.ctx->info().sm_count, e_begin, e_total,
+                   a.ids.as<const int32_t>() + t0 * a.ids.strides[0], a.ids.strides[0],
+                   a.weights.as<const float>() + t0 * a.weights.strides[0], a.weights.strides[0], nullptr,
+                   a.out.strides[0], offsets, order, bad, active, n_active, static_cast<int4*>(groups_buf.get()), h,
+                   eo, a.beta, a.linear_beta, round, a.round_output, round_e, fp4_mma};
         f.out = a.round_output ? static_cast<void*>(a.out.as<XT>() + t0 * a.out.strides[0])
                                : static_cast<void*>(a.out.as<float>() + t0 * a.out.strides[0]);
         run_fp4_piece<XT>(f, z, a.z.strides[0], stream);
         continue;
       }
-      sort_routes_kernel<<<1, kSortThreads, 0, stream>>>(a.ids.as<const int32_t>() + t0 * a.ids.strides[0],
-                                                         a.ids.strides[0], T, k, E, offsets, order, bad, active,
-                                                         n_active, nullptr);
+      const int32_t* ids = a.ids.as<const int32_t>() + t0 * a.ids.strides[0];
+      sort_routes_kernel<<<1, kSortThreads, 0, stream>>>(ids, a.ids.strides[0], T, k, E, e_begin, e_total, offsets,
+                                                         order, bad, active, n_active, nullptr);
       K3_CUDA_CHECK_LAUNCH("sort_routes_kernel");
       const unsigned slots = static_cast<unsigned>(std::min<int64_t>(E, T * k));  // distinct experts <= routes
       with_wfmt(fmt, [&](auto fc) {
@@ -415,7 +430,7 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
           const dim3 grid(grid_for(L, kRowdotThreads / width * kDownRows), slots);
           kernel<<<grid, kRowdotThreads, 0, stream>>>(tab, offsets, order, active, n_active,
                                                      static_cast<const float*>(h), I, k, L, I, eo, L, width, a.beta,
-                                                     a.linear_beta, round && a.round_output);
+                                                     a.linear_beta, round_e);
           K3_CUDA_CHECK_LAUNCH("expert_rows_kernel<down>");
         };
         if (vec_c)
@@ -425,12 +440,12 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
       });
       if (a.round_output) {
         combine_kernel<XT><<<dim3(static_cast<unsigned>(T), grid_for(L, 256)), 256, 0, stream>>>(
-            eo, L, a.weights.as<const float>() + t0 * a.weights.strides[0], a.weights.strides[0], k, bad,
-            a.out.as<XT>() + t0 * a.out.strides[0], a.out.strides[0], round);
-      } else {  // a TP rank's unrounded f32 partial sum
+            eo, L, a.weights.as<const float>() + t0 * a.weights.strides[0], a.weights.strides[0], k, ids,
+            a.ids.strides[0], e_begin, E, bad, a.out.as<XT>() + t0 * a.out.strides[0], a.out.strides[0], round);
+      } else {  // a TP or EP rank's unrounded f32 partial sum
         combine_kernel<float><<<dim3(static_cast<unsigned>(T), grid_for(L, 256)), 256, 0, stream>>>(
-            eo, L, a.weights.as<const float>() + t0 * a.weights.strides[0], a.weights.strides[0], k, bad,
-            a.out.as<float>() + t0 * a.out.strides[0], a.out.strides[0], false);
+            eo, L, a.weights.as<const float>() + t0 * a.weights.strides[0], a.weights.strides[0], k, ids,
+            a.ids.strides[0], e_begin, E, bad, a.out.as<float>() + t0 * a.out.strides[0], a.out.strides[0], false);
       }
       K3_CUDA_CHECK_LAUNCH("combine_kernel");
     }
@@ -440,12 +455,12 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
 }  // namespace
 
 // The sort for the other strategies (cuda_experts_sort.cuh).
-void cuda_detail::launch_sort_routes(const int32_t* ids, int64_t ids_ld, int64_t T, int k, int E, int* offsets,
-                                     int* order, int* bad, int* active, int* n_active, int4* groups,
-                                     cudaStream_t stream) {
+void cuda_detail::launch_sort_routes(const int32_t* ids, int64_t ids_ld, int64_t T, int k, int E, int e_begin,
+                                     int e_total, int* offsets, int* order, int* bad, int* active, int* n_active,
+                                     int4* groups, cudaStream_t stream) {
   static_assert(kMaxExperts == kSortMaxExperts, "cuda_experts_sort.cuh states the sort's expert bound");
-  sort_routes_kernel<<<1, kSortThreads, 0, stream>>>(ids, ids_ld, T, k, E, offsets, order, bad, active, n_active,
-                                                     groups);
+  sort_routes_kernel<<<1, kSortThreads, 0, stream>>>(ids, ids_ld, T, k, E, e_begin, e_total, offsets, order, bad,
+                                                     active, n_active, groups);
   K3_CUDA_CHECK_LAUNCH("sort_routes_kernel");
 }
 

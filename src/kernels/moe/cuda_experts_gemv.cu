@@ -40,6 +40,12 @@
 //    dependent launch of A: its blocks issue their first W2 loads and stage their scales while A
 //    finishes, then wait for A (griddepcontrol) before reading h or writing out (out may alias z).
 //    A token with an id outside [0, E) gets a NaN row (A skips its bad routes).
+// Expert parallelism (ids global, the table holding experts [expert_begin, expert_begin + E)): A's
+//    blocks of a route to another rank's expert leave at once (no weight read); B lists the token's
+//    held routes in route order (a ballot over the k ids) and walks only those: their W2 rows, scales
+//    and h rows, and the combine sums them in that order (a token with none gets 0). With all routes
+//    held (no EP) the list is 0..k-1 and nothing changes. Without round_output an expert-parallel
+//    rank (whole_experts) rounds e_tj as TP=1 does and sums them unrounded into its f32 partial.
 // Every sum runs in an order fixed by (L, I, k) alone, never by the grid or the batch: identical
 // results run to run. Grids come from host integers, scratch from the context pool: graph-capturable.
 //
@@ -100,11 +106,13 @@ struct GemvParams {
   int64_t L, I;
   int h_ld;              // steps_i * kStepValues: an h row padded to whole steps
   int steps_l, steps_i;  // steps of a gate/up row (L / 128, rounded up) and of a down row (I / 128)
-  int k, E;
+  int k, E;             // E: the held experts (the table's)
+  int e_begin, e_total;  // expert parallelism: held ids [e_begin, e_begin + E) of [0, e_total)
   float beta, linear_beta;
   bool word_scales_gu, word_scales_dn;  // w1/w3, w2 scale rows read 4 bytes at a time (4-byte aligned)
   bool round;    // Precision::bf16: gate/up sums and SiTU rounded
-  bool round_e;  // round && round_output: e_tj and out rounded
+  bool round_e;    // round && (round_output || whole_experts): e_tj rounded
+  bool round_out;  // round && round_output: out rounded
 };
 
 // ---------------------------------------------------------------- decode
@@ -304,12 +312,13 @@ __device__ __forceinline__ const auto* step_x(const T* row, int step, int c) {
     return row + (step * kStepChunks + c) * 32;
 }
 
-// Stages `rows` rows of n values (source row r at src + r * src_ld) in shared memory, each padded
-// with zeros to `steps` whole steps; bf16 in fragment order: permuted here from plain order (z) or
-// copied when `ordered` (the h scratch, whose pad chunks are never written).
+// Stages `rows` rows of n values (source row r at src + row_of[r] * src_ld, or r * src_ld without
+// row_of) in shared memory, each padded with zeros to `steps` whole steps; bf16 in fragment order:
+// permuted here from plain order (z) or copied when `ordered` (the h scratch, whose pad chunks are
+// never written).
 template <class T>
 __device__ __forceinline__ void stage_rows(T* dst, const T* src, int rows, int64_t src_ld, int64_t n, int steps,
-                                           bool ordered) {
+                                           bool ordered, const int* row_of = nullptr) {
   const int chunks = static_cast<int>(n / 32);
   if constexpr (std::is_same_v<T, bf16>) {
     const int per_row = steps * 16;  // 16-byte groups G = (step * 4 + word) * 4 + c
@@ -317,7 +326,7 @@ __device__ __forceinline__ void stage_rows(T* dst, const T* src, int rows, int64
     for (int i = static_cast<int>(threadIdx.x); i < rows * per_row; i += kThreads) {
       const int r = i / per_row, G = i - r * per_row;
       const int c = G & 3, w = (G >> 2) & 3, q = (G >> 4) * kStepChunks + c;
-      const uint4* row = reinterpret_cast<const uint4*>(src + r * src_ld);
+      const uint4* row = reinterpret_cast<const uint4*>(src + (row_of ? row_of[r] : r) * src_ld);
       uint4 v = make_uint4(0, 0, 0, 0);
       if (q < chunks) v = ordered ? row[G] : fragment_order(row[q * 4 + w]);
       reinterpret_cast<uint4*>(dst)[i] = v;
@@ -327,7 +336,7 @@ __device__ __forceinline__ void stage_rows(T* dst, const T* src, int rows, int64
 #pragma unroll 1
     for (int i = static_cast<int>(threadIdx.x); i < rows * per_row; i += kThreads) {
       const int r = i / per_row, G = i - r * per_row;
-      const float4* row = reinterpret_cast<const float4*>(src + r * src_ld);
+      const float4* row = reinterpret_cast<const float4*>(src + (row_of ? row_of[r] : r) * src_ld);
       reinterpret_cast<float4*>(dst)[i] = G < chunks * 8 ? row[G] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
@@ -364,8 +373,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<XT, bf16>>
   // The down grid may be scheduled now (it waits for this whole grid before reading h).
   asm volatile("griddepcontrol.launch_dependents;");
   const int route = static_cast<int>(blockIdx.y), t = route / p.k, j = route - t * p.k;
-  const int e = p.ids[t * p.ids_ld + j];
-  if (e < 0 || e >= p.E) return;  // the whole block: the token's row will be NaN (down kernel)
+  // The whole block leaves for a bad id (the token's row will be NaN: down kernel) or another
+  // rank's expert (the down kernel skips the route).
+  const int e = held_expert(p.ids[t * p.ids_ld + j], p.e_begin, p.E);
+  if (e < 0) return;
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, c = lane & 3, group = warp / kGuSlices, slice = warp % kGuSlices;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kGuRows;  // rows < I: I % 16 == 0
@@ -443,32 +454,51 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>
   constexpr int S = kSlots;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float e_s[kMaxRoutes][kDnRows];  // e_tj of the block's rows, route-major
-  __shared__ const uint8_t* codes_s[kMaxRoutes];  // W2 codes / scales of the token's routes
+  __shared__ const uint8_t* codes_s[kMaxRoutes];  // W2 codes / scales of the token's held routes
   __shared__ const uint8_t* scales_s[kMaxRoutes];
-  __shared__ int bad_s;
+  __shared__ int route_s[kMaxRoutes];             // the held routes j, in route order
+  __shared__ unsigned held_mask_s[kMaxRoutes / 32];
+  static_assert(kMaxRoutes % 32 == 0 && kMaxRoutes <= kThreads, "the held-route ballot takes whole warps");
   const int t = static_cast<int>(blockIdx.y);
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kDnRows;  // rows < L: L % 16 == 0
   OT* out = static_cast<OT*>(p.out) + t * p.out_ld;
-  if (threadIdx.x == 0) bad_s = 0;
-  __syncthreads();
-  if (static_cast<int>(threadIdx.x) < p.k) {  // the routes' W2 rows from the block's first row on
-    const int e = p.ids[t * p.ids_ld + threadIdx.x];
-    const bool ok = e >= 0 && e < p.E;
-    codes_s[threadIdx.x] = ok ? static_cast<const uint8_t*>(p.tab.ptr(e, 4)) + row0 * p.tab.ld2 : nullptr;
-    scales_s[threadIdx.x] = ok ? p.tab.scale(e, 5) + row0 * p.tab.sld2 : nullptr;
-    if (!ok) bad_s = 1;
+  // Thread j < k: route j's held expert (-1: another rank's, or bad); a ballot per warp marks the
+  // held ones, so that their slots in route order are prefix counts.
+  int held = -1;
+  bool bad = false;
+  if (threadIdx.x < kMaxRoutes) {  // whole warps (the ballot)
+    if (static_cast<int>(threadIdx.x) < p.k) {
+      const int32_t id = p.ids[t * p.ids_ld + threadIdx.x];
+      held = held_expert(id, p.e_begin, p.E);
+      bad = bad_expert_id(id, p.e_total);
+    }
+    const unsigned mask = __ballot_sync(kFullMask, held >= 0);
+    if ((threadIdx.x & 31) == 0) held_mask_s[threadIdx.x >> 5] = mask;
   }
-  __syncthreads();
-  if (bad_s) {  // the whole block: a NaN row, as the reference contract says
+  if (__syncthreads_or(bad)) {  // the whole block: a NaN row, as the reference contract says
     grid_dependency_wait();  // out may alias z, which the gate/up grid reads
     if (threadIdx.x < kDnRows) store_act(out + row0 + threadIdx.x, NAN, false);
     return;
   }
+  int n_held = 0, slot = 0;  // the held routes, and this thread's route's slot among them
+#pragma unroll
+  for (int w = 0; w < kMaxRoutes / 32; ++w) {
+    const unsigned m = held_mask_s[w];
+    const int before = static_cast<int>(threadIdx.x >> 5) - w;  // > 0: warp w lies before this thread's
+    slot += before > 0 ? __popc(m) : before == 0 ? __popc(m & ((1u << (threadIdx.x & 31)) - 1u)) : 0;
+    n_held += __popc(m);
+  }
+  if (held >= 0) {  // the held route's W2 rows from the block's first row on
+    codes_s[slot] = static_cast<const uint8_t*>(p.tab.ptr(held, 4)) + row0 * p.tab.ld2;
+    scales_s[slot] = p.tab.scale(held, 5) + row0 * p.tab.sld2;
+    route_s[slot] = static_cast<int>(threadIdx.x);
+  }
+  __syncthreads();
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, c = lane & 3;
   const int chunks = static_cast<int>(p.I / 32), steps = p.steps_i;
   const int lane_steps = (chunks - c + kStepChunks - 1) / kStepChunks;  // steps whose chunk 4 s + c exists
-  const int n_routes = warp < p.k ? (p.k - warp + kWarps - 1) / kWarps : 0;
+  const int n_routes = warp < n_held ? (n_held - warp + kWarps - 1) / kWarps : 0;
   const int n_units = n_routes * steps;  // (route, step) units of this warp, route-major
   const int sld = static_cast<int>(p.tab.sld2);
   const int code_lo = g * static_cast<int>(p.tab.ld2) + 16 * c, code_hi = code_lo + 8 * static_cast<int>(p.tab.ld2);
@@ -490,20 +520,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>
   HT* h_s = reinterpret_cast<HT*>(smem + down_scale_bytes(p.k, steps));
   bool big = false;
 #pragma unroll 1
-  for (int it = static_cast<int>(threadIdx.x); it < p.k * steps * 8; it += kThreads) {  // (j * steps + s) * 8 + g
+  for (int it = static_cast<int>(threadIdx.x); it < n_held * steps * 8; it += kThreads) {  // (j * steps + s) * 8 + g
     const int js = it >> 3, jr = js / steps, s = js - jr * steps;
     const uint8_t* row_lo = scales_s[jr] + (it & 7) * sld;
     big |= stage_step_scales<MMA>(sc_s + it * kStepChunks, row_lo, row_lo + 8 * sld, s, chunks, p.word_scales_dn);
   }
   grid_dependency_wait();  // h is complete from here on (and out may be written)
-  stage_rows(h_s, static_cast<const HT*>(p.h) + static_cast<int64_t>(t) * p.k * p.h_ld, p.k, p.h_ld, p.I, steps,
-             true);
+  stage_rows(h_s, static_cast<const HT*>(p.h) + static_cast<int64_t>(t) * p.k * p.h_ld, n_held, p.h_ld, p.I, steps,
+             true, route_s);
   big = __syncthreads_or(big);
 
   RowSums<MMA> acc;
   acc.zero();
-  // The unit being summed: route j = warp + r * 8, step s; its staged scales and activations sit
-  // at js = j * steps + s (scale pairs [js][g][c], h groups [js][word][c]).
+  // The unit being summed: held route slot j = warp + r * 8 (route route_s[j]), step s; its staged
+  // scales and activations sit at js = j * steps + s (scale pairs [js][g][c], h groups [js][word][c]).
   int r = 0, s = 0, js = warp * steps;
   for (int u0 = 0; u0 < n_units; u0 += S) {
 #pragma unroll
@@ -512,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>
         step_sums(sl[i], sc_s[js * 32 + lane], step_x(h_s, js, c), big, acc);
         load_next(sl[i]);
         ++js;
-        if (++s == steps) {  // route j done: its 16 values e_tj (warp-uniform)
+        if (++s == steps) {  // slot j done: its 16 values e_tj (warp-uniform)
           const int j = warp + r * kWarps;
           float e_lo, e_hi;
           acc.result(e_lo, e_hi);
@@ -527,8 +557,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>
   if (threadIdx.x < kDnRows) {
     const float* pt = p.p + t * p.p_ld;
     float sum = 0.0f;
-    for (int jr = 0; jr < p.k; ++jr) sum = __fadd_rn(sum, __fmul_rn(pt[jr], e_s[jr][threadIdx.x]));
-    store_act(out + row0 + threadIdx.x, sum, p.round_e);
+    for (int jr = 0; jr < n_held; ++jr) sum = __fadd_rn(sum, __fmul_rn(pt[route_s[jr]], e_s[jr][threadIdx.x]));
+    store_act(out + row0 + threadIdx.x, sum, p.round_out);
   }
 }
 
@@ -630,11 +660,12 @@ void gemv_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   p.z = a.z.data, p.z_ld = a.z.strides[0];
   p.out = a.out.data, p.out_ld = a.out.strides[0];
   p.L = L, p.I = I, p.k = k, p.E = E;
+  p.e_begin = static_cast<int>(a.expert_begin), p.e_total = static_cast<int>(moe_total_experts(a));
   p.steps_l = steps_of(L), p.steps_i = steps_of(I), p.h_ld = p.steps_i * kStepValues;
   // Scale rows 4-byte aligned (every pointer and the row stride): each step's 4 bytes in one load.
   p.word_scales_gu = ((scale_bits[0] | scale_bits[1]) & 3u) == 0, p.word_scales_dn = (scale_bits[2] & 3u) == 0;
   p.beta = a.beta, p.linear_beta = a.linear_beta;
-  p.round = round, p.round_e = round && a.round_output;
+  p.round = round, p.round_e = round && moe_rounds_expert_outputs(a), p.round_out = round && a.round_output;
   // h is a bf16 value whenever it is rounded: stored as bf16 then (the tensor-core down walk).
   const std::shared_ptr<void> h_buf = ops.ctx->scratch(static_cast<size_t>(T * k) * p.h_ld * (round ? 2 : 4));
   p.h = h_buf.get();

@@ -39,7 +39,11 @@
 // D. grouped_combine_kernel: out[t] = round(sum_j p_tj * e_tj), fp32 in route order j = 0..k-1 with
 //    separate multiply and add (as the reference); a token with an id outside [0, E) gets a NaN row
 //    (the sort leaves its bad routes out of every group). Without round_output (a TP rank's partial
-//    sum) e and out are not rounded and out is f32.
+//    sum) e and out are not rounded and out is f32; an expert-parallel rank's (whole_experts) e is
+//    rounded (bf16, as at TP=1) and out is the unrounded f32 sum.
+// Expert parallelism: ids are global and the table holds experts [expert_begin, expert_begin + E);
+// a route to another rank's expert is in no group (A: the sort), so B and C never read its weights,
+// and D leaves it out of the sum (route order among the held routes; a token with none gets 0).
 // Items are walked by persistent blocks (as many as fit, a grid fixed by the shapes): item b,
 // b + gridDim.x, ...; the next item's group record comes by cp.async while the current one runs.
 // Every sum runs in an order fixed by (L, I, k) alone: a route's sums depend only on its own token
@@ -95,7 +99,10 @@ struct GroupedParams {
   const int4* groups;    // [E] {expert, first index into order, route count, 0} (sort)
   const int* n_active;   // number of groups
   const int* order;      // [T * k] route indices (t * k + j) grouped by expert
-  const int* bad;        // [T] 1 for a token with an id outside [0, E)
+  const int* bad;        // [T] 1 for a token with an id outside [0, num_experts)
+  const int32_t* ids;    // [T, k] global expert ids, rows ids_ld apart (the combine skips other ranks')
+  int64_t ids_ld;
+  int e_begin, E;        // the held experts: ids [e_begin, e_begin + E) (table indices 0 .. E-1)
   const bf16* z;         // [T, L] latent input, rows z_ld apart (16-byte aligned)
   int64_t z_ld;
   bf16* h;               // [T * k, I] scratch: SiTU outputs per route
@@ -111,7 +118,8 @@ struct GroupedParams {
   uint32_t steps_i_magic;  // division_magic(steps_i)
   int slabs_gu, slabs_dn;  // items per group: I / kGuRows, ceil(L / kDnRows)
   float beta, linear_beta;
-  bool round_e;  // round_output: e_tj and out rounded
+  bool round_e;    // round_output or whole_experts: e_tj rounded (e bf16)
+  bool round_out;  // round_output: out rounded (bf16), else the f32 partial sum
 };
 
 // Shared bytes of one staged activation row (z: width L, h: width I) in B-fragment order: `steps`
@@ -453,10 +461,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) grouped_down_kernel(Gr
 
 // ---------------------------------------------------------------- D. combine
 
-// out[t][l] = round?(sum_j p[t][j] * e[t * k + j][l]), route order, separate multiply and add; a
-// NaN row for a token with a bad id. ET: e's and out's type. Grid (ceil(L / 8 / 128), T), 128
-// threads: 8 columns each.
-template <class ET>
+// out[t][l] = round?(sum_j p[t][j] * e[t * k + j][l]) over the held routes, route order, separate
+// multiply and add; a NaN row for a token with a bad id. ET: e's type, OT: out's. Grid
+// (ceil(L / 8 / 128), T), 128 threads: 8 columns each.
+template <class ET, class OT>
 __global__ void __launch_bounds__(128) grouped_combine_kernel(GroupedParams p) {
   const int t = static_cast<int>(blockIdx.y);
   const int l = (static_cast<int>(blockIdx.x) * blockDim.x + static_cast<int>(threadIdx.x)) * 8;
@@ -466,7 +474,9 @@ __global__ void __launch_bounds__(128) grouped_combine_kernel(GroupedParams p) {
   if (!bad) {  // a bad route's e row was never written
     const ET* e = static_cast<const ET*>(p.e) + static_cast<int64_t>(t) * p.k * p.L + l;
     const float* pt = p.p + t * p.p_ld;
+    const int32_t* ids = p.ids + t * p.ids_ld;
     for (int j = 0; j < p.k; ++j) {
+      if (held_expert(ids[j], p.e_begin, p.E) < 0) continue;  // another rank's expert: e never written
       float v[8];
       load_act_n<8>(e + static_cast<int64_t>(j) * p.L, v);
       const float pj = pt[j];
@@ -474,9 +484,9 @@ __global__ void __launch_bounds__(128) grouped_combine_kernel(GroupedParams p) {
       for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(pj, v[i]));
     }
   }
-  ET* o = static_cast<ET*>(p.out) + t * p.out_ld + l;
+  OT* o = static_cast<OT*>(p.out) + t * p.out_ld + l;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) store_act(o + i, bad ? NAN : acc[i], p.round_e);
+  for (int i = 0; i < 8; ++i) store_act(o + i, bad ? NAN : acc[i], p.round_out);
 }
 
 // ---------------------------------------------------------------- host
@@ -550,6 +560,7 @@ core::Status grouped_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
 void grouped_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   const int64_t T = a.z.dim(0), L = a.z.dim(1), I = a.w1[0].out_features();
   const int k = static_cast<int>(a.ids.dim(1)), E = static_cast<int>(a.w1.size());
+  const int e_begin = static_cast<int>(a.expert_begin), e_total = static_cast<int>(moe_total_experts(a));
   const cudaStream_t stream = ops.ctx->stream();
   const int sm_count = ops.ctx->info().sm_count;
   const int64_t routes = T * k;
@@ -574,7 +585,8 @@ void grouped_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   const std::shared_ptr<void> ints = ops.ctx->scratch(sizeof(int) * static_cast<size_t>(2 * E + 2 + routes + T));
   const std::shared_ptr<void> groups = ops.ctx->scratch(sizeof(int4) * static_cast<size_t>(E));
   const std::shared_ptr<void> h_buf = ops.ctx->scratch(sizeof(bf16) * static_cast<size_t>(routes * I));
-  const size_t e_bytes = a.round_output ? sizeof(bf16) : sizeof(float);
+  const bool round_e = moe_rounds_expert_outputs(a);  // bf16 activations: Precision::bf16
+  const size_t e_bytes = round_e ? sizeof(bf16) : sizeof(float);
   const std::shared_ptr<void> e_buf = ops.ctx->scratch(e_bytes * static_cast<size_t>(routes * L));
   int* offsets = static_cast<int*>(ints.get());
   int* order = offsets + E + 1;
@@ -582,13 +594,15 @@ void grouped_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   int* active = bad + T;
   int* n_active = active + E;
 
-  launch_sort_routes(a.ids.as<const int32_t>(), a.ids.strides[0], T, k, E, offsets, order, bad, active, n_active,
-                     static_cast<int4*>(groups.get()), stream);
+  launch_sort_routes(a.ids.as<const int32_t>(), a.ids.strides[0], T, k, E, e_begin, e_total, offsets, order, bad,
+                     active, n_active, static_cast<int4*>(groups.get()), stream);
 
   p.groups = static_cast<const int4*>(groups.get());
   p.n_active = n_active;
   p.order = order;
   p.bad = bad;
+  p.ids = a.ids.as<const int32_t>(), p.ids_ld = a.ids.strides[0];
+  p.e_begin = e_begin, p.E = E;
   p.z = a.z.as<const bf16>(), p.z_ld = a.z.strides[0];
   p.h = static_cast<bf16*>(h_buf.get());
   p.e = e_buf.get();
@@ -601,7 +615,7 @@ void grouped_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   p.steps_i_magic = division_magic(p.steps_i);
   p.slabs_gu = static_cast<int>(I / kGuRows), p.slabs_dn = static_cast<int>((L + kDnRows - 1) / kDnRows);
   p.beta = a.beta, p.linear_beta = a.linear_beta;
-  p.round_e = a.round_output;
+  p.round_e = round_e, p.round_out = a.round_output;
 
   // Items: (group, slab); at most min(T * k, E) groups (host integers: the grid never reads the sort).
   const int64_t max_groups = std::min<int64_t>(routes, E);
@@ -611,20 +625,24 @@ void grouped_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   grouped_gate_up_kernel<<<grid_gu, kThreads, smem_gu, stream>>>(p);
   K3_CUDA_CHECK_LAUNCH("grouped_gate_up_kernel");
   const dim3 grid_c(grid_for(L / 8, 128), static_cast<unsigned>(T));
-  // e and out: bf16 when rounded, else (a TP rank's unrounded partial sum) f32.
-  const auto down_and_combine = [&](auto tag) {
-    using ET = typename decltype(tag)::type;
+  // e and out: bf16 when rounded, else (a rank's unrounded partial sum) f32; an expert-parallel
+  // rank's whole experts give bf16 e and an f32 out.
+  const auto down_and_combine = [&](auto e_tag, auto out_tag) {
+    using ET = typename decltype(e_tag)::type;
+    using OT = typename decltype(out_tag)::type;
     const auto down = grouped_down_kernel<ET>;
     const unsigned grid_dn = persistent_blocks(down, kThreads, smem_dn, sm_count, max_groups * p.slabs_dn);
     down<<<grid_dn, kThreads, smem_dn, stream>>>(p);
     K3_CUDA_CHECK_LAUNCH("grouped_down_kernel");
-    grouped_combine_kernel<ET><<<grid_c, 128, 0, stream>>>(p);
+    grouped_combine_kernel<ET, OT><<<grid_c, 128, 0, stream>>>(p);
     K3_CUDA_CHECK_LAUNCH("grouped_combine_kernel");
   };
   if (a.round_output)
-    down_and_combine(Tag<bf16>{});
+    down_and_combine(Tag<bf16>{}, Tag<bf16>{});
+  else if (round_e)
+    down_and_combine(Tag<bf16>{}, Tag<float>{});
   else
-    down_and_combine(Tag<float>{});
+    down_and_combine(Tag<float>{}, Tag<float>{});
 }
 
 }  // namespace

@@ -23,6 +23,17 @@ namespace k3::kernels::cuda_detail {
 
 constexpr int kWordsPerExpert = 6;  // w1, w1 scale, w3, w3 scale, w2, w2 scale
 
+// Expert parallelism (MoeExpertsArgs::expert_begin / num_experts): ids are global; a rank holds
+// experts [e_begin, e_begin + held) and its ExpertTable indexes them from 0. The held index of
+// route id `id`, or -1 when another rank holds it or id is bad (unsigned arithmetic: no overflow
+// for any i32 id, as e_begin + held <= 2^31 - 1).
+__host__ __device__ __forceinline__ int held_expert(int32_t id, int e_begin, int held) {
+  const uint32_t e = static_cast<uint32_t>(id) - static_cast<uint32_t>(e_begin);
+  return e < static_cast<uint32_t>(held) ? static_cast<int>(e) : -1;
+}
+// An id outside [0, e_total) (the router's NaN marker -1, or garbage): its token's row is NaN.
+__host__ __device__ __forceinline__ bool bad_expert_id(int32_t id, int e_total) { return id < 0 || id >= e_total; }
+
 // Per-expert weight pointers (a device table) and the layout all experts share.
 struct ExpertTable {
   const uint64_t* words;  // [E][6]
@@ -116,16 +127,17 @@ __device__ __forceinline__ void cp_async_wait_all_but_one() { asm volatile("cp.a
 
 // Where the groups come from (see the file comment).
 struct RouteSource {
-  const int32_t* ids;  // [T, k] rows ids_ld apart
+  const int32_t* ids;  // [T, k] global expert ids, rows ids_ld apart
   int64_t ids_ld;
-  int k, routes, E;
+  int k, routes, E;  // E: the held experts (the table's), [e_begin, e_begin + E) of the global ids
+  int e_begin;
   const int4* groups;  // sorted form: [*n_active] {expert, first index into order, route count, 0}
   const int* order;    // sorted form: route indices grouped by expert
   const int* n_active;
 };
 
 struct Group {
-  int e, begin, count;  // e < 0: nothing to do (a bad id in the route form)
+  int e, begin, count;  // e: held index; e < 0: nothing to do (route form: a bad or another rank's id)
 };
 
 // The route form reads the ids into shared memory once per block (ids_s); the sorted form reads
@@ -136,8 +148,7 @@ __device__ __forceinline__ Group group_at(const RouteSource& rs, const int* ids_
     const int4 v = rs.groups[g];
     return {v.x, v.y, v.z};
   } else {
-    const int e = ids_s[g];
-    return {e >= 0 && e < rs.E ? e : -1, g, 1};
+    return {held_expert(ids_s[g], rs.e_begin, rs.E), g, 1};
   }
 }
 template <bool SORTED>
@@ -431,22 +442,22 @@ __global__ void __launch_bounds__(kThreads) down_kernel(ExpertTable tab, RouteSo
 
 // ---------------------------------------------------------------- combine
 
-// out[t][l] = round?(sum_j p[t][j] * eo[t * k + j][l]) in route order; a NaN row for a token with
-// an id outside [0, E). Grid (L / 4 / blockDim, T): 4 columns per thread.
+// out[t][l] = round?(sum_j p[t][j] * eo[t * k + j][l]) over the held routes j (held index of
+// ids[t][j] in [0, E) from e_begin) in route order; a NaN row for a token with an id outside
+// [0, e_total). Grid (L / 4 / blockDim, T): 4 columns per thread.
 template <class OT>
 __global__ void combine_kernel(const float* eo, int64_t L, const int32_t* ids, int64_t ids_ld, const float* p,
-                               int64_t p_ld, int k, int E, OT* out, int64_t out_ld, bool round) {
+                               int64_t p_ld, int k, int E, int e_begin, int e_total, OT* out, int64_t out_ld,
+                               bool round) {
   const int64_t t = blockIdx.y, l = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
   if (l >= L) return;
   bool bad = false;
-  for (int j = 0; j < k; ++j) {
-    const int32_t id = ids[t * ids_ld + j];
-    bad = bad || id < 0 || id >= E;
-  }
+  for (int j = 0; j < k; ++j) bad = bad || bad_expert_id(ids[t * ids_ld + j], e_total);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const float* pt = p + t * p_ld;
 #pragma unroll 4
   for (int j = 0; j < k; ++j) {
+    if (held_expert(ids[t * ids_ld + j], e_begin, E) < 0) continue;  // another rank's route: never written
     const float pj = pt[j];
     const float4 v = *reinterpret_cast<const float4*>(eo + (t * k + j) * L + l);
     acc[0] += pj * v.x, acc[1] += pj * v.y, acc[2] += pj * v.z, acc[3] += pj * v.w;

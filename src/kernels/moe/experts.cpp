@@ -4,12 +4,15 @@
 //   h_tj = SiTU(round(W1_e z_t), round(W3_e z_t))   linear_reference + situ_glu_reference
 //   e_tj = round(W2_e h_tj)                          linear_reference
 //   u_t  = round(sum_j p_tj * e_tj)                  fp32, in route order j = 0..k-1
-// (without round_output, a TP rank's partial sum: e_tj and u_t unrounded)
+// (without round_output, a TP rank's partial sum: e_tj and u_t unrounded; an expert-parallel
+// rank's (whole_experts): e_tj rounded, u_t not, and the sum runs over the routes whose expert
+// the rank holds, [expert_begin, expert_begin + E), still in route order)
 // The math lives in the linear and SiTU references; this file only groups the routes by expert
 // (so every expert's weights are decoded once per call, whatever the token count) and combines.
 // Each route's result depends only on its own token, so the grouping does not change any bit.
 #include "kernels/moe/experts.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -101,14 +104,21 @@ core::Status moe_experts_check(const MoeExpertsArgs& a) {
   }
   if (!(a.beta > 0.0f) || !(a.linear_beta > 0.0f))
     return core::Status::fail("beta and linear_beta must be > 0");
+  // The held range (expert parallelism): [expert_begin, expert_begin + E) inside [0, total).
+  const int64_t total = moe_total_experts(a), held = static_cast<int64_t>(E);
+  if (a.num_experts < 0 || a.expert_begin < 0 || a.expert_begin > total - held || total > INT32_MAX)
+    return core::Status::fail("the held experts [" + std::to_string(a.expert_begin) + ", " +
+                              std::to_string(a.expert_begin + held) + ") (w1 holds " + std::to_string(held) +
+                              ") must lie inside the " + std::to_string(total) + " experts (num_experts = " +
+                              std::to_string(a.num_experts) + ", 0 meaning w1.size(); at most 2^31 - 1)");
   if (a.ids.device == core::Device::cpu) {
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < k; ++j) {
         const int32_t id = a.ids.as<const int32_t>()[t * a.ids.strides[0] + j];
-        if (id < 0 || static_cast<size_t>(id) >= E)
+        if (id < 0 || id >= total)
           return core::Status::fail("ids[" + std::to_string(t) + "][" + std::to_string(j) +
                                     "] = " + std::to_string(id) + " is outside the " +
-                                    std::to_string(E) + " experts");
+                                    std::to_string(total) + " experts");
       }
   }
   return core::Status::ok();
@@ -116,16 +126,22 @@ core::Status moe_experts_check(const MoeExpertsArgs& a) {
 
 void moe_experts_reference(const MoeExpertsArgs& a) {
   const int64_t T = a.z.dim(0), L = a.z.dim(1), k = a.ids.dim(1);
-  const size_t E = a.w1.size();
-  // Routes (flat index t * k + j) per expert, in token order.
-  std::vector<std::vector<int64_t>> routes(E);
+  const int64_t E = static_cast<int64_t>(a.w1.size());
+  // The held expert of a route (an index into w1/w3/w2), or -1 for another rank's expert.
+  const auto held = [&](int64_t t, int64_t j) {
+    const int64_t e = a.ids.as<const int32_t>()[t * a.ids.strides[0] + j] - a.expert_begin;
+    return e >= 0 && e < E ? e : -1;
+  };
+  // Routes (flat index t * k + j) per held expert, in token order.
+  std::vector<std::vector<int64_t>> routes(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < k; ++j)
-      routes[a.ids.as<const int32_t>()[t * a.ids.strides[0] + j]].push_back(t * k + j);
+      if (const int64_t e = held(t, j); e >= 0) routes[static_cast<size_t>(e)].push_back(t * k + j);
+  const bool round_e = moe_rounds_expert_outputs(a);
 
   std::vector<float> expert_out(static_cast<size_t>(T * k * L));  // e_tj, [T, k, L]
   std::vector<float> z_rows, gate, up, act, down;
-  for (size_t e = 0; e < E; ++e) {
+  for (size_t e = 0; e < routes.size(); ++e) {
     const std::vector<int64_t>& r = routes[e];
     if (r.empty()) continue;
     const int64_t n = static_cast<int64_t>(r.size()), I = a.w1[e].out_features();
@@ -142,17 +158,20 @@ void moe_experts_reference(const MoeExpertsArgs& a) {
     linear_reference({f32_view(z_rows, n, L), &a.w3[e], f32_view(up, n, I), true, a.precision});
     situ_glu_reference({f32_view(gate, n, I), f32_view(up, n, I), f32_view(act, n, I), a.beta,
                         a.linear_beta, a.precision});
-    linear_reference({f32_view(act, n, I), &a.w2[e], f32_view(down, n, L), a.round_output, a.precision});
+    linear_reference({f32_view(act, n, I), &a.w2[e], f32_view(down, n, L), round_e, a.precision});
     for (int64_t m = 0; m < n; ++m)
       std::copy(down.begin() + m * L, down.begin() + (m + 1) * L, expert_out.begin() + r[m] * L);
   }
-  // Combine in route order. out may alias z: z is no longer read.
+  // Combine the held routes in route order. out may alias z: z is no longer read.
+  std::vector<char> route_held(static_cast<size_t>(k));
   for (int64_t t = 0; t < T; ++t) {
     const float* p = a.weights.as<const float>() + t * a.weights.strides[0];
     float* out = a.out.as<float>() + t * a.out.strides[0];
+    for (int64_t j = 0; j < k; ++j) route_held[static_cast<size_t>(j)] = held(t, j) >= 0;
     for (int64_t h = 0; h < L; ++h) {
       float acc = 0.0f;
-      for (int64_t j = 0; j < k; ++j) acc += p[j] * expert_out[(t * k + j) * L + h];
+      for (int64_t j = 0; j < k; ++j)
+        if (route_held[static_cast<size_t>(j)]) acc += p[j] * expert_out[(t * k + j) * L + h];
       out[h] = a.round_output ? round_act(acc, a.precision) : acc;
     }
   }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "core/fp4.h"
@@ -116,14 +117,20 @@ std::vector<float> naive_linear(const std::vector<float>& w, const float* x, int
   return y;
 }
 
-// Spec §7 and §8 written out per token and route (round_output false: e_j and u unrounded).
-std::vector<float> naive_moe(const Routing& r, const Experts& x, Precision p, bool round_output = true) {
+// Spec §7 and §8 written out per token and route (round_output false: e_j and u unrounded). An
+// expert-parallel rank (held >= 0: experts [begin, begin + held) of x): only those routes are
+// summed, e_j rounded as at TP=1, u unrounded.
+std::vector<float> naive_moe(const Routing& r, const Experts& x, Precision p, bool round_output = true,
+                             int64_t begin = 0, int64_t held = -1) {
   const int64_t T = r.z.dim(0), L = r.z.dim(1), k = r.ids.dim(1);
+  const bool ep = held >= 0, round_e = round_output || ep;
+  if (ep) round_output = false;
   std::vector<float> u(static_cast<size_t>(T * L));
   for (int64_t t = 0; t < T; ++t) {
     std::vector<float> acc(static_cast<size_t>(L), 0.0f);
     for (int64_t j = 0; j < k; ++j) {
       const int32_t e = r.ids.data<int32_t>()[t * k + j];
+      if (ep && (e < begin || e >= begin + held)) continue;
       const int64_t I = x.w1[e].w.out_features();
       const std::vector<float> g = naive_linear(x.w1[e].values, r.z.data<float>() + t * L, I, L, p);
       const std::vector<float> c = naive_linear(x.w3[e].values, r.z.data<float>() + t * L, I, L, p);
@@ -133,7 +140,7 @@ std::vector<float> naive_moe(const Routing& r, const Experts& x, Precision p, bo
         h[i] = round_act(gate * (25.0f * std::tanh(c[i] / 25.0f)), p);
       }
       const std::vector<float> ej =
-          naive_linear(x.w2[e].values, h.data(), L, I, round_output ? p : Precision::fp32);
+          naive_linear(x.w2[e].values, h.data(), L, I, round_e ? p : Precision::fp32);
       for (int64_t l = 0; l < L; ++l) acc[l] = acc[l] + r.weights.data<float>()[t * k + j] * ej[l];
     }
     for (int64_t l = 0; l < L; ++l) u[t * L + l] = round_output ? round_act(acc[l], p) : acc[l];
@@ -335,5 +342,120 @@ TEST(MoeExperts, BadArgumentsFail) {
   EXPECT_NE(s.reason().find("weights"), std::string::npos) << s.reason();
 }
 
+
+// ---------------------------------------------------------------- expert parallelism
+
+// Experts [begin, begin + n) of x: what an expert-parallel rank holds (whole experts).
+Experts held_experts(const Experts& x, int64_t begin, int64_t n) {
+  Experts r;
+  for (int64_t e = begin; e < begin + n; ++e) {
+    r.w1.push_back(x.w1[static_cast<size_t>(e)]);
+    r.w3.push_back(x.w3[static_cast<size_t>(e)]);
+    r.w2.push_back(x.w2[static_cast<size_t>(e)]);
+  }
+  return r;
+}
+
+// Rank `rank` of `ep`: its partial sum (round_output off, whole experts) over experts
+// [rank * E / ep, (rank + 1) * E / ep) of the E in x, into a NaN-poisoned f32 out.
+Tensor run_ep(const Routing& r, const Experts& x, Precision p, int rank, int ep) {
+  const int64_t E = static_cast<int64_t>(x.w1.size()), n = E / ep, begin = rank * n;
+  const Experts held = held_experts(x, begin, n);
+  const std::vector<LinearWeight> w1 = held.l1(), w3 = held.l3(), w2 = held.l2();
+  Tensor out = Tensor::zeros(DType::f32, r.z.shape());
+  for (float& v : out.span<float>()) v = kNaN;
+  MoeExpertsArgs a{r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2, out.view(), 4.0f, 25.0f, p, false};
+  a.expert_begin = begin, a.num_experts = E, a.whole_experts = true;
+  EXPECT_TRUE(moe_experts_check(a)) << moe_experts_check(a).reason();
+  moe_experts_reference(a);
+  return out;
+}
+
+// Each rank's partial is bitwise the naive sum over its own routes (e_j rounded as at TP=1, the sum
+// unrounded); the ranks' partials add up to the TP=1 sum up to fp32 summation order (tight), and in
+// bf16 the rounded total equals TP=1's rounded output wherever the two f32 sums round alike (and is
+// within one bf16 ulp everywhere): e_j rounding is exactly TP=1's.
+TEST(MoeExperts, ExpertParallelPartialsSumToTp1) {
+  const int64_t L = 64, I = 96, E = 8;
+  for (bool mxfp4 : {false, true}) {
+    const Experts x = make_experts(E, L, I, mxfp4, mxfp4 ? 120 : 110);
+    for (int64_t T : {1, 17}) {
+      const Routing r = make_routing(T, L, E, 3, 121 + T);
+      for (Precision p : {Precision::fp32, Precision::bf16}) {
+        const Tensor tp1 = run(r, x, p);  // round(sum_j p_j e_j)
+        // TP=1's unrounded sum with e_j rounded: the whole range held by one "rank".
+        const Tensor tp1_sum = run_ep(r, x, p, 0, 1);
+        expect_bitwise(tp1_sum, naive_moe(r, x, p, false, 0, E));
+        for (int64_t i = 0; i < tp1.numel(); ++i)
+          ASSERT_EQ(round_act(tp1_sum.data<float>()[i], p), tp1.data<float>()[i]) << "i=" << i;
+        for (int ep : {2, 4}) {
+          Tensor reduced = Tensor::zeros(DType::f32, {T, L});
+          for (int rank = 0; rank < ep; ++rank) {
+            const Tensor partial = run_ep(r, x, p, rank, ep);
+            expect_bitwise(partial, naive_moe(r, x, p, false, rank * (E / ep), E / ep));
+            for (int64_t i = 0; i < T * L; ++i) reduced.data<float>()[i] += partial.data<float>()[i];
+          }
+          const std::string where = "ep=" + std::to_string(ep) + " mxfp4=" + std::to_string(mxfp4) +
+                                    " T=" + std::to_string(T) + (p == Precision::bf16 ? " bf16" : " fp32");
+          EXPECT_LE(max_rel_diff(reduced, tp1_sum), 1e-6) << where;
+          for (int64_t i = 0; i < T * L; ++i) {
+            const float got = round_act(reduced.data<float>()[i], p), want = tp1.data<float>()[i];
+            ASSERT_LE(std::fabs(got - want), std::ldexp(std::fabs(want), -7) + 1e-30f) << where << " i=" << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// A token none of whose routes the rank holds gets exactly +0 (the poison is overwritten); a token
+// with some held routes gets just those.
+TEST(MoeExperts, ExpertParallelRoutesOfOtherRanksGiveZero) {
+  const int64_t L = 64, I = 32, E = 8, T = 3;
+  const Experts x = make_experts(E, L, I, true, 130);
+  Routing r = make_routing(T, L, E, 2, 131);
+  const int32_t ids[T][2] = {{4, 7}, {5, 5}, {1, 6}};  // rank 0 of 2 holds 0..3: only token 2's first route
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < 2; ++j) r.ids.data<int32_t>()[t * 2 + j] = ids[t][j];
+  const Tensor rank0 = run_ep(r, x, Precision::bf16, 0, 2);
+  for (int64_t i = 0; i < 2 * L; ++i) ASSERT_EQ(std::bit_cast<uint32_t>(rank0.data<float>()[i]), 0u) << "i=" << i;
+  expect_bitwise(rank0, naive_moe(r, x, Precision::bf16, false, 0, 4));
+  int64_t nonzero = 0;
+  for (int64_t l = 0; l < L; ++l) nonzero += rank0.data<float>()[2 * L + l] != 0.0f;
+  EXPECT_GT(nonzero, L / 2);
+}
+
+// Bad ids (outside [0, num_experts), not merely another rank's) and bad ranges fail the check.
+TEST(MoeExperts, ExpertParallelBadIdsAndRangesFail) {
+  const int64_t L = 64, E = 8;
+  const Experts x = make_experts(E, L, 32, false, 140);
+  const Experts held = held_experts(x, 4, 2);  // experts 4, 5 of 8
+  const std::vector<LinearWeight> w1 = held.l1(), w3 = held.l3(), w2 = held.l2();
+  Routing r = make_routing(2, L, E, 3, 141);
+  Tensor out = Tensor::zeros(DType::f32, {2, L});
+  MoeExpertsArgs a{r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2, out.view(), 4.0f, 25.0f,
+                   Precision::bf16, false};
+  a.expert_begin = 4, a.num_experts = E, a.whole_experts = true;
+  ASSERT_TRUE(moe_experts_check(a)) << moe_experts_check(a).reason();  // ids of every rank are fine
+  for (int32_t bad : {-1, 8, 100}) {
+    r.ids.data<int32_t>()[4] = bad;
+    const core::Status s = moe_experts_check(a);
+    ASSERT_FALSE(s) << bad;
+    EXPECT_NE(s.reason().find("ids[1][1] = " + std::to_string(bad)), std::string::npos) << s.reason();
+    EXPECT_NE(s.reason().find("8 experts"), std::string::npos) << s.reason();
+  }
+  r.ids.data<int32_t>()[4] = 0;
+  struct Range {
+    int64_t begin, total;
+  };
+  for (const Range bad : {Range{7, 8}, Range{-1, 8}, Range{1, 0}, Range{0, -4}, Range{4, 5}}) {
+    a.expert_begin = bad.begin, a.num_experts = bad.total;
+    const core::Status s = moe_experts_check(a);
+    ASSERT_FALSE(s) << bad.begin << " " << bad.total;
+    EXPECT_NE(s.reason().find("held experts"), std::string::npos) << s.reason();
+  }
+  a.expert_begin = 6, a.num_experts = E;  // the last two: fine
+  EXPECT_TRUE(moe_experts_check(a)) << moe_experts_check(a).reason();
+}
 }  // namespace
 }  // namespace k3::kernels

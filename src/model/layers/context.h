@@ -36,6 +36,10 @@ struct ModelOptions {
   // latent cache of every sequence is split over the tensor-parallel group by token, and dcp must
   // equal the group size (check_dcp_size). Each rank then stores 1/dcp of every context.
   int dcp = 1;
+  // Expert parallelism (config::ShardOptions::expert_parallel; --enable-expert-parallel): the
+  // tensor-parallel ranks hold whole routed experts, E / tp each (MoeWeights::expert_begin), instead
+  // of a slice of every expert's intermediate; needs a group of more than one rank.
+  bool expert_parallel = false;
 };
 
 // Throws core::Error "dcp N must be 1 or the tensor-parallel size M" unless dcp is 1 or tp_size.

@@ -6,6 +6,12 @@
 // routed latent sum u [T, L] and the shared output [T, hidden] are partial sums on each rank. They
 // are written unrounded side by side into one f32 [T, L + hidden] buffer and all-reduced in ONE
 // collective before the routed RMSNorm; each half is then rounded once, as TP1 rounds it.
+// Expert parallelism (MoeWeights::expert_parallel(), config::ShardOptions): a rank holds whole
+// experts [expert_begin, expert_begin + E / tp) instead of a slice of every expert, runs only the
+// routes to them (moe_experts skips the others at no cost) and writes their unrounded f32 sum into
+// the same buffer, so the same one all-reduce sums the experts (the all-reduce form of EP: every
+// rank holds the whole batch under TP; no all-to-all). Each e_j is then a whole expert's output,
+// rounded as TP1 rounds it; only the sum over routes waits for the all-reduce to be rounded.
 #include "model/layers/context.h"
 
 namespace k3::model {
@@ -54,15 +60,19 @@ Routes route(const ForwardContext& ctx, const core::Tensor& router_bias, const M
 
 kernels::MoeExpertsArgs experts_args(const ForwardContext& ctx, const MoeWeights& w, const MoeFront& front,
                                      const Routes& r) {
-  return {front.z.view(), r.ids.view(), r.weights.view(), w.w1, w.w3, w.w2, {},
-          ctx.config.situ_beta, ctx.config.situ_linear_beta, ctx.precision()};
+  kernels::MoeExpertsArgs a{front.z.view(), r.ids.view(), r.weights.view(), w.w1, w.w3, w.w2, {},
+                            ctx.config.situ_beta, ctx.config.situ_linear_beta, ctx.precision()};
+  a.expert_begin = w.expert_begin, a.num_experts = w.num_experts;  // expert parallelism: the held range
+  a.whole_experts = w.expert_parallel();
+  return a;
 }
 
 }  // namespace
 
 core::Tensor moe_routed_latent(const ForwardContext& ctx, int layer, const MoeWeights& w,
                                const core::Tensor& router_bias, const MoeFront& front) {
-  K3_CHECK(!ctx.tensor_parallel(), "moe_routed_latent: under tensor parallelism u is a partial sum (moe_tail)");
+  K3_CHECK(!ctx.tensor_parallel() && !w.expert_parallel(),
+           "moe_routed_latent: under tensor (or expert) parallelism u is a partial sum (moe_tail)");
   const Routes r = route(ctx, router_bias, front);
   core::Tensor u = ctx.alloc(front.z.dim(0), front.z.dim(1));  // [rows, L]
   kernels::MoeExpertsArgs a = experts_args(ctx, w, front, r);
@@ -87,7 +97,9 @@ core::Tensor moe_tail(const ForwardContext& ctx, int layer, const MoeWeights& w,
                       const MoeFront& front, int64_t hidden) {
   if (!ctx.tensor_parallel()) return moe_combine(ctx, w, moe_routed_latent(ctx, layer, w, router_bias, front), front);
 
-  // Tensor parallel: the routed latent sum and the shared output are partial sums, all-reduced together.
+  // Tensor parallel: the routed latent sum (over slices of every expert, or under expert
+  // parallelism over the rank's whole experts) and the shared output are partial sums, all-reduced
+  // together.
   const auto& mc = ctx.config.moe;
   const core::Tensor& z = front.z;
   const int64_t rows = z.dim(0), L = z.dim(1);
