@@ -354,9 +354,6 @@ __device__ __forceinline__ int h_index(int i) {
 __host__ __device__ inline int gate_up_scale_bytes(int steps_l) { return steps_l * kGuRows * kStepChunks * 8; }
 __host__ __device__ inline int down_scale_bytes(int k, int steps_i) { return k * steps_i * 8 * kStepChunks * 8; }
 
-// Programmatic dependent launch: waits until the gate/up grid has completed and its writes (h) are
-// visible (a no-op without the launch attribute).
-__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // ---------------------------------------------------------------- A. gate/up + SiTU
 
@@ -371,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<XT, bf16>>
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float partial[kGuGroups][kGuSlices][8][2];  // [group][slice][row][gate, up]
   // The down grid may be scheduled now (it waits for this whole grid before reading h).
-  asm volatile("griddepcontrol.launch_dependents;");
+  pdl_launch_dependents();
   const int route = static_cast<int>(blockIdx.y), t = route / p.k, j = route - t * p.k;
   // The whole block leaves for a bad id (the token's row will be NaN: down kernel) or another
   // rank's expert (the down kernel skips the route).
@@ -459,6 +456,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>
   __shared__ int route_s[kMaxRoutes];             // the held routes j, in route order
   __shared__ unsigned held_mask_s[kMaxRoutes / 32];
   static_assert(kMaxRoutes % 32 == 0 && kMaxRoutes <= kThreads, "the held-route ballot takes whole warps");
+  // The op's next kernel (moe_tail's prologue in the fused path) may start its pre-wait part now.
+  pdl_launch_dependents();
   const int t = static_cast<int>(blockIdx.y);
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kDnRows;  // rows < L: L % 16 == 0
   OT* out = static_cast<OT*>(p.out) + t * p.out_ld;
@@ -476,7 +475,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>
     if ((threadIdx.x & 31) == 0) held_mask_s[threadIdx.x >> 5] = mask;
   }
   if (__syncthreads_or(bad)) {  // the whole block: a NaN row, as the reference contract says
-    grid_dependency_wait();  // out may alias z, which the gate/up grid reads
+    pdl_wait();  // out may alias z, which the gate/up grid reads
     if (threadIdx.x < kDnRows) store_act(out + row0 + threadIdx.x, NAN, false);
     return;
   }
@@ -525,7 +524,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>
     const uint8_t* row_lo = scales_s[jr] + (it & 7) * sld;
     big |= stage_step_scales<MMA>(sc_s + it * kStepChunks, row_lo, row_lo + 8 * sld, s, chunks, p.word_scales_dn);
   }
-  grid_dependency_wait();  // h is complete from here on (and out may be written)
+  pdl_wait();  // h is complete from here on (and out may be written)
   stage_rows(h_s, static_cast<const HT*>(p.h) + static_cast<int64_t>(t) * p.k * p.h_ld, n_held, p.h_ld, p.I, steps,
              true, route_s);
   big = __syncthreads_or(big);
@@ -683,11 +682,7 @@ void gemv_run(const CudaOps& ops, const MoeExpertsArgs& a) {
     gemv_gate_up_kernel<XT, HT><<<grid_gu, kThreads, gu_smem, stream>>>(p);
     K3_CUDA_CHECK_LAUNCH("gemv_gate_up_kernel");
     // down: a programmatic dependent of gate/up (graph-capturable; see the file comment).
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {grid_dn, dim3(kThreads), dn_smem, stream, attr, 1};
-    K3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_down_kernel<HT, OT>, p));
+    launch_dependent(gemv_down_kernel<HT, OT>, grid_dn, dim3(kThreads), dn_smem, stream, dim3(1, 1, 1), p);
   };
   const bool bf16_z = a.z.dtype == core::DType::bf16;  // bf16 storage implies Precision::bf16 (supports)
   if (bf16_z && a.round_output) launch(Tag<bf16>{}, Tag<bf16>{}, Tag<bf16>{});
