@@ -33,4 +33,18 @@ float load_f32(const core::TensorView& v, int64_t i) {
   return v.as<const float>()[i];
 }
 
+std::string describe_view(const core::TensorView& v) {
+  if (!v.defined() || v.rank() == 0) return "undefined";
+  return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str() + " on " + std::string(core::device_name(v.device));
+}
+
+std::string rows_cols_str(int64_t rows, int64_t cols) {
+  std::string s(1, '[');  // appended piecewise: GCC 12 warns (-Wrestrict, false positive) on "[" + string
+  s += std::to_string(rows);
+  s += ", ";
+  s += std::to_string(cols);
+  s += ']';
+  return s;
+}
+
 }  // namespace k3::kernels

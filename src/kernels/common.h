@@ -5,6 +5,7 @@
 // Precision::fp32 ("exact mode") nothing is rounded. Weights keep their checkpoint dtype.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "core/bf16.h"
 #include "core/tensor.h"
@@ -36,6 +37,17 @@ struct LinearWeight {
 inline bool is_activation_dtype(const core::TensorView& v) {
   return v.dtype == core::DType::f32 || (v.dtype == core::DType::bf16 && v.device == core::Device::cuda);
 }
+
+// An activation [rows, cols] (is_activation_dtype) with unit inner stride and rows that do not overlap.
+inline bool is_activation_rows(const core::TensorView& v, int64_t rows, int64_t cols) {
+  return v.defined() && is_activation_dtype(v) && v.rank() == 2 && v.strides[1] == 1 && v.dim(0) == rows &&
+         v.dim(1) == cols && (rows <= 1 || v.strides[0] >= cols);
+}
+
+// For op check messages: "bf16 [17, 96] on cuda" ("undefined" for an undefined or rank-0 view), and
+// "[rows, cols]".
+std::string describe_view(const core::TensorView& v);
+std::string rows_cols_str(int64_t rows, int64_t cols);
 
 // The sequences of one batched attention-op call (KDA conv/recurrent/chunked, MLA attention).
 // Each sequence owns a run of rows of the op's [T, ...] activations and a state slot (KDA) or a

@@ -13,26 +13,6 @@ namespace k3::kernels {
 
 namespace {
 
-std::string describe(const core::TensorView& v) {
-  if (!v.defined() || v.rank() == 0) return "undefined";
-  return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str() + " on " + std::string(core::device_name(v.device));
-}
-
-std::string shape2(int64_t rows, int64_t cols) {
-  std::string s(1, '[');  // appended piecewise: GCC 12 warns (-Wrestrict, false positive) on "[" + string
-  s += std::to_string(rows);
-  s += ", ";
-  s += std::to_string(cols);
-  s += ']';
-  return s;
-}
-
-// An activation [rows, cols] with unit inner stride and rows that do not overlap (f32, or bf16 on CUDA).
-bool is_act_rows(const core::TensorView& v, int64_t rows, int64_t cols) {
-  return v.defined() && is_activation_dtype(v) && v.rank() == 2 && v.strides[1] == 1 && v.dim(0) == rows &&
-         v.dim(1) == cols && (rows <= 1 || v.strides[0] >= cols);
-}
-
 bool is_norm_weight(const core::TensorView& w, int64_t n) {
   return w.defined() && (w.dtype == core::DType::bf16 || w.dtype == core::DType::f32) && w.rank() == 1 &&
          w.dim(0) == n && w.is_contiguous();
@@ -72,39 +52,39 @@ MlaCacheWriteArgs cache_write_args(const MlaPrepArgs& a, const core::TensorView&
 core::Status mla_prep_check(const MlaPrepArgs& a) {
   if (!a.q_a.defined() || !is_activation_dtype(a.q_a) || a.q_a.rank() != 2 || a.q_a.strides[1] != 1 || a.q_a.dim(1) < 1)
     return core::Status::fail("q_a must be f32 (or bf16 on CUDA) [T, q_lora >= 1] with unit inner stride, got " +
-                              describe(a.q_a));
+                              describe_view(a.q_a));
   const int64_t T = a.q_a.dim(0), q_lora = a.q_a.dim(1);
-  if (!is_act_rows(a.q_a, T, q_lora)) return core::Status::fail("q_a rows overlap (row stride < q_lora), got " + describe(a.q_a));
+  if (!is_activation_rows(a.q_a, T, q_lora)) return core::Status::fail("q_a rows overlap (row stride < q_lora), got " + describe_view(a.q_a));
   if (!is_norm_weight(a.q_a_norm, q_lora))
     return core::Status::fail("q_a_norm must be bf16 or f32 [" + std::to_string(q_lora) + "] (q_a's width), got " +
-                              describe(a.q_a_norm));
-  if (!is_act_rows(a.q_a_out, T, q_lora))
-    return core::Status::fail("q_a_out must be f32 (or bf16 on CUDA) " + shape2(T, q_lora) +
-                              " (q_a's shape) with unit inner stride, got " + describe(a.q_a_out));
+                              describe_view(a.q_a_norm));
+  if (!is_activation_rows(a.q_a_out, T, q_lora))
+    return core::Status::fail("q_a_out must be f32 (or bf16 on CUDA) " + rows_cols_str(T, q_lora) +
+                              " (q_a's shape) with unit inner stride, got " + describe_view(a.q_a_out));
   if (!a.kv_a_norm.defined() || a.kv_a_norm.rank() != 1 || a.kv_a_norm.dim(0) < 1)
-    return core::Status::fail("kv_a_norm must be bf16 or f32 [kv_lora >= 1], got " + describe(a.kv_a_norm));
+    return core::Status::fail("kv_a_norm must be bf16 or f32 [kv_lora >= 1], got " + describe_view(a.kv_a_norm));
   const int64_t kv_lora = a.kv_a_norm.dim(0);
-  if (!a.kv.defined() || a.kv.rank() != 2 || a.kv.dim(1) <= kv_lora || !is_act_rows(a.kv, T, a.kv.dim(1)))
+  if (!a.kv.defined() || a.kv.rank() != 2 || a.kv.dim(1) <= kv_lora || !is_activation_rows(a.kv, T, a.kv.dim(1)))
     return core::Status::fail("kv must be f32 (or bf16 on CUDA) [T = " + std::to_string(T) + ", kv_lora + rope] with kv_lora = " +
                               std::to_string(kv_lora) + " (kv_a_norm's length), rope >= 1, unit inner stride, got " +
-                              describe(a.kv));
+                              describe_view(a.kv));
   const int64_t width = a.kv.dim(1);
   if (!is_norm_weight(a.kv_a_norm, kv_lora))
     return core::Status::fail("kv_a_norm must be bf16 or f32 [" + std::to_string(kv_lora) + "] contiguous, got " +
-                              describe(a.kv_a_norm));
+                              describe_view(a.kv_a_norm));
   if (a.pages.dtype != core::DType::f32 && a.pages.dtype != core::DType::f8_e4m3 &&
       !(a.pages.dtype == core::DType::bf16 && a.pages.device == core::Device::cuda))
-    return core::Status::fail("pages must be f32 or f8_e4m3 (or bf16 on CUDA), got " + describe(a.pages));
+    return core::Status::fail("pages must be f32 or f8_e4m3 (or bf16 on CUDA), got " + describe_view(a.pages));
   if (!a.pages.defined() || a.pages.rank() != 3 || a.pages.dim(0) < 1 || a.pages.dim(1) < 1 || a.pages.dim(2) != width ||
       a.pages.strides[2] != 1 || (a.pages.dim(1) > 1 && a.pages.strides[1] < width) ||
       (a.pages.dim(0) > 1 && a.pages.strides[0] < (a.pages.dim(1) - 1) * a.pages.strides[1] + width))
     return core::Status::fail("pages must be [num_blocks >= 1, block_size >= 1, kv_lora + rope = " + std::to_string(width) +
-                              "] with dense rows, got " + describe(a.pages));
+                              "] with dense rows, got " + describe_view(a.pages));
   const core::TensorView& rows = a.cache_rows;
   if (!rows.defined() || rows.rank() != 1 || rows.dtype != core::DType::i32 || rows.dim(0) != T ||
       (T > 1 && rows.strides[0] != 1))
     return core::Status::fail("cache_rows must be a dense i32 [T = " + std::to_string(T) + "] tensor, got " +
-                              describe(rows));
+                              describe_view(rows));
   if (!(std::isfinite(a.k_scale) && a.k_scale > 0.0f))
     return core::Status::fail("k_scale must be finite and > 0, got " + std::to_string(a.k_scale));
   if (!(a.eps >= 0.0f)) return core::Status::fail("eps must be >= 0, got " + std::to_string(a.eps));

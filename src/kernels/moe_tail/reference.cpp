@@ -13,33 +13,14 @@ namespace k3::kernels {
 
 namespace {
 
-std::string describe(const core::TensorView& v) {
-  return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str();
-}
-
-std::string shape2(int64_t rows, int64_t cols) {
-  std::string s(1, '[');  // appended piecewise: GCC 12 warns (-Wrestrict, false positive) on "[" + string
-  s += std::to_string(rows);
-  s += ", ";
-  s += std::to_string(cols);
-  s += ']';
-  return s;
-}
-
-// An activation [rows, cols] with unit inner stride (f32, or bf16 on CUDA).
-bool is_rows(const core::TensorView& v, int64_t rows, int64_t cols) {
-  return is_activation_dtype(v) && v.rank() == 2 && v.strides[1] == 1 && v.dim(0) == rows && v.dim(1) == cols &&
-         (rows <= 1 || v.strides[0] >= cols);
-}
-
 core::Status check_weight(const LinearWeight* w, const char* name) {
   if (w == nullptr) return core::Status::fail(std::string(name) + " is null");
   const core::TensorView& wv = w->weight.view();
   if (!w->weight.defined() || wv.rank() != 2 || !wv.is_contiguous())
     return core::Status::fail(std::string(name) + ".weight must be a contiguous rank-2 [hidden, in] tensor, got " +
-                              describe(wv));
+                              describe_view(wv));
   if (!w->is_mxfp4() && wv.dtype != core::DType::bf16 && wv.dtype != core::DType::f32)
-    return core::Status::fail(std::string(name) + ".weight must be bf16 or f32 (or MXFP4), got " + describe(wv));
+    return core::Status::fail(std::string(name) + ".weight must be bf16 or f32 (or MXFP4), got " + describe_view(wv));
   return core::Status::ok();
 }
 
@@ -64,9 +45,9 @@ core::Tensor temp(int64_t rows, int64_t cols) { return core::Tensor::zeros(core:
 
 core::Status moe_tail_combine_check(const MoeTailCombineArgs& a) {
   if (!is_activation_dtype(a.u) || a.u.rank() != 2 || a.u.strides[1] != 1)
-    return core::Status::fail("u must be f32 (or bf16 on CUDA) [T, L] with contiguous rows, got " + describe(a.u));
+    return core::Status::fail("u must be f32 (or bf16 on CUDA) [T, L] with contiguous rows, got " + describe_view(a.u));
   const int64_t T = a.u.dim(0), L = a.u.dim(1);
-  if (!is_rows(a.u, T, L)) return core::Status::fail("u rows overlap (row stride < L), got " + describe(a.u));
+  if (!is_activation_rows(a.u, T, L)) return core::Status::fail("u rows overlap (row stride < L), got " + describe_view(a.u));
   if (core::Status s = check_weight(a.latent_up, "latent_up"); !s) return s;
   const int64_t hidden = a.latent_up->out_features();
   if (a.latent_up->in_features() != L)
@@ -77,7 +58,7 @@ core::Status moe_tail_combine_check(const MoeTailCombineArgs& a) {
     if (w.data == nullptr || (w.dtype != core::DType::bf16 && w.dtype != core::DType::f32) || w.rank() != 1 ||
         w.dim(0) != L || !w.is_contiguous())
       return core::Status::fail("latent_norm must be bf16 or f32 [" + std::to_string(L) + "] (use_norm), got " +
-                                describe(w));
+                                describe_view(w));
     if (!(a.eps >= 0.0f)) return core::Status::fail("eps must be >= 0, got " + std::to_string(a.eps));
   }
   if (a.has_shared()) {
@@ -86,19 +67,19 @@ core::Status moe_tail_combine_check(const MoeTailCombineArgs& a) {
       return core::Status::fail("shared_down must have out = hidden = " + std::to_string(hidden) +
                                 " (latent_up's out), got " + std::to_string(a.shared_down->out_features()));
     const int64_t SI = a.shared_down->in_features();
-    if (!is_rows(a.shared_gate, T, SI))
-      return core::Status::fail("shared_gate must be f32 (or bf16 on CUDA) " + shape2(T, SI) +
-                                " (T = u's rows, SI = shared_down's in), got " + describe(a.shared_gate));
-    if (!is_rows(a.shared_up, T, SI))
-      return core::Status::fail("shared_up must be f32 (or bf16 on CUDA) " + shape2(T, SI) +
-                                " (T = u's rows, SI = shared_down's in), got " + describe(a.shared_up));
+    if (!is_activation_rows(a.shared_gate, T, SI))
+      return core::Status::fail("shared_gate must be f32 (or bf16 on CUDA) " + rows_cols_str(T, SI) +
+                                " (T = u's rows, SI = shared_down's in), got " + describe_view(a.shared_gate));
+    if (!is_activation_rows(a.shared_up, T, SI))
+      return core::Status::fail("shared_up must be f32 (or bf16 on CUDA) " + rows_cols_str(T, SI) +
+                                " (T = u's rows, SI = shared_down's in), got " + describe_view(a.shared_up));
     if (!(a.situ_beta > 0.0f) || !(a.situ_linear_beta > 0.0f))
       return core::Status::fail("situ_beta and situ_linear_beta must be > 0, got " + std::to_string(a.situ_beta) +
                                 " and " + std::to_string(a.situ_linear_beta));
   }
-  if (!is_rows(a.out, T, hidden))
-    return core::Status::fail("out must be f32 (or bf16 on CUDA) " + shape2(T, hidden) + " (T = u's rows, hidden = " +
-                              "latent_up's out), got " + describe(a.out));
+  if (!is_activation_rows(a.out, T, hidden))
+    return core::Status::fail("out must be f32 (or bf16 on CUDA) " + rows_cols_str(T, hidden) + " (T = u's rows, hidden = " +
+                              "latent_up's out), got " + describe_view(a.out));
   if (spans_overlap(a.out, a.u)) return core::Status::fail("out overlaps u");
   if (a.has_shared()) {
     if (spans_overlap(a.out, a.shared_gate)) return core::Status::fail("out overlaps shared_gate");
