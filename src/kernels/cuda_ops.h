@@ -51,6 +51,7 @@ void register_mla_naive_cuda(Registry& r, const CudaOps& ops);
 void register_mla_absorbed_cuda(Registry& r, const CudaOps& ops);
 void register_mla_absorbed_mma_cuda(Registry& r, const CudaOps& ops);  // kernels/mla_decode: mla_decode's tensor cores
 void register_mla_cp_cuda(Registry& r, const CudaOps& ops);  // the four DCP ops of kernels/mla/mla_cp.h
+void register_mla_partial_mma_cuda(Registry& r, const CudaOps& ops);  // kernels/mla_decode: DCP partial on tensor cores
 void register_elementwise_cuda(Registry& r, const CudaOps& ops);
 void register_sampling_cuda(Registry& r, const CudaOps& ops);
 // fused ops (fastpath/), one line each:

@@ -1,7 +1,8 @@
 // tests/ops/mla_cp_ops_test.cpp: the four MLA ops of decode context parallelism (kernels/mla/mla_cp.h)
 // on every device backend against the CPU reference, each case asserting the strategy that ran:
-//   mla_q_absorb ("cuda_q_absorb"), mla_partial_attention ("cuda_partial_splitkv"), mla_lse_rescale
-//   ("cuda_lse_rescale"), mla_w_uv ("cuda_w_uv_rowdot")
+//   mla_q_absorb ("cuda_q_absorb"), mla_partial_attention ("cuda_partial_splitkv"; in bf16 mode at
+//   tensor-core dims "cuda_partial_splitkv_mma"), mla_lse_rescale ("cuda_lse_rescale"), mla_w_uv
+//   ("cuda_w_uv_rowdot")
 // at odd dims (H 1/3/12, G = cp 1/2/4, ranks 0 and cp-1, pages of 7 and 16 tokens, f32 / bf16 / fp8
 // caches, rows at global positions 0/17/54/97 with 1 or 3 verify rows, some rows seeing no local
 // position) and at the per-GPU TP8 shape (H 12, kv_lora 512, rope 64, G 8, thousands of local
@@ -9,6 +10,8 @@
 // cp = 1 on the device equals mla_absorbed's "cuda_split_kv" bit for bit (same kernels, weight 1),
 // and cp = 2 / 8 with a hand-done rank-order all-gather / reduce-scatter on the host matches
 // mla_absorbed_reference over the whole cache.
+// The tensor-core partial attention runs by name at G * H = 12 / 17 / 24 / 48 heads (1-3 head groups), cp
+// 1 / 2 / 4 and every rank, and is the registry's own choice at the TP2 / TP8 shapes in bf16 mode.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -32,6 +35,7 @@ const Dims kOdd{3, 17, 9, 13, 54};
 const Dims kTp8{12, 128, 64, 128, 512};
 constexpr const char* kQAbsorb = "cuda_q_absorb";
 constexpr const char* kPartial = "cuda_partial_splitkv";
+constexpr const char* kPartialMma = "cuda_partial_splitkv_mma";
 constexpr const char* kRescale = "cuda_lse_rescale";
 constexpr const char* kWUv = "cuda_w_uv_rowdot";
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -221,9 +225,28 @@ TEST(OpsTp8, MlaCpQAbsorb) {
 
 // ---------------------------------------------------------------- mla_partial_attention
 
+// How a partial-attention case runs: which strategy must run, the precision the call declares (bf16:
+// qc holds bf16 values, as mla_q_absorb leaves it in bf16 mode) and whether the strategy runs by name
+// (asserting that it supports the case) or through the registry (asserting that it is the one chosen).
+struct PartialRun {
+  const char* impl = kPartial;
+  Precision precision = Precision::fp32;
+  bool by_name = false;
+};
+const kernels::OpImpl<kernels::MlaPartialAttentionArgs>& partial_impl_named(Device* dev, const std::string& name) {
+  for (const auto& impl : dev->registry().mla_partial_attention.impls())
+    if (impl.name == name && impl.device == dev->kind()) return impl;
+  throw core::Error("no mla_partial_attention implementation " + name + " registered");
+}
+
 // qc [G, R, H, E] random; this rank's local cache of random entries; o_part / lse against the CPU.
+// Tolerances: the CUDA-core strategy is fp32 throughout (tol_attention(fp32) for every cache); the tensor-core
+// one rounds P to f16 (fp8 cache) or bf16 (bf16 cache) for its P.V mma and l sums the same rounded P, so
+// o_part is a weighted mean with weights off by <= 2^-11 / 2^-8 relative: ~2e-3 relative at most, checked at
+// tol_attention(bf16) as the decode op's tensor-core cases; lse = m + log l moves by <= 2^-8 absolute.
+// The tensor-core strategy also runs twice: the same bytes both times.
 void check_partial(Device* dev, const Dims& d, int G, int rank, const std::vector<Seq>& seqs, const std::string& kind,
-                   float k_scale, int64_t bs, uint64_t seed) {
+                   float k_scale, int64_t bs, uint64_t seed, const PartialRun& run = {}) {
   core::Rng rng(seed);
   const int cp = G;
   const Rows rows(seqs);
@@ -245,13 +268,45 @@ void check_partial(Device* dev, const Dims& d, int G, int rank, const std::vecto
   const Tables dt(rows, cache.block_table, dev);
   const Tensor dqc = dev->upload(qc), dpages = device_pages(dev, cache, kind);
   Tensor o_part = dev->poisoned(DType::f32, {G, R, H, L}), lse = dev->poisoned(DType::f32, {G, R, H});
-  const kernels::MlaPartialAttentionArgs args{dqc.view(), dpages.view(), dt.seqs(rows, cache.max_tokens), k_scale,
-                                              o_part.view(), lse.view(), cp, rank, scale};
+  kernels::MlaPartialAttentionArgs args{dqc.view(), dpages.view(), dt.seqs(rows, cache.max_tokens), k_scale,
+                                        o_part.view(), lse.view(), cp, rank, scale};
+  args.precision = run.precision;
   auto& table = dev->registry().mla_partial_attention;
   expect_device_impl(table, args, dev);
-  ASSERT_EQ(table.select(args, dev->kind()).name, kPartial);
-  table.run(args, dev->kind());
+  const bool mma = std::string(run.impl) == kPartialMma;
+  if (!mma) {  // the tensor-core strategy must refuse the case with its reason (precision, cache, dims)
+    const core::Status why = partial_impl_named(dev, kPartialMma).supports(args);
+    ASSERT_FALSE(why.is_ok()) << "cuda_partial_splitkv_mma accepts a case meant for " << run.impl;
+    EXPECT_NE(why.reason().find("tensor-core partial split_kv: "), std::string::npos) << why.reason();
+  }
+  const auto run_once = [&](const kernels::MlaPartialAttentionArgs& a) {
+    if (run.by_name) {
+      const auto& impl = partial_impl_named(dev, run.impl);
+      const core::Status s = impl.supports(a);
+      ASSERT_TRUE(s.is_ok()) << run.impl << ": " << s.reason();
+      impl.run(a);
+    } else {
+      ASSERT_EQ(table.select(a, dev->kind()).name, run.impl);
+      table.run(a, dev->kind());
+    }
+  };
+  run_once(args);
+  if (::testing::Test::HasFatalFailure()) return;
   const Tensor got_o = dev->to_host_f32(o_part.view()), got_lse = dev->to_host_f32(lse.view());
+  if (mma) {  // deterministic: a second run into fresh poisoned buffers gives the same bytes
+    Tensor o2 = dev->poisoned(DType::f32, {G, R, H, L}), lse2 = dev->poisoned(DType::f32, {G, R, H});
+    kernels::MlaPartialAttentionArgs again = args;
+    again.o_part = o2.view();
+    again.lse = lse2.view();
+    run_once(again);
+    if (::testing::Test::HasFatalFailure()) return;
+    const Tensor o2h = dev->to_host_f32(o2.view()), lse2h = dev->to_host_f32(lse2.view());
+    EXPECT_EQ(std::memcmp(o2h.data<const float>(), got_o.data<const float>(), static_cast<size_t>(got_o.nbytes())), 0)
+        << "o_part differs between two runs";
+    EXPECT_EQ(std::memcmp(lse2h.data<const float>(), got_lse.data<const float>(), static_cast<size_t>(got_lse.nbytes())),
+              0)
+        << "lse differs between two runs";
+  }
   const Tensor go = owned_rows_g(got_o, G, R, "o_part"), wo = owned_rows_g(want_o, G, R, "o_part (cpu)");
   const Tensor gl = owned_rows_g(got_lse, G, R, "lse"), wl = owned_rows_g(want_lse, G, R, "lse (cpu)");
   // Rows that see no local position: lse exactly -inf and o_part exactly 0, on both sides.
@@ -270,12 +325,14 @@ void check_partial(Device* dev, const Dims& d, int G, int rank, const std::vecto
   const std::string shape = shape_str({G, rank, H, L, bs}) + " empty " + std::to_string(empty);  // G rank H L bs
   const Mode m = kind == "f32" ? Mode::fp32 : Mode::bf16;  // f32 caches: the tight fp32 tolerance
   const Tol tight = tol_attention(Mode::fp32);
-  expect_close("mla_partial_attention", shape, m, "o_part_cache_" + kind, go, wo, tight);
+  const Tol o_tol = mma ? tol_attention(Mode::bf16) : tight, lse_tol = mma ? Tol{2e-3, 1 - 1e-5} : tight;
+  const std::string tag = mma ? "_mma" : "";
+  expect_close("mla_partial_attention", shape, m, "o_part_cache_" + kind + tag, go, wo, o_tol);
   const auto n = static_cast<int64_t>(got_finite.size());
   Tensor gf = f32_tensor({n}), wf = f32_tensor({n});
   std::copy(got_finite.begin(), got_finite.end(), gf.data<float>());
   std::copy(want_finite.begin(), want_finite.end(), wf.data<float>());
-  if (n > 0) expect_close("mla_partial_attention", shape, m, "lse_cache_" + kind, gf, wf, tight);
+  if (n > 0) expect_close("mla_partial_attention", shape, m, "lse_cache_" + kind + tag, gf, wf, lse_tol);
 }
 
 TEST(OpsOdd, MlaCpPartialAttention) {
@@ -301,6 +358,44 @@ TEST(OpsTp8, MlaCpPartialAttention) {
     check_partial(dev, kTp8, 8, rank, {{23999, 1}}, "fp8", 1.0f, 16, 9310 + rank);
   }
   check_partial(dev, kTp8, 8, 3, {{9000, 2}, {700, 1}}, "f32", 1.0f, 16, 9320);
+}
+
+// The tensor-core strategy by name: cp 1 / 2 / 4 and every rank; G * H = 12, 24, 17 and 48 heads (one group,
+// 2 x 12, 9 + 8, 3 x 16); fp8 (k_scale 0.75) and bf16 pages of 7 and 16 tokens; kv_lora 64 (rope 16) and
+// 128 (rope 64); contexts of up to 1004 local positions that end mid-stage (64) and mid-page, verify rows
+// (max_rows 5 with spare slots), and sequences at global positions 0 .. 2 that rank 3 of 4 never stores
+// (lse -inf, o_part 0).
+const std::vector<Seq> kMmaBatch = {{0, 1}, {17, 3}, {300, 1}, {97, 3}, {1000, 4}, {0, 3}, {2, 1}};
+TEST(OpsOdd, MlaCpPartialAttentionMma) {
+  K3_REQUIRE_CUDA(dev);
+  const PartialRun mma{kPartialMma, Precision::bf16, true};
+  uint64_t seed = 9250;
+  for (int G : {1, 2, 4})
+    for (int rank = 0; rank < G; ++rank)
+      for (int heads : {12, 24, 17, 48}) {
+        if (heads % G != 0) continue;
+        const int H = heads / G;
+        const Dims d = heads % 12 == 0 && heads != 48 ? Dims{H, 17, 16, 13, 64} : Dims{H, 17, 64, 13, 128};
+        const int64_t bs = (rank + heads) % 2 == 0 ? 7 : 16;
+        check_partial(dev, d, G, rank, kMmaBatch, "fp8", 0.75f, bs, ++seed, mma);
+        check_partial(dev, d, G, rank, kMmaBatch, "bf16", 1.0f, 23 - bs, ++seed, mma);
+      }
+}
+// In bf16 mode at the K3 shapes the registry picks the tensor-core strategy itself: TP2 + DCP (G 2 x 12 =
+// 24 heads: 2 groups of 12; 12K local positions) and TP8 + DCP (G 8 x 12 = 96 heads: 6 groups of 16).
+// Where it cannot be exact or its dims do not fit (precision fp32, an f32 cache, kv_lora 54) it refuses
+// with its reason and the CUDA-core strategy runs.
+TEST(OpsTp8, MlaCpPartialAttentionMma) {
+  K3_REQUIRE_CUDA(dev);
+  const PartialRun selected{kPartialMma, Precision::bf16, false};
+  for (int rank : {0, 1}) {
+    check_partial(dev, kTp8, 2, rank, {{23999, 1}, {15997, 3}, {5, 1}}, "fp8", 0.5f, 64, 9330 + rank, selected);
+    check_partial(dev, kTp8, 2, rank, {{8191, 1}, {3000, 4}, {0, 1}}, "bf16", 1.0f, 16, 9340 + rank, selected);
+  }
+  check_partial(dev, kTp8, 8, 7, {{23999, 1}, {900, 3}, {2, 1}}, "fp8", 0.5f, 64, 9350, selected);
+  check_partial(dev, kTp8, 2, 1, {{3000, 4}, {0, 1}}, "fp8", 0.5f, 64, 9360, PartialRun{kPartial, Precision::fp32});
+  check_partial(dev, kTp8, 2, 1, {{3000, 4}, {0, 1}}, "f32", 1.0f, 16, 9361, PartialRun{kPartial, Precision::bf16});
+  check_partial(dev, kOdd, 2, 0, kOddBatch, "bf16", 1.0f, 16, 9362, PartialRun{kPartial, Precision::bf16});
 }
 
 // ---------------------------------------------------------------- mla_lse_rescale
@@ -413,8 +508,9 @@ kernels::LinearWeight weight_rows(const kernels::LinearWeight& w, int64_t r0, in
 
 // The whole DCP step for cp ranks of H heads each (cp * H heads in all) on one device, the
 // collectives done on the host in rank order, against mla_absorbed_reference of the whole cache.
+// mma: the partial attention declares precision bf16 and must run on the tensor cores.
 void check_chain(Device* dev, Mode mode, const Dims& d, int cp, const std::vector<Seq>& seqs, const std::string& kind,
-                 int64_t bs, uint64_t seed) {
+                 int64_t bs, uint64_t seed, bool mma = false) {
   core::Rng rng(seed);
   const Rows rows(seqs);
   const int64_t R = rows.total, H = d.heads, L = d.kv_lora, E = L + d.rope, qw = H * (d.nope + d.rope), vw = H * d.v;
@@ -466,9 +562,10 @@ void check_chain(Device* dev, Mode mode, const Dims& d, int cp, const std::vecto
     const Tensor dpages = device_pages(dev, local, kind);
     o_part[r] = dev->poisoned(DType::f32, {cp, R, H, L});
     Tensor lse = dev->poisoned(DType::f32, {cp, R, H});
-    const kernels::MlaPartialAttentionArgs a{dqc.view(), dpages.view(), dt.seqs(rows, local.max_tokens), k_scale,
-                                             o_part[r].view(), lse.view(), cp, r, scale};
-    ASSERT_EQ(dev->registry().mla_partial_attention.select(a, dev->kind()).name, kPartial);
+    kernels::MlaPartialAttentionArgs a{dqc.view(), dpages.view(), dt.seqs(rows, local.max_tokens), k_scale,
+                                       o_part[r].view(), lse.view(), cp, r, scale};
+    if (mma) a.precision = p;
+    ASSERT_EQ(dev->registry().mla_partial_attention.select(a, dev->kind()).name, mma ? kPartialMma : kPartial);
     dev->registry().mla_partial_attention.run(a, dev->kind());
     const Tensor h = dev->to_host_f32(lse.view());
     std::copy_n(h.data<const float>(), h.numel(), lse_all.data<float>() + r * h.numel());
@@ -519,6 +616,14 @@ TEST(OpsOdd, MlaCpChainMatchesAbsorbedReference) {
 TEST(OpsTp8, MlaCpChainMatchesAbsorbedReference) {
   K3_REQUIRE_CUDA(dev);
   check_chain(dev, Mode::bf16, kTp8, 8, {{1499, 1}, {900, 3}, {2, 1}}, "fp8", 64, 9700);
+}
+// The same chain in bf16 mode with the tensor-core partial attention (the model's choice): DCP2 (24 heads)
+// over fp8 and bf16 caches and DCP8 (96 heads).
+TEST(OpsTp8, MlaCpChainMmaMatchesAbsorbedReference) {
+  K3_REQUIRE_CUDA(dev);
+  check_chain(dev, Mode::bf16, kTp8, 2, {{2999, 1}, {900, 3}, {2, 1}}, "fp8", 64, 9710, /*mma=*/true);
+  check_chain(dev, Mode::bf16, kTp8, 2, {{1499, 2}, {63, 1}}, "bf16", 16, 9711, /*mma=*/true);
+  check_chain(dev, Mode::bf16, kTp8, 8, {{1499, 1}, {900, 3}, {2, 1}}, "fp8", 64, 9712, /*mma=*/true);
 }
 
 // cp = 1: the four CUDA ops give the bytes of mla_absorbed's "cuda_split_kv" (same kernels, same split

@@ -8,6 +8,9 @@
 //   mla_w_uv               "cuda_w_uv_rowdot"      round(o_lat) into slot order, then its w_uv_kernel
 // The kernels of steps 1, 2 and 4 are cuda_absorbed_kernels.cuh's, so with cp = 1 the four ops give
 // mla_absorbed's CUDA numbers bit for bit (the rescale weight is e^0 / e^0 = 1 exactly).
+// mla_partial_attention also has a tensor-core strategy, "cuda_partial_splitkv_mma" (priority 20, bf16 mode at
+// the dims it names): kernels/mla_decode/cuda_partial_via_decode.cu (it needs kernels_mla_decode, which depends
+// on this module); it ends with this strategy's combine_kernel<true>, so the two agree on every layout.
 // Query slots qi = s * max_rows + i as there; grids and scratch depend only on num_seqs, max_rows,
 // max_tokens, H and G (graph-replayable), never on the device tables' values.
 #include <algorithm>

@@ -26,6 +26,17 @@
 // j * cp + cp_rank, so the row at global position P sees local positions j with j * cp + cp_rank <= P
 // (possibly none: then its lse is -inf and its o_part row is 0, and the rescale gives it weight 0).
 // SeqBatch::max_tokens bounds LOCAL positions (<= max_blocks * block_size).
+//
+// CUDA strategies of mla_partial_attention (the step that reads the cache; every other step has one):
+//   "cuda_partial_splitkv_mma" (20, kernels/mla_decode/cuda_partial_via_decode.cu): the fused decode op's
+//       tensor-core split-KV (mma.sync m16n8k16, 64-position cp.async stages) with a head-group grid
+//       dimension (G * H heads in ceil(G * H / 16) balanced groups of <= 16, each CTA streaming its split
+//       once for its group) and the LOCAL visibility rule above, then the CUDA-core strategy's combine.
+//       Only for precision = bf16 (qc holds bf16 values, exact as mma operands) over fp8 / bf16 pages,
+//       kv_lora % 64 == 0 (<= 512), (kv_lora + rope) % 16 == 0 (<= 576), 16-byte cache rows; P is rounded
+//       to f16 (fp8 pages) or bf16 (bf16 pages) for the P.V mma, as in the decode op.
+//   "cuda_partial_splitkv" (10, kernels/mla/cuda_mla_cp.cu): the absorbed form's CUDA-core split-KV and
+//       combine, fp32 throughout: every shape, and the only one for precision = fp32.
 #pragma once
 #include "core/error.h"
 #include "kernels/common.h"
@@ -60,6 +71,9 @@ struct MlaPartialAttentionArgs {
   core::TensorView lse;     // f32 [G, T, H]
   int cp_size = 1, cp_rank = 0;
   float scale = 0.0f;       // (nope + rope)^-1/2
+  Precision precision = Precision::fp32;  // bf16: qc holds bf16 values (mla_q_absorb in bf16 mode), which lets
+                                          // CUDA use tensor cores; fp32 (the safe default) keeps the fp32 path.
+                                          // The CPU reference ignores it (o_part / lse are never rounded).
 };
 core::Status mla_partial_attention_check(const MlaPartialAttentionArgs& a);
 void mla_partial_attention_reference(const MlaPartialAttentionArgs& a);

@@ -20,6 +20,10 @@
 //           B = the raw codes as f16 (exact), P in f16 (|P| <= 1, 11 bits), k_scale applied at the end;
 //           bf16 cache: B and P in bf16. Products are exact, sums fp32 on the tensor core.
 // Out: unnormalised o = k_scale * O (f32), m and l per head, as the CUDA-core kernel writes them.
+// DCP form (kCp = true, mla_partial_attention, cuda_partial_via_decode.cu): grid (splits, Q, head groups) for
+// G * H > 16 heads in balanced groups of <= 16 (each CTA streams its split once for its group), Qc read by
+// activation row from [G][T][H][E], LOCAL positions j visible iff j * cp + rank <= P. The decode op's
+// instantiations (kCp = false) compile to the same code as before the form existed (125 registers each).
 //
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 fragments (PTX ISA, "Matrix fragments for
 // mma.m16n8k16"): lane = 4 * g + t (g = groupID = lane >> 2, t = threadID_in_group = lane & 3).
@@ -42,6 +46,8 @@
 
 #include <string>
 
+#include "kernels/mla/cuda_absorbed_kernels.cuh"
+#include "kernels/mla/mla_cp.h"
 #include "kernels/mla_decode/cuda_mla_decode.cuh"
 
 namespace k3::kernels {
@@ -185,19 +191,21 @@ __device__ __forceinline__ uint32_t pack_p(float lo, float hi, float2& rounded) 
 struct MmaParams {
   SeqTables sq;
   PagesRef pg;
-  const float* qc;     // [Q][H][E]: bf16 values
+  const float* qc;     // [Q][H][E]: bf16 values (kCp: [G][T][H / G][E] by activation row, cp below)
   float* part_o;       // [Q][H][splits][L]
   float* part_m;       // [Q][H][splits]
   float* part_l;       // [Q][H][splits]
   float score_scale;   // scale * k_scale (fp8) or scale
   float o_scale;       // k_scale (fp8) or 1
-  int H, L, E;
+  int H, L, E;         // H: every head the kernel serves (kCp: G * owner heads, in head groups)
   int ks_total;        // E / 16 k-steps
   int row_bytes;       // E * sizeof(cache element): bytes staged per position (a multiple of 16)
   int stride;          // shared row stride in bytes (mma_row_stride)
   int splits;
   int64_t split_len;
   bool vec_out;        // part_o is 16-byte aligned (float4 stores)
+  int group_heads;     // kCp: heads per CTA (<= 16): blockIdx.z owns heads group_heads * z .. (the last group may be short)
+  absorbed::CpLayout cp;  // kCp: qc's [G][T][H / G] row layout and the rank's LOCAL positions (j * cp + rank <= P)
 };
 
 inline int mma_row_stride(int row_bytes) {
@@ -209,7 +217,12 @@ inline size_t mma_smem_bytes(int stride) {
          sizeof(uint16_t) * kHeadsPad * kPLd + sizeof(float) * kHeadsPad;
 }
 
-template <class CacheT>
+// kCp (mla_partial_attention under DCP): grid (splits, Q, head groups); the CTA serves heads h0 .. h0 + nh - 1
+// (h0 = group_heads * blockIdx.z), reads their Qc by activation row from the [G][T][H][E] layout, sees the
+// LOCAL positions j with j * cp + rank <= P (cuda_absorbed_kernels.cuh's cp_visible, as the CUDA-core
+// split_kv_kernel<.., true>) and writes partials of heads h0 + h of [Q][H][splits]. !kCp is the decode op's
+// kernel: h0 = 0 and nh = H fold to the constants it always had.
+template <class CacheT, bool kCp>
 __global__ void __launch_bounds__(kThreads, 2) split_kv_mma_kernel(MmaParams p, const CacheT* pages) {
   extern __shared__ uint4 mma_sm4[];
   uint8_t* stages = reinterpret_cast<uint8_t*>(mma_sm4);                          // [kStages][kStagePos][stride]
@@ -218,13 +231,19 @@ __global__ void __launch_bounds__(kThreads, 2) split_kv_mma_kernel(MmaParams p, 
   float* factor = reinterpret_cast<float*>(pm + kHeadsPad * kPLd);                 // [16]
   const int split = blockIdx.x;
   const int64_t qi = blockIdx.y;
+  const int h0 = kCp ? static_cast<int>(blockIdx.z) * p.group_heads : 0;  // first head of this CTA
+  const int nh = kCp ? min(p.group_heads, p.H - h0) : p.H;                 // heads of this CTA (<= 16)
   // PDL (kernels/cuda_common.cuh): no weights; the cache (the step's cache write), Qc and the tables are
   // the step's, so the wait comes first, before any early exit.
   pdl_launch_dependents();
   pdl_wait();
   int seq, i_row;
   if (!slot_used(p.sq, qi, seq, i_row)) return;  // the whole block: an unused slot
-  const int64_t visible = static_cast<int64_t>(p.sq.position[seq]) + i_row + 1;  // positions 0 .. position + i
+  int64_t visible;  // (local) positions 0 .. visible - 1
+  if constexpr (kCp)
+    visible = absorbed::cp_visible(p.cp, static_cast<int64_t>(p.sq.position[seq]) + i_row);  // may be 0
+  else
+    visible = static_cast<int64_t>(p.sq.position[seq]) + i_row + 1;  // positions 0 .. position + i
   const int64_t j_begin = static_cast<int64_t>(split) * p.split_len;
   if (j_begin >= visible) return;  // the whole block: nothing visible in this split (combine skips it)
   const int64_t j_end = j_begin + p.split_len < visible ? j_begin + p.split_len : visible;
@@ -259,9 +278,17 @@ __global__ void __launch_bounds__(kThreads, 2) split_kv_mma_kernel(MmaParams p, 
   const int ks_begin = kq * p.ks_total / kKQuarters, ks_count = (kq + 1) * p.ks_total / kKQuarters - ks_begin;
   uint32_t qa[kMaxKsPerWarp][4];
   {
-    const bool lo_ok = g < p.H, hi_ok = g + 8 < p.H;
-    const float* q_lo = p.qc + (qi * p.H + (lo_ok ? g : 0)) * p.E;      // head g
-    const float* q_hi = p.qc + (qi * p.H + (hi_ok ? g + 8 : 0)) * p.E;  // head g + 8
+    const bool lo_ok = g < nh, hi_ok = g + 8 < nh;
+    const float* q_lo;  // head h0 + g
+    const float* q_hi;  // head h0 + g + 8
+    if constexpr (kCp) {
+      const int64_t t_row = static_cast<int64_t>(p.sq.row_begin[seq]) + i_row;  // the slot's activation row
+      q_lo = p.qc + absorbed::cp_row(p.cp, h0 + (lo_ok ? g : 0), t_row) * p.E;
+      q_hi = p.qc + absorbed::cp_row(p.cp, h0 + (hi_ok ? g + 8 : 0), t_row) * p.E;
+    } else {
+      q_lo = p.qc + (qi * p.H + (lo_ok ? g : 0)) * p.E;
+      q_hi = p.qc + (qi * p.H + (hi_ok ? g + 8 : 0)) * p.E;
+    }
 #pragma unroll
     for (int i = 0; i < kMaxKsPerWarp; ++i) {
       float lo[4] = {0.0f, 0.0f, 0.0f, 0.0f}, hi[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -349,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_kv_mma_kernel(MmaParams p, 
       const float m_new = fmaxf(m_run, mx);  // finite: position 0 of the stage is always visible
       float e[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) e[j] = sc4 + j < n && sh < p.H ? expf(s[j] - m_new) : 0.0f;
+      for (int j = 0; j < 4; ++j) e[j] = sc4 + j < n && sh < nh ? expf(s[j] - m_new) : 0.0f;
       float2 r01, r23;
       const uint32_t w01 = pack_p<CacheT>(e[0], e[1], r01);
       const uint32_t w23 = pack_p<CacheT>(e[2], e[3], r23);
@@ -391,8 +418,8 @@ __global__ void __launch_bounds__(kThreads, 2) split_kv_mma_kernel(MmaParams p, 
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int h = g + 8 * hh;
-      if (h < p.H) {
-        float* dst = p.part_o + ((qi * p.H + h) * p.splits + split) * p.L + pv_col0 + 16 * t;
+      if (h < nh) {
+        float* dst = p.part_o + ((qi * p.H + h0 + h) * p.splits + split) * p.L + pv_col0 + 16 * t;
         float v[16];
 #pragma unroll
         for (int b = 0; b < kPvTiles; ++b) v[b] = acc[b][2 * hh] * p.o_scale, v[8 + b] = acc[b][2 * hh + 1] * p.o_scale;
@@ -407,8 +434,8 @@ __global__ void __launch_bounds__(kThreads, 2) split_kv_mma_kernel(MmaParams p, 
       }
     }
   }
-  if ((tid & 15) == 0 && sh < p.H) {
-    const int64_t base = (qi * p.H + sh) * p.splits + split;
+  if ((tid & 15) == 0 && sh < nh) {
+    const int64_t base = (qi * p.H + h0 + sh) * p.splits + split;
     p.part_m[base] = m_run;
     p.part_l[base] = l_run;
   }
@@ -418,64 +445,113 @@ __global__ void __launch_bounds__(kThreads, 2) split_kv_mma_kernel(MmaParams p, 
 
 namespace cuda_detail {
 
+namespace {
+// What both forms need of the dims and the cache beyond its dtype: kv_lora, the entry width E, 16-byte cache
+// rows, shared memory. Empty when they fit, else the reason.
+std::string mma_shape_problem(const CudaOps& ops, const core::TensorView& pages, int64_t kv_lora, int64_t E) {
+  if (kv_lora % kPvCols != 0 || kv_lora > kMlaMaxLatent)
+    return "kv_lora must be a multiple of 64 up to 512 (a warp's P.V columns), got " + std::to_string(kv_lora);
+  if (E % 16 != 0 || E > kMaxE)
+    return "kv_lora + qk_rope must be a multiple of 16 up to 576 (the score mma's k-steps), got " + std::to_string(E);
+  const int64_t elem = static_cast<int64_t>(core::dtype_size(pages.dtype));
+  if (!aligned16(pages.data) || (pages.dim(0) > 1 && pages.strides[0] * elem % 16 != 0) ||
+      (pages.dim(1) > 1 && pages.strides[1] * elem % 16 != 0))
+    return "cache rows must start at 16-byte boundaries (cp.async copies), got pages at " +
+           std::to_string(reinterpret_cast<uintptr_t>(pages.data) % 16) + " mod 16 with strides [" +
+           std::to_string(pages.strides[0]) + ", " + std::to_string(pages.strides[1]) + "]";
+  const size_t smem = mma_smem_bytes(mma_row_stride(static_cast<int>(E * elem)));
+  if (smem > ops.ctx->smem_optin())
+    return "needs " + std::to_string(smem) + " bytes of shared memory, the device allows " +
+           std::to_string(ops.ctx->smem_optin());
+  return "";
+}
+bool mma_cache_dtype(core::DType d) { return d == core::DType::f8_e4m3 || d == core::DType::bf16; }
+
+// The parameters both forms share (cache, scales, dims, strides, splits, partials).
+MmaParams mma_params(const core::TensorView& pages, const SeqBatch& seqs, float scale, float k_scale, int H, int L,
+                     int E, int splits, int64_t split_len, float* part_o, float* part_m, float* part_l) {
+  MmaParams p;
+  p.sq = seq_tables(seqs);
+  p.pg = pages_ref(pages);
+  p.part_o = part_o;
+  p.part_m = part_m;
+  p.part_l = part_l;
+  const bool fp8 = pages.dtype == core::DType::f8_e4m3;
+  p.score_scale = fp8 ? scale * k_scale : scale;
+  p.o_scale = fp8 ? k_scale : 1.0f;
+  p.H = H, p.L = L, p.E = E;
+  p.ks_total = E / 16;
+  p.row_bytes = E * static_cast<int>(core::dtype_size(pages.dtype));
+  p.stride = mma_row_stride(p.row_bytes);
+  p.splits = splits, p.split_len = split_len;
+  p.vec_out = aligned16(part_o);
+  p.group_heads = H;  // the decode form: one group of every head
+  return p;
+}
+
+// One launch of split_kv_mma_kernel<CacheT, kCp> as a programmatic dependent (every launch site of the
+// kernel does so: cuda_common.cuh's PDL rule 4).
+template <bool kCp>
+void launch_mma(const CudaOps& ops, const core::TensorView& pages, const MmaParams& p, dim3 grid) {
+  const size_t smem = mma_smem_bytes(p.stride);
+  if (pages.dtype == core::DType::f8_e4m3) {
+    allow_smem(split_kv_mma_kernel<uint8_t, kCp>, smem);
+    launch_dependent(split_kv_mma_kernel<uint8_t, kCp>, grid, dim3(kThreads), smem, ops.ctx->stream(), dim3(1, 1, 1),
+                     p, pages.as<const uint8_t>());
+  } else {
+    allow_smem(split_kv_mma_kernel<bf16, kCp>, smem);
+    launch_dependent(split_kv_mma_kernel<bf16, kCp>, grid, dim3(kThreads), smem, ops.ctx->stream(), dim3(1, 1, 1), p,
+                     pages.as<const bf16>());
+  }
+}
+}  // namespace
+
 core::Status split_kv_mma_supports(const CudaOps& ops, const MlaDecodeArgs& a) {
   const auto no = [](const std::string& why) { return core::Status::fail("tensor-core split_kv: " + why); };
   if (a.q.dtype != core::DType::bf16)
     return no("needs bf16 activations (Precision::bf16), got " + std::string(core::dtype_name(a.q.dtype)) +
               " q (f32 activations run on cuda_decode_splitkv)");
-  if (a.pages.dtype != core::DType::f8_e4m3 && a.pages.dtype != core::DType::bf16)
+  if (!mma_cache_dtype(a.pages.dtype))
     return no("needs an f8_e4m3 or bf16 cache (exact as bf16 mma operands), got " +
               std::string(core::dtype_name(a.pages.dtype)) + " pages");
   if (a.num_heads > kHeadsPad)
     return no("num_heads must be <= 16 (one mma M tile), got " + std::to_string(a.num_heads));
-  if (a.kv_lora % kPvCols != 0 || a.kv_lora > kMlaMaxLatent)
-    return no("kv_lora must be a multiple of 64 up to 512 (a warp's P.V columns), got " + std::to_string(a.kv_lora));
-  const int E = a.kv_lora + a.qk_rope;
-  if (E % 16 != 0 || E > kMaxE)
-    return no("kv_lora + qk_rope must be a multiple of 16 up to 576 (the score mma's k-steps), got " +
-              std::to_string(E));
-  const int64_t elem = static_cast<int64_t>(core::dtype_size(a.pages.dtype));
-  if (!aligned16(a.pages.data) || (a.pages.dim(0) > 1 && a.pages.strides[0] * elem % 16 != 0) ||
-      (a.pages.dim(1) > 1 && a.pages.strides[1] * elem % 16 != 0))
-    return no("cache rows must start at 16-byte boundaries (cp.async copies), got pages at " +
-              std::to_string(reinterpret_cast<uintptr_t>(a.pages.data) % 16) + " mod 16 with strides [" +
-              std::to_string(a.pages.strides[0]) + ", " + std::to_string(a.pages.strides[1]) + "]");
-  const size_t smem = mma_smem_bytes(mma_row_stride(static_cast<int>(E * elem)));
-  if (smem > ops.ctx->smem_optin())
-    return no("needs " + std::to_string(smem) + " bytes of shared memory, the device allows " +
-              std::to_string(ops.ctx->smem_optin()));
+  if (std::string why = mma_shape_problem(ops, a.pages, a.kv_lora, int64_t{a.kv_lora} + a.qk_rope); !why.empty())
+    return no(why);
   return core::Status::ok();
 }
 
 void launch_split_kv_mma(const CudaOps& ops, const MlaDecodeArgs& a, const DecodePlan& plan) {
-  MmaParams p;
-  p.sq = seq_tables(a.seqs);
-  p.pg = pages_ref(a.pages);
+  MmaParams p = mma_params(a.pages, a.seqs, a.scale, a.k_scale, plan.H, plan.L, plan.E, plan.splits, plan.split_len,
+                           plan.part_o, plan.part_m, plan.part_l);
   p.qc = plan.qc;
-  p.part_o = plan.part_o;
-  p.part_m = plan.part_m;
-  p.part_l = plan.part_l;
-  const bool fp8 = a.pages.dtype == core::DType::f8_e4m3;
-  p.score_scale = fp8 ? a.scale * a.k_scale : a.scale;
-  p.o_scale = fp8 ? a.k_scale : 1.0f;
-  p.H = plan.H, p.L = plan.L, p.E = plan.E;
-  p.ks_total = plan.E / 16;
-  p.row_bytes = plan.E * static_cast<int>(core::dtype_size(a.pages.dtype));
-  p.stride = mma_row_stride(p.row_bytes);
-  p.splits = plan.splits, p.split_len = plan.split_len;
-  p.vec_out = aligned16(plan.part_o);
-  const size_t smem = mma_smem_bytes(p.stride);
-  const dim3 grid(plan.splits, static_cast<unsigned>(plan.Q));
-  if (fp8) {
-    allow_smem(split_kv_mma_kernel<uint8_t>, smem);
-    launch_dependent(split_kv_mma_kernel<uint8_t>, grid, dim3(kThreads), smem, ops.ctx->stream(), dim3(1, 1, 1), p,
-                     a.pages.as<const uint8_t>());
-  } else {
-    allow_smem(split_kv_mma_kernel<bf16>, smem);
-    launch_dependent(split_kv_mma_kernel<bf16>, grid, dim3(kThreads), smem, ops.ctx->stream(), dim3(1, 1, 1), p,
-                     a.pages.as<const bf16>());
-  }
+  launch_mma<false>(ops, a.pages, p, dim3(plan.splits, static_cast<unsigned>(plan.Q)));
   K3_CUDA_CHECK_LAUNCH("mla_decode split_kv_mma_kernel");
+}
+
+core::Status partial_split_kv_mma_supports(const CudaOps& ops, const MlaPartialAttentionArgs& a) {
+  const auto no = [](const std::string& why) { return core::Status::fail("tensor-core partial split_kv: " + why); };
+  if (a.precision != Precision::bf16)
+    return no("needs bf16-valued qc (precision bf16: mla_q_absorb's bf16 mode), got precision fp32 (fp32 runs on "
+              "cuda_partial_splitkv)");
+  if (!mma_cache_dtype(a.pages.dtype))
+    return no("needs an f8_e4m3 or bf16 cache (exact as bf16 mma operands), got " +
+              std::string(core::dtype_name(a.pages.dtype)) + " pages");
+  if (std::string why = mma_shape_problem(ops, a.pages, a.o_part.dim(3), a.qc.dim(3)); !why.empty()) return no(why);
+  return core::Status::ok();
+}
+
+void launch_partial_split_kv_mma(const CudaOps& ops, const MlaPartialAttentionArgs& a, const PartialMmaPlan& plan) {
+  MmaParams p = mma_params(a.pages, a.seqs, a.scale, a.k_scale, plan.heads, plan.L, plan.E, plan.splits,
+                           plan.split_len, plan.part_o, plan.part_m, plan.part_l);
+  p.qc = a.qc.as<const float>();
+  p.group_heads = plan.group_heads;
+  p.cp.rows = a.qc.dim(1);
+  p.cp.owner_heads = static_cast<int>(a.qc.dim(2));
+  p.cp.cp_size = a.cp_size;
+  p.cp.cp_rank = a.cp_rank;
+  launch_mma<true>(ops, a.pages, p, dim3(plan.splits, static_cast<unsigned>(plan.Q), plan.groups));
+  K3_CUDA_CHECK_LAUNCH("mla_partial_attention split_kv_mma_kernel");
 }
 
 }  // namespace cuda_detail

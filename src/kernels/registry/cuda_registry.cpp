@@ -28,6 +28,7 @@ void register_all(Registry& r, const CudaOps& ops) {
   register_mla_absorbed_cuda(r, ops);
   register_mla_absorbed_mma_cuda(r, ops);
   register_mla_cp_cuda(r, ops);
+  register_mla_partial_mma_cuda(r, ops);
   register_elementwise_cuda(r, ops);
   register_sampling_cuda(r, ops);
   // fused ops (fastpath/), one line each:

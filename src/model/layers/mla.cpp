@@ -43,6 +43,7 @@ core::Tensor dcp_attention(const ForwardContext& ctx, const MlaWeights& w, const
   part.cp_size = cp.size;
   part.cp_rank = cp.rank;
   part.scale = mc.softmax_scale();
+  part.precision = ctx.precision();  // bf16: qc holds bf16 values (step 1 rounded q_lat), tensor cores allowed
   ctx.ops.mla_partial_attention.run(part, ctx.device());
   ctx.comm->all_gather(lse.view(), lse_all.view(), comm::GatherAxis::first);
 
