@@ -113,8 +113,9 @@ TEST(MlaCache, Fp8StoresScaledCodesAndReadsBackTimesKScale) {
   const uint8_t* codes = pages.data<uint8_t>();
   const std::vector<int64_t> pos = position_of_row(l, l.num_blocks * bs);
   for (int64_t r = 0; r < l.num_blocks * bs; ++r)  // rows of no position untouched
-    if (pos[r] < 0)
+    if (pos[r] < 0) {
       for (int64_t i = 0; i < width; ++i) ASSERT_EQ(codes[r * width + i], 0x7f) << "cache row " << r;
+    }
   const auto read = mla_detail::dequantize_sequence(pages.view(), l.table.data(), T, k_scale, kv_lora, rope);
   int64_t differs_from_unscaled = 0;
   for (int64_t t = 0; t < T; ++t)
