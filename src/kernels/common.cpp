@@ -2,6 +2,7 @@
 #include "kernels/common.h"
 
 #include <span>
+#include <utility>
 
 #include "core/fp4.h"
 
@@ -45,6 +46,22 @@ std::string rows_cols_str(int64_t rows, int64_t cols) {
   s += std::to_string(cols);
   s += ']';
   return s;
+}
+
+namespace {
+// Byte range [first, last) of a rank-2 row view.
+std::pair<const char*, const char*> byte_span(const core::TensorView& v) {
+  const auto* p = static_cast<const char*>(v.data);
+  if (v.numel() == 0) return {p, p};
+  const int64_t elems = (v.dim(0) - 1) * v.strides[0] + v.dim(1);
+  return {p, p + elems * static_cast<int64_t>(core::dtype_size(v.dtype))};
+}
+}  // namespace
+
+bool row_views_overlap(const core::TensorView& a, const core::TensorView& b) {
+  const auto [a0, a1] = byte_span(a);
+  const auto [b0, b1] = byte_span(b);
+  return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
 }
 
 }  // namespace k3::kernels

@@ -48,6 +48,8 @@ inline bool is_activation_rows(const core::TensorView& v, int64_t rows, int64_t 
 // "[rows, cols]".
 std::string describe_view(const core::TensorView& v);
 std::string rows_cols_str(int64_t rows, int64_t cols);
+// Whether the bytes spanned by two rank-2 row views (strided rows allowed) overlap; empty views never do.
+bool row_views_overlap(const core::TensorView& a, const core::TensorView& b);
 
 // The sequences of one batched attention-op call (KDA conv/recurrent/chunked, MLA attention).
 // Each sequence owns a run of rows of the op's [T, ...] activations and a state slot (KDA) or a

@@ -18,20 +18,6 @@ bool is_norm_weight(const core::TensorView& w, int64_t n) {
          w.dim(0) == n && w.is_contiguous();
 }
 
-// Byte range [first, last) of a rank-2 row view.
-std::pair<const char*, const char*> byte_span(const core::TensorView& v) {
-  const auto* p = static_cast<const char*>(v.data);
-  if (v.numel() == 0) return {p, p};
-  const int64_t elems = (v.dim(0) - 1) * v.strides[0] + v.dim(1);
-  return {p, p + elems * static_cast<int64_t>(core::dtype_size(v.dtype))};
-}
-
-bool spans_overlap(const core::TensorView& a, const core::TensorView& b) {
-  const auto [a0, a1] = byte_span(a);
-  const auto [b0, b1] = byte_span(b);
-  return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
-}
-
 // Columns [c0, c0 + cols) of a rank-2 row view, as a row-strided view (no copy).
 core::TensorView columns(const core::TensorView& v, int64_t c0, int64_t cols) {
   core::TensorView c = v;
@@ -92,8 +78,8 @@ core::Status mla_prep_check(const MlaPrepArgs& a) {
   if (a.q_a_norm.device != dev || a.q_a_out.device != dev || a.kv.device != dev || a.kv_a_norm.device != dev ||
       a.pages.device != dev || (T > 0 && rows.device != dev))
     return core::Status::fail("q_a, q_a_norm, q_a_out, kv, kv_a_norm, pages and cache_rows must be on one device");
-  if (spans_overlap(a.q_a_out, a.q_a)) return core::Status::fail("q_a_out overlaps q_a");
-  if (spans_overlap(a.q_a_out, a.kv)) return core::Status::fail("q_a_out overlaps kv");
+  if (row_views_overlap(a.q_a_out, a.q_a)) return core::Status::fail("q_a_out overlaps q_a");
+  if (row_views_overlap(a.q_a_out, a.kv)) return core::Status::fail("q_a_out overlaps kv");
   // The cache rows' values (CPU tables: in range, no row twice): mla_cache_write's own check, with kv's
   // first columns standing in for c_n (same shape and device; only the shape is read).
   if (core::Status s = mla_cache_write_check(cache_write_args(a, columns(a.kv, 0, kv_lora))); !s)

@@ -24,20 +24,6 @@ core::Status check_weight(const LinearWeight* w, const char* name) {
   return core::Status::ok();
 }
 
-// Byte range [first, last) of a rank-2 row view.
-std::pair<const char*, const char*> byte_span(const core::TensorView& v) {
-  const auto* p = static_cast<const char*>(v.data);
-  if (v.numel() == 0) return {p, p};
-  const int64_t elems = (v.dim(0) - 1) * v.strides[0] + v.dim(1);
-  return {p, p + elems * static_cast<int64_t>(core::dtype_size(v.dtype))};
-}
-
-bool spans_overlap(const core::TensorView& a, const core::TensorView& b) {
-  const auto [a0, a1] = byte_span(a);
-  const auto [b0, b1] = byte_span(b);
-  return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
-}
-
 // A contiguous f32 CPU temporary [rows, cols].
 core::Tensor temp(int64_t rows, int64_t cols) { return core::Tensor::zeros(core::DType::f32, {rows, cols}); }
 
@@ -80,10 +66,10 @@ core::Status moe_tail_combine_check(const MoeTailCombineArgs& a) {
   if (!is_activation_rows(a.out, T, hidden))
     return core::Status::fail("out must be f32 (or bf16 on CUDA) " + rows_cols_str(T, hidden) + " (T = u's rows, hidden = " +
                               "latent_up's out), got " + describe_view(a.out));
-  if (spans_overlap(a.out, a.u)) return core::Status::fail("out overlaps u");
+  if (row_views_overlap(a.out, a.u)) return core::Status::fail("out overlaps u");
   if (a.has_shared()) {
-    if (spans_overlap(a.out, a.shared_gate)) return core::Status::fail("out overlaps shared_gate");
-    if (spans_overlap(a.out, a.shared_up)) return core::Status::fail("out overlaps shared_up");
+    if (row_views_overlap(a.out, a.shared_gate)) return core::Status::fail("out overlaps shared_gate");
+    if (row_views_overlap(a.out, a.shared_up)) return core::Status::fail("out overlaps shared_up");
   }
   return core::Status::ok();
 }
