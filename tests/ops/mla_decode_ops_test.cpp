@@ -4,9 +4,12 @@
 // 7, 16 and 64 tokens, with and without the output gate, at odd dims and at one TP8 rank's shapes
 // (12 heads, nope 128, rope 64, v 128, kv_lora 512) with contexts of 1, 17, 31, 33, 97, 1000+ and up to
 // 8192 positions, 64 decode sequences in one call, a caller-provided (NaN-poisoned) workspace, out
-// written in place over the gate, and explicit split lengths. Each case checks that the registry picked
-// exactly the strategy it should: "cuda_decode_splitkv_mma" (tensor cores) for bf16 activations whenever
-// its dims fit, "cuda_decode_splitkv" (CUDA cores) for f32 activations and for odd dims.
+// written in place over the gate, and explicit split lengths; the cluster slices of the combine_w_uv_gate
+// launch at their edges (kv_lora 8 and 36, v 1, 20, 200 and 256, several slot chunks, 10 and 37 splits) and
+// the op's batch invariance (one sequence's out bits alone, in a batch of 8 and in a batch of 64). Each case
+// checks that the registry picked exactly the strategy it should: "cuda_decode_splitkv_mma" (tensor cores)
+// for bf16 activations whenever its dims fit, "cuda_decode_splitkv" (CUDA cores) for f32 activations and
+// for odd dims (both end in the same combine_w_uv_gate cluster kernel: no other combine exists).
 //
 // Tolerance: the tensor-core path keeps tol_attention (bf16: rel 3e-2, cosine 0.999). Its scores are exact
 // products (bf16 Qc x cache codes, which are bf16-exact) summed in fp32, like the CUDA-core path; what it
@@ -19,6 +22,7 @@
 // way, the size of o_lat's own bf16 rounding and ~15x below the bound; W_UV and the gate are linear in it.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "tests/ops/op_harness.h"
@@ -350,6 +354,126 @@ TEST(OpsTp8, MlaDecodeMmaLongContextSplits) {
     check_decode(dev, Mode::bf16, kTp8, {{8192, 1}}, "fp8", 1.0f, 16, true, Out::own, ++seed, split_len);
     check_decode(dev, Mode::bf16, kTp8, {{8192, 1}, {5000, 3}, {33, 1}}, split_len == 64 ? "bf16" : "fp8", 1.0f, 64,
                  true, Out::workspace, ++seed, split_len);
+  }
+}
+
+
+// ---------------------------------------------------------------- combine_w_uv_gate's clusters
+
+// The cluster slices at their edges (8 CTAs per head and chunk of 8 query slots): kv_lora 36 (a multiple of 4,
+// not 8: float4 combine, scalar W_UV; ranks 5-7 own no columns), kv_lora 8 (ranks 0-1 own columns) with v 1
+// (one W_UV row in the whole cluster), v 200 and 256 (two register passes of W_UV rows per warp; 200: a short
+// last rank). 25 query slots (5 sequences x max_rows 5): 4 slot chunks, the last with one slot. Automatic
+// splits (10 of 128 positions: 10 split groups) and split_len 32 (37 splits: 16 groups of 2-3).
+TEST(OpsOdd, MlaDecodeClusterSlices) {
+  K3_REQUIRE_CUDA(dev);
+  const std::vector<SeqShape> batch = {{1, 1}, {17, 4}, {97, 3}, {1180, 1}, {40, 2}};
+  uint64_t seed = 9900;
+  for (Mode m : kModes) {
+    check_decode(dev, m, {2, 16, 8, 20, 36}, batch, act_cache(m), 1.0f, 16, true, Out::own, ++seed);
+    check_decode(dev, m, {1, 8, 8, 1, 8}, batch, "fp8", 0.5f, 7, true, Out::in_place, ++seed);
+  }
+  for (int64_t split_len : {0, 32}) {
+    SCOPED_TRACE("split_len " + std::to_string(split_len));
+    check_decode(dev, Mode::bf16, {4, 32, 16, 200, 128}, batch, "fp8", 0.5f, 16, true, Out::own, ++seed, split_len);
+    check_decode(dev, Mode::bf16, {2, 64, 64, 256, 512}, batch, "bf16", 1.0f, 64, false, Out::workspace, ++seed,
+                 split_len);
+  }
+}
+
+// One sequence's inputs (bf16 values in f32), so the same bytes can sit in different batches.
+struct SeqInputs {
+  SeqShape shape;
+  Tensor q, gate, c_n, k_pe;  // [T, H (nope + rope)], [T, H v], [S, kv_lora], [S, rope]
+};
+SeqInputs random_seq(core::Rng& rng, Dims d, SeqShape s) {
+  return {s, random_act(rng, {s.T, int64_t{d.heads} * (d.nope + d.rope)}, Mode::bf16),
+          random_act(rng, {s.T, int64_t{d.heads} * d.v}, Mode::bf16, 0.0, 2.0),
+          random_act(rng, {s.S, d.kv_lora}, Mode::bf16), random_act(rng, {s.S, d.rope}, Mode::bf16)};
+}
+
+// Copies src's rows into dst's rows r0 .. (f32, same width).
+void put_rows(const Tensor& src, Tensor& dst, int64_t r0) {
+  std::memcpy(dst.data<float>() + r0 * dst.dim(1), src.data<const float>(), static_cast<size_t>(src.nbytes()));
+}
+
+// mla_decode on the device (bf16, fp8 cache in pages of 16, gated, split_len fixed) over `seqs` in this
+// order; the out rows of each sequence, as host f32 [T, H v].
+std::vector<Tensor> decode_batch_rows(Device* dev, Dims d, const std::vector<const SeqInputs*>& seqs,
+                                      const kernels::LinearWeight& dkv_b, int64_t split_len, uint64_t seed) {
+  std::vector<SeqShape> shapes;
+  for (const SeqInputs* s : seqs) shapes.push_back(s->shape);
+  core::Rng rng(seed);
+  const Layout lay(shapes, 16, rng);
+  const int64_t E = d.kv_lora + d.rope, W = int64_t{d.heads} * d.v;
+  Tensor q = Tensor::zeros(DType::f32, {lay.rows, int64_t{d.heads} * (d.nope + d.rope)});
+  Tensor gate = Tensor::zeros(DType::f32, {lay.rows, W});
+  Tensor c_n = Tensor::zeros(DType::f32, {lay.tokens, d.kv_lora});
+  Tensor k_pe = Tensor::zeros(DType::f32, {lay.tokens, d.rope});
+  int64_t token = 0;
+  for (size_t k = 0; k < seqs.size(); ++k) {
+    put_rows(seqs[k]->q, q, lay.begins[k]);
+    put_rows(seqs[k]->gate, gate, lay.begins[k]);
+    put_rows(seqs[k]->c_n, c_n, token);
+    put_rows(seqs[k]->k_pe, k_pe, token);
+    token += seqs[k]->shape.S;
+  }
+  const auto n = static_cast<int64_t>(seqs.size());
+  Tensor pages = dev->poisoned(DType::f8_e4m3, {lay.num_blocks, 16, E});
+  const Tensor dc = dev->act(c_n, Mode::bf16), dpe = dev->act(k_pe, Mode::bf16);
+  const Tensor drows = dev->upload(i32_host(lay.cache_rows, {lay.tokens}));
+  dev->registry().mla_cache_write.run({dc.view(), dpe.view(), pages.view(), drows.view(), 1.0f}, dev->kind());
+  const Tensor dq = dev->act(q, Mode::bf16), dgate = dev->act(gate, Mode::bf16);
+  const Tensor rb = dev->upload(i32_host(lay.begins, {n})), nr = dev->upload(i32_host(lay.counts, {n}));
+  const Tensor pos = dev->upload(i32_host(lay.positions, {n}));
+  const Tensor bt = dev->upload(i32_host(lay.table, {n, lay.max_blocks}));
+  Tensor out = dev->poisoned(DType::bf16, {lay.rows, W});
+  kernels::MlaDecodeArgs a;
+  a.q = dq.view();
+  a.pages = pages.view();
+  a.seqs = lay.seqs(rb, nr, pos, bt);
+  a.kv_b = &dkv_b;
+  a.gate = dgate.view();
+  a.out = out.view();
+  a.num_heads = d.heads, a.qk_nope = d.nope, a.qk_rope = d.rope, a.v_head_dim = d.v, a.kv_lora = d.kv_lora;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(d.nope + d.rope));
+  a.split_len = split_len;
+  EXPECT_EQ(dev->registry().mla_decode.select(a, dev->kind()).name, kMmaImpl);
+  dev->registry().mla_decode.run(a, dev->kind());
+  const Tensor got = dev->to_host_f32(out.view());
+  std::vector<Tensor> rows;
+  for (size_t k = 0; k < seqs.size(); ++k)
+    rows.push_back(Tensor::copy_of(
+        TensorView::contiguous(got.data<float>() + lay.begins[k] * W, DType::f32, {seqs[k]->shape.T, W})));
+  return rows;
+}
+
+// Batch invariance (every sum of the op runs in an order fixed by the dims and the split count): an 8K-context
+// sequence at TP8 (split_len 256: 33 splits, the same in every batch since it is the longest) gives the same
+// out bits alone (batch 1: slot 0 of chunk 0), at slot 25 of a batch of 8 with verify rows (max_rows 5) and at
+// slot 185 of a batch of 64 (chunk 23), beside shorter sequences in the same clusters.
+TEST(OpsTp8, MlaDecodeBatchInvariant) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(9950);
+  kernels::LinearWeight kv_b;
+  kv_b.weight = random_bf16_weight(rng, int64_t{kTp8.heads} * (kTp8.nope + kTp8.v), kTp8.kv_lora);
+  const kernels::LinearWeight dkv_b = dev->upload(kv_b);
+  const SeqInputs target = random_seq(rng, kTp8, {8192, 1});
+  std::vector<SeqInputs> others;
+  for (int i = 0; i < 63; ++i)
+    others.push_back(random_seq(rng, kTp8, {4 + static_cast<int64_t>(rng.next_u64() % 700), i % 7 == 3 ? 4 : 1}));
+  std::vector<const SeqInputs*> batch8, batch64;
+  for (int i = 0; i < 63; ++i) (i < 7 ? batch8 : batch64).push_back(&others[i]);
+  batch64.insert(batch64.begin(), batch8.begin(), batch8.end());
+  batch8.insert(batch8.begin() + 5, &target);
+  batch64.insert(batch64.begin() + 37, &target);
+  const Tensor alone = decode_batch_rows(dev, kTp8, {&target}, dkv_b, 256, 1)[0];
+  for (float x : alone.span<const float>()) ASSERT_TRUE(std::isfinite(x)) << "batch 1: an unwritten or NaN out";
+  const std::pair<const std::vector<const SeqInputs*>*, size_t> cases[] = {{&batch8, 5}, {&batch64, 37}};
+  for (const auto& [batch, at] : cases) {
+    const Tensor got = decode_batch_rows(dev, kTp8, *batch, dkv_b, 256, 2)[at];
+    EXPECT_EQ(std::memcmp(got.data<const float>(), alone.data<const float>(), static_cast<size_t>(alone.nbytes())), 0)
+        << "the 8K sequence's out differs in a batch of " << batch->size() << " from batch 1";
   }
 }
 

@@ -7,14 +7,14 @@
 // the cache once per query slot for all heads at memory speed, where kernels/mla's CUDA-core split_kv is
 // issue-bound (about 60 GB/s at 50K positions x 8 sequences, TP8). So the standard decode path gets the same
 // kernels as the latency_specialized one. kernels_mla_decode depends on kernels_mla, so this registration
-// into Registry::mla_absorbed lives in this module; nothing is duplicated: the four launches are
+// into Registry::mla_absorbed lives in this module; nothing is duplicated: the three launches are
 // cuda_mla_decode_stages.cu's decode_run with cuda_mla_decode_mma.cu's launch_split_kv_mma.
 //
 // Per call (Q = num_seqs * max_rows query slots, H heads, L = kv_lora, E = L + rope; TP8: H 12, L 512, E 576):
 //   1. q_absorb  Qc [Q][H][E] = [round(W_UK^T q_nope); q_pe]
 //   2. split_kv  grid (splits, Q), tensor cores, 64-position cp.async stages; partials [Q][H][splits][L + 2]
-//   3. combine   o_lat [Q][H][L] = round(sum_s w_s o_s / sum_s w_s l_s)  (in Qc's memory)
-//   4. w_uv_gate out [T, H * v] = round(W_UV o_lat)  (no gate)
+//   3. combine_w_uv_gate  o_lat = round(sum_s w_s o_s / sum_s w_s l_s) per (slot, head) in a cluster's shared
+//                memory, then out [T, H * v] = round(W_UV o_lat)  (no gate)
 // The workspace (mla_decode_workspace_floats: Q*H*E + Q*H*splits*(L + 2) floats; TP8 batch 1 at 8K: 128
 // splits, 3.2 MB, L2-resident) comes from the context's scratch pool, like cuda_split_kv's: under a CUDA-graph
 // capture the pool hands the graph its own block and keeps it for the graph's lifetime
@@ -65,7 +65,7 @@ core::Status absorbed_mma_supports(const CudaOps& ops, const MlaAttentionArgs& a
   // 16-byte cache rows, shared memory.
   if (auto s = split_kv_mma_supports(ops, d); !s) return s;
   // What mla_decode's check adds to mla_attention_check for a call without gate or workspace: out must
-  // not overlap pages (the fused kernels read the cache while w_uv_gate writes out).
+  // not overlap pages (the fused kernels read the cache while combine_w_uv_gate writes out).
   return mla_decode_check(d);
 }
 

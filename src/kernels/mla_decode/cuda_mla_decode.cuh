@@ -1,11 +1,11 @@
 // kernels/mla_decode/cuda_mla_decode.cuh: internal to kernels/mla_decode on CUDA: what the two split_kv
-// strategies of the fused MLA decode op share. Both run the same four launches (mla_decode.h):
-// q_absorb, split_kv, combine, w_uv_gate; only split_kv differs:
+// strategies of the fused MLA decode op share. Both run the same three launches (mla_decode.h):
+// q_absorb, split_kv, combine_w_uv_gate; only split_kv differs:
 //   cuda_mla_decode.cu      "cuda_decode_splitkv"      (priority 10): fp32 CUDA-core split_kv, any dims, any
 //                                                       activation dtype; the exact-ish mode for f32 activations
 //   cuda_mla_decode_mma.cu  "cuda_decode_splitkv_mma"  (priority 20): tensor-core (mma.sync m16n8k16) split_kv
 //                                                       for bf16 activations over fp8 / bf16 caches
-//   cuda_mla_decode_stages.cu: q_absorb, combine, w_uv_gate, the shared checks and the launch sequence.
+//   cuda_mla_decode_stages.cu: q_absorb, combine_w_uv_gate, the shared checks and the launch sequence.
 // The tensor-core split_kv also serves mla_partial_attention under decode context parallelism
 // (kernels/mla/mla_cp.h) in its DCP form: cuda_partial_via_decode.cu, "cuda_partial_splitkv_mma".
 #pragma once
@@ -35,7 +35,6 @@ struct DecodePlan {
   int64_t split_len = 0;
   int splits = 0;
   float* qc = nullptr;      // [Q][H][E]: [round(W_UK^T q_nope); q_pe] (values of the activation dtype)
-  float* o_lat = nullptr;   // [Q][H][L]: the same memory as qc, written by combine once split_kv is done
   float* part_o = nullptr;  // [Q][H][splits][L]: unnormalised partial o of each split (k_scale applied)
   float* part_m = nullptr;  // [Q][H][splits]: running max of the scaled scores
   float* part_l = nullptr;  // [Q][H][splits]: sum of e^{s - m}
@@ -43,9 +42,9 @@ struct DecodePlan {
 
 using SplitKvLaunch = void (*)(const CudaOps& ops, const MlaDecodeArgs& a, const DecodePlan& plan);
 
-// Checks shared by both strategies (devices, dtypes, aliasing, grid and head limits).
+// Checks shared by both strategies (devices, compute capability 9.0, dtypes, aliasing, grid and head limits).
 core::Status decode_supports_common(const CudaOps& ops, const MlaDecodeArgs& a);
-// q_absorb, then split_kv(plan), then combine and w_uv_gate, all on the context's stream.
+// q_absorb, then split_kv(plan), then combine_w_uv_gate, all on the context's stream.
 void decode_run(const CudaOps& ops, const MlaDecodeArgs& a, SplitKvLaunch split_kv);
 
 // The two split_kv kernels: what each refuses beyond decode_supports_common, and its launch.

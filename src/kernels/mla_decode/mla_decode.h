@@ -17,10 +17,11 @@
 //
 // The standard op mla_absorbed runs the same launches without a gate ("cuda_absorbed_splitkv_mma",
 // cuda_absorbed_via_decode.cu), so both decode paths attend on the tensor cores.
-// CUDA design: four launches per call, grids from host integers only (num_seqs, max_rows, max_tokens,
-// dims), so a captured CUDA graph replays for any positions, row counts and block tables. Query slots
-// qi = s * max_rows + i (Q = num_seqs * max_rows); slots with i >= num_rows[s] exit at once. Two strategies
-// share launches 1, 3, 4 (cuda_mla_decode_stages.cu) and differ in split_kv:
+// CUDA design: three launches per call (sm_90: the third is a thread-block cluster), grids from host
+// integers only (num_seqs, max_rows, max_tokens, dims), so a captured CUDA graph replays for any positions,
+// row counts and block tables. Query slots qi = s * max_rows + i (Q = num_seqs * max_rows); slots with
+// i >= num_rows[s] do nothing. Two strategies share launches 1 and 3 (cuda_mla_decode_stages.cu) and differ
+// in split_kv:
 //   "cuda_decode_splitkv_mma" (priority 20, cuda_mla_decode_mma.cu): bf16 activations, fp8 / bf16 cache,
 //        heads <= 16, kv_lora % 64 == 0 (<= 512), (kv_lora + rope) % 16 == 0 (<= 576), 16-byte cache rows.
 //   "cuda_decode_splitkv"     (priority 10, cuda_mla_decode.cu): everything else the op allows, in particular
@@ -38,10 +39,15 @@
 //                operands, fp32 sums; P rounded to f16 (fp8 cache) or bf16 (bf16 cache)). 96.6 KB of shared
 //                memory (fp8): 2 CTAs per SM. CUDA-core: 32-position tiles dequantised to f32 in shared
 //                memory, fp32 FMA (12 x (576 + 512) per position, issue-bound: ~20 us per tile per CTA).
-//   3. combine   grid (Q * H, ceil(kv_lora / 128)), 256 threads = 32 float4 columns x 8 split groups:
-//                o_lat = round(sum_s w_s o_s / sum_s w_s l_s), w_s = e^{m_s - max m} over the non-empty splits.
-//   4. w_uv_gate grid (H * v / 8, ceil(Q / 8)): a warp per W_UV row (registers, 16-byte loads) against the
-//                o_lat of 8 slots (shared memory): o = round(W_UV o_lat), out = round(o * round(sigmoid(gate))) or o.
+//   3. combine_w_uv_gate  grid (H * 8, ceil(Q / 8)), clusters of 8 CTAs, 256 threads: the cluster of (head h,
+//                chunk of 8 slots) splits kv_lora in 8 column slices (rank r: [r L/8, (r+1) L/8)) for
+//                o_lat = round(sum_s w_s o_s / sum_s w_s l_s), w_s = e^{m_s - max m} over the non-empty splits
+//                (min(16, splits) split groups), each slice in its CTA's shared memory; after a cluster
+//                barrier every CTA copies the whole o_lat [8][L] from the others' shared memory (DSMEM) and
+//                computes W_UV rows [r v/8, (r+1) v/8) (registers, 16-byte loads before the PDL wait):
+//                o = round(W_UV o_lat), out = round(o * round(sigmoid(gate))) or o. A second cluster barrier
+//                keeps every CTA's shared memory alive until no other CTA reads it. o_lat never reaches
+//                global memory; 48 KB of shared memory per CTA at TP8 batch 1 (16 split groups).
 //   Verify rows of one sequence are separate query slots (each reads the sequence's cache; L2 serves the
 //   repeats).
 // Splits (mla_decode_split_len; MlaDecodeArgs::split_len overrides): splits = floor(kMlaDecodeTargetCtas / Q)
@@ -51,18 +57,24 @@
 // the activation dtype (bf16: tensor_core, f32: cuda_core), so the workspace (mla_decode_workspace_floats)
 // always matches whichever strategy runs. At 8K context: batch 1 -> 128 splits of 64 (tensor core; the
 // CUDA-core rule 256 of 32), batch 8 -> 32 of 256, batch 64 -> 4 of 2048: 128-256 CTAs. The 64-position
-// floor bounds the partials (written by split_kv, read by combine, L2-resident) at batch 1 to 128 x 12 x
-// 514 x 4 B = 3.2 MB, against 4.7 MB of cache from DRAM (the 32-position rule wrote 6.3 MB).
+// floor bounds the partials (written by split_kv, read by combine_w_uv_gate, L2-resident) at batch 1 to
+// 128 x 12 x 514 x 4 B = 3.2 MB, against 4.7 MB of cache from DRAM (the 32-position rule wrote 6.3 MB).
 // Bytes per call at TP8 (12 heads, kv_lora 512, rope 64, fp8 cache 576 B/token, 8K context, bf16 kv_b):
 //   batch 1:  cache 4.72 MB + W_UK/W_UV 3.15 MB = 7.9 MB from DRAM (1.8 us at 4.3 TB/s); partials 3.2 MB (L2).
 //             Expected (model, to confirm with k3bench_ops_gpu --only mla): q_absorb ~2 us, split_kv ~3 us
-//             (128 CTAs x 1 stage: a DRAM round trip + ~1.2K cycles of issue), combine ~2 us, w_uv_gate ~2 us:
-//             ~9 us (measured before: 79 us).
-//   batch 8:  cache 37.7 MB (8.8 us) + W 3.15 MB; split_kv 256 CTAs x 4 stages, memory-bound: ~10 us; ~16 us total.
+//             (128 CTAs x 1 stage: a DRAM round trip + ~1.2K cycles of issue), combine_w_uv_gate ~3-4 us: 96
+//             CTAs, each with its 16 W_UV rows (16 KB) in flight before the PDL wait, then after it a chain of
+//             ~5 L2 round trips (tables; max m; sum w l; 8 float4 of part_o per thread; the gate) and two
+//             cluster barriers: ~8 us in all. Measured (ncu, L2 flushed, docs/perf/fastpath.md) with the four
+//             launches: q_absorb 10.0 + split_kv 12.7 + combine 8.7 + w_uv_gate 7.4 = 38.8 us.
+//   batch 8:  cache 37.7 MB (8.8 us) + W 3.15 MB; split_kv 256 CTAs x 4 stages, memory-bound: ~10 us; ~15 us total
+//             (combine_w_uv_gate: 96 CTAs, each 8 slots x 32 splits x 64 columns of partials from L2).
 //   batch 64: cache 302 MB + W 3.15 MB = 305 MB (71 us at 4.3 TB/s); partials 4 x 64 x 12 x 514 x 4 B = 6.3 MB.
 //             The tensor-core split_kv issues ~4.9K warp instructions per 64-position stage per CTA (exact
 //             fp8 -> bf16 conversions dominate), ~38 us per SM of work at 62 stages per SM: under the memory
-//             time, so ~75-90 us total (measured before: 1570 us on CUDA cores).
+//             time, so ~75-90 us total (measured before: 1570 us on CUDA cores). combine_w_uv_gate: 768 CTAs
+//             (8 slot chunks), each 8 slots x 4 splits x 64 columns of partials and 16 W_UV rows (L2 after the
+//             first chunk).
 #pragma once
 #include <cstdint>
 
