@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -229,6 +230,52 @@ TEST_F(TpDcp, EachRankHoldsItsShareOfTheCache) {
       EXPECT_LT(max_diff, 1e-5 * scale) << "cp=" << cp << " rank " << r;  // measured <= 1.8e-6
     }
   }
+}
+
+// With a trace, the DCP attention runs W_UV and the gate as two ops so that it can emit the ungated
+// "mla.o" (as every path does); without one, W_UV and the gate are one op. Both give the same bits.
+TEST_F(TpDcp, TracedStepEmitsMlaOAndGivesTheUntracedLogits) {
+  const auto dir = write(checkpoint::InitStyle::realistic, "traced");
+  const auto r = TpRunner::open(dir, 2, options(kernels::Precision::bf16, 2));
+  const auto tokens = random_tokens(38, 1024, 7);
+  std::mutex mu;
+  std::vector<std::pair<int, int>> mla_o;  // (rank, layer) of each "mla.o" emitted
+  const auto logits_of = [&](bool traced) {
+    const int64_t V = r->config().vocab_size;
+    core::Tensor out = core::Tensor::zeros(core::DType::f32, {2, V});
+    r->run([&](int rank, const model::Model& m, comm::Communicator&) {
+      const model::TraceFn trace = [&](std::string_view name, int layer, const core::TensorView& value) {
+        if (name != "mla.o") return;
+        EXPECT_EQ(value.dim(0), 1);  // the decode step's one row
+        std::lock_guard<std::mutex> lock(mu);
+        mla_o.emplace_back(rank, layer);
+      };
+      model::LocalCache cache = rank_cache(*r, m, 1, 38);
+      model::SequenceState s = cache.new_sequence();
+      const model::SequenceInput prefill{std::span(tokens).first(37), &s, StepKind::prefill};
+      const core::Tensor a = m.forward(cache.storage(), {&prefill, 1}, model::LogitRows::last);
+      const model::SequenceInput decode{std::span(tokens).subspan(37, 1), &s, StepKind::decode};
+      const core::Tensor b = m.forward(cache.storage(), {&decode, 1}, model::LogitRows::last, traced ? &trace : nullptr);
+      if (rank == 0) {
+        std::copy_n(a.data<const float>(), V, out.data<float>());
+        std::copy_n(b.data<const float>(), V, out.data<float>() + V);
+      }
+    });
+    return out;
+  };
+  const core::Tensor plain = logits_of(false);
+  EXPECT_TRUE(mla_o.empty());
+  const core::Tensor traced = logits_of(true);
+  EXPECT_EQ(std::memcmp(plain.data<const float>(), traced.data<const float>(), plain.nbytes()), 0)
+      << "the traced (unfused) step's logits differ from the fused one's";
+  std::vector<int> ranks;
+  for (const auto& [rank, layer] : mla_o) {
+    EXPECT_EQ(r->config().attn_kind(layer), config::AttnKind::mla) << "layer " << layer;
+    ranks.push_back(rank);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  EXPECT_FALSE(ranks.empty());
+  EXPECT_EQ(std::count(ranks.begin(), ranks.end(), 0), std::count(ranks.begin(), ranks.end(), 1));
 }
 
 TEST_F(TpDcp, BadDcpValuesNameTheProblem) {

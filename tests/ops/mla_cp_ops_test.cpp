@@ -1,8 +1,9 @@
 // tests/ops/mla_cp_ops_test.cpp: the four MLA ops of decode context parallelism (kernels/mla/mla_cp.h)
 // on every device backend against the CPU reference, each case asserting the strategy that ran:
 //   mla_q_absorb ("cuda_q_absorb"), mla_partial_attention ("cuda_partial_splitkv"; in bf16 mode at
-//   tensor-core dims "cuda_partial_splitkv_mma"), mla_lse_rescale ("cuda_lse_rescale"), mla_w_uv
-//   ("cuda_w_uv_rowdot")
+//   tensor-core dims "cuda_partial_splitkv_mma"), mla_lse_rescale ("cuda_lse_rescale"); mla_w_uv
+//   ("cuda_w_uv_rowdot", with and without the output gate) has its own file, mla_cp_w_uv_ops_test.cpp,
+//   and runs here in the chains
 // at odd dims (H 1/3/12, G = cp 1/2/4, ranks 0 and cp-1, pages of 7 and 16 tokens, f32 / bf16 / fp8
 // caches, rows at global positions 0/17/54/97 with 1 or 3 verify rows, some rows seeing no local
 // position) and at the per-GPU TP8 shape (H 12, kv_lora 512, rope 64, G 8, thousands of local
@@ -444,49 +445,6 @@ TEST(OpsTp8, MlaCpLseRescale) {
   for (int rank : {0, 7}) check_rescale(dev, 8, rank, 12, 512, {{8191, 1}, {3000, 4}, {0, 1}}, 9450 + rank);
 }
 
-// ---------------------------------------------------------------- mla_w_uv
-
-void check_w_uv(Device* dev, Mode mode, const Dims& d, const std::vector<Seq>& seqs, uint64_t seed) {
-  core::Rng rng(seed);
-  const Rows rows(seqs);
-  const int64_t R = rows.total, H = d.heads;
-  const Tensor o_lat = random_act(rng, {R, H, d.kv_lora}, Mode::fp32);  // unrounded: the op rounds it
-  kernels::LinearWeight kv_b;
-  kv_b.weight = random_bf16_weight(rng, H * (d.nope + d.v), d.kv_lora);
-  const Tables cpu(rows, Tensor(), nullptr);
-  Tensor want = nan_tensor({R, H * d.v});
-  cpu_registry().mla_w_uv.run({o_lat.view(), cpu.seqs(rows, 0), &kv_b, want.view(), d.heads, d.nope, d.v, d.kv_lora,
-                               precision(mode)},
-                              core::Device::cpu);
-  const Tables dt(rows, Tensor(), dev);
-  const Tensor d_lat = dev->upload(o_lat);
-  const kernels::LinearWeight dkv_b = dev->upload(kv_b);
-  Tensor out = dev->poisoned(act_dtype(mode), {R, H * d.v});
-  const kernels::MlaWUvArgs args{d_lat.view(), dt.seqs(rows, 0), &dkv_b, out.view(), d.heads, d.nope, d.v, d.kv_lora,
-                                 precision(mode)};
-  expect_device_impl(dev->registry().mla_w_uv, args, dev);
-  ASSERT_EQ(dev->registry().mla_w_uv.select(args, dev->kind()).name, kWUv);
-  dev->registry().mla_w_uv.run(args, dev->kind());
-  const Tensor got = dev->to_host_f32(out.view());
-  expect_row0_nan(got, R, "mla_w_uv out");
-  expect_close("mla_w_uv", shape_str({R, H, d.v, d.kv_lora}), mode, "out", owned_rows(got, R), owned_rows(want, R),
-               tol_reduction(mode));
-}
-
-TEST(OpsOdd, MlaCpWUv) {
-  K3_REQUIRE_CUDA(dev);
-  uint64_t seed = 9500;
-  for (Mode m : kModes)
-    for (int H : {1, 3, 12}) {
-      check_w_uv(dev, m, {H, 17, 9, 13, 54}, kOddBatch, ++seed);
-      check_w_uv(dev, m, {H, 17, 9, 13, 64}, kOddBatch, ++seed);  // 16-byte vector path
-    }
-}
-TEST(OpsTp8, MlaCpWUv) {
-  K3_REQUIRE_CUDA(dev);
-  for (Mode m : kModes) check_w_uv(dev, m, kTp8, {{8191, 1}, {3000, 4}, {0, 1}}, 9550);
-}
-
 // ---------------------------------------------------------------- chains
 
 // Columns [c0, c0 + w) of a CPU f32 [R, W] tensor.
@@ -590,7 +548,7 @@ void check_chain(Device* dev, Mode mode, const Dims& d, int cp, const std::vecto
     // 4. W_UV on the owner of heads g * H ..
     const Tensor d_lat = dev->upload(o_lat);
     Tensor out = dev->poisoned(act_dtype(mode), {R, vw});
-    const kernels::MlaWUvArgs a{d_lat.view(), rows_only.seqs(rows, 0), &dkv[g], out.view(), d.heads, d.nope, d.v,
+    const kernels::MlaWUvArgs a{d_lat.view(), rows_only.seqs(rows, 0), &dkv[g], {}, out.view(), d.heads, d.nope, d.v,
                                 d.kv_lora, p};
     ASSERT_EQ(dev->registry().mla_w_uv.select(a, dev->kind()).name, kWUv);
     dev->registry().mla_w_uv.run(a, dev->kind());
@@ -627,9 +585,10 @@ TEST(OpsTp8, MlaCpChainMmaMatchesAbsorbedReference) {
 }
 
 // cp = 1: the four CUDA ops give the bytes of mla_absorbed's "cuda_split_kv" (same kernels, same split
-// plan, the rescale weight e^0 / e^0 = 1 exactly, o_lat rounded at the same point; the W_UV step takes
-// the same vector / scalar path when the absorbed form's o_lat scratch is 16-byte aligned, as for
-// these shapes: L not a multiple of 8, or H even).
+// plan, the rescale weight e^0 / e^0 = 1 exactly, o_lat rounded at the same point; mla_w_uv's own kernel
+// sums each W_UV row in the lane order of the absorbed form's w_uv_kernel and takes the same vector /
+// scalar path when the absorbed form's o_lat scratch is 16-byte aligned, as for these shapes: L not a
+// multiple of 8, or H even).
 void check_cp1_bitwise(Device* dev, Mode mode, const Dims& d, const std::vector<Seq>& seqs, const std::string& kind,
                        int64_t bs, uint64_t seed) {
   core::Rng rng(seed);
@@ -673,7 +632,8 @@ void check_cp1_bitwise(Device* dev, Mode mode, const Dims& d, const std::vector<
   reg.mla_partial_attention.run({qc.view(), dpages.view(), sb, k_scale, o_part.view(), lse.view(), 1, 0, scale},
                                 dev->kind());
   reg.mla_lse_rescale.run({o_part.view(), as(lse, {1, 1, R, H}), sb, 0}, dev->kind());
-  reg.mla_w_uv.run({as(o_part, {R, H, L}), sb, &dkv_b, out.view(), d.heads, d.nope, d.v, d.kv_lora, p}, dev->kind());
+  reg.mla_w_uv.run({as(o_part, {R, H, L}), sb, &dkv_b, {}, out.view(), d.heads, d.nope, d.v, d.kv_lora, p},
+                   dev->kind());
   const Tensor a = dev->to_host(want.view()), b = dev->to_host(out.view());
   ASSERT_EQ(a.nbytes(), b.nbytes());
   EXPECT_EQ(std::memcmp(a.data<const uint8_t>(), b.data<const uint8_t>(), static_cast<size_t>(a.nbytes())), 0)

@@ -24,6 +24,13 @@ using mla_detail::describe;
 using mla_detail::is_rows;
 
 std::string str(int64_t v) { return std::to_string(v); }
+// "[i]", appended piecewise (GCC 12 warns falsely, -Wrestrict, on "[" + string).
+std::string index_str(int64_t i) {
+  std::string s(1, '[');
+  s += str(i);
+  s += ']';
+  return s;
+}
 
 // A dense f32 tensor of exactly `shape` on `device`.
 bool is_f32_dense(const core::TensorView& v, const core::Shape& shape, core::Device device) {
@@ -59,7 +66,7 @@ std::string seq_rows_problem(const SeqBatch& b, int64_t T, core::Device device) 
   for (int s = 0; s < b.num_seqs; ++s) {
     const int64_t begin = b.row_begin.as<const int32_t>()[s * b.row_begin.strides[0]];
     const int64_t rows = b.num_rows.as<const int32_t>()[s * b.num_rows.strides[0]];
-    const std::string at = "[" + str(s) + "]";
+    const std::string at = index_str(s);
     if (rows < 1 || rows > b.max_rows)
       return "seqs.num_rows" + at + " = " + str(rows) + " is outside [1, max_rows = " + str(b.max_rows) + "]";
     if (begin < 0 || begin + rows > T)
@@ -100,7 +107,7 @@ std::string cp_seq_batch_problem(const MlaPartialAttentionArgs& a, int64_t T) {
   if (device != core::Device::cpu) return "";
   for (int s = 0; s < b.num_seqs; ++s) {
     const mla_detail::SeqRef r = mla_detail::seq_ref(b, s);
-    const std::string at = "[" + str(s) + "]";
+    const std::string at = index_str(s);
     if (r.position < 0) return "seqs.position" + at + " = " + str(r.position) + " is negative";
     const int64_t local_end = visible_local(r.end() - 1, a.cp_size, a.cp_rank);
     if (local_end > b.max_tokens)
@@ -138,6 +145,22 @@ std::vector<mla_detail::HeadWeights> head_weights(const LinearWeight* kv_b, int 
   w.v_head_dim = vd;
   w.kv_lora = L;
   return mla_detail::load_all_head_weights(w);
+}
+
+// mla_w_uv's gate is given (an undefined view has no data).
+bool has_gate(const MlaWUvArgs& a) { return a.gate.data != nullptr; }
+
+// Two row views of the same elements (out == gate is the one overlap mla_w_uv allows).
+bool same_row_view(const core::TensorView& a, const core::TensorView& b) {
+  return a.data == b.data && a.dtype == b.dtype && a.shape == b.shape && a.strides[0] == b.strides[0];
+}
+
+// sigmoid_gate_reference's element (kernels/elementwise/reference.cpp), the same expression and rounding
+// points: round(x * round(sigmoid(g))). Written out here because kernels_mla does not link the elementwise
+// op; tests/ops/mla_cp_w_uv_ops_test.cpp checks the two agree bit for bit.
+float sigmoid_gated(float x, float g, Precision p) {
+  const float s = round_act(1.0f / (1.0f + std::exp(-g)), p);
+  return round_act(x * s, p);
 }
 
 // Runs fn(row) for every row of every sequence of a checked CPU SeqBatch.
@@ -355,6 +378,21 @@ core::Status mla_w_uv_check(const MlaWUvArgs& a) {
       a.out.device != dev)
     return fail("out must be f32 (or bf16 on CUDA) [T, num_heads * v_head_dim] = [" + str(T) + ", " + str(out_width) +
                 "] with unit inner stride on " + std::string(core::device_name(dev)) + ", got " + describe(a.out));
+  // o_lat (contiguous, checked above) as the [T, H * kv_lora] rows it spans, for the overlap test.
+  const core::TensorView o_lat_rows =
+      core::TensorView::contiguous(a.o_lat.data, core::DType::f32, {T, H * a.kv_lora}, dev);
+  if (row_views_overlap(a.out, o_lat_rows)) return fail("out must not overlap o_lat");
+  if (has_gate(a)) {
+    if (!is_rows(a.gate) || a.gate.dtype != a.out.dtype || a.gate.dim(0) != T || a.gate.dim(1) != out_width)
+      return fail("gate must be undefined (no gate) or " + std::string(core::dtype_name(a.out.dtype)) +
+                  " (out's dtype) [T, num_heads * v_head_dim] = [" + str(T) + ", " + str(out_width) +
+                  "] with unit inner stride, got " + describe(a.gate));
+    if (a.gate.device != dev)
+      return fail("gate must be on " + std::string(core::device_name(dev)) + " (o_lat's device), got " +
+                  describe(a.gate));
+    if (row_views_overlap(a.out, a.gate) && !same_row_view(a.out, a.gate))
+      return fail("out overlaps gate without being the same view (only out == gate is allowed)");
+  }
   if (std::string why = kv_b_problem(a.kv_b, H, a.qk_nope, a.v_head_dim, a.kv_lora, dev); !why.empty())
     return fail(why);
   if (std::string why = seq_rows_problem(a.seqs, T, dev); !why.empty()) return fail(why);
@@ -368,8 +406,10 @@ void mla_w_uv_reference(const MlaWUvArgs& a) {
   if (a.seqs.num_seqs == 0) return;
   const std::vector<mla_detail::HeadWeights> w = head_weights(a.kv_b, a.num_heads, a.qk_nope, a.v_head_dim, a.kv_lora);
   const int64_t H = a.num_heads, L = a.kv_lora, vd = a.v_head_dim;
+  const bool gated = has_gate(a);
   std::vector<int64_t> rows;
   for_each_row(a.seqs, [&](int64_t t) { rows.push_back(t); });
+  // (t, h) pairs are independent: each reads its gate elements and writes the same out elements only.
   backends::cpu::ThreadPool::shared().parallel_for(static_cast<int64_t>(rows.size()) * H, [&](int64_t begin, int64_t end) {
     std::vector<float> o_lat(static_cast<size_t>(L));
     for (int64_t k = begin; k < end; ++k) {
@@ -377,11 +417,13 @@ void mla_w_uv_reference(const MlaWUvArgs& a) {
       const float* src = a.o_lat.as<const float>() + (t * H + h) * L;
       for (int64_t i = 0; i < L; ++i) o_lat[i] = round_act(src[i], a.precision);
       float* out = mla_detail::mutable_row_ptr(a.out, t) + h * vd;
+      const float* gate = gated ? mla_detail::row_ptr(a.gate, t) + h * vd : nullptr;  // may be `out` itself
       for (int64_t e = 0; e < vd; ++e) {
         const float* wr = w[static_cast<size_t>(h)].w_uv.data() + e * L;
         float acc = 0.0f;
         for (int64_t i = 0; i < L; ++i) acc += wr[i] * o_lat[i];
-        out[e] = round_act(acc, a.precision);
+        const float o = round_act(acc, a.precision);  // what mla_w_uv stores without a gate
+        out[e] = gated ? sigmoid_gated(o, gate[e], a.precision) : o;
       }
     }
   });

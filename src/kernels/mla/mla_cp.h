@@ -10,7 +10,8 @@
 //      all_gather(lse, first)                              -> lse of every rank [cp, cp, T, H]
 //   3. mla_lse_rescale     o_part *= exp(lse_mine - logsumexp over ranks)   (in place)
 //      reduce_scatter_sum(o_part) over the owner axis      -> o_lat [T, H, L] of this rank's heads
-//   4. mla_w_uv            out = round(W_UV round(o_lat))   [T, H * v]
+//   4. mla_w_uv            o = round(W_UV round(o_lat)) [T, H * v], and with the layer's output gate
+//                          out = round(o * round(sigmoid(gate))) in the same op (one CUDA launch)
 //
 // E = kv_lora + rope, L = kv_lora, H = heads per rank. The "owner axis" g of [cp, T, H, ...] is the
 // rank that owns the heads (head g * H + h of the group); reduce_scatter_sum's rank-order fp32 sum
@@ -91,12 +92,23 @@ struct MlaLseRescaleArgs {
 core::Status mla_lse_rescale_check(const MlaLseRescaleArgs& a);
 void mla_lse_rescale_reference(const MlaLseRescaleArgs& a);
 
-// out[t, h*v .. (h+1)*v) = round(W_UV[h] round(o_lat[t, h, :])) for the rows of `seqs` (fp32 sum
-// over kv_lora in index order, as the absorbed form).
+// For the rows t of `seqs`, head h, e < v (fp32 sum over kv_lora in index order, as the absorbed form):
+//   o[t, h*v + e]   = round(W_UV[h][e] . round(o_lat[t, h, :]))
+//   out[t, h*v + e] = round(o * round(sigmoid(gate[t, h*v + e])))   with a gate (the layer's output gate)
+//                   = o                                              without one
+// exactly the rounding points of mla_w_uv without a gate followed by sigmoid_gate (the standard op pair):
+// the CPU reference equals that pair bit for bit in both precisions. Under DCP the gate is applied after
+// the reduce-scatter, so the layer's W_UV and gate are one launch (issue #9 item 3: the combine "fused with
+// W_UV and the gate"; the collective itself cannot join them).
+// Reads the o_lat and gate rows and writes the out rows of the sequences only; other rows are neither read
+// nor written. out must not overlap o_lat; it may be exactly the gate view (each element's gate is read
+// before its out is written), no other overlap with gate.
 struct MlaWUvArgs {
   core::TensorView o_lat;              // f32 [T, H, kv_lora]
   SeqBatch seqs;                       // only row_begin / num_rows are used
   const LinearWeight* kv_b = nullptr;  // [H * (nope + v), kv_lora]
+  core::TensorView gate;               // activations [T, H * v] (out's dtype): gate logits (the rounded W_g x),
+                                       //   or undefined (data null): no gate
   core::TensorView out;                // activations [T, H * v] (f32; bf16 on CUDA in bf16 mode)
   int num_heads = 0, qk_nope = 0, v_head_dim = 0, kv_lora = 0;
   Precision precision = Precision::bf16;

@@ -6,14 +6,24 @@ namespace k3::model {
 namespace {
 constexpr float kMlaNormEps = 1e-6f;  // q_a/kv_a layernorms: Moonshot reference default (spec §6.1)
 
+// The output gate (spec §6.1): round(o * round(sigmoid(gate))) [T, H * v].
+core::Tensor apply_gate(const ForwardContext& ctx, const core::Tensor& o, const core::Tensor& gate) {
+  core::Tensor gated = ctx.alloc(o.dim(0), o.dim(1));
+  ctx.ops.sigmoid_gate.run({o.view(), gate.view(), gated.view(), ctx.precision()}, ctx.device());
+  return gated;
+}
+
 // Attention under decode context parallelism (kernels/mla/mla_cp.h): this rank's pages hold only
 // the positions p % cp == rank of every sequence, so every row of the step (prefill, decode and
 // verify alike) takes the absorbed form around three collectives, attending with every head of
 // the group over this rank's tokens and combining the ranks' partial softmaxes by log-sum-exp.
 // Prefill rows pay the absorbed form's kv_lora-wide scores instead of the naive form's
-// (nope + rope)-wide ones: slower at long prompts, fine for now. Returns o [T, H * v] (this rank's heads).
-core::Tensor dcp_attention(const ForwardContext& ctx, const MlaWeights& w, const core::Tensor& q,
-                           const core::Tensor& pages) {
+// (nope + rope)-wide ones: slower at long prompts, fine for now. Returns [T, H * v] (this rank's heads):
+// the gated output round(o * round(sigmoid(gate))) with a gate, else o; step 4 applies W_UV and the gate
+// in one op. It emits "mla.o" (the ungated o, as every path does): with a trace and a gate it runs the
+// unfused pair instead (mla_w_uv without the gate, then sigmoid_gate), which gives the same bits.
+core::Tensor dcp_attention(const ForwardContext& ctx, int layer, const MlaWeights& w, const core::Tensor& q,
+                           const core::Tensor& pages, const core::Tensor& gate) {
   const auto& mc = ctx.config.mla;
   const ContextSplit cp = ctx.context_split();
   const int64_t T = q.dim(0), H = mc.num_heads, L = mc.kv_lora_rank, E = mc.cache_dim(), G = cp.size;
@@ -53,12 +63,16 @@ core::Tensor dcp_attention(const ForwardContext& ctx, const MlaWeights& w, const
   const core::Tensor o_lat = f32(T, H * L);
   ctx.comm->reduce_scatter_sum(o_part.view(), o_lat.view());
 
-  // 4. o = round(W_UV round(o_lat)).
-  core::Tensor o = ctx.alloc(T, H * mc.v_head_dim);
-  ctx.ops.mla_w_uv.run({as(o_lat, {T, H, L}), seqs, &w.kv_b_proj, o.view(), mc.num_heads, mc.qk_nope_head_dim,
-                        mc.v_head_dim, mc.kv_lora_rank, ctx.precision()},
+  // 4. o = round(W_UV round(o_lat)), and out = round(o * round(sigmoid(gate))) in the same op.
+  const bool traced = ctx.trace != nullptr && *ctx.trace;
+  const bool fuse_gate = gate.defined() && !traced;
+  core::Tensor out = ctx.alloc(T, H * mc.v_head_dim);
+  ctx.ops.mla_w_uv.run({as(o_lat, {T, H, L}), seqs, &w.kv_b_proj, fuse_gate ? gate.view() : core::TensorView{},
+                        out.view(), mc.num_heads, mc.qk_nope_head_dim, mc.v_head_dim, mc.kv_lora_rank, ctx.precision()},
                        ctx.device());
-  return o;
+  if (fuse_gate) return out;
+  ctx.emit("mla.o", layer, out);
+  return gate.defined() ? apply_gate(ctx, out, gate) : out;
 }
 // Attention over the whole cache of every sequence (this rank holds it all): the prefill sequences
 // in the naive form and the decode / verify sequences in the absorbed form, one call each.
@@ -94,7 +108,6 @@ core::Tensor replicated_attention(const ForwardContext& ctx, const MlaWeights& w
 
 core::Tensor attention(const ForwardContext& ctx, int layer, const MlaWeights& w, const core::Tensor& x) {
   const auto& mc = ctx.config.mla;
-  const int64_t rows = x.dim(0);
   const core::Tensor q = ctx.linear(ctx.rmsnorm(ctx.linear(x, w.q_a_proj), w.q_a_norm, kMlaNormEps), w.q_b_proj);
   const core::Tensor kv = ctx.linear(x, w.kv_a_proj);  // [rows, kv_lora + rope]
   const core::Tensor c_n = ctx.rmsnorm(column_copy(ctx, kv, 0, mc.kv_lora_rank), w.kv_a_norm, kMlaNormEps);
@@ -105,16 +118,15 @@ core::Tensor attention(const ForwardContext& ctx, int layer, const MlaWeights& w
   const core::Tensor& pages = ctx.kv.mla_pages(layer);  // [num_blocks, block_size, width]
   ctx.ops.mla_cache_write.run({c_n.view(), k_pe.view(), pages.view(), ctx.batches.cache_rows, ctx.options.kv_k_scale},
                               ctx.device());
-  const core::Tensor o = ctx.context_split().size > 1 ? dcp_attention(ctx, w, q, pages)
-                                                      : replicated_attention(ctx, w, q, pages);
+  // Output gate logits from the layer input (after input_layernorm), [T, H * v] (spec §6.1); none
+  // without the gate.
+  const core::Tensor gate = mc.use_output_gate ? ctx.linear(x, w.g_proj) : core::Tensor();
+  if (ctx.context_split().size > 1)  // the gate joins W_UV there (one op after the reduce-scatter)
+    return ctx.row_parallel_linear(dcp_attention(ctx, layer, w, q, pages, gate), w.o_proj);
+  const core::Tensor o = replicated_attention(ctx, w, q, pages);
   ctx.emit("mla.o", layer, o);
-
-  if (!mc.use_output_gate) return ctx.row_parallel_linear(o, w.o_proj);  // TP: reduced in layer_forward
-  // Output gate from the layer input (after input_layernorm), then o_proj (spec §6.1).
-  core::Tensor gated = ctx.alloc(rows, o.dim(1));
-  ctx.ops.sigmoid_gate.run({o.view(), ctx.linear(x, w.g_proj).view(), gated.view(), ctx.precision()},
-                           ctx.device());
-  return ctx.row_parallel_linear(gated, w.o_proj);
+  // TP: reduced in layer_forward.
+  return ctx.row_parallel_linear(gate.defined() ? apply_gate(ctx, o, gate) : o, w.o_proj);
 }
 
 }  // namespace k3::model
