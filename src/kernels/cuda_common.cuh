@@ -150,8 +150,9 @@ __device__ __forceinline__ float block_max(float v, float* smem) {
 // Proof that the waits are there: tests/ops/pdl_ops_test.cpp runs every converted op behind a slow
 // producer kernel (it triggers, spins ~200 us, then writes the op's inputs) and compares bit for bit.
 // Converted: multi_linear (mma, rowdot), attn_res_fused (bank, merge, merge cluster), kda_decode (head
-// CTA, V-split cluster), mla_decode (q_absorb, both split_kv, combine, w_uv_gate), moe_tail (prologue,
-// mma, rowdot), moe's expert GEMV (its down kernel a dependent of gate/up; it lets the next op start).
+// CTA, V-split cluster), mla_decode (q_absorb, both split_kv, combine_w_uv_gate), mla_w_uv (DCP), moe_tail
+// (one launch, prologue, mma, rowdot), moe's expert GEMV (its down kernel a dependent of gate/up; it lets
+// the next op start).
 //
 // Waits until every earlier kernel of the stream has completed with its writes visible (a no-op in a
 // kernel launched without the attribute).

@@ -1,12 +1,15 @@
 // tests/ops/moe_tail_ops_test.cpp: the fused moe_tail_combine op (the MoE tail after the routed
-// experts: situ_glu, shared_down, routed rmsnorm, latent_up, add; two launches on CUDA) on every device
-// backend against the CPU reference, both modes: odd shapes (strided inputs, out a column slice of a
-// NaN-poisoned buffer whose gaps must stay NaN; with and without the routed norm and the shared
-// experts; both rmsnorm styles) and one TP8 rank's shapes (L 3584, SI 768, hidden 7168) at T = 1, 2, 8,
-// 64. Every case checks which implementation ran: for bf16 with L and SI multiples of 8 cuda_tail_mma
-// (tensor cores) up to 16 rows and cuda_tail_cublaslt above; cuda_tail_rowdot otherwise (every fp32 case).
+// experts: situ_glu, shared_down, routed rmsnorm, latent_up, add) on every device backend against the
+// CPU reference, both modes: odd shapes (strided inputs, out a column slice of a NaN-poisoned buffer whose
+// gaps must stay NaN; with and without the routed norm and the shared experts; both rmsnorm styles) and
+// one TP8 rank's shapes (L 3584, SI 768, hidden 7168) at T = 1, 2, 3, 8, 9, 64. Every case checks which
+// implementation ran. bf16 with L and SI multiples of 8: cuda_tail_one_launch (one kernel) for one row
+// when the input rows are 16-byte aligned and its shared memory fits; else cuda_tail_mma (two launches)
+// up to 16 rows; cuda_tail_cublaslt above. cuda_tail_rowdot otherwise (every fp32 case). The one-launch
+// kernel must also equal cuda_tail_mma BIT FOR BIT (same prologue math, same per-warp k-block order).
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -14,6 +17,14 @@
 
 namespace k3::ops_test {
 namespace {
+
+constexpr const char* kOneLaunch = "cuda_tail_one_launch";
+constexpr const char* kTwoLaunchMma = "cuda_tail_mma";
+constexpr const char* kCublasLt = "cuda_tail_cublaslt";
+constexpr const char* kRowdot = "cuda_tail_rowdot";
+
+// The bf16 strategy for T rows with 16-byte aligned input rows and a shared-memory footprint that fits.
+const char* bf16_aligned_impl(int64_t T) { return T <= 1 ? kOneLaunch : T <= 16 ? kTwoLaunchMma : kCublasLt; }
 
 TensorView columns(const Tensor& t, int64_t c0, int64_t cols) {
   TensorView v = t.view();
@@ -45,51 +56,62 @@ TailWeights make_weights(core::Rng& rng, const TailCase& c) {
   return w;
 }
 
+// One call's inputs (host, then device) and the arguments over column slices of them.
+struct TailInputs {
+  Tensor u, gate, up;  // host, [T, width + 2 offset]
+  Tensor du, dgate, dup, dnorm;
+  kernels::LinearWeight d_up, d_down;
+
+  TailInputs(Device* dev, Mode mode, const TailWeights& w, const TailCase& c, uint64_t seed) {
+    core::Rng rng(seed);
+    const int64_t pad = 2 * c.offset;
+    u = random_act(rng, {c.T, c.L + pad}, mode);
+    gate = random_act(rng, {c.T, c.SI + pad}, mode, 0.0, 6.0);  // both SiTU saturations
+    up = random_act(rng, {c.T, c.SI + pad}, mode, 0.0, 30.0);
+    d_up = dev->upload(w.up);
+    d_down = dev->upload(w.down);
+    dnorm = dev->upload(w.norm);
+    du = dev->act(u, mode);
+    dgate = dev->act(gate, mode);
+    dup = dev->act(up, mode);
+  }
+};
+
+kernels::MoeTailCombineArgs tail_args(const TailCase& c, Mode mode, const Tensor& u, const Tensor& norm,
+                                      const kernels::LinearWeight* w_up, const Tensor& gate, const Tensor& up,
+                                      const kernels::LinearWeight* w_down, const TensorView& out) {
+  kernels::MoeTailCombineArgs a;
+  a.u = columns(u, c.offset, c.L);
+  a.latent_norm = c.use_norm ? norm.view() : TensorView{};
+  a.latent_up = w_up;
+  if (c.shared) {
+    a.shared_gate = columns(gate, c.offset, c.SI);
+    a.shared_up = columns(up, c.offset, c.SI);
+    a.shared_down = w_down;
+  }
+  a.out = out;
+  a.use_norm = c.use_norm;
+  a.style = c.style;
+  a.precision = precision(mode);
+  return a;
+}
+
 void check_tail(Device* dev, Mode mode, const TailWeights& w, const TailCase& c, const std::string& expect_impl,
                 uint64_t seed) {
   SCOPED_TRACE(c.name + " T " + std::to_string(c.T) + " " + mode_name(mode));
-  core::Rng rng(seed);
-  const Precision p = precision(mode);
-  const int64_t pad = 2 * c.offset;
-  const Tensor u = random_act(rng, {c.T, c.L + pad}, mode);
-  const Tensor gate = random_act(rng, {c.T, c.SI + pad}, mode, 0.0, 6.0);   // both SiTU saturations
-  const Tensor up = random_act(rng, {c.T, c.SI + pad}, mode, 0.0, 30.0);
-  const int64_t width = c.hidden + pad;
-
-  const auto args_for = [&](const TensorView& u_v, const TensorView& norm_v, const kernels::LinearWeight* w_up,
-                            const TensorView& gate_v, const TensorView& up_v, const kernels::LinearWeight* w_down,
-                            const TensorView& out_v) {
-    kernels::MoeTailCombineArgs a;
-    a.u = u_v;
-    a.latent_norm = c.use_norm ? norm_v : TensorView{};
-    a.latent_up = w_up;
-    if (c.shared) {
-      a.shared_gate = gate_v;
-      a.shared_up = up_v;
-      a.shared_down = w_down;
-    }
-    a.out = out_v;
-    a.use_norm = c.use_norm;
-    a.style = c.style;
-    a.precision = p;
-    return a;
-  };
+  const TailInputs in(dev, mode, w, c, seed);
+  const int64_t width = c.hidden + 2 * c.offset;
 
   // CPU oracle.
   Tensor want = nan_tensor({c.T, width});
-  cpu_registry().moe_tail_combine.run(args_for(columns(u, c.offset, c.L), w.norm.view(), &w.up,
-                                               columns(gate, c.offset, c.SI), columns(up, c.offset, c.SI), &w.down,
-                                               columns(want, c.offset, c.hidden)),
-                                      core::Device::cpu);
+  cpu_registry().moe_tail_combine.run(
+      tail_args(c, mode, in.u, w.norm, &w.up, in.gate, in.up, &w.down, columns(want, c.offset, c.hidden)),
+      core::Device::cpu);
 
   // Device, NaN-poisoned out.
-  const kernels::LinearWeight d_up = dev->upload(w.up), d_down = dev->upload(w.down);
-  const Tensor d_norm = dev->upload(w.norm);
-  const Tensor du = dev->act(u, mode), dgate = dev->act(gate, mode), dup = dev->act(up, mode);
   const Tensor dout = dev->poisoned(act_dtype(mode), {c.T, width});
   const kernels::MoeTailCombineArgs args =
-      args_for(columns(du, c.offset, c.L), d_norm.view(), &d_up, columns(dgate, c.offset, c.SI),
-               columns(dup, c.offset, c.SI), &d_down, columns(dout, c.offset, c.hidden));
+      tail_args(c, mode, in.du, in.dnorm, &in.d_up, in.dgate, in.dup, &in.d_down, columns(dout, c.offset, c.hidden));
   expect_device_impl(dev->registry().moe_tail_combine, args, dev);
   EXPECT_EQ(dev->registry().moe_tail_combine.select(args, dev->kind()).name, expect_impl);
   dev->registry().moe_tail_combine.run(args, dev->kind());
@@ -107,6 +129,41 @@ void check_tail(Device* dev, Mode mode, const TailWeights& w, const TailCase& c,
   EXPECT_EQ(stray, 0) << "elements written outside out";
 }
 
+const kernels::OpImpl<kernels::MoeTailCombineArgs>& tail_impl(Device* dev, const std::string& name) {
+  for (const auto& impl : dev->registry().moe_tail_combine.impls())
+    if (impl.name == name && impl.device == dev->kind()) return impl;
+  throw core::Error("no moe_tail_combine implementation " + name + " registered");
+}
+
+// The one-launch kernel (the registry's pick) and the two-launch cuda_tail_mma (run by name) write the
+// same bf16 bytes: x is the workspace's bits and the GEMM sums in the same order.
+void check_one_launch_equals_two_launch(Device* dev, const TailWeights& w, const TailCase& c, uint64_t seed) {
+  SCOPED_TRACE(c.name + " T " + std::to_string(c.T) + " one launch vs two");
+  const TailInputs in(dev, Mode::bf16, w, c, seed);
+  const Tensor out_one = dev->poisoned(DType::bf16, {c.T, c.hidden}), out_two = dev->poisoned(DType::bf16, {c.T, c.hidden});
+  const auto args_for = [&](const Tensor& out) {
+    return tail_args(c, Mode::bf16, in.du, in.dnorm, &in.d_up, in.dgate, in.dup, &in.d_down, out.view());
+  };
+  const kernels::MoeTailCombineArgs one = args_for(out_one), two = args_for(out_two);
+  ASSERT_EQ(dev->registry().moe_tail_combine.select(one, dev->kind()).name, kOneLaunch);
+  dev->registry().moe_tail_combine.run(one, dev->kind());
+  const auto& mma = tail_impl(dev, kTwoLaunchMma);
+  const core::Status s = mma.supports(two);
+  ASSERT_TRUE(s) << s.reason();
+  mma.run(two);
+  const Tensor a = dev->to_host(out_one.view()), b = dev->to_host(out_two.view());
+  const auto x = a.span<const uint16_t>(), y = b.span<const uint16_t>();
+  int64_t differ = 0, first = -1, nan = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if ((x[i] & 0x7fffu) > 0x7f80u) ++nan;
+    if (x[i] != y[i] && differ++ == 0) first = static_cast<int64_t>(i);
+  }
+  EXPECT_EQ(nan, 0) << "NaN left in the one-launch output (unwritten)";
+  EXPECT_EQ(differ, 0) << differ << " of " << x.size() << " outputs differ; first at row " << first / c.hidden
+                       << " column " << first % c.hidden << ": " << (first >= 0 ? x[first] : 0) << " vs "
+                       << (first >= 0 ? y[first] : 0) << " (bf16 bits)";
+}
+
 TEST(OpsOdd, MoeTailCombine) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(8000);
@@ -122,30 +179,56 @@ TEST(OpsOdd, MoeTailCombine) {
           for (int64_t T : {1, 17, 54}) {
             c.T = T;
             c.offset = T % 2 ? 3 : 0;
-            check_tail(dev, m, w, c, "cuda_tail_rowdot", ++seed);
+            check_tail(dev, m, w, c, kRowdot, ++seed);
           }
       }
-  // L, SI multiples of 8: tensor cores in bf16 mode up to 16 rows (T 9 the 2-tile form; hidden 97 a partial
-  // 16-column tile), cuBLASLt above (T 17, 54, 97), row-dot in fp32 mode.
-  for (bool use_norm : {true, false})
-    for (bool shared : {true, false}) {
-      TailCase c{"aligned", 1, 96, 40, 97, use_norm, shared};
-      const TailWeights w = make_weights(rng, c);
-      for (Mode m : kModes)
-        for (int64_t T : {1, 9, 17, 54, 97}) {
-          c.T = T;
-          c.offset = T % 2 ? 8 : 0;  // 16-byte aligned column slices
-          const char* bf16_impl = T > 16 ? "cuda_tail_cublaslt" : "cuda_tail_mma";
-          check_tail(dev, m, w, c, m == Mode::bf16 ? bf16_impl : "cuda_tail_rowdot", ++seed);
-        }
-    }
-  // Aligned widths but inputs at an odd column offset: the workspace keeps the GEMM aligned, so still mma.
-  {
-    TailCase c{"unaligned_inputs", 5, 96, 40, 54};
+  // L, SI multiples of 8, 16-byte aligned column slices: one launch at 1 row, cuda_tail_mma at 2..16 (9: two
+  // n8 tiles), cuBLASLt above 16, row-dot in fp32 mode. L 96 / SI 40: whole and partial 32-wide k-blocks,
+  // x rows 17 units apart (odd); L 136 / SI 40: partial k-blocks of both weights, x pitch padded from 22 to
+  // 23 units (12 to 13 without shared experts). hidden 97: the last CTA has 1 of its 32 rows (one launch)
+  // or 1 of 16 (cuda_tail_mma).
+  for (const auto& [L, SI] : std::vector<std::array<int64_t, 2>>{{96, 40}, {136, 40}})
+    for (bool use_norm : {true, false})
+      for (bool shared : {true, false}) {
+        TailCase c{"aligned_L" + std::to_string(L), 1, L, SI, 97, use_norm, shared};
+        c.style = use_norm == shared ? kernels::RmsNormStyle::moonshot : kernels::RmsNormStyle::fused;
+        const TailWeights w = make_weights(rng, c);
+        for (Mode m : kModes)
+          for (int64_t T : {1, 2, 3, 8, 9, 17, 54, 97}) {
+            c.T = T;
+            c.offset = T % 2 ? 8 : 0;
+            check_tail(dev, m, w, c, m == Mode::bf16 ? bf16_aligned_impl(T) : kRowdot, ++seed);
+          }
+      }
+  // Aligned widths but inputs at an odd column offset: the one-launch kernel's cp.async staging needs
+  // 16-byte aligned rows, so two launches (the workspace keeps the GEMM aligned: still tensor cores).
+  for (int64_t T : {1, 5}) {
+    TailCase c{"unaligned_inputs", T, 96, 40, 54};
     c.offset = 3;
     const TailWeights w = make_weights(rng, c);
-    check_tail(dev, Mode::bf16, w, c, "cuda_tail_mma", ++seed);
+    check_tail(dev, Mode::bf16, w, c, kTwoLaunchMma, ++seed);
   }
+  // Shared memory too small for one launch: at L = SI = 32768 one row's x (131 KB) and the staging area
+  // (SI x 2 + L x 2 = 131 KB) exceed 227 KB; at L = SI = 8192 (33 KB + 33 KB) they fit.
+  for (const auto& [L, impl] : std::vector<std::pair<int64_t, const char*>>{{32768, kTwoLaunchMma}, {8192, kOneLaunch}}) {
+    TailCase c{"smem_L" + std::to_string(L), 1, L, L, 33};
+    const TailWeights w = make_weights(rng, c);
+    check_tail(dev, Mode::bf16, w, c, impl, ++seed);
+  }
+}
+
+TEST(OpsOdd, MoeTailCombineOneLaunchEqualsTwoLaunch) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(8200);
+  uint64_t seed = 8300;
+  for (const auto& [L, SI] : std::vector<std::array<int64_t, 2>>{{96, 40}, {136, 40}})
+    for (bool use_norm : {true, false})
+      for (bool shared : {true, false})
+        for (auto style : {kernels::RmsNormStyle::moonshot, kernels::RmsNormStyle::fused}) {
+          TailCase c{"odd", 1, L, SI, 97, use_norm, shared, style};
+          const TailWeights w = make_weights(rng, c);
+          check_one_launch_equals_two_launch(dev, w, c, ++seed);  // T = 1: the one-launch bound
+        }
 }
 
 TEST(OpsOdd, MoeTailCombineRejectsMxfp4) {
@@ -173,11 +256,19 @@ TEST(OpsTp8, MoeTailCombine) {
   core::Rng rng(9000);
   TailCase c{"tp8", 1, 3584, 768, 7168};
   const TailWeights w = make_weights(rng, c);
-  for (int64_t T : {1, 2, 8, 64}) {
+  for (int64_t T : {1, 2, 3, 8, 9, 64}) {
     c.T = T;
-    check_tail(dev, Mode::bf16, w, c, T > 16 ? "cuda_tail_cublaslt" : "cuda_tail_mma", 9100 + T);
-    check_tail(dev, Mode::fp32, w, c, "cuda_tail_rowdot", 9200 + T);
+    check_tail(dev, Mode::bf16, w, c, bf16_aligned_impl(T), 9100 + T);
+    check_tail(dev, Mode::fp32, w, c, kRowdot, 9200 + T);
   }
+  c.T = 1;  // the one-launch kernel against the two launches, bit for bit
+  check_one_launch_equals_two_launch(dev, w, c, 9301);
+  // Without the norm and without shared experts, fused style, at the bound.
+  TailCase bare{"tp8_bare", 1, 3584, 768, 7168, false, false, kernels::RmsNormStyle::fused};
+  check_tail(dev, Mode::bf16, w, bare, kOneLaunch, 9400);
+  TailCase fused_style{"tp8_fused_style", 1, 3584, 768, 7168, true, true, kernels::RmsNormStyle::fused};
+  check_tail(dev, Mode::bf16, w, fused_style, kOneLaunch, 9401);
+  check_one_launch_equals_two_launch(dev, w, fused_style, 9402);
 }
 
 }  // namespace

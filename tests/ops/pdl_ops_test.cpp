@@ -11,8 +11,9 @@
 //   kda_decode       cuda_vsplit_cluster (batch 1: 8 slices, batch 3: 4 slices, a verify call) and
 //                    cuda_head_cta (batch 8), TP8 heads;
 //   mla_decode       cuda_decode_splitkv_mma (fp8 and bf16 caches) and cuda_decode_splitkv (f32), TP8 dims;
-//   moe_tail_combine cuda_tail_mma (TP8 at T = 1; odd with and without shared experts) and
-//                    cuda_tail_rowdot (f32).
+//   moe_tail_combine cuda_tail_one_launch (TP8 and odd at T = 1), cuda_tail_mma (TP8 at T = 8; odd at T = 3,
+//                    and at T = 9 without shared experts) and cuda_tail_rowdot (f32).
+// mla_w_uv (DCP) has its slow-producer case beside its op tests (OpsPdl.MlaCpWUv in mla_cp_w_uv_ops_test.cpp).
 // Both modes where the op has a kernel per mode. Two CUDA-graph cases (mla_decode, kda_decode) capture the
 // producer and the op once, replay twice, and must equal the eager run bit for bit. A probe checks first
 // that a dependent kernel really starts before its producer ends on this GPU and driver (else the slow
@@ -405,9 +406,11 @@ void pdl_tail(PdlDevice* dev, Mode mode, int64_t T, int64_t L, int64_t SI, int64
 
 TEST(OpsPdl, MoeTailCombine) {
   K3_REQUIRE_PDL_CUDA(dev);
-  pdl_tail(dev, Mode::bf16, 1, 3584, 768, 7168, true, "cuda_tail_mma", 36000);  // one TP8 rank
+  pdl_tail(dev, Mode::bf16, 1, 3584, 768, 7168, true, "cuda_tail_one_launch", 36000);  // one TP8 rank
+  pdl_tail(dev, Mode::bf16, 8, 3584, 768, 7168, false, "cuda_tail_mma", 36005);
   pdl_tail(dev, Mode::fp32, 2, 3584, 768, 7168, true, "cuda_tail_rowdot", 36001);
-  pdl_tail(dev, Mode::bf16, 3, 96, 40, 97, true, "cuda_tail_mma", 36002);    // odd hidden: a short tile
+  pdl_tail(dev, Mode::bf16, 1, 96, 40, 97, true, "cuda_tail_one_launch", 36006);  // odd hidden: a short tile
+  pdl_tail(dev, Mode::bf16, 3, 96, 40, 97, true, "cuda_tail_mma", 36002);
   pdl_tail(dev, Mode::bf16, 9, 96, 40, 97, false, "cuda_tail_mma", 36003);   // no shared experts, 2 n8 tiles
   pdl_tail(dev, Mode::fp32, 3, 97, 17, 54, true, "cuda_tail_rowdot", 36004);  // odd widths
 }
@@ -415,8 +418,8 @@ TEST(OpsPdl, MoeTailCombine) {
 // ---------------------------------------------------------------- CUDA graphs
 
 // The producer and the op captured once and replayed twice: the programmatic edges survive capture and
-// every replay equals the eager run bit for bit (mla_decode: 4 dependent launches and graph-owned scratch;
-// kda_decode: a state updated in place, restored by every replay's producer).
+// every replay equals the eager run bit for bit (mla_decode: 3 dependent launches, the last a cluster
+// launch, and graph-owned scratch; kda_decode: a state updated in place, restored by every replay's producer).
 TEST(OpsPdl, GraphReplaysEqualTheEagerRun) {
   K3_REQUIRE_PDL_CUDA(dev);
   pdl_mla(dev, Mode::bf16, "fp8", {{1000, 1}, {97, 3}}, "cuda_decode_splitkv_mma", 37000, /*graph=*/true);

@@ -1,4 +1,8 @@
-// kernels/moe_tail/cuda.cu: CUDA moe_tail_combine in two launches (design and byte counts: moe_tail.h):
+// kernels/moe_tail/cuda.cu: CUDA moe_tail_combine's two-launch forms and the registration of all four
+// strategies (design and byte counts: moe_tail.h; the one-launch form for one row: cuda_one_launch.cu):
+//   cuda_tail_one_launch (priority 30; bf16, T == 1, 16-byte aligned input rows, shared memory fits):
+//     one kernel, the prologue computed per CTA into shared memory (cuda_one_launch.cu).
+//   Two launches otherwise:
 //   1. tail_prologue_kernel (grid (T, 2): norm half, situ half): workspace [T, ws_ld] (activation dtype) =
 //      [ rmsnorm(u) (or u) at columns 0..L | situ_glu(gate, up) at columns Lp..Lp+SI ], Lp = L rounded up
 //      to 8 so both halves start 16-byte aligned; rounded exactly where the references round.
@@ -6,11 +10,13 @@
 //      cuda_tail_mma (priority 20): bf16, tensor cores, in-CTA split-K over 8 warps (the multi_linear
 //        cuda_multi_mma scheme, kernels/multi_linear/cuda.cu), run once over L with latent_up and once
 //        over SI with shared_down; each pass's partial sums meet in shared memory in warp order 0..7.
+//        Serves 9..16 rows and the inputs the one-launch form does not take (unaligned rows).
 //      cuda_tail_cublaslt (priority 25, bf16 above kMmaMaxRows rows, where the mma kernel's per-warp
 //        workspace re-reads make it L2-bound): the prologue, then one cuBLASLt GEMM per weight into bf16
 //        scratch (rounded yr, ys) and tail_add_kernel out = round(yr + ys): 4 launches.
 //      cuda_tail_rowdot (priority 10): any bf16/f32 mix; a warp per output column and 8 rows.
-// Both sum in fp32 in an order other than the reference's sequential one (tolerance), deterministic.
+// All sum in fp32 in an order other than the reference's sequential one (tolerance), deterministic; the
+// one-launch form and cuda_tail_mma give the same bits (same prologue math, same per-warp k-block order).
 // Programmatic dependent launch (rules: kernels/cuda_common.cuh): the prologue, tail_mma and tail_rowdot
 // trigger at their top and wait before they read u, gate, up or the workspace and before any store. The
 // prologue (launched while the experts' down kernel still runs) first asks L2 for the latent norm weight
@@ -18,43 +24,12 @@
 // first bytes of its 16 latent_up rows (the k-blocks its warps read first: pdl_prefetch_row_bytes, the
 // whole grid at most 16 MiB; at K3 TP8 batch 1 2336 of each row's 7168 B: 448 CTAs x 37 KB = 16.7 MB of
 // latent_up's 51.4 MB) before its wait. tail_rowdot prefetches the same per weight row (fp32 mode).
-#include "kernels/cuda_common.cuh"
 #include "kernels/linear/cuda_linear.h"
-#include "kernels/moe_tail/moe_tail.h"
+#include "kernels/moe_tail/cuda_tail.cuh"
 
-namespace k3::kernels {
-
-using namespace cuda_detail;
+namespace k3::kernels::moe_tail_cuda {
 
 namespace {
-
-constexpr int kThreads = 256;  // every kernel here: 8 warps
-constexpr int kWarps = kThreads / 32;
-
-struct TailParams {
-  const void* u = nullptr;         // [T, L] activations, row t at u + t * u_ld
-  int64_t u_ld = 0;
-  const void* norm_w = nullptr;    // [L] bf16 / f32 (use_norm)
-  bool norm_w_bf16 = false;
-  const void* gate = nullptr;      // [T, SI] (shared)
-  const void* up = nullptr;        // [T, SI] (shared)
-  int64_t gate_ld = 0, up_ld = 0;
-  void* ws = nullptr;              // workspace [T, ws_ld]: rmsnorm(u) at 0, situ at Lp
-  int64_t ws_ld = 0, Lp = 0;
-  const void* w_up = nullptr;      // latent_up [hidden, L] bf16 / f32, row o at w_up + o * w_up_ld
-  int64_t w_up_ld = 0;
-  bool w_up_bf16 = false;
-  const void* w_sd = nullptr;      // shared_down [hidden, SI] (shared)
-  int64_t w_sd_ld = 0;
-  bool w_sd_bf16 = false;
-  void* out = nullptr;             // [T, hidden], row t at out + t * out_ld
-  int64_t out_ld = 0;
-  int64_t T = 0, L = 0, SI = 0, hidden = 0;
-  bool use_norm = false, shared = false, moonshot = true;
-  bool round = false;              // Precision::bf16: round every stored value (bf16 storage always rounds)
-  float eps = 1e-5f, beta = 4.0f, linear_beta = 25.0f;
-  uint32_t prefetch_row_bytes = 0; // latent_up bytes per row into L2 before the PDL wait (tail_mma, tail_rowdot)
-};
 
 // ---------------------------------------------------------------- launch 1: prologue
 
@@ -85,21 +60,15 @@ __global__ void __launch_bounds__(kThreads) tail_prologue_kernel(TailParams p) {
     for (int64_t c = threadIdx.x * int64_t{N}; c < p.L; c += kThreads * int64_t{N}) {
       float v[N];
       load_act_n<N>(u + c, v);
-#pragma unroll
-      for (int i = 0; i < N; ++i) part += v[i] * v[i];
+      add_squares<N>(part, v);
     }
-    const float sum_sq = block_sum(part, red);
-    const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(p.L) + p.eps);
+    const float inv_rms = inv_rms_of(block_sum(part, red), p);
     for (int64_t c = threadIdx.x * int64_t{N}; c < p.L; c += kThreads * int64_t{N}) {
       float v[N], w[N];
       load_act_n<N>(u + c, v);
       load_vec_n<N>(p.norm_w, p.norm_w_bf16, c, w);
 #pragma unroll
-      for (int i = 0; i < N; ++i) {
-        float x_hat = v[i] * inv_rms;
-        if (p.moonshot) x_hat = round_if(x_hat, p.round);
-        v[i] = w[i] * x_hat;
-      }
+      for (int i = 0; i < N; ++i) v[i] = norm_value(v[i], w[i], inv_rms, p);
       store_act_n<N>(ws + c, v, p.round);
     }
   } else if (p.shared) {
@@ -110,11 +79,7 @@ __global__ void __launch_bounds__(kThreads) tail_prologue_kernel(TailParams p) {
       load_act_n<N>(gate + c, g);
       load_act_n<N>(up + c, v);
 #pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const float gate_act = p.beta * tanhf(g[i] / p.beta) * sigmoid_f32(g[i]);
-        const float up_act = p.linear_beta * tanhf(v[i] / p.linear_beta);
-        v[i] = gate_act * up_act;
-      }
+      for (int i = 0; i < N; ++i) v[i] = situ_value(g[i], v[i], p);
       store_act_n<N>(ws + p.Lp + c, v, p.round);
     }
   }
@@ -180,31 +145,7 @@ __global__ void __launch_bounds__(kThreads) tail_rowdot_kernel(TailParams p) {
 
 // ---------------------------------------------------------------- launch 2: cuda_tail_mma
 
-constexpr int kMmaRows = 16;    // output columns (weight rows) per CTA: one m16 tile
 constexpr int kMmaTokens = 64;  // rows per grid.y slice: up to 8 n8 tiles
-constexpr int kKBlock = 32;     // k per (warp, step): 4 lanes x 8 bf16
-
-// c += A (16 x 16 bf16, row-major) * B (16 x 8 bf16, col-major), fp32 accumulate (PTX m16n8k16 .bf16
-// fragments: a0 = (row g, k 2q..), a1 = (row g+8, k 2q..), a2 = (row g, k 2q+8..), a3 = (row g+8,
-// k 2q+8..); b0 = (k 2q.., col g), b1 = (k 2q+8.., col g); c0,c1 = (row g, cols 2q, 2q+1), c2,c3 =
-// (row g+8, same cols); g = lane / 4, q = lane % 4).
-__device__ __forceinline__ void mma_bf16_m16n8k16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                                  uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// 16 bytes of weights, read once per call: bypass L1 (kept for the workspace rows every warp re-reads).
-__device__ __forceinline__ uint4 load_weight16(const bf16* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
 
 // acc[j] (n8 tile j: rows t0 + 8j..) += x[t0.., 0..in) . W[r0..r0+16, 0..in)^T over this warp's k-blocks
 // (warp, warp + 8, ...; U per step in flight). W [rows, in] bf16 (row stride w_ld), x [T, in] bf16
@@ -251,10 +192,7 @@ __device__ __forceinline__ void mma_accumulate(float (&acc)[NT][4], const bf16* 
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        mma_bf16_m16n8k16(acc[j], wl[u].x, wh[u].x, wl[u].y, wh[u].y, xv[u][j].x, xv[u][j].y);
-        mma_bf16_m16n8k16(acc[j], wl[u].z, wh[u].z, wl[u].w, wh[u].w, xv[u][j].z, xv[u][j].w);
-      }
+      for (int j = 0; j < NT; ++j) mma_kblock(acc[j], wl[u], wh[u], xv[u][j]);
   }
 }
 
@@ -352,6 +290,33 @@ constexpr int64_t kMmaMaxRows = 16;  // above: cuda_tail_cublaslt
 int64_t row_ld(const core::TensorView& v) { return v.dim(0) > 1 ? v.strides[0] : v.dim(1); }
 int64_t round_up8(int64_t n) { return (n + 7) / 8 * 8; }
 
+// What every CUDA form needs: a device, CUDA tensors, one activation dtype, dense weights.
+core::Status common_supports(const CudaOps& ops, const MoeTailCombineArgs& a) {
+  if (auto s = ops.usable(); !s) return s;
+  if (auto s = on_cuda({{"u", &a.u}, {"out", &a.out}}); !s) return s;
+  if (auto s = same_act({{"u", &a.u}, {"out", &a.out}}, a.precision); !s) return s;
+  if (a.use_norm)
+    if (auto s = on_cuda({{"latent_norm", &a.latent_norm}}); !s) return s;
+  if (auto s = weight_on_cuda(*a.latent_up, "latent_up"); !s) return s;
+  if (a.latent_up->is_mxfp4()) return core::Status::fail("latent_up is MXFP4: the CUDA tail takes bf16/f32 weights");
+  if (a.has_shared()) {
+    if (auto s = on_cuda({{"shared_gate", &a.shared_gate}, {"shared_up", &a.shared_up}}); !s) return s;
+    if (auto s = same_act({{"u", &a.u}, {"shared_gate", &a.shared_gate}, {"shared_up", &a.shared_up}}, a.precision); !s)
+      return s;
+    if (auto s = weight_on_cuda(*a.shared_down, "shared_down"); !s) return s;
+    if (a.shared_down->is_mxfp4())
+      return core::Status::fail("shared_down is MXFP4: the CUDA tail takes bf16/f32 weights");
+  }
+  return core::Status::ok();
+}
+
+bool weight_rows_vec8(const LinearWeight& w) {
+  const core::TensorView& v = w.weight.view();
+  return v.dtype == core::DType::bf16 && aligned16(v.data) && (v.strides[0] * 2) % 16 == 0;
+}
+
+}  // namespace
+
 TailParams fill_params(const MoeTailCombineArgs& a) {
   TailParams p;
   p.T = a.u.dim(0);
@@ -390,31 +355,6 @@ TailParams fill_params(const MoeTailCombineArgs& a) {
   return p;
 }
 
-// What both implementations need: a device, CUDA tensors, one activation dtype, dense weights.
-core::Status common_supports(const CudaOps& ops, const MoeTailCombineArgs& a) {
-  if (auto s = ops.usable(); !s) return s;
-  if (auto s = on_cuda({{"u", &a.u}, {"out", &a.out}}); !s) return s;
-  if (auto s = same_act({{"u", &a.u}, {"out", &a.out}}, a.precision); !s) return s;
-  if (a.use_norm)
-    if (auto s = on_cuda({{"latent_norm", &a.latent_norm}}); !s) return s;
-  if (auto s = weight_on_cuda(*a.latent_up, "latent_up"); !s) return s;
-  if (a.latent_up->is_mxfp4()) return core::Status::fail("latent_up is MXFP4: the CUDA tail takes bf16/f32 weights");
-  if (a.has_shared()) {
-    if (auto s = on_cuda({{"shared_gate", &a.shared_gate}, {"shared_up", &a.shared_up}}); !s) return s;
-    if (auto s = same_act({{"u", &a.u}, {"shared_gate", &a.shared_gate}, {"shared_up", &a.shared_up}}, a.precision); !s)
-      return s;
-    if (auto s = weight_on_cuda(*a.shared_down, "shared_down"); !s) return s;
-    if (a.shared_down->is_mxfp4())
-      return core::Status::fail("shared_down is MXFP4: the CUDA tail takes bf16/f32 weights");
-  }
-  return core::Status::ok();
-}
-
-bool weight_rows_vec8(const LinearWeight& w) {
-  const core::TensorView& v = w.weight.view();
-  return v.dtype == core::DType::bf16 && aligned16(v.data) && (v.strides[0] * 2) % 16 == 0;
-}
-
 core::Status mma_supports(const CudaOps& ops, const MoeTailCombineArgs& a) {
   if (auto s = common_supports(ops, a); !s) return s;
   if (a.u.dtype != core::DType::bf16)
@@ -434,6 +374,13 @@ core::Status mma_supports(const CudaOps& ops, const MoeTailCombineArgs& a) {
   return core::Status::ok();
 }
 
+bool inputs_vec8(const MoeTailCombineArgs& a) {
+  return rows_vec8(a.u) && (!a.use_norm || aligned16(a.latent_norm.data)) &&
+         (!a.has_shared() || (rows_vec8(a.shared_gate) && rows_vec8(a.shared_up)));
+}
+
+namespace {
+
 // Launch 1 into a scratch workspace; returns it (held until launch 2 is queued: reuse is in stream order).
 std::shared_ptr<void> run_prologue(const CudaOps& ops, const MoeTailCombineArgs& a, TailParams& p) {
   const core::DType act = a.u.dtype;
@@ -442,8 +389,7 @@ std::shared_ptr<void> run_prologue(const CudaOps& ops, const MoeTailCombineArgs&
   p.ws = ws.get();
   K3_CHECK(aligned16(p.ws), "moe_tail_combine: scratch workspace must be 16-byte aligned");
   // 16-byte vectors when every row the prologue touches allows them (the workspace always does).
-  const bool vec = rows_vec8(a.u) && (!a.use_norm || aligned16(a.latent_norm.data)) &&
-                   (!a.has_shared() || (rows_vec8(a.shared_gate) && rows_vec8(a.shared_up)));
+  const bool vec = inputs_vec8(a);
   const dim3 grid(static_cast<unsigned>(p.T), 2);
   with_act(act, [&](auto tag) {
     using E = typename decltype(tag)::type;
@@ -537,7 +483,15 @@ void rowdot_run(const CudaOps& ops, const MoeTailCombineArgs& a) {
 
 }  // namespace
 
+}  // namespace k3::kernels::moe_tail_cuda
+
+namespace k3::kernels {
+
 void register_moe_tail_combine_cuda(Registry& r, const CudaOps& ops) {
+  using namespace moe_tail_cuda;
+  r.moe_tail_combine.add({"cuda_tail_one_launch", core::Device::cuda, 30,
+                          [ops](const MoeTailCombineArgs& a) { return one_launch_supports(ops, a); },
+                          [ops](const MoeTailCombineArgs& a) { one_launch_run(ops, a); }});
   r.moe_tail_combine.add({"cuda_tail_cublaslt", core::Device::cuda, 25,
                           [ops](const MoeTailCombineArgs& a) { return cublaslt_supports(ops, a); },
                           [ops](const MoeTailCombineArgs& a) { cublaslt_run(ops, a); }});

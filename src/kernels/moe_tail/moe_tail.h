@@ -33,11 +33,25 @@
 // SI = 2 x 3072 / 8 = 768. Bytes per call (bf16 weights dominate, bf16 activations):
 //   latent_up 7168 x 3584 x 2 = 51,380,224 B + shared_down 7168 x 768 x 2 = 11,010,048 B
 //   = 62,390,272 B of weights; per row: u 7,168 + gate/up 3,072 + out 14,336 + workspace write+read
-//   2 x 8,704 = 41,984 B  -> 62,432,256 B at T = 1 (14.5 us at 4.3 TB/s), 65,077,248 B at T = 64.
+//   2 x 8,704 = 41,984 B (the workspace only in the two-launch forms) -> 62,432,256 B at T = 1 (14.5 us at
+//   4.3 TB/s), 65,077,248 B at T = 64.
 // The standard tail launches 5 ops for this (situ_glu, 2 cuBLASLt GEMMs (+ split-K reduce), rmsnorm,
 // add: 7 kernels, ~36 us per layer at T = 1).
 //
-// CUDA design (cuda.cu), two launches for 1..16 rows:
+// CUDA design: ONE launch for 1 row (cuda_one_launch.cu; kOneLaunchMaxRows in cuda_tail.cuh says why), two
+// for 2..16, cuBLASLt above:
+//   cuda_tail_one_launch (bf16, T == 1, L % 8 == 0, SI % 8 == 0, 16-byte aligned rows of u, gate, up,
+//      latent_norm and the weights, shared memory fits; priority 30): grid hidden / 32 = 224 CTAs of 8
+//      warps, 32 output columns each. Every CTA first computes x = [ rmsnorm(u) | situ_glu(gate, up) ] of
+//      all T rows into SHARED memory (the prologue kernel's math, chunks and block tree: the same bits),
+//      then the dual GEMM on it: the warps split latent_up's, then shared_down's 32-wide k-blocks as
+//      cuda_tail_mma does (one rolling register ring of 4 k-blocks per warp across both weights), mma.sync
+//      m16n8k16, partial sums meet in warp order 0..7; out equals cuda_tail_mma's bit for bit. Before its
+//      PDL wait it loads only weights: its first k-blocks, an L2 prefetch of the next latent_up bytes and
+//      the norm weight. Sized for one wave: 2 CTAs per SM (<= 128 registers, <= 89 KB shared memory at
+//      T = 8, the kernel's capacity) = 264 slots on 132 SMs. The wave and bytes-in-flight arithmetic:
+//      cuda_one_launch.cu.
+//   Two launches (rows 2..16, or inputs the one-launch form does not take, e.g. unaligned rows):
 //   1. prologue (grid (T, 2): one CTA per row and half): workspace [T, L + SI] (activation dtype, from
 //      the context's scratch) = [ rmsnorm(u) | situ_glu(gate, up) ], each rounded exactly as the
 //      references round; the norm's sum of squares is a fixed-order block tree (CUDA rmsnorm's order).
@@ -53,10 +67,17 @@
 //      ys), then out = round(yr + ys) in one elementwise kernel (4 launches; same rounding points).
 //      cuda_tail_rowdot (any dtype mix, odd widths; priority 10): a warp per output column and 8 rows,
 //      lanes striding k, warp-shuffle tree sums; the simple path for Precision::fp32 (f32 activations).
-// Measured (H200, ncu: caches flushed and clocks locked per kernel, so upper bounds; TP8 shapes):
-//   T = 1: prologue 5.2 us + cuda_tail_mma 24.0 us (62.5 MB: ~2.6 TB/s); T = 2, 8: 4.7 + 27.1 us;
+// Measured before the one-launch form (H200, ncu: caches flushed and clocks locked per kernel, so upper
+// bounds; TP8 shapes):
+//   T = 1: prologue 5.2 us + cuda_tail_mma 24.0 us (62.5 MB: ~2.6 TB/s; 76 registers -> 3 CTAs per SM,
+//   448 CTAs in 1.13 waves); T = 2, 8: 4.7 + 27.1 us;
 //   T = 64: prologue 5.9 + cuBLASLt 16.1 + 7.7 + add 4.5 us (the mma kernel took 125 us there: its warps
 //   re-read the workspace from L2 per 16 columns); fp32 cuda_tail_rowdot: 160 us (T = 1), 1.07 ms (T = 64).
+// cuda_tail_one_launch, measured (H200, ncu as above but clocks as they run; profile of the k3-layer-tp8
+// fused step): 26.1 us at T = 1 against 3.8 + 24.4 us for the two launches (the 16-18 us expected from the
+// wave and in-flight arithmetic was not reached: the per-CTA prologue sits before the weight stream runs at
+// full depth). At T = 8 the layer step took 27 us longer than with the two launches (every CTA redoes the
+// prologue of 8 rows), hence the bound of one row.
 #pragma once
 #include "core/error.h"
 #include "kernels/common.h"

@@ -1,0 +1,123 @@
+// kernels/moe_tail/cuda_tail.cuh: what the two CUDA files of moe_tail_combine share (cuda.cu: the
+// two-launch forms and the registration; cuda_one_launch.cu: the one-launch form): the kernel
+// parameters, the prologue's per-element math (one copy, so every form rounds at the same points and
+// sums the squares in the same order), the m16n8k16 helpers, and the host pieces both sides call.
+// Included by those two files only.
+#pragma once
+#include "kernels/cuda_common.cuh"
+#include "kernels/moe_tail/moe_tail.h"
+
+namespace k3::kernels::moe_tail_cuda {
+
+using namespace cuda_detail;
+
+constexpr int kThreads = 256;  // every kernel of the op: 8 warps
+constexpr int kWarps = kThreads / 32;
+constexpr int kMmaRows = 16;   // weight rows (output columns) of one m16 tile
+constexpr int kKBlock = 32;    // k per (warp, k-block): 4 lanes x 8 bf16
+
+struct TailParams {
+  const void* u = nullptr;         // [T, L] activations, row t at u + t * u_ld
+  int64_t u_ld = 0;
+  const void* norm_w = nullptr;    // [L] bf16 / f32 (use_norm)
+  bool norm_w_bf16 = false;
+  const void* gate = nullptr;      // [T, SI] (shared)
+  const void* up = nullptr;        // [T, SI] (shared)
+  int64_t gate_ld = 0, up_ld = 0;
+  void* ws = nullptr;              // two-launch forms: workspace [T, ws_ld]: rmsnorm(u) at 0, situ at Lp
+  int64_t ws_ld = 0, Lp = 0;       // Lp = L rounded up to 8 (also the situ columns' start in x_pitch rows)
+  int64_t x_pitch = 0;             // one-launch form: shared-memory row pitch of [un | s] (elements)
+  const void* w_up = nullptr;      // latent_up [hidden, L] bf16 / f32, row o at w_up + o * w_up_ld
+  int64_t w_up_ld = 0;
+  bool w_up_bf16 = false;
+  const void* w_sd = nullptr;      // shared_down [hidden, SI] (shared)
+  int64_t w_sd_ld = 0;
+  bool w_sd_bf16 = false;
+  void* out = nullptr;             // [T, hidden], row t at out + t * out_ld
+  int64_t out_ld = 0;
+  int64_t T = 0, L = 0, SI = 0, hidden = 0;
+  bool use_norm = false, shared = false, moonshot = true;
+  bool round = false;              // Precision::bf16: round every stored value (bf16 storage always rounds)
+  float eps = 1e-5f, beta = 4.0f, linear_beta = 25.0f;
+  uint32_t prefetch_row_bytes = 0; // latent_up bytes per row into L2 before the PDL wait
+};
+
+// ---------------------------------------------------------------- the prologue's math
+
+// Adds a thread's squares of N consecutive values to its running partial, in index order (the order
+// rmsnorm's CUDA kernel and the prologue use: chunks c = 8 * thread + 2048 j in increasing j).
+template <int N>
+__device__ __forceinline__ void add_squares(float& part, const float (&v)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) part += v[i] * v[i];
+}
+// 1 / rms of a row from its sum of squares.
+__device__ __forceinline__ float inv_rms_of(float sum_sq, const TailParams& p) {
+  return 1.0f / sqrtf(sum_sq / static_cast<float>(p.L) + p.eps);
+}
+// rmsnorm of one value before the store's rounding: moonshot w * round(x * inv_rms), fused w * x * inv_rms.
+__device__ __forceinline__ float norm_value(float x, float w, float inv_rms, const TailParams& p) {
+  float x_hat = x * inv_rms;
+  if (p.moonshot) x_hat = round_if(x_hat, p.round);
+  return w * x_hat;
+}
+// situ_glu of one (gate, up) pair before the store's rounding.
+__device__ __forceinline__ float situ_value(float g, float u, const TailParams& p) {
+  const float gate_act = p.beta * tanhf(g / p.beta) * sigmoid_f32(g);
+  const float up_act = p.linear_beta * tanhf(u / p.linear_beta);
+  return gate_act * up_act;
+}
+
+// ---------------------------------------------------------------- tensor cores
+
+// c += A (16 x 16 bf16, row-major) * B (16 x 8 bf16, col-major), fp32 accumulate (PTX m16n8k16 .bf16
+// fragments: a0 = (row g, k 2q..), a1 = (row g+8, k 2q..), a2 = (row g, k 2q+8..), a3 = (row g+8,
+// k 2q+8..); b0 = (k 2q.., col g), b1 = (k 2q+8.., col g); c0,c1 = (row g, cols 2q, 2q+1), c2,c3 =
+// (row g+8, same cols); g = lane / 4, q = lane % 4).
+__device__ __forceinline__ void mma_bf16_m16n8k16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                  uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// One k-block of one m16 tile: lane (g, q) holds 8 consecutive k (k = 32 kb + 8 q) of weight rows g (lo)
+// and g + 8 (hi) and of activation row g (x); A and B take the same k permutation (pairs 0, 1 in the
+// first mma, 2, 3 in the second), so each mma sums products of equal physical k. Both forms call this in
+// the same order per tile, which keeps their sums bit-identical.
+__device__ __forceinline__ void mma_kblock(float (&c)[4], const uint4& lo, const uint4& hi, const uint4& x) {
+  mma_bf16_m16n8k16(c, lo.x, hi.x, lo.y, hi.y, x.x, x.y);
+  mma_bf16_m16n8k16(c, lo.z, hi.z, lo.w, hi.w, x.z, x.w);
+}
+
+// 16 bytes of weights, read once per call: bypass L1 (kept for the activation rows every warp re-reads).
+__device__ __forceinline__ uint4 load_weight16(const bf16* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// ---------------------------------------------------------------- host (cuda.cu, cuda_one_launch.cu)
+
+// The kernel parameters of a call (no workspace, no x_pitch, no prefetch: each form sets its own).
+TailParams fill_params(const MoeTailCombineArgs& a);
+// The tensor-core forms' conditions: bf16 activations and weights, L and SI multiples of 8, 16-byte
+// aligned weight rows (plus what every CUDA form needs).
+core::Status mma_supports(const CudaOps& ops, const MoeTailCombineArgs& a);
+// Whether every activation row the prologue reads (u, gate, up) and the norm weight allow 16-byte vectors.
+bool inputs_vec8(const MoeTailCombineArgs& a);
+
+// cuda_tail_one_launch (cuda_one_launch.cu).
+// Rows the one-launch kernel serves. Its CTAs (224 at K3 TP8) each redo the prologue of all T rows: about
+// T x 1 us of instructions per CTA before the GEMM's weight stream runs at full depth. Measured on the H200
+// (k3bench_layer_gpu, k3-layer-tp8): at T = 1 one launch is as fast as the two (26.1 us against 3.8 + 24.4,
+// ncu) and saves a kernel; at T = 8 the layer took 27 us longer than with the two launches. The kernel holds
+// up to one n8 tile (8 rows); it is offered for 1 row only until other counts are measured to pay.
+inline constexpr int64_t kOneLaunchMaxRows = 1;
+core::Status one_launch_supports(const CudaOps& ops, const MoeTailCombineArgs& a);
+void one_launch_run(const CudaOps& ops, const MoeTailCombineArgs& a);
+
+}  // namespace k3::kernels::moe_tail_cuda
