@@ -18,7 +18,8 @@
 #   bench     k3bench_ops_gpu: per-op time, bytes, GB/s, ratio to the floor     -> bench.log, ops_gpu.json
 #   layers    k3bench_layer_gpu --check: one KDA+MoE and one MLA+MoE layer (k3-layer-tp8) per CUDA-graph
 #             step, batch 1/8/32/64: us, kernels, bytes, GB/s, ratio to the copy floor -> layers.log, layer_gpu.json
-#   profile   (only when named) ncu per-kernel times of one layer step at batch 1, KDA+MoE and MLA+MoE,
+#   profile   (only when named) ncu per-kernel times of one layer step at batch 1 (K3_PROFILE_BATCHES="1 64":
+#             more batches), KDA+MoE and MLA+MoE,
 #             standard and fused path, the last graph replay's kernels in order -> profile.txt, profile_*.csv
 #   comm      (2+ GPUs, else SKIP) builds and runs k3_comm_tests (NCCL and the custom peer-access
 #             all-reduce on every visible GPU) and k3bench_allreduce_gpu (custom vs NCCL latency, rows
@@ -61,6 +62,7 @@ ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu_check_out}
 BUILD=$ROOT/build/gpu-check
 BUDGET=570
+PROFILE_BATCHES=${K3_PROFILE_BATCHES:-1}
 PHASES=()
 while (($#)); do
   case "$1" in
@@ -264,8 +266,8 @@ if want layers; then
 fi
 
 # ---------------------------------------------------------------- profile
-# (only when named) per-kernel GPU time of one layer step at batch 1, each layer kind and decode
-# path: ncu (clocks left as they run, L2 flushed between kernels) over k3bench_layer_gpu with one
+# (only when named) per-kernel GPU time of one layer step at each batch of $K3_PROFILE_BATCHES
+# (default 1), each layer kind and decode path: ncu (clocks left as they run, L2 flushed between kernels) over k3bench_layer_gpu with one
 # copy and five timed replays; the table lists the kernels of the last graph replay in launch order.
 if [[ " ${PHASES[*]} " == *" profile "* ]]; then
   NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -273,21 +275,22 @@ if [[ " ${PHASES[*]} " == *" profile "* ]]; then
     record profile FAIL 0 "needs ncu (${NCU:-missing}) and $LAYER_BENCH"
   else
     t0=$(date +%s); prof_rc=0
-    for layer in kda mla; do
-      for path in auto latency_specialized; do
-        tag=${layer}_$path
-        capped 60 "$NCU" --csv --metrics gpu__time_duration.sum --clock-control none --log-file "$OUT/profile_$tag.csv" \
-          "$LAYER_BENCH" --batches 1 --copies 1 --replays 5 --layers "$layer" --paths "$path" \
-          --out "$OUT/profile_$tag.json" > "$OUT/profile_$tag.log" 2>&1
-        ((RC == 0)) || prof_rc=$RC
+    for batch in $PROFILE_BATCHES; do
+      for layer in kda mla; do
+        for path in auto latency_specialized; do
+          tag=${layer}_${path}_b$batch
+          capped 60 "$NCU" --csv --metrics gpu__time_duration.sum --clock-control none --log-file "$OUT/profile_$tag.csv" \
+            "$LAYER_BENCH" --batches "$batch" --copies 1 --replays 5 --layers "$layer" --paths "$path" \
+            --out "$OUT/profile_$tag.json" > "$OUT/profile_$tag.log" 2>&1
+          ((RC == 0)) || prof_rc=$RC
+        done
       done
     done
-    python3 - "$OUT" > "$OUT/profile.txt" 2>&1 <<'PY'
+    python3 - "$OUT" $PROFILE_BATCHES > "$OUT/profile.txt" 2>&1 <<'PY'
 import csv, json, os, sys
 out = sys.argv[1]
-for layer in ("kda", "mla"):
-    for path in ("auto", "latency_specialized"):
-        tag = f"{layer}_{path}"
+for tag in [f"{l}_{p}_b{b}" for b in sys.argv[2:] for l in ("kda", "mla") for p in ("auto", "latency_specialized")]:
+        batch = tag.rsplit("_b", 1)[1]
         try:
             rows = [r for r in csv.reader(open(f"{out}/profile_{tag}.csv")) if len(r) > 10]
             head = rows[0]; rows = rows[1:]
@@ -302,7 +305,7 @@ for layer in ("kda", "mla"):
         last = rows[end - n:end]
         scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
         us = [float(r[val_i].replace(",", "")) * scale.get(r[unit_i], 1.0) for r in last]
-        print(f"{tag} batch 1: {n} kernels of the last replay, sum {sum(us):.1f} us (ncu, L2 flushed per kernel)")
+        print(f"{tag}: batch {batch}, {n} kernels of the last replay, sum {sum(us):.1f} us (ncu, L2 flushed per kernel)")
         for r, t in zip(last, us):
             print(f"  {t:8.1f}  {r[name_i][:110]}")
 PY
