@@ -384,4 +384,28 @@ void launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   K3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+// ---------------------------------------------------------------- tensor cores, weight streams
+
+// c += A (16 x 16 bf16, row-major) * B (16 x 8 bf16, col-major), fp32 accumulate (PTX m16n8k16 .bf16
+// fragments: a0 = (row g, k 2q..), a1 = (row g+8, k 2q..), a2 = (row g, k 2q+8..), a3 = (row g+8,
+// k 2q+8..); b0 = (k 2q.., col g), b1 = (k 2q+8.., col g); c0,c1 = (row g, cols 2q, 2q+1), c2,c3 =
+// (row g+8, same cols); g = lane / 4, q = lane % 4).
+__device__ __forceinline__ void mma_bf16_m16n8k16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                  uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 16 bytes of weights, read once per call: bypass L1 (kept for the activation rows every warp re-reads).
+__device__ __forceinline__ uint4 load_weight16(const bf16* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
 }  // namespace k3::kernels::cuda_detail

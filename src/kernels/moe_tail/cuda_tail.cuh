@@ -70,18 +70,8 @@ __device__ __forceinline__ float situ_value(float g, float u, const TailParams& 
 
 // ---------------------------------------------------------------- tensor cores
 
-// c += A (16 x 16 bf16, row-major) * B (16 x 8 bf16, col-major), fp32 accumulate (PTX m16n8k16 .bf16
-// fragments: a0 = (row g, k 2q..), a1 = (row g+8, k 2q..), a2 = (row g, k 2q+8..), a3 = (row g+8,
-// k 2q+8..); b0 = (k 2q.., col g), b1 = (k 2q+8.., col g); c0,c1 = (row g, cols 2q, 2q+1), c2,c3 =
-// (row g+8, same cols); g = lane / 4, q = lane % 4).
-__device__ __forceinline__ void mma_bf16_m16n8k16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                                  uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+// mma_bf16_m16n8k16 and load_weight16: kernels/cuda_common.cuh.
+
 // One k-block of one m16 tile: lane (g, q) holds 8 consecutive k (k = 32 kb + 8 q) of weight rows g (lo)
 // and g + 8 (hi) and of activation row g (x); A and B take the same k permutation (pairs 0, 1 in the
 // first mma, 2, 3 in the second), so each mma sums products of equal physical k. Both forms call this in
@@ -89,15 +79,6 @@ __device__ __forceinline__ void mma_bf16_m16n8k16(float (&c)[4], uint32_t a0, ui
 __device__ __forceinline__ void mma_kblock(float (&c)[4], const uint4& lo, const uint4& hi, const uint4& x) {
   mma_bf16_m16n8k16(c, lo.x, hi.x, lo.y, hi.y, x.x, x.y);
   mma_bf16_m16n8k16(c, lo.z, hi.z, lo.w, hi.w, x.z, x.w);
-}
-
-// 16 bytes of weights, read once per call: bypass L1 (kept for the activation rows every warp re-reads).
-__device__ __forceinline__ uint4 load_weight16(const bf16* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
 }
 
 // ---------------------------------------------------------------- host (cuda.cu, cuda_one_launch.cu)

@@ -133,27 +133,7 @@ constexpr int kMmaTokens = 64;   // tokens per grid.y slice: up to 8 n8 tiles
 constexpr int64_t kMmaMaxRows = 16;  // above: cuda_multi_cublaslt when cuBLASLt takes every output
 constexpr int kKBlock = 32;      // k per (warp, step): 4 lanes x 8 bf16 per row
 
-// c += A (16 x 16, row-major bf16 pairs) * B (16 x 8, col-major bf16 pairs), fp32 accumulate.
-// Fragments (PTX ISA, m16n8k16 .bf16): a0 = (row g, k 2q..2q+1), a1 = (row g+8, same k),
-// a2 = (row g, k 2q+8..), a3 = (row g+8, k 2q+8..); b0 = (k 2q.., col g), b1 = (k 2q+8.., col g);
-// c0,c1 = (row g, col 2q, 2q+1), c2,c3 = (row g+8, same cols); g = lane / 4, q = lane % 4.
-__device__ __forceinline__ void mma_bf16_m16n8k16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                                  uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// 16 bytes of weights, read once per call: bypass L1 (keeps L1 for x, which every warp re-reads).
-__device__ __forceinline__ uint4 load_weight16(const bf16* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
+// mma_bf16_m16n8k16 and load_weight16: kernels/cuda_common.cuh.
 
 // Grid (sum_i ceil(rows_i / 16), ceil(T / 64)); NT n8 token tiles (8 NT >= this slice's tokens), U
 // k-blocks loaded per step (loads in flight per lane: 2U of weights + U NT of x).
