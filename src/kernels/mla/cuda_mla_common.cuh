@@ -89,14 +89,18 @@ constexpr int kMlaMaxLatent = 512;  // kv_lora limit of the absorbed kernels (K3
 constexpr int kMlaMaxV = 256;       // v_head_dim limit of the naive kernel (K3: 128)
 constexpr int64_t kMaxGridYZ = 65535;  // CUDA limit of gridDim.y and gridDim.z
 
+// A batch's four step tables (row_begin, num_rows, position, block_table) are on the device (none when
+// the batch has no sequences).
+inline core::Status seq_tables_on_cuda(const SeqBatch& b) {
+  if (b.num_seqs == 0) return core::Status::ok();
+  return on_cuda({{"seqs.row_begin", &b.row_begin}, {"seqs.num_rows", &b.num_rows}, {"seqs.position", &b.position},
+                  {"seqs.block_table", &b.block_table}});
+}
+
 inline core::Status mla_supports(const CudaOps& ops, const MlaAttentionArgs& a) {
   if (auto s = ops.usable(); !s) return s;
   if (auto s = on_cuda({{"q", &a.q}, {"pages", &a.pages}, {"out", &a.out}}); !s) return s;
-  if (a.seqs.num_seqs > 0)
-    if (auto s = on_cuda({{"seqs.row_begin", &a.seqs.row_begin}, {"seqs.num_rows", &a.seqs.num_rows},
-                          {"seqs.position", &a.seqs.position}, {"seqs.block_table", &a.seqs.block_table}});
-        !s)
-      return s;
+  if (auto s = seq_tables_on_cuda(a.seqs); !s) return s;
   if (auto s = weight_on_cuda(*a.kv_b, "kv_b"); !s) return s;
   if (auto s = same_act({{"q", &a.q}, {"out", &a.out}}, a.precision); !s) return s;
   if (overlaps(a.out, a.q)) return core::Status::fail("out must not alias q on CUDA");

@@ -297,11 +297,7 @@ core::Status q_absorb_supports(const CudaOps& ops, const MlaQAbsorbArgs& a) {
 core::Status partial_attention_supports(const CudaOps& ops, const MlaPartialAttentionArgs& a) {
   if (auto s = ops.usable(); !s) return s;
   if (auto s = on_cuda({{"qc", &a.qc}, {"pages", &a.pages}, {"o_part", &a.o_part}, {"lse", &a.lse}}); !s) return s;
-  if (a.seqs.num_seqs > 0)
-    if (auto s = on_cuda({{"seqs.row_begin", &a.seqs.row_begin}, {"seqs.num_rows", &a.seqs.num_rows},
-                          {"seqs.position", &a.seqs.position}, {"seqs.block_table", &a.seqs.block_table}});
-        !s)
-      return s;
+  if (auto s = seq_tables_on_cuda(a.seqs); !s) return s;
   const int64_t L = a.o_part.dim(3), E = a.qc.dim(3), heads = a.qc.dim(0) * a.qc.dim(2);
   if (L > kMlaMaxLatent)
     return core::Status::fail("kv_lora " + str(L) + " is above the CUDA limit " + str(kMlaMaxLatent));

@@ -63,11 +63,7 @@ PartialMmaPlan plan_of(const MlaPartialAttentionArgs& a) {
 core::Status partial_mma_supports(const CudaOps& ops, const MlaPartialAttentionArgs& a) {
   if (auto s = ops.usable(); !s) return s;
   if (auto s = on_cuda({{"qc", &a.qc}, {"pages", &a.pages}, {"o_part", &a.o_part}, {"lse", &a.lse}}); !s) return s;
-  if (a.seqs.num_seqs > 0)
-    if (auto s = on_cuda({{"seqs.row_begin", &a.seqs.row_begin}, {"seqs.num_rows", &a.seqs.num_rows},
-                          {"seqs.position", &a.seqs.position}, {"seqs.block_table", &a.seqs.block_table}});
-        !s)
-      return s;
+  if (auto s = seq_tables_on_cuda(a.seqs); !s) return s;
   // Precision, cache dtype, kv_lora % 64 (<= 512), (kv_lora + rope) % 16 (<= 576), 16-byte rows, shared memory.
   if (auto s = partial_split_kv_mma_supports(ops, a); !s) return s;
   const auto no = [](const std::string& why) { return core::Status::fail("tensor-core partial split_kv: " + why); };
