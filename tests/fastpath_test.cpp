@@ -199,6 +199,7 @@ TEST(FastPath, TheFusedKernelsRanAndExplainSaysSo) {
   EXPECT_EQ(count["rmsnorm"], 0);
   EXPECT_EQ(count["mla_cache_write"], 0);
   EXPECT_EQ(count["add"], 0);
+  EXPECT_EQ(count["router_topk"], 0);  // the MoE front's multi_linear selects the routes in its epilogue
   EXPECT_EQ(count["attn_res_merge"], 2 * c.num_hidden_layers + 1);
   EXPECT_EQ(count["attn_res_bank"], (c.num_hidden_layers + c.attn_res_block_size - 1) / c.attn_res_block_size);
   p.fused->set_op_recorder(nullptr);

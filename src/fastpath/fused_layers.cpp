@@ -21,21 +21,25 @@ struct Projection {
   bool round_output = true;
 };
 
-// Every projection of x in one multi_linear call; where its kernel does not support them (say an
-// MXFP4 weight), one standard linear each, and the skip is recorded for --explain.
-void project(const ForwardContext& ctx, const Tensor& x, std::initializer_list<Projection> outs) {
+// Every projection of x in one multi_linear call, with the router's top-k as its epilogue when
+// `router` is given; where its kernel does not support them (say an MXFP4 weight), one standard linear
+// each, and the skip is recorded for --explain. Returns whether multi_linear ran (so the routes exist).
+bool project(const ForwardContext& ctx, const Tensor& x, std::initializer_list<Projection> outs,
+             const kernels::MultiLinearRouter& router = {}) {
   kernels::MultiLinearArgs a;
   a.x = x.view();
   a.precision = ctx.precision();
   for (const Projection& p : outs) a.add(p.w, p.out->view(), p.round_output);
+  a.router = router;
   std::string why;
   if (ctx.ops.multi_linear.find(a, ctx.device(), &why)) {
     ctx.ops.multi_linear.run(a, ctx.device());
-    return;
+    return true;
   }
   ctx.ops.multi_linear.note_skipped(why, ctx.device());
   for (const Projection& p : outs)
     ctx.ops.linear.run({x.view(), p.w, p.out->view(), p.round_output, ctx.precision()}, ctx.device());
+  return false;
 }
 
 // Whether `table` has an implementation for `a` on the context's device; when not, the skip and
@@ -288,17 +292,30 @@ Tensor fused_moe(const ForwardContext& ctx, int layer, const model::MoeWeights& 
   model::MoeFront front;
   front.logits = ctx.alloc_as(core::DType::f32, n, w.router.out_features());  // fp32, unrounded (spec §2)
   front.z = ctx.alloc(n, w.latent_down.out_features());
+  // The top-k in the packed GEMM's epilogue (output 0 is the router): no router launch.
+  kernels::MultiLinearRouter router;
+  const Tensor ids = ctx.alloc_as(core::DType::i32, n, mc.num_experts_per_token);
+  const Tensor weights = ctx.alloc_as(core::DType::f32, n, mc.num_experts_per_token);  // fp32 (spec §7)
+  router.output = 0;
+  router.bias = router_bias.view();
+  router.ids = ids.view();
+  router.weights = weights.view();
+  router.renormalize = mc.renormalize;
+  router.scaling = mc.routed_scaling_factor;
+  bool routed = false;
   if (mc.num_shared_experts > 0) {
     front.shared_gate = ctx.alloc(n, w.shared_gate.out_features());
     front.shared_up = ctx.alloc(n, w.shared_up.out_features());
-    project(ctx, x,
-            {{&w.router, &front.logits, false},
-             {&w.latent_down, &front.z},
-             {&w.shared_gate, &front.shared_gate},
-             {&w.shared_up, &front.shared_up}});
+    routed = project(ctx, x,
+                     {{&w.router, &front.logits, false},
+                      {&w.latent_down, &front.z},
+                      {&w.shared_gate, &front.shared_gate},
+                      {&w.shared_up, &front.shared_up}},
+                     router);
   } else {
-    project(ctx, x, {{&w.router, &front.logits, false}, {&w.latent_down, &front.z}});
+    routed = project(ctx, x, {{&w.router, &front.logits, false}, {&w.latent_down, &front.z}}, router);
   }
+  if (routed) front.route_ids = ids, front.route_weights = weights;
   // Under TP the routed and shared partial sums are all-reduced between the experts and the tail.
   if (ctx.tensor_parallel()) return model::moe_tail(ctx, layer, w, router_bias, front, x.dim(1));
   const Tensor u = model::moe_routed_latent(ctx, layer, w, router_bias, front);  // [n, L]

@@ -5,6 +5,7 @@
 #include "backends/cuda/context.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/device_tensor.h"
+#include "backends/cuda/graph.h"
 #include "kernels/cuda_ops.h"
 #include "tests/ops/op_harness.h"
 
@@ -30,6 +31,9 @@ class CudaDevice final : public Device {
   Tensor to_host_f32(const TensorView& v) override { return backends::cuda::download_f32(v, ctx_->stream()); }
   Tensor to_host(const TensorView& v) override { return backends::cuda::download(v, ctx_->stream()); }
   void synchronize() override { K3_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream())); }
+  int64_t kernels_queued_by(const std::function<void()>& op) override {
+    return static_cast<int64_t>(backends::cuda::Graph::capture(*ctx_, op).kernel_nodes());
+  }
 
  private:
   std::shared_ptr<backends::cuda::Context> ctx_;

@@ -2,7 +2,7 @@
 // MXFP4 decoded inside the expert kernel) on every device backend against the CPU reference, at
 // odd shapes and at the TP8 expert shapes (896 experts, top-16, latent 3584, intermediate 384).
 // Batches cover both CUDA forms of each op: the router's warp form (<= 1024 experts, k <= 32) and
-// block form; the MXFP4 experts' scan form (<= 256 routes: batch 1, 2, 8) and sorted form (batch
+// block form (also run by name on the same logits: identical bits); the MXFP4 experts' scan form (<= 256 routes: batch 1, 2, 8) and sorted form (batch
 // 64 in f32, odd batch 97; bf16 batches of 17..64 select "cuda_expert_grouped"), whose results must
 // also be identical run to run. The small-batch expert GEMV
 // ("cuda_expert_gemv": MXFP4, 1..16 tokens) is checked by name at batches 1..16, k 1, 3, 16, in
@@ -11,6 +11,8 @@
 // strategy, tested in moe_grouped_ops_test.cpp).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "tests/ops/moe_test_util.h"
@@ -61,6 +63,45 @@ TEST(OpsOdd, RouterTopk) {
 TEST(OpsTp8, RouterTopk) {
   K3_REQUIRE_CUDA(dev);
   for (int64_t T : {1, 2, 8, 64}) check_router(dev, T, 896, 16, 4100 + T);
+}
+
+// The two CUDA strategies are the same function: identical ids and weight bits on the same logits
+// (random, and from a few values, i.e. many exact ties), and K3's shape selects the warp form.
+TEST(OpsTp8, RouterWarpAndBlockFormsAgreeBitForBit) {
+  K3_REQUIRE_CUDA(dev);
+  const auto named = [&](const std::string& name) -> const kernels::OpImpl<kernels::RouterTopkArgs>& {
+    for (const auto& impl : dev->registry().router_topk.impls())
+      if (impl.name == name && impl.device == dev->kind()) return impl;
+    throw core::Error("no router_topk implementation " + name);
+  };
+  for (const bool tied : {false, true})
+    for (int64_t T : {1, 8, 64}) {
+      const int64_t E = 896, k = 16;
+      core::Rng rng(4300 + T + (tied ? 1000 : 0));
+      Tensor logits = random_act(rng, {T, E}, Mode::fp32, 0.0, 2.0), bias = random_uniform_f32(rng, {E}, 0.05);
+      if (tied) {
+        for (float& v : logits.span<float>()) v = static_cast<float>(static_cast<int>(rng.next_u64() % 3) - 1);
+        for (float& v : bias.span<float>()) v = (rng.next_u64() % 4 == 0) ? 0.25f : 0.0f;
+      }
+      const Tensor d_logits = dev->upload(logits), d_bias = dev->upload(bias);
+      std::vector<Tensor> got;
+      for (const char* name : {"cuda_warp_topk", "cuda_radix_topk"}) {
+        Tensor d_ids = dev->poisoned(DType::i32, {T, k}), d_w = dev->poisoned(DType::f32, {T, k});
+        const kernels::RouterTopkArgs args{d_logits.view(), d_bias.view(), d_ids.view(), d_w.view(), true, 2.5f};
+        if (std::string(name) == "cuda_warp_topk") {
+          EXPECT_EQ(dev->registry().router_topk.select(args, dev->kind()).name, name);
+        }
+        ASSERT_TRUE(named(name).supports(args)) << name;
+        named(name).run(args);
+        got.push_back(dev->to_host(d_ids.view()));
+        got.push_back(dev->to_host(d_w.view()));
+      }
+      const size_t bytes = static_cast<size_t>(T * k) * 4;
+      EXPECT_EQ(std::memcmp(got[0].data<const int32_t>(), got[2].data<const int32_t>(), bytes), 0)
+          << "ids, T " << T << (tied ? " tied" : "");
+      EXPECT_EQ(std::memcmp(got[1].data<const float>(), got[3].data<const float>(), bytes), 0)
+          << "weights, T " << T << (tied ? " tied" : "");
+    }
 }
 
 // Logits and biases from a few values: many exact ties, which both sides must break by the lower

@@ -107,6 +107,10 @@ class Device {
   // Device tensor (view) back to a CPU tensor of the same dtype (ids), waiting likewise.
   virtual Tensor to_host(const TensorView& v) = 0;
   virtual void synchronize() = 0;
+  // How many kernels `op` queues: it is captured once as a CUDA graph (nothing runs; buffers it
+  // allocates belong to that graph and are gone after) and the graph's kernel nodes are counted.
+  // Proof of a fusion: a fused op must be fewer launches than the ops it replaces.
+  virtual int64_t kernels_queued_by(const std::function<void()>& op) = 0;
 };
 
 // A registry with only the CPU reference ops (the oracle).

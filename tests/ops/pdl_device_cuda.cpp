@@ -128,6 +128,9 @@ class CudaPdlDevice final : public PdlDevice {
   Tensor to_host_f32(const TensorView& v) override { return cu::download_f32(v, ctx_->stream()); }
   Tensor to_host(const TensorView& v) override { return cu::download(v, ctx_->stream()); }
   void synchronize() override { K3_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream())); }
+  int64_t kernels_queued_by(const std::function<void()>& op) override {
+    return static_cast<int64_t>(cu::Graph::capture(*ctx_, op).kernel_nodes());
+  }
 
   std::unique_ptr<StagedOp> stage(const OpBuffers& buffers) override {
     return std::make_unique<CudaStagedOp>(ctx_, buffers);

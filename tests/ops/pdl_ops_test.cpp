@@ -129,6 +129,36 @@ TEST(OpsPdl, MultiLinear) {
   pdl_multi_linear(dev, Mode::bf16, 5, 17, odd, false, "cuda_multi_rowdot", 31005);  // bf16 x, odd width
 }
 
+// The MoE front with the router epilogue (one TP8 rank: 896 experts, top-16): the selection reads the
+// logits the other CTAs stored, after its own wait; the graph's second replay proves the ticket is 0 again.
+void pdl_moe_front(PdlDevice* dev, int64_t T, const char* expect, uint64_t seed) {
+  core::Rng rng(seed);
+  const int64_t in = 7168, E = 896, k = 16;
+  const std::vector<int64_t> outs = {E, 3584, 768, 768};
+  std::vector<kernels::LinearWeight> ws(outs.size());
+  for (size_t i = 0; i < outs.size(); ++i) ws[i] = dev->upload(kernels::LinearWeight{random_bf16_weight(rng, outs[i], in), {}});
+  const Tensor x = dev->act(random_act(rng, {T, in}, Mode::bf16), Mode::bf16);
+  const Tensor bias = dev->upload(random_uniform_f32(rng, {E}, 0.05));
+  const Tensor logits = dev->poisoned(DType::f32, {T, E}), y = dev->poisoned(DType::bf16, {T, 3584 + 768 + 768});
+  const Tensor ids = dev->poisoned(DType::i32, {T, k}), weights = dev->poisoned(DType::f32, {T, k});
+  kernels::MultiLinearArgs args;
+  args.x = x.view();
+  args.add(&ws[0], logits.view(), false).add(&ws[1], cols(y, 0, 3584)).add(&ws[2], cols(y, 3584, 768));
+  args.add(&ws[3], cols(y, 3584 + 768, 768));
+  args.router = {0, bias.view(), ids.view(), weights.view(), true, 2.5f};
+  ASSERT_EQ(dev->registry().multi_linear.select(args, dev->kind()).name, expect);
+  expect_pdl_safe(dev, std::string("moe front + router ") + expect + " T" + std::to_string(T),
+                  {{x.view(), bias.view()}, {logits.view(), y.view(), ids.view(), weights.view()}},
+                  [&] { dev->registry().multi_linear.run(args, dev->kind()); }, /*graph=*/true);
+}
+
+TEST(OpsPdl, MultiLinearRouterEpilogue) {
+  K3_REQUIRE_PDL_CUDA(dev);
+  pdl_moe_front(dev, 1, "cuda_multi_mma", 31100);  // the selection in the GEMM kernel
+  pdl_moe_front(dev, 8, "cuda_multi_mma", 31101);
+  pdl_moe_front(dev, 9, "cuda_multi_mma", 31102);  // the router kernel after the GEMM
+}
+
 // ---------------------------------------------------------------- attn_res_merge / attn_res_bank
 
 void pdl_merge(PdlDevice* dev, Mode mode, int64_t T, int64_t D, bool in_place, const char* expect, uint64_t seed) {

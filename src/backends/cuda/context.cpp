@@ -17,7 +17,14 @@ int set_device(int device) {
 
 // set_device runs first (info_ is the first member), so the stream, pool and handle belong to it.
 Context::Context(int device)
-    : info_(device_info(set_device(device))), pool_(DevicePool::create(device)) {}
+    : info_(device_info(set_device(device))), pool_(DevicePool::create(device)) {
+  // Outside the pool: the pool's statistics and graph ownership stay about tensors.
+  void* p = nullptr;
+  K3_CUDA_CHECK(cudaMalloc(&p, kTickets * sizeof(uint32_t)));
+  tickets_ = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  K3_CUDA_CHECK(cudaMemset(p, 0, kTickets * sizeof(uint32_t)));
+  K3_CUDA_CHECK(cudaDeviceSynchronize());  // the memset is on the legacy stream; stream() may not wait for it
+}
 
 std::shared_ptr<Context> Context::create(int device) {
   std::string why;

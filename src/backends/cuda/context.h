@@ -40,6 +40,14 @@ class Context {
   // content, so a call with the same table costs a hash and a compare. Keeps the last 64 tables.
   const void* device_table(std::span<const uint64_t> words);
 
+  // Zero-initialised device counters for kernels that elect their last CTA: every CTA takes a
+  // ticket (atomicAdd), the one that draws the last number runs the kernel's epilogue and puts the
+  // counter back to 0 before it exits, so every counter reads 0 between kernels (also across CUDA
+  // graph replays). Kernels on stream() run one after another past their PDL wait, so they never
+  // hold one at the same time. kTickets of them, allocated with the context (never during capture).
+  static constexpr int kTickets = 64;
+  uint32_t* tickets() const { return static_cast<uint32_t*>(tickets_.get()); }
+
   // Largest dynamic shared memory a block may use after opting in (cudaFuncSetAttribute).
   size_t smem_optin() const { return info_.smem_optin_per_block; }
 
@@ -49,6 +57,7 @@ class Context {
   Stream stream_;
   std::shared_ptr<DevicePool> pool_;
   BlasLt blas_;
+  std::shared_ptr<void> tickets_;  // uint32_t [kTickets], zero between kernels
 
   struct Table {
     uint64_t hash = 0;

@@ -1,15 +1,21 @@
-// kernels/moe/cuda_router.cu: CUDA sigmoid router with biased top-k (spec §7), a block per token:
-//   s = sigmoid(logits) fp32, b = s + bias; the k best b (higher wins, the lower id on exact ties,
-//   as the reference) in descending order; weights use s only:
+// kernels/moe/cuda_router.cu: CUDA sigmoid router with biased top-k (spec §7):
+//   s = sigmoid(logits) fp32, b = s + bias; the k best b (higher wins, the lower id on exact ties, as
+//   the reference) in descending order; weights use s only:
 //   renormalize: w_j = s_j / (sum_{selected, in written order} s + 1e-20) * scaling; else s_j * scaling.
-// Selection without k serial rounds: each b becomes an order-preserving 32-bit key, a radix select
-// (4 passes of 8 bits over a shared histogram) finds the k-th largest key, the keys above it and the
-// lowest ids among those equal to it are the k picks, and each pick's place is its rank among them.
+// Two strategies, the same bits:
+//   cuda_warp_topk (E <= 1024, k <= 32; priority 20): a warp per token, the barrier-free bisection
+//     select of cuda_router_select.cuh (K3: E = 896, k = 16).
+//   cuda_radix_topk (E <= 8192; priority 10): a block of 1024 threads per token; each b becomes an
+//     order-preserving 32-bit key, a radix select (4 passes of 8 bits over a shared histogram) finds
+//     the k-th largest key, the keys above it and the lowest ids among those equal to it are the k
+//     picks, and each pick's place is its rank among them.
 // A NaN biased score cannot throw from the device: that token gets ids -1 and NaN weights, which the
 // expert op turns into a NaN output row (never an out-of-range read).
 #include <cmath>
 
 #include "kernels/cuda_common.cuh"
+#include "kernels/moe/cuda_router.h"
+#include "kernels/moe/cuda_router_select.cuh"
 #include "kernels/moe/router.h"
 
 namespace k3::kernels {
@@ -28,11 +34,6 @@ constexpr int kBins = 256;  // 8-bit digits
 static_assert(kThreads >= kBins, "every bin has a thread to clear it");
 constexpr int kMaxExperts = 8192;  // shared memory: key + score per expert
 
-// Orders like the float (after -0 -> +0, which the reference's != treats as equal to +0).
-__device__ __forceinline__ uint32_t order_key(float b) {
-  const uint32_t u = __float_as_uint(b + 0.0f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
 // (key, id) ordering of the reference: higher key first, lower id on ties.
 __device__ __forceinline__ bool better(uint32_t ka, int ia, uint32_t kb, int ib) {
   return ka > kb || (ka == kb && ia < ib);
@@ -75,11 +76,11 @@ __global__ void __launch_bounds__(kThreads) router_kernel(const float* logits, i
 
   bool nan_seen = false;
   for (int e = tid; e < E; e += blockDim.x) {
-    const float s = 1.0f / (1.0f + expf(-logits[t * logits_ld + e]));
+    const float s = router_score(logits[t * logits_ld + e]);
     const float b = s + load_vec(bias, bias_bf16, e);
     nan_seen = nan_seen || isnan(b);
     score[e] = s;
-    key[e] = order_key(b);
+    key[e] = router_order_key(b);
   }
   if (tid == 0) n_picked = 0;
   if (__syncthreads_or(nan_seen)) {
@@ -169,30 +170,79 @@ __global__ void __launch_bounds__(kThreads) router_kernel(const float* logits, i
     w_t[j] = renormalize ? pick_score[j] / denom * scaling : pick_score[j] * scaling;
 }
 
+constexpr int kWarpTopkWarps = 8;  // tokens per block of the warp strategy
+
+__global__ void __launch_bounds__(kWarpTopkWarps * 32)
+    warp_topk_kernel(const float* logits, int64_t logits_ld, const void* bias, bool bias_bf16, int64_t T, int E, int k,
+                     int32_t* ids, int64_t ids_ld, float* weights, int64_t weights_ld, bool renormalize, float scaling) {
+  __shared__ uint32_t scratch[kWarpTopkWarps][kWarpTopkScratchWords];
+  const int warp = threadIdx.x >> 5;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpTopkWarps + warp;
+  if (t >= T) return;  // whole warps leave: the selection's shuffles see all 32 lanes
+  warp_router_topk(logits + t * logits_ld, bias, bias_bf16, E, k, renormalize, scaling, ids + t * ids_ld,
+                       weights + t * weights_ld, scratch[warp]);
+}
+
+bool warp_topk_fits(const RouterTopkArgs& a) {
+  return a.logits.dim(1) <= kWarpTopkMaxExperts && a.ids.dim(1) <= kWarpTopkMaxK;
+}
+
+void warp_topk_run(const CudaOps& ops, const RouterTopkArgs& a) {
+  const int64_t T = a.logits.dim(0);
+  if (T == 0) return;
+  warp_topk_kernel<<<grid_for(T, kWarpTopkWarps), kWarpTopkWarps * 32, 0, ops.ctx->stream()>>>(
+      a.logits.as<const float>(), a.logits.strides[0], a.bias.data, a.bias.dtype == core::DType::bf16, T,
+      static_cast<int>(a.logits.dim(1)), static_cast<int>(a.ids.dim(1)), a.ids.as<int32_t>(), a.ids.strides[0],
+      a.weights.as<float>(), a.weights.strides[0], a.renormalize, a.scaling);
+  K3_CUDA_CHECK_LAUNCH("warp_topk_kernel");
+}
+
+void radix_topk_run(const CudaOps& ops, const RouterTopkArgs& a) {
+  const int64_t T = a.logits.dim(0);
+  const int E = static_cast<int>(a.logits.dim(1)), k = static_cast<int>(a.ids.dim(1));
+  if (T == 0) return;
+  const size_t smem = sizeof(uint32_t) * (2 * static_cast<size_t>(E) + 3 * static_cast<size_t>(k));
+  allow_smem(router_kernel, smem);
+  router_kernel<<<static_cast<unsigned>(T), kThreads, smem, ops.ctx->stream()>>>(
+      a.logits.as<const float>(), a.logits.strides[0], a.bias.data, a.bias.dtype == core::DType::bf16, E, k,
+      a.ids.as<int32_t>(), a.ids.strides[0], a.weights.as<float>(), a.weights.strides[0], a.renormalize, a.scaling);
+  K3_CUDA_CHECK_LAUNCH("router_kernel");
+}
+
 }  // namespace
 
+core::Status router_topk_cuda_supports(const CudaOps& ops, const RouterTopkArgs& a) {
+  if (auto s = ops.usable(); !s) return s;
+  if (a.logits.dim(1) > kMaxExperts)
+    return core::Status::fail("at most " + std::to_string(kMaxExperts) + " experts, got " +
+                              std::to_string(a.logits.dim(1)));
+  return on_cuda({{"logits", &a.logits}, {"bias", &a.bias}, {"ids", &a.ids}, {"weights", &a.weights}});
+}
+
+void router_topk_cuda(const CudaOps& ops, const RouterTopkArgs& a) {
+  if (warp_topk_fits(a))
+    warp_topk_run(ops, a);
+  else
+    radix_topk_run(ops, a);
+}
+
 void register_router_cuda(Registry& r, const CudaOps& ops) {
+  r.router_topk.add({"cuda_warp_topk", core::Device::cuda, 20,
+                     [ops](const RouterTopkArgs& a) {
+                       if (auto s = ops.usable(); !s) return s;
+                       if (!warp_topk_fits(a))
+                         return core::Status::fail("a warp selects at most " + std::to_string(kWarpTopkMaxK) +
+                                                   " of at most " + std::to_string(kWarpTopkMaxExperts) +
+                                                   " experts, got top-" + std::to_string(a.ids.dim(1)) + " of " +
+                                                   std::to_string(a.logits.dim(1)));
+                       return on_cuda(
+                           {{"logits", &a.logits}, {"bias", &a.bias}, {"ids", &a.ids}, {"weights", &a.weights}});
+                     },
+                     [ops](const RouterTopkArgs& a) { warp_topk_run(ops, a); }});
   r.router_topk.add(
       {"cuda_radix_topk", core::Device::cuda, 10,
-       [ops](const RouterTopkArgs& a) {
-         if (auto s = ops.usable(); !s) return s;
-         if (a.logits.dim(1) > kMaxExperts)
-           return core::Status::fail("at most " + std::to_string(kMaxExperts) + " experts, got " +
-                                     std::to_string(a.logits.dim(1)));
-         return on_cuda({{"logits", &a.logits}, {"bias", &a.bias}, {"ids", &a.ids}, {"weights", &a.weights}});
-       },
-       [ops](const RouterTopkArgs& a) {
-         const int64_t T = a.logits.dim(0);
-         const int E = static_cast<int>(a.logits.dim(1)), k = static_cast<int>(a.ids.dim(1));
-         if (T == 0) return;
-         const size_t smem = sizeof(uint32_t) * (2 * static_cast<size_t>(E) + 3 * static_cast<size_t>(k));
-         allow_smem(router_kernel, smem);
-         router_kernel<<<static_cast<unsigned>(T), kThreads, smem, ops.ctx->stream()>>>(
-             a.logits.as<const float>(), a.logits.strides[0], a.bias.data, a.bias.dtype == core::DType::bf16, E, k,
-             a.ids.as<int32_t>(), a.ids.strides[0], a.weights.as<float>(), a.weights.strides[0], a.renormalize,
-             a.scaling);
-         K3_CUDA_CHECK_LAUNCH("router_kernel");
-       }});
+       [ops](const RouterTopkArgs& a) { return router_topk_cuda_supports(ops, a); },
+       [ops](const RouterTopkArgs& a) { radix_topk_run(ops, a); }});
 }
 
 }  // namespace k3::kernels

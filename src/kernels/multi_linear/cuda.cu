@@ -27,6 +27,8 @@
 #include "kernels/cuda_common.cuh"
 #include "kernels/cuda_rowdot.cuh"
 #include "kernels/linear/cuda_linear.h"
+#include "kernels/moe/cuda_router.h"
+#include "kernels/moe/cuda_router_select.cuh"
 #include "kernels/multi_linear/multi_linear.h"
 
 namespace k3::kernels {
@@ -51,6 +53,23 @@ struct MlOutput {
   bool vec = false;         // rowdot only: 16-byte loads (cuda_rowdot.cuh vector_ok)
 };
 
+// The router epilogue of cuda_multi_mma (host-filled; multi_linear.h "Router epilogue").
+struct MlRouter {
+  int first_block = 0, blocks = 0;  // the logits output's CTAs: [first_block, first_block + blocks)
+  const float* logits = nullptr;    // that output's f32 y: row t at logits + t * logits_ld
+  int64_t logits_ld = 0;
+  const void* bias = nullptr;       // [E] f32 / bf16
+  bool bias_bf16 = false;
+  int E = 0, k = 0;
+  int32_t* ids = nullptr;           // [T, k]: row t at ids + t * ids_ld
+  int64_t ids_ld = 0;
+  float* weights = nullptr;         // [T, k]: row t at weights + t * weights_ld
+  int64_t weights_ld = 0;
+  bool renormalize = true;
+  float scaling = 1.0f;
+  uint32_t* ticket = nullptr;       // Context::tickets(): 0 before and after the kernel
+};
+
 struct MlParams {
   MlOutput out[kMultiLinearMaxOutputs];
   int num_out = 0;
@@ -58,6 +77,7 @@ struct MlParams {
   int64_t x_ld = 0;
   int64_t T = 0, in = 0;
   uint32_t prefetch_row_bytes = 0;  // L2 prefetch per weight row before the PDL wait (<= any row's bytes)
+  MlRouter router;                  // read only by multi_mma_kernel<..., true>
 };
 
 // The output that owns block `block`: the last one whose first block is <= block. Static indices
@@ -135,14 +155,34 @@ constexpr int kKBlock = 32;      // k per (warp, step): 4 lanes x 8 bf16 per row
 
 // mma_bf16_m16n8k16 and load_weight16: kernels/cuda_common.cuh.
 
+// The router epilogue, after a router CTA's stores (block-uniform call; grid.y == 1, T <= 8): every
+// thread fences its logits stores, thread 0 takes a ticket, and the CTA that draws the last one reads
+// all logits through L2 and selects: warp w takes token w. It puts the ticket back to 0.
+__device__ void router_epilogue(const MlRouter& r, int64_t T, uint32_t* scratch_words) {
+  __shared__ bool last;
+  __threadfence();  // this thread's logits stores before the ticket (release)
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(r.ticket, 1u) == static_cast<uint32_t>(r.blocks - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // the other CTAs' logits after their tickets (acquire); read with ld.global.cg
+  const int warp = threadIdx.x >> 5;
+  if (warp < T)
+    warp_router_topk(r.logits + warp * r.logits_ld, r.bias, r.bias_bf16, r.E, r.k, r.renormalize, r.scaling,
+                         r.ids + warp * r.ids_ld, r.weights + warp * r.weights_ld,
+                         scratch_words + warp * kWarpTopkScratchWords);
+  if (threadIdx.x == 0) *r.ticket = 0u;
+}
+
 // Grid (sum_i ceil(rows_i / 16), ceil(T / 64)); NT n8 token tiles (8 NT >= this slice's tokens), U
-// k-blocks loaded per step (loads in flight per lane: 2U of weights + U NT of x).
+// k-blocks loaded per step (loads in flight per lane: 2U of weights + U NT of x). ROUTER: the router
+// epilogue (only <1, 4, true> is launched: T <= kMultiLinearRouterInKernelRows).
 //
 // k permutation: lane (g, q) loads the 16 bytes at k = 32 kb + 8 q .. +8 of weight rows g and g+8
 // and of x row (token) g. In the first mma its words 0, 1 stand for the logical k pairs 2q and
 // 2q+8, in the second mma words 2, 3 do; A and B use the same map, so each mma still sums
 // products of equal physical k (the dot product is order-free up to rounding).
-template <int NT, int U>
+template <int NT, int U, bool ROUTER>
 __global__ void __launch_bounds__(kMmaThreads) multi_mma_kernel(MlParams p) {
   __shared__ float partial[kMmaWarps][NT * 4 * 32];  // each warp's accumulators, [tile][elem][lane]
   const MlOutput d = output_of_block(p, blockIdx.x);
@@ -226,6 +266,11 @@ __global__ void __launch_bounds__(kMmaThreads) multi_mma_kernel(MlParams p) {
     const int64_t row = r0 + rl, t = t0 + tl;
     if (row < d.rows && t < p.T) store_out(d, t, row, s);
   }
+  if constexpr (ROUTER) {
+    __shared__ uint32_t select_scratch[kMmaWarps * kWarpTopkScratchWords];  // 35 KB: a warp per token
+    const int b = static_cast<int>(blockIdx.x) - p.router.first_block;
+    if (b >= 0 && b < p.router.blocks) router_epilogue(p.router, p.T, select_scratch);
+  }
 }
 
 // ---------------------------------------------------------------- host
@@ -298,6 +343,8 @@ core::Status common_supports(const CudaOps& ops, const MultiLinearArgs& a) {
     if (o.out.dtype == core::DType::bf16 && !o.round_output)
       return core::Status::fail(y_name + ": round_output = false (logits) needs an f32 out, got " + describe(o.out));
   }
+  if (a.router.output >= 0)
+    if (auto s = router_topk_cuda_supports(ops, a.router_topk_args()); !s) return core::Status::fail("router: " + s.reason());
   return core::Status::ok();
 }
 
@@ -319,6 +366,40 @@ core::Status mma_supports(const CudaOps& ops, const MultiLinearArgs& a) {
   return core::Status::ok();
 }
 
+// Whether cuda_multi_mma selects inside its kernel (else the router kernel runs after it).
+bool router_in_kernel(const MultiLinearArgs& a) {
+  if (a.router.output < 0) return false;
+  const RouterTopkArgs r = a.router_topk_args();
+  return a.x.dim(0) <= kMultiLinearRouterInKernelRows && r.logits.dim(1) <= kWarpTopkMaxExperts &&
+         r.ids.dim(1) <= kWarpTopkMaxK;
+}
+
+void fill_router(const CudaOps& ops, const MultiLinearArgs& a, MlParams& p) {
+  const RouterTopkArgs r = a.router_topk_args();
+  const MlOutput& d = p.out[a.router.output];
+  MlRouter& m = p.router;
+  m.first_block = d.first_block;
+  m.blocks = static_cast<int>(grid_for(d.rows, d.rows_per_block));
+  m.logits = static_cast<const float*>(d.y);
+  m.logits_ld = d.y_ld;
+  m.bias = r.bias.data;
+  m.bias_bf16 = r.bias.dtype == core::DType::bf16;
+  m.E = static_cast<int>(r.logits.dim(1));
+  m.k = static_cast<int>(r.ids.dim(1));
+  m.ids = r.ids.as<int32_t>();
+  m.ids_ld = r.ids.dim(0) > 1 ? r.ids.strides[0] : m.k;
+  m.weights = r.weights.as<float>();
+  m.weights_ld = r.weights.dim(0) > 1 ? r.weights.strides[0] : m.k;
+  m.renormalize = r.renormalize;
+  m.scaling = r.scaling;
+  m.ticket = ops.ctx->tickets();
+}
+
+// The router epilogue where the GEMM kernel did not run it: the router kernel, after the GEMMs.
+void router_after(const CudaOps& ops, const MultiLinearArgs& a) {
+  if (a.router.output >= 0) router_topk_cuda(ops, a.router_topk_args());
+}
+
 void mma_run(const CudaOps& ops, const MultiLinearArgs& a) {
   const int64_t T = a.x.dim(0);
   if (T == 0) return;
@@ -331,15 +412,21 @@ void mma_run(const CudaOps& ops, const MultiLinearArgs& a) {
   const auto launch = [&](auto kernel) {
     launch_dependent(kernel, grid, dim3(kMmaThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
   };
-  if (slice <= 8)
-    launch(multi_mma_kernel<1, 4>);
-  else if (slice <= 16)
-    launch(multi_mma_kernel<2, 4>);
-  else if (slice <= 32)
-    launch(multi_mma_kernel<4, 2>);
-  else
-    launch(multi_mma_kernel<8, 2>);
+  const bool in_kernel = router_in_kernel(a);
+  if (in_kernel) {
+    fill_router(ops, a, p);
+    launch(multi_mma_kernel<1, 4, true>);
+  } else if (slice <= 8) {
+    launch(multi_mma_kernel<1, 4, false>);
+  } else if (slice <= 16) {
+    launch(multi_mma_kernel<2, 4, false>);
+  } else if (slice <= 32) {
+    launch(multi_mma_kernel<4, 2, false>);
+  } else {
+    launch(multi_mma_kernel<8, 2, false>);
+  }
   K3_CUDA_CHECK_LAUNCH("multi_mma_kernel");
+  if (!in_kernel) router_after(ops, a);
 }
 
 void rowdot_run(const CudaOps& ops, const MultiLinearArgs& a) {
@@ -355,6 +442,7 @@ void rowdot_run(const CudaOps& ops, const MultiLinearArgs& a) {
     launch_dependent(multi_rowdot_kernel<XT>, grid, dim3(kRowdotThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
     K3_CUDA_CHECK_LAUNCH("multi_rowdot_kernel");
   });
+  router_after(ops, a);
 }
 
 // Output i as the standard linear's arguments.
@@ -376,6 +464,7 @@ core::Status cublaslt_supports(const CudaOps& ops, const MultiLinearArgs& a) {
 
 void cublaslt_run(const CudaOps& ops, const MultiLinearArgs& a) {
   for (int i = 0; i < a.num_outputs; ++i) linear_cublaslt_run(ops, linear_args(a, i));
+  router_after(ops, a);
 }
 
 }  // namespace

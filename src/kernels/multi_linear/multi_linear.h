@@ -52,17 +52,27 @@
 //   cuda_multi_rowdot (any bf16/f32 mix of x and W dtypes, odd widths; priority 10): the standard
 //     row-dot kernel (kernels/cuda_rowdot.cuh) with every output's rows in one grid, 8 tokens per
 //     pass over a weight row.
+//   Router epilogue: cuda_multi_mma up to kMultiLinearRouterInKernelRows rows (<= 1024 experts,
+//     k <= 32): every CTA of a router tile takes a ticket after its stores, and the one that draws
+//     the last runs the selection of kernels/moe/cuda_router_select.cuh, a warp per token, on the
+//     logits the others wrote (fenced, read through L2): the MoE loses the router launch (and its
+//     drain) for ~1 us at the end of the front GEMM. Otherwise, and in the other strategies, the
+//     router kernel (kernels/moe/cuda_router.h) runs after the GEMMs, as the standard path's.
 #pragma once
 #include <array>
 
 #include "core/error.h"
 #include "kernels/common.h"
+#include "kernels/moe/router.h"
 
 namespace k3::kernels {
 
 // The most outputs one call takes (KDA uses 6); fixed so the Args need no heap and a CUDA launch
 // takes every descriptor by value.
 inline constexpr int kMultiLinearMaxOutputs = 8;
+// Rows up to which the tensor-core kernel runs the router epilogue itself (one warp per token in one
+// CTA; beyond, the selection would serialise in that CTA).
+inline constexpr int64_t kMultiLinearRouterInKernelRows = 8;
 
 struct MultiLinearOutput {
   const LinearWeight* w = nullptr;  // [out_i, in] bf16 / f32 (/ MXFP4 on the CPU)
@@ -70,21 +80,38 @@ struct MultiLinearOutput {
   bool round_output = true;         // false: keep the f32 sum (router logits)
 };
 
+// Optional epilogue of the MoE front (spec §7): the router's top-k over the logits of output
+// `output`, exactly router_topk({outputs[output].out, bias, ids, weights, renormalize, scaling})
+// (kernels/moe/router.h), so the experts can start without a router launch.
+struct MultiLinearRouter {
+  int output = -1;           // the logits output (f32 out, round_output = false); -1: no epilogue
+  core::TensorView bias;     // f32 / bf16 [E] e_score_correction_bias
+  core::TensorView ids;      // i32 [T, k] out, in descending biased-score order
+  core::TensorView weights;  // f32 [T, k] out
+  bool renormalize = true;
+  float scaling = 1.0f;
+};
+
 struct MultiLinearArgs {
   core::TensorView x;  // f32 [T, in] (bf16 on CUDA), row stride allowed, shared by every output
   std::array<MultiLinearOutput, kMultiLinearMaxOutputs> outputs{};  // [0, num_outputs) are used
   int num_outputs = 0;                                               // 1..kMultiLinearMaxOutputs
   Precision precision = Precision::bf16;
+  MultiLinearRouter router;                                          // router.output < 0: none
 
   // Appends one output (throws core::Error past kMultiLinearMaxOutputs); returns *this to chain.
   MultiLinearArgs& add(const LinearWeight* w, core::TensorView out, bool round_output = true);
+  // The router epilogue's arguments as router_topk's (requires router.output in range).
+  RouterTopkArgs router_topk_args() const;
 };
 
 // Fails naming the bad output ("outputs[3].out ...") or x: num_outputs out of range, a null or
 // malformed weight, a weight whose `in` differs from x's width, an out whose shape is not
-// [T, out_i], an out overlapping x or another out.
+// [T, out_i], an out overlapping x or another out; with a router epilogue ("router: ..."), an
+// output index out of range, logits that are rounded, or what router_topk_check names.
 core::Status multi_linear_check(const MultiLinearArgs& a);
-// linear_reference for each output in turn (bit for bit the standard op sequence).
+// linear_reference for each output in turn (bit for bit the standard op sequence), then the router
+// epilogue as router_topk_reference.
 void multi_linear_reference(const MultiLinearArgs& a);
 
 }  // namespace k3::kernels

@@ -248,6 +248,74 @@ TEST(MultiLinear, CheckNamesTheBadOutput) {
   }
 }
 
+// The router epilogue (the MoE front): ids and weights equal router_topk's on the op's own logits,
+// bit for bit, with the logits output anywhere in the list; both precisions; bf16 and f32 bias.
+TEST(MultiLinear, RouterEpilogueEqualsTheRouterOnItsLogits) {
+  for (const Precision p : kPrecisions)
+    for (const int router_at : {0, 2}) {
+      core::Rng rng(700 + router_at);
+      const int64_t T = 3, in = 40, E = 37, k = 6;
+      const LinearWeight wr = random_weight(rng, WKind::bf16, E, in), w1 = random_weight(rng, WKind::bf16, 9, in);
+      const Tensor x = random_x(rng, T, in, p);
+      Tensor logits = nan_f32(T, E), y1 = nan_f32(T, 9), y2 = nan_f32(T, 9);
+      Tensor bias = Tensor::zeros(DType::f32, {E});
+      for (int64_t e = 0; e < E; ++e) bias.data<float>()[e] = static_cast<float>(rng.normal() * 0.05);
+      Tensor ids = Tensor::zeros(DType::i32, {T, k}), weights = nan_f32(T, k);
+      MultiLinearArgs a;
+      a.x = x.view();
+      a.precision = p;
+      for (int i = 0; i < 3; ++i) {
+        if (i == router_at)
+          a.add(&wr, logits.view(), /*round_output=*/false);
+        else
+          a.add(&w1, (i == 1 ? y1 : y2).view());
+      }
+      a.router = {router_at, bias.view(), ids.view(), weights.view(), true, 2.5f};
+      ASSERT_EQ(check_reason(a), "ok");
+      reference_registry().multi_linear.run(a, core::Device::cpu);
+
+      Tensor want_ids = Tensor::zeros(DType::i32, {T, k}), want_w = nan_f32(T, k);
+      reference_registry().router_topk.run({logits.view(), bias.view(), want_ids.view(), want_w.view(), true, 2.5f},
+                                           core::Device::cpu);
+      EXPECT_EQ(std::memcmp(ids.data<int32_t>(), want_ids.data<int32_t>(), T * k * 4), 0) << "router at " << router_at;
+      EXPECT_EQ(std::memcmp(weights.data<float>(), want_w.data<float>(), T * k * 4), 0) << "router at " << router_at;
+    }
+}
+
+TEST(MultiLinear, CheckNamesABadRouterEpilogue) {
+  CheckFixture f;
+  Tensor logits = nan_f32(3, 5), bias = Tensor::zeros(DType::f32, {5});
+  Tensor ids = Tensor::zeros(DType::i32, {3, 2}), weights = nan_f32(3, 2);
+  const auto with_router = [&]() {
+    MultiLinearArgs a = f.args();
+    a.outputs[1] = {&f.w17, logits.view(), false};
+    a.router = {1, bias.view(), ids.view(), weights.view(), true, 1.0f};
+    return a;
+  };
+  EXPECT_EQ(check_reason(with_router()), "ok");
+  {
+    MultiLinearArgs a = with_router();
+    a.router.output = 4;
+    EXPECT_EQ(check_reason(a), "router: output 4 out of range (4 outputs)");
+  }
+  {
+    MultiLinearArgs a = with_router();
+    a.outputs[1].round_output = true;
+    EXPECT_EQ(check_reason(a), "router: outputs[1] must keep its f32 logits (round_output = false)");
+  }
+  {
+    MultiLinearArgs a = with_router();
+    Tensor wide_ids = Tensor::zeros(DType::i32, {3, 6});  // top-6 of 5 experts
+    a.router.ids = wide_ids.view();
+    EXPECT_EQ(check_reason(a).rfind("router: top-k 6", 0), 0u) << check_reason(a);
+  }
+  {
+    MultiLinearArgs a = with_router();
+    a.router.weights = columns(f.buf, 0, 2);  // inside outputs[0].out
+    EXPECT_EQ(check_reason(a).rfind("router: weights overlaps outputs[0].out", 0), 0u) << check_reason(a);
+  }
+}
+
 TEST(MultiLinear, EmptyBatchWritesNothing) {
   LinearWeight w = seeded_weight(3, WKind::bf16, 5, 17);
   Tensor x = Tensor::zeros(DType::f32, {0, 17}), out = Tensor::zeros(DType::f32, {0, 5});

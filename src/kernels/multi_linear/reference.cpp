@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "kernels/linear/linear.h"
+#include "kernels/moe/router.h"
 #include "kernels/multi_linear/multi_linear.h"
 
 namespace k3::kernels {
@@ -60,6 +61,33 @@ MultiLinearArgs& MultiLinearArgs::add(const LinearWeight* w, core::TensorView ou
   return *this;
 }
 
+RouterTopkArgs MultiLinearArgs::router_topk_args() const {
+  return {outputs[static_cast<size_t>(router.output)].out, router.bias, router.ids, router.weights, router.renormalize,
+          router.scaling};
+}
+
+namespace {
+
+core::Status router_epilogue_check(const MultiLinearArgs& a) {
+  const MultiLinearRouter& r = a.router;
+  if (r.output >= a.num_outputs)
+    return core::Status::fail("router: output " + std::to_string(r.output) + " out of range (" +
+                              std::to_string(a.num_outputs) + " outputs)");
+  if (a.outputs[static_cast<size_t>(r.output)].round_output)
+    return core::Status::fail("router: " + output_name(r.output) + " must keep its f32 logits (round_output = false)");
+  if (core::Status s = router_topk_check(a.router_topk_args()); !s) return core::Status::fail("router: " + s.reason());
+  for (const auto& [name, v] : {std::pair{"ids", &r.ids}, std::pair{"weights", &r.weights}}) {
+    if (views_overlap(*v, a.x)) return core::Status::fail(std::string("router: ") + name + " overlaps x");
+    for (int i = 0; i < a.num_outputs; ++i)
+      if (views_overlap(*v, a.outputs[static_cast<size_t>(i)].out))
+        return core::Status::fail(std::string("router: ") + name + " overlaps " + output_name(i) + ".out");
+  }
+  if (views_overlap(r.ids, r.weights)) return core::Status::fail("router: ids overlap weights");
+  return core::Status::ok();
+}
+
+}  // namespace
+
 core::Status multi_linear_check(const MultiLinearArgs& a) {
   if (a.num_outputs < 1 || a.num_outputs > kMultiLinearMaxOutputs)
     return core::Status::fail("num_outputs must be 1.." + std::to_string(kMultiLinearMaxOutputs) + ", got " +
@@ -80,11 +108,12 @@ core::Status multi_linear_check(const MultiLinearArgs& a) {
       if (views_overlap(o.out, a.outputs[static_cast<size_t>(j)].out))
         return core::Status::fail(output_name(i) + ".out overlaps " + output_name(j) + ".out");
   }
-  return core::Status::ok();
+  return a.router.output >= 0 ? router_epilogue_check(a) : core::Status::ok();
 }
 
 void multi_linear_reference(const MultiLinearArgs& a) {
   for (int i = 0; i < a.num_outputs; ++i) linear_reference(linear_args(a, i));
+  if (a.router.output >= 0) router_topk_reference(a.router_topk_args());
 }
 
 }  // namespace k3::kernels

@@ -203,6 +203,9 @@ struct MoeFront {
   core::Tensor logits;                   // f32 [rows, E] router logits, unrounded
   core::Tensor z;                        // [rows, L] latent down-projection
   core::Tensor shared_gate, shared_up;   // [rows, S*I] (empty without shared experts)
+  // The top-k routes when the front already chose them (the fast path's packed GEMM selects in its
+  // epilogue): i32 ids [rows, k], f32 weights [rows, k]; empty: moe_tail runs router_topk on logits.
+  core::Tensor route_ids, route_weights;
 };
 // Everything of the MoE layer after its front: top-k, experts, (TP all-reduce), routed norm,
 // up-projection, shared experts, their sum. `hidden`: the layer's output width.

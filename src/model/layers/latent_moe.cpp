@@ -49,6 +49,7 @@ struct Routes {
   core::Tensor ids, weights;
 };
 Routes route(const ForwardContext& ctx, const core::Tensor& router_bias, const MoeFront& front) {
+  if (front.route_ids.defined()) return {front.route_ids, front.route_weights};
   const auto& mc = ctx.config.moe;
   const int64_t rows = front.z.dim(0), k = mc.num_experts_per_token;
   Routes r{ctx.alloc_as(core::DType::i32, rows, k), ctx.alloc_as(core::DType::f32, rows, k)};  // weights stay fp32
