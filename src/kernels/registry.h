@@ -212,6 +212,7 @@ struct Registry {
   OpTable<MlaPartialAttentionArgs> mla_partial_attention{"mla_partial_attention", mla_partial_attention_check};
   OpTable<MlaLseRescaleArgs> mla_lse_rescale{"mla_lse_rescale", mla_lse_rescale_check};
   OpTable<MlaWUvArgs> mla_w_uv{"mla_w_uv", mla_w_uv_check};
+  OpTable<MlaCacheGatherArgs> mla_cache_gather{"mla_cache_gather", mla_cache_gather_check};  // DCP prefill (mla.h)
   // Fused ops of the latency_specialized decode path (fastpath/), one line each:
   OpTable<MultiLinearArgs> multi_linear{"multi_linear", multi_linear_check};
   OpTable<AttnResBankArgs> attn_res_bank{"attn_res_bank", attn_res_bank_check};
@@ -228,7 +229,7 @@ struct Registry {
     fn(moe_experts); fn(kda_conv); fn(kda_recurrent); fn(kda_chunked); fn(kda_output_gate);
     fn(mla_cache_write); fn(mla_naive); fn(mla_absorbed); fn(add); fn(sigmoid_gate); fn(to_activation);
     fn(sample);
-    fn(mla_q_absorb); fn(mla_partial_attention); fn(mla_lse_rescale); fn(mla_w_uv);
+    fn(mla_q_absorb); fn(mla_partial_attention); fn(mla_lse_rescale); fn(mla_w_uv); fn(mla_cache_gather);
     // fused ops (fastpath/), one line each:
     fn(multi_linear);
     fn(attn_res_bank); fn(attn_res_merge);

@@ -19,7 +19,33 @@ constexpr int kGroups = 6;  // all, prefill, decode, kda_all, kda_decode, verify
 struct Layout {
   GroupLayout groups[kGroups];
   int64_t cache_rows = 0, total_rows = 0;
+  // Decode context parallelism's prefill gather (StepBatches::DcpPrefill): its tables' offsets and sizes.
+  int64_t dcp_table = 0, dcp_width = 0, dcp_pack = 0, dcp_place = 0, dcp_slots = 0, dcp_blocks = 0;
 };
+
+// Under decode context parallelism with prefill sequences: appends the temporary cache's block
+// tables [S, width], pack_rows [slots] and place_rows [blocks * block_size] of the prefill group
+// (kernels::mla_gather_plan over each sequence's context, new tokens included).
+void lay_out_dcp_prefill(Layout& L, int32_t block_size, const ContextSplit& split, std::vector<int32_t>& host) {
+  const GroupLayout& prefill = L.groups[1];
+  if (split.size == 1 || prefill.seqs.empty()) return;
+  std::vector<int64_t> tokens;
+  std::vector<std::span<const int32_t>> tables;
+  for (const Segment* s : prefill.seqs) {
+    tokens.push_back(s->state->num_tokens + s->rows());
+    tables.emplace_back(s->state->block_table);
+  }
+  const kernels::MlaGatherPlan plan = kernels::mla_gather_plan(tokens, tables, split.size, split.rank, block_size);
+  L.dcp_width = plan.table_width;
+  L.dcp_slots = plan.slots;
+  L.dcp_blocks = plan.blocks;
+  L.dcp_table = static_cast<int64_t>(host.size());
+  host.insert(host.end(), plan.block_table.begin(), plan.block_table.end());
+  L.dcp_pack = static_cast<int64_t>(host.size());
+  host.insert(host.end(), plan.pack_rows.begin(), plan.pack_rows.end());
+  L.dcp_place = static_cast<int64_t>(host.size());
+  host.insert(host.end(), plan.place_rows.begin(), plan.place_rows.end());
+}
 
 // Fills `host` and returns the layout; `shape` fixes the table width when set.
 Layout lay_out(std::span<const Segment> segments, int32_t block_size, const StepTableShape& shape,
@@ -73,6 +99,7 @@ Layout lay_out(std::span<const Segment> segments, int32_t block_size, const Step
       host[static_cast<size_t>(L.cache_rows + r)] =
           static_cast<int32_t>(int64_t{s.state->block_table[page]} * block_size + local % block_size);
     }
+  lay_out_dcp_prefill(L, block_size, split, host);
   return L;
 }
 
@@ -85,6 +112,7 @@ std::vector<int64_t> signature(const Layout& L) {
     for (const Segment* s : g.seqs) sig.push_back(s->rows());
   }
   sig.push_back(L.total_rows);
+  for (const int64_t n : {L.dcp_width, L.dcp_slots, L.dcp_blocks}) sig.push_back(n);
   return sig;
 }
 
@@ -123,6 +151,18 @@ StepTables::StepTables(std::span<const Segment> segments, int32_t block_size, co
     }
   }
   batches_.cache_rows = vec(L.cache_rows, L.total_rows);
+  if (L.dcp_slots > 0) {  // the prefill sequences over the temporary cache: global positions
+    StepBatches::DcpPrefill& d = batches_.dcp_prefill;
+    d.seqs = batches_.prefill;
+    d.seqs.block_table =
+        core::TensorView::contiguous(base + L.dcp_table, core::DType::i32, {d.seqs.num_seqs, L.dcp_width}, dev);
+    d.seqs.max_tokens = 0;
+    for (const Segment* s : L.groups[1].seqs) d.seqs.max_tokens = std::max(d.seqs.max_tokens, s->state->num_tokens + s->rows());
+    d.pack_rows = vec(L.dcp_pack, L.dcp_slots);
+    d.place_rows = vec(L.dcp_place, L.dcp_blocks * block_size_);
+    d.slots = L.dcp_slots;
+    d.blocks = L.dcp_blocks;
+  }
 }
 
 void StepTables::refill(std::span<const Segment> segments) {

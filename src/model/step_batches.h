@@ -4,7 +4,9 @@
 //
 // Host buffer layout (i32): per group [row_begin S | num_rows S | position S | slot S |
 // block_table S x width], groups all, prefill, decode, kda_all, kda_decode, verify, then
-// cache_rows [T]. Under decode context parallelism the tables are one rank's (StepBatches).
+// cache_rows [T]. Under decode context parallelism the tables are one rank's (StepBatches), and a
+// step with prefill sequences adds their gather tables (StepBatches::DcpPrefill): the temporary
+// cache's block tables [S x width], pack_rows [slots], place_rows [blocks * block_size].
 #pragma once
 #include <span>
 #include <vector>

@@ -5,9 +5,9 @@
 // with a clear error.
 //
 // Tolerances as tp_runner_test.cpp: fp32 differs from TP1 only by the order of fp32 sums (the
-// row-parallel sums, and here the two-level softmax of the log-sum-exp combine); bf16 also rounds
-// prefill attention in the absorbed form (TP1 uses the naive form there) on top of the TP
-// differences, so it is compared by cosine and argmax agreement.
+// row-parallel sums, and for decode rows the two-level softmax of the log-sum-exp combine); prefill
+// rows take the naive form over the gathered context as TP1 does (tp_dcp_naive_test.cpp: bit for bit
+// the non-DCP prefill at the same TP). bf16 is compared by cosine and argmax agreement.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -173,6 +173,10 @@ const model::Model& TpRunner::model(int rank) const {
   return *ranks_[static_cast<size_t>(rank)]->model;
 }
 
+void TpRunner::set_op_recorder(kernels::OpRecorder* recorder) {
+  for (auto& rank : ranks_) rank->registry.set_recorder(recorder);
+}
+
 const std::shared_ptr<core::DeviceMemory>& TpRunner::memory(int rank) const {
   K3_CHECK(rank >= 0 && rank < tp(), "TpRunner: rank " + std::to_string(rank) + " of " + std::to_string(tp()));
   return ranks_[static_cast<size_t>(rank)]->memory;

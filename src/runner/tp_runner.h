@@ -87,6 +87,8 @@ class TpRunner {
   // max_tokens tokens (ceil(max_tokens / dcp) local positions under decode context parallelism).
   const std::shared_ptr<core::DeviceMemory>& memory(int rank) const;
   model::LocalCache new_cache(int rank, int64_t max_tokens) const;
+  // Records every rank's op calls in `recorder` (thread-safe; nullptr: none), as ModelRunner's.
+  void set_op_recorder(kernels::OpRecorder* recorder);
 
  private:
   struct Rank;

@@ -1,12 +1,15 @@
-// kernels/mla/cache.cpp: MLA latent cache entries [c_n | k_pe] in pages, write and dequantised read (spec §6.3).
+// kernels/mla/cache.cpp: MLA latent cache entries [c_n | k_pe] in pages, write, gather between page
+// layouts (decode context parallelism's prefill) and dequantised read (spec §6.3).
 //
 // One entry per token per MLA layer: kv_lora (512) normalised latent values then rope (64) k_pe
 // values. f32 caches hold the values as given; f8_e4m3 caches hold one E4M3 byte per element,
 // code = fp8(x / k_scale) saturating at +-448, read back as fp8(code) * k_scale.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/fp8.h"
@@ -83,6 +86,104 @@ void mla_cache_write_reference(const MlaCacheWriteArgs& a) {
       for (int64_t i = 0; i < rope; ++i) d[kv_lora + i] = core::f32_to_fp8_e4m3(pe[i] / a.k_scale);
     }
   }
+}
+
+namespace {
+
+// The bytes [begin, end) a pages view spans (dense rows, strided pages).
+std::pair<const char*, const char*> page_span(const core::TensorView& v) {
+  const auto* begin = static_cast<const char*>(v.data);
+  if (v.numel() == 0) return {begin, begin};
+  const int64_t elems = (v.dim(0) - 1) * v.strides[0] + (v.dim(1) - 1) * v.strides[1] + v.dim(2);
+  return {begin, begin + elems * static_cast<int64_t>(core::dtype_size(v.dtype))};
+}
+
+}  // namespace
+
+core::Status mla_cache_gather_check(const MlaCacheGatherArgs& a) {
+  const auto cache_dtype = [](const core::TensorView& v) {
+    return v.dtype == core::DType::f32 || v.dtype == core::DType::bf16 || v.dtype == core::DType::f8_e4m3;
+  };
+  if (!mla_detail::is_pages(a.src) || !cache_dtype(a.src) || a.src.dim(0) < 1 || a.src.dim(1) < 1 || a.src.dim(2) < 1)
+    return core::Status::fail("mla_cache_gather: src must be f32, bf16 or f8_e4m3 pages [num_blocks >= 1, block_size >= 1, "
+                              "width >= 1] with dense rows, got " + describe(a.src));
+  if (!mla_detail::is_pages(a.dst) || a.dst.dtype != a.src.dtype || a.dst.dim(2) != a.src.dim(2))
+    return core::Status::fail("mla_cache_gather: dst must be pages [num_blocks, block_size, width = " +
+                              std::to_string(a.src.dim(2)) + "] of src's dtype with dense rows, got " + describe(a.dst) +
+                              " (src " + describe(a.src) + ")");
+  const int64_t N = a.dst.dim(0) * a.dst.dim(1);
+  const core::TensorView& rows = a.src_rows;
+  if (!rows.defined() || rows.rank() != 1 || rows.dtype != core::DType::i32 || rows.dim(0) != N ||
+      (N > 1 && rows.strides[0] != 1))
+    return core::Status::fail("mla_cache_gather: src_rows must be a dense i32 [N = dst num_blocks * block_size = " +
+                              std::to_string(N) + "] tensor, got " + describe(rows));
+  if (a.dst.device != a.src.device || (N > 0 && rows.device != a.src.device))
+    return core::Status::fail("mla_cache_gather: src, src_rows and dst must be on one device");
+  const auto [s0, s1] = page_span(a.src);
+  const auto [d0, d1] = page_span(a.dst);
+  if (d0 < s1 && s0 < d1) return core::Status::fail("mla_cache_gather: dst must not overlap src");
+  if (a.src.device != core::Device::cpu) return core::Status::ok();  // device rows: unchecked (see mla.h)
+  const int64_t capacity = a.src.dim(0) * a.src.dim(1);
+  for (int64_t i = 0; i < N; ++i) {
+    const int32_t r = rows.as<const int32_t>()[i];
+    if (r < -1 || r >= capacity)
+      return core::Status::fail("mla_cache_gather: src_rows[" + std::to_string(i) + "] = " + std::to_string(r) +
+                                " is not -1 or a cache row of src in [0, num_blocks * block_size = " +
+                                std::to_string(capacity) + ")");
+  }
+  return core::Status::ok();
+}
+
+void mla_cache_gather_reference(const MlaCacheGatherArgs& a) {
+  const core::Status st = mla_cache_gather_check(a);
+  K3_CHECK(st.is_ok(), st.reason());
+  K3_CHECK(a.dst.device == core::Device::cpu, "mla_cache_gather_reference: tensors must be on the CPU");
+  const int64_t N = a.dst.dim(0) * a.dst.dim(1);
+  const auto bytes = static_cast<size_t>(a.src.dim(2)) * core::dtype_size(a.src.dtype);
+  for (int64_t i = 0; i < N; ++i) {
+    const int32_t r = a.src_rows.as<const int32_t>()[i];
+    if (r >= 0) std::memcpy(mla_detail::page_row_ptr(a.dst, i), mla_detail::page_row_ptr(a.src, r), bytes);
+  }
+}
+
+MlaGatherPlan mla_gather_plan(std::span<const int64_t> tokens, std::span<const std::span<const int32_t>> local_tables,
+                              int cp, int rank, int64_t block_size) {
+  K3_CHECK(cp >= 1 && 0 <= rank && rank < cp && block_size >= 1 && tokens.size() == local_tables.size(),
+           "mla_gather_plan: bad cp " + std::to_string(cp) + ", rank " + std::to_string(rank) + ", block_size " +
+               std::to_string(block_size) + " or table count");
+  MlaGatherPlan plan;
+  std::vector<int64_t> offset, first_block;  // per sequence: its pack rows and temporary pages
+  for (const int64_t n : tokens) {
+    K3_CHECK(n >= 1, "mla_gather_plan: a sequence has no tokens");
+    offset.push_back(plan.slots);
+    first_block.push_back(plan.blocks);
+    plan.slots += (n + cp - 1) / cp;
+    const int64_t pages = (n + block_size - 1) / block_size;
+    plan.blocks += pages;
+    plan.table_width = std::max(plan.table_width, pages);
+  }
+  K3_CHECK(cp * plan.slots <= INT32_MAX && plan.blocks * block_size <= INT32_MAX,
+           "mla_gather_plan: the gathered rows do not fit i32 cache rows");
+  plan.pack_rows.assign(static_cast<size_t>(plan.slots), -1);
+  plan.place_rows.assign(static_cast<size_t>(plan.blocks * block_size), -1);
+  plan.block_table.assign(tokens.size() * static_cast<size_t>(plan.table_width), -1);
+  for (size_t s = 0; s < tokens.size(); ++s) {
+    const int64_t n = tokens[s], mine = n > rank ? (n - rank + cp - 1) / cp : 0;  // positions p % cp == rank
+    for (int64_t j = 0; j < mine; ++j) {
+      const auto page = static_cast<size_t>(j / block_size);
+      K3_CHECK(page < local_tables[s].size(), "mla_gather_plan: sequence " + std::to_string(s) +
+                                                  "'s block table does not cover local position " + std::to_string(j));
+      plan.pack_rows[static_cast<size_t>(offset[s] + j)] =
+          static_cast<int32_t>(local_tables[s][page] * block_size + j % block_size);
+    }
+    for (int64_t p = 0; p < n; ++p)
+      plan.place_rows[static_cast<size_t>(first_block[s] * block_size + p)] =
+          static_cast<int32_t>((p % cp) * plan.slots + offset[s] + p / cp);
+    for (int64_t b = 0; b < (n + block_size - 1) / block_size; ++b)
+      plan.block_table[s * static_cast<size_t>(plan.table_width) + static_cast<size_t>(b)] =
+          static_cast<int32_t>(first_block[s] + b);
+  }
+  return plan;
 }
 
 namespace mla_detail {

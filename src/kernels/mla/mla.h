@@ -13,6 +13,10 @@
 // the caller guarantees them (the kernels skip out-of-range cache rows and sequences with no rows
 // rather than fault, but results are then undefined).
 #pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
 #include "core/error.h"
 #include "kernels/common.h"
 
@@ -32,6 +36,38 @@ struct MlaCacheWriteArgs {
 };
 core::Status mla_cache_write_check(const MlaCacheWriteArgs& a);
 void mla_cache_write_reference(const MlaCacheWriteArgs& a);
+
+// Copies whole cache entries between page layouts, their bytes as they are (f32, bf16 or f8_e4m3
+// caches alike: fp8 codes keep their k_scale): dst cache row i = src cache row src_rows[i] for every
+// i < N = dst's num_blocks * block_size; src_rows[i] = -1 leaves dst row i as it is. Under decode
+// context parallelism the prefill rows gather the whole context with it (model/layers/mla.cpp):
+// this rank's entries into a dense buffer [slots, 1, width] for the all-gather, then the gathered
+// entries into a temporary cache in position order (MlaGatherPlan says which rows go where).
+struct MlaCacheGatherArgs {
+  core::TensorView src;       // f32 / bf16 / f8_e4m3 pages [num_blocks, block_size, width]
+  core::TensorView src_rows;  // i32 [N]: page * block_size + offset of src, or -1 to skip dst row i
+  core::TensorView dst;       // pages [num_blocks', block_size', width] of src's dtype, N rows; must not overlap src
+};
+core::Status mla_cache_gather_check(const MlaCacheGatherArgs& a);
+void mla_cache_gather_reference(const MlaCacheGatherArgs& a);
+
+// The host tables of the decode-context-parallel prefill gather for rank `rank` of `cp` (built once
+// per step, model/step_batches.cpp). Sequence s has tokens[s] context positions (global position p
+// on rank p % cp at local position p / cp, found through local_tables[s], pages of block_size):
+//   pack:  each rank's buffer has `slots` = sum_s ceil(tokens[s] / cp) rows, sequence s at rows
+//          off_s .. off_s + ceil(tokens[s] / cp) - 1 (row off_s + j = local position j; a rank owning
+//          fewer leaves its last row unwritten): pack_rows [slots] = the local cache row, or -1;
+//   all-gather (rank-major): position p of sequence s is gathered row (p % cp) * slots + off_s + p / cp;
+//   place: the temporary cache [blocks, block_size, width] holds sequence s at its own pages
+//          block_table[s] = [b_s, b_s + 1, ..] (position p at row b_s * block_size + p):
+//          place_rows [blocks * block_size] = the gathered row of each, or -1 past a sequence's end.
+struct MlaGatherPlan {
+  int64_t slots = 0, blocks = 0, table_width = 0;  // table_width = max_s ceil(tokens[s] / block_size)
+  std::vector<int32_t> pack_rows, place_rows;
+  std::vector<int32_t> block_table;  // [S, table_width], -1 past a sequence's pages
+};
+MlaGatherPlan mla_gather_plan(std::span<const int64_t> tokens, std::span<const std::span<const int32_t>> local_tables,
+                              int cp, int rank, int64_t block_size);
 
 // Causal attention for the sequences of `seqs`: sequence s owns activation rows
 // row_begin[s] .. row_begin[s] + num_rows[s] - 1 of q and out; its row i is the token at cache

@@ -28,6 +28,7 @@ void register_reference_ops(Registry& r) {
   // MLA under decode context parallelism (kernels/mla/mla_cp.h):
   register_reference(r.mla_q_absorb, mla_q_absorb_reference); register_reference(r.mla_partial_attention, mla_partial_attention_reference);
   register_reference(r.mla_lse_rescale, mla_lse_rescale_reference); register_reference(r.mla_w_uv, mla_w_uv_reference);
+  register_reference(r.mla_cache_gather, mla_cache_gather_reference);
   register_reference(r.add, add_reference);
   register_reference(r.sigmoid_gate, sigmoid_gate_reference);
   register_reference(r.to_activation, to_activation_reference);

@@ -127,6 +127,17 @@ struct StepBatches {
   core::TensorView cache_rows;  // i32 [T]: MLA cache row (page id * block_size + offset) per activation row
   // Under decode context parallelism (ContextSplit) the tables are this rank's: cache_rows is -1 for
   // a token another rank stores, cache rows and max_tokens count LOCAL positions, positions stay global.
+
+  // Decode context parallelism's prefill (model/layers/mla.cpp): the prefill sequences attend in the
+  // naive form over their whole context, gathered from every rank into a temporary replicated cache
+  // of `blocks` pages (kernels::MlaGatherPlan): `seqs` is `prefill` with that cache's block tables and
+  // GLOBAL max_tokens; pack_rows i32 [slots] and place_rows i32 [blocks * block_size] are the two
+  // mla_cache_gather tables. Without DCP or without prefill sequences: seqs.num_seqs == 0.
+  struct DcpPrefill {
+    kernels::SeqBatch seqs;
+    core::TensorView pack_rows, place_rows;
+    int64_t slots = 0, blocks = 0;
+  } dcp_prefill;
 };
 
 struct ForwardContext {

@@ -13,21 +13,42 @@ core::Tensor apply_gate(const ForwardContext& ctx, const core::Tensor& o, const 
   return gated;
 }
 
-// Attention under decode context parallelism (kernels/mla/mla_cp.h): this rank's pages hold only
-// the positions p % cp == rank of every sequence, so every row of the step (prefill, decode and
-// verify alike) takes the absorbed form around three collectives, attending with every head of
-// the group over this rank's tokens and combining the ranks' partial softmaxes by log-sum-exp.
-// Prefill rows pay the absorbed form's kv_lora-wide scores instead of the naive form's
-// (nope + rope)-wide ones: slower at long prompts, fine for now. Returns [T, H * v] (this rank's heads):
-// the gated output round(o * round(sigmoid(gate))) with a gate, else o; step 4 applies W_UV and the gate
-// in one op. It emits "mla.o" (the ungated o, as every path does): with a trace and a gate it runs the
-// unfused pair instead (mla_w_uv without the gate, then sigmoid_gate), which gives the same bits.
-core::Tensor dcp_attention(const ForwardContext& ctx, int layer, const MlaWeights& w, const core::Tensor& q,
-                           const core::Tensor& pages, const core::Tensor& gate) {
+// One MLA form (ctx.ops.mla_naive or mla_absorbed) for the rows of `seqs` over `pages`, into their
+// rows of o [T, H * v] (the other rows are left as they are).
+template <class Table>
+void attend(const ForwardContext& ctx, const Table& table, const MlaWeights& w, const core::Tensor& q,
+            const core::TensorView& pages, const kernels::SeqBatch& seqs, const core::Tensor& o) {
+  if (seqs.num_seqs == 0) return;
+  const auto& mc = ctx.config.mla;
+  kernels::MlaAttentionArgs a;
+  a.q = q.view();
+  a.pages = pages;
+  a.seqs = seqs;
+  a.k_scale = ctx.options.kv_k_scale;
+  a.kv_b = &w.kv_b_proj;
+  a.out = o.view();
+  a.num_heads = mc.num_heads;
+  a.qk_nope = mc.qk_nope_head_dim;
+  a.qk_rope = mc.qk_rope_head_dim;
+  a.v_head_dim = mc.v_head_dim;
+  a.kv_lora = mc.kv_lora_rank;
+  a.scale = mc.softmax_scale();
+  a.precision = ctx.precision();
+  table.run(a, ctx.device());
+}
+
+// The absorbed form under decode context parallelism (kernels/mla/mla_cp.h) for the rows of `seqs`
+// (decode and verify sequences): this rank's pages hold only the positions p % cp == rank, so it runs
+// around three collectives, attending with every head of the group over this rank's tokens and
+// combining the ranks' partial softmaxes by log-sum-exp. Writes the rows of `seqs` of out [T, H * v]
+// (this rank's heads): round(o * round(sigmoid(gate))) with a gate, else o; step 4 applies W_UV and
+// the gate in one op. The other rows' scratch (qc, o_part, o_lat) travels through the collectives
+// unread.
+void dcp_absorbed(const ForwardContext& ctx, const MlaWeights& w, const core::Tensor& q, const core::Tensor& pages,
+                  const kernels::SeqBatch& seqs, const core::Tensor& gate, const core::Tensor& out) {
   const auto& mc = ctx.config.mla;
   const ContextSplit cp = ctx.context_split();
   const int64_t T = q.dim(0), H = mc.num_heads, L = mc.kv_lora_rank, E = mc.cache_dim(), G = cp.size;
-  const kernels::SeqBatch& seqs = ctx.batches.all;  // positions global, block tables / max_tokens local
   const auto f32 = [&](int64_t rows, int64_t cols) { return ctx.alloc_as(core::DType::f32, rows, cols); };
   const auto as = [&](const core::Tensor& t, core::Shape shape) {  // t's storage with another shape
     return core::TensorView::contiguous(t.view().data, core::DType::f32, shape, ctx.device());
@@ -46,7 +67,7 @@ core::Tensor dcp_attention(const ForwardContext& ctx, int layer, const MlaWeight
   kernels::MlaPartialAttentionArgs part;
   part.qc = as(qc_all, {G, T, H, E});
   part.pages = pages.view();
-  part.seqs = seqs;
+  part.seqs = seqs;  // positions global, block tables / max_tokens local
   part.k_scale = ctx.options.kv_k_scale;
   part.o_part = as(o_part, {G, T, H, L});
   part.lse = as(lse, {G, T, H});
@@ -64,43 +85,70 @@ core::Tensor dcp_attention(const ForwardContext& ctx, int layer, const MlaWeight
   ctx.comm->reduce_scatter_sum(o_part.view(), o_lat.view());
 
   // 4. o = round(W_UV round(o_lat)), and out = round(o * round(sigmoid(gate))) in the same op.
+  ctx.ops.mla_w_uv.run({as(o_lat, {T, H, L}), seqs, &w.kv_b_proj, gate.view(), out.view(), mc.num_heads,
+                        mc.qk_nope_head_dim, mc.v_head_dim, mc.kv_lora_rank, ctx.precision()},
+                       ctx.device());
+}
+
+// A pure decode / verify step under decode context parallelism: the absorbed form over every row,
+// the gate fused into W_UV (the fast path depends on that). It emits "mla.o" (the ungated o, as every
+// path does): with a trace and a gate it runs the unfused pair instead (mla_w_uv without the gate,
+// then sigmoid_gate), which gives the same bits.
+core::Tensor dcp_decode_attention(const ForwardContext& ctx, int layer, const MlaWeights& w, const core::Tensor& q,
+                                  const core::Tensor& pages, const core::Tensor& gate) {
   const bool traced = ctx.trace != nullptr && *ctx.trace;
   const bool fuse_gate = gate.defined() && !traced;
-  core::Tensor out = ctx.alloc(T, H * mc.v_head_dim);
-  ctx.ops.mla_w_uv.run({as(o_lat, {T, H, L}), seqs, &w.kv_b_proj, fuse_gate ? gate.view() : core::TensorView{},
-                        out.view(), mc.num_heads, mc.qk_nope_head_dim, mc.v_head_dim, mc.kv_lora_rank, ctx.precision()},
-                       ctx.device());
+  core::Tensor out = ctx.alloc(q.dim(0), int64_t{ctx.config.mla.num_heads} * ctx.config.mla.v_head_dim);
+  dcp_absorbed(ctx, w, q, pages, ctx.batches.all, fuse_gate ? gate : core::Tensor(), out);
   if (fuse_gate) return out;
   ctx.emit("mla.o", layer, out);
   return gate.defined() ? apply_gate(ctx, out, gate) : out;
 }
-// Attention over the whole cache of every sequence (this rank holds it all): the prefill sequences
-// in the naive form and the decode / verify sequences in the absorbed form, one call each.
-// Together they write every row of o [T, H * v].
-core::Tensor replicated_attention(const ForwardContext& ctx, const MlaWeights& w, const core::Tensor& q,
-                                  const core::Tensor& pages) {
+
+// The prefill sequences under decode context parallelism, in the naive form (as without DCP: the
+// absorbed form's kv_lora-wide scores would cost several times the FLOPs on long prompts) over their
+// whole context, gathered (StepBatches::DcpPrefill, kernels::MlaGatherPlan):
+//   mla_cache_gather  this rank's entries of every prefill context -> pack [slots, width] (cache dtype)
+//   all_gather(first)                                                -> [cp * slots, width]
+//   mla_cache_gather  the gathered entries in position order        -> a temporary cache [blocks, bs, width]
+//   mla_naive         over that cache: the entries and order the replicated cache gives, so the rows
+//                     equal the non-DCP prefill at the same TP size bit for bit.
+// fp8 codes travel as they are (same k_scale). Writes the prefill rows of o [T, H * v].
+void dcp_prefill_attention(const ForwardContext& ctx, const MlaWeights& w, const core::Tensor& q,
+                           const core::Tensor& pages, const core::Tensor& o) {
+  const StepBatches::DcpPrefill& d = ctx.batches.dcp_prefill;
+  const int64_t cp = ctx.context_split().size, bs = pages.dim(1), width = pages.dim(2);
+  const core::DType dt = pages.dtype();
+  const auto as_pages = [&](const core::Tensor& t, int64_t blocks, int64_t block_size) {
+    return core::TensorView::contiguous(t.view().data, dt, {blocks, block_size, width}, ctx.device());
+  };
+  const core::Tensor cache = ctx.alloc_as(dt, d.blocks * bs, width);
+  {  // the pack and gathered buffers are step scratch, released before the attention
+    const core::Tensor pack = ctx.alloc_as(dt, d.slots, width), gathered = ctx.alloc_as(dt, cp * d.slots, width);
+    ctx.ops.mla_cache_gather.run({pages.view(), d.pack_rows, as_pages(pack, d.slots, 1)}, ctx.device());
+    ctx.comm->all_gather(pack.view(), gathered.view(), comm::GatherAxis::first);
+    ctx.ops.mla_cache_gather.run({as_pages(gathered, cp * d.slots, 1), d.place_rows, as_pages(cache, d.blocks, bs)},
+                                 ctx.device());
+  }
+  attend(ctx, ctx.ops.mla_naive, w, q, as_pages(cache, d.blocks, bs), d.seqs, o);
+}
+
+// Every step without DCP, and a DCP step with prefill sequences: the prefill sequences in the naive
+// form and the decode / verify sequences in the absorbed form, one call each (without DCP over this
+// rank's whole cache; under DCP the prefill sequences over their gathered context and the others by
+// dcp_absorbed, whose collectives come first on every rank). Together they write every row of
+// o [T, H * v], ungated.
+core::Tensor mixed_attention(const ForwardContext& ctx, const MlaWeights& w, const core::Tensor& q,
+                             const core::Tensor& pages) {
   const auto& mc = ctx.config.mla;
   core::Tensor o = ctx.alloc(q.dim(0), int64_t{mc.num_heads} * mc.v_head_dim);
-  const auto attend = [&](const auto& table, const kernels::SeqBatch& seqs) {
-    if (seqs.num_seqs == 0) return;
-    kernels::MlaAttentionArgs a;
-    a.q = q.view();
-    a.pages = pages.view();
-    a.seqs = seqs;
-    a.k_scale = ctx.options.kv_k_scale;
-    a.kv_b = &w.kv_b_proj;
-    a.out = o.view();
-    a.num_heads = mc.num_heads;
-    a.qk_nope = mc.qk_nope_head_dim;
-    a.qk_rope = mc.qk_rope_head_dim;
-    a.v_head_dim = mc.v_head_dim;
-    a.kv_lora = mc.kv_lora_rank;
-    a.scale = mc.softmax_scale();
-    a.precision = ctx.precision();
-    table.run(a, ctx.device());
-  };
-  attend(ctx.ops.mla_naive, ctx.batches.prefill);
-  attend(ctx.ops.mla_absorbed, ctx.batches.decode);
+  if (ctx.context_split().size == 1) {
+    attend(ctx, ctx.ops.mla_naive, w, q, pages.view(), ctx.batches.prefill, o);
+    attend(ctx, ctx.ops.mla_absorbed, w, q, pages.view(), ctx.batches.decode, o);
+    return o;
+  }
+  if (ctx.batches.decode.num_seqs > 0) dcp_absorbed(ctx, w, q, pages, ctx.batches.decode, core::Tensor(), o);
+  if (ctx.batches.dcp_prefill.seqs.num_seqs > 0) dcp_prefill_attention(ctx, w, q, pages, o);
   return o;
 }
 
@@ -121,9 +169,11 @@ core::Tensor attention(const ForwardContext& ctx, int layer, const MlaWeights& w
   // Output gate logits from the layer input (after input_layernorm), [T, H * v] (spec §6.1); none
   // without the gate.
   const core::Tensor gate = mc.use_output_gate ? ctx.linear(x, w.g_proj) : core::Tensor();
-  if (ctx.context_split().size > 1)  // the gate joins W_UV there (one op after the reduce-scatter)
-    return ctx.row_parallel_linear(dcp_attention(ctx, layer, w, q, pages, gate), w.o_proj);
-  const core::Tensor o = replicated_attention(ctx, w, q, pages);
+  // Decode context parallelism, a step without prefill sequences: the gate joins W_UV there (one op
+  // after the reduce-scatter).
+  if (ctx.context_split().size > 1 && ctx.batches.prefill.num_seqs == 0)
+    return ctx.row_parallel_linear(dcp_decode_attention(ctx, layer, w, q, pages, gate), w.o_proj);
+  const core::Tensor o = mixed_attention(ctx, w, q, pages);
   ctx.emit("mla.o", layer, o);
   // TP: reduced in layer_forward.
   return ctx.row_parallel_linear(gate.defined() ? apply_gate(ctx, o, gate) : o, w.o_proj);
