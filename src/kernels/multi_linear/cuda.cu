@@ -199,6 +199,9 @@ __global__ void __launch_bounds__(kMmaThreads) multi_mma_kernel(MlParams p) {
   pdl_launch_dependents();
   if (blockIdx.y == 0 && threadIdx.x < kMmaRows && r0 + threadIdx.x < d.rows)
     prefetch_l2_within(w + (r0 + threadIdx.x) * d.w_ld, p.prefetch_row_bytes);
+  if constexpr (ROUTER)  // the selection's bias (a weight: no wait needed), so it reads it from L2
+    if (threadIdx.x == kMmaRows && static_cast<int>(blockIdx.x) == p.router.first_block)
+      prefetch_l2_within(p.router.bias, static_cast<uint64_t>(p.router.E) * (p.router.bias_bf16 ? 2 : 4));
   pdl_wait();
   const bf16* w_lo = w + (lo_ok ? r0 + g : 0) * d.w_ld;
   const bf16* w_hi = w + (hi_ok ? r0 + g + 8 : 0) * d.w_ld;
