@@ -200,6 +200,12 @@ TEST(OpsOdd, MoeTailCombine) {
             check_tail(dev, m, w, c, m == Mode::bf16 ? bf16_aligned_impl(T) : kRowdot, ++seed);
           }
       }
+  // Full tiles (hidden % 32 == 0, L and SI multiples of 256): the one-launch kernel's full-tile form.
+  for (bool shared : {true, false}) {
+    TailCase c{"full_tiles", 1, 512, 256, 96, true, shared};
+    c.offset = 8;
+    check_tail(dev, Mode::bf16, make_weights(rng, c), c, kOneLaunch, ++seed);
+  }
   // Aligned widths but inputs at an odd column offset: the one-launch kernel's cp.async staging needs
   // 16-byte aligned rows, so two launches (the workspace keeps the GEMM aligned: still tensor cores).
   for (int64_t T : {1, 5}) {
@@ -221,11 +227,15 @@ TEST(OpsOdd, MoeTailCombineOneLaunchEqualsTwoLaunch) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(8200);
   uint64_t seed = 8300;
-  for (const auto& [L, SI] : std::vector<std::array<int64_t, 2>>{{96, 40}, {136, 40}})
+  // hidden 97: the general item form (partial k-blocks, a last CTA of 1 row). L 256 / SI 256 / hidden 64
+  // and L 512 / SI 256 / hidden 96: the full-tile form (hidden % 32 == 0, L and SI multiples of 256; the
+  // K3 TP8 shapes take it too), 1 and 2 latent_up items per warp.
+  for (const auto& [L, SI, hidden] :
+       std::vector<std::array<int64_t, 3>>{{96, 40, 97}, {136, 40, 97}, {256, 256, 64}, {512, 256, 96}})
     for (bool use_norm : {true, false})
       for (bool shared : {true, false})
         for (auto style : {kernels::RmsNormStyle::moonshot, kernels::RmsNormStyle::fused}) {
-          TailCase c{"odd", 1, L, SI, 97, use_norm, shared, style};
+          TailCase c{"odd", 1, L, SI, hidden, use_norm, shared, style};
           const TailWeights w = make_weights(rng, c);
           check_one_launch_equals_two_launch(dev, w, c, ++seed);  // T = 1: the one-launch bound
         }

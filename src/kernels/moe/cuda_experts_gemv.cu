@@ -1,6 +1,7 @@
 // kernels/moe/cuda_experts_gemv.cu: the routed experts (spec §7) for small batches (1..16 tokens) as
 // two memory-bound GEMV kernels that read each route's MXFP4 codes straight from global memory into
 // registers (16-byte loads, no shared-memory staging of codes, no sort): strategy "cuda_expert_gemv".
+// The decode, the one-step walk and the staging helpers: cuda_experts_gemv_step.cuh.
 //
 // Bytes per call at the k3-layer-tp8 shapes (L = 3584, I = 384 per rank, top-16, MXFP4): one route
 // reads gate + up 2 x 384 x (1792 B codes + 112 B scales) = 1,462,272 B and down 3584 x (192 + 12)
@@ -46,6 +47,15 @@
 //    and h rows, and the combine sums them in that order (a token with none gets 0). With all routes
 //    held (no EP) the list is 0..k-1 and nothing changes. Without round_output an expert-parallel
 //    rank (whole_experts) rounds e_tj as TP=1 does and sums them unrounded into its f32 partial.
+// Shared memory and load chains (ncu, H200, batch 1): the scale tables are 32-byte entries written
+//    as two 16-byte stores per thread, their halves swapped on alternate groups of 4 entries
+//    (scale_swap, cuda_experts_gemv_step.cuh) so a store phase covers all 8 bank groups: the
+//    gate/up kernel's 5.9-way and the down kernel's 3.8-way shared-store conflicts (47 K / 21.5 K per
+//    call) drop to ~3.6 K / 0. Staging issues a thread's loads before its stores (2 scale entries, 2 z
+//    groups, 3 h groups at a time: one round of load latency each), and the down block reads its
+//    route weights p_tj with the ids, before the wait: the combine has no global load. Down 13.3 ->
+//    12.1 us (ncu, L2 flushed); gate/up unchanged (~16 us): both wait on dependent loads (ids ->
+//    expert table -> codes and scales), not on bank conflicts or the code stream's depth (kSlots).
 // Every sum runs in an order fixed by (L, I, k) alone, never by the grid or the batch: identical
 // results run to run. Grids come from host integers, scratch from the context pool: graph-capturable.
 //
@@ -63,7 +73,7 @@
 #include <vector>
 
 #include "kernels/moe/cuda_experts_checks.cuh"
-#include "kernels/moe/cuda_experts_mxfp4.cuh"
+#include "kernels/moe/cuda_experts_gemv_step.cuh"
 #include "kernels/moe/experts.h"
 
 namespace k3::kernels {
@@ -72,22 +82,18 @@ using namespace cuda_detail;
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
 constexpr int kMaxTokens = 16;   // supports(): T <= this (see the file comment)
 constexpr int kMaxRoutes = 64;   // supports(): k <= this (the down block's e table)
-constexpr int kGuSlices = 4;     // warps sharing one gate/up row group's latent width
-constexpr int kGuGroups = kWarps / kGuSlices;
-constexpr int kGuRows = 8 * kGuGroups;  // intermediate rows per gate/up block
-constexpr int kDnRows = 16;             // latent rows per down block (one mma's rows)
-constexpr int kStepChunks = 4;          // chunks per step: one per lane of a quad
-constexpr int kStepValues = 32 * kStepChunks;
 // supports(): a z row and a token's k h rows of at most this many bytes each (staged in shared
 // memory with the scale tables; a launch over 48 KB opts in to more).
 constexpr size_t kSmemBudget = 40 * 1024;
 constexpr int kSlots = 3;  // steps of loads in flight per warp (24 registers)
 // Blocks per SM the registers are cut for: 4 (<= 64 registers) on the tensor-core walk, 3 (<= 80)
-// on the CUDA-core walk (its decoded values and activations need more).
+// on the CUDA-core walk (its decoded values and activations need more). Measured on the H200: 5
+// gate/up slots at 3 blocks and 6 down slots at 2 blocks (a batch-1 warp's whole W2 share in flight
+// before the wait) left batch 1 unchanged (29.7 us) and made 16 tokens slower (215 -> 278 us): at
+// batch 1 these kernels wait on their chains of dependent loads (ids, table, scales, staged rows),
+// not on the depth of the code stream.
 template <bool MMA>
 constexpr int kMinBlocks = MMA ? 4 : 3;
 
@@ -114,246 +120,6 @@ struct GemvParams {
   bool round_e;    // round && (round_output || whole_experts): e_tj rounded
   bool round_out;  // round && round_output: out rounded
 };
-
-// ---------------------------------------------------------------- decode
-
-// (a & mask) | (b & ~mask) in one LOP3, and a & mask, in PTX: written in C++, the compiler folds
-// code_pairs' shared sign masks into two ANDs and an OR per pair (~16 ops per word, not 13).
-__device__ __forceinline__ uint32_t select_bits(uint32_t mask, uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(d) : "r"(a), "r"(b), "r"(mask));
-  return d;
-}
-__device__ __forceinline__ uint32_t and_bits(uint32_t a, uint32_t mask) {
-  uint32_t d;
-  asm("and.b32 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(mask));
-  return d;
-}
-
-// The 4 bf16 pairs of a code word: pair i holds nibbles i (low half) and i + 4 (high half) as
-// value * 2^-126 (magnitude bits e1 e0 m at bf16 bits 6..8, so code 1 = 0.5 lands on the bf16
-// subnormal 2^-127; sign at bit 15). The magnitude masks need no pre-masked word (only the wanted
-// nibble's 3 bits land in kMag after each shift); the sign words are split even/odd so that every
-// unwanted sign bit lands inside kMag, where the 3-input select drops it: 13 integer ops per word
-// (2 masks, 7 shifts, 4 selects). Any word gives finite pairs (exponent field <= 3).
-__device__ __forceinline__ void code_pairs(uint32_t w, uint32_t (&p)[4]) {
-  constexpr uint32_t kMag = 0x01C001C0u;
-  const uint32_t s_even = and_bits(w, 0x08080808u), s_odd = and_bits(w, 0x80808080u);
-  p[0] = select_bits(kMag, w << 6, s_even << 12);
-  p[1] = select_bits(kMag, w << 2, s_odd << 8);
-  p[2] = select_bits(kMag, w >> 2, s_even << 4);
-  p[3] = select_bits(kMag, w >> 6, s_odd);
-}
-
-__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
-  const __nv_bfloat162 v = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// 2^(e - 1) in both halves of a bf16 pair: the multiplier that turns raw pairs (value * 2^-126)
-// into value * 2^(e - 127), exact; one IMAD. Valid for e <= 128 (the fast path takes e < 128).
-__device__ __forceinline__ uint32_t pair_factor(uint32_t e) { return e * 0x00800080u + 0x3F003F00u; }
-
-// The slow path's multiplier, from a staged f = pair_factor(e) (low half (e + 126) << 7 for any
-// e): 2^(e - 127), applied after the exact 2^126 that makes raw pairs values; e = 0 gives the bf16
-// subnormal 2^-127, e = 255 NaN, f = 0 (a pad chunk) 0.
-__device__ __forceinline__ uint32_t slow_factor(uint32_t f) {
-  const uint32_t e = ((f & 0xFFFFu) >> 7) - 126u;
-  const uint32_t bits = f == 0 ? 0u : e == 255 ? 0x7FC0u : e == 0 ? 0x0040u : e << 7;
-  return bits * 0x10001u;
-}
-
-// What the staged scale tables hold for exponent e: the bf16 pair 2^(e - 1) for the tensor-core
-// walk, the f32 bits of 2^(e - 127) for the CUDA-core walk; 0 for a chunk past the row end.
-template <bool MMA>
-__device__ __forceinline__ uint32_t scale_entry(uint32_t e, bool pad) {
-  return pad ? 0u : MMA ? pair_factor(e) : __float_as_uint(e8m0_value(static_cast<uint8_t>(e)));
-}
-
-// The scale bytes of chunks 4 S .. 4 S + 3 of a scale row as one word (byte c = chunk 4 S + c, 0
-// past the row end): one 4-byte load when the rows allow it (`word`: 4-byte aligned) and the step
-// lies inside the row, else bytewise.
-__device__ __forceinline__ uint32_t step_scale_word(const uint8_t* row, int S, int chunks, bool word) {
-  const int q0 = S * kStepChunks;
-  if (word && q0 + kStepChunks <= chunks) return __ldg(reinterpret_cast<const uint32_t*>(row + q0));
-  uint32_t v = 0;
-#pragma unroll
-  for (int c = 0; c < kStepChunks; ++c)
-    if (q0 + c < chunks) v |= static_cast<uint32_t>(__ldg(row + q0 + c)) << (8 * c);
-  return v;
-}
-
-// Stages one step's scale entries of rows lo and hi as 4 uint2 {lo, hi} (lane c's at dst[c]);
-// returns whether some e >= 128 there needs the slow path (a scale of 2 or more, or NaN).
-template <bool MMA>
-__device__ __forceinline__ bool stage_step_scales(uint2* dst, const uint8_t* row_lo, const uint8_t* row_hi, int S,
-                                                  int chunks, bool word) {
-  const uint32_t vl = step_scale_word(row_lo, S, chunks, word), vh = step_scale_word(row_hi, S, chunks, word);
-  uint32_t v[8];
-#pragma unroll
-  for (int c = 0; c < kStepChunks; ++c) {
-    const bool pad = S * kStepChunks + c >= chunks;
-    v[2 * c] = scale_entry<MMA>((vl >> (8 * c)) & 0xFFu, pad);
-    v[2 * c + 1] = scale_entry<MMA>((vh >> (8 * c)) & 0xFFu, pad);
-  }
-  reinterpret_cast<uint4*>(dst)[0] = make_uint4(v[0], v[1], v[2], v[3]);
-  reinterpret_cast<uint4*>(dst)[1] = make_uint4(v[4], v[5], v[6], v[7]);
-  return ((vl | vh) & 0x80808080u) != 0;
-}
-
-// d += A B on the tensor cores (m16n8k16, bf16 in, fp32 accumulate).
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// The B fragment pairs of 8 bf16 activations x[0..7] (one uint4): (x0, x4), (x1, x5), (x2, x6),
-// (x3, x7), the order code_pairs gives the nibbles of a word.
-__device__ __forceinline__ uint4 fragment_order(const uint4& x) {
-  return make_uint4(__byte_perm(x.x, x.z, 0x5410), __byte_perm(x.x, x.z, 0x7632), __byte_perm(x.y, x.w, 0x5410),
-                    __byte_perm(x.y, x.w, 0x7632));
-}
-
-// ---------------------------------------------------------------- one step of one lane
-
-// One step's code loads of one lane: 16 bytes of rows lo and hi. A skipped load (a chunk past the
-// row end, staged scale 0) keeps the slot's previous value, so slots start zeroed: never an
-// undefined value the compiler could fold the load's condition away for.
-struct Slot {
-  uint4 a, b;
-  __device__ __forceinline__ void zero() { a = b = make_uint4(0, 0, 0, 0); }
-  __device__ __forceinline__ void load(bool ok, const uint8_t* ca, const uint8_t* cb) {
-    if (ok) {
-      a = __ldg(reinterpret_cast<const uint4*>(ca));
-      b = __ldg(reinterpret_cast<const uint4*>(cb));
-    }
-  }
-};
-
-// A lane's running sums of its two rows (lo: gate row / latent row g, hi: up row / latent row g +
-// 8). Tensor-core form: the mma accumulators (B's columns are all equal, so d[0] holds row lo and
-// d[2] row hi in every lane); CUDA-core form: two floats per lane, summed over the quad at the end.
-template <bool MMA>
-struct RowSums;
-template <>
-struct RowSums<true> {
-  float d[4];
-  __device__ __forceinline__ void zero() { d[0] = d[1] = d[2] = d[3] = 0.0f; }
-  __device__ __forceinline__ void result(float& lo, float& hi) const { lo = d[0], hi = d[2]; }
-};
-template <>
-struct RowSums<false> {
-  float lo_sum, hi_sum;
-  __device__ __forceinline__ void zero() { lo_sum = hi_sum = 0.0f; }
-  // Every lane calls it (shuffles); the sums are valid in every lane.
-  __device__ __forceinline__ void result(float& lo, float& hi) const {
-    lo = lo_sum, hi = hi_sum;
-    lo += __shfl_xor_sync(kFullMask, lo, 1), hi += __shfl_xor_sync(kFullMask, hi, 1);
-    lo += __shfl_xor_sync(kFullMask, lo, 2), hi += __shfl_xor_sync(kFullMask, hi, 2);
-  }
-};
-
-// The 4 words of a step on the tensor cores, the raw pairs of rows lo and hi multiplied by fa and fb
-// (BIG: first by the exact 2^126, then by fa and fb).
-template <bool BIG>
-__device__ __forceinline__ void mma_words(const Slot& s, const uint4* x, uint32_t fa, uint32_t fb, float (&d)[4]) {
-  const uint32_t wa[4] = {s.a.x, s.a.y, s.a.z, s.a.w}, wb[4] = {s.b.x, s.b.y, s.b.z, s.b.w};
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    uint32_t lo[4], hi[4];
-    code_pairs(wa[w], lo);
-    code_pairs(wb[w], hi);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (BIG) lo[i] = hmul2(lo[i], 0x7E807E80u), hi[i] = hmul2(hi[i], 0x7E807E80u);
-      lo[i] = hmul2(lo[i], fa), hi[i] = hmul2(hi[i], fb);
-    }
-    const uint4 b = x[4 * w];  // word w's B fragment: 16 bytes, [step][word][c] order
-    mma16816(d, lo[0], hi[0], lo[1], hi[1], b.x, b.y);
-    mma16816(d, lo[2], hi[2], lo[3], hi[3], b.z, b.w);
-  }
-}
-
-// One step on the tensor cores (every lane of the warp: mma): f = the staged factors {lo, hi} of
-// the lane's chunk, x = its B groups (word w at x[4 w]), big (block-uniform) = the slow path.
-__device__ __forceinline__ void step_sums(const Slot& s, uint2 f, const uint4* x, bool big, RowSums<true>& acc) {
-  if (!big) return mma_words<false>(s, x, f.x, f.y, acc.d);
-  mma_words<true>(s, x, slow_factor(f.x), slow_factor(f.y), acc.d);
-}
-
-// The same step on CUDA cores (f32 activations or h), f = the f32 scales {lo, hi}, x = the lane's
-// 32 activations: exact E2M1 values, the chunk's sum unscaled, then one multiply-add by the scale.
-__device__ __forceinline__ void step_sums(const Slot& s, uint2 f, const float* x, bool, RowSums<false>& acc) {
-  const uint32_t wa[4] = {s.a.x, s.a.y, s.a.z, s.a.w}, wb[4] = {s.b.x, s.b.y, s.b.z, s.b.w};
-  float pa = 0.0f, pb = 0.0f;
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    float va[8], vb[8], xv[8];
-    fp4_experts::decode_word(wa[w], va);
-    fp4_experts::decode_word(wb[w], vb);
-    load_act_n<8>(x + 8 * w, xv);
-#pragma unroll
-    for (int n = 0; n < 8; ++n) pa = fmaf(va[n], xv[n], pa), pb = fmaf(vb[n], xv[n], pb);
-  }
-  acc.lo_sum = fmaf(pa, __uint_as_float(f.x), acc.lo_sum);
-  acc.hi_sum = fmaf(pb, __uint_as_float(f.y), acc.hi_sum);
-}
-
-// Where a lane's activations of step `step` (counted from the row start) live in a staged row:
-// bf16 rows are in fragment order ([step][word][c] groups of 16 bytes), f32 rows in plain order.
-template <class T>
-__device__ __forceinline__ const auto* step_x(const T* row, int step, int c) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return reinterpret_cast<const uint4*>(row) + step * 16 + c;
-  else
-    return row + (step * kStepChunks + c) * 32;
-}
-
-// Stages `rows` rows of n values (source row r at src + row_of[r] * src_ld, or r * src_ld without
-// row_of) in shared memory, each padded with zeros to `steps` whole steps; bf16 in fragment order:
-// permuted here from plain order (z) or copied when `ordered` (the h scratch, whose pad chunks are
-// never written).
-template <class T>
-__device__ __forceinline__ void stage_rows(T* dst, const T* src, int rows, int64_t src_ld, int64_t n, int steps,
-                                           bool ordered, const int* row_of = nullptr) {
-  const int chunks = static_cast<int>(n / 32);
-  if constexpr (std::is_same_v<T, bf16>) {
-    const int per_row = steps * 16;  // 16-byte groups G = (step * 4 + word) * 4 + c
-#pragma unroll 1
-    for (int i = static_cast<int>(threadIdx.x); i < rows * per_row; i += kThreads) {
-      const int r = i / per_row, G = i - r * per_row;
-      const int c = G & 3, w = (G >> 2) & 3, q = (G >> 4) * kStepChunks + c;
-      const uint4* row = reinterpret_cast<const uint4*>(src + (row_of ? row_of[r] : r) * src_ld);
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (q < chunks) v = ordered ? row[G] : fragment_order(row[q * 4 + w]);
-      reinterpret_cast<uint4*>(dst)[i] = v;
-    }
-  } else {
-    const int per_row = steps * kStepValues / 4;  // float4 groups
-#pragma unroll 1
-    for (int i = static_cast<int>(threadIdx.x); i < rows * per_row; i += kThreads) {
-      const int r = i / per_row, G = i - r * per_row;
-      const float4* row = reinterpret_cast<const float4*>(src + (row_of ? row_of[r] : r) * src_ld);
-      reinterpret_cast<float4*>(dst)[i] = G < chunks * 8 ? row[G] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  }
-}
-
-// Index of intermediate value i in a route's h row: fragment order for bf16, plain for f32.
-template <class HT>
-__device__ __forceinline__ int h_index(int i) {
-  if constexpr (!std::is_same_v<HT, bf16>) return i;
-  const int q = i >> 5, w = (i >> 3) & 3, n = i & 7;
-  return ((((q >> 2) * 4 + w) * 4 + (q & 3)) << 3) + ((n & 3) << 1) + (n >> 2);
-}
-
-// Bytes of the staged scale pairs: 8 per (step, row pair, lane c).
-__host__ __device__ inline int gate_up_scale_bytes(int steps_l) { return steps_l * kGuRows * kStepChunks * 8; }
-__host__ __device__ inline int down_scale_bytes(int k, int steps_i) { return k * steps_i * 8 * kStepChunks * 8; }
-
 
 // ---------------------------------------------------------------- A. gate/up + SiTU
 
@@ -395,19 +161,35 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<XT, bf16>>
   }
   uint2* sc_s = reinterpret_cast<uint2*>(smem);
   XT* z_s = reinterpret_cast<XT*>(smem + gate_up_scale_bytes(steps));
-  stage_rows(z_s, static_cast<const XT*>(p.z) + t * p.z_ld, 1, 0, p.L, steps, false);
+  stage_rows<2>(z_s, static_cast<const XT*>(p.z) + t * p.z_ld, 1, 0, p.L, steps, false);
   bool big = false;
+  // Entries it = step * 16 + row, two per thread at a time: both loads in flight, then both stores
+  // (448 entries at L = 3584: one round of load latency, not two).
 #pragma unroll 1  // few iterations: keep the registers for the loads in flight
-  for (int it = static_cast<int>(threadIdx.x); it < steps * kGuRows; it += kThreads) {  // it = step * 16 + row
-    const int64_t r = row0 + (it & (kGuRows - 1));
-    big |= stage_step_scales<MMA>(sc_s + it * kStepChunks, wg.scale + r * wg.scale_ld, wu.scale + r * wu.scale_ld,
-                                  it / kGuRows, chunks, p.word_scales_gu);
+  for (int it0 = static_cast<int>(threadIdx.x); it0 < steps * kGuRows; it0 += 2 * kThreads) {
+    uint32_t vl[2] = {0u, 0u}, vh[2] = {0u, 0u};
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int it = it0 + b * kThreads;
+      if (it < steps * kGuRows) {
+        const int64_t r = row0 + (it & (kGuRows - 1));
+        vl[b] = step_scale_word(wg.scale + r * wg.scale_ld, it / kGuRows, chunks, p.word_scales_gu);
+        vh[b] = step_scale_word(wu.scale + r * wu.scale_ld, it / kGuRows, chunks, p.word_scales_gu);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int it = it0 + b * kThreads;
+      if (it < steps * kGuRows) big |= stage_step_scales<MMA>(sc_s, it, vl[b], vh[b], it / kGuRows, chunks);
+    }
   }
   big = __syncthreads_or(big);
 
   RowSums<MMA> acc;
   acc.zero();
-  const uint2* f = sc_s + (first * kGuRows + group * 8 + g) * kStepChunks + c;  // step stride 64
+  // Entry it0 + 16 s of this lane's rows (it0 % 8 == g): chunk c at c ^ scale_swap(it0). Step stride 64.
+  const int it0 = first * kGuRows + group * 8 + g;
+  const uint2* f = sc_s + it0 * kStepChunks + (c ^ scale_swap(it0));
   for (int s0 = 0; s0 < n; s0 += S) {
 #pragma unroll
     for (int i = 0; i < S; ++i) {
@@ -454,6 +236,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>
   __shared__ const uint8_t* codes_s[kMaxRoutes];  // W2 codes / scales of the token's held routes
   __shared__ const uint8_t* scales_s[kMaxRoutes];
   __shared__ int route_s[kMaxRoutes];             // the held routes j, in route order
+  __shared__ float weight_s[kMaxRoutes];          // their route weights p_tj (read with the ids, before the wait)
   __shared__ unsigned held_mask_s[kMaxRoutes / 32];
   static_assert(kMaxRoutes % 32 == 0 && kMaxRoutes <= kThreads, "the held-route ballot takes whole warps");
   // The op's next kernel (moe_tail's prologue in the fused path) may start its pre-wait part now.
@@ -491,6 +274,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>
     codes_s[slot] = static_cast<const uint8_t*>(p.tab.ptr(held, 4)) + row0 * p.tab.ld2;
     scales_s[slot] = p.tab.scale(held, 5) + row0 * p.tab.sld2;
     route_s[slot] = static_cast<int>(threadIdx.x);
+    weight_s[slot] = p.p[t * p.p_ld + threadIdx.x];
   }
   __syncthreads();
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
@@ -518,14 +302,32 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>
   uint2* sc_s = reinterpret_cast<uint2*>(smem);
   HT* h_s = reinterpret_cast<HT*>(smem + down_scale_bytes(p.k, steps));
   bool big = false;
+  // Entries it = (j * steps + s) * 8 + g, two per thread at a time as in the gate/up kernel (384 at
+  // k = 16, I = 384: one round of load latency).
 #pragma unroll 1
-  for (int it = static_cast<int>(threadIdx.x); it < n_held * steps * 8; it += kThreads) {  // (j * steps + s) * 8 + g
-    const int js = it >> 3, jr = js / steps, s = js - jr * steps;
-    const uint8_t* row_lo = scales_s[jr] + (it & 7) * sld;
-    big |= stage_step_scales<MMA>(sc_s + it * kStepChunks, row_lo, row_lo + 8 * sld, s, chunks, p.word_scales_dn);
+  for (int it0 = static_cast<int>(threadIdx.x); it0 < n_held * steps * 8; it0 += 2 * kThreads) {
+    uint32_t vl[2] = {0u, 0u}, vh[2] = {0u, 0u};
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int it = it0 + b * kThreads;
+      if (it < n_held * steps * 8) {
+        const int js = it >> 3, jr = js / steps, s = js - jr * steps;
+        const uint8_t* row_lo = scales_s[jr] + (it & 7) * sld;
+        vl[b] = step_scale_word(row_lo, s, chunks, p.word_scales_dn);
+        vh[b] = step_scale_word(row_lo + 8 * sld, s, chunks, p.word_scales_dn);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int it = it0 + b * kThreads;
+      if (it < n_held * steps * 8) {
+        const int js = it >> 3, jr = js / steps, s = js - jr * steps;
+        big |= stage_step_scales<MMA>(sc_s, it, vl[b], vh[b], s, chunks);
+      }
+    }
   }
   pdl_wait();  // h is complete from here on (and out may be written)
-  stage_rows(h_s, static_cast<const HT*>(p.h) + static_cast<int64_t>(t) * p.k * p.h_ld, n_held, p.h_ld, p.I, steps,
+  stage_rows<3>(h_s, static_cast<const HT*>(p.h) + static_cast<int64_t>(t) * p.k * p.h_ld, n_held, p.h_ld, p.I, steps,
              true, route_s);
   big = __syncthreads_or(big);
 
@@ -533,12 +335,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>
   acc.zero();
   // The unit being summed: held route slot j = warp + r * 8 (route route_s[j]), step s; its staged
   // scales and activations sit at js = j * steps + s (scale pairs [js][g][c], h groups [js][word][c]).
+  // Entry (js * 8 + g) holds this lane's scale pair at uint2 c ^ scale_swap(g) (js * 8 % 8 == 0).
+  const int sc_lane = g * kStepChunks + (c ^ scale_swap(g));
   int r = 0, s = 0, js = warp * steps;
   for (int u0 = 0; u0 < n_units; u0 += S) {
 #pragma unroll
     for (int i = 0; i < S; ++i) {
       if (u0 + i < n_units) {  // warp-uniform
-        step_sums(sl[i], sc_s[js * 32 + lane], step_x(h_s, js, c), big, acc);
+        step_sums(sl[i], sc_s[js * 32 + sc_lane], step_x(h_s, js, c), big, acc);
         load_next(sl[i]);
         ++js;
         if (++s == steps) {  // slot j done: its 16 values e_tj (warp-uniform)
@@ -554,9 +358,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>
   }
   __syncthreads();
   if (threadIdx.x < kDnRows) {
-    const float* pt = p.p + t * p.p_ld;
-    float sum = 0.0f;
-    for (int jr = 0; jr < n_held; ++jr) sum = __fadd_rn(sum, __fmul_rn(pt[route_s[jr]], e_s[jr][threadIdx.x]));
+    float sum = 0.0f;  // weight_s[jr] = p[t][route_s[jr]], staged before the wait: no global load here
+    for (int jr = 0; jr < n_held; ++jr) sum = __fadd_rn(sum, __fmul_rn(weight_s[jr], e_s[jr][threadIdx.x]));
     store_act(out + row0 + threadIdx.x, sum, p.round_out);
   }
 }
@@ -574,7 +377,8 @@ size_t down_smem(int64_t k, int64_t I, size_t h_bytes) {
          static_cast<size_t>(k) * steps_of(I) * kStepValues * h_bytes;
 }
 // Static shared memory of the down block (e table, route pointers) and the gate/up block, at most.
-constexpr size_t kStaticSmem = kMaxRoutes * kDnRows * sizeof(float) + 2 * kMaxRoutes * sizeof(void*) + 16;
+constexpr size_t kStaticSmem = kMaxRoutes * kDnRows * sizeof(float) + 2 * kMaxRoutes * sizeof(void*) +
+                               kMaxRoutes * (sizeof(int) + sizeof(float)) + 16;
 
 core::Status gemv_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
   if (auto s = experts_io_supports(ops, a); !s) return s;

@@ -206,7 +206,7 @@ __device__ __forceinline__ void reduce_warps(const float (&acc)[NT][4], float (*
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) partial[warp][(j * 4 + e) * 32 + lane] = acc[j][e];
+    for (int e = 0; e < 4; ++e) partial[warp][(j * 4 + e) * 32 + partial_col(j * 4 + e, lane)] = acc[j][e];
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
@@ -217,7 +217,8 @@ __device__ __forceinline__ void reduce_warps(const float (&acc)[NT][4], float (*
     // (rl / 8) * 2 + tl % 2 (the c fragment layout above).
     const int rl = idx % kMmaRows, tl = idx / kMmaRows;
     const int j = tl >> 3, tt = tl & 7;
-    const int src = (j * 4 + (rl >> 3) * 2 + (tt & 1)) * 32 + (rl & 7) * 4 + (tt >> 1);
+    const int row = j * 4 + (rl >> 3) * 2 + (tt & 1);
+    const int src = row * 32 + partial_col(row, (rl & 7) * 4 + (tt >> 1));
     float s = 0.0f;
 #pragma unroll
     for (int v = 0; v < kWarps; ++v) s += partial[v][src];

@@ -4,8 +4,8 @@
 // into shared memory, then runs the dual GEMM out = round(round(un . W_up^T) + round(s . W_sd^T)) on it:
 //   x [T, x_pitch] bf16 in shared memory = [ rmsnorm(u) (or u) at 0..L | situ_glu(gate, up) at L..L+SI ],
 //   the prologue's math through the same helpers (cuda_tail.cuh) and the same per-thread chunks and block
-//   tree for the sum of squares, so x holds exactly the two-launch workspace's bits; every CTA computes
-//   the same x. The GEMM sums in cuda_tail_mma's order (per 16-row tile: warp w takes latent_up k-blocks
+//   tree for the sum of squares (SiTU is per element: its units differ), so x holds exactly the two-launch
+//   workspace's bits; every CTA computes the same x. The GEMM sums in cuda_tail_mma's order (per 16-row tile: warp w takes latent_up k-blocks
 //   w, w + 8, ... then shared_down k-blocks w, w + 8, ... into separate accumulators; the warps meet in
 //   shared memory in order 0..7), so out equals cuda_tail_mma's out bit for bit.
 //
@@ -37,6 +37,13 @@
 // 26.1 us at T = 1 (ncu, profile of the fused layer step), and at T = 8 a layer step 27 us slower than with
 // the two launches: the prologue every CTA redoes costs about T x 1 us of instructions per CTA before the
 // weight ring runs at full depth. Hence kOneLaunchMaxRows = 1 (cuda_tail.cuh).
+// Where the time went (ncu warp-state sampling per SASS line, T = 1, K3 TP8): half of all warp time
+// before the GEMM loop (priming, the wait for u/gate/up behind ~30 MB of weight requests, SiTU on 3
+// warps while the others sat at the barrier), and a GEMM loop of ~150 instructions per item (64-bit
+// index math, predicates, zeroing), mostly issue-bound. Hence the full-tile form (FullLane: ~88 per
+// item, 4.6 M instructions per call instead of 7.1 M; the GEMM loop now waits on memory), SiTU in
+// 4-value units (192 threads) and conflict-free partial sums (partial_col): 25.3 -> 23.7 us (ncu, L2
+// flushed), same bits.
 //
 // Programmatic dependent launch (rules: kernels/cuda_common.cuh): trigger at the top; before the wait only
 // weights: threads 0..31 ask L2 for latent_up bytes [2048, 2048 + prefetch_row_bytes) of the CTA's 32 rows
@@ -60,6 +67,22 @@ static_assert(kOneLaunchMaxRows <= kTileRows, "the rows served fit the n8 tile")
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async8(void* smem_dst, const void* gmem_src) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+// 4 bf16 of shared memory as floats (exact) and back (round to nearest even, as store_act_n's bf16
+// pairs): the situ pass's 8-byte units.
+__device__ __forceinline__ void load_bf16x4(const bf16* p, float (&v)[4]) {
+  const uint2 q = *reinterpret_cast<const uint2*>(p);
+  v[0] = __uint_as_float(q.x << 16), v[1] = __uint_as_float(q.x & 0xffff0000u);
+  v[2] = __uint_as_float(q.y << 16), v[3] = __uint_as_float(q.y & 0xffff0000u);
+}
+__device__ __forceinline__ void store_bf16x4(bf16* p, const float (&v)[4]) {
+  const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+  *reinterpret_cast<uint2*>(p) =
+      make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
 }
 // Waits for all of this thread's cp.async copies (they are then visible to this thread; other threads
 // need a barrier).
@@ -112,9 +135,38 @@ __device__ __forceinline__ void load_item(const TailParams& p, int64_t r0, int w
   }
 }
 
+// The full-tile form (FULL, one_launch_full): every item of every warp is a whole k-block inside its
+// weight and all 32 weight rows of every CTA exist (hidden % 32 == 0, L and SI multiples of kWarps
+// k-blocks = 256; K3 TP8: 7168, 3584, 768). Then a lane's item j of a weight sits j * 256 elements after
+// its item 0, and its rows g + 8h h * 8 rows after row g: plain loads from 2 lane pointers, no
+// predicates, no zeroing, no 64-bit index math per item (ncu, H200: the general item costs ~150
+// instructions, the GEMM loop was 67% of the kernel's 7.1 M instructions and mostly issue-bound).
+// The same bytes reach the same ring slots and the same mma calls as load_item's.
+struct FullLane {
+  const bf16* up;        // latent_up row r0 + g at k = 32 warp + 8 q (item 0)
+  const bf16* sd;        // shared_down likewise (latent_up's when there are no shared experts: unused)
+  int64_t up_h, sd_h;    // 8 rows, in elements
+};
+constexpr int64_t kItemStride = int64_t{kWarps} * kKBlock;  // elements from a warp's item to its next
+__device__ __forceinline__ void load_item_full(const FullLane& f, int n_up, int n_items, int i, uint4 (&w)[4]) {
+  if (i >= n_items) return;  // warp-uniform; a slot past the list is never read again
+  const bool up = i < n_up;
+  const bf16* base = up ? f.up + i * kItemStride : f.sd + (i - n_up) * kItemStride;
+  const int64_t hs = up ? f.up_h : f.sd_h;
+#pragma unroll
+  for (int h = 0; h < 4; ++h) w[h] = load_weight16(base + h * hs);
+}
+
+// Whether every CTA's items are full tiles (the FULL form's condition, above).
+bool one_launch_full(const TailParams& p) {
+  const int64_t span = int64_t{kWarps} * kKBlock;
+  return p.hidden % kCtaRows == 0 && p.L % span == 0 && (!p.shared || p.SI % span == 0);
+}
+
 // Shared memory (dynamic): x [T][x_pitch] bf16, then the staging area at T * x_pitch * 2 bytes: raw up rows
 // [T][SI] bf16 (shared) and the norm weight [L] (use_norm), reused after the GEMM loop as the warps'
 // partial sums [kWarps][16][32] f32.
+template <bool FULL>
 __global__ void __launch_bounds__(kThreads, 2) tail_one_launch_kernel(TailParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float red[kTileRows][kWarps];
@@ -149,13 +201,33 @@ __global__ void __launch_bounds__(kThreads, 2) tail_one_launch_kernel(TailParams
       for (int64_t b = 0; b < 8 * esize; b += 16)
         cp_async16(norm_s + c * esize + b, static_cast<const uint8_t*>(p.norm_w) + c * esize + b);
   }
+  FullLane fl{};
+  if constexpr (FULL) {
+    const int64_t k0 = warp * kKBlock + 8 * q;
+    fl.up = static_cast<const bf16*>(p.w_up) + (r0 + g) * p.w_up_ld + k0;
+    fl.sd = p.shared ? static_cast<const bf16*>(p.w_sd) + (r0 + g) * p.w_sd_ld + k0 : fl.up;
+    fl.up_h = 8 * p.w_up_ld, fl.sd_h = 8 * p.w_sd_ld;
+  }
   uint4 ring[kRing][4];
 #pragma unroll
-  for (int s = 0; s < kRing; ++s) load_item(p, r0, warp, g, q, n_up, n_items, s, ring[s]);
+  for (int s = 0; s < kRing; ++s) {
+    if constexpr (FULL) {
+#pragma unroll
+      for (int h = 0; h < 4; ++h) ring[s][h] = make_uint4(0u, 0u, 0u, 0u);
+      load_item_full(fl, n_up, n_items, s, ring[s]);
+    } else {
+      load_item(p, r0, warp, g, q, n_up, n_items, s, ring[s]);
+    }
+  }
   pdl_wait();
 
-  // ---- the prologue into shared memory. Each thread copies and later reads only its own chunks
-  // (c0 + 2048 j of every row, the prologue kernel's chunks), so its own wait suffices until the barrier.
+  // ---- the prologue into shared memory. Each thread copies and later reads only its own pieces, so its
+  // own wait suffices until the barrier: u in the prologue kernel's chunks (c0 + 2048 j of every row: the
+  // sum of squares' order), gate and up in 4-value units c4 + 1024 j. situ_glu is per element, so its
+  // units may be any; 4-value units spread its tanh/exp work over 192 threads at SI = 768 instead of 96
+  // (ncu, H200: the warps waited at the barrier below for the 3 warps doing all of SiTU).
+  const int64_t c4 = threadIdx.x * int64_t{4};
+  constexpr int64_t kUnitStride = kThreads * int64_t{4};
   for (int t = 0; t < T; ++t) {
     bf16* x = xs + t * P;
     const bf16* u = static_cast<const bf16*>(p.u) + t * p.u_ld;
@@ -163,26 +235,26 @@ __global__ void __launch_bounds__(kThreads, 2) tail_one_launch_kernel(TailParams
     if (p.shared) {
       const bf16* gate = static_cast<const bf16*>(p.gate) + t * p.gate_ld;
       const bf16* up = static_cast<const bf16*>(p.up) + t * p.up_ld;
-      for (int64_t c = c0; c < p.SI; c += kChunkStride) {
-        cp_async16(x + p.Lp + c, gate + c);
-        cp_async16(up_s + t * p.SI + c, up + c);
+      for (int64_t c = c4; c < p.SI; c += kUnitStride) {
+        cp_async8(x + p.Lp + c, gate + c);
+        cp_async8(up_s + t * p.SI + c, up + c);
       }
     }
   }
   cp_async_wait_all();
   // The rows run one after another (`unroll 1` here and below: the prologue runs once per CTA, so its
-  // code stays small rather than fast).
+  // code stays small rather than fast). bf16 storage rounds every SiTU value (store_act_n's rule).
   if (p.shared) {
 #pragma unroll 1
     for (int t = 0; t < T; ++t)
 #pragma unroll 1
-      for (int64_t c = c0; c < p.SI; c += kChunkStride) {
-        float gv[8], v[8];
-        load_act_n<8>(xs + t * P + p.Lp + c, gv);
-        load_act_n<8>(up_s + t * p.SI + c, v);
+      for (int64_t c = c4; c < p.SI; c += kUnitStride) {
+        float gv[4], v[4];
+        load_bf16x4(xs + t * P + p.Lp + c, gv);
+        load_bf16x4(up_s + t * p.SI + c, v);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = situ_value(gv[i], v[i], p);
-        store_act_n<8>(xs + t * P + p.Lp + c, v, p.round);
+        for (int i = 0; i < 4; ++i) v[i] = situ_value(gv[i], v[i], p);
+        store_bf16x4(xs + t * P + p.Lp + c, v);
       }
   }
   if (p.use_norm) {  // without it x holds u itself (the prologue's copy of bf16 u is exact)
@@ -231,9 +303,18 @@ __global__ void __launch_bounds__(kThreads, 2) tail_one_launch_kernel(TailParams
     for (int s = 0; s < kRing; ++s) {
       const int i = i0 + s;
       if (i >= n_items) break;  // warp-uniform
-      const Item it = item_at(p, warp, q, n_up, i);
-      const uint4 xq = *reinterpret_cast<const uint4*>(x_row + (it.up ? 0 : p.Lp) + (it.k_ok ? it.k : 0));
-      const uint4 xv = g < T && it.k_ok ? xq : zero;
+      Item it{};
+      uint4 xv;
+      if constexpr (FULL) {  // k inside the width by the FULL condition
+        it.up = i < n_up;
+        const int64_t k = (warp + kWarps * (it.up ? i : i - n_up)) * int64_t{kKBlock} + 8 * q;
+        const uint4 xq = *reinterpret_cast<const uint4*>(x_row + (it.up ? 0 : p.Lp) + k);
+        xv = g < T ? xq : zero;
+      } else {
+        it = item_at(p, warp, q, n_up, i);
+        const uint4 xq = *reinterpret_cast<const uint4*>(x_row + (it.up ? 0 : p.Lp) + (it.k_ok ? it.k : 0));
+        xv = g < T && it.k_ok ? xq : zero;
+      }
       if (it.up) {
         mma_kblock(acc_up[0], ring[s][0], ring[s][1], xv);
         mma_kblock(acc_up[1], ring[s][2], ring[s][3], xv);
@@ -241,22 +322,27 @@ __global__ void __launch_bounds__(kThreads, 2) tail_one_launch_kernel(TailParams
         mma_kblock(acc_sd[0], ring[s][0], ring[s][1], xv);
         mma_kblock(acc_sd[1], ring[s][2], ring[s][3], xv);
       }
-      load_item(p, r0, warp, g, q, n_up, n_items, i + kRing, ring[s]);
+      if constexpr (FULL)
+        load_item_full(fl, n_up, n_items, i + kRing, ring[s]);
+      else
+        load_item(p, r0, warp, g, q, n_up, n_items, i + kRing, ring[s]);
     }
   }
 
   // ---- the warps' partial sums meet in warp order 0..7; thread = (column r0 + rl, row tl).
 #pragma unroll
   for (int v = 0; v < 8; ++v) {
-    partial[(warp * 16 + v) * 32 + lane] = acc_up[v >> 2][v & 3];
-    partial[(warp * 16 + 8 + v) * 32 + lane] = acc_sd[v >> 2][v & 3];
+    partial[(warp * 16 + v) * 32 + partial_col(v, lane)] = acc_up[v >> 2][v & 3];
+    partial[(warp * 16 + 8 + v) * 32 + partial_col(8 + v, lane)] = acc_sd[v >> 2][v & 3];
   }
   __syncthreads();
   const int rl = threadIdx.x & 31, tl = threadIdx.x >> 5;
   // Entry (weight row r16 of tile rl / 16, token tl) sits at lane (r16 % 8) * 4 + tl / 2, element
   // (r16 / 8) * 2 + tl % 2 of the c fragment (cuda_tail_mma's reduce_warps map).
   const int r16 = rl & 15;
-  const int src = ((rl >> 4) * 4 + (r16 >> 3) * 2 + (tl & 1)) * 32 + (r16 & 7) * 4 + (tl >> 1);
+  // Rows v (latent_up) and 8 + v (shared_down) of a warp's 16 take the same partial_col swizzle.
+  const int row = (rl >> 4) * 4 + (r16 >> 3) * 2 + (tl & 1);
+  const int src = row * 32 + partial_col(row, (r16 & 7) * 4 + (tl >> 1));
   float yr = 0.0f, ys = 0.0f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) yr += partial[w * 512 + src];
@@ -311,9 +397,10 @@ void one_launch_run(const CudaOps& ops, const MoeTailCombineArgs& a) {
   const OneLaunchLayout layout = one_launch_layout(p);
   p.x_pitch = layout.x_pitch;
   p.prefetch_row_bytes = pdl_prefetch_row_bytes(p.hidden, p.L * 2, ops.ctx->info().l2_bytes);  // bf16 latent_up
-  allow_smem(tail_one_launch_kernel, layout.bytes);
-  launch_dependent(tail_one_launch_kernel, dim3(grid_for(p.hidden, kCtaRows)), dim3(kThreads), layout.bytes,
-                   ops.ctx->stream(), dim3(1, 1, 1), p);
+  const auto kernel = one_launch_full(p) ? tail_one_launch_kernel<true> : tail_one_launch_kernel<false>;
+  allow_smem(kernel, layout.bytes);
+  launch_dependent(kernel, dim3(grid_for(p.hidden, kCtaRows)), dim3(kThreads), layout.bytes, ops.ctx->stream(),
+                   dim3(1, 1, 1), p);
   K3_CUDA_CHECK_LAUNCH("tail_one_launch_kernel");
 }
 

@@ -81,6 +81,15 @@ __device__ __forceinline__ void mma_kblock(float (&c)[4], const uint4& lo, const
   mma_bf16_m16n8k16(c, lo.z, hi.z, lo.w, hi.w, x.z, x.w);
 }
 
+// Where the warps' accumulators meet: partial-sum rows of 32 floats, row (tile j, element e) = 4 j + e of
+// one warp, lane l's value at column partial_col(row, l). A reader of entry (weight row r, token t) takes
+// row 4 j + (r % 16 / 8) * 2 + t % 2, column (r % 8) * 4 + t % 8 / 2: one warp's 32 readers span 8 columns
+// x 4 rows whose (row ^ row / 2) % 4 differ, so this XOR puts the 4 rows' copies of a column in 4 different
+// banks (unswizzled they shared one: 4-way conflicts, 45% of the one-launch kernel's shared wavefronts).
+// A writer warp stores a permutation of its 32 lanes: still one wavefront per row. Only where values sit
+// changes; every sum reads the same values in the same order.
+__device__ __forceinline__ int partial_col(int row, int col) { return col ^ ((row ^ (row >> 1)) & 3); }
+
 // ---------------------------------------------------------------- host (cuda.cu, cuda_one_launch.cu)
 
 // The kernel parameters of a call (no workspace, no x_pitch, no prefetch: each form sets its own).
