@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kThreads) router_kernel(const float* logits, i
 
   bool nan_seen = false;
   for (int e = tid; e < E; e += blockDim.x) {
-    const float s = router_score(logits[t * logits_ld + e]);
+    const float s = sigmoid_f32(logits[t * logits_ld + e]);
     const float b = s + load_vec(bias, bias_bf16, e);
     nan_seen = nan_seen || isnan(b);
     score[e] = s;

@@ -41,8 +41,6 @@ __device__ __forceinline__ uint32_t router_order_key(float b) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-__device__ __forceinline__ float router_score(float logit) { return 1.0f / (1.0f + expf(-logit)); }
-
 // (key, id) order of the reference: the higher key first, the lower id on equal keys.
 __device__ __forceinline__ bool router_better(uint32_t ka, int ia, uint32_t kb, int ib) {
   return ka > kb || (ka == kb && ia < ib);
@@ -112,11 +110,11 @@ __device__ inline void warp_picks_by_bisection(const uint32_t* key, int M, int k
 // The routes of one token, by the calling warp (all 32 lanes, converged). `logits` [E] is read through
 // L2 (ld.global.cg), so a kernel may select over logits its other CTAs wrote before a fence.
 // `scratch`: kWarpTopkScratchWords words of shared memory of this warp. ids [k], weights [k] out.
-// Requires 1 <= k <= min(E, kWarpTopkMaxK) and E <= kWarpTopkMaxExperts.
-__device__ inline void warp_router_topk(const float* logits, const void* bias, bool bias_bf16, int E, int k,
-                                        bool renormalize, float scaling, int32_t* ids, float* weights,
-                                        uint32_t* scratch) {
-  constexpr int kBatch = 16;  // loads in flight per lane
+// Requires 1 <= k <= min(E, kWarpTopkMaxK) and E <= kWarpTopkMaxExperts. BiasT: float or bf16.
+template <class BiasT>
+__device__ inline void warp_router_topk_t(const float* logits, const BiasT* bias, int E, int k, bool renormalize,
+                                          float scaling, int32_t* ids, float* weights, uint32_t* scratch) {
+  constexpr int kBatch = 16;  // loads in flight per lane (branch-free: indices clamped, results masked)
   const int lane = threadIdx.x & 31;
   const int M = (E + 31) / 32;  // keys per lane; key[lane + 32 j] is expert lane + 32 j (0 past E)
   uint32_t* key = scratch;
@@ -131,22 +129,18 @@ __device__ inline void warp_router_topk(const float* logits, const void* bias, b
     float lg[kBatch], bs[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int e = lane + 32 * (j0 + u);
-      const bool ok = j0 + u < M && e < E;
-      lg[u] = ok ? __ldcg(logits + e) : 0.0f;
-      bs[u] = ok ? load_vec(bias, bias_bf16, e) : 0.0f;
+      const int e = min(lane + 32 * (j0 + u), E - 1);
+      lg[u] = __ldcg(logits + e);
+      bs[u] = static_cast<float>(bias[e]);
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int e = lane + 32 * (j0 + u);
-      if (j0 + u >= M) break;
-      uint32_t kv = 0u;
-      if (e < E) {
-        const float b = router_score(lg[u]) + bs[u];
-        nan_seen = nan_seen || isnan(b);
-        kv = router_order_key(b);
-      }
-      key[e] = kv;
+      const float b = sigmoid_f32(lg[u]) + bs[u];
+      const bool real = e < E;
+      nan_seen = nan_seen || (real && isnan(b));
+      const uint32_t kv = real ? router_order_key(b) : 0u;
+      if (j0 + u < M) key[e] = kv;
       lane_max = max(lane_max, kv);
     }
   }
@@ -159,6 +153,7 @@ __device__ inline void warp_router_topk(const float* logits, const void* bias, b
   const uint32_t m = warp_kth_largest(lane_max, k);  // > 0: a real key
   const unsigned lanes_below = (1u << lane) - 1u;
   int n_surv = 0;
+#pragma unroll 4
   for (int j = 0; j < M; ++j) {
     const uint32_t kj = key[lane + 32 * j];
     const bool s = kj >= m;
@@ -181,22 +176,35 @@ __device__ inline void warp_router_topk(const float* logits, const void* bias, b
     const uint32_t kc = surv_key[c];
     const int ic = surv_id[c];
     int place = 0;
+#pragma unroll 8
     for (int i = 0; i < n_cand; ++i) place += router_better(surv_key[i], surv_id[i], kc, ic) ? 1 : 0;
     if (place < k) {
       ids[place] = ic;
-      pick_score[place] = router_score(__ldcg(logits + ic));  // the same s its key was made from
+      pick_score[place] = sigmoid_f32(__ldcg(logits + ic));  // the same s its key was made from
     }
   }
   __syncwarp();
   float denom = 0.0f;
   if (lane == 0) {
-    float sum = 0.0f;
-    for (int j = 0; j < k; ++j) sum += pick_score[j];
+    float sum = 0.0f;  // in place order, sequential (the reference's order)
+#pragma unroll
+    for (int j = 0; j < kWarpTopkMaxK; ++j)
+      if (j < k) sum += pick_score[j];
     denom = sum + 1e-20f;
   }
   denom = __shfl_sync(kFullMask, denom, 0);
   if (lane < k) weights[lane] = renormalize ? pick_score[lane] / denom * scaling : pick_score[lane] * scaling;
   __syncwarp();  // scratch is free for the next call once every lane has read it
+}
+
+// warp_router_topk_t for a bias stored as f32 or bf16 (warp-uniform branch).
+__device__ inline void warp_router_topk(const float* logits, const void* bias, bool bias_bf16, int E, int k,
+                                        bool renormalize, float scaling, int32_t* ids, float* weights,
+                                        uint32_t* scratch) {
+  if (bias_bf16)
+    warp_router_topk_t(logits, static_cast<const bf16*>(bias), E, k, renormalize, scaling, ids, weights, scratch);
+  else
+    warp_router_topk_t(logits, static_cast<const float*>(bias), E, k, renormalize, scaling, ids, weights, scratch);
 }
 
 }  // namespace k3::kernels::cuda_detail
