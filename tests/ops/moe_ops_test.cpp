@@ -1,8 +1,8 @@
 // tests/ops/moe_ops_test.cpp: the sigmoid router top-k and the routed experts (BF16 and MXFP4, the
 // MXFP4 decoded inside the expert kernel) on every device backend against the CPU reference, at
 // odd shapes and at the TP8 expert shapes (896 experts, top-16, latent 3584, intermediate 384).
-// Batches cover both CUDA forms of each op: the router's warp form (<= 1024 experts, k <= 32) and
-// block form (also run by name on the same logits: identical bits); the MXFP4 experts' scan form (<= 256 routes: batch 1, 2, 8) and sorted form (batch
+// Batches cover both CUDA forms of each op: the router's ranking form (<= 1024 experts, k <= 32) and
+// radix form (also run by name on the same logits: identical bits); the MXFP4 experts' scan form (<= 256 routes: batch 1, 2, 8) and sorted form (batch
 // 64 in f32, odd batch 97; bf16 batches of 17..64 select "cuda_expert_grouped"), whose results must
 // also be identical run to run. The small-batch expert GEMV
 // ("cuda_expert_gemv": MXFP4, 1..16 tokens) is checked by name at batches 1..16, k 1, 3, 16, in
@@ -58,7 +58,7 @@ void check_router(Device* dev, int64_t T, int64_t E, int64_t k, uint64_t seed) {
 TEST(OpsOdd, RouterTopk) {
   K3_REQUIRE_CUDA(dev);
   for (int64_t T : {1, 17, 54, 97}) check_router(dev, T, 97, 5, 4000 + T);
-  for (int64_t T : {1, 3}) check_router(dev, T, 1100, 40, 4050 + T);  // beyond the warp form
+  for (int64_t T : {1, 3}) check_router(dev, T, 1100, 40, 4050 + T);  // beyond the ranking form
 }
 TEST(OpsTp8, RouterTopk) {
   K3_REQUIRE_CUDA(dev);
@@ -66,8 +66,8 @@ TEST(OpsTp8, RouterTopk) {
 }
 
 // The two CUDA strategies are the same function: identical ids and weight bits on the same logits
-// (random, and from a few values, i.e. many exact ties), and K3's shape selects the warp form.
-TEST(OpsTp8, RouterWarpAndBlockFormsAgreeBitForBit) {
+// (random, and from a few values, i.e. many exact ties), and K3's shape selects the ranking form.
+TEST(OpsTp8, RouterRankAndRadixFormsAgreeBitForBit) {
   K3_REQUIRE_CUDA(dev);
   const auto named = [&](const std::string& name) -> const kernels::OpImpl<kernels::RouterTopkArgs>& {
     for (const auto& impl : dev->registry().router_topk.impls())
@@ -85,10 +85,10 @@ TEST(OpsTp8, RouterWarpAndBlockFormsAgreeBitForBit) {
       }
       const Tensor d_logits = dev->upload(logits), d_bias = dev->upload(bias);
       std::vector<Tensor> got;
-      for (const char* name : {"cuda_warp_topk", "cuda_radix_topk"}) {
+      for (const char* name : {"cuda_rank_topk", "cuda_radix_topk"}) {
         Tensor d_ids = dev->poisoned(DType::i32, {T, k}), d_w = dev->poisoned(DType::f32, {T, k});
         const kernels::RouterTopkArgs args{d_logits.view(), d_bias.view(), d_ids.view(), d_w.view(), true, 2.5f};
-        if (std::string(name) == "cuda_warp_topk") {
+        if (std::string(name) == "cuda_rank_topk") {
           EXPECT_EQ(dev->registry().router_topk.select(args, dev->kind()).name, name);
         }
         ASSERT_TRUE(named(name).supports(args)) << name;

@@ -4,8 +4,8 @@
 // after it: the same ids and weight bits), the logits as the CPU's (tolerance), and the count of
 // kernels proves where the selection ran: inside cuda_multi_mma's launch up to
 // kMultiLinearRouterInKernelRows rows (one kernel), after it above (two), after the GEMMs of the
-// other strategies. Shapes: one TP8 rank (896 experts, top-16, in 7168) and odd ones (E 37 / 300 /
-// 1100, k 1 / 5 / 40: the warp selection's three key widths and the block form beyond it).
+// other strategies. Shapes: one TP8 rank (896 experts, top-16, in 7168) and odd ones (E 37 / 97 / 300,
+// k 1 / 5 / 32: warps with fewer than k experts, k = 32; E 1100, k 40: the radix form beyond it).
 #include <cstring>
 #include <string>
 #include <vector>
@@ -85,9 +85,9 @@ TEST(OpsTp8, MultiLinearRouterEpilogue) {
   K3_REQUIRE_CUDA(dev);
   const std::vector<int64_t> front = {3584, 768, 768};  // latent_down, shared gate, shared up
   uint64_t seed = 9100;
-  for (int64_t T : {1, 2, 8})  // the selection inside the GEMM kernel: one launch
-    check_front(dev, {"moe_front", T, 7168, 896, 16, front, Mode::bf16, "cuda_multi_mma", 1}, seed++);
-  for (int64_t T : {9, 16})  // the tensor-core GEMM, then the router kernel
+  // The selection inside the GEMM kernel: one launch.
+  check_front(dev, {"moe_front", 1, 7168, 896, 16, front, Mode::bf16, "cuda_multi_mma", 1}, seed++);
+  for (int64_t T : {2, 8, 16})  // the tensor-core GEMM, then the router kernel
     check_front(dev, {"moe_front", T, 7168, 896, 16, front, Mode::bf16, "cuda_multi_mma", 2}, seed++);
   for (int64_t T : {17, 64})  // a cuBLASLt GEMM per output, then the router kernel
     check_front(dev, {"moe_front", T, 7168, 896, 16, front, Mode::bf16, "cuda_multi_cublaslt", 0}, seed++);
@@ -101,10 +101,10 @@ TEST(OpsOdd, MultiLinearRouterEpilogue) {
   struct Shape {
     int64_t E, k;
   };
-  for (const Shape s : {Shape{37, 5}, Shape{300, 1}, Shape{97, 32}})  // 2, 10 and 4 keys per lane; k up to 32
+  for (const Shape s : {Shape{37, 5}, Shape{300, 1}, Shape{97, 32}})
     for (int64_t T : {1, 3, 8})
-      check_front(dev, {"odd", T, 96, s.E, s.k, {54, 5}, Mode::bf16, "cuda_multi_mma", 1}, seed++);
-  // Beyond the warp selection (1100 experts, k 40): the block form after the GEMM, at any T.
+      check_front(dev, {"odd", T, 96, s.E, s.k, {54, 5}, Mode::bf16, "cuda_multi_mma", T == 1 ? 1 : 2}, seed++);
+  // Beyond the ranking selection (1100 experts, k 40): the radix form after the GEMM, at any T.
   for (int64_t T : {1, 5})
     check_front(dev, {"wide", T, 96, 1100, 40, {54}, Mode::bf16, "cuda_multi_mma", 2}, seed++);
   // Odd in: the row-dot GEMM, then the router kernel.

@@ -3,8 +3,8 @@
 //   the reference) in descending order; weights use s only:
 //   renormalize: w_j = s_j / (sum_{selected, in written order} s + 1e-20) * scaling; else s_j * scaling.
 // Two strategies, the same bits:
-//   cuda_warp_topk (E <= 1024, k <= 32; priority 20): a warp per token, the barrier-free bisection
-//     select of cuda_router_select.cuh (K3: E = 896, k = 16).
+//   cuda_rank_topk (E <= 1024, k <= 32; priority 20): a block of 8 warps per token, the ranking
+//     selection of cuda_router_select.cuh (K3: E = 896, k = 16).
 //   cuda_radix_topk (E <= 8192; priority 10): a block of 1024 threads per token; each b becomes an
 //     order-preserving 32-bit key, a radix select (4 passes of 8 bits over a shared histogram) finds
 //     the k-th largest key, the keys above it and the lowest ids among those equal to it are the k
@@ -170,31 +170,28 @@ __global__ void __launch_bounds__(kThreads) router_kernel(const float* logits, i
     w_t[j] = renormalize ? pick_score[j] / denom * scaling : pick_score[j] * scaling;
 }
 
-constexpr int kWarpTopkWarps = 8;  // tokens per block of the warp strategy
-
-__global__ void __launch_bounds__(kWarpTopkWarps * 32)
-    warp_topk_kernel(const float* logits, int64_t logits_ld, const void* bias, bool bias_bf16, int64_t T, int E, int k,
+// One block of kTopkThreads per token: the ranking selection of cuda_router_select.cuh.
+__global__ void __launch_bounds__(kTopkThreads)
+    rank_topk_kernel(const float* logits, int64_t logits_ld, const void* bias, bool bias_bf16, int E, int k,
                      int32_t* ids, int64_t ids_ld, float* weights, int64_t weights_ld, bool renormalize, float scaling) {
-  __shared__ uint32_t scratch[kWarpTopkWarps][kWarpTopkScratchWords];
-  const int warp = threadIdx.x >> 5;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpTopkWarps + warp;
-  if (t >= T) return;  // whole warps leave: the selection's shuffles see all 32 lanes
-  warp_router_topk(logits + t * logits_ld, bias, bias_bf16, E, k, renormalize, scaling, ids + t * ids_ld,
-                       weights + t * weights_ld, scratch[warp]);
+  __shared__ RouterTopkSmem sm;
+  const int64_t t = blockIdx.x;
+  block_router_topk(logits + t * logits_ld, bias, bias_bf16, E, k, renormalize, scaling, ids + t * ids_ld,
+                    weights + t * weights_ld, sm);
 }
 
-bool warp_topk_fits(const RouterTopkArgs& a) {
-  return a.logits.dim(1) <= kWarpTopkMaxExperts && a.ids.dim(1) <= kWarpTopkMaxK;
+bool rank_topk_fits(const RouterTopkArgs& a) {
+  return a.logits.dim(1) <= kTopkMaxExperts && a.ids.dim(1) <= kTopkMaxK;
 }
 
-void warp_topk_run(const CudaOps& ops, const RouterTopkArgs& a) {
+void rank_topk_run(const CudaOps& ops, const RouterTopkArgs& a) {
   const int64_t T = a.logits.dim(0);
   if (T == 0) return;
-  warp_topk_kernel<<<grid_for(T, kWarpTopkWarps), kWarpTopkWarps * 32, 0, ops.ctx->stream()>>>(
-      a.logits.as<const float>(), a.logits.strides[0], a.bias.data, a.bias.dtype == core::DType::bf16, T,
+  rank_topk_kernel<<<static_cast<unsigned>(T), kTopkThreads, 0, ops.ctx->stream()>>>(
+      a.logits.as<const float>(), a.logits.strides[0], a.bias.data, a.bias.dtype == core::DType::bf16,
       static_cast<int>(a.logits.dim(1)), static_cast<int>(a.ids.dim(1)), a.ids.as<int32_t>(), a.ids.strides[0],
       a.weights.as<float>(), a.weights.strides[0], a.renormalize, a.scaling);
-  K3_CUDA_CHECK_LAUNCH("warp_topk_kernel");
+  K3_CUDA_CHECK_LAUNCH("rank_topk_kernel");
 }
 
 void radix_topk_run(const CudaOps& ops, const RouterTopkArgs& a) {
@@ -220,25 +217,26 @@ core::Status router_topk_cuda_supports(const CudaOps& ops, const RouterTopkArgs&
 }
 
 void router_topk_cuda(const CudaOps& ops, const RouterTopkArgs& a) {
-  if (warp_topk_fits(a))
-    warp_topk_run(ops, a);
+  if (rank_topk_fits(a))
+    rank_topk_run(ops, a);
   else
     radix_topk_run(ops, a);
 }
 
 void register_router_cuda(Registry& r, const CudaOps& ops) {
-  r.router_topk.add({"cuda_warp_topk", core::Device::cuda, 20,
+  r.router_topk.add({"cuda_rank_topk", core::Device::cuda, 20,
                      [ops](const RouterTopkArgs& a) {
                        if (auto s = ops.usable(); !s) return s;
-                       if (!warp_topk_fits(a))
-                         return core::Status::fail("a warp selects at most " + std::to_string(kWarpTopkMaxK) +
-                                                   " of at most " + std::to_string(kWarpTopkMaxExperts) +
-                                                   " experts, got top-" + std::to_string(a.ids.dim(1)) + " of " +
+                       if (!rank_topk_fits(a))
+                         return core::Status::fail("the ranking selection takes at most top-" +
+                                                   std::to_string(kTopkMaxK) + " of " +
+                                                   std::to_string(kTopkMaxExperts) + " experts, got top-" +
+                                                   std::to_string(a.ids.dim(1)) + " of " +
                                                    std::to_string(a.logits.dim(1)));
                        return on_cuda(
                            {{"logits", &a.logits}, {"bias", &a.bias}, {"ids", &a.ids}, {"weights", &a.weights}});
                      },
-                     [ops](const RouterTopkArgs& a) { warp_topk_run(ops, a); }});
+                     [ops](const RouterTopkArgs& a) { rank_topk_run(ops, a); }});
   r.router_topk.add(
       {"cuda_radix_topk", core::Device::cuda, 10,
        [ops](const RouterTopkArgs& a) { return router_topk_cuda_supports(ops, a); },

@@ -1,6 +1,6 @@
-// kernels/moe/cuda_router_select.cuh: ONE WARP picks one token's top-k routes (spec §7), the selection
-// of router_topk (router.h) as a device function: the router kernel (cuda_router.cu) runs a warp per
-// token, and multi_linear's packed MoE front runs it in the epilogue of its last router CTA.
+// kernels/moe/cuda_router_select.cuh: ONE BLOCK OF 8 WARPS picks one token's top-k routes (spec §7), the
+// selection of router_topk (router.h) as a device function: the router kernel (cuda_router.cu) runs a
+// block per token, and multi_linear's packed MoE front runs it in the epilogue of its last router CTA.
 //
 //   s = sigmoid(logit) fp32, b = s + bias; the k best b (higher wins, the lower id on exact ties, as
 //   router_topk_reference) in descending order; weights use s only:
@@ -8,18 +8,19 @@
 //   A NaN b cannot throw from the device: the token gets ids -1 and NaN weights (the expert op turns
 //   them into a NaN output row, never an out-of-range read).
 //
-// How, without barriers or atomics (one token = E keys, E <= 1024):
-//   1. lane l computes the order-preserving 32-bit keys of experts l, l + 32, ... (16 loads in flight),
-//      writes them to the warp's shared scratch and keeps its own largest;
-//   2. m = the k-th largest of the 32 lane maxima (a bitonic sort over the lanes): at least k keys are
-//      >= m, so every pick is among the keys >= m (for real router scores ~k + 10 of the 896);
-//   3. those survivors are compacted in id order (at most kWarpTopkSurvivors), and each survivor's
-//      place is the number of survivors better than it: the k best are the picks, in order.
-//   With more survivors (many exact ties) a bisection over the key bits (one warp reduction per bit)
-//   finds the k-th largest key over all keys instead, and the picks are placed the same way.
-// The radix select this replaced (four 8-bit passes over a shared histogram) spent ~18.7K cycles
-// per token on ~20 barriers and atomics piled on the few bins that router scores share; a first
-// version of this one (bisection over all keys, loads one at a time) measured 26.6 us per token.
+// How (E <= 1024 experts, k <= 32; b becomes an order-preserving 32-bit key, (key, id) pairs are ranked
+// by the reference's order: the higher key first, the lower id on equal keys):
+//   1. thread i computes the pairs of experts i, i + 256, i + 512, i + 768 (all loads in flight at once);
+//   2. each warp finds the k best of its 128 pairs (warp_top_k): m = the k-th largest of its 32 lanes'
+//      maxima bounds them from below (at least k pairs are >= m), only the pairs >= m (~k + 10 for
+//      real router scores) are compacted, and each one's place among them is counted directly;
+//   3. warp 0 finds the k best of the 8 warps' 8k candidates the same way: the k picks, in place order.
+// Everything is registers, shuffles and a few shared words: two block barriers in all. Many exact ties
+// (more than kTopkSurvivors pairs >= m) fall back to counting every pair's place over the warp's pairs.
+// Measured before (H200, ncu, one token, E = 896, k = 16): the radix select this replaced (four 8-bit
+// passes over a shared histogram, ~20 barriers, atomics piled on the few bins router scores share)
+// 18.7K cycles; a one-warp version of the scheme above 18.5K cycles (2,500 dependent instructions in one
+// warp at 7.7 cycles each): the work has to be spread over the warps.
 #pragma once
 #include <cstdint>
 
@@ -27,15 +28,27 @@
 
 namespace k3::kernels::cuda_detail {
 
-inline constexpr int kWarpTopkMaxExperts = 1024;  // 32 keys per lane
-inline constexpr int kWarpTopkMaxK = 32;          // one pick per lane when placing them
-inline constexpr int kWarpTopkSurvivors = 64;     // two per lane
-// Shared-memory words one warp's selection needs: every expert's key, the survivors' keys and ids,
-// then the scores of up to kWarpTopkMaxK picks in place order (4.6 KB).
-inline constexpr int kWarpTopkScratchWords = kWarpTopkMaxExperts + 2 * kWarpTopkSurvivors + kWarpTopkMaxK;
+inline constexpr int kTopkThreads = 256;         // 8 warps per token
+inline constexpr int kTopkWarps = kTopkThreads / 32;
+inline constexpr int kTopkPairsPerThread = 4;
+inline constexpr int kTopkMaxExperts = kTopkThreads * kTopkPairsPerThread;  // 1024
+inline constexpr int kTopkMaxK = 32;
+inline constexpr int kTopkSurvivors = 64;        // per warp: two per lane
+
+// The shared memory of one selection (10.4 KB).
+struct RouterTopkSmem {
+  float score[kTopkMaxExperts];                                     // s of expert e
+  uint32_t surv_key[kTopkWarps][kTopkSurvivors];                    // each warp's survivors
+  int surv_id[kTopkWarps][kTopkSurvivors];
+  uint32_t cand_key[kTopkWarps][kTopkMaxK];                         // each warp's k best, in place order
+  int cand_id[kTopkWarps][kTopkMaxK];
+  uint32_t pick_key[kTopkMaxK];                                     // the k picks, in place order
+  int pick_id[kTopkMaxK];
+};
+static_assert(sizeof(RouterTopkSmem) <= 12 * 1024, "the selection's shared memory stays small");
 
 // Orders like the float (after -0 -> +0, which the reference's != treats as equal to +0). Every real
-// key is >= 0x007FFFFF (-inf), so 0 marks "no expert" and is never picked.
+// key is >= 0x007FFFFF (-inf), so 0 marks "no expert" and always ranks after the real ones.
 __device__ __forceinline__ uint32_t router_order_key(float b) {
   const uint32_t u = __float_as_uint(b + 0.0f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
@@ -60,151 +73,125 @@ __device__ __forceinline__ uint32_t warp_kth_largest(uint32_t v, int k) {
   return __shfl_sync(kFullMask, v, k - 1);
 }
 
-// The picks when the survivors did not fit: bisection over all M keys per lane for the k-th largest
-// key t, then the keys above t and the lowest ids equal to it, compacted in id order into
-// pick_key / pick_id [k] (not yet in place order).
-__device__ inline void warp_picks_by_bisection(const uint32_t* key, int M, int k, uint32_t* pick_key, int* pick_id) {
+// The k best of the warp's pairs (R per lane, distinct ids; at least k of them, padding with key 0
+// allowed) into out_key / out_id [k] in place order. surv_key / surv_id: kTopkSurvivors shared words
+// each, this warp's. Called by all 32 lanes.
+template <int R>
+__device__ void warp_top_k(const uint32_t (&key)[R], const int (&id)[R], int k, uint32_t* surv_key, int* surv_id,
+                           uint32_t* out_key, int* out_id) {
   const int lane = threadIdx.x & 31;
-  uint32_t t = 0u;  // invariant: at least k keys are >= t; `exact`: exactly k are
-  bool exact = false;
-  for (int bit = 31; bit >= 0; --bit) {
-    const uint32_t cand = t | (1u << bit);
-    unsigned n = 0;
-    for (int j = 0; j < M; ++j) n += key[lane + 32 * j] >= cand ? 1u : 0u;
-    n = __reduce_add_sync(kFullMask, n);
-    if (n >= static_cast<unsigned>(k)) {
-      t = cand;
-      if (n == static_cast<unsigned>(k)) {
-        exact = true;
-        break;
-      }
-    }
-  }
-  int ties = 0;  // without `exact`, t is the k-th largest key: the keys above it and `ties` equal ones
-  if (!exact) {
-    unsigned above = 0;
-    for (int j = 0; j < M; ++j) above += key[lane + 32 * j] > t ? 1u : 0u;
-    ties = k - static_cast<int>(__reduce_add_sync(kFullMask, above));
-  }
+  uint32_t lane_max = 0u;
+#pragma unroll
+  for (int r = 0; r < R; ++r) lane_max = max(lane_max, key[r]);
+  const uint32_t m = warp_kth_largest(lane_max, k);  // at least k pairs are >= m
+
   const unsigned lanes_below = (1u << lane) - 1u;
-  int n_picked = 0;
-  for (int j = 0; j < M; ++j) {  // id order: expert lane + 32 j, j major
-    const uint32_t kj = key[lane + 32 * j];
-    bool take = exact ? kj >= t : kj > t;
-    if (!exact) {
-      const bool equal = kj == t;
-      const unsigned eq = __ballot_sync(kFullMask, equal);
-      take = take || (equal && __popc(eq & lanes_below) < ties);
-      ties -= __popc(eq);  // the equal keys of later j rank after these (ties <= 0 takes none)
-    }
-    const unsigned taken = __ballot_sync(kFullMask, take);
-    if (take) {
-      const int p = n_picked + __popc(taken & lanes_below);
-      pick_key[p] = kj;
-      pick_id[p] = lane + 32 * j;
-    }
-    n_picked += __popc(taken);
+  int n = 0;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const bool s = key[r] >= m;
+    const unsigned bal = __ballot_sync(kFullMask, s);
+    const int p = n + __popc(bal & lanes_below);
+    if (s && p < kTopkSurvivors) surv_key[p] = key[r], surv_id[p] = id[r];
+    n += __popc(bal);
   }
+  __syncwarp();
+  if (n <= kTopkSurvivors) {  // each survivor's place among the survivors
+    for (int c = lane; c < n; c += 32) {
+      const uint32_t kc = surv_key[c];
+      const int ic = surv_id[c];
+      int place = 0;
+#pragma unroll 8
+      for (int i = 0; i < n; ++i) place += router_better(surv_key[i], surv_id[i], kc, ic) ? 1 : 0;
+      if (place < k) out_key[place] = kc, out_id[place] = ic;
+    }
+  } else {  // many ties: each pair's place among all the warp's pairs
+    int place[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) place[r] = 0;
+    for (int src = 0; src < 32; ++src)
+#pragma unroll
+      for (int q = 0; q < R; ++q) {
+        const uint32_t kq = __shfl_sync(kFullMask, key[q], src);
+        const int iq = __shfl_sync(kFullMask, id[q], src);
+#pragma unroll
+        for (int r = 0; r < R; ++r) place[r] += router_better(kq, iq, key[r], id[r]) ? 1 : 0;
+      }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (place[r] < k) out_key[place[r]] = key[r], out_id[place[r]] = id[r];
+  }
+  __syncwarp();
 }
 
-// The routes of one token, by the calling warp (all 32 lanes, converged). `logits` [E] is read through
-// L2 (ld.global.cg), so a kernel may select over logits its other CTAs wrote before a fence.
-// `scratch`: kWarpTopkScratchWords words of shared memory of this warp. ids [k], weights [k] out.
-// Requires 1 <= k <= min(E, kWarpTopkMaxK) and E <= kWarpTopkMaxExperts. BiasT: float or bf16.
+// The routes of one token by the whole block (kTopkThreads threads, all of them; block-uniform call):
+// logits [E] are read through L2 (ld.global.cg), so a kernel may select over logits its other CTAs wrote
+// before a fence. ids [k], weights [k] out. Requires 1 <= k <= min(E, kTopkMaxK), E <= kTopkMaxExperts.
+// Leaves with a barrier: `sm` may be reused right after.
 template <class BiasT>
-__device__ inline void warp_router_topk_t(const float* logits, const BiasT* bias, int E, int k, bool renormalize,
-                                          float scaling, int32_t* ids, float* weights, uint32_t* scratch) {
-  constexpr int kBatch = 16;  // loads in flight per lane (branch-free: indices clamped, results masked)
-  const int lane = threadIdx.x & 31;
-  const int M = (E + 31) / 32;  // keys per lane; key[lane + 32 j] is expert lane + 32 j (0 past E)
-  uint32_t* key = scratch;
-  uint32_t* surv_key = scratch + kWarpTopkMaxExperts;
-  int* surv_id = reinterpret_cast<int*>(surv_key + kWarpTopkSurvivors);
-  float* pick_score = reinterpret_cast<float*>(surv_key + 2 * kWarpTopkSurvivors);
-
-  // 1. Keys and each lane's largest.
-  bool nan_seen = false;
-  uint32_t lane_max = 0u;
-  for (int j0 = 0; j0 < M; j0 += kBatch) {
-    float lg[kBatch], bs[kBatch];
+__device__ void block_router_topk_t(const float* logits, const BiasT* bias, int E, int k, bool renormalize,
+                                    float scaling, int32_t* ids, float* weights, RouterTopkSmem& sm) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  uint32_t key[kTopkPairsPerThread];
+  int id[kTopkPairsPerThread];
+  float lg[kTopkPairsPerThread], bs[kTopkPairsPerThread];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int e = min(lane + 32 * (j0 + u), E - 1);
-      lg[u] = __ldcg(logits + e);
-      bs[u] = static_cast<float>(bias[e]);
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int e = lane + 32 * (j0 + u);
-      const float b = sigmoid_f32(lg[u]) + bs[u];
-      const bool real = e < E;
-      nan_seen = nan_seen || (real && isnan(b));
-      const uint32_t kv = real ? router_order_key(b) : 0u;
-      if (j0 + u < M) key[e] = kv;
-      lane_max = max(lane_max, kv);
-    }
+  for (int r = 0; r < kTopkPairsPerThread; ++r) {  // branch-free: clamped indices, masked below
+    const int e = min(tid + kTopkThreads * r, E - 1);
+    lg[r] = __ldcg(logits + e);
+    bs[r] = static_cast<float>(bias[e]);
   }
-  if (__any_sync(kFullMask, nan_seen)) {
-    for (int j = lane; j < k; j += 32) ids[j] = -1, weights[j] = NAN;
+  bool nan_seen = false;
+#pragma unroll
+  for (int r = 0; r < kTopkPairsPerThread; ++r) {
+    const int e = tid + kTopkThreads * r;
+    const float s = sigmoid_f32(lg[r]), b = s + bs[r];
+    const bool real = e < E;
+    nan_seen = nan_seen || (real && isnan(b));
+    key[r] = real ? router_order_key(b) : 0u;
+    id[r] = e;  // >= E for padding: distinct, and after every real id
+    if (real) sm.score[e] = s;
+  }
+  if (__syncthreads_or(nan_seen)) {
+    for (int j = tid; j < k; j += kTopkThreads) ids[j] = -1, weights[j] = NAN;
+    __syncthreads();
     return;
   }
-
-  // 2.-3. The survivors (keys >= m) in id order, then each one's place among them.
-  const uint32_t m = warp_kth_largest(lane_max, k);  // > 0: a real key
-  const unsigned lanes_below = (1u << lane) - 1u;
-  int n_surv = 0;
-#pragma unroll 4
-  for (int j = 0; j < M; ++j) {
-    const uint32_t kj = key[lane + 32 * j];
-    const bool s = kj >= m;
-    const unsigned bal = __ballot_sync(kFullMask, s);
-    const int p = n_surv + __popc(bal & lanes_below);
-    if (s && p < kWarpTopkSurvivors) {
-      surv_key[p] = kj;
-      surv_id[p] = lane + 32 * j;
-    }
-    n_surv += __popc(bal);
-  }
-  int n_cand = n_surv;
-  if (n_surv > kWarpTopkSurvivors) {  // many ties: the k picks by bisection, placed below
-    __syncwarp();
-    warp_picks_by_bisection(key, M, k, surv_key, surv_id);
-    n_cand = k;
-  }
-  __syncwarp();
-  for (int c = lane; c < n_cand; c += 32) {
-    const uint32_t kc = surv_key[c];
-    const int ic = surv_id[c];
-    int place = 0;
-#pragma unroll 8
-    for (int i = 0; i < n_cand; ++i) place += router_better(surv_key[i], surv_id[i], kc, ic) ? 1 : 0;
-    if (place < k) {
-      ids[place] = ic;
-      pick_score[place] = sigmoid_f32(__ldcg(logits + ic));  // the same s its key was made from
-    }
-  }
-  __syncwarp();
-  float denom = 0.0f;
-  if (lane == 0) {
-    float sum = 0.0f;  // in place order, sequential (the reference's order)
+  warp_top_k(key, id, k, sm.surv_key[warp], sm.surv_id[warp], sm.cand_key[warp], sm.cand_id[warp]);
+  __syncthreads();
+  if (warp == 0) {  // the 8 warps' k best: candidate c = lane + 32 r (8k <= 256 of them)
+    constexpr int R = kTopkWarps * kTopkMaxK / 32;
+    uint32_t ck[R];
+    int ci[R];
 #pragma unroll
-    for (int j = 0; j < kWarpTopkMaxK; ++j)
-      if (j < k) sum += pick_score[j];
-    denom = sum + 1e-20f;
+    for (int r = 0; r < R; ++r) {
+      const int c = lane + 32 * r, w = c / k, j = c % k;
+      const bool real = c < kTopkWarps * k;
+      ck[r] = real ? sm.cand_key[w][j] : 0u;
+      ci[r] = real ? sm.cand_id[w][j] : kTopkMaxExperts + c;  // padding: distinct, after every real id
+    }
+    warp_top_k(ck, ci, k, sm.surv_key[0], sm.surv_id[0], sm.pick_key, sm.pick_id);
+    const int pid = lane < k ? sm.pick_id[lane] : 0;
+    const float s = lane < k ? sm.score[pid] : 0.0f;
+    float sum = 0.0f;  // in place order, sequential (the reference's order); the same on every lane
+    for (int j = 0; j < k; ++j) sum += __shfl_sync(kFullMask, s, j);
+    const float denom = sum + 1e-20f;
+    if (lane < k) {
+      ids[lane] = pid;
+      weights[lane] = renormalize ? s / denom * scaling : s * scaling;
+    }
   }
-  denom = __shfl_sync(kFullMask, denom, 0);
-  if (lane < k) weights[lane] = renormalize ? pick_score[lane] / denom * scaling : pick_score[lane] * scaling;
-  __syncwarp();  // scratch is free for the next call once every lane has read it
+  __syncthreads();
 }
 
-// warp_router_topk_t for a bias stored as f32 or bf16 (warp-uniform branch).
-__device__ inline void warp_router_topk(const float* logits, const void* bias, bool bias_bf16, int E, int k,
-                                        bool renormalize, float scaling, int32_t* ids, float* weights,
-                                        uint32_t* scratch) {
+// block_router_topk_t for a bias stored as f32 or bf16.
+__device__ inline void block_router_topk(const float* logits, const void* bias, bool bias_bf16, int E, int k,
+                                         bool renormalize, float scaling, int32_t* ids, float* weights,
+                                         RouterTopkSmem& sm) {
   if (bias_bf16)
-    warp_router_topk_t(logits, static_cast<const bf16*>(bias), E, k, renormalize, scaling, ids, weights, scratch);
+    block_router_topk_t(logits, static_cast<const bf16*>(bias), E, k, renormalize, scaling, ids, weights, sm);
   else
-    warp_router_topk_t(logits, static_cast<const float*>(bias), E, k, renormalize, scaling, ids, weights, scratch);
+    block_router_topk_t(logits, static_cast<const float*>(bias), E, k, renormalize, scaling, ids, weights, sm);
 }
 
 }  // namespace k3::kernels::cuda_detail

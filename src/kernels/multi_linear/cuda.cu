@@ -155,10 +155,11 @@ constexpr int kKBlock = 32;      // k per (warp, step): 4 lanes x 8 bf16 per row
 
 // mma_bf16_m16n8k16 and load_weight16: kernels/cuda_common.cuh.
 
-// The router epilogue, after a router CTA's stores (block-uniform call; grid.y == 1, T <= 8): every
-// thread fences its logits stores, thread 0 takes a ticket, and the CTA that draws the last one reads
-// all logits through L2 and selects: warp w takes token w. It puts the ticket back to 0.
-__device__ void router_epilogue(const MlRouter& r, int64_t T, uint32_t* scratch_words) {
+// The router epilogue, after a router CTA's stores (block-uniform call; grid.y == 1, T <=
+// kMultiLinearRouterInKernelRows): every thread fences its logits stores, thread 0 takes a ticket, and the
+// CTA that draws the last one reads all logits through L2 and selects token by token with the whole
+// block. It puts the ticket back to 0.
+__device__ void router_epilogue(const MlRouter& r, int64_t T, RouterTopkSmem& sm) {
   __shared__ bool last;
   __threadfence();  // this thread's logits stores before the ticket (release)
   __syncthreads();
@@ -166,11 +167,9 @@ __device__ void router_epilogue(const MlRouter& r, int64_t T, uint32_t* scratch_
   __syncthreads();
   if (!last) return;
   __threadfence();  // the other CTAs' logits after their tickets (acquire); read with ld.global.cg
-  const int warp = threadIdx.x >> 5;
-  if (warp < T)
-    warp_router_topk(r.logits + warp * r.logits_ld, r.bias, r.bias_bf16, r.E, r.k, r.renormalize, r.scaling,
-                         r.ids + warp * r.ids_ld, r.weights + warp * r.weights_ld,
-                         scratch_words + warp * kWarpTopkScratchWords);
+  for (int64_t t = 0; t < T; ++t)
+    block_router_topk(r.logits + t * r.logits_ld, r.bias, r.bias_bf16, r.E, r.k, r.renormalize, r.scaling,
+                      r.ids + t * r.ids_ld, r.weights + t * r.weights_ld, sm);
   if (threadIdx.x == 0) *r.ticket = 0u;
 }
 
@@ -270,9 +269,10 @@ __global__ void __launch_bounds__(kMmaThreads) multi_mma_kernel(MlParams p) {
     if (row < d.rows && t < p.T) store_out(d, t, row, s);
   }
   if constexpr (ROUTER) {
-    __shared__ uint32_t select_scratch[kMmaWarps * kWarpTopkScratchWords];  // 35 KB: a warp per token
+    static_assert(kMmaThreads == kTopkThreads, "the selection takes the whole CTA");
+    __shared__ RouterTopkSmem select_smem;
     const int b = static_cast<int>(blockIdx.x) - p.router.first_block;
-    if (b >= 0 && b < p.router.blocks) router_epilogue(p.router, p.T, select_scratch);
+    if (b >= 0 && b < p.router.blocks) router_epilogue(p.router, p.T, select_smem);
   }
 }
 
@@ -373,8 +373,8 @@ core::Status mma_supports(const CudaOps& ops, const MultiLinearArgs& a) {
 bool router_in_kernel(const MultiLinearArgs& a) {
   if (a.router.output < 0) return false;
   const RouterTopkArgs r = a.router_topk_args();
-  return a.x.dim(0) <= kMultiLinearRouterInKernelRows && r.logits.dim(1) <= kWarpTopkMaxExperts &&
-         r.ids.dim(1) <= kWarpTopkMaxK;
+  return a.x.dim(0) <= kMultiLinearRouterInKernelRows && r.logits.dim(1) <= kTopkMaxExperts &&
+         r.ids.dim(1) <= kTopkMaxK;
 }
 
 void fill_router(const CudaOps& ops, const MultiLinearArgs& a, MlParams& p) {

@@ -54,10 +54,10 @@
 //     pass over a weight row.
 //   Router epilogue: cuda_multi_mma up to kMultiLinearRouterInKernelRows rows (<= 1024 experts,
 //     k <= 32): every CTA of a router tile takes a ticket after its stores, and the one that draws
-//     the last runs the selection of kernels/moe/cuda_router_select.cuh, a warp per token, on the
+//     the last runs the selection of kernels/moe/cuda_router_select.cuh with the whole CTA on the
 //     logits the others wrote (fenced, read through L2): the MoE loses the router launch (and its
-//     drain) for ~1 us at the end of the front GEMM. Otherwise, and in the other strategies, the
-//     router kernel (kernels/moe/cuda_router.h) runs after the GEMMs, as the standard path's.
+//     drain) for the selection's time at the end of the front GEMM. Otherwise, and in the other
+//     strategies, the router kernel (kernels/moe/cuda_router.h) runs after the GEMMs.
 #pragma once
 #include <array>
 
@@ -70,9 +70,9 @@ namespace k3::kernels {
 // The most outputs one call takes (KDA uses 6); fixed so the Args need no heap and a CUDA launch
 // takes every descriptor by value.
 inline constexpr int kMultiLinearMaxOutputs = 8;
-// Rows up to which the tensor-core kernel runs the router epilogue itself (one warp per token in one
-// CTA; beyond, the selection would serialise in that CTA).
-inline constexpr int64_t kMultiLinearRouterInKernelRows = 8;
+// Rows up to which the tensor-core kernel runs the router epilogue itself: its last router CTA selects
+// token after token (~2-3 us each), while the router kernel after the GEMM runs a CTA per token.
+inline constexpr int64_t kMultiLinearRouterInKernelRows = 1;
 
 struct MultiLinearOutput {
   const LinearWeight* w = nullptr;  // [out_i, in] bf16 / f32 (/ MXFP4 on the CPU)
