@@ -1,5 +1,6 @@
-// runner/logits_diff_test_util.h: what the tensor-parallel tests (tp_runner_test.cpp, tp_dcp_test.cpp)
-// compare logits with, and the random prompts they feed.
+// runner/logits_diff_test_util.h: what the tensor-parallel tests (tp_runner_test.cpp, tp_dcp_test.cpp,
+// tp_dcp_naive_test.cpp, tp_ep_test.cpp) open their models with, compare logits with, and the random
+// prompts they feed.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -10,8 +11,21 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "model/layers/context.h"
 
 namespace k3::runner::test_util {
+
+// The TP tests' model options: buffers poisoned with NaN, so an unwritten activation (a missed slice,
+// a route nobody summed, a skipped row) turns into NaN logits; decode context parallelism over `dcp`
+// ranks; expert parallelism.
+inline model::ModelOptions tp_test_options(kernels::Precision p, int dcp = 1, bool expert_parallel = false) {
+  model::ModelOptions o;
+  o.precision = p;
+  o.poison_buffers = true;
+  o.dcp = dcp;
+  o.expert_parallel = expert_parallel;
+  return o;
+}
 
 struct LogitsDiff {
   double rel = 0;      // max |a - b| / max |b| (a non-finite a counts as infinitely far)

@@ -26,14 +26,7 @@ namespace {
 using checkpoint::testing::TempDir;
 using model::StepKind;
 using test_util::random_tokens;
-
-model::ModelOptions options(kernels::Precision p, int dcp) {
-  model::ModelOptions o;
-  o.precision = p;
-  o.poison_buffers = true;  // an unwritten activation turns into NaN logits
-  o.dcp = dcp;
-  return o;
-}
+using test_util::tp_test_options;
 
 // One sequence's part of a step: tokens [from, from + n) of sequence `seq`.
 struct Part {
@@ -107,8 +100,8 @@ TEST_F(TpDcpNaive, ChunkedPrefillRowsEqualNonDcpBitForBit) {
       for (int tp : {2, 4}) {
         SCOPED_TRACE(std::string(precision == kernels::Precision::fp32 ? "fp32" : "bf16") + " " + kv_name(kv) +
                      " cache, tp " + std::to_string(tp));
-        const auto want = run_steps(*TpRunner::open(dir, tp, options(precision, 1), kv), tokens, steps);
-        const auto got = run_steps(*TpRunner::open(dir, tp, options(precision, tp), kv), tokens, steps);
+        const auto want = run_steps(*TpRunner::open(dir, tp, tp_test_options(precision, 1), kv), tokens, steps);
+        const auto got = run_steps(*TpRunner::open(dir, tp, tp_test_options(precision, tp), kv), tokens, steps);
         ASSERT_EQ(got.size(), want.size());
         for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(same_bits(got[i], want[i])) << "step " << i;
       }
@@ -131,8 +124,8 @@ TEST_F(TpDcpNaive, MixedStepsPrefillRowsExactDecodeRowsClose) {
       for (int tp : {2, 4}) {
         SCOPED_TRACE(std::string(precision == kernels::Precision::fp32 ? "fp32" : "bf16") + " " + kv_name(kv) +
                      " cache, tp " + std::to_string(tp));
-        const auto want = run_steps(*TpRunner::open(dir, tp, options(precision, 1), kv), tokens, steps);
-        const auto got = run_steps(*TpRunner::open(dir, tp, options(precision, tp), kv), tokens, steps);
+        const auto want = run_steps(*TpRunner::open(dir, tp, tp_test_options(precision, 1), kv), tokens, steps);
+        const auto got = run_steps(*TpRunner::open(dir, tp, tp_test_options(precision, tp), kv), tokens, steps);
         ASSERT_EQ(got.size(), want.size());
         for (size_t i = 0; i < steps.size(); ++i) {
           int64_t row = 0;
@@ -160,7 +153,7 @@ TEST_F(TpDcpNaive, MixedStepsPrefillRowsExactDecodeRowsClose) {
 // no sigmoid_gate, no gather, no naive form).
 TEST_F(TpDcpNaive, NaiveFormRunsForPrefillRowsAndDecodeStepsKeepTheirOps) {
   const auto dir = write("ops");
-  const auto r = TpRunner::open(dir, 2, options(kernels::Precision::bf16, 2));
+  const auto r = TpRunner::open(dir, 2, tp_test_options(kernels::Precision::bf16, 2));
   ASSERT_TRUE(r->config().mla.use_output_gate);
   const auto a = random_tokens(30, 1024, 61), b = random_tokens(30, 1024, 62);
   const std::vector<Step> steps = {{{0, 0, 17, StepKind::prefill}},                                 // prefill
@@ -216,7 +209,7 @@ TEST_F(TpDcpNaive, TracedPrefillEmitsTheNonDcpMlaO) {
   const std::vector<Step> steps = {{{0, 0, 37, StepKind::prefill}}};
   // Every rank's "mla.o" values (in the order the ranks emitted them: sorted afterwards).
   const auto emitted = [&](int dcp) {
-    const auto r = TpRunner::open(dir, 2, options(kernels::Precision::bf16, dcp));
+    const auto r = TpRunner::open(dir, 2, tp_test_options(kernels::Precision::bf16, dcp));
     std::mutex mu;
     std::vector<std::vector<float>> mla_o;
     const model::TraceFn trace = [&](std::string_view name, int, const core::TensorView& v) {

@@ -31,16 +31,9 @@ using checkpoint::testing::TempDir;
 using model::StepKind;
 
 using test_util::random_tokens;
+using test_util::tp_test_options;
 using Diff = test_util::LogitsDiff;
 constexpr auto compare = test_util::compare_logits;
-
-model::ModelOptions options(kernels::Precision p, int dcp) {
-  model::ModelOptions o;
-  o.precision = p;
-  o.poison_buffers = true;  // an unwritten activation turns into NaN logits
-  o.dcp = dcp;
-  return o;
-}
 
 // A cache on rank `rank` for `sequences` sequences of up to `tokens` tokens in pages of 7 (so no
 // sequence length below is a multiple of cp * block_size): ceil(tokens / dcp) local positions each.
@@ -104,9 +97,9 @@ TEST_F(TpDcp, MatchesTp1Fp32) {
     const auto dir = write(init, "fp32-" + std::to_string(int(init)));
     // As tp_runner_test; measured 1.2e-6..1.7e-6 (realistic) and 2e-6..3.5e-5 (sensitive).
     const double tolerance = init == checkpoint::InitStyle::realistic ? 1e-5 : 1e-4;
-    const auto ref_runner = TpRunner::open(dir, 1, options(kernels::Precision::fp32, 1));
+    const auto ref_runner = TpRunner::open(dir, 1, tp_test_options(kernels::Precision::fp32, 1));
     std::vector<std::unique_ptr<TpRunner>> runners;
-    for (int tp : {2, 4}) runners.push_back(TpRunner::open(dir, tp, options(kernels::Precision::fp32, tp)));
+    for (int tp : {2, 4}) runners.push_back(TpRunner::open(dir, tp, tp_test_options(kernels::Precision::fp32, tp)));
     for (int prompt : kPrompts) {
       const auto tokens = random_tokens(prompt + kDecodes + kExtra, 1024, 100 + prompt);
       const core::Tensor ref = staged_logits(*ref_runner, tokens, prompt, kDecodes);
@@ -121,9 +114,9 @@ TEST_F(TpDcp, MatchesTp1Fp32) {
 
 TEST_F(TpDcp, MatchesTp1Bf16) {
   const auto dir = write(checkpoint::InitStyle::realistic, "bf16");
-  const auto ref_runner = TpRunner::open(dir, 1, options(kernels::Precision::bf16, 1));
+  const auto ref_runner = TpRunner::open(dir, 1, tp_test_options(kernels::Precision::bf16, 1));
   for (int tp : {2, 4}) {
-    const auto r = TpRunner::open(dir, tp, options(kernels::Precision::bf16, tp));
+    const auto r = TpRunner::open(dir, tp, tp_test_options(kernels::Precision::bf16, tp));
     for (int prompt : kPrompts) {
       const auto tokens = random_tokens(prompt + kDecodes + kExtra, 1024, 200 + prompt);
       const Diff d = compare(staged_logits(*r, tokens, prompt, kDecodes), staged_logits(*ref_runner, tokens, prompt, kDecodes));
@@ -155,9 +148,9 @@ TEST_F(TpDcp, MixedBatchMatchesTp1Fp32) {
     });
     return out;
   };
-  const auto ref = run(*TpRunner::open(dir, 1, options(kernels::Precision::fp32, 1)));
+  const auto ref = run(*TpRunner::open(dir, 1, tp_test_options(kernels::Precision::fp32, 1)));
   for (int tp : {2, 4}) {
-    const auto got = run(*TpRunner::open(dir, tp, options(kernels::Precision::fp32, tp)));
+    const auto got = run(*TpRunner::open(dir, tp, tp_test_options(kernels::Precision::fp32, tp)));
     ASSERT_EQ(got.size(), ref.size());
     for (size_t i = 0; i < ref.size(); ++i) {
       const Diff d = compare(got[i], ref[i]);
@@ -170,10 +163,10 @@ TEST_F(TpDcp, MixedBatchMatchesTp1Fp32) {
 TEST_F(TpDcp, GreedyGenerationIsIdenticalFp32) {
   const auto dir = write(checkpoint::InitStyle::sensitive, "greedy");
   const auto prompt = random_tokens(30, 1024, 5);
-  const std::vector<int32_t> want = ModelRunner::open(dir, options(kernels::Precision::fp32, 1))->generate(prompt, 40, {});
+  const std::vector<int32_t> want = ModelRunner::open(dir, tp_test_options(kernels::Precision::fp32, 1))->generate(prompt, 40, {});
   ASSERT_EQ(want.size(), 40u);  // no eos this early on this random model and prompt
   for (int tp : {2, 4}) {
-    const auto r = TpRunner::open(dir, tp, options(kernels::Precision::fp32, tp));
+    const auto r = TpRunner::open(dir, tp, tp_test_options(kernels::Precision::fp32, tp));
     EXPECT_EQ(r->generate(prompt, 40, {}), want) << "tp=dcp=" << tp;
   }
 }
@@ -206,10 +199,10 @@ TEST_F(TpDcp, EachRankHoldsItsShareOfTheCache) {
     });
     return out;
   };
-  const std::vector<float> whole = entries(*TpRunner::open(dir, 1, options(kernels::Precision::fp32, 1)))[0];
+  const std::vector<float> whole = entries(*TpRunner::open(dir, 1, tp_test_options(kernels::Precision::fp32, 1)))[0];
   const int64_t width = static_cast<int64_t>(whole.size()) / n;
   for (int cp : {2, 4}) {
-    const auto parts = entries(*TpRunner::open(dir, cp, options(kernels::Precision::fp32, cp)));
+    const auto parts = entries(*TpRunner::open(dir, cp, tp_test_options(kernels::Precision::fp32, cp)));
     for (int r = 0; r < cp; ++r) {
       const auto& part = parts[static_cast<size_t>(r)];
       ASSERT_EQ(static_cast<int64_t>(part.size()), (n + cp - 1) / cp * width);
@@ -236,7 +229,7 @@ TEST_F(TpDcp, EachRankHoldsItsShareOfTheCache) {
 // "mla.o" (as every path does); without one, W_UV and the gate are one op. Both give the same bits.
 TEST_F(TpDcp, TracedStepEmitsMlaOAndGivesTheUntracedLogits) {
   const auto dir = write(checkpoint::InitStyle::realistic, "traced");
-  const auto r = TpRunner::open(dir, 2, options(kernels::Precision::bf16, 2));
+  const auto r = TpRunner::open(dir, 2, tp_test_options(kernels::Precision::bf16, 2));
   const auto tokens = random_tokens(38, 1024, 7);
   std::mutex mu;
   std::vector<std::pair<int, int>> mla_o;  // (rank, layer) of each "mla.o" emitted
@@ -288,16 +281,16 @@ TEST_F(TpDcp, BadDcpValuesNameTheProblem) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_error([&] { TpRunner::open(dir, 2, options(kernels::Precision::bf16, 4)); },
+  expect_error([&] { TpRunner::open(dir, 2, tp_test_options(kernels::Precision::bf16, 4)); },
                "dcp 4 must be 1 or the tensor-parallel size 2");
-  expect_error([&] { TpRunner::open(dir, 4, options(kernels::Precision::bf16, 2)); },
+  expect_error([&] { TpRunner::open(dir, 4, tp_test_options(kernels::Precision::bf16, 2)); },
                "dcp 2 must be 1 or the tensor-parallel size 4");
-  expect_error([&] { TpRunner::open(dir, 2, options(kernels::Precision::bf16, 0)); },
+  expect_error([&] { TpRunner::open(dir, 2, tp_test_options(kernels::Precision::bf16, 0)); },
                "dcp 0 must be 1 or the tensor-parallel size 2");
-  expect_error([&] { ModelRunner::open(dir, options(kernels::Precision::bf16, 2)); },
+  expect_error([&] { ModelRunner::open(dir, tp_test_options(kernels::Precision::bf16, 2)); },
                "dcp 2 must be 1 or the tensor-parallel size 1");
   // A rank's block table must cover its share of the step's tokens (local positions), no more.
-  const auto r = TpRunner::open(dir, 2, options(kernels::Precision::fp32, 2));
+  const auto r = TpRunner::open(dir, 2, tp_test_options(kernels::Precision::fp32, 2));
   expect_error([&] {
     r->run([&](int rank, const model::Model& m, comm::Communicator&) {
       model::LocalCache cache = r->new_cache(rank, 14);  // 7 local positions: one page of 16

@@ -28,16 +28,9 @@ namespace {
 
 using checkpoint::testing::TempDir;
 using test_util::random_tokens;
+using test_util::tp_test_options;
 using Diff = test_util::LogitsDiff;
 constexpr auto compare = test_util::compare_logits;
-
-model::ModelOptions options(kernels::Precision p, bool expert_parallel) {
-  model::ModelOptions o;
-  o.precision = p;
-  o.poison_buffers = true;  // an unwritten activation (a route nobody summed) turns into NaN logits
-  o.expert_parallel = expert_parallel;
-  return o;
-}
 
 double fp32_tolerance(checkpoint::InitStyle init) { return init == checkpoint::InitStyle::realistic ? 1e-5 : 1e-4; }
 
@@ -58,9 +51,9 @@ class TpEp : public ::testing::Test {
 // Prefill `prefill` tokens, then decode the rest one at a time: TP=1 against TP=tp with EP.
 Diff ep_against_tp1(const std::filesystem::path& dir, int tp, kernels::Precision p, int prefill, int decodes,
                     uint64_t seed) {
-  const auto ref = TpRunner::open(dir, 1, options(p, false));
+  const auto ref = TpRunner::open(dir, 1, tp_test_options(p));
   const auto tokens = random_tokens(prefill + decodes, ref->config().vocab_size, seed);
-  const auto ep = TpRunner::open(dir, tp, options(p, true));
+  const auto ep = TpRunner::open(dir, tp, tp_test_options(p, 1, true));
   EXPECT_TRUE(ep->expert_parallel());
   EXPECT_EQ(ep->rank_config().moe.held_experts(), ref->config().moe.num_experts / tp);
   return compare(ep->logits(tokens, prefill), ref->logits(tokens, prefill));
@@ -94,11 +87,11 @@ TEST_F(TpEp, Tp2And4MatchTp1Bf16) {
 TEST_F(TpEp, GreedyGenerationIsIdenticalFp32) {
   const auto dir = write(config::builtin_config("k3-tiny"), false, checkpoint::InitStyle::sensitive, "tiny");
   const auto prompt = random_tokens(30, 1024, 33);
-  const std::vector<int32_t> want = ModelRunner::open(dir, options(kernels::Precision::fp32, false))->generate(prompt, 12, {});
+  const auto fp32 = kernels::Precision::fp32;
+  const std::vector<int32_t> want = ModelRunner::open(dir, tp_test_options(fp32))->generate(prompt, 12, {});
   ASSERT_EQ(want.size(), 12u);
   for (int tp : {2, 4})
-    EXPECT_EQ(TpRunner::open(dir, tp, options(kernels::Precision::fp32, true))->generate(prompt, 12, {}), want)
-        << "tp=" << tp;
+    EXPECT_EQ(TpRunner::open(dir, tp, tp_test_options(fp32, 1, true))->generate(prompt, 12, {}), want) << "tp=" << tp;
 }
 
 // TP=8 with one whole expert per rank (an 8-head, 8-expert variant of k3-tiny-mxfp4).
@@ -130,9 +123,9 @@ TEST_F(TpEp, ErrorsNameTheProblem) {
       for (const std::string& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
     }
   };
-  expect_error([&] { TpRunner::open(dir, 1, options(kernels::Precision::bf16, true)); },
+  expect_error([&] { TpRunner::open(dir, 1, tp_test_options(kernels::Precision::bf16, 1, true)); },
                {"--enable-expert-parallel", "--tp > 1"});
-  expect_error([&] { ModelRunner::open(dir, options(kernels::Precision::bf16, true)); }, {"--tp > 1"});
+  expect_error([&] { ModelRunner::open(dir, tp_test_options(kernels::Precision::bf16, 1, true)); }, {"--tp > 1"});
   // A rank model whose weights hold whole experts but whose options say plain TP (and the reverse).
   comm::ThreadGroup group(2);
   kernels::Registry ops;
@@ -142,11 +135,11 @@ TEST_F(TpEp, ErrorsNameTheProblem) {
   const model::Weights tp_rank = checkpoint::load_weights(dir, full, config::TpShard{1, 2});
   expect_error([&] {
     model::Model(config::shard_config(full, 2, {.expert_parallel = true}), ep_rank, ops,
-                 options(kernels::Precision::bf16, false), core::host_memory(), &group.rank(1));
+                 tp_test_options(kernels::Precision::bf16), core::host_memory(), &group.rank(1));
   }, {"whole experts", "options.expert_parallel is off"});
   expect_error([&] {
-    model::Model(config::shard_config(full, 2), tp_rank, ops, options(kernels::Precision::bf16, true), core::host_memory(),
-                 &group.rank(1));
+    model::Model(config::shard_config(full, 2), tp_rank, ops, tp_test_options(kernels::Precision::bf16, 1, true),
+                 core::host_memory(), &group.rank(1));
   }, {"not split by expert", "options.expert_parallel is on"});
 }
 

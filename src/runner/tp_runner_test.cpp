@@ -35,15 +35,9 @@ using checkpoint::testing::TempDir;
 using model::StepKind;
 
 using test_util::random_tokens;
+using test_util::tp_test_options;
 using Diff = test_util::LogitsDiff;
 constexpr auto compare = test_util::compare_logits;
-
-model::ModelOptions options(kernels::Precision p) {
-  model::ModelOptions o;
-  o.precision = p;
-  o.poison_buffers = true;  // an unwritten activation (a missed slice) turns into NaN logits
-  return o;
-}
 
 // Spec §14.1 test inputs on every rank: prefill(prefill) then `decodes` single-token decode steps
 // and one 4-token verify step; returns the stacked logits (rank 0's).
@@ -89,11 +83,11 @@ double fp32_tolerance(checkpoint::InitStyle init) { return init == checkpoint::I
 // fp32: TP=N equals TP=1 up to the reassociation of the row-parallel sums.
 void expect_tp_matches_fp32(const std::filesystem::path& dir, std::initializer_list<int> tps, int prefill, int decodes,
                             uint64_t seed, double tolerance) {
-  const auto ref_runner = TpRunner::open(dir, 1, options(kernels::Precision::fp32));
+  const auto ref_runner = TpRunner::open(dir, 1, tp_test_options(kernels::Precision::fp32));
   const auto tokens = random_tokens(prefill + decodes + 4, ref_runner->config().vocab_size, seed);
   const core::Tensor ref = staged_logits(*ref_runner, tokens, prefill, decodes);
   for (int tp : tps) {
-    const auto r = TpRunner::open(dir, tp, options(kernels::Precision::fp32));
+    const auto r = TpRunner::open(dir, tp, tp_test_options(kernels::Precision::fp32));
     const Diff d = compare(staged_logits(*r, tokens, prefill, decodes), ref);
     EXPECT_LT(d.rel, tolerance) << "tp=" << tp;
     EXPECT_EQ(d.top1, 1.0) << "tp=" << tp;
@@ -103,8 +97,8 @@ void expect_tp_matches_fp32(const std::filesystem::path& dir, std::initializer_l
 TEST_F(TpTiny, OneRankGroupIsThePlainModelBitForBit) {
   const auto dir = write(config::builtin_config("k3-tiny"), false, checkpoint::InitStyle::sensitive, "tiny");
   for (kernels::Precision p : {kernels::Precision::bf16, kernels::Precision::fp32}) {
-    const auto plain = ModelRunner::open(dir, options(p));
-    const auto tp1 = TpRunner::open(dir, 1, options(p));
+    const auto plain = ModelRunner::open(dir, tp_test_options(p));
+    const auto tp1 = TpRunner::open(dir, 1, tp_test_options(p));
     const auto tokens = random_tokens(40, 1024, 3);
     const core::Tensor a = plain->logits(tokens, 30), b = tp1->logits(tokens, 30);
     ASSERT_EQ(a.shape(), b.shape());
@@ -149,9 +143,9 @@ std::map<std::string, core::Tensor> traced_prefill(const TpRunner& r, const std:
 TEST_F(TpTiny, FirstLayerMatchesTp1UpToRareOneUlpFlipsBf16) {
   const auto dir = write(config::builtin_config("k3-tiny"), false, checkpoint::InitStyle::sensitive, "tiny");
   const auto tokens = random_tokens(150, 1024, 9);
-  const auto ref = traced_prefill(*TpRunner::open(dir, 1, options(kernels::Precision::bf16)), tokens);
+  const auto ref = traced_prefill(*TpRunner::open(dir, 1, tp_test_options(kernels::Precision::bf16)), tokens);
   for (int tp : {2, 4}) {
-    const auto got = traced_prefill(*TpRunner::open(dir, tp, options(kernels::Precision::bf16)), tokens);
+    const auto got = traced_prefill(*TpRunner::open(dir, tp, tp_test_options(kernels::Precision::bf16)), tokens);
     for (const char* name : {"embed@-1", "attn.out@0", "ffn.out@0", "prefix@0"}) {
       const core::Tensor& a = got.at(name);
       const core::Tensor& b = ref.at(name);
@@ -175,12 +169,12 @@ TEST_F(TpTiny, Tp2And4MatchTp1Bf16) {
   for (bool mxfp4 : {false, true}) {
     const auto dir = write(config::builtin_config(mxfp4 ? "k3-tiny-mxfp4" : "k3-tiny"), mxfp4,
                            checkpoint::InitStyle::realistic, mxfp4 ? "bf16-mxfp4" : "bf16");
-    const auto ref_runner = TpRunner::open(dir, 1, options(kernels::Precision::bf16));
+    const auto ref_runner = TpRunner::open(dir, 1, tp_test_options(kernels::Precision::bf16));
     const auto tokens = random_tokens(150 + 8 + 4, 1024, 4);
     const core::Tensor ref = staged_logits(*ref_runner, tokens, 150, 8);
     for (int tp : {2, 4}) {
       if (mxfp4 && tp == 4) continue;  // 64 / 4 = 16 is no whole MXFP4 group (see the error test)
-      const auto r = TpRunner::open(dir, tp, options(kernels::Precision::bf16));
+      const auto r = TpRunner::open(dir, tp, tp_test_options(kernels::Precision::bf16));
       const Diff d = compare(staged_logits(*r, tokens, 150, 8), ref);
       EXPECT_GE(d.min_cos, 0.98) << "tp=" << tp << " mxfp4=" << mxfp4;  // measured 0.988-0.997
       EXPECT_GE(d.top1, 0.95) << "tp=" << tp << " mxfp4=" << mxfp4;     // measured 0.963-1.0 (see the top)
@@ -191,11 +185,11 @@ TEST_F(TpTiny, Tp2And4MatchTp1Bf16) {
 TEST_F(TpTiny, GreedyGenerationIsIdenticalFp32) {
   const auto dir = write(config::builtin_config("k3-tiny"), false, checkpoint::InitStyle::sensitive, "tiny");
   const auto prompt = random_tokens(30, 1024, 5);
-  const auto plain = ModelRunner::open(dir, options(kernels::Precision::fp32));
+  const auto plain = ModelRunner::open(dir, tp_test_options(kernels::Precision::fp32));
   const std::vector<int32_t> want = plain->generate(prompt, 12, {});
   ASSERT_EQ(want.size(), 12u);  // the random model never emits eos this early with this prompt
   for (int tp : {2, 4}) {
-    const auto r = TpRunner::open(dir, tp, options(kernels::Precision::fp32));
+    const auto r = TpRunner::open(dir, tp, tp_test_options(kernels::Precision::fp32));
     std::vector<int32_t> streamed;
     ModelRunner::GenerateStats st;
     EXPECT_EQ(r->generate(prompt, 12, {}, [&](int32_t t) { streamed.push_back(t); }, &st), want) << "tp=" << tp;
@@ -226,15 +220,15 @@ TEST_F(TpTiny, Tp8MatchesTp1Fp32WithMxfp4Experts) {
   EXPECT_EQ(config::shard_config(tp8_config(), 8).moe.moe_intermediate_size, 32);
   expect_tp_matches_fp32(dir, {8}, 70, 4, 6, fp32_tolerance(checkpoint::InitStyle::sensitive));
   const auto prompt = random_tokens(20, 1024, 7);
-  const auto plain = ModelRunner::open(dir, options(kernels::Precision::fp32));
-  const auto r = TpRunner::open(dir, 8, options(kernels::Precision::fp32));
+  const auto plain = ModelRunner::open(dir, tp_test_options(kernels::Precision::fp32));
+  const auto r = TpRunner::open(dir, 8, tp_test_options(kernels::Precision::fp32));
   EXPECT_EQ(r->generate(prompt, 8, {}), plain->generate(prompt, 8, {}));
 }
 
 TEST_F(TpTiny, TeacherForcedLogitsMatchModelRunnerAndAcceptIdsOfOtherSlices) {
   const auto dir = write(config::builtin_config("k3-tiny"), false, checkpoint::InitStyle::sensitive, "tiny");
-  const auto plain = ModelRunner::open(dir, options(kernels::Precision::fp32));
-  const auto r = TpRunner::open(dir, 4, options(kernels::Precision::fp32));
+  const auto plain = ModelRunner::open(dir, tp_test_options(kernels::Precision::fp32));
+  const auto r = TpRunner::open(dir, 4, tp_test_options(kernels::Precision::fp32));
   EXPECT_EQ(r->rank_config().vocab_size, 256);
   const std::vector<int32_t> tokens = {1023, 0, 255, 256, 767, 768, 512, 9};  // every rank's edges
   const Diff d = compare(r->logits(tokens, 5), plain->logits(tokens, 5));
@@ -253,7 +247,7 @@ TEST_F(TpTiny, ErrorsNameTheProblem) {
       for (const std::string& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
     }
   };
-  const model::ModelOptions o = options(kernels::Precision::bf16);
+  const model::ModelOptions o = tp_test_options(kernels::Precision::bf16);
   expect_error([&] { TpRunner::open(dir, 8, o); }, {"tp=8", "linear_attn_config.num_heads", "4"});
   expect_error([&] { TpRunner::open(dir, 3, o); }, {"tp=3", "vocab_size"});
   expect_error([&] { TpRunner::open(mx, 4, o); }, {"tp=4", "moe_intermediate_size", "MXFP4"});
