@@ -34,11 +34,6 @@ constexpr int kBins = 256;  // 8-bit digits
 static_assert(kThreads >= kBins, "every bin has a thread to clear it");
 constexpr int kMaxExperts = 8192;  // shared memory: key + score per expert
 
-// (key, id) ordering of the reference: higher key first, lower id on ties.
-__device__ __forceinline__ bool better(uint32_t ka, int ia, uint32_t kb, int ib) {
-  return ka > kb || (ka == kb && ia < ib);
-}
-
 // Exclusive prefix over the block of `flag` in thread order (blockDim.x threads), and the total.
 __device__ __forceinline__ int block_prefix(bool flag, int* warp_counts, int* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -155,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) router_kernel(const float* logits, i
     const uint32_t kj = pick_key[j];
     const int ij = pick_id[j];
     int place = 0;
-    for (int i = 0; i < k; ++i) place += better(pick_key[i], pick_id[i], kj, ij);
+    for (int i = 0; i < k; ++i) place += router_better(pick_key[i], pick_id[i], kj, ij);
     ids_t[place] = ij;
     pick_score[place] = score[ij];
   }
@@ -180,9 +175,7 @@ __global__ void __launch_bounds__(kTopkThreads)
                     weights + t * weights_ld, sm);
 }
 
-bool rank_topk_fits(const RouterTopkArgs& a) {
-  return a.logits.dim(1) <= kTopkMaxExperts && a.ids.dim(1) <= kTopkMaxK;
-}
+bool rank_topk_fits(const RouterTopkArgs& a) { return block_router_topk_fits(a.logits.dim(1), a.ids.dim(1)); }
 
 void rank_topk_run(const CudaOps& ops, const RouterTopkArgs& a) {
   const int64_t T = a.logits.dim(0);

@@ -35,6 +35,9 @@ inline constexpr int kTopkMaxExperts = kTopkThreads * kTopkPairsPerThread;  // 1
 inline constexpr int kTopkMaxK = 32;
 inline constexpr int kTopkSurvivors = 64;        // per warp: two per lane
 
+// Whether block_router_topk takes top-k of E experts.
+inline constexpr bool block_router_topk_fits(int64_t E, int64_t k) { return E <= kTopkMaxExperts && k <= kTopkMaxK; }
+
 // The shared memory of one selection (10.4 KB).
 struct RouterTopkSmem {
   float score[kTopkMaxExperts];                                     // s of expert e

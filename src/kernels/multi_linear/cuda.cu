@@ -373,8 +373,7 @@ core::Status mma_supports(const CudaOps& ops, const MultiLinearArgs& a) {
 bool router_in_kernel(const MultiLinearArgs& a) {
   if (a.router.output < 0) return false;
   const RouterTopkArgs r = a.router_topk_args();
-  return a.x.dim(0) <= kMultiLinearRouterInKernelRows && r.logits.dim(1) <= kTopkMaxExperts &&
-         r.ids.dim(1) <= kTopkMaxK;
+  return a.x.dim(0) <= kMultiLinearRouterInKernelRows && block_router_topk_fits(r.logits.dim(1), r.ids.dim(1));
 }
 
 void fill_router(const CudaOps& ops, const MultiLinearArgs& a, MlParams& p) {
