@@ -4,7 +4,7 @@
 // context length x batch x decode backend x mode (issue 7 item 3). bench/decode_sweep.cpp runs the
 // sweep (synthetic context, timing, path counters, spec §12 bytes, the table and the bundle).
 //
-//   k3bench_decode_gpu --model DIR [--make] [--config NAME] [--out FILE] [--batches 1,8,64]
+//   k3bench_decode_gpu --model DIR [--make] [--config NAME|PATH] [--out FILE] [--batches 1,8,64]
 //                      [--ctx 8192[,32768...]] [--steps N] [--warmup N] [--modes eager,graph]
 //                      [--seed S] [--device cuda|cpu] [--tp N] [--spec-k K] [--spec-al AL]
 //                      [--decode-backend auto[,latency_specialized]] [--precision bf16|fp32] [--profile]
@@ -35,7 +35,9 @@
 // a slice of every expert (model::ModelOptions::expert_parallel, config/shard.h); bytes count the
 // rank's expected 1/N of the touched experts, whole.
 // --make: when DIR holds no checkpoint, first writes one with checkpoint::write_random_checkpoint
-// (built-in --config, default k3-proxy-tp8, MXFP4 experts), after checking the disk has room.
+// (--config: a built-in name, default k3-proxy-tp8, or a config.json or its folder, as
+// config::resolve_config reads it; MXFP4 experts), after checking the disk has room. A config file
+// makes shapes no built-in has, e.g. K3's full widths in 4 layers to run at --tp 8.
 // --device cpu runs the same code on the CPU reference ops (small configs only; the default in a
 // build without CUDA, where CI runs it: bench/decode_sweep_test.cpp).
 // Prints a table last and writes a JSON result bundle (bench/bundle.h): config (name, tp,
@@ -82,7 +84,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* const kUsage =
-    "k3bench_decode_gpu --model DIR [--make] [--config NAME] [--out FILE] [--batches 1,8,64] [--ctx 8192[,32768...]]\n"
+    "k3bench_decode_gpu --model DIR [--make] [--config NAME|PATH] [--out FILE] [--batches 1,8,64] [--ctx 8192[,32768...]]\n"
     "                   [--steps N] [--warmup N] [--modes eager,graph,verify,verify-graph] [--seed S] [--device cuda|cpu] [--tp N]\n"
     "                   [--dcp] [--ep] [--spec-k K] [--spec-al AL] [--decode-backend auto[,latency_specialized]] [--precision bf16|fp32]\n"
     "                   [--profile]\n";
@@ -132,7 +134,7 @@ double make_checkpoint_if_needed(const bench::DecodeSweepOptions& o) {
     return 0;
   }
   K3_CHECK(o.make, "no checkpoint in " + o.model.string() + " (config.json + model.safetensors); pass --make to write one");
-  const config::K3Config cfg = config::builtin_config(o.config);
+  const config::K3Config cfg = config::resolve_config(o.config);
   checkpoint::WriteOptions w;
   w.seed = o.seed;
   w.mxfp4 = true;
@@ -250,6 +252,11 @@ bench::DecodeSweepOptions parse_options(std::span<const std::string> args, bool&
   K3_CHECK(o.steps >= 1 && o.warmup >= 1, "--steps and --warmup must be >= 1");
   K3_CHECK(o.spec_k >= 1 && o.spec_k <= 32, "--spec-k must be in [1, 32]");
   K3_CHECK(o.spec_al >= 1 && o.spec_al <= o.spec_k + 1, "--spec-al must be in [1, spec-k + 1]");
+  try {
+    (void)config::resolve_config(o.config);  // a bad name or file fails now, not after a long load
+  } catch (const core::Error& e) {
+    throw core::Error("--config '" + o.config + "': " + e.what());
+  }
   return o;
 }
 

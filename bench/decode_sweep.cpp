@@ -306,8 +306,8 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
   const config::K3Config& full = single ? single->config() : ranks->config();
   const config::K3Config& c = single ? single->config() : ranks->rank_config();  // what one GPU holds
   const int64_t weight_bytes = inventory_bytes(full);
-  // The name shown: --config when the checkpoint holds that built-in config (MXFP4 experts), else the folder's.
-  config::K3Config named = config::builtin_config(o.config);
+  // The name shown: --config when the checkpoint holds that config (MXFP4 experts), else the folder's.
+  config::K3Config named = config::resolve_config(o.config);
   named.mxfp4.enabled = true;
   named.mxfp4.group_size = 32;
   const fs::path folder = o.model.filename().empty() ? o.model.parent_path() : o.model;

@@ -332,5 +332,50 @@ TEST(DecodeSweepCli, DcpRowsRunAndCountHalfTheCache) {
   EXPECT_NE((alone.out + alone.err).find("--dcp"), std::string::npos) << alone.out << alone.err;
 }
 
+// --config also takes a config.json: the checkpoint --make writes has that file's shapes (here
+// k3-tiny cut to 2 layers, as K3 cut to a few layers would be run at --tp 8), the bundle names it,
+// and a missing file is refused before anything is written, naming the flag and the path.
+TEST(DecodeSweepCli, ConfigFileGivesTheCheckpointItsShapes) {
+  const TempDir dir;
+  nlohmann::json j = config::to_json(config::builtin_config("k3-tiny"));
+  j["num_hidden_layers"] = 2;
+  j["linear_attn_config"]["kda_layers"] = {1};
+  j["linear_attn_config"]["full_attn_layers"] = {2};
+  const fs::path file = dir.path / "two_layers.json", model = dir.path / "two";
+  std::ofstream(file) << j.dump(2);
+  const BenchRun r = run_bench(dir, "--model '" + model.string() + "' --make --config '" + file.string() +
+                                        "' --device cpu --tp 2 --ctx 16 --batches 1 --steps 1 --warmup 1 --modes eager --out '" +
+                                        (dir.path / "two.json").string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(config::load_config(model / "config.json").num_hidden_layers, 2);
+  const nlohmann::json b = nlohmann::json::parse(read_text(dir.path / "two.json"));
+  EXPECT_EQ(b["config"]["name"], file.string());
+  EXPECT_EQ(b["config"]["model"]["num_hidden_layers"], 2);
+  ASSERT_EQ(b["rows"].size(), 1u);
+  EXPECT_TRUE(b["rows"][0]["logits_finite"].get<bool>());
+
+  const fs::path missing = dir.path / "nowhere.json", unmade = dir.path / "unmade";
+  const BenchRun bad = run_bench(dir, "--model '" + unmade.string() + "' --make --config '" + missing.string() + "' --device cpu");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("--config '" + missing.string() + "'"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(unmade));
+}
+
+// bench/configs/k3-4layers.json is K3 (spec §1.1) with only its first 4 layers: a dense KDA layer,
+// two KDA + MoE, one MLA + MoE at full widths, for per-layer decode at --tp 8 with real collectives.
+TEST(DecodeSweepCli, TheFourLayerK3ConfigIsK3CutToFourLayers) {
+  const config::K3Config got = config::load_config(fs::path(K3BENCH_CONFIGS) / "k3-4layers.json");
+  ASSERT_EQ(got.num_hidden_layers, 4);
+  EXPECT_EQ(got.ffn_kind(0), config::FfnKind::dense);
+  for (int l = 0; l < 3; ++l) EXPECT_EQ(got.attn_kind(l), config::AttnKind::kda) << "layer " << l;
+  EXPECT_EQ(got.attn_kind(3), config::AttnKind::mla);
+  EXPECT_EQ(got.ffn_kind(3), config::FfnKind::moe);
+  nlohmann::json a = config::to_json(got), b = config::to_json(config::builtin_config("k3"));
+  b["num_hidden_layers"] = 4;
+  b["linear_attn_config"]["kda_layers"] = {1, 2, 3};
+  b["linear_attn_config"]["full_attn_layers"] = {4};
+  EXPECT_EQ(a, b);
+}
+
 }  // namespace
 }  // namespace k3::bench
