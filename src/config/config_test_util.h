@@ -7,12 +7,30 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include "config/k3_config.h"
 #include "core/error.h"
 
 namespace k3::config::test {
+
+// k3-tiny-mxfp4 widened so that every sharded width divides by 8, for TP=8 (and EP=8) tests: 8 KDA
+// and 8 MLA heads of 16 (rope 8), moe_intermediate 256 (32 per TP8 rank: one MXFP4 group), 8 experts
+// (one per EP8 rank), shared intermediate 512, dense 512 and vocab 1024 as in k3-tiny.
+inline K3Config tiny_tp8_config() {
+  nlohmann::json j = to_json(builtin_config("k3-tiny-mxfp4"));
+  j["linear_attn_config"]["num_heads"] = 8;
+  j["linear_attn_config"]["head_dim"] = 16;
+  j["num_attention_heads"] = 8;
+  j["num_key_value_heads"] = 8;
+  j["qk_nope_head_dim"] = 16;
+  j["qk_rope_head_dim"] = 8;
+  j["v_head_dim"] = 16;
+  j["moe_intermediate_size"] = 256;
+  j["num_experts"] = 8;
+  return parse_config(j, "test:tiny_tp8");
+}
 
 // Every field of K3Config, one by one, so a failure names the field.
 inline void expect_same_config(const K3Config& a, const K3Config& b) {

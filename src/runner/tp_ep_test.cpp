@@ -11,13 +11,13 @@
 // and the routed sum is reassociated before its one rounding, so rare one-ulp flips can move router
 // choices downstream: cosine >= 0.98 and argmax agreement >= 0.95, as plain TP.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <string>
 #include <vector>
 
 #include "checkpoint/test_util.h"
 #include "comm/thread_comm.h"
+#include "config/config_test_util.h"
 #include "config/shard.h"
 #include "runner/logits_diff_test_util.h"
 #include "runner/model_runner.h"
@@ -96,16 +96,7 @@ TEST_F(TpEp, GreedyGenerationIsIdenticalFp32) {
 
 // TP=8 with one whole expert per rank (an 8-head, 8-expert variant of k3-tiny-mxfp4).
 TEST_F(TpEp, Tp8OneExpertPerRankMatchesTp1Fp32) {
-  nlohmann::json j = config::to_json(config::builtin_config("k3-tiny-mxfp4"));
-  j["linear_attn_config"]["num_heads"] = 8;
-  j["linear_attn_config"]["head_dim"] = 16;
-  j["num_attention_heads"] = 8;
-  j["num_key_value_heads"] = 8;
-  j["qk_nope_head_dim"] = 16;
-  j["qk_rope_head_dim"] = 8;
-  j["v_head_dim"] = 16;
-  j["num_experts"] = 8;
-  const config::K3Config cfg = config::parse_config(j, "test:tp8_ep");
+  const config::K3Config cfg = config::test::tiny_tp8_config();
   const auto dir = write(cfg, true, checkpoint::InitStyle::sensitive, "tp8");
   EXPECT_EQ(config::shard_config(cfg, 8, {.expert_parallel = true}).moe.held_experts(), 1);
   const Diff d = ep_against_tp1(dir, 8, kernels::Precision::fp32, 70, 4, 34);

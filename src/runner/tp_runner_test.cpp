@@ -15,7 +15,6 @@
 #include "runner/tp_runner.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +22,7 @@
 
 #include "checkpoint/test_util.h"
 #include "comm/thread_comm.h"
+#include "config/config_test_util.h"
 #include "core/rng.h"
 #include "model/local_cache.h"
 #include "runner/logits_diff_test_util.h"
@@ -199,25 +199,9 @@ TEST_F(TpTiny, GreedyGenerationIsIdenticalFp32) {
   }
 }
 
-// An 8-head variant for TP=8: 8 KDA and 8 MLA heads, moe_intermediate 256 (32 per rank: one MXFP4
-// group), shared intermediate 512, dense 512 and vocab 1024 all divisible by 8.
-config::K3Config tp8_config() {
-  nlohmann::json j = config::to_json(config::builtin_config("k3-tiny-mxfp4"));
-  j["linear_attn_config"]["num_heads"] = 8;
-  j["linear_attn_config"]["head_dim"] = 16;
-  j["num_attention_heads"] = 8;
-  j["num_key_value_heads"] = 8;
-  j["qk_nope_head_dim"] = 16;
-  j["qk_rope_head_dim"] = 8;
-  j["v_head_dim"] = 16;
-  j["moe_intermediate_size"] = 256;
-  j["num_experts"] = 8;
-  return config::parse_config(j, "test:tp8");
-}
-
 TEST_F(TpTiny, Tp8MatchesTp1Fp32WithMxfp4Experts) {
-  const auto dir = write(tp8_config(), true, checkpoint::InitStyle::sensitive, "tp8");
-  EXPECT_EQ(config::shard_config(tp8_config(), 8).moe.moe_intermediate_size, 32);
+  const auto dir = write(config::test::tiny_tp8_config(), true, checkpoint::InitStyle::sensitive, "tp8");
+  EXPECT_EQ(config::shard_config(config::test::tiny_tp8_config(), 8).moe.moe_intermediate_size, 32);
   expect_tp_matches_fp32(dir, {8}, 70, 4, 6, fp32_tolerance(checkpoint::InitStyle::sensitive));
   const auto prompt = random_tokens(20, 1024, 7);
   const auto plain = ModelRunner::open(dir, tp_test_options(kernels::Precision::fp32));

@@ -6,11 +6,12 @@
 // model's as tightly as TP changes allow (runner/tp_runner_test.cpp explains why bf16 TP cannot be
 // bit-identical to TP1: a rank holds partial expert outputs, so it rounds at other points).
 // Expert parallelism (whole experts per rank) runs the same checks. Every TP size the visible GPUs
-// allow (2, 4; k3-tiny has 4 heads) runs. Fewer than 2 GPUs: each case skips with the
-// reason, except the error case, which runs everywhere.
+// allow (2, 4 on k3-tiny, whose 4 heads they divide; 8 on its 8-head variant tiny_tp8_config) runs.
+// Fewer than 2 GPUs: each case skips with the reason, except the error case, which runs everywhere.
 #include <cstdio>
 #include <vector>
 
+#include "config/config_test_util.h"
 #include "core/rng.h"
 #include "gpu_test_util.h"
 #include "runner/tp_runner.h"
@@ -28,14 +29,15 @@ using testing::random_tokens;
 
 std::vector<int> tp_sizes() {
   std::vector<int> out;
-  for (int tp : {2, 4})  // what k3-tiny's 4 heads divide into (TP8 runs on the CPU: tp_runner_test)
+  for (int tp : {2, 4, 8})
     if (tp <= usable_gpus()) out.push_back(tp);
   return out;
 }
 
 struct TpGpu : ::testing::Test {
   std::filesystem::path checkpoint(int tp, bool mxfp4) {
-    const config::K3Config c = config::builtin_config("k3-tiny");
+    // k3-tiny's 4 heads do not split 8 ways: TP8 runs the 8-head variant the CPU TP8 tests use.
+    const config::K3Config c = tp == 8 ? config::test::tiny_tp8_config() : config::builtin_config("k3-tiny");
     checkpoint::WriteOptions w;
     w.mxfp4 = mxfp4;
     return testing::write_checkpoint(tmp_, c, w, "tp" + std::to_string(tp) + (mxfp4 ? "_mxfp4" : ""));
