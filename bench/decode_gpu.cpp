@@ -50,9 +50,11 @@
 // their greedy tokens (every step, every sequence) are equal. --precision fp32 (default bf16) runs
 // fp32 activations: the backends' tokens must then be identical (bf16 noise may flip a nearly tied
 // route of a random model).
-// --profile (one GPU): after each eager row, one more eager step with every op call timed on the
-// stream (the per-layer kernel profile of issue 7 item 3): op, implementation, calls, total us, us per
-// layer and share of the step, printed under the row and kept in the bundle row's `profile`.
+// --profile: after each eager row, one more eager step with every op call timed on the stream (the
+// per-layer kernel profile of issue 7 item 3): op, implementation, calls, total us, us per layer and
+// share of the step, printed under the row and kept in the bundle row's `profile`. With --tp N it
+// is rank 0's step, run alongside the other ranks': the collectives are not ops, so their time is
+// the step's time outside its top-level ops (printed; step_ms - top_level_ops_ms in the bundle).
 // Exit 0 ok, 1 error, 2 no GPU.
 #include <algorithm>
 #include <chrono>

@@ -189,22 +189,29 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
   return row;
 }
 
-// One more eager decode step of the row's B sequences (their last greedy tokens) with every op call
-// timed: `recorder` (installed on the model's registry by the caller) marks the device stream before
-// and after each call, so a call's time is from when the stream reached its start to when it
-// finished the call's work, launch gaps included. Calls inside another op (depth > 0) are shown
-// apart and not added to the totals. Prints the table; returns it as JSON.
-nlohmann::json profile_step(const model::Model& model, model::KvStorage& kv, std::vector<model::SequenceState>& seqs,
-                            const std::vector<int32_t>& last, kernels::OpRecorder& recorder, int num_layers) {
-  core::DeviceMemory& memory = *model.memory();
+// One more eager decode step of the row's B sequences (their last greedy tokens).
+void eager_decode_step(const model::Model& model, model::KvStorage& kv, std::vector<model::SequenceState>& seqs,
+                       const std::vector<int32_t>& last) {
   const auto B = static_cast<int64_t>(last.size());
   std::vector<model::SequenceInput> batch(static_cast<size_t>(B));
   for (int64_t i = 0; i < B; ++i) batch[i] = {std::span<const int32_t>(&last[i], 1), &seqs[i], model::StepKind::decode};
+  model.forward(kv, batch, model::LogitRows::last);
+}
+
+// eager_decode_step with every op call timed: `recorder` (installed on the model's registry by the
+// caller) marks the device stream before and after each call, so a call's time is from when the
+// stream reached its start to when it finished the call's work, launch gaps included. Calls inside
+// another op (depth > 0) are shown apart and not added to the totals. Under --tp this is rank 0's
+// step while the other ranks run theirs: the collectives are not ops, so their time is in the step
+// but outside the top-level ops. Prints the table; returns it as JSON.
+nlohmann::json profile_step(const model::Model& model, model::KvStorage& kv, std::vector<model::SequenceState>& seqs,
+                            const std::vector<int32_t>& last, kernels::OpRecorder& recorder, int num_layers) {
+  core::DeviceMemory& memory = *model.memory();
   memory.synchronize();
   memory.take_marks_ms();  // drop stale marks
   recorder.set_clock(&memory);
   recorder.start();
-  model.forward(kv, batch, model::LogitRows::last);
+  eager_decode_step(model, kv, seqs, last);
   const std::vector<kernels::OpRecorder::Call> calls = recorder.stop();
   recorder.set_clock(nullptr);
   const std::vector<double> marks = memory.take_marks_ms();
@@ -230,7 +237,8 @@ nlohmann::json profile_step(const model::Model& model, model::KvStorage& kv, std
   const double step_ms = marks.back() - marks.front();
   std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.ms > b.ms; });
   std::printf("    profile (one eager step, op calls timed on the stream): %.3f ms from the first op's start to the last "
-              "op's end, %.3f ms inside top-level ops\n", step_ms, top_ms);
+              "op's end, %.3f ms inside top-level ops, %.3f ms between them (launch gaps%s)\n",
+              step_ms, top_ms, step_ms - top_ms, model.tp_size() > 1 ? "; collectives" : "");
   std::printf("    %-24s %-30s %6s %10s %12s %7s\n", "op", "implementation", "calls", "total us", "us/layer", "share");
   nlohmann::json ops = nlohmann::json::array();
   for (const Entry& e : entries) {
@@ -282,7 +290,6 @@ model::DecodePathCounters counters_delta(const model::DecodePathCounters& before
 nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env, double make_seconds) {
   K3_CHECK(!o.batches.empty() && !o.ctxs.empty() && !o.backends.empty() && !o.modes.empty(),
            "decode sweep: the batches, ctx, decode backends and modes must each name at least one");
-  K3_CHECK(!o.profile || o.tp == 1, "--profile times one GPU's op calls: it needs --tp 1");
   const std::string device_name = env.contains("gpu") ? env["gpu"]["name"].get<std::string>() : "CPU (reference ops)";
 
   // Open: map and check the checkpoint, upload every tensor (lazily mapped pages are read as the
@@ -395,7 +402,11 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
         for (size_t k = 0; k < models.size(); ++k) {
           for (const std::string& mode : o.modes) {
             Row row = run_row(o, *models[k], graphs[k].get(), kv, seqs, ctx, B, mode, full.vocab_size);
-            if (!record) continue;
+            const bool profile = o.profile && mode == "eager";
+            if (!record) {
+              if (profile) eager_decode_step(*models[k], kv, seqs, row.final_tokens);  // joins rank 0's collectives
+              continue;
+            }
             const double med = median(row.ms);
             std::printf("  ctx %6lld batch %3lld %-19s %-6s: %8.2f ms/step (p10 %.2f, p90 %.2f), %8.1f tok/s, %lld fused / %lld "
                         "standard steps%s%s\n",
@@ -405,10 +416,12 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
                         row.kernels ? (", " + std::to_string(row.kernels) + " kernels/step").c_str() : "",
                         row.finite ? "" : ", NON-FINITE LOGITS");
             std::fflush(stdout);
-            if (o.profile && mode == "eager") {
-              single->set_op_recorder(&profile_recorder);
+            if (profile) {  // rank 0's registry only: its stream is the clock
+              if (single) single->set_op_recorder(&profile_recorder);
+              else ranks->set_op_recorder(&profile_recorder, 0);
               row.profile = profile_step(*models[k], kv, seqs, row.final_tokens, profile_recorder, c.num_hidden_layers);
-              single->set_op_recorder(nullptr);
+              if (single) single->set_op_recorder(nullptr);
+              else ranks->set_op_recorder(nullptr, 0);
             }
             // A verify step moves what B * (K+1) decode rows move (every row reads its context).
             row.bytes = step_bytes(c, kv, mode == "verify" || mode == "verify-graph" ? B * (o.spec_k + 1) : B, ctx, mo.dcp);

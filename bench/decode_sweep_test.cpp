@@ -288,11 +288,25 @@ TEST(DecodeSweepCli, ProfileTimesEveryOpOfAnEagerStep) {
     if (row["decode_backend"] == "auto") EXPECT_GT(calls["kda_recurrent"], 0) << where;
     else EXPECT_GT(calls["kda_decode"], 0) << where;
   }
-  // Without one GPU of its own, the profile refuses: it times one device's stream.
-  const BenchRun tp = run_bench(dir, "--model '" + model.string() + "' --device cpu --tp 2 --profile --out '" +
+  // Under --tp the profile is rank 0's step, the other ranks running theirs beside it: every op is
+  // timed on rank 0's stream, and the time between its top-level ops holds the collectives.
+  const BenchRun tp = run_bench(dir, "--model '" + model.string() + "' --device cpu --tp 2 --ctx 16 --batches 2 --steps 2 "
+                                         "--warmup 1 --modes eager --decode-backend auto,latency_specialized --profile --out '" +
                                          (dir.path / "tp.json").string() + "'");
-  EXPECT_NE(tp.rc, 0);
-  EXPECT_NE((tp.out + tp.err).find("--profile"), std::string::npos) << tp.out << tp.err;
+  ASSERT_EQ(tp.rc, 0) << tp.out << tp.err;
+  EXPECT_NE(tp.out.find("; collectives)"), std::string::npos) << tp.out;
+  const nlohmann::json t = nlohmann::json::parse(read_text(dir.path / "tp.json"));
+  ASSERT_EQ(t["rows"].size(), 2u);
+  for (const nlohmann::json& row : t["rows"]) {
+    const std::string where = "tp 2 " + row["decode_backend"].get<std::string>();
+    ASSERT_TRUE(row.contains("profile")) << where;
+    const nlohmann::json& p = row["profile"];
+    EXPECT_GT(p["top_level_ops_ms"].get<double>(), 0) << where;
+    EXPECT_LE(p["top_level_ops_ms"].get<double>(), p["step_ms"].get<double>() * 1.0001 + 1e-6) << where;
+    std::map<std::string, int64_t> calls;
+    for (const nlohmann::json& op : p["ops"]) calls[op["op"].get<std::string>()] += op["calls"].get<int64_t>();
+    EXPECT_EQ(calls["embedding"], 1) << where << ": rank 0's calls alone";
+  }
 }
 
 // --dcp: the same sweep with each sequence's latent cache split over 2 CPU ranks runs every row

@@ -173,7 +173,13 @@ const model::Model& TpRunner::model(int rank) const {
   return *ranks_[static_cast<size_t>(rank)]->model;
 }
 
-void TpRunner::set_op_recorder(kernels::OpRecorder* recorder) {
+void TpRunner::set_op_recorder(kernels::OpRecorder* recorder, std::optional<int> only_rank) {
+  if (only_rank) {
+    K3_CHECK(*only_rank >= 0 && *only_rank < tp(), "TpRunner::set_op_recorder: rank " + std::to_string(*only_rank) + " of " +
+                                                       std::to_string(tp()));
+    ranks_[static_cast<size_t>(*only_rank)]->registry.set_recorder(recorder);
+    return;
+  }
   for (auto& rank : ranks_) rank->registry.set_recorder(recorder);
 }
 

@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -87,8 +88,10 @@ class TpRunner {
   // max_tokens tokens (ceil(max_tokens / dcp) local positions under decode context parallelism).
   const std::shared_ptr<core::DeviceMemory>& memory(int rank) const;
   model::LocalCache new_cache(int rank, int64_t max_tokens) const;
-  // Records every rank's op calls in `recorder` (thread-safe; nullptr: none), as ModelRunner's.
-  void set_op_recorder(kernels::OpRecorder* recorder);
+  // Records every rank's op calls in `recorder` (thread-safe; nullptr: none), as ModelRunner's; with
+  // `only_rank`, that rank's alone (the others' recorders are left as they are). A rank's own thread
+  // may set its own rank's recorder inside run().
+  void set_op_recorder(kernels::OpRecorder* recorder, std::optional<int> only_rank = std::nullopt);
 
  private:
   struct Rank;
