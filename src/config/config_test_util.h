@@ -1,5 +1,6 @@
 // config/config_test_util.h: helpers shared by the config tests (field-wise comparison, temp
-// dirs, "throws core::Error whose message names X").
+// dirs, "throws core::Error whose message names X"), and the tiny config the TP8 / EP8 tests of
+// runner/ and tests/gpu/ shard.
 #pragma once
 #include <filesystem>
 #include <functional>
