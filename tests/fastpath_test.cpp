@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "config/config_test_util.h"
 #include "core/rng.h"
 #include "fastpath/fused_decode.h"
 #include "model/decode_graphs.h"
@@ -313,18 +314,24 @@ TEST(FastPath, OutOfScopeStepsFallBackWithTheirReason) {
 }
 
 // Tensor parallelism: every rank runs the fused path on its shard (heads, experts, vocab split;
-// the same collectives): TP2 fused decode logits equal TP2 standard ones (fp32).
+// the same collectives): TP fused decode logits equal TP standard ones (fp32). TP2 on k3-tiny, and
+// TP8 on its 8-head variant, where each rank holds ONE KDA and ONE MLA head and 32 rows of each
+// expert (the narrowest shards, as K3 at TP64 would be).
 TEST(FastPath, TensorParallelRanksRunTheFusedPathFp32) {
-  Pair p(kernels::Precision::fp32);
-  const auto tokens = random_tokens(40, p.standard->config().vocab_size, 13);
-  const auto dir = p.tmp.path() / "model";
-  auto standard = runner::TpRunner::open(dir, 2, options(kernels::Precision::fp32, model::DecodeBackend::standard));
-  auto fused = runner::TpRunner::open(dir, 2, options(kernels::Precision::fp32, model::DecodeBackend::latency_specialized));
-  const core::Tensor want = standard->logits(tokens, 24);  // rows 24..39: one decode step each
-  const core::Tensor got = fused->logits(tokens, 24);
-  EXPECT_LE(compare(got, want).rel(), 1e-5);
-  EXPECT_EQ(compare(got, want).top1_agreement, 1.0);
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(fused->model(r).decode_path_counters().fused_steps, 16) << "rank " << r;
+  const auto check = [](const Pair& p, int tp) {
+    const auto tokens = random_tokens(40, p.standard->config().vocab_size, 13);
+    const auto dir = p.tmp.path() / "model";
+    auto standard = runner::TpRunner::open(dir, tp, options(kernels::Precision::fp32, model::DecodeBackend::standard));
+    auto fused = runner::TpRunner::open(dir, tp, options(kernels::Precision::fp32, model::DecodeBackend::latency_specialized));
+    const core::Tensor want = standard->logits(tokens, 24);  // rows 24..39: one decode step each
+    const core::Tensor got = fused->logits(tokens, 24);
+    EXPECT_LE(compare(got, want).rel(), 1e-5) << "tp " << tp;
+    EXPECT_EQ(compare(got, want).top1_agreement, 1.0) << "tp " << tp;
+    for (int r = 0; r < tp; ++r)
+      EXPECT_EQ(fused->model(r).decode_path_counters().fused_steps, 16) << "tp " << tp << " rank " << r;
+  };
+  check(Pair(kernels::Precision::fp32), 2);
+  check(Pair(kernels::Precision::fp32, checkpoint::InitStyle::sensitive, config::test::tiny_tp8_config()), 8);
 }
 
 // A drafter's hidden-state taps (the attention-side mixtures) are the same on both paths.
