@@ -316,7 +316,7 @@ TEST(FastPath, OutOfScopeStepsFallBackWithTheirReason) {
 // Tensor parallelism: every rank runs the fused path on its shard (heads, experts, vocab split;
 // the same collectives): TP fused decode logits equal TP standard ones (fp32). TP2 on k3-tiny, and
 // TP8 on its 8-head variant, where each rank holds ONE KDA and ONE MLA head and 32 rows of each
-// expert (the narrowest shards, as K3 at TP64 would be).
+// expert (the narrowest shards a config can have).
 TEST(FastPath, TensorParallelRanksRunTheFusedPathFp32) {
   const auto check = [](const Pair& p, int tp) {
     const auto tokens = random_tokens(40, p.standard->config().vocab_size, 13);
