@@ -2,6 +2,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 
 #include "core/error.h"
@@ -370,6 +371,15 @@ void Engine::publish_stats(double host_s, double exec_s) {
   s.host_seconds = host_seconds_;
   s.executor_seconds = executor_seconds_;
   s.decode_paths = executor_->decode_path_counters();
+  // The step just run, if any (an idle or all-preempted step computed nothing): its tokens are
+  // what the scheduler's counters grew by since the last publish.
+  const int64_t computed = c.prefill_tokens + c.decode_tokens;
+  if (const int64_t step_tokens = computed - step_tokens_counted_; step_tokens > 0) {
+    const auto b = static_cast<size_t>(std::bit_width(static_cast<uint64_t>(step_tokens - 1)));
+    ++step_tokens_log2_[std::min(b, EngineStats::kStepTokenBuckets - 1)];
+    step_tokens_counted_ = computed;
+  }
+  s.step_tokens_log2 = step_tokens_log2_;
   if (drafter_) {
     s.spec_method = drafter_->name();
     s.spec_synthetic = drafter_->synthetic();

@@ -15,6 +15,7 @@
 // per new token (several per step). The loop runs on its own thread (start/stop) or is stepped
 // synchronously (step, run_until_idle) by tests and benchmarks; never both at once.
 #pragma once
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -77,6 +78,12 @@ struct EngineStats {
   // Model steps per decode path (decode_backend latency_specialized: fused or standard) and the
   // fused path's fallbacks by reason.
   model::DecodePathCounters decode_paths;
+  // Tokens per model step (prefill + decode rows, recomputation and verified drafts included),
+  // by power of two: [i] counts steps of 2^(i-1) < tokens <= 2^i ([0]: one token), the last
+  // entry every larger step. The sum over steps is prefill_tokens + decode_tokens. (vLLM's
+  // vllm:iteration_tokens_total bounds are powers of two, so /metrics folds this into them.)
+  static constexpr size_t kStepTokenBuckets = 16;  // up to 2^14 = 16384, then the rest
+  std::array<int64_t, kStepTokenBuckets> step_tokens_log2{};
 };
 
 class Engine {
@@ -177,6 +184,8 @@ class Engine {
   spec::Verified verified_;
   int64_t aborted_ = 0, failed_ = 0, generated_ = 0;
   double host_seconds_ = 0, executor_seconds_ = 0;
+  std::array<int64_t, EngineStats::kStepTokenBuckets> step_tokens_log2_{};
+  int64_t step_tokens_counted_ = 0;  // prefill + decode tokens already in step_tokens_log2_
 
   mutable std::mutex stats_mu_;
   EngineStats stats_;

@@ -44,7 +44,8 @@ ApiServer::Impl::Impl(ServerConfig c, engine::Engine& e, const tokenizer::Tokeni
     : config(std::move(c)),
       engine(e),
       tokenizer(t),
-      metrics(std::make_shared<Metrics>(config.served_model_name)),
+      metrics(std::make_shared<Metrics>(config.served_model_name, e.config().scheduler.max_model_len,
+                                        e.config().cache)),
       max_model_len(e.config().scheduler.max_model_len),
       created(unix_now()) {}
 

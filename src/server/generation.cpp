@@ -1,6 +1,8 @@
 // server/generation.cpp: Generation.
 #include "server/generation.h"
 
+#include <algorithm>
+
 namespace k3::server {
 
 namespace {
@@ -21,8 +23,16 @@ struct Generation::Shared {
   struct Timing {
     Clock::time_point submitted, last_token;
     bool has_token = false;
+    int64_t max_tokens = 0;  // as resolved for the choice
   };
   std::vector<Timing> timing;
+  // The choices of one prompt (mu): vLLM observes n and the longest output once per prompt.
+  struct PromptGroup {
+    int left = 0;
+    int64_t max_output_tokens = 0;
+  };
+  int n = 1;  // choices per prompt
+  std::vector<PromptGroup> groups;
 
   void on_event(int choice, const engine::TokenEvent& e) {
     const Clock::time_point now = Clock::now();
@@ -38,6 +48,10 @@ struct Generation::Shared {
         metrics->observe_e2e(seconds(t.submitted, now));
         const bool stop = e.reason == engine::FinishReason::abort && stopped_early[static_cast<size_t>(choice)];
         metrics->count_finished(stop ? engine::FinishReason::stop : e.reason);
+        metrics->observe_finished(e.stats, t.max_tokens);
+        PromptGroup& g = groups[static_cast<size_t>(choice / n)];
+        g.max_output_tokens = std::max(g.max_output_tokens, e.stats.output_tokens);
+        if (--g.left == 0) metrics->observe_prompt_finished(n, g.max_output_tokens);
       }
       queue.push_back({choice, e});
       if (e.finished) {
@@ -55,9 +69,12 @@ Generation::Generation(engine::Engine& engine, std::shared_ptr<Metrics> metrics)
 
 Generation::~Generation() { abort_all(); }
 
-void Generation::submit(std::vector<engine::GenerateRequest> choices) {
+void Generation::submit(std::vector<engine::GenerateRequest> choices, int n) {
   {
     std::lock_guard lock(shared_->mu);
+    const int num = static_cast<int>(choices.size());
+    shared_->n = n > 0 && num % n == 0 ? n : std::max(num, 1);  // a count that does not divide: one prompt
+    shared_->groups.assign(static_cast<size_t>(num / shared_->n), {shared_->n, 0});
     shared_->final_delivered.assign(choices.size(), false);
     shared_->stopped_early.assign(choices.size(), false);
     shared_->pending = static_cast<int>(choices.size());
@@ -71,6 +88,7 @@ void Generation::submit(std::vector<engine::GenerateRequest> choices) {
     std::shared_ptr<Shared> strong = shared_;
     const int choice = static_cast<int>(c);
     r.on_event = [strong, choice](const engine::TokenEvent& e) { strong->on_event(choice, e); };
+    shared_->timing[c].max_tokens = r.max_tokens;
     shared_->timing[c].submitted = Clock::now();
     try {
       ids_.push_back(engine_.submit(std::move(r)).id);

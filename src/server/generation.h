@@ -6,7 +6,9 @@
 // Events are pushed by the engine's step thread (GenerateRequest::on_event) into a queue the
 // Generation shares with the callbacks, so the queue outlives the Generation: the engine may
 // still deliver an abort's final event after the handler has gone. The same callback times
-// each choice for /metrics (first token, gaps between tokens, end to end). The destructor
+// each choice for /metrics (first token, gaps between tokens, end to end), hands it the
+// engine's stats of each finished choice, and, when the last of a prompt's n choices has
+// finished, that prompt's n and the most tokens any of its choices made. The destructor
 // aborts every choice whose final event has not arrived, so no HTTP path can leak an engine
 // request, its KV pages or its KDA state slot.
 #pragma once
@@ -36,8 +38,9 @@ class Generation {
   Generation& operator=(const Generation&) = delete;
 
   // Submits the choices in order. When the engine refuses one (core::Error), aborts those
-  // already in and rethrows the error.
-  void submit(std::vector<engine::GenerateRequest> choices);
+  // already in and rethrows the error. n: choices per prompt (choice c samples prompt c / n, as
+  // GenerationParams::choice lays them out); 0: all the choices are one prompt's.
+  void submit(std::vector<engine::GenerateRequest> choices, int n = 0);
 
   // Moves every queued event into `out`, waiting up to `timeout` for the first; false when
   // none came.
