@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -35,6 +36,8 @@ Args::Args(std::string command, std::vector<OptionSpec> specs, std::span<char* c
     if (!inline_value) {
       K3_CHECK(i + 1 < argv.size(), command_ + ": --" + name + " needs a value (" + s.value + ")");
       value = argv[++i];
+      while (s.multiple && i + 1 < argv.size() && std::string_view(argv[i + 1]).rfind("--", 0) != 0)
+        value += std::string("\n") + argv[++i];
     }
     values_[name] = value;
   }
@@ -60,6 +63,17 @@ std::string Args::usage() const {
     u += "\n";
   }
   return u;
+}
+
+std::vector<std::string> Args::get_list(const std::string& name) const {
+  const std::string all = get(name);
+  std::vector<std::string> out;
+  for (size_t begin = 0; begin < all.size();) {
+    const size_t end = std::min(all.find('\n', begin), all.size());
+    out.push_back(all.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return out;
 }
 
 bool Args::flag(const std::string& name) const {

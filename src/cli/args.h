@@ -18,6 +18,7 @@ struct OptionSpec {
   std::string help;
   std::string fallback;  // default value shown in help and returned by get(); empty: none
   bool required = false;
+  bool multiple = false;  // one or more values: the words up to the next --option (vLLM's nargs="+")
 };
 
 class Args {
@@ -33,6 +34,8 @@ class Args {
   int64_t get_int(const std::string& name) const;
   uint64_t get_u64(const std::string& name) const;
   double get_double(const std::string& name) const;
+  // A `multiple` option's values in order (the default alone when absent; none when it is empty).
+  std::vector<std::string> get_list(const std::string& name) const;
   // "1,2,3" -> {1,2,3}; every item an integer in [0, 2^31).
   std::vector<int32_t> get_ids(const std::string& name) const;
 

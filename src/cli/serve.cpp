@@ -18,8 +18,12 @@ int serve_command(std::span<char* const> argv) {
   std::vector<OptionSpec> specs = model_option_specs();
   specs.push_back({"host", "H", "address to listen on", "127.0.0.1"});
   specs.push_back({"port", "P", "TCP port (0: any free port)", "8000"});
-  specs.push_back({"served-model-name", "NAME", "model id clients use (default: the folder's name)", ""});
-  specs.push_back({"max-model-len", "N", "prompt + completion tokens of one request", "4096"});
+  specs.push_back({"served-model-name", "NAME [NAME ...]",
+                   "model ids clients may use, the first one shown in replies (default: the folder's name)", "", false,
+                   true});
+  specs.push_back({"api-key", "KEY", "require this key on every API route (Bearer or x-api-key); /health and /metrics "
+                   "stay open", ""});
+  specs.push_back({"max-model-len", "N", "prompt + completion tokens of one request", "65536"});
   specs.push_back({"max-num-seqs", "N", "requests running at once (KDA state slots)", "64"});
   specs.push_back({"max-num-batched-tokens", "N", "tokens per engine step", "2048"});
   specs.push_back({"kv-cache-bytes", "B", "memory for MLA pages, KDA slots and prefix checkpoints", "268435456"});
@@ -78,10 +82,14 @@ int serve_command(std::span<char* const> argv) {
   server::ServerConfig sc;
   sc.host = args.get("host");
   sc.port = static_cast<int>(positive("port", 0, 65535));
-  std::string name = args.get("served-model-name");
-  if (name.empty()) name = std::filesystem::path(o.model_dir).lexically_normal().filename().string();
-  if (name.empty()) name = std::filesystem::absolute(o.model_dir).parent_path().filename().string();
-  sc.served_model_name = name;
+  sc.served_model_names = args.get_list("served-model-name");
+  for (const std::string& n : sc.served_model_names) K3_CHECK(!n.empty(), "--served-model-name: an empty name");
+  if (sc.served_model_names.empty()) {
+    std::string name = std::filesystem::path(o.model_dir).lexically_normal().filename().string();
+    if (name.empty()) name = std::filesystem::absolute(o.model_dir).parent_path().filename().string();
+    sc.served_model_names = {name};
+  }
+  sc.api_key = args.get("api-key");
   sc.model_root = o.model_dir.string();
   sc.http_threads = static_cast<int>(positive("http-threads", 1, 16384));
   sc.max_body_bytes = static_cast<size_t>(positive("max-body-bytes", 1024, int64_t{1} << 34));
@@ -94,8 +102,11 @@ int serve_command(std::span<char* const> argv) {
   model->engine().start();
   server::ApiServer http(sc, model->engine(), model->tokenizer());
   const int port = http.start();
-  std::cerr << "serving model '" << sc.served_model_name << "' on http://" << sc.host << ":" << port
-            << "/v1 (OpenAI API; GET /metrics, /health). Ctrl-C to stop." << std::endl;
+  std::string names;
+  for (const std::string& n : sc.served_model_names) names += (names.empty() ? "'" : ", '") + n + "'";
+  std::cerr << "serving model " << names << " on http://" << sc.host << ":" << port
+            << "/v1 (OpenAI chat/completions/responses, Anthropic messages; GET /metrics, /health"
+            << (sc.api_key.empty() ? "" : "; API key required") << "). Ctrl-C to stop." << std::endl;
 
   int sig = 0;
   sigwait(&signals, &sig);

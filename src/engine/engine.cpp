@@ -163,8 +163,8 @@ void Engine::deliver(const scheduler::RequestEvent& e, runner::SampleResult* sam
   }
   t.finished = e.finished;
   t.reason = e.reason;
+  t.stats = e.stats;  // the first token's event: what is known by then (prefix-cache hit)
   if (e.finished) {
-    t.stats = e.stats;
     const spec::SpecCounters& sc = it->second.spec;
     t.stats.spec_verify_steps = static_cast<int32_t>(sc.num_drafts);
     t.stats.spec_draft_tokens = sc.num_draft_tokens;

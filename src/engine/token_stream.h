@@ -27,7 +27,7 @@ struct TokenEvent {
   bool finished = false;                 // the request's last event
   FinishReason reason = FinishReason::stop;
   std::string error;                     // reason == error: what failed
-  RequestStats stats;                    // complete on the last event
+  RequestStats stats;                    // complete on the last event; the first token's has those known then
 };
 
 class TokenStream {

@@ -352,6 +352,9 @@ void Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> samp
       e.id = r.id();
       e.token = token;
       e.sample_index = static_cast<int32_t>(t);
+      // The first token's event carries the stats known by then (the prefix-cache hit), so a
+      // front end can report cached prompt tokens before the request ends.
+      if (r.num_output() == 1) e.stats = r.stats;
       events.push_back(e);
     }
     if (s.verify() && !r.is<Finished>()) cache_.commit(run.cache, r.tokens(), r.block_hashes(), run.num_computed);

@@ -33,7 +33,7 @@ struct RequestEvent {
   int32_t token = -1;          // the new token; -1 when none (abort, error)
   bool finished = false;
   FinishReason reason = FinishReason::stop;  // when finished
-  RequestStats stats;          // complete when finished
+  RequestStats stats;          // complete when finished; the first token's event has those known then
   int32_t sample_index = -1;   // update(): the index of `token` in its `sampled` span (-1: none)
 };
 

@@ -28,4 +28,20 @@ nlohmann::json error_body(const ApiError& e) {
   return {{"error", err}};
 }
 
+int anthropic_status(int status) { return status == 503 ? 529 : status; }
+
+nlohmann::json anthropic_error_body(const ApiError& e) {
+  std::string type;
+  switch (anthropic_status(e.status)) {
+    case 401: type = "authentication_error"; break;
+    case 403: type = "permission_error"; break;
+    case 404: type = "not_found_error"; break;
+    case 413: type = "request_too_large"; break;
+    case 429: type = "rate_limit_error"; break;
+    case 529: type = "overloaded_error"; break;
+    default: type = e.status >= 500 ? "api_error" : "invalid_request_error"; break;
+  }
+  return {{"type", "error"}, {"error", {{"type", type}, {"message", e.what()}}}};
+}
+
 }  // namespace k3::server

@@ -26,6 +26,12 @@ inline ApiError bad_request(const std::string& message, std::string param = {}, 
 }
 
 nlohmann::json error_body(const ApiError& e);
+// Anthropic's shape of the same error: {"type": "error", "error": {"type": ..., "message": ...}}
+// with Anthropic's type names (invalid_request_error, authentication_error, permission_error,
+// not_found_error, request_too_large, rate_limit_error, api_error, overloaded_error).
+nlohmann::json anthropic_error_body(const ApiError& e);
+// The status Anthropic clients expect for ours: 503 (draining, overloaded) is 529 there.
+int anthropic_status(int status);
 // The error type OpenAI uses for a status (400 -> invalid_request_error, 5xx -> server_error).
 std::string error_type_for_status(int status);
 

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iostream>
 
 #include "core/error.h"
 #include "server/openai_format.h"
@@ -19,40 +20,66 @@ namespace {
 // Runs `body`; any exception becomes an error reply, so no input can take the server down
 // and no request goes unanswered.
 template <class F>
-void guarded(httplib::Response& res, F&& body) {
+void guarded(httplib::Response& res, F&& body, ErrorShape shape = ErrorShape::openai) {
   try {
     body();
   } catch (const ApiError& e) {
-    reply_error(res, e);
+    reply_error(res, e, shape);
   } catch (const core::Error& e) {
-    reply_error(res, bad_request(e.what()));
+    reply_error(res, bad_request(e.what()), shape);
   } catch (const std::exception& e) {
-    reply_error(res, ApiError(500, std::string("internal error: ") + e.what(), {}, "internal_error"));
+    reply_error(res, ApiError(500, std::string("internal error: ") + e.what(), {}, "internal_error"), shape);
   } catch (...) {
-    reply_error(res, ApiError(500, "internal error", {}, "internal_error"));
+    reply_error(res, ApiError(500, "internal error", {}, "internal_error"), shape);
   }
+}
+
+// Anthropic's clients read Anthropic's error shape: every /v1/messages path answers in it.
+ErrorShape shape_for(const std::string& path) {
+  return path.rfind("/v1/messages", 0) == 0 ? ErrorShape::anthropic : ErrorShape::openai;
+}
+
+// Compares without an early exit, so the time taken does not tell how much of a key matched.
+bool same_key(const std::string& given, const std::string& key) {
+  if (given.size() != key.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(given[i] ^ key[i]);
+  return diff == 0;
+}
+
+// The key a request carries: "Authorization: Bearer KEY" (OpenAI) or "x-api-key: KEY" (Anthropic).
+std::string request_key(const httplib::Request& req) {
+  const std::string auth = req.get_header_value("Authorization");
+  if (auth.rfind("Bearer ", 0) == 0) return auth.substr(7);
+  return req.get_header_value("x-api-key");
 }
 
 }  // namespace
 
-void reply_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  res.set_content(dump_json(error_body(e)), "application/json");
+void reply_error(httplib::Response& res, const ApiError& e, ErrorShape shape) {
+  if (shape == ErrorShape::anthropic) {
+    res.status = anthropic_status(e.status);
+    res.set_content(dump_json(anthropic_error_body(e)), "application/json");
+  } else {
+    res.status = e.status;
+    res.set_content(dump_json(error_body(e)), "application/json");
+  }
 }
 
 ApiServer::Impl::Impl(ServerConfig c, engine::Engine& e, const tokenizer::Tokenizer& t)
     : config(std::move(c)),
       engine(e),
       tokenizer(t),
-      metrics(std::make_shared<Metrics>(config.served_model_name, e.config().scheduler.max_model_len,
+      metrics(std::make_shared<Metrics>(config.served_model_names.front(), e.config().scheduler.max_model_len,
                                         e.config().cache)),
       max_model_len(e.config().scheduler.max_model_len),
-      created(unix_now()) {}
+      created(unix_now()),
+      responses(config.max_stored_responses) {}
 
 ParseContext ApiServer::Impl::parse_context() {
   ParseContext ctx;
   ctx.tokenizer = &tokenizer;
-  ctx.served_model = config.served_model_name;
+  ctx.served_models = config.served_model_names;
   ctx.vocab_size = engine.executor().vocab_size();
   ctx.max_model_len = max_model_len;
   ctx.max_n = config.max_n;
@@ -61,6 +88,18 @@ ParseContext ApiServer::Impl::parse_context() {
   std::lock_guard lock(rng_mu);
   ctx.random_seed = rng();
   return ctx;
+}
+
+void ApiServer::Impl::note_ignored_fields(const char* api, const std::vector<std::string>& fields) {
+  std::string fresh;
+  for (const std::string& field : fields) {
+    metrics->count_ignored_field(api, field);
+    std::lock_guard lock(ignored_mu);
+    if (ignored_logged.size() < 4096 && ignored_logged.insert(std::string(api) + " " + field).second)
+      fresh += (fresh.empty() ? "" : ", ") + field;
+  }
+  if (!fresh.empty())
+    std::cerr << "k3serve: " << api << " request fields accepted with no effect here: " << fresh << std::endl;
 }
 
 std::shared_ptr<void> ApiServer::Impl::track(const std::shared_ptr<Generation>& g) {
@@ -82,14 +121,16 @@ std::shared_ptr<void> ApiServer::Impl::track(const std::shared_ptr<Generation>& 
 }
 
 void ApiServer::Impl::handle_models(httplib::Response& res) {
-  Json model = {{"id", config.served_model_name},
-                {"object", "model"},
-                {"created", created},
-                {"owned_by", "k3serve"},
-                {"root", config.model_root.empty() ? config.served_model_name : config.model_root},
-                {"parent", nullptr},
-                {"max_model_len", max_model_len}};
-  res.set_content(dump_json(Json{{"object", "list"}, {"data", Json::array({model})}}), "application/json");
+  Json data = Json::array();
+  for (const std::string& name : config.served_model_names)
+    data.push_back({{"id", name},
+                    {"object", "model"},
+                    {"created", created},
+                    {"owned_by", "k3serve"},
+                    {"root", config.model_root.empty() ? name : config.model_root},
+                    {"parent", nullptr},
+                    {"max_model_len", max_model_len}});
+  res.set_content(dump_json(Json{{"object", "list"}, {"data", data}}), "application/json");
 }
 
 void ApiServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
@@ -122,15 +163,39 @@ void ApiServer::Impl::handle_detokenize(const httplib::Request& req, httplib::Re
 
 void ApiServer::Impl::install_routes() {
   auto json_404_405 = [](int status, const std::string& message) {
-    return [status, message](const httplib::Request&, httplib::Response& res) {
-      reply_error(res, ApiError(status, message, {}, status == 405 ? "method_not_allowed" : "not_found"));
+    return [status, message](const httplib::Request& req, httplib::Response& res) {
+      reply_error(res, ApiError(status, message, {}, status == 405 ? "method_not_allowed" : "not_found"),
+                  shape_for(req.path));
     };
   };
+  // With an API key, every route but liveness and metrics needs it.
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (config.api_key.empty() || req.path == "/health" || req.path == "/metrics")
+      return httplib::Server::HandlerResponse::Unhandled;
+    if (same_key(request_key(req), config.api_key)) return httplib::Server::HandlerResponse::Unhandled;
+    metrics->count_http_error(401);
+    reply_error(res,
+                ApiError(401, req.has_header("Authorization") || req.has_header("x-api-key")
+                                  ? "invalid API key"
+                                  : "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+                         {}, "invalid_api_key"),
+                shape_for(req.path));
+    return httplib::Server::HandlerResponse::Handled;
+  });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] { handle_generate(req, res, false); });
   });
   http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] { handle_generate(req, res, true); });
+  });
+  http.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] { handle_responses(req, res); });
+  });
+  http.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] { handle_messages(req, res); }, ErrorShape::anthropic);
+  });
+  http.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] { handle_count_tokens(req, res); }, ErrorShape::anthropic);
   });
   http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] { handle_tokenize(req, res); });
@@ -148,7 +213,8 @@ void ApiServer::Impl::install_routes() {
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     guarded(res, [&] { res.set_content(metrics->render(engine.stats()), "text/plain; version=0.0.4; charset=utf-8"); });
   });
-  for (const char* path : {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"})
+  for (const char* path : {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+                           "/v1/messages/count_tokens", "/tokenize", "/detokenize"})
     http.Get(path, json_404_405(405, std::string("use POST for ") + path));
   for (const char* path : {"/v1/models", "/health", "/metrics"})
     http.Post(path, json_404_405(405, std::string("use GET for ") + path));
@@ -165,11 +231,12 @@ void ApiServer::Impl::install_routes() {
       case 400: message = "malformed HTTP request"; break;
       default: message = "HTTP error " + std::to_string(res.status); break;
     }
-    reply_error(res, ApiError(res.status, message, {}, res.status == 413 ? "request_too_large" : ""));
+    reply_error(res, ApiError(res.status, message, {}, res.status == 413 ? "request_too_large" : ""),
+                shape_for(req.path));
     return httplib::Server::HandlerResponse::Handled;
   }));
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-    reply_error(res, ApiError(500, "internal error", {}, "internal_error"));
+  http.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr) {
+    reply_error(res, ApiError(500, "internal error", {}, "internal_error"), shape_for(req.path));
   });
 }
 

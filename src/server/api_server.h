@@ -1,12 +1,16 @@
-// server/api_server.h: k3serve's OpenAI-compatible HTTP server over an Engine.
+// server/api_server.h: k3serve's HTTP server over an Engine: OpenAI and Anthropic APIs.
 //
-//   POST /v1/completions, /v1/chat/completions   generation, streamed (SSE) or not
+//   POST /v1/completions, /v1/chat/completions   OpenAI generation, streamed (SSE) or not
+//   POST /v1/responses                            OpenAI Responses API (responses_api.h)
+//   POST /v1/messages, /v1/messages/count_tokens  Anthropic Messages API (anthropic_api.h)
 //   GET  /v1/models, /health, /metrics           model list, liveness, Prometheus text
 //   POST /tokenize, /detokenize                  vLLM's shapes
 //
-// Every request is validated at the edge (request_params.h) and answered: a 2xx, or an
-// OpenAI error body with 400 (bad field, named), 404 (unknown route or model), 405, 413 (body
-// over the limit), 500 or 503 (draining). A client that goes away mid-request has its engine
+// Every request is validated at the edge (request_params.h) and answered: a 2xx, or an error
+// body in the API's own shape with 400 (bad field, named), 401 (API key), 404 (unknown route or
+// model), 405, 413 (body over the limit), 500 or 503 (draining; 529 for Anthropic clients). With
+// an API key set, every route but /health and /metrics needs it (Authorization: Bearer KEY or
+// x-api-key: KEY). A client that goes away mid-request has its engine
 // requests aborted within one poll interval, so no cache page or state slot outlives it.
 // HTTP is Debian's cpp-httplib: one pooled thread per open connection (docs/architecture.md
 // says why and where that stops scaling).
@@ -16,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "server/metrics.h"
@@ -26,7 +31,8 @@ namespace k3::server {
 struct ServerConfig {
   std::string host = "127.0.0.1";
   int port = 8000;                  // 0: any free port (tests); start() returns the one bound
-  std::string served_model_name = "k3-tiny";
+  std::vector<std::string> served_model_names = {"k3-tiny"};  // ids clients may use; the first is the main one
+  std::string api_key;              // non-empty: required on every API route
   std::string model_root;           // shown in /v1/models
   int http_threads = 256;           // connections served at once: streams + idle keep-alives
   size_t max_body_bytes = 8u << 20;  // larger bodies get 413
@@ -36,6 +42,7 @@ struct ServerConfig {
   int max_n = 16;
   int max_prompts = 64;
   int64_t default_chat_max_tokens = 0;  // 0: fill the context (OpenAI, vLLM)
+  size_t max_stored_responses = 1024;   // /v1/responses store: the most recent kept (previous_response_id)
   // How often a handler waiting on the engine checks that its client is still there.
   std::chrono::milliseconds poll_interval{20};
 };

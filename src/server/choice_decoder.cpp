@@ -36,6 +36,7 @@ ChoiceDelta ChoiceDecoder::push(const engine::TokenEvent& e) {
     // eos / a stop token id ends the request with reason stop: counted, not shown.
     const bool terminal_stop = e.finished && e.reason == engine::FinishReason::stop;
     if (!terminal_stop) feed_token(e.token, d);
+    reasoning_tokens_ += !d.reasoning.empty() && d.text.empty() && d.tool_call_pieces.empty();
   }
   if (!finished_ && e.finished) finish(e, d);
   return d;
@@ -72,26 +73,61 @@ void ChoiceDecoder::feed_parser(std::string_view text, ChoiceDelta& d, bool fina
   events_.clear();
   if (!text.empty()) parser_.feed(text, events_);
   if (final) parser_.finish(events_);
+  using Kind = tokenizer::OutputEvent::Kind;
   for (tokenizer::OutputEvent& ev : events_) {
-    if (finished_) break;  // a stop string ended the choice: the rest is not shown
+    if (finished_) break;  // a stop string (or the one call allowed) ended the choice
+    const auto index = static_cast<size_t>(ev.call.index);
     switch (ev.kind) {
-      case tokenizer::OutputEvent::Kind::reasoning: d.reasoning += ev.text; break;
-      case tokenizer::OutputEvent::Kind::content: feed_visible(ev.text, d); break;
-      case tokenizer::OutputEvent::Kind::tool_call:
+      case Kind::reasoning: d.reasoning += ev.text; break;
+      case Kind::content: feed_visible(ev.text, d); break;
+      case Kind::tool_call_begin:
+        if (refused_.size() <= index) refused_.resize(index + 1, false);
+        refused_[index] = !call_allowed(ev.call);
+        if (!refused_[index]) d.tool_call_pieces.push_back({ev.call.index, true, ev.call.name, {}});
+        break;
+      case Kind::tool_call_arguments:
+        if (index < refused_.size() && !refused_[index])
+          d.tool_call_pieces.push_back({ev.call.index, false, {}, std::move(ev.text)});
+        break;
+      case Kind::tool_call:
+        if (index < refused_.size() && refused_[index]) {
+          refuse_call(ev, "tool call " + std::to_string(ev.call.index) + " ('" + ev.call.name +
+                              "') is not allowed by tool_choice / parallel_tool_calls",
+                      d);
+          break;
+        }
         had_tool_calls_ = true;
         d.tool_calls.push_back(std::move(ev.call));
+        if (options_.tools.single) {  // parallel_tool_calls false: this call is the answer
+          finished_ = stopped_early_ = true;
+          d.finish_reason = "tool_calls";
+        }
         break;
-      case tokenizer::OutputEvent::Kind::tool_call_begin: break;  // calls are sent whole, once validated
-      case tokenizer::OutputEvent::Kind::error: parse_errors_.push_back(std::move(ev.text)); break;
+      case Kind::error:
+        if (ev.raw.empty()) parse_errors_.push_back(std::move(ev.text));
+        else refuse_call(ev, ev.text, d);  // a malformed call: its text is shown as content
+        break;
     }
   }
+}
+
+bool ChoiceDecoder::call_allowed(const tokenizer::ParsedToolCall& call) const {
+  const ToolPolicy& p = options_.tools;
+  if (!p.allowed) return false;
+  if (!p.only_name.empty() && call.name != p.only_name) return false;
+  return !(p.single && had_tool_calls_);
+}
+
+void ChoiceDecoder::refuse_call(const tokenizer::OutputEvent& ev, const std::string& why, ChoiceDelta& d) {
+  parse_errors_.push_back(why);
+  feed_visible(ev.raw, d);
 }
 
 void ChoiceDecoder::feed_visible(std::string_view text, ChoiceDelta& d) {
   if (text.empty() || finished_) return;
   d.text += stop_.feed(text);
   if (stop_.stopped()) {
-    finished_ = stopped_by_string_ = true;
+    finished_ = stopped_early_ = true;
     d.finish_reason = "stop";
   }
 }

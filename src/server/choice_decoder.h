@@ -25,17 +25,38 @@ struct TokenLogprob {
   std::vector<std::pair<int32_t, float>> top;  // most likely first
 };
 
+// A tool call as it is generated: the first piece of a call has begin = true and its name;
+// every piece may carry the next fragment of its arguments JSON. The fragments of a call that
+// completes concatenate to its arguments exactly.
+struct ToolCallPiece {
+  int index = 0;  // the call's position in this output (chat tool_calls index)
+  bool begin = false;
+  std::string name;       // begin only
+  std::string arguments;  // the next fragment ("" on a begin that has none yet)
+};
+
 struct ChoiceDelta {
   std::string text;       // completions: text; chat: content
   std::string reasoning;  // chat: the think channel
+  std::vector<ToolCallPiece> tool_call_pieces;        // calls as they are generated
   std::vector<tokenizer::ParsedToolCall> tool_calls;  // complete calls, arguments valid JSON
   std::vector<TokenLogprob> logprobs;                 // the tokens this delta consumed (when asked)
   std::string finish_reason;  // set on the choice's last delta: stop, length, tool_calls, abort, error
   std::string error;          // finish_reason == "error": what failed
 
   bool empty() const {
-    return text.empty() && reasoning.empty() && tool_calls.empty() && logprobs.empty() && finish_reason.empty();
+    return text.empty() && reasoning.empty() && tool_call_pieces.empty() && tool_calls.empty() && logprobs.empty() &&
+           finish_reason.empty();
   }
+};
+
+// What the request allows of tool calls (tool_choice, parallel_tool_calls). A call the policy
+// does not allow is not returned as a call: its text reaches the client as content, and it is
+// counted as a parse error, never dropped silently.
+struct ToolPolicy {
+  bool allowed = true;    // tool_choice none: false
+  std::string only_name;  // a named tool_choice: calls to other tools are refused
+  bool single = false;    // parallel_tool_calls false: the first call ends the output
 };
 
 struct DecoderOptions {
@@ -44,24 +65,31 @@ struct DecoderOptions {
   std::vector<std::string> stop;
   bool skip_special_tokens = true;
   bool logprobs = false;
+  ToolPolicy tools;
 };
 
 class ChoiceDecoder {
  public:
   ChoiceDecoder(const tokenizer::Tokenizer& tokenizer, DecoderOptions options);
 
-  // Folds one engine event in and returns what it adds. When a stop string completes, the
-  // delta finishes the choice (finish_reason "stop") and stopped_by_string() turns true: the
-  // caller aborts the engine request. Events after the finish are ignored.
+  // Folds one engine event in and returns what it adds. When a stop string completes (or the
+  // one call parallel_tool_calls=false allows does), the delta finishes the choice
+  // (finish_reason "stop" / "tool_calls") and stopped_early() turns true: the caller aborts
+  // the engine request. Events after the finish are ignored.
   ChoiceDelta push(const engine::TokenEvent& e);
 
   bool finished() const { return finished_; }
-  bool stopped_by_string() const { return stopped_by_string_; }
+  bool stopped_early() const { return stopped_early_; }
+  const std::string& matched_stop() const { return stop_.matched(); }  // the stop string that ended it
   int64_t tokens() const { return tokens_; }  // output tokens consumed (usage.completion_tokens)
+  // Chat: output tokens whose text went to the think channel alone (reasoning token usage).
+  int64_t reasoning_tokens() const { return reasoning_tokens_; }
   // Chat: what the output parser found malformed (dropped tool calls, stray markers).
   const std::vector<std::string>& parse_errors() const { return parse_errors_; }
 
  private:
+  bool call_allowed(const tokenizer::ParsedToolCall& call) const;
+  void refuse_call(const tokenizer::OutputEvent& ev, const std::string& why, ChoiceDelta& d);
   void feed_token(int32_t id, ChoiceDelta& d);
   void feed_parser(std::string_view text, ChoiceDelta& d, bool final);
   void feed_visible(std::string_view text, ChoiceDelta& d);
@@ -74,8 +102,9 @@ class ChoiceDecoder {
   StopMatcher stop_;
   std::vector<tokenizer::OutputEvent> events_;
   std::vector<std::string> parse_errors_;
-  int64_t tokens_ = 0;
-  bool finished_ = false, stopped_by_string_ = false, had_tool_calls_ = false;
+  int64_t tokens_ = 0, reasoning_tokens_ = 0;
+  bool finished_ = false, stopped_early_ = false, had_tool_calls_ = false;
+  std::vector<bool> refused_;  // per call index: the policy refused it (its pieces are held back)
 };
 
 }  // namespace k3::server

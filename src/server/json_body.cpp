@@ -73,7 +73,8 @@ std::string json_excerpt(const Json& j) {
   return s;
 }
 
-JsonFields::JsonFields(const Json& object, const std::vector<std::string_view>& known, std::string prefix)
+JsonFields::JsonFields(const Json& object, const std::vector<std::string_view>& known, std::string prefix,
+                       std::vector<std::string>* ignored)
     : object_(object), prefix_(std::move(prefix)) {
   if (!object_.is_object())
     throw bad_request((prefix_.empty() ? std::string("the body") : prefix_.substr(0, prefix_.size() - 1)) +
@@ -82,9 +83,12 @@ JsonFields::JsonFields(const Json& object, const std::vector<std::string_view>& 
   for (const auto& [key, value] : object_.items()) {
     bool ok = false;
     for (std::string_view k : known) ok |= k == key;
-    if (!ok)
+    if (!ok && ignored) {
+      ignored->push_back(name(key));
+    } else if (!ok) {
       throw bad_request("unknown parameter '" + name(key) + "': this endpoint does not support it", name(key),
                         "unknown_parameter");
+    }
   }
 }
 

@@ -1,5 +1,8 @@
-// server/json_body.h: strict reading of a JSON request body. Every field the endpoint knows is
-// declared up front; any other key is a 400 naming it (never silently ignored). Typed getters
+// server/json_body.h: reading of a JSON request body. Every field the endpoint knows is
+// declared up front; any other key is either a 400 naming it (strict objects) or collected into
+// `ignored` for the handler to log and count (request bodies: clients send vendor extras that
+// change nothing, and vLLM accepts them the same way). Fields that would change the output but
+// cannot be honoured are declared and refused explicitly by their parsers. Typed getters
 // treat null as absent (OpenAI accepts null for optional fields) and throw ApiError naming the
 // field, the expected type or range, and the value received.
 #pragma once
@@ -32,8 +35,10 @@ std::string dump_json(const nlohmann::json& j);
 
 class JsonFields {
  public:
-  // Throws 400 (code "unknown_parameter") for the first key not in `known`.
-  JsonFields(const Json& object, const std::vector<std::string_view>& known, std::string prefix = {});
+  // Throws 400 (code "unknown_parameter") for the first key not in `known`, or, with `ignored`,
+  // appends the full name of each such key there instead.
+  JsonFields(const Json& object, const std::vector<std::string_view>& known, std::string prefix = {},
+             std::vector<std::string>* ignored = nullptr);
 
   // Present and not null.
   bool has(std::string_view key) const;

@@ -22,16 +22,26 @@ std::vector<std::string_view> with_common_fields(std::initializer_list<std::stri
   std::vector<std::string_view> known = {"model", "max_tokens", "temperature", "top_p", "n", "stream",
                                          "stream_options", "stop", "presence_penalty", "frequency_penalty",
                                          "logit_bias", "seed", "user", "top_k", "min_p", "repetition_penalty",
-                                         "stop_token_ids", "ignore_eos", "skip_special_tokens"};
+                                         "stop_token_ids", "ignore_eos", "skip_special_tokens", "metadata", "store",
+                                         "service_tier", "prompt_cache_key", "safety_identifier"};
   known.insert(known.end(), own.begin(), own.end());
   return known;
 }
 
-void check_model(const JsonFields& f, const ParseContext& ctx) {
+std::string check_model(const JsonFields& f, const ParseContext& ctx) {
   const auto model = f.string("model");
-  if (model && *model != ctx.served_model)
-    throw ApiError(404, "The model '" + *model + "' does not exist; this server serves '" + ctx.served_model + "'",
-                   "model", "model_not_found");
+  return model ? resolve_model(*model, ctx) : ctx.served_models.front();
+}
+
+// Fields with no effect on a self-hosted model: type-checked, otherwise unused.
+void check_no_effect_fields(const JsonFields& f) {
+  f.string("user");  // OpenAI: an end-user id for abuse monitoring
+  f.string("service_tier");
+  f.string("prompt_cache_key");  // the prefix cache finds shared prefixes by itself
+  f.string("safety_identifier");
+  f.boolean("store");
+  if (const Json* m = f.get("metadata"); m && !m->is_object())
+    throw bad_request("'metadata' must be an object, got " + json_type_name(*m), "metadata", "invalid_type");
 }
 
 int32_t token_id(const Json& v, const std::string& field, const ParseContext& ctx) {
@@ -115,7 +125,8 @@ std::vector<std::pair<int32_t, float>> read_logit_bias(const Json& v, const Pars
 }
 
 void read_common(const JsonFields& f, const ParseContext& ctx, GenerationParams& p) {
-  check_model(f, ctx);
+  p.model = check_model(f, ctx);
+  check_no_effect_fields(f);
   runner::SamplingParams& s = p.base.sampling;
   if (auto v = f.number("temperature", 0, 2)) s.temperature = static_cast<float>(*v);
   if (auto v = f.number("top_p", 0, 1, true)) s.top_p = static_cast<float>(*v);
@@ -141,7 +152,6 @@ void read_common(const JsonFields& f, const ParseContext& ctx, GenerationParams&
   }
   p.base.ignore_eos = f.boolean("ignore_eos").value_or(false);
   p.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
-  f.string("user");  // type-checked, otherwise unused (OpenAI: an end-user id for abuse monitoring)
   p.stream = f.boolean("stream").value_or(false);
   if (const Json* v = f.get("stream_options")) {
     if (!p.stream)
@@ -228,17 +238,17 @@ std::string chat_error_param(const std::string& what) {
   return "messages";
 }
 
-void read_tools(const Json& tools) {
+void read_tools(const Json& tools, std::vector<std::string>* ignored) {
   if (!tools.is_array()) throw bad_request("'tools' must be an array, got " + json_type_name(tools), "tools", "invalid_type");
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string path = "tools[" + std::to_string(i) + "].";
-    const JsonFields t(tools[i], {"type", "function"}, path);
+    const JsonFields t(tools[i], {"type", "function"}, path, ignored);
     const auto type = t.string("type");
     if (type != "function")
       throw bad_request("'" + path + "type' must be \"function\"", path + "type", type ? "invalid_value" : "missing");
     const Json* fn = t.get("function");
     if (!fn) throw bad_request("'" + path + "function' is missing", path + "function", "missing");
-    const JsonFields ff(*fn, {"name", "description", "parameters", "strict"}, path + "function.");
+    const JsonFields ff(*fn, {"name", "description", "parameters", "strict"}, path + "function.", ignored);
     const auto name = ff.string("name");
     if (!name || name->empty())
       throw bad_request("'" + path + "function.name' must be a non-empty string", path + "function.name", "missing");
@@ -266,7 +276,8 @@ engine::GenerateRequest GenerationParams::choice(int c) const {
 }
 
 GenerationParams parse_completion_request(const Json& body, const ParseContext& ctx) {
-  const JsonFields f(body, with_common_fields({"prompt", "logprobs", "echo", "best_of", "suffix"}));
+  const JsonFields f(body, with_common_fields({"prompt", "logprobs", "echo", "best_of", "suffix"}), {},
+                     ctx.ignored_fields);
   GenerationParams p;
   read_common(f, ctx, p);
   check_unsupported_completion_fields(f, p);
@@ -290,7 +301,8 @@ GenerationParams parse_completion_request(const Json& body, const ParseContext& 
 GenerationParams parse_chat_request(const Json& body, const ParseContext& ctx) {
   const JsonFields f(body, with_common_fields({"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
                             "tool_choice", "parallel_tool_calls", "response_format", "reasoning_effort",
-                            "chat_template_kwargs"}));
+                            "chat_template_kwargs"}),
+                     {}, ctx.ignored_fields);
   GenerationParams p;
   p.chat = true;
   read_common(f, ctx, p);
@@ -329,28 +341,37 @@ GenerationParams parse_chat_request(const Json& body, const ParseContext& ctx) {
 
   Json tools = nullptr;
   if (const Json* t = f.get("tools")) {
-    read_tools(*t);
+    read_tools(*t, ctx.ignored_fields);
     tools = *t;
     p.has_tools = !t->empty();
   }
+  std::string choice = "auto", forced;
   if (const Json* tc = f.get("tool_choice")) {
-    if (tc->is_object())
-      throw bad_request("a named 'tool_choice' (forcing one function) is not supported; use \"auto\", \"required\" "
-                        "or \"none\"",
-                        "tool_choice", "unsupported_value");
-    if (!tc->is_string())
-      throw bad_request("'tool_choice' must be \"auto\", \"required\" or \"none\", got " + json_type_name(*tc),
+    if (tc->is_object()) {  // {"type": "function", "function": {"name": ...}}
+      const JsonFields t(*tc, {"type", "function"}, "tool_choice.");
+      if (t.string("type") != "function")
+        throw bad_request("'tool_choice.type' must be \"function\"", "tool_choice.type");
+      const Json* fn = t.get("function");
+      if (!fn) throw bad_request("'tool_choice.function' is missing", "tool_choice.function", "missing");
+      const JsonFields ff(*fn, {"name"}, "tool_choice.function.");
+      const auto name = ff.string("name");
+      if (!name || name->empty())
+        throw bad_request("'tool_choice.function.name' must be a non-empty string", "tool_choice.function.name",
+                          "missing");
+      forced = *name;
+    } else if (!tc->is_string()) {
+      throw bad_request("'tool_choice' must be \"auto\", \"required\", \"none\" or a named function, got " +
+                            json_type_name(*tc),
                         "tool_choice", "invalid_type");
-    const std::string choice = tc->get<std::string>();
-    if (choice != "auto" && choice != "required" && choice != "none")
-      throw bad_request("'tool_choice' must be \"auto\", \"required\" or \"none\", got '" + choice + "'", "tool_choice");
-    if (choice == "required" && !p.has_tools)
-      throw bad_request("'tool_choice' is \"required\" but no 'tools' were given", "tool_choice");
-    options.tool_choice = choice;
+    } else {
+      choice = tc->get<std::string>();
+      if (choice != "auto" && choice != "required" && choice != "none")
+        throw bad_request("'tool_choice' must be \"auto\", \"required\", \"none\" or a named function, got '" +
+                              choice + "'",
+                          "tool_choice");
+    }
   }
-  if (auto parallel = f.boolean("parallel_tool_calls"); parallel && !*parallel)
-    throw bad_request("'parallel_tool_calls' = false is not supported: K3 may call several tools in one turn",
-                      "parallel_tool_calls", "unsupported_value");
+  const bool parallel = f.boolean("parallel_tool_calls").value_or(true);
   if (const Json* rf = f.get("response_format")) {
     const JsonFields r(*rf, {"type", "json_schema"}, "response_format.");
     const auto type = r.string("type");
@@ -366,16 +387,68 @@ GenerationParams parse_chat_request(const Json& body, const ParseContext& ctx) {
   if (!messages) throw bad_request("'messages' is required", "messages", "missing");
   if (!messages->is_array() || messages->empty())
     throw bad_request("'messages' must be a non-empty array of messages", "messages", "invalid_type");
+  ChatPrompt chat;
+  chat.messages = *messages;
+  chat.tools = tools;
+  chat.options = options;
+  apply_tool_choice(chat, forced.empty() ? choice : "named", forced, parallel, "tool_choice");
+  p.default_max_tokens = ctx.default_chat_max_tokens;
+  set_chat_prompt(p, chat, ctx, "messages");
+  return p;
+}
+
+std::string resolve_model(const std::string& name, const ParseContext& ctx) {
+  for (const std::string& m : ctx.served_models)
+    if (m == name) return m;
+  std::string list;
+  for (const std::string& m : ctx.served_models) list += (list.empty() ? "'" : ", '") + m + "'";
+  throw ApiError(404, "The model '" + name + "' does not exist; this server serves " + list, "model",
+                 "model_not_found");
+}
+
+void apply_tool_choice(ChatPrompt& chat, const std::string& choice, const std::string& name, bool parallel,
+                       const std::string& field) {
+  const bool has_tools = chat.tools.is_array() && !chat.tools.empty();
+  if ((choice == "required" || choice == "named") && !has_tools)
+    throw bad_request("'" + field + "' asks for a tool call but no tools were given", field);
+  if (choice == "named") {
+    bool declared = false;
+    for (const Json& t : chat.tools)
+      declared |= t.contains("function") && t["function"].is_object() && t["function"].value("name", "") == name;
+    if (!declared) throw bad_request("'" + field + "' names the tool '" + name + "', which is not in 'tools'", field);
+    chat.options.forced_tool = name;
+    chat.tool_policy.only_name = name;
+  }
+  if (choice == "required" || choice == "none") chat.options.tool_choice = choice;
+  chat.tool_policy.allowed = choice != "none";
+  chat.options.parallel_tool_calls = parallel;
+  chat.tool_policy.single = !parallel;
+}
+
+std::vector<int32_t> encode_chat_prompt(const ChatPrompt& chat, const ParseContext& ctx,
+                                        const std::string& messages_field) {
   try {
-    p.prompts.push_back(tokenizer::encode_chat(*ctx.tokenizer, *messages, tools, options));
+    return tokenizer::encode_chat(*ctx.tokenizer, chat.messages, chat.tools, chat.options);
   } catch (const core::Error& e) {
     const std::string what = e.what();
-    throw bad_request(what.rfind("chat: ", 0) == 0 ? what.substr(6) : what, chat_error_param(what));
+    std::string message = what.rfind("chat: ", 0) == 0 ? what.substr(6) : what;
+    std::string param = chat_error_param(what);
+    if (messages_field != "messages" && param.rfind("messages", 0) == 0) {
+      param = messages_field + param.substr(8);
+      if (message.rfind("messages", 0) == 0) message = messages_field + message.substr(8);
+    }
+    throw bad_request(message, param);
   }
-  p.start_channel = tokenizer::generation_channel(options);
-  p.default_max_tokens = ctx.default_chat_max_tokens;
-  check_context(p, "messages");
-  return p;
+}
+
+void set_chat_prompt(GenerationParams& p, const ChatPrompt& chat, const ParseContext& ctx,
+                     const std::string& messages_field) {
+  p.chat = true;
+  p.prompts.assign(1, encode_chat_prompt(chat, ctx, messages_field));
+  p.start_channel = tokenizer::generation_channel(chat.options);
+  p.has_tools = chat.tools.is_array() && !chat.tools.empty();
+  p.tool_policy = chat.tool_policy;
+  check_context(p, messages_field.c_str());
 }
 
 TokenizeParams parse_tokenize_request(const Json& body, const ParseContext& ctx) {
@@ -406,7 +479,7 @@ TokenizeParams parse_tokenize_request(const Json& body, const ParseContext& ctx)
   }
   Json tools = nullptr;
   if (const Json* tl = f.get("tools")) {
-    read_tools(*tl);
+    read_tools(*tl, nullptr);
     tools = *tl;
   }
   const Json& messages = *f.get("messages");

@@ -5,16 +5,22 @@
 //
 // Every OpenAI field the server honours is read and range-checked; vLLM's extra sampling fields
 // (top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos, skip_special_tokens) and K3's
-// chat switches (chat_template_kwargs.thinking / thinking_effort) too. Anything else, and any
-// value this server cannot honour (echo, best_of != n, suffix, a named tool_choice,
-// parallel_tool_calls = false), is a 400 naming the field. "user" is accepted and unused, as
-// OpenAI documents it (an end-user id for abuse monitoring).
+// chat switches (chat_template_kwargs.thinking / thinking_effort) too. A value this server
+// cannot honour (echo, best_of != n, suffix) is a 400 naming the field. Fields with no effect on
+// a self-hosted model (user, metadata, store, service_tier, prompt_cache_key,
+// safety_identifier) are type-checked and unused; any other unknown field is collected into
+// ParseContext::ignored_fields for the handler to log and count.
+//
+// Every chat-shaped API (chat completions, Anthropic messages, OpenAI responses) resolves its
+// body to a ChatPrompt and calls set_chat_prompt: one renderer, one tool policy, one context
+// check.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/choice_decoder.h"
 #include "server/json_body.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
@@ -23,7 +29,7 @@ namespace k3::server {
 
 struct ParseContext {
   const tokenizer::Tokenizer* tokenizer = nullptr;
-  std::string served_model;       // the one model id this server answers to
+  std::vector<std::string> served_models;  // the model ids this server answers to (first: the main one)
   int32_t vocab_size = 0;         // the model's
   int64_t max_model_len = 0;      // prompt + completion tokens of one request
   int max_n = 16;                 // choices per prompt
@@ -32,10 +38,15 @@ struct ParseContext {
   int64_t default_completion_max_tokens = 16;  // OpenAI's documented default for /v1/completions
   int64_t default_chat_max_tokens = 0;         // 0: whatever the context has left (OpenAI, vLLM)
   uint64_t random_seed = 0;       // the base seed when the request names none
+  std::vector<std::string>* ignored_fields = nullptr;  // unknown fields go here (null: they are a 400)
 };
+
+// The served model `name` asks for (404 naming the served ones when it is not one of them).
+std::string resolve_model(const std::string& name, const ParseContext& ctx);
 
 struct GenerationParams {
   bool chat = false;
+  std::string model;  // the served name the request asked for (echoed in replies)
   std::vector<std::vector<int32_t>> prompts;  // completions: one per prompt; chat: exactly one
   int n = 1;
   // The template every choice starts from: sampling (seed = the base seed), stop ids,
@@ -52,11 +63,34 @@ struct GenerationParams {
   // chat only
   tokenizer::Channel start_channel = tokenizer::Channel::response;
   bool has_tools = false;
+  ToolPolicy tool_policy;
 
   int num_choices() const { return static_cast<int>(prompts.size()) * n; }
   // Choice c = prompt (c / n), sample (c % n); seed = base seed + c.
   engine::GenerateRequest choice(int c) const;
 };
+
+// A chat request as every front end resolves it.
+struct ChatPrompt {
+  Json messages = Json::array();  // OpenAI chat messages: system / developer / user / assistant / tool
+  Json tools = nullptr;           // null or OpenAI function tools [{type: function, function: {...}}]
+  tokenizer::ChatOptions options;
+  ToolPolicy tool_policy;
+};
+
+// tool_choice as the three APIs spell it, resolved: "auto" | "required" | "none" | a tool name
+// (named), with parallel calls allowed or not. Checks that a named tool is declared and that
+// "required" / a name come with tools; `field` names the request field in errors.
+void apply_tool_choice(ChatPrompt& chat, const std::string& choice, const std::string& name, bool parallel,
+                       const std::string& field);
+
+// Renders and encodes the prompt (400 naming `messages_field` paths on a malformed conversation)
+// and fills p.prompts, start_channel, has_tools, tool_policy and the context check.
+void set_chat_prompt(GenerationParams& p, const ChatPrompt& chat, const ParseContext& ctx,
+                     const std::string& messages_field);
+// The prompt's token ids alone (count_tokens).
+std::vector<int32_t> encode_chat_prompt(const ChatPrompt& chat, const ParseContext& ctx,
+                                        const std::string& messages_field);
 
 // Throw ApiError (400 naming the field; 404 for another model's name) on any problem.
 GenerationParams parse_completion_request(const Json& body, const ParseContext& ctx);

@@ -20,7 +20,7 @@ class RequestParams : public ::testing::Test {
   ParseContext ctx() const {
     ParseContext c;
     c.tokenizer = tok_;
-    c.served_model = "k3-tiny";
+    c.served_models = {"k3-tiny"};
     c.vocab_size = 1024;
     c.max_model_len = 512;
     c.random_seed = 99;
@@ -215,12 +215,11 @@ TEST_F(RequestParams, UnsupportedOptionsAreRefusedNotIgnored) {
   expect_error(false, completion_body({{"echo", true}}), 400, "echo", "unsupported_value");
   expect_error(false, completion_body({{"best_of", 3}}), 400, "best_of", "unsupported_value");
   expect_error(false, completion_body({{"suffix", "tail"}}), 400, "suffix", "unsupported_value");
+  expect_error(true, chat_body({{"tool_choice", "required"}}), 400, "tool_choice");
   expect_error(true,
                chat_body({{"tools", Json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}})},
-                          {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}),
-               400, "tool_choice", "unsupported_value");
-  expect_error(true, chat_body({{"parallel_tool_calls", false}}), 400, "parallel_tool_calls", "unsupported_value");
-  expect_error(true, chat_body({{"tool_choice", "required"}}), 400, "tool_choice");
+                          {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}}),
+               400, "tool_choice");  // a named tool that is not declared
   expect_error(true, chat_body({{"reasoning_effort", "extreme"}}), 400, "reasoning_effort");
   expect_error(true, chat_body({{"response_format", {{"type", "yaml"}}}}), 400, "response_format.type");
   // Harmless values of the same fields pass.
@@ -228,6 +227,41 @@ TEST_F(RequestParams, UnsupportedOptionsAreRefusedNotIgnored) {
   EXPECT_NO_THROW(parse_chat_request(chat_body({{"parallel_tool_calls", true}, {"tool_choice", "auto"},
                                                 {"response_format", {{"type", "json_object"}}}}),
                                      ctx()));
+}
+
+TEST_F(RequestParams, ToolChoiceAndParallelCallsBecomeTheToolPolicy) {
+  const Json tools = Json::array({{{"type", "function"}, {"function", {{"name", "f"}}}},
+                                  {{"type", "function"}, {"function", {{"name", "g"}}}}});
+  GenerationParams named = parse_chat_request(
+      chat_body({{"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}},
+                 {"parallel_tool_calls", false}}),
+      ctx());
+  EXPECT_TRUE(named.tool_policy.allowed);
+  EXPECT_EQ(named.tool_policy.only_name, "g");
+  EXPECT_TRUE(named.tool_policy.single);
+  const GenerationParams none = parse_chat_request(chat_body({{"tools", tools}, {"tool_choice", "none"}}), ctx());
+  EXPECT_FALSE(none.tool_policy.allowed);
+  const GenerationParams plain = parse_chat_request(chat_body({{"tools", tools}}), ctx());
+  EXPECT_TRUE(plain.tool_policy.allowed && plain.tool_policy.only_name.empty() && !plain.tool_policy.single);
+  // The prompt follows: a named choice renders a tool-choice system message naming the tool.
+  const std::string text = tok_->decode(named.prompts[0]);
+  EXPECT_NE(text.find("You MUST call the tool `g`"), std::string::npos) << text;
+}
+
+TEST_F(RequestParams, FieldsWithNoEffectAreAcceptedAndUnknownOnesCollected) {
+  std::vector<std::string> ignored;
+  ParseContext c = ctx();
+  c.ignored_fields = &ignored;
+  EXPECT_NO_THROW(parse_chat_request(
+      chat_body({{"user", "u1"}, {"metadata", {{"k", "v"}}}, {"store", false}, {"service_tier", "auto"},
+                 {"prompt_cache_key", "abc"}, {"safety_identifier", "s"},
+                 {"client_metadata", {{"x", 1}}}, {"messages", Json::array({{{"role", "developer"}, {"content", "Be brief."}},
+                                                                            {{"role", "user"}, {"content", "Hi"}}})}}),
+      c));
+  EXPECT_EQ(ignored, std::vector<std::string>{"client_metadata"});
+  // Without a collector (strict objects) an unknown field is still a 400 naming it.
+  expect_error(true, chat_body({{"client_metadata", 1}}), 400, "client_metadata", "unknown_parameter");
+  expect_error(true, chat_body({{"metadata", "not an object"}}), 400, "metadata");
 }
 
 TEST_F(RequestParams, AnotherModelIs404) {

@@ -148,7 +148,8 @@ TEST(ServerChat, ToolCallsStreaming) {
   EXPECT_EQ(f.tool_calls[1]["name"], "get_time");
 }
 
-TEST(ServerChat, MalformedToolCallIsDroppedAndCounted) {
+// A malformed call is never dropped silently: its text reaches the client as content.
+TEST(ServerChat, MalformedToolCallReachesTheClientAsContentAndIsCounted) {
   auto errors = [] {
     const std::string page = get(scripted_server().port, "/metrics").body;
     const std::string key = "k3serve:tool_call_parse_errors_total{engine=\"0\",model_name=\"k3-tiny\"} ";
@@ -158,7 +159,9 @@ TEST(ServerChat, MalformedToolCallIsDroppedAndCounted) {
   const double before = errors();
   const Json j = post(scripted_server().port, "/v1/chat/completions", chat("SCRIPT_BADTOOL", {{"tools", kTools}})).json();
   const Json& msg = j["choices"][0]["message"];
-  EXPECT_EQ(msg["content"], "Calling.");
+  EXPECT_EQ(msg["content"],
+            "Calling.<|open|>call tool=\"f\" index=\"1\"<|sep|><|open|>argument key=\"n\" type=\"number\"<|sep|>"
+            "12abc<|close|>argument<|sep|><|close|>call<|sep|>");
   EXPECT_FALSE(msg.contains("tool_calls"));
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(errors(), before + 1);

@@ -40,8 +40,15 @@ TEST(ServerErrors, MalformedBodies) {
   expect_error(send(port, "POST", "/v1/chat/completions", "[1,2,3]"), 400);
   expect_error(send(port, "POST", "/v1/completions", "{\"prompt\": \"\xC3\x28\"}"), 400);  // bad UTF-8
   expect_error(send(port, "POST", "/v1/completions", std::string(5000, '[')), 400);
-  const Json e = expect_error(post(port, "/v1/completions", Json{{"prompt", "x"}, {"frobnicate", 1}}), 400, "frobnicate");
-  EXPECT_NE(e["error"]["message"].get<std::string>().find("frobnicate"), std::string::npos);
+  // An unknown top-level field changes nothing: accepted (and counted in /metrics); a nested
+  // object's unknown field is still named.
+  EXPECT_EQ(post(port, "/v1/completions", Json{{"prompt", "x"}, {"max_tokens", 1}, {"frobnicate", 1}}).status, 200);
+  EXPECT_NE(get(port, "/metrics").body.find("k3serve:ignored_request_fields_total{engine=\"0\",model_name=\"k3-tiny\","
+                                            "api=\"completions\",field=\"frobnicate\"} 1"),
+            std::string::npos);
+  const Json e = expect_error(post(port, "/v1/completions", Json{{"prompt", "x"}, {"stream", true},
+                                                                 {"stream_options", {{"frobnicate", 1}}}}),
+                              400, "stream_options.frobnicate");
   EXPECT_EQ(e["error"]["type"], "invalid_request_error");
   expect_error(post(port, "/v1/completions", Json{{"prompt", "x"}, {"temperature", "warm"}}), 400, "temperature");
   expect_error(post(port, "/v1/chat/completions", Json{{"messages", Json::array({{{"role", "user"}}})}, {"n", 99}}), 400, "n");

@@ -9,11 +9,13 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "server/api_server.h"
 #include "server/generation.h"
 #include "server/request_params.h"
+#include "server/response_store.h"
 
 namespace k3::server {
 
@@ -43,18 +45,29 @@ struct ApiServer::Impl {
   std::mutex rng_mu;
   std::mt19937_64 rng{std::random_device{}()};
 
+  ResponseStore responses;  // /v1/responses with store: true
+
+  std::mutex ignored_mu;
+  std::set<std::string> ignored_logged;  // "api field" pairs already named in the log
+
   ParseContext parse_context();
+  // Counts the fields a request sent that change nothing here, and names each new one in the log.
+  void note_ignored_fields(const char* api, const std::vector<std::string>& fields);
   // Counts a generation request in (until the returned token dies) and lets drain() reach it.
   std::shared_ptr<void> track(const std::shared_ptr<Generation>& g);
 
   void install_routes();
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  void handle_messages(const httplib::Request& req, httplib::Response& res);        // anthropic_api.cpp
+  void handle_count_tokens(const httplib::Request& req, httplib::Response& res);    // anthropic_api.cpp
+  void handle_responses(const httplib::Request& req, httplib::Response& res);       // responses_api.cpp
   void handle_models(httplib::Response& res);
   void handle_tokenize(const httplib::Request& req, httplib::Response& res);
   void handle_detokenize(const httplib::Request& req, httplib::Response& res);
 };
 
-// Runs a handler body; an ApiError (or anything else) becomes an OpenAI error reply.
-void reply_error(httplib::Response& res, const ApiError& e);
+enum class ErrorShape : uint8_t { openai, anthropic };
+// Sets the reply to the error in the API's shape.
+void reply_error(httplib::Response& res, const ApiError& e, ErrorShape shape = ErrorShape::openai);
 
 }  // namespace k3::server

@@ -115,7 +115,7 @@ inline ServerConfig test_server_config() {
   ServerConfig c;
   c.host = "127.0.0.1";
   c.port = 0;
-  c.served_model_name = "k3-tiny";
+  c.served_model_names = {"k3-tiny"};
   c.http_threads = 256;
   c.keep_alive_seconds = 1;  // so stopping at exit does not wait on idle connections
   c.poll_interval = std::chrono::milliseconds(10);

@@ -21,7 +21,7 @@ struct ServingOptions {
   std::filesystem::path model_dir;
   model::ModelOptions model;
   model::KvCacheDtype kv_cache = model::KvCacheDtype::bf16;
-  int64_t max_model_len = 4096;         // prompt + completion tokens of one request
+  int64_t max_model_len = 65536;        // prompt + completion tokens of one request
   int32_t max_num_seqs = 64;            // requests running at once (= KDA state slots)
   int32_t max_num_batched_tokens = 2048;
   int32_t block_size = 16;  // tokens per MLA page (a scheduler block: block_size * model.dcp tokens)

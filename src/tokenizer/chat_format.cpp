@@ -282,10 +282,11 @@ std::vector<ChatSegment> render_chat_segments(const json& messages, const json& 
     const std::string path = "messages[" + std::to_string(i) + "]";
     const json& m = messages[i];
     if (!m.is_object()) bad(path, "must be an object");
-    const auto role = opt_string(m, "role", path);
+    auto role = opt_string(m, "role", path);
     if (!role) bad(path + ".role", "is missing");
+    if (*role == "developer") role = "system";
     if (*role != "system" && *role != "user" && *role != "assistant" && *role != "tool")
-      bad(path + ".role", "must be system, user, assistant or tool (got '" + *role + "')");
+      bad(path + ".role", "must be system, developer, user, assistant or tool (got '" + *role + "')");
     opt_string(m, "name", path);  // type check
     Message msg{&m, path, *role, {}, std::nullopt, false};
     if (*role == "assistant") msg.calls = read_tool_calls(m, path);
@@ -351,6 +352,15 @@ std::vector<ChatSegment> render_chat_segments(const json& messages, const json& 
                                         "`.\nYou MUST " +
                                         (*options.tool_choice == "required" ? "call tools" : "NOT call any tools") +
                                         " in the next message.");
+  if (!options.forced_tool.empty() || !options.parallel_tool_calls) {
+    std::string body = "The system is invoked with ";
+    if (!options.forced_tool.empty())
+      body += "`tool_choice=" + options.forced_tool + "`.\nYou MUST call the tool `" + options.forced_tool + "`";
+    else
+      body += "`parallel_tool_calls=false`.\nYou MUST NOT call more than one tool";
+    if (!options.forced_tool.empty() && !options.parallel_tool_calls) body += ", exactly once,";
+    b.system_message("tool-choice", body + " in the next message.");
+  }
   const json& rf = options.response_format;
   std::string rf_type;
   if (rf.is_object() && rf.contains("type") && rf["type"].is_string()) rf_type = rf["type"].get<std::string>();

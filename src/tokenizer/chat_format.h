@@ -33,10 +33,13 @@ struct ChatOptions {
   // nullopt: no such message (encoding_k3.py's default; the Jinja template defaults to "max").
   std::optional<std::string> thinking_effort;
   std::optional<std::string> tool_choice;  // "required" / "none" add a system message; others nothing
+  std::string forced_tool;                 // a named tool_choice: a system message names the tool
+  bool parallel_tool_calls = true;         // false: a system message asks for one call at most
   nlohmann::ordered_json response_format;  // null, or {"type": "text" | "json_object" | "json_schema", ...}
 };
 
-// `messages`: a JSON array of {"role": "system"|"user"|"assistant"|"tool", "content": string |
+// `messages`: a JSON array of {"role": "system"|"developer"|"user"|"assistant"|"tool" (developer
+// renders as system: OpenAI's newer name for it), "content": string |
 // [{"type": "text", "text": ...}] | null, "name"?, "reasoning_content"?/"reasoning"?,
 // "tool_calls"?: [{"id"?, "type"?, "function": {"name", "arguments": JSON-object string |
 // object}}], "tool_call_id"?, "tools"? (system: tools added mid-conversation)}.

@@ -263,7 +263,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         BadChat{"not_array", R"({"role": "user"})", "messages must be an array"},
         BadChat{"no_role", R"([{"content": "x"}])", "messages[0].role is missing"},
-        BadChat{"bad_role", R"([{"role": "developer", "content": "x"}])", "must be system, user, assistant or tool"},
+        BadChat{"bad_role", R"([{"role": "bot", "content": "x"}])", "must be system, developer, user, assistant or tool"},
         BadChat{"content_number", R"([{"role": "user", "content": 5}])", "messages[0].content must be a string"},
         BadChat{"image", R"([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])",
                 "messages[0].content[0] is an image"},

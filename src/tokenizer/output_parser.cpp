@@ -124,31 +124,44 @@ std::string typed_value(const std::string& type, const std::string& raw, std::st
 
 OutputParser::OutputParser(Channel start) : state_(start == Channel::think ? State::think : State::response) {}
 
+void OutputParser::fail_call(const std::string& why) {
+  if (!call_failed_) call_failed_ = true, error_ = why;
+}
+
+void OutputParser::emit_arguments(std::string piece, std::vector<OutputEvent>& events) {
+  if (call_failed_ || piece.empty()) return;
+  events.push_back({OutputEvent::Kind::tool_call_arguments, std::move(piece), call_, {}});
+}
+
 void OutputParser::end_call(std::vector<OutputEvent>& events) {
   if (!call_failed_) {
     if (has_json_block_) {
       const std::string v = trim(value_);
       const nlohmann::json parsed = nlohmann::json::parse(v, nullptr, false);
       if (!args_.empty()) {
-        call_failed_ = true, error_ = "a call has both <argument> and <json> blocks";
+        fail_call("a call has both <argument> and <json> blocks");
       } else if (parsed.is_discarded() || !parsed.is_object()) {
-        call_failed_ = true, error_ = "the json block is not a JSON object";
+        fail_call("the json block is not a JSON object");
       } else {
         call_.arguments = v;
+        emit_arguments(v, events);  // checked whole first: a json block streams at its end
       }
     } else {
       call_.arguments = "{";
       for (size_t i = 0; i < args_.size(); ++i)
         call_.arguments += (i ? "," : "") + json_string(args_[i].first) + ":" + args_[i].second;
       call_.arguments += "}";
+      emit_arguments(arguments_open_ ? "}" : "{}", events);
     }
   }
   if (call_failed_) {
     events.push_back({OutputEvent::Kind::error,
-                      "tool call " + std::to_string(call_.index) + " ('" + call_.name + "'): " + error_, call_});
+                      "tool call " + std::to_string(call_.index) + " ('" + call_.name + "'): " + error_, call_,
+                      call_raw_});
   } else {
-    events.push_back({OutputEvent::Kind::tool_call, {}, call_});
+    events.push_back({OutputEvent::Kind::tool_call, {}, call_, call_raw_});
   }
+  call_raw_.clear();
 }
 
 bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
@@ -172,6 +185,10 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
                         std::string(before), {}});
     } else if (state_ == State::argument || state_ == State::json) {
       value_ += before;
+      if (state_ == State::argument && arg_type_ == "string") {
+        const std::string quoted = json_string(before);
+        emit_arguments(quoted.substr(1, quoted.size() - 2), events);  // escaping is per character
+      }
     } else if (!blank(before)) {
       const std::string what = "unexpected text '" + std::string(before.substr(0, 200)) + "'";
       if (state_ == State::call) {
@@ -181,14 +198,15 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
                           what + (state_ == State::tools ? " in the tools block" : " after the message closed"), {}});
       }
     }
+    if (in_call()) call_raw_ += before;
     buf_.erase(0, before.size());
     return true;
   }
   if (mk.kind == Mark::partial) return false;
 
-  auto consume = [&] { buf_.erase(0, mk.length); };
-  auto fail_call = [&](const std::string& why) {
-    if (!call_failed_) call_failed_ = true, error_ = why;
+  auto consume = [&] {
+    if (in_call()) call_raw_.append(buf_, 0, mk.length);
+    buf_.erase(0, mk.length);
   };
   const std::string marker = std::string(mk.kind == Mark::open ? "<|open|>" : "<|close|>") + mk.tag;
 
@@ -245,6 +263,7 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
       }
       return true;
     case State::tools: {
+      if (mk.kind == Mark::open && mk.tag == "call") call_raw_.assign(buf_, 0, mk.length);
       consume();
       if (mk.kind == Mark::open && mk.tag == "call") {
         std::vector<std::pair<std::string, std::string>> attrs;
@@ -252,12 +271,13 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
         args_.clear();
         value_.clear();
         has_json_block_ = false;
+        arguments_open_ = false;
         call_failed_ = false;
         error_.clear();
         if (!parse_attrs(mk.attrs, attrs)) fail_call("malformed attributes '" + mk.attrs + "'");
         call_.name = attr(attrs, "tool");
         if (call_.name.empty()) fail_call("the call has no tool=\"...\" name");
-        events.push_back({OutputEvent::Kind::tool_call_begin, {}, call_});
+        if (!call_failed_) events.push_back({OutputEvent::Kind::tool_call_begin, {}, call_, {}});
         state_ = State::call;
       } else if (mk.kind == Mark::close && (mk.tag == "tools" || mk.tag == "message")) {
         state_ = mk.tag == "tools" ? State::between : State::after_message;
@@ -275,8 +295,14 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
         arg_type_ = attr(attrs, "type");
         if (mk.tag == "argument" && arg_key_.empty()) fail_call("an argument has no key=\"...\"");
         if (mk.tag == "json") has_json_block_ = true;
+        for (const auto& [k, unused] : args_)
+          if (mk.tag == "argument" && k == arg_key_) fail_call("argument '" + arg_key_ + "' is given twice");
         value_.clear();
         state_ = mk.tag == "argument" ? State::argument : State::json;
+        if (state_ == State::argument && arg_type_ == "string") {  // its value streams as it comes
+          emit_arguments((arguments_open_ ? "," : "{") + json_string(arg_key_) + ":\"", events);
+          arguments_open_ = !call_failed_;
+        }
       } else if (mk.kind == Mark::close && mk.tag == "call") {
         end_call(events);
         state_ = State::tools;
@@ -294,8 +320,12 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
         std::string error;
         const std::string v = typed_value(arg_type_, value_, error);
         if (!error.empty()) fail_call("argument '" + arg_key_ + "': " + error);
-        for (const auto& [k, unused] : args_)
-          if (k == arg_key_) fail_call("argument '" + arg_key_ + "' is given twice");
+        if (arg_type_ == "string") {
+          emit_arguments("\"", events);
+        } else {
+          emit_arguments((arguments_open_ ? "," : "{") + json_string(arg_key_) + ":" + v, events);
+          arguments_open_ = !call_failed_;
+        }
         args_.emplace_back(arg_key_, v);
         value_.clear();
       }
@@ -343,7 +373,8 @@ ParsedOutput parse_output(std::string_view text, Channel start) {
       case OutputEvent::Kind::content: out.content += e.text; break;
       case OutputEvent::Kind::tool_call: out.tool_calls.push_back(std::move(e.call)); break;
       case OutputEvent::Kind::error: out.errors.push_back(std::move(e.text)); break;
-      case OutputEvent::Kind::tool_call_begin: break;
+      case OutputEvent::Kind::tool_call_begin:
+      case OutputEvent::Kind::tool_call_arguments: break;
     }
   }
   out.complete = parser.done();

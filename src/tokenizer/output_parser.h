@@ -30,14 +30,17 @@ struct OutputEvent {
   enum class Kind : uint8_t {
     reasoning,        // text: a piece of the think channel
     content,          // text: a piece of the response channel
-    tool_call_begin,  // call.index and call.name known (arguments still streaming)
-    tool_call,        // a complete, valid call
-    error,            // text: what was malformed; a call that fails is reported here instead of
-                      // as tool_call (call.index says which)
+    tool_call_begin,      // call.index and call.name known (arguments still streaming)
+    tool_call_arguments,  // text: the next piece of call.index's arguments JSON, as generated:
+                          // the pieces of a call that completes concatenate to its arguments
+    tool_call,            // a complete, valid call
+    error,                // text: what was malformed; a call that fails is reported here instead
+                          // of as tool_call (call.index says which)
   };
   Kind kind;
   std::string text;
   ParsedToolCall call;
+  std::string raw;  // tool_call, and error for a call: the call's text as generated, markers included
 };
 
 class OutputParser {
@@ -56,6 +59,10 @@ class OutputParser {
   bool step(std::vector<OutputEvent>& events, bool final);  // false: needs more input
   bool take_marker(std::string& tag, std::string& attrs, bool& is_open, bool final);
   void end_call(std::vector<OutputEvent>& events);
+  void fail_call(const std::string& why);
+  // Streams a piece of the open call's arguments (nothing once the call has failed).
+  void emit_arguments(std::string piece, std::vector<OutputEvent>& events);
+  bool in_call() const { return state_ == State::call || state_ == State::argument || state_ == State::json; }
 
   State state_;
   std::string buf_;
@@ -64,6 +71,8 @@ class OutputParser {
   ParsedToolCall call_;
   std::vector<std::pair<std::string, std::string>> args_;  // (key, JSON value) of the open call
   std::string arg_key_, arg_type_, value_;
+  std::string call_raw_;        // the open call's text so far
+  bool arguments_open_ = false;  // "{" of the open call's arguments has been streamed
   bool has_json_block_ = false;
   std::string error_;
 };
