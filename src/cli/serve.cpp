@@ -99,6 +99,8 @@ int serve_command(std::span<char* const> argv) {
   std::cerr << "k3serve serve: loading " << o.model_dir.string() << std::endl;
   auto model = server::ServingModel::load(o);
   std::cerr << model->description();
+  // A coding agent's first prompt takes a CPU many seconds to prefill: say how it goes.
+  model->engine().set_prefill_log([](const std::string& line) { std::cerr << "k3serve: " << line << std::endl; });
   model->engine().start();
   server::ApiServer http(sc, model->engine(), model->tokenizer());
   const int port = http.start();

@@ -124,7 +124,10 @@ void Engine::drain_inbox() {
     aborts.swap(aborts_);
   }
   for (auto& [id, ctx] : ctxs) contexts_.emplace(id, std::move(ctx));
-  for (Pending& p : adds) scheduler_.add(p.id, std::move(p.spec), p.arrival);  // validated at submit
+  for (Pending& p : adds) {
+    progress_.begin(p.id, static_cast<int64_t>(p.spec.prompt.size()));
+    scheduler_.add(p.id, std::move(p.spec), p.arrival);  // validated at submit
+  }
   events_.clear();
   for (RequestId id : aborts) scheduler_.abort(id, events_);  // false: it finished meanwhile
   if (!events_.empty()) deliver_events(0, 0, "");
@@ -165,6 +168,7 @@ void Engine::deliver(const scheduler::RequestEvent& e, runner::SampleResult* sam
   t.reason = e.reason;
   t.stats = e.stats;  // the first token's event: what is known by then (prefix-cache hit)
   if (e.finished) {
+    progress_.end(e.id);
     const spec::SpecCounters& sc = it->second.spec;
     t.stats.spec_verify_steps = static_cast<int32_t>(sc.num_drafts);
     t.stats.spec_draft_tokens = sc.num_draft_tokens;
@@ -258,6 +262,7 @@ bool Engine::step() {
     scheduler_.fail_step(out_, events_);
   else
     scheduler_.update(out_, sampled_, accepted_, events_);
+  if (error.empty()) progress_.step(out_);
   has_work_ = scheduler_.has_work();
   deliver_events(Seconds(scheduler::Clock::now() - t0).count() - exec_s, exec_s,
                  error.empty() ? "" : "step failed: " + error);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "engine/executor.h"
+#include "engine/prefill_progress.h"
 #include "engine/token_stream.h"
 #include "runner/device_sampler.h"
 #include "runner/sampler.h"
@@ -112,6 +113,9 @@ class Engine {
   // The loop on its own thread, sleeping while idle.
   void start();
   void stop();
+  // Where long prefills report their progress (engine/prefill_progress.h); none by default. Set
+  // before start().
+  void set_prefill_log(PrefillProgress::Log log) { progress_ = PrefillProgress(std::move(log)); }
 
   const EngineConfig& config() const { return config_; }
   Executor& executor() { return *executor_; }
@@ -148,6 +152,7 @@ class Engine {
   EngineConfig config_;
   std::unique_ptr<Executor> executor_;
   scheduler::Scheduler scheduler_;
+  PrefillProgress progress_;  // step thread only
   int32_t vocab_;
 
   // Shared with submitters (inbox_mu_).
