@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+cmake --build --preset default -j"$(nproc)"  # everything else: the tests and benchmarks
 bash scripts/fetch_test_data.sh
 ctest --preset default -j"$(nproc)" --timeout 600
