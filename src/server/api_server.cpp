@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <iostream>
 
 #include "core/error.h"
@@ -120,17 +121,46 @@ std::shared_ptr<void> ApiServer::Impl::track(const std::shared_ptr<Generation>& 
   });
 }
 
+namespace {
+
+// One model entry in both APIs' shapes: OpenAI's (id, object, created, owned_by) and
+// Anthropic's (type, display_name, created_at), so either SDK's models.list() reads it.
+Json model_entry(const std::string& name, int64_t created, const std::string& root, int64_t max_model_len) {
+  char when[32];
+  const std::time_t t = static_cast<std::time_t>(created);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return {{"id", name},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "k3serve"},
+          {"root", root.empty() ? name : root},
+          {"parent", nullptr},
+          {"max_model_len", max_model_len},
+          {"type", "model"},
+          {"display_name", name},
+          {"created_at", when}};
+}
+
+}  // namespace
+
 void ApiServer::Impl::handle_models(httplib::Response& res) {
   Json data = Json::array();
   for (const std::string& name : config.served_model_names)
-    data.push_back({{"id", name},
-                    {"object", "model"},
-                    {"created", created},
-                    {"owned_by", "k3serve"},
-                    {"root", config.model_root.empty() ? name : config.model_root},
-                    {"parent", nullptr},
-                    {"max_model_len", max_model_len}});
-  res.set_content(dump_json(Json{{"object", "list"}, {"data", data}}), "application/json");
+    data.push_back(model_entry(name, created, config.model_root, max_model_len));
+  res.set_content(dump_json(Json{{"object", "list"},
+                                 {"data", data},
+                                 {"has_more", false},
+                                 {"first_id", config.served_model_names.front()},
+                                 {"last_id", config.served_model_names.back()}}),
+                  "application/json");
+}
+
+void ApiServer::Impl::handle_model(const std::string& id, httplib::Response& res) {
+  for (const std::string& name : config.served_model_names)
+    if (name == id) return res.set_content(dump_json(model_entry(name, created, config.model_root, max_model_len)), "application/json");
+  throw ApiError(404, "The model '" + id + "' does not exist", "model", "model_not_found");
 }
 
 void ApiServer::Impl::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
@@ -205,6 +235,9 @@ void ApiServer::Impl::install_routes() {
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     guarded(res, [&] { handle_models(res); });
+  });
+  http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(res, [&] { handle_model(req.matches[1].str(), res); });
   });
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (draining) reply_error(res, ApiError(503, "the server is shutting down", {}, "server_shutting_down"));

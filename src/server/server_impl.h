@@ -62,6 +62,7 @@ struct ApiServer::Impl {
   void handle_count_tokens(const httplib::Request& req, httplib::Response& res);    // anthropic_api.cpp
   void handle_responses(const httplib::Request& req, httplib::Response& res);       // responses_api.cpp
   void handle_models(httplib::Response& res);
+  void handle_model(const std::string& id, httplib::Response& res);  // GET /v1/models/{id}
   void handle_tokenize(const httplib::Request& req, httplib::Response& res);
   void handle_detokenize(const httplib::Request& req, httplib::Response& res);
 };
