@@ -19,7 +19,7 @@ int serve_command(std::span<char* const> argv) {
   specs.push_back({"host", "H", "address to listen on", "127.0.0.1"});
   specs.push_back({"port", "P", "TCP port (0: any free port)", "8000"});
   specs.push_back({"served-model-name", "NAME [NAME ...]",
-                   "model ids clients may use, the first one shown in replies (default: the folder's name)", "", false,
+                   "model ids clients may use; replies name the one asked for (default: the folder's name)", "", false,
                    true});
   specs.push_back({"api-key", "KEY", "require this key on every API route (Bearer or x-api-key); /health and /metrics "
                    "stay open", ""});

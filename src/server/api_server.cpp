@@ -67,8 +67,15 @@ void reply_error(httplib::Response& res, const ApiError& e, ErrorShape shape) {
   }
 }
 
+// The served names, checked before anything uses the first one.
+static ServerConfig checked(ServerConfig c) {
+  K3_CHECK(!c.served_model_names.empty(), "server: at least one served model name is needed");
+  for (const std::string& n : c.served_model_names) K3_CHECK(!n.empty(), "server: a served model name is empty");
+  return c;
+}
+
 ApiServer::Impl::Impl(ServerConfig c, engine::Engine& e, const tokenizer::Tokenizer& t)
-    : config(std::move(c)),
+    : config(checked(std::move(c))),
       engine(e),
       tokenizer(t),
       metrics(std::make_shared<Metrics>(config.served_model_names.front(), e.config().scheduler.max_model_len,

@@ -5,8 +5,8 @@
 // one output_text part), function_call (fc_..., call_id call_..., name, arguments, namespace
 // when the tool came from one). A stream is the API's event sequence, every event with a
 // sequence_number: response.created, response.in_progress, per item output_item.added /
-// (content_part.added, output_text.delta..., output_text.done, content_part.done) |
-// (reasoning_text.delta..., reasoning_summary_* ...) | (function_call_arguments.delta...,
+// content_part.added, (output_text.delta..., output_text.done) |
+// (reasoning_text.delta..., reasoning_summary_* ...), content_part.done | (function_call_arguments.delta...,
 // .done) / output_item.done, then response.completed (response.incomplete when
 // max_output_tokens cut it, response.failed when the engine failed). With store, the
 // conversation the response ends is kept for previous_response_id.
@@ -24,8 +24,8 @@ class ResponsesFormatter final : public Formatter {
   ResponsesFormatter(ResponsesRequest r, ResponseStore& store) : r_(std::move(r)), store_(store) {}
 
   std::string begin(Job& job) override {
-    return event("response.created", {{"response", response(job, "in_progress")}}) +
-           event("response.in_progress", {{"response", response(job, "in_progress")}});
+    std::string out = event("response.created", {{"response", response(job, "in_progress")}});
+    return out + event("response.in_progress", {{"response", response(job, "in_progress")}});  // sequenced: numbers in order
   }
 
   std::string delta(Job& job, int c, const ChoiceDelta& d) override {
@@ -134,7 +134,7 @@ class ResponsesFormatter final : public Formatter {
     if (kind == Kind::message) added["content"] = Json::array();
     if (kind == Kind::reasoning) added["content"] = Json::array(), added["summary"] = Json::array();
     out += event("response.output_item.added", {{"output_index", items_.size() - 1}, {"item", added}});
-    if (kind == Kind::message)
+    if (kind != Kind::function_call)  // the SDKs add deltas to a part they were told of
       out += event("response.content_part.added", at_part({{"part", item["content"][0]}}));
     if (kind == Kind::reasoning && r_.summary)
       out += event("response.reasoning_summary_part.added", at_item({{"summary_index", 0}, {"part", item["summary"][0]}}));
@@ -151,6 +151,7 @@ class ResponsesFormatter final : public Formatter {
       out += event("response.content_part.done", at_part({{"part", item["content"][0]}}));
     } else if (open_ == Kind::reasoning) {
       out += event("response.reasoning_text.done", at_part({{"text", item["content"][0]["text"]}}));
+      out += event("response.content_part.done", at_part({{"part", item["content"][0]}}));
       if (r_.summary) {
         out += event("response.reasoning_summary_text.done", at_item({{"summary_index", 0}, {"text", item["summary"][0]["text"]}}));
         out += event("response.reasoning_summary_part.done", at_item({{"summary_index", 0}, {"part", item["summary"][0]}}));
