@@ -119,7 +119,7 @@ class AnthropicFormatter final : public Formatter {
       content.push_back({{"type", "thinking"},
                          {"thinking", show_thinking_ ? r.reasoning : std::string()},
                          {"signature", thinking_signature(r.reasoning)}});
-    if (!r.text.empty() || r.tool_calls.empty()) content.push_back({{"type", "text"}, {"text", r.text}});
+    if (!r.text.empty() || (r.tool_calls.empty() && r.reasoning.empty())) content.push_back({{"type", "text"}, {"text", r.text}});
     for (size_t k = 0; k < r.tool_calls.size(); ++k)
       content.push_back({{"type", "tool_use"},
                          {"id", r.tool_call_ids[k]},

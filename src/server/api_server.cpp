@@ -210,7 +210,7 @@ void ApiServer::Impl::install_routes() {
     if (config.api_key.empty() || req.path == "/health" || req.path == "/metrics")
       return httplib::Server::HandlerResponse::Unhandled;
     if (same_key(request_key(req), config.api_key)) return httplib::Server::HandlerResponse::Unhandled;
-    metrics->count_http_error(401);
+    // (counted by the error handler, which sees every reply of 400 and up, this one too)
     reply_error(res,
                 ApiError(401, req.has_header("Authorization") || req.has_header("x-api-key")
                                   ? "invalid API key"
