@@ -79,11 +79,14 @@ class AnthropicFormatter final : public Formatter {
       thinking_ += d.reasoning;
       if (show_thinking_) out += block_delta({{"type", "thinking_delta"}, {"thinking", d.reasoning}});
     }
+    for (const ToolCallPiece& piece : d.tool_call_pieces)  // before the text: that text is the call's own
+      if (piece.failed && open_ == Block::tool_use) out += close();  // a block cannot be taken back: it ends here
     if (!d.text.empty()) {
       out += open(Block::text, {{"type", "text"}, {"text", ""}});
       out += block_delta({{"type", "text_delta"}, {"text", d.text}});
     }
     for (const ToolCallPiece& piece : d.tool_call_pieces) {
+      if (piece.failed) continue;  // ended above
       if (piece.begin) {
         out += close();
         out += open(Block::tool_use, {{"type", "tool_use"},

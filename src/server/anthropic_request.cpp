@@ -246,6 +246,7 @@ MessagesRequest parse_messages_request(const Json& body, const ParseContext& ctx
     throw bad_request("'metadata' must be an object", "metadata", "invalid_type");
 
   runner::SamplingParams& s = p.base.sampling;
+  s.temperature = 1.0f;  // the API's default
   if (auto v = f.number("temperature", 0, 1)) s.temperature = static_cast<float>(*v);
   if (auto v = f.number("top_p", 0, 1, true)) s.top_p = static_cast<float>(*v);
   if (auto v = f.integer("top_k", 0, std::numeric_limits<int32_t>::max()); v && *v > 0) s.top_k = static_cast<int>(*v);

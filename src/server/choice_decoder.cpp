@@ -81,16 +81,19 @@ void ChoiceDecoder::feed_parser(std::string_view text, ChoiceDelta& d, bool fina
       case Kind::reasoning: d.reasoning += ev.text; break;
       case Kind::content: feed_visible(ev.text, d); break;
       case Kind::tool_call_begin:
-        if (refused_.size() <= index) refused_.resize(index + 1, false);
-        refused_[index] = !call_allowed(ev.call);
-        if (!refused_[index]) d.tool_call_pieces.push_back({ev.call.index, true, ev.call.name, {}});
+        if (calls_.size() <= index) calls_.resize(index + 1, CallState::pending), call_names_.resize(index + 1);
+        calls_[index] = call_allowed(ev.call) ? CallState::pending : CallState::refused;
+        call_names_[index] = ev.call.name;
         break;
       case Kind::tool_call_arguments:
-        if (index < refused_.size() && !refused_[index])
-          d.tool_call_pieces.push_back({ev.call.index, false, {}, std::move(ev.text)});
+        if (index >= calls_.size() || calls_[index] == CallState::refused) break;
+        d.tool_call_pieces.push_back({ev.call.index, calls_[index] == CallState::pending,
+                                      calls_[index] == CallState::pending ? call_names_[index] : std::string(),
+                                      std::move(ev.text)});
+        calls_[index] = CallState::streaming;
         break;
       case Kind::tool_call:
-        if (index < refused_.size() && refused_[index]) {
+        if (index < calls_.size() && calls_[index] == CallState::refused) {
           refuse_call(ev, "tool call " + std::to_string(ev.call.index) + " ('" + ev.call.name +
                               "') is not allowed by tool_choice / parallel_tool_calls",
                       d);
@@ -104,8 +107,13 @@ void ChoiceDecoder::feed_parser(std::string_view text, ChoiceDelta& d, bool fina
         }
         break;
       case Kind::error:
-        if (ev.raw.empty()) parse_errors_.push_back(std::move(ev.text));
-        else refuse_call(ev, ev.text, d);  // a malformed call: its text is shown as content
+        if (ev.raw.empty()) {
+          parse_errors_.push_back(std::move(ev.text));
+          break;
+        }
+        if (index < calls_.size() && calls_[index] == CallState::streaming)
+          d.tool_call_pieces.push_back({ev.call.index, false, {}, {}, true});
+        refuse_call(ev, ev.text, d);  // a malformed call: its text is shown as content
         break;
     }
   }

@@ -27,12 +27,16 @@ struct TokenLogprob {
 
 // A tool call as it is generated: the first piece of a call has begin = true and its name;
 // every piece may carry the next fragment of its arguments JSON. The fragments of a call that
-// completes concatenate to its arguments exactly.
+// completes concatenate to its arguments exactly. A call begins with its first checked
+// fragment (not at its header), so a call whose first argument is malformed never shows; one
+// that fails later ends with a piece with failed = true (its raw text then follows as content),
+// for the front ends to take back what their protocol allows.
 struct ToolCallPiece {
   int index = 0;  // the call's position in this output (chat tool_calls index)
   bool begin = false;
   std::string name;       // begin only
-  std::string arguments;  // the next fragment ("" on a begin that has none yet)
+  std::string arguments;  // the next fragment
+  bool failed = false;    // the call turned out malformed: no more pieces come for it
 };
 
 struct ChoiceDelta {
@@ -104,7 +108,10 @@ class ChoiceDecoder {
   std::vector<std::string> parse_errors_;
   int64_t tokens_ = 0, reasoning_tokens_ = 0;
   bool finished_ = false, stopped_early_ = false, had_tool_calls_ = false;
-  std::vector<bool> refused_;  // per call index: the policy refused it (its pieces are held back)
+  // Per call index, as its pieces go out.
+  enum class CallState : uint8_t { pending, refused, streaming };
+  std::vector<CallState> calls_;
+  std::vector<std::string> call_names_;  // pending: the name its begin will carry
 };
 
 }  // namespace k3::server

@@ -1,6 +1,8 @@
 // server/generate_handler.cpp: POST /v1/completions and /v1/chat/completions: OpenAI's
 // shapes for a Job (server/job.h), streamed as "data: {chunk}" lines ending in "data: [DONE]",
 // or one JSON body.
+#include <algorithm>
+
 #include "server/job.h"
 
 namespace k3::server {
@@ -31,11 +33,12 @@ class OpenAIFormatter final : public Formatter {
     Json delta = Json::object();
     if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
     if (!d.text.empty()) delta["content"] = d.text;
-    if (!d.tool_call_pieces.empty()) {
+    if (std::any_of(d.tool_call_pieces.begin(), d.tool_call_pieces.end(), [](const ToolCallPiece& p) { return !p.failed; })) {
       // OpenAI's streamed tool calls: the first piece of a call has its id, type and name,
       // later pieces only the next fragment of function.arguments.
       Json calls = Json::array();
       for (const ToolCallPiece& piece : d.tool_call_pieces) {
+        if (piece.failed) continue;  // chat has no way to take a call back: its text follows as content
         Json call = {{"index", piece.index}};
         if (piece.begin) {
           call["id"] = job.call_id(c, piece.index);

@@ -176,8 +176,8 @@ void check_context(const GenerationParams& p, const char* prompt_field) {
       throw bad_request("This model's maximum context length is " + std::to_string(p.max_model_len) +
                             " tokens, but " + std::to_string(len + p.max_tokens) + " were requested (" +
                             std::to_string(len) + " in the " + prompt_field + ", " + std::to_string(p.max_tokens) +
-                            " in the completion); reduce the " + prompt_field + " or 'max_tokens'",
-                        "max_tokens", "context_length_exceeded");
+                            " in the completion); reduce the " + prompt_field + " or '" + p.max_tokens_field + "'",
+                        p.max_tokens_field, "context_length_exceeded");
   }
 }
 

@@ -53,6 +53,7 @@ struct GenerationParams {
   // ignore_eos. max_tokens is resolved per prompt (max_tokens_for).
   engine::GenerateRequest base;
   int64_t max_tokens = 0;          // as requested; 0: the endpoint's default
+  std::string max_tokens_field = "max_tokens";  // its name in the API (Responses: max_output_tokens)
   int64_t default_max_tokens = 0;  // 0: all the context has left after the prompt
   int64_t max_model_len = 0;
   std::vector<std::string> stop;

@@ -10,6 +10,7 @@
 // .done) / output_item.done, then response.completed (response.incomplete when
 // max_output_tokens cut it, response.failed when the engine failed). With store, the
 // conversation the response ends is kept for previous_response_id.
+#include <algorithm>
 #include <iostream>
 
 #include "server/job.h"
@@ -41,6 +42,12 @@ class ResponsesFormatter final : public Formatter {
         out += event("response.reasoning_summary_text.delta", at_item({{"summary_index", 0}, {"delta", d.reasoning}}));
       }
     }
+    for (const ToolCallPiece& piece : d.tool_call_pieces)
+      if (piece.failed && open_ == Kind::function_call) {  // before the text: that text is the call's own
+        items_.back()["status"] = "incomplete";  // done as incomplete, left out of the output and the store
+        failed_.push_back(items_.size() - 1);
+        out += close_item();
+      }
     if (!d.text.empty()) {
       if (open_ != Kind::message) out += open_item(job, c, Kind::message, {});
       Json& part = items_.back()["content"][0];
@@ -48,6 +55,7 @@ class ResponsesFormatter final : public Formatter {
       out += event("response.output_text.delta", at_part({{"delta", d.text}, {"logprobs", Json::array()}}));
     }
     for (const ToolCallPiece& piece : d.tool_call_pieces) {
+      if (piece.failed) continue;  // ended above
       if (piece.begin) out += open_item(job, c, Kind::function_call, piece);
       if (piece.arguments.empty()) continue;
       Json& item = items_.back();
@@ -158,7 +166,7 @@ class ResponsesFormatter final : public Formatter {
       }
       if (r_.encrypted_reasoning) item["encrypted_content"] = seal_reasoning(item["content"][0]["text"].get<std::string>());
     } else {
-      item["status"] = "completed";
+      if (item["status"] != "incomplete") item["status"] = "completed";
       out += event("response.function_call_arguments.done",
                    at_item({{"name", item["name"]}, {"arguments", item["arguments"]}}));
     }
@@ -175,7 +183,7 @@ class ResponsesFormatter final : public Formatter {
               {"error", nullptr},
               {"incomplete_details", status == "incomplete" ? Json{{"reason", "max_output_tokens"}} : Json(nullptr)},
               {"model", job.meta().model},
-              {"output", status == "in_progress" ? Json::array() : items_}};
+              {"output", status == "in_progress" ? Json::array() : output()}};
     for (const auto& [k, v] : r_.echo.items()) j[k] = v;
     if (!r_.warnings.empty()) j["warnings"] = r_.warnings;
     if (status != "in_progress") {
@@ -191,14 +199,23 @@ class ResponsesFormatter final : public Formatter {
     return j;
   }
 
+  // The output items, without calls that turned out malformed.
+  Json output() const {
+    Json out = Json::array();
+    for (size_t i = 0; i < items_.size(); ++i)
+      if (std::find(failed_.begin(), failed_.end(), i) == failed_.end()) out.push_back(items_[i]);
+    return out;
+  }
+
   // store: the conversation this response ends, for previous_response_id.
   void keep(Job& job) {
     if (!r_.store) return;
     Json conversation = r_.history;
     Json turn = {{"role", "assistant"}, {"content", ""}};
-    for (const Json& item : items_) {
+    for (const Json& item : output()) {
       if (item["type"] == "reasoning") turn["reasoning_content"] = item["content"][0]["text"];
-      else if (item["type"] == "message") turn["content"] = item["content"][0]["text"];
+      else if (item["type"] == "message")
+        turn["content"] = turn["content"].get<std::string>() + item["content"][0]["text"].get<std::string>();
       else {
         if (!turn.contains("tool_calls")) turn["tool_calls"] = Json::array();
         turn["tool_calls"].push_back(
@@ -212,6 +229,7 @@ class ResponsesFormatter final : public Formatter {
   ResponsesRequest r_;
   ResponseStore& store_;
   Json items_ = Json::array();
+  std::vector<size_t> failed_;  // items_ indexes of malformed calls
   Kind open_ = Kind::none;
   int64_t seq_ = 0;
   std::string finish_;

@@ -198,6 +198,7 @@ ResponsesRequest parse_responses_request(const Json& body, const ParseContext& c
   if (auto v = f.number("temperature", 0, 2)) s.temperature = static_cast<float>(*v);
   if (auto v = f.number("top_p", 0, 1, true)) s.top_p = static_cast<float>(*v);
   s.seed = ctx.random_seed;
+  p.max_tokens_field = "max_output_tokens";
   if (auto v = f.integer("max_output_tokens", 1, ctx.max_model_len)) p.max_tokens = *v;
   f.integer("top_logprobs", 0, 0);  // logprobs are not returned by this API here: only 0 is honoured
   p.stream = f.boolean("stream").value_or(false);

@@ -167,6 +167,38 @@ TEST(ServerChat, MalformedToolCallReachesTheClientAsContentAndIsCounted) {
   EXPECT_EQ(errors(), before + 1);
 }
 
+// Arguments stream as they are generated: several fragments per call, which concatenate to the
+// arguments of the non-streamed reply.
+TEST(ServerChat, ToolCallArgumentsStreamInFragments) {
+  const auto r = post(scripted_server().port, "/v1/chat/completions",
+                      chat("SCRIPT_TOOLS weather?", {{"tools", kTools}, {"stream", true}}));
+  int fragments = 0;
+  for (const Json& c : stream_chunks(r))
+    for (const Json& t : c["choices"][0]["delta"].value("tool_calls", Json::array()))
+      fragments += t["index"] == 0 && !t["function"].value("arguments", std::string()).empty();
+  EXPECT_GE(fragments, 3);  // {"city":" / Paris... / ","days":3 / }
+  const Json j = post(scripted_server().port, "/v1/chat/completions", chat("SCRIPT_TOOLS weather?", {{"tools", kTools}})).json();
+  const Folded f = fold(stream_chunks(r));
+  EXPECT_EQ(f.tool_calls[0]["arguments"], j["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]);
+  EXPECT_EQ(f.tool_calls[1]["arguments"], j["choices"][0]["message"]["tool_calls"][1]["function"]["arguments"]);
+}
+
+// A call that fails after it began streaming cannot be taken back in chat: its text follows as
+// content, the finish reason is stop, and the non-streamed reply has no call at all.
+TEST(ServerChat, CallFailingAfterItBeganFollowsAsContent) {
+  const Json b = chat("SCRIPT_LATEBADTOOL", {{"tools", kTools}});
+  const Json j = post(scripted_server().port, "/v1/chat/completions", b).json();
+  EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  Json sb = b;
+  sb["stream"] = true;
+  const Folded f = fold(stream_chunks(post(scripted_server().port, "/v1/chat/completions", sb)));
+  EXPECT_EQ(f.content, j["choices"][0]["message"]["content"]);
+  EXPECT_EQ(f.finish, "stop");
+  ASSERT_EQ(f.tool_calls.size(), 1u);  // what had streamed of it
+  EXPECT_EQ(f.tool_calls[0]["name"], "f");
+}
+
 TEST(ServerChat, StopStringsApplyToContentOnly) {
   // "I greet" is in the reasoning and must not stop it; "help you" spans tokens of the content.
   const Json j = post(scripted_server().port, "/v1/chat/completions",

@@ -28,8 +28,12 @@ Reply call(const std::string& path, const Json& body, const httplib::Headers& he
 }
 
 // max_tokens: SCRIPT_TOOLS is 129 tokens; with the tools declared (~200) that fits 512.
+// Greedy: the scripted model replays its script exactly only then (the API's default is 1).
 Json body(const std::string& user, Json extra = Json::object()) {
-  Json b = {{"model", "k3-tiny"}, {"max_tokens", 140}, {"messages", Json::array({{{"role", "user"}, {"content", user}}})}};
+  Json b = {{"model", "k3-tiny"},
+            {"max_tokens", 140},
+            {"temperature", 0},
+            {"messages", Json::array({{{"role", "user"}, {"content", user}}})}};
   for (auto& [k, v] : extra.items()) b[k] = v;
   return b;
 }
@@ -242,13 +246,39 @@ TEST(ServerMessages, MalformedCallIsText) {
   EXPECT_EQ(j["stop_reason"], "end_turn");
 }
 
-// BUG (disabled until fixed): streamed, the malformed call is announced as a tool_use block
-// ("f", input {}) when its header arrives, before it turns out malformed; then its text follows
-// as a second text block. The stream says [thinking, text, tool_use f, text], the reply
-// [thinking, text]: a client runs a tool call the reply does not have.
-TEST(ServerMessages, DISABLED_MalformedCallStreamsAsTheReplyDoes) {
+// A call begins to stream with its first checked argument: one whose first argument is
+// malformed never shows as a tool_use block, so the stream says what the reply says.
+TEST(ServerMessages, MalformedCallStreamsAsTheReplyDoes) {
   const auto evs = events(call("/v1/messages", bad_tool_body(true)));
   EXPECT_EQ(without_ids(fold(evs)), without_ids(call("/v1/messages", bad_tool_body(false)).json()));
+}
+
+// A call that fails after it began streaming: its tool_use block ends where it failed (a stream
+// cannot take it back), its text follows as text, and stop_reason is not tool_use.
+TEST(ServerMessages, CallFailingAfterItBeganEndsItsBlockAndFollowsAsText) {
+  const Json b = body("SCRIPT_LATEBADTOOL", {{"tools", kTools}, {"thinking", kThinking}});
+  const Json reply = call("/v1/messages", b).json();
+  EXPECT_EQ(block_types(reply), (std::vector<std::string>{"thinking", "text"})) << reply.dump();
+  const std::string raw =
+      "<|open|>call tool=\"f\" index=\"1\"<|sep|><|open|>argument key=\"path\" type=\"string\"<|sep|>a.txt"
+      "<|close|>argument<|sep|><|open|>argument key=\"n\" type=\"number\"<|sep|>12abc<|close|>argument<|sep|>"
+      "<|close|>call<|sep|>";
+  EXPECT_EQ(reply["content"][1]["text"], "Writing." + raw);
+  EXPECT_EQ(reply["stop_reason"], "end_turn");
+  Json sb = b;
+  sb["stream"] = true;
+  std::vector<std::string> blocks;
+  std::string last_text, stop_reason;
+  for (const auto& e : events(call("/v1/messages", sb))) {
+    if (e.data["type"] == "content_block_start") blocks.push_back(e.data["content_block"]["type"]);
+    if (e.data["type"] == "content_block_start" && e.data["content_block"]["type"] == "text") last_text.clear();
+    if (e.data["type"] == "content_block_delta" && e.data["delta"]["type"] == "text_delta")
+      last_text += e.data["delta"]["text"].get<std::string>();
+    if (e.data["type"] == "message_delta") stop_reason = e.data["delta"]["stop_reason"];
+  }
+  EXPECT_EQ(blocks, (std::vector<std::string>{"thinking", "text", "tool_use", "text"}));
+  EXPECT_EQ(last_text, raw);
+  EXPECT_EQ(stop_reason, "end_turn");
 }
 
 // Cut while thinking: the reply, like the stream, is the thinking block alone.
@@ -585,6 +615,25 @@ TEST(ServerMessages, ErrorsInAnthropicsShape) {
   const testing::Reply junk = testing::send(scripted_server().port, "POST", "/v1/messages", "{not json");
   expect_error({junk.status, junk.body}, 400, "invalid_request_error");
   EXPECT_EQ(testing::get(scripted_server().port, "/health").status, 200);
+}
+
+}  // namespace
+}  // namespace k3::server
+
+namespace k3::server {
+namespace {
+
+// Sampling defaults are the API's: temperature 1 when the request names none.
+TEST(ServerMessages, TemperatureDefaultsToOne) {
+  ParseContext ctx;
+  ctx.tokenizer = testing::scripted_server().tok.get();
+  ctx.served_models = {"k3-tiny"};
+  ctx.vocab_size = 1024;
+  ctx.max_model_len = 4096;
+  Json b = {{"model", "k3-tiny"}, {"max_tokens", 4}, {"messages", Json::array({{{"role", "user"}, {"content", "hi"}}})}};
+  EXPECT_EQ(parse_messages_request(b, ctx, false).params.base.sampling.temperature, 1.0f);
+  b["temperature"] = 0.25;
+  EXPECT_EQ(parse_messages_request(b, ctx, false).params.base.sampling.temperature, 0.25f);
 }
 
 }  // namespace

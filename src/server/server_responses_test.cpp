@@ -118,7 +118,8 @@ std::vector<std::string> shape(const std::vector<Event>& evs) {
 
 // Indices agree: every event of an item names the item opened last at its output_index, with
 // its id; items open and close in order; the deltas of an item add up to its .done text and
-// to the final item. Returns the final response (response.completed / .incomplete).
+// to the final item, which are the final output but for malformed calls (done as incomplete).
+// Returns the final response (response.completed / .incomplete).
 Json check_stream(const std::vector<Event>& evs) {
   std::vector<Json> items;  // as output_item.added announced them
   std::vector<std::string> text;  // per item: its deltas joined (reasoning, output text or arguments)
@@ -168,6 +169,8 @@ Json check_stream(const std::vector<Event>& evs) {
   EXPECT_TRUE(first["output"].empty());
   EXPECT_TRUE(first["usage"].is_null());
   const Json final_response = evs.back().data["response"];
+  // A call that turned out malformed was done as incomplete and is not in the final output.
+  std::erase_if(items, [](const Json& i) { return i["type"] == "function_call" && i["status"] == "incomplete"; });
   EXPECT_EQ(final_response["output"].size(), items.size());
   for (size_t i = 0; i < items.size() && i < final_response["output"].size(); ++i)
     EXPECT_EQ(final_response["output"][i], items[i]) << i;
@@ -383,22 +386,42 @@ TEST(ServerResponses, MalformedCallIsText) {
             "12abc<|close|>argument<|sep|><|close|>call<|sep|>");
 }
 
-// BUG (disabled until fixed): streamed, the malformed call is announced as a function_call item
-// when its header arrives and then closed as status "completed" with arguments "" (not JSON)
-// when the text after it opens a message item; response.completed keeps it (and so does the
-// store), while the reply has no such call: a client may run it.
-TEST(ServerResponses, DISABLED_MalformedCallStreamsAsTheReplyDoes) {
+// A call begins to stream with its first checked argument, so one whose first argument is
+// malformed never shows: the stream's final output is the reply's.
+TEST(ServerResponses, MalformedCallStreamsAsTheReplyDoes) {
   const Json done = check_stream(events(call("/v1/responses", body("SCRIPT_BADTOOL", {{"tools", kTools}, {"stream", true}}))));
   EXPECT_EQ(without_ids(done["output"]), without_ids(respond(body("SCRIPT_BADTOOL", {{"tools", kTools}}))["output"]));
 }
 
-// BUG (disabled until fixed): a max_output_tokens that does not fit the context is reported
-// as param "max_tokens", a field this API does not have (check_context names it for all APIs).
-TEST(ServerResponses, DISABLED_ContextErrorNamesMaxOutputTokens) {
+// A max_output_tokens that does not fit the context is named as this API names it.
+TEST(ServerResponses, ContextErrorNamesMaxOutputTokens) {
   const Reply r = call("/v1/responses", body("hi", {{"max_output_tokens", 510}}));
   EXPECT_EQ(r.status, 400) << r.body;
   EXPECT_EQ(r.json()["error"]["param"], "max_output_tokens") << r.body;
   EXPECT_EQ(r.body.find("'max_tokens'"), std::string::npos) << r.body;
+}
+
+// A call that fails after it began streaming ends as an incomplete item, and neither the final
+// output nor the store keeps it: only its text, as a message.
+TEST(ServerResponses, CallFailingAfterItBeganIsLeftOutOfTheOutput) {
+  const auto evs = events(call("/v1/responses", body("SCRIPT_LATEBADTOOL", {{"tools", kTools}, {"stream", true}})));
+  bool incomplete_done = false;
+  for (const auto& e : evs)
+    incomplete_done |= e.data["type"] == "response.output_item.done" && e.data["item"]["type"] == "function_call" &&
+                       e.data["item"]["status"] == "incomplete";
+  EXPECT_TRUE(incomplete_done);
+  const Json done = check_stream(evs);
+  std::string text;
+  for (const Json& item : done["output"]) {
+    EXPECT_NE(item["type"], "function_call") << done.dump();
+    if (item["type"] == "message") text += item["content"][0]["text"].get<std::string>();
+  }
+  const Json reply = respond(body("SCRIPT_LATEBADTOOL", {{"tools", kTools}}));
+  std::string reply_text;
+  for (const Json& item : reply["output"])
+    if (item["type"] == "message") reply_text += item["content"][0]["text"].get<std::string>();
+  EXPECT_EQ(text, reply_text);
+  EXPECT_NE(text.find("12abc"), std::string::npos);
 }
 
 // ---- tools ----

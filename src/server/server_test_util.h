@@ -174,6 +174,11 @@ inline const std::vector<std::pair<std::string, std::string>>& script_texts() {
       {"SCRIPT_BADTOOL", "Hmm." K3_C "think" K3_S K3_O "response" K3_S "Calling." K3_C "response" K3_S K3_O "tools" K3_S
                          K3_O "call tool=\"f\" index=\"1\"" K3_S K3_O "argument key=\"n\" type=\"number\"" K3_S
                          "12abc" K3_C "argument" K3_S K3_C "call" K3_S K3_C "tools" K3_S K3_C "message" K3_S K3_E},
+      // Chat: a call whose first argument is fine and whose second is malformed (it began to stream).
+      {"SCRIPT_LATEBADTOOL", "Hmm." K3_C "think" K3_S K3_O "response" K3_S "Writing." K3_C "response" K3_S K3_O "tools"
+                             K3_S K3_O "call tool=\"f\" index=\"1\"" K3_S K3_O "argument key=\"path\" type=\"string\""
+                             K3_S "a.txt" K3_C "argument" K3_S K3_O "argument key=\"n\" type=\"number\"" K3_S "12abc" K3_C
+                             "argument" K3_S K3_C "call" K3_S K3_C "tools" K3_S K3_C "message" K3_S K3_E},
       // UTF-8 that the tiny vocabulary must split inside characters.
       {"SCRIPT_UTF8", "naïve café — 東京 🚀 done." K3_E},
   };

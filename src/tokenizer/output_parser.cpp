@@ -133,6 +133,24 @@ void OutputParser::emit_arguments(std::string piece, std::vector<OutputEvent>& e
   events.push_back({OutputEvent::Kind::tool_call_arguments, std::move(piece), call_, {}});
 }
 
+void OutputParser::stream_string_value(std::vector<OutputEvent>& events, bool final) {
+  size_t end = value_.size();
+  if (!final) {  // hold back a character whose bytes have not all arrived
+    size_t lead = end;
+    while (lead > value_streamed_ && end - lead < 4 && (static_cast<unsigned char>(value_[lead - 1]) & 0xC0) == 0x80) --lead;
+    if (lead > value_streamed_) {
+      const auto b = static_cast<unsigned char>(value_[lead - 1]);
+      const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+      if (end - (lead - 1) < need) end = lead - 1;
+    }
+  }
+  if (end <= value_streamed_) return;
+  // JSON escaping is per character, so escaped pieces concatenate to the escaped whole.
+  const std::string quoted = json_string(std::string_view(value_).substr(value_streamed_, end - value_streamed_));
+  emit_arguments(quoted.substr(1, quoted.size() - 2), events);
+  value_streamed_ = end;
+}
+
 void OutputParser::end_call(std::vector<OutputEvent>& events) {
   if (!call_failed_) {
     if (has_json_block_) {
@@ -185,10 +203,7 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
                         std::string(before), {}});
     } else if (state_ == State::argument || state_ == State::json) {
       value_ += before;
-      if (state_ == State::argument && arg_type_ == "string") {
-        const std::string quoted = json_string(before);
-        emit_arguments(quoted.substr(1, quoted.size() - 2), events);  // escaping is per character
-      }
+      if (state_ == State::argument && arg_type_ == "string") stream_string_value(events, false);
     } else if (!blank(before)) {
       const std::string what = "unexpected text '" + std::string(before.substr(0, 200)) + "'";
       if (state_ == State::call) {
@@ -298,6 +313,7 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
         for (const auto& [k, unused] : args_)
           if (mk.tag == "argument" && k == arg_key_) fail_call("argument '" + arg_key_ + "' is given twice");
         value_.clear();
+        value_streamed_ = 0;
         state_ = mk.tag == "argument" ? State::argument : State::json;
         if (state_ == State::argument && arg_type_ == "string") {  // its value streams as it comes
           emit_arguments((arguments_open_ ? "," : "{") + json_string(arg_key_) + ":\"", events);
@@ -321,6 +337,7 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
         const std::string v = typed_value(arg_type_, value_, error);
         if (!error.empty()) fail_call("argument '" + arg_key_ + "': " + error);
         if (arg_type_ == "string") {
+          stream_string_value(events, true);
           emit_arguments("\"", events);
         } else {
           emit_arguments((arguments_open_ ? "," : "{") + json_string(arg_key_) + ":" + v, events);

@@ -62,6 +62,9 @@ class OutputParser {
   void fail_call(const std::string& why);
   // Streams a piece of the open call's arguments (nothing once the call has failed).
   void emit_arguments(std::string piece, std::vector<OutputEvent>& events);
+  // Streams the open string value's new bytes: up to its last whole UTF-8 character, or all
+  // of them when `final` (the argument closed).
+  void stream_string_value(std::vector<OutputEvent>& events, bool final);
   bool in_call() const { return state_ == State::call || state_ == State::argument || state_ == State::json; }
 
   State state_;
@@ -72,6 +75,7 @@ class OutputParser {
   std::vector<std::pair<std::string, std::string>> args_;  // (key, JSON value) of the open call
   std::string arg_key_, arg_type_, value_;
   std::string call_raw_;        // the open call's text so far
+  size_t value_streamed_ = 0;   // bytes of value_ already streamed (string values)
   bool arguments_open_ = false;  // "{" of the open call's arguments has been streamed
   bool has_json_block_ = false;
   std::string error_;

@@ -192,7 +192,7 @@ TEST(OutputParserStream, NonAsciiStringValuesFedCharacterByCharacter) {
 // server never cuts characters (its detokenizer emits whole ones), but OutputParser::feed does
 // not ask for whole characters. Fix: hold a trailing incomplete UTF-8 sequence of a string
 // value back until the next feed (or the argument's close), as the detokenizer does.
-TEST(OutputParserStream, DISABLED_NonAsciiStringValuesFedByteByByte) {
+TEST(OutputParserStream, NonAsciiStringValuesFedByteByByte) {
   const Events r = run_both(tools_block(call("f", 1, arg("city", "string", "São Paulo — 東京 🚀"))));
   const CallLog& log = r.calls.at(0);
   ASSERT_TRUE(log.completed) << log.error;
