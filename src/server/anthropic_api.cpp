@@ -22,7 +22,6 @@ namespace k3::server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr auto kPingInterval = std::chrono::seconds(3);
 
 // An opaque signature for a thinking block: clients hand it back with the block, and nothing
 // here checks it (thinking is rendered from the text), so a hash of the text is enough.
@@ -61,7 +60,8 @@ Json tool_input(const std::string& arguments) {
 
 class AnthropicFormatter final : public Formatter {
  public:
-  explicit AnthropicFormatter(bool show_thinking) : show_thinking_(show_thinking) {}
+  AnthropicFormatter(bool show_thinking, std::chrono::milliseconds ping_interval)
+      : show_thinking_(show_thinking), ping_interval_(ping_interval) {}
 
   std::string begin(Job& job) override {
     last_ = Clock::now();
@@ -102,7 +102,7 @@ class AnthropicFormatter final : public Formatter {
   }
 
   std::string idle(Job&) override {
-    if (Clock::now() - last_ < kPingInterval) return {};
+    if (Clock::now() - last_ < ping_interval_) return {};
     last_ = Clock::now();
     return ping();
   }
@@ -166,6 +166,7 @@ class AnthropicFormatter final : public Formatter {
   }
 
   bool show_thinking_;
+  std::chrono::milliseconds ping_interval_;
   Block open_ = Block::none;
   int index_ = 0;
   std::string thinking_, finish_;
@@ -189,7 +190,7 @@ void ApiServer::Impl::handle_messages(const httplib::Request& req, httplib::Resp
               << std::endl;
   }
   run_job(std::make_shared<Job>(*this, std::move(r.params), "msg_", "toolu_"),
-          std::make_shared<AnthropicFormatter>(r.show_thinking), req, res);
+          std::make_shared<AnthropicFormatter>(r.show_thinking, config.stream_ping_interval), req, res);
 }
 
 void ApiServer::Impl::handle_count_tokens(const httplib::Request& req, httplib::Response& res) {

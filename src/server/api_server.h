@@ -45,6 +45,9 @@ struct ServerConfig {
   size_t max_stored_responses = 1024;   // /v1/responses store: the most recent kept (previous_response_id)
   // How often a handler waiting on the engine checks that its client is still there.
   std::chrono::milliseconds poll_interval{20};
+  // Anthropic streams: a ping after this long without an event (long prefills), so clients and
+  // proxies see the stream is alive.
+  std::chrono::milliseconds stream_ping_interval{3000};
 };
 
 class ApiServer {

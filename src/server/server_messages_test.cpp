@@ -638,3 +638,28 @@ TEST(ServerMessages, TemperatureDefaultsToOne) {
 
 }  // namespace
 }  // namespace k3::server
+
+namespace k3::server {
+namespace {
+
+// A slow step (a long prefill) leaves the stream silent: pings keep it alive, each named.
+TEST(ServerMessages, PingsWhileTheModelIsSilent) {
+  ServerConfig config = testing::test_server_config();
+  config.stream_ping_interval = std::chrono::milliseconds(40);
+  testing::ScriptedServer slow(std::chrono::milliseconds(150), config);
+  const Json b = {{"model", "k3-tiny"},   {"max_tokens", 3},
+                  {"temperature", 0},     {"stream", true},
+                  {"messages", Json::array({{{"role", "user"}, {"content", "SCRIPT_STORY"}}})}};
+  const testing::Reply r = testing::post(slow.port, "/v1/messages", b);
+  ASSERT_EQ(r.status, 200) << r.body;
+  int pings = 0, named_pings = 0;
+  for (size_t pos = 0; (pos = r.body.find("{\"type\":\"ping\"}", pos)) != std::string::npos; ++pos) ++pings;
+  for (size_t pos = 0; (pos = r.body.find("event: ping\ndata: {\"type\":\"ping\"}", pos)) != std::string::npos; ++pos)
+    ++named_pings;
+  EXPECT_GE(pings, 3) << r.body;  // one after message_start, then one per silent 40 ms (steps take 150)
+  EXPECT_EQ(pings, named_pings);
+  EXPECT_NE(r.body.find("event: message_stop"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace k3::server

@@ -198,7 +198,7 @@ struct ScriptedServer {
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<ApiServer> http;
   int port = 0;
-  explicit ScriptedServer(std::chrono::microseconds step_delay = {}) {
+  explicit ScriptedServer(std::chrono::microseconds step_delay = {}, ServerConfig config = test_server_config()) {
     tok = std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::load_k3(tiny_model_dir()));
     std::vector<ScriptedExecutor::Script> scripts;
     for (const auto& [trigger, text] : script_texts()) scripts.push_back({trigger, encode_script(*tok, text)});
@@ -217,7 +217,7 @@ struct ScriptedServer {
     engine = std::make_unique<engine::Engine>(
         c, std::make_unique<ScriptedExecutor>(*tok, 1024, std::move(scripts), std::move(fallback), step_delay));
     engine->start();
-    http = std::make_unique<ApiServer>(test_server_config(), *engine, *tok);
+    http = std::make_unique<ApiServer>(std::move(config), *engine, *tok);
     port = http->start();
   }
   ~ScriptedServer() {
