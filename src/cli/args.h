@@ -1,11 +1,16 @@
-// cli/args.h: a strict command-line parser for k3serve's subcommands.
+// cli/args.h: the strict command-line parser every k3serve subcommand (and bench program) uses.
 //
-// Every option is declared with its help text; an unknown option, a missing value, a
-// repeated option or a malformed number is an error naming the option.
+// CLI11 (Debian's libcli11-dev) does the parsing underneath: --name=value and --name value, a
+// `multiple` option's values up to the next option, -h/--help. This wrapper stays because each
+// subcommand declares its options as ONE list of OptionSpec (help, placeholder, default, required),
+// shared by its parsing, its usage text and the option lists model_options.h hands several
+// subcommands; and because every problem must reach main() as a core::Error naming the option (an
+// unknown option, a missing value, a repeated option, a flag given a value, a malformed number, a
+// required option left out), worded the same whichever CLI11 version is installed (2.1 on
+// Debian 12, 2.4 on the GPU machine). CLI11 stays out of this header: it is only in args.cpp.
 #pragma once
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,7 +35,7 @@ class Args {
   std::string usage() const;
   bool flag(const std::string& name) const;
   bool has(const std::string& name) const;
-  std::string get(const std::string& name) const;  // value or the declared default
+  std::string get(const std::string& name) const;  // value or the declared default (`multiple`: joined by '\n')
   int64_t get_int(const std::string& name) const;
   uint64_t get_u64(const std::string& name) const;
   double get_double(const std::string& name) const;
@@ -43,7 +48,7 @@ class Args {
   const OptionSpec& spec(const std::string& name) const;
   std::string command_;
   std::vector<OptionSpec> specs_;
-  std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> values_;  // the options given (a flag: "1")
   bool help_ = false;
 };
 
