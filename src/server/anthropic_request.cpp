@@ -83,7 +83,7 @@ void add_user_content(const Json& content, const std::string& path, ToolTable& t
                                : std::string();
       if (b.contains("is_error") && !b["is_error"].is_null() && !b["is_error"].is_boolean())
         throw bad_request("'" + p + ".is_error' must be a boolean", p + ".is_error", "invalid_type");
-      if (b.value("is_error", false)) result = "Error: " + result;
+      if (b.contains("is_error") && b["is_error"].is_boolean() && b["is_error"].get<bool>()) result = "Error: " + result;
       out.push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
       Json newly = Json::array();
       for (const std::string& name : refs) {
@@ -155,7 +155,7 @@ Json read_tools(const Json& tools, ToolTable& table, std::vector<std::string>& s
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string p = at("tools", i);
     if (!tools[i].is_object()) throw bad_request("'" + p + "' must be an object", p, "invalid_type");
-    const std::string type = tools[i].value("type", "custom");
+    const std::string type = string_or(tools[i], "type", "custom", p);
     const std::string name = tools[i].contains("name") && tools[i]["name"].is_string() ? tools[i]["name"].get<std::string>() : "";
     if (type != "custom") {
       skipped.push_back(name.empty() ? type : name + " (" + type + ")");

@@ -53,6 +53,16 @@ std::string dump_json(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+std::string string_or(const Json& obj, std::string_view key, const std::string& fallback, const std::string& path) {
+  const auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  if (!it->is_string()) {
+    const std::string name = path + "." + std::string(key);
+    throw bad_request("'" + name + "' must be a string, got " + json_type_name(*it), name, "invalid_type");
+  }
+  return it->get<std::string>();
+}
+
 std::string json_type_name(const Json& j) {
   switch (j.type()) {
     case Json::value_t::null: return "null";

@@ -58,6 +58,10 @@ class JsonFields {
   std::string prefix_;
 };
 
+// obj[key] as a string: `fallback` when absent or null, a 400 naming `path.key` when it is
+// something else (for parsers that read objects without a JsonFields).
+std::string string_or(const Json& obj, std::string_view key, const std::string& fallback, const std::string& path);
+
 // "a string", "an integer", ... for messages.
 std::string json_type_name(const Json& j);
 // The value as it appeared, shortened for an error message.

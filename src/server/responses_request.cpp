@@ -25,7 +25,7 @@ std::string content_text(const Json& content, const std::string& path) {
   for (size_t i = 0; i < content.size(); ++i) {
     const std::string p = at(path, i);
     if (!content[i].is_object()) throw bad_request("'" + p + "' must be an object", p, "invalid_type");
-    const std::string type = content[i].value("type", "");
+    const std::string type = string_or(content[i], "type", "", p);
     if (type == "input_text" || type == "output_text" || type == "text") {
       out += required_string(content[i], "text", p);
     } else if (type == "refusal") {
@@ -72,7 +72,7 @@ void add_items(const Json& input, Json& messages) {
     const std::string p = at("input", i);
     const Json& item = input[i];
     if (!item.is_object()) throw bad_request("'" + p + "' must be an object", p, "invalid_type");
-    const std::string type = item.value("type", item.contains("role") ? "message" : "");
+    const std::string type = string_or(item, "type", item.contains("role") ? "message" : "", p);
     if (type == "message") {
       const std::string role = required_string(item, "role", p);
       if (!item.contains("content")) throw bad_request("'" + p + ".content' is required", p + ".content", "missing");
@@ -135,16 +135,16 @@ Json read_tools(const Json& tools, ResponsesRequest& r, std::vector<std::string>
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string p = at("tools", i);
     if (!tools[i].is_object()) throw bad_request("'" + p + "' must be an object", p, "invalid_type");
-    const std::string type = tools[i].value("type", "");
+    const std::string type = string_or(tools[i], "type", "", p);
     if (type == "function") {
       out.push_back(function_tool(tools[i], p, ignored));
     } else if (type == "namespace") {
-      const std::string ns = tools[i].value("name", "");
+      const std::string ns = string_or(tools[i], "name", "", p);
       const Json& nested = tools[i].contains("tools") ? tools[i]["tools"] : Json::array();
       if (!nested.is_array()) throw bad_request("'" + p + ".tools' must be an array", p + ".tools", "invalid_type");
       for (size_t k = 0; k < nested.size(); ++k) {
         const std::string np = at(p + ".tools", k);
-        if (!nested[k].is_object() || nested[k].value("type", "") != "function") {
+        if (!nested[k].is_object() || string_or(nested[k], "type", "", np) != "function") {
           r.warnings.push_back("tool " + np + " is not a function tool and was left out");
           continue;
         }

@@ -88,31 +88,10 @@ TEST(ServerErrors, FuzzedBodiesNeverCrashOrGetA5xx) {
       R"({"messages": [{"role": "system", "content": [{"type": "text", "text": "x"}]}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]}, {"role": "tool", "tool_call_id": "c1", "content": "r"}], "max_tokens": 3, "logit_bias": {"5": 1}})",
       R"({"prompt": [[1, 2, 3], [4, 5]], "max_tokens": 3, "temperature": 0.5, "top_k": 5, "seed": 1})",
   };
-  const std::vector<std::string> splices = {"null", "-1", "1e309", "\"\"", "[]", "{}", "true", "99999999999999999999",
-                                            "\"\\u0000\"", "[[[[]]]]", "0.5", "\"\\ud800\""};
   core::Rng rng(2024);
   int ok = 0, rejected = 0;
   for (int trial = 0; trial < 2000; ++trial) {
-    std::string body = seeds[rng.next_u64() % seeds.size()];
-    const int edits = 1 + static_cast<int>(rng.next_u64() % 3);
-    for (int e = 0; e < edits && !body.empty(); ++e) {
-      const size_t at = rng.next_u64() % body.size();
-      switch (rng.next_u64() % 5) {
-        case 0: body[at] = static_cast<char>(rng.next_u64() % 256); break;
-        case 1: body.resize(at); break;
-        case 2: body.insert(at, splices[rng.next_u64() % splices.size()]); break;
-        case 3: body.erase(at, 1 + rng.next_u64() % 8); break;
-        case 4: {  // replace a value after a colon
-          const size_t colon = body.find(':', at);
-          if (colon != std::string::npos) {
-            const size_t end = body.find_first_of(",}", colon);
-            body.replace(colon + 1, end == std::string::npos ? 0 : end - colon - 1,
-                         " " + splices[rng.next_u64() % splices.size()]);
-          }
-          break;
-        }
-      }
-    }
+    const std::string body = testing::mutated_body(seeds[rng.next_u64() % seeds.size()], rng);
     const std::string path = body.find("messages") != std::string::npos ? "/v1/chat/completions" : "/v1/completions";
     const testing::Reply r = send(port, "POST", path, body);
     ASSERT_NE(r.status, 0) << "no reply to: " << body;

@@ -27,6 +27,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "config/k3_config.h"
+#include "core/rng.h"
 #include "engine/engine.h"
 #include "server/api_server.h"
 #include "server/json_body.h"
@@ -290,6 +291,34 @@ inline std::vector<Json> stream_chunks(const Reply& r) {
   std::vector<Json> chunks;
   for (size_t i = 0; i + 1 < data.size(); ++i) chunks.push_back(Json::parse(data[i]));
   return chunks;
+}
+
+// `body` after 1-3 random edits: flipped bytes, truncations, spliced odd values, values
+// replaced after a colon (fuzzing the request parsers).
+inline std::string mutated_body(std::string body, core::Rng& rng) {
+  static const std::vector<std::string> splices = {"null", "-1", "1e309", "\"\"", "[]", "{}", "true",
+                                                   "99999999999999999999", "\"\\u0000\"", "[[[[]]]]", "0.5",
+                                                   "\"\\ud800\""};
+  const int edits = 1 + static_cast<int>(rng.next_u64() % 3);
+  for (int e = 0; e < edits && !body.empty(); ++e) {
+    const size_t at = rng.next_u64() % body.size();
+    switch (rng.next_u64() % 5) {
+      case 0: body[at] = static_cast<char>(rng.next_u64() % 256); break;
+      case 1: body.resize(at); break;
+      case 2: body.insert(at, splices[rng.next_u64() % splices.size()]); break;
+      case 3: body.erase(at, 1 + rng.next_u64() % 8); break;
+      case 4: {  // replace a value after a colon
+        const size_t colon = body.find(':', at);
+        if (colon != std::string::npos) {
+          const size_t end = body.find_first_of(",}", colon);
+          body.replace(colon + 1, end == std::string::npos ? 0 : end - colon - 1,
+                       " " + splices[rng.next_u64() % splices.size()]);
+        }
+        break;
+      }
+    }
+  }
+  return body;
 }
 
 // Waits until the engine holds nothing: no request, no page in use, no slot.
