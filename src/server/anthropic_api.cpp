@@ -176,13 +176,9 @@ class AnthropicFormatter final : public Formatter {
 }  // namespace
 
 void ApiServer::Impl::handle_messages(const httplib::Request& req, httplib::Response& res) {
-  if (draining) throw ApiError(503, "the server is shutting down", {}, "server_shutting_down");
-  ParseContext ctx = parse_context();
-  std::vector<std::string> ignored;
-  ctx.ignored_fields = &ignored;
-  MessagesRequest r = parse_messages_request(parse_body(req.body), ctx, false);
-  metrics->count_request("messages");
-  note_ignored_fields("messages", ignored);
+  MessagesRequest r = parse_request("messages", req, [](const Json& body, const ParseContext& ctx) {
+    return parse_messages_request(body, ctx, false);
+  });
   if (!r.skipped_tools.empty()) {
     std::string names;
     for (const std::string& n : r.skipped_tools) names += (names.empty() ? "" : ", ") + n;
@@ -194,12 +190,9 @@ void ApiServer::Impl::handle_messages(const httplib::Request& req, httplib::Resp
 }
 
 void ApiServer::Impl::handle_count_tokens(const httplib::Request& req, httplib::Response& res) {
-  ParseContext ctx = parse_context();
-  std::vector<std::string> ignored;
-  ctx.ignored_fields = &ignored;
-  const MessagesRequest r = parse_messages_request(parse_body(req.body), ctx, true);
-  metrics->count_request("messages_count_tokens");
-  note_ignored_fields("messages_count_tokens", ignored);
+  const MessagesRequest r = parse_request("messages_count_tokens", req, [](const Json& body, const ParseContext& ctx) {
+    return parse_messages_request(body, ctx, true);
+  });
   res.set_content(dump_json(Json{{"input_tokens", r.params.prompts.at(0).size()}}), "application/json");
 }
 

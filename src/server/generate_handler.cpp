@@ -77,15 +77,10 @@ class OpenAIFormatter final : public Formatter {
 }  // namespace
 
 void ApiServer::Impl::handle_generate(const httplib::Request& req, httplib::Response& res, bool chat) {
-  if (draining) throw ApiError(503, "the server is shutting down", {}, "server_shutting_down");
-  const Json body = parse_body(req.body);
-  ParseContext ctx = parse_context();
-  std::vector<std::string> ignored;
-  ctx.ignored_fields = &ignored;
-  GenerationParams params = chat ? parse_chat_request(body, ctx) : parse_completion_request(body, ctx);
   const char* api = chat ? "chat_completions" : "completions";
-  metrics->count_request(api);
-  note_ignored_fields(api, ignored);
+  GenerationParams params = parse_request(api, req, [chat](const Json& body, const ParseContext& ctx) {
+    return chat ? parse_chat_request(body, ctx) : parse_completion_request(body, ctx);
+  });
   run_job(std::make_shared<Job>(*this, std::move(params), chat ? "chatcmpl-" : "cmpl-", "call_"),
           std::make_shared<OpenAIFormatter>(tokenizer), req, res);
 }

@@ -63,27 +63,9 @@ inline int64_t count_tokens(const Json& b) {
   return r.status == 200 ? r.json()["input_tokens"].get<int64_t>() : -1;
 }
 
-struct Event {
-  std::string name;
-  Json data;
-};
-// The events of an Anthropic stream: "event: NAME\ndata: JSON" blocks, each name its data's type.
-inline std::vector<Event> events(const Reply& r) {
-  std::vector<Event> out;
-  for (size_t pos = 0; pos < r.body.size();) {
-    const size_t end = r.body.find("\n\n", pos);
-    const std::string block = r.body.substr(pos, end - pos);
-    pos = end == std::string::npos ? r.body.size() : end + 2;
-    const size_t nl = block.find('\n');
-    EXPECT_TRUE(block.rfind("event: ", 0) == 0 && nl != std::string::npos) << block;
-    if (nl == std::string::npos) continue;
-    EXPECT_EQ(block.compare(nl + 1, 6, "data: "), 0) << block;
-    Event e{block.substr(7, nl - 7), Json::parse(block.substr(nl + 7))};
-    EXPECT_EQ(e.data["type"], e.name) << "event: line and data.type disagree";
-    out.push_back(std::move(e));
-  }
-  return out;
-}
+using Event = testing::NamedEvent;
+// The events of an Anthropic stream.
+inline std::vector<Event> events(const Reply& r) { return testing::named_events(r.body); }
 
 // One line per event, "name@index block-or-delta type", runs of the same line folded into "... +".
 inline std::vector<std::string> shape(const std::vector<Event>& evs) {

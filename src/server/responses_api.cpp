@@ -238,13 +238,9 @@ class ResponsesFormatter final : public Formatter {
 }  // namespace
 
 void ApiServer::Impl::handle_responses(const httplib::Request& req, httplib::Response& res) {
-  if (draining) throw ApiError(503, "the server is shutting down", {}, "server_shutting_down");
-  ParseContext ctx = parse_context();
-  std::vector<std::string> ignored;
-  ctx.ignored_fields = &ignored;
-  ResponsesRequest r = parse_responses_request(parse_body(req.body), ctx, responses);
-  metrics->count_request("responses");
-  note_ignored_fields("responses", ignored);
+  ResponsesRequest r = parse_request("responses", req, [this](const Json& body, const ParseContext& ctx) {
+    return parse_responses_request(body, ctx, responses);
+  });
   for (const std::string& w : r.warnings) std::cerr << "k3serve: responses: " << w << std::endl;
   GenerationParams params = std::move(r.params);
   run_job(std::make_shared<Job>(*this, std::move(params), "resp_", "call_"),

@@ -53,6 +53,19 @@ struct ApiServer::Impl {
   ParseContext parse_context();
   // Counts the fields a request sent that change nothing here, and names each new one in the log.
   void note_ignored_fields(const char* api, const std::vector<std::string>& fields);
+  // The front ends' common start: 503 while draining, the body parsed by `parse(json, ctx)` with
+  // unknown fields collected, the request counted for `api` and what it ignored noted.
+  template <class Parse>
+  auto parse_request(const char* api, const httplib::Request& req, Parse&& parse) {
+    if (draining) throw ApiError(503, "the server is shutting down", {}, "server_shutting_down");
+    ParseContext ctx = parse_context();
+    std::vector<std::string> ignored;
+    ctx.ignored_fields = &ignored;
+    auto parsed = parse(parse_body(req.body), ctx);
+    metrics->count_request(api);
+    note_ignored_fields(api, ignored);
+    return parsed;
+  }
   // Counts a generation request in (until the returned token dies) and lets drain() reach it.
   std::shared_ptr<void> track(const std::shared_ptr<Generation>& g);
 

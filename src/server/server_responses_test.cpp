@@ -73,27 +73,12 @@ Json message(const std::string& role, const std::string& text) {
           {"content", Json::array({{{"type", role == "assistant" ? "output_text" : "input_text"}, {"text", text}}})}};
 }
 
-struct Event {
-  std::string type;
-  Json data;
-};
-// The events of a stream ("event: TYPE\ndata: JSON"), checking the name against data.type and
-// that sequence_number counts 0, 1, 2, ...
+using Event = testing::NamedEvent;
+// The events of a stream, checking that sequence_number counts 0, 1, 2, ...
 std::vector<Event> events(const Reply& r) {
   EXPECT_EQ(r.status, 200) << r.body;
-  std::vector<Event> out;
-  for (size_t pos = 0; pos < r.body.size();) {
-    const size_t end = r.body.find("\n\n", pos);
-    const std::string block = r.body.substr(pos, end - pos);
-    pos = end == std::string::npos ? r.body.size() : end + 2;
-    const size_t nl = block.find('\n');
-    EXPECT_TRUE(block.rfind("event: ", 0) == 0 && nl != std::string::npos) << block;
-    if (nl == std::string::npos) continue;
-    Event e{block.substr(7, nl - 7), Json::parse(block.substr(nl + 7))};
-    EXPECT_EQ(e.data["type"], e.type);
-    EXPECT_EQ(e.data["sequence_number"], out.size()) << e.type;
-    out.push_back(std::move(e));
-  }
+  std::vector<Event> out = testing::named_events(r.body);
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i].data["sequence_number"], i) << out[i].name;
   return out;
 }
 
@@ -103,7 +88,7 @@ std::vector<std::string> shape(const std::vector<Event>& evs) {
   std::vector<std::string> lines;
   std::string last;
   for (const Event& e : evs) {
-    std::string line = e.type.substr(std::string("response.").size());
+    std::string line = e.name.substr(std::string("response.").size());
     if (e.data.contains("output_index")) line += "@" + std::to_string(e.data["output_index"].get<int>());
     if (e.data.contains("item")) line += " " + e.data["item"]["type"].get<std::string>();
     if (line == last) {
@@ -126,7 +111,7 @@ Json check_stream(const std::vector<Event>& evs) {
   bool open = false;
   for (const Event& e : evs) {
     const Json& d = e.data;
-    if (e.type == "response.output_item.added") {
+    if (e.name == "response.output_item.added") {
       EXPECT_FALSE(open) << "an item opened before the last one closed";
       EXPECT_EQ(d["output_index"], items.size());
       items.push_back(d["item"]);
@@ -135,10 +120,10 @@ Json check_stream(const std::vector<Event>& evs) {
       continue;
     }
     if (!d.contains("output_index")) continue;
-    EXPECT_TRUE(open) << e.type << " outside an item";
+    EXPECT_TRUE(open) << e.name << " outside an item";
     if (items.empty()) continue;
-    EXPECT_EQ(d["output_index"].get<size_t>() + 1, items.size()) << e.type;
-    if (e.type == "response.output_item.done") {
+    EXPECT_EQ(d["output_index"].get<size_t>() + 1, items.size()) << e.name;
+    if (e.name == "response.output_item.done") {
       EXPECT_EQ(d["item"]["id"], items.back()["id"]);
       EXPECT_EQ(d["item"]["type"], items.back()["type"]);
       const Json& item = d["item"];
@@ -148,17 +133,17 @@ Json check_stream(const std::vector<Event>& evs) {
       open = false;
       continue;
     }
-    EXPECT_EQ(d["item_id"], items.back()["id"]) << e.type;
+    EXPECT_EQ(d["item_id"], items.back()["id"]) << e.name;
     if (d.contains("content_index")) {
-      EXPECT_EQ(d["content_index"], 0) << e.type;
+      EXPECT_EQ(d["content_index"], 0) << e.name;
     }
-    if (e.type == "response.output_text.delta" || e.type == "response.reasoning_text.delta" ||
-        e.type == "response.function_call_arguments.delta")
+    if (e.name == "response.output_text.delta" || e.name == "response.reasoning_text.delta" ||
+        e.name == "response.function_call_arguments.delta")
       text.back() += d["delta"].get<std::string>();
-    if (e.type == "response.output_text.done" || e.type == "response.reasoning_text.done") {
-      EXPECT_EQ(d["text"], text.back()) << e.type;
+    if (e.name == "response.output_text.done" || e.name == "response.reasoning_text.done") {
+      EXPECT_EQ(d["text"], text.back()) << e.name;
     }
-    if (e.type == "response.function_call_arguments.done") {
+    if (e.name == "response.function_call_arguments.done") {
       EXPECT_EQ(d["arguments"], text.back());
       EXPECT_EQ(d["name"], items.back()["name"]);
     }
@@ -317,7 +302,7 @@ TEST(ServerResponses, MaxOutputTokensMakesItIncomplete) {
   EXPECT_EQ(j["incomplete_details"], (Json{{"reason", "max_output_tokens"}}));
   EXPECT_EQ(j["usage"]["output_tokens"], 5);
   const auto evs = events(call("/v1/responses", body("SCRIPT_CHAT hello", {{"max_output_tokens", 5}, {"stream", true}})));
-  EXPECT_EQ(evs.back().type, "response.incomplete");
+  EXPECT_EQ(evs.back().name, "response.incomplete");
   const Json last = check_stream(evs);
   EXPECT_EQ(last["status"], "incomplete");
   EXPECT_EQ(without_ids(last["output"]), without_ids(j["output"]));
@@ -353,7 +338,7 @@ TEST(ServerResponses, GoldenStreamToolCalls) {
                             "function_call_arguments.done@2", "output_item.done@2 function_call",
                             "completed"}));
   for (const Event& e : evs)
-    if (e.type == "response.output_item.added" && e.data["item"]["type"] == "function_call") {
+    if (e.name == "response.output_item.added" && e.data["item"]["type"] == "function_call") {
       EXPECT_EQ(e.data["item"]["arguments"], "");  // they come as deltas
       EXPECT_EQ(e.data["item"]["status"], "in_progress");
     }

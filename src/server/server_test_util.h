@@ -282,6 +282,30 @@ inline std::vector<std::string> sse_data(const std::string& body) {
   return out;
 }
 
+// A named SSE event ("event: NAME\ndata: JSON"), as Anthropic's and the Responses API's
+// streams send them.
+struct NamedEvent {
+  std::string name;
+  Json data;
+};
+// The events of such a stream, each checked to have both lines and a data.type equal to its name.
+inline std::vector<NamedEvent> named_events(const std::string& body) {
+  std::vector<NamedEvent> out;
+  for (size_t pos = 0; pos < body.size();) {
+    const size_t end = body.find("\n\n", pos);
+    const std::string block = body.substr(pos, end - pos);
+    pos = end == std::string::npos ? body.size() : end + 2;
+    const size_t nl = block.find('\n');
+    EXPECT_TRUE(block.rfind("event: ", 0) == 0 && nl != std::string::npos) << block;
+    if (nl == std::string::npos) continue;
+    EXPECT_EQ(block.compare(nl + 1, 6, "data: "), 0) << block;
+    NamedEvent e{block.substr(7, nl - 7), Json::parse(block.substr(nl + 7))};
+    EXPECT_EQ(e.data["type"], e.name) << "event: line and data.type disagree";
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
 // The chunks of a finished stream as JSON (the final "[DONE]" checked and dropped).
 inline std::vector<Json> stream_chunks(const Reply& r) {
   std::vector<std::string> data = sse_data(r.body);
