@@ -15,18 +15,11 @@ import assert from "node:assert/strict";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { randomBytes, randomUUID } from "node:crypto";
+import { parseArgs, checker, metric as harnessMetric, eventually } from "./harness.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const args = { "base-url": "http://127.0.0.1:8000/v1", model: "k3-tiny", "sdk-dir": path.join(here, "../../.testdata/openai-node"),
-               "api-key": "unused", only: "" };
-for (let i = 2; i < process.argv.length; i += 2) {
-  const key = process.argv[i].replace(/^--/, "");
-  if (!(key in args) || i + 1 >= process.argv.length) {
-    console.error(`usage: node openai_responses_test.mjs --base-url URL [--model NAME] [--sdk-dir DIR] [--api-key KEY] [--only SUBSTRING]`);
-    process.exit(2);
-  }
-  args[key] = process.argv[i + 1];
-}
+const args = parseArgs("openai_responses_test.mjs", { "base-url": "http://127.0.0.1:8000/v1", model: "k3-tiny", "sdk-dir": path.join(here, "../../.testdata/openai-node"),
+               "api-key": "unused", only: "" });
 const baseURL = args["base-url"].replace(/\/$/, "");
 const serverRoot = baseURL.replace(/\/v1$/, "");
 const MODEL = args.model;
@@ -45,36 +38,11 @@ const client = new OpenAI({ baseURL, apiKey: args["api-key"], maxRetries: 0, tim
 
 // ---- check runner ----
 
-let failed = 0, passed = 0;
-async function check(name, fn) {
-  if (args.only && !name.includes(args.only)) return;
-  const t0 = performance.now();
-  try {
-    await fn();
-    passed++;
-    console.log(`ok   ${name} (${Math.round(performance.now() - t0)} ms)`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`);
-  }
-}
+const { check, finish } = checker(args.only);
 
 // ---- helpers ----
 
-async function metric(name) {
-  const text = await (await fetch(serverRoot + "/metrics")).text();
-  const line = text.split("\n").find((l) => l.startsWith(name + "{") || l.startsWith(name + " "));
-  assert.ok(line, `no ${name} in /metrics`);
-  return Number(line.slice(line.lastIndexOf(" ") + 1));
-}
-async function eventually(what, fn, ms = 10_000) {
-  const until = Date.now() + ms;
-  for (;;) {
-    if (await fn()) return;
-    if (Date.now() > until) assert.fail(`timed out after ${ms} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
+const metric = (name) => harnessMetric(serverRoot, name);
 // Runs `fn`, which must throw the SDK error class `cls` with `status` and an OpenAI error body
 // ({"error": {"message", "type", ...}}); returns the error.
 async function expectApiError(cls, status, fn) {
@@ -492,5 +460,4 @@ await check("an aborted stream frees its request; the server keeps serving", asy
   checkResponse(await client.responses.create({ model: MODEL, input: "still there?", max_output_tokens: 2 }));
 });
 
-console.log(`Responses API checks: ${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+finish("Responses API checks");

@@ -15,17 +15,10 @@ import assert from "node:assert/strict";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { randomBytes } from "node:crypto";
+import { parseArgs, checker, metric as harnessMetric, eventually } from "./harness.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const args = { "base-url": "http://127.0.0.1:8000/v1", model: "k3-tiny", "sdk-dir": path.join(here, "../../.testdata/openai-node"), only: "" };
-for (let i = 2; i < process.argv.length; i += 2) {
-  const key = process.argv[i].replace(/^--/, "");
-  if (!(key in args) || i + 1 >= process.argv.length) {
-    console.error(`usage: node openai_sdk_test.mjs --base-url URL [--model NAME] [--sdk-dir DIR] [--only SUBSTRING]`);
-    process.exit(2);
-  }
-  args[key] = process.argv[i + 1];
-}
+const args = parseArgs("openai_sdk_test.mjs", { "base-url": "http://127.0.0.1:8000/v1", model: "k3-tiny", "sdk-dir": path.join(here, "../../.testdata/openai-node"), only: "" });
 const baseURL = args["base-url"].replace(/\/$/, "");
 const serverRoot = baseURL.replace(/\/v1$/, "");
 const MODEL = args.model;
@@ -44,19 +37,7 @@ const client = new OpenAI({ baseURL, apiKey: "unused", maxRetries: 0, timeout: 6
 
 // ---- check runner ----
 
-let failed = 0, passed = 0;
-async function check(name, fn) {
-  if (args.only && !name.includes(args.only)) return;
-  const t0 = performance.now();
-  try {
-    await fn();
-    passed++;
-    console.log(`ok   ${name} (${Math.round(performance.now() - t0)} ms)`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`);
-  }
-}
+const { check, finish } = checker(args.only);
 
 // ---- helpers ----
 
@@ -70,20 +51,7 @@ async function tokenCount(body) {
   assert.equal(j.count, j.tokens.length);
   return j.count;
 }
-async function metric(name) {
-  const text = await (await fetch(serverRoot + "/metrics")).text();
-  const line = text.split("\n").find((l) => l.startsWith(name + "{") || l.startsWith(name + " "));
-  assert.ok(line, `no ${name} in /metrics`);
-  return Number(line.slice(line.lastIndexOf(" ") + 1));
-}
-async function eventually(what, fn, ms = 10_000) {
-  const until = Date.now() + ms;
-  for (;;) {
-    if (await fn()) return;
-    if (Date.now() > until) assert.fail(`timed out after ${ms} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
+const metric = (name) => harnessMetric(serverRoot, name);
 // Runs `fn`, which must throw the SDK error class `cls` with `status`; returns the error.
 async function expectApiError(cls, status, fn) {
   try {
@@ -571,5 +539,4 @@ await check("an aborted stream frees its request; the server keeps serving", asy
   assert.equal(r.choices.length, 1);
 });
 
-console.log(`openai SDK checks: ${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+finish("openai SDK checks");
