@@ -1,7 +1,8 @@
 // comm/thread_comm_failure_test.cpp: the CPU thread-rank communicator never hangs on failure: a rank
 // that throws, calls abort, or is aborted from outside makes the others throw core::Error; ranks
 // out of step (different op, shape, dtype, root) and bad arguments are errors on every rank, with
-// messages naming what differs. Every case runs under a hang guard.
+// messages naming what differs. Every case runs under a hang guard, and the ranks that must be
+// waiting in a collective when the failure comes are seen asleep there first (no sleeps).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "comm/comm_test_util.h"
+#include "comm/rank_wait_test_util.h"
 #include "comm/thread_comm.h"
 
 namespace k3::comm {
@@ -42,16 +44,22 @@ std::vector<std::string> rank_errors(ThreadGroup& group, const std::function<voi
 TEST(ThreadCommFailure, ThrowingRankMakesTheOthersThrowAndRunRanksRethrowsTheFirst) {
   for (int n : {2, 4, 8}) {
     std::atomic<int> aborted_errors{0};
+    RankThreads threads(n);
+    std::vector<int> others;
+    for (int r = 0; r < n - 1; ++r) others.push_back(r);
     try {
       with_hang_guard(30s, [&] {
         run_ranks(n, [&](Communicator& c) {
           float x[7] = {};
           c.all_reduce_sum(TensorView::contiguous(x, DType::f32, Shape{7}));  // one that succeeds
           if (c.rank() == n - 1) {
-            std::this_thread::sleep_for(20ms);  // let the others block in the next collective
+            // The others are blocked in the next collective before this rank fails.
+            const std::string missed = wait_until_asleep(threads, others, "the second all_reduce_sum");
+            if (!missed.empty()) throw std::runtime_error(missed);
             throw std::runtime_error("weights for rank failed to load");
           }
           try {
+            threads.announce(c.rank());
             c.all_reduce_sum(TensorView::contiguous(x, DType::f32, Shape{7}));
           } catch (const core::Error& e) {
             if (contains(e.what(), "aborted") && contains(e.what(), "rank " + std::to_string(n - 1)) &&
@@ -71,14 +79,18 @@ TEST(ThreadCommFailure, ThrowingRankMakesTheOthersThrowAndRunRanksRethrowsTheFir
 
 TEST(ThreadCommFailure, CommunicatorAbortWakesRanksWaitingInABarrier) {
   ThreadGroup group(4);
-  const auto errors = rank_errors(group, [](Communicator& c) {
+  RankThreads threads(4);
+  std::string missed;
+  const auto errors = rank_errors(group, [&](Communicator& c) {
     if (c.rank() == 1) {
-      std::this_thread::sleep_for(20ms);
+      missed = wait_until_asleep(threads, {0, 2, 3}, "the barrier");  // they wait before it aborts
       c.abort("gave up on the step");
       return;
     }
+    threads.announce(c.rank());
     c.barrier();
   });
+  EXPECT_EQ(missed, "");
   EXPECT_TRUE(group.aborted());
   EXPECT_EQ(errors[1], "");
   for (int r : {0, 2, 3}) {
@@ -90,18 +102,23 @@ TEST(ThreadCommFailure, CommunicatorAbortWakesRanksWaitingInABarrier) {
 
 TEST(ThreadCommFailure, GroupAbortFromOutsideReleasesEveryRank) {
   ThreadGroup group(3);
+  RankThreads threads(3);
+  std::string missed;
   std::thread killer([&] {
-    std::this_thread::sleep_for(30ms);
+    missed = wait_until_asleep(threads, {0, 1}, "the all_reduce_sum");  // they wait for rank 2
     group.abort("engine shutting down");
   });
   const auto errors = rank_errors(group, [&](Communicator& c) {
     float x[3] = {};
-    if (c.rank() == 2) {  // stuck elsewhere until the abort; ranks 0 and 1 wait for it meanwhile
+    if (c.rank() == 2) {  // stuck elsewhere until the abort (polls the group's own flag)
       while (!group.aborted()) std::this_thread::sleep_for(1ms);
+    } else {
+      threads.announce(c.rank());
     }
     c.all_reduce_sum(TensorView::contiguous(x, DType::f32, Shape{3}));
   });
   killer.join();
+  EXPECT_EQ(missed, "");
   for (const auto& e : errors) EXPECT_TRUE(contains(e, "engine shutting down")) << e;
 }
 

@@ -1,15 +1,20 @@
 // comm/thread_comm_test.cpp: values of the CPU thread-rank collectives for 1, 2, 3, 4 and 8 ranks:
 // all_reduce bit-exact against a serial rank-order sum (f32; bf16 rounded once), all_gather along
 // the first and the last axis (vocab-parallel logits), reduce_scatter, broadcast and barrier, on odd
-// sizes and the K3 hidden size, with NaN-poisoned outputs.
+// sizes and the K3 hidden size, with NaN-poisoned outputs; zero-element collectives still
+// synchronise; a thousand small all_reduces give exact sums without deadlock.
 #include "comm/thread_comm.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "comm/comm_test_util.h"
+#include "comm/rank_wait_test_util.h"
 
 namespace k3::comm {
 namespace {
@@ -226,17 +231,61 @@ TEST(ThreadComm, BarrierReturnsOnlyAfterEveryRankArrived) {
   }
 }
 
+// A collective with nothing to move is still a barrier: no rank leaves it before every rank
+// arrived. Rank 0 arrives last on purpose, once the others are seen blocked in the collective;
+// one that did not wait would have left already, and counted itself early.
 TEST(ThreadComm, ZeroElementCollectivesStillSynchronise) {
-  run_ranks(3, [&](Communicator& c) {
-    float dummy = 0;
-    c.all_reduce_sum(TensorView::contiguous(&dummy, DType::f32, Shape{0}));
-    c.all_gather(TensorView::contiguous(&dummy, DType::f32, Shape{2, 0}),
-                 TensorView::contiguous(&dummy, DType::f32, Shape{2, 0}), GatherAxis::last);
-    c.broadcast(TensorView::contiguous(&dummy, DType::f32, Shape{0}), 1);
-  });
+  struct Op {
+    const char* name;
+    std::function<void(Communicator&)> call;
+  };
+  float dummy = 0;
+  const std::vector<Op> ops = {
+      {"all_reduce_sum",
+       [&](Communicator& c) { c.all_reduce_sum(TensorView::contiguous(&dummy, DType::f32, Shape{0})); }},
+      {"all_gather (first axis)",
+       [&](Communicator& c) {
+         c.all_gather(TensorView::contiguous(&dummy, DType::f32, Shape{0, 3}),
+                      TensorView::contiguous(&dummy, DType::f32, Shape{0, 3}), GatherAxis::first);
+       }},
+      {"all_gather (last axis)",
+       [&](Communicator& c) {
+         c.all_gather(TensorView::contiguous(&dummy, DType::f32, Shape{2, 0}),
+                      TensorView::contiguous(&dummy, DType::f32, Shape{2, 0}), GatherAxis::last);
+       }},
+      {"reduce_scatter_sum",
+       [&](Communicator& c) {
+         c.reduce_scatter_sum(TensorView::contiguous(&dummy, DType::f32, Shape{0, 2}),
+                              TensorView::contiguous(&dummy, DType::f32, Shape{0, 2}));
+       }},
+      {"broadcast", [&](Communicator& c) { c.broadcast(TensorView::contiguous(&dummy, DType::f32, Shape{0}), 1); }},
+  };
+  for (int n : {2, 3, 8}) {
+    std::vector<int> others;
+    for (int r = 1; r < n; ++r) others.push_back(r);
+    for (const Op& op : ops) {
+      RankThreads threads(n);
+      std::atomic<int> arrived{0}, early{0};
+      std::string missed;
+      with_hang_guard(std::chrono::seconds(60), [&] {
+        run_ranks(n, [&](Communicator& c) {
+          if (c.rank() == 0) missed = wait_until_asleep(threads, others, std::string("the zero-element ") + op.name);
+          else threads.announce(c.rank());
+          arrived.fetch_add(1);
+          op.call(c);
+          if (arrived.load() < n) early.fetch_add(1);
+        });
+      });
+      EXPECT_EQ(missed, "") << n << " ranks";
+      EXPECT_EQ(early.load(), 0) << op.name << " returned before every rank arrived, " << n << " ranks";
+      EXPECT_EQ(arrived.load(), n);
+    }
+  }
 }
 
-TEST(ThreadComm, ThousandSmallAllReducesRunWithoutDeadlockAndQuickly) {
+// No timing bound: how long it takes is the bench's business (a loaded CI machine is slow); the
+// time is recorded. A deadlock trips the hang guard, which names it.
+TEST(ThreadComm, ThousandSmallAllReducesGiveExactSumsWithoutDeadlock) {
   for (int n : {2, 8}) {
     const auto start = std::chrono::steady_clock::now();
     with_hang_guard(std::chrono::seconds(60), [&] {
@@ -255,7 +304,6 @@ TEST(ThreadComm, ThousandSmallAllReducesRunWithoutDeadlockAndQuickly) {
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     RecordProperty("ms_for_1000_all_reduces_" + std::to_string(n) + "_ranks", static_cast<int>(ms));
-    EXPECT_LT(ms, 20000.0) << n << " ranks";  // a generous bound: 2 shared cores in CI
   }
 }
 

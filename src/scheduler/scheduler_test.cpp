@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <vector>
 
 #include "core/error.h"
 #include "scheduler/fake_kv_storage.h"
@@ -229,42 +230,61 @@ TEST(Scheduler, StopTokenEosAndLengthExactly) {
   }
 }
 
+// One run per live state: pages are tight (10 pages of 16 tokens for three requests), so the run
+// preempts. It steps until some request is in the state (a bounded number of steps; the test
+// names the state it never saw), aborts that one there, and lets the others run to their end.
+// Each time every page, slot and pending checkpoint comes back, each request finishes exactly
+// once, and the aborted one finishes with reason abort.
 TEST(Scheduler, AbortInEveryStateFreesEverything) {
   cache::CacheConfig c = cache_config(10, 1);  // 10 pages of 16
   SchedulerConfig s = sched_config();
   s.max_model_len = 160;
-  Harness h(s, c);
-  h.sched.add(1, spec(60, 50, 1));   // will decode
-  h.sched.add(2, spec(100, 50, 2));  // long prefill
-  h.sched.add(3, spec(40, 5, 3));    // waits (partial-prefill limit 2)
-  h.step();
-  h.step();
-  h.step();
-  ASSERT_TRUE(h.sched.find(1)->is<Decoding>() || h.sched.find(1)->is<Prefilling>());
-  ASSERT_TRUE(h.sched.find(3)->is<Waiting>() || h.sched.find(3)->is<Prefilling>());
-  // Run until something is preempted (pages are tight), then abort in each state.
-  bool saw_preempted = false;
-  for (int i = 0; i < 40 && !saw_preempted; ++i) {
-    h.step();
-    for (RequestId id : {1u, 2u, 3u})
-      if (const Request* r = h.sched.find(id); r && r->is<Preempted>()) saw_preempted = true;
-  }
-  for (RequestId id : {3u, 2u, 1u}) {
-    const Request* r = h.sched.find(id);
-    if (!r) continue;
-    EXPECT_TRUE(h.sched.abort(id, h.events));
+  struct Target {
+    const char* name;
+    bool (*in)(const Request&);
+  };
+  const Target targets[] = {
+      {"Waiting", [](const Request& r) { return r.is<Waiting>(); }},
+      {"Prefilling", [](const Request& r) { return r.is<Prefilling>(); }},
+      {"Decoding", [](const Request& r) { return r.is<Decoding>(); }},
+      {"Preempted", [](const Request& r) { return r.is<Preempted>(); }},
+  };
+  for (const Target& t : targets) {
+    SCOPED_TRACE(t.name);
+    Harness h(s, c);
+    h.sched.add(1, spec(60, 50, 1));   // will decode
+    h.sched.add(2, spec(100, 50, 2));  // long prefill
+    h.sched.add(3, spec(40, 5, 3));    // waits (partial-prefill limit 2)
+    RequestId victim = 0;
+    for (int i = 0; i < 200 && victim == 0 && h.sched.has_work(); ++i) {
+      h.step();  // at least one step, so the state is one the run reached, not the initial queue
+      for (RequestId id : {1u, 2u, 3u})
+        if (const Request* r = h.sched.find(id); victim == 0 && r && t.in(*r)) victim = id;
+    }
+    ASSERT_NE(victim, 0u) << "no request was ever " << t.name << " between steps";
+    const size_t events_before = h.events.size();
+    ASSERT_TRUE(h.sched.abort(victim, h.events)) << "request " << victim << " in " << t.name;
     ASSERT_EQ(h.sched.check(), "");
+    ASSERT_EQ(h.events.size(), events_before + 1);
+    EXPECT_EQ(h.events.back().id, victim);
+    EXPECT_TRUE(h.events.back().finished);
+    EXPECT_EQ(h.events.back().reason, FinishReason::abort);
+    EXPECT_FALSE(h.sched.abort(victim, h.events));  // finishes once
+    for (int i = 0; i < 2000 && h.sched.has_work(); ++i) h.step();
+    ASSERT_FALSE(h.sched.has_work()) << "the others did not finish after the abort";
+    EXPECT_FALSE(h.sched.abort(77, h.events));
+    const auto u = h.sched.cache().usage();
+    EXPECT_EQ(u.blocks_in_use, 0);
+    EXPECT_EQ(u.slots_in_use, 0);
+    EXPECT_EQ(u.checkpoints_pending, 0);
+    std::map<RequestId, std::vector<FinishReason>> finishes;
+    for (const auto& e : h.events)
+      if (e.finished) finishes[e.id].push_back(e.reason);
+    for (RequestId id : {1u, 2u, 3u}) {
+      ASSERT_EQ(finishes[id].size(), 1u) << "request " << id;
+      EXPECT_EQ(finishes[id][0], id == victim ? FinishReason::abort : FinishReason::length) << "request " << id;
+    }
   }
-  EXPECT_FALSE(h.sched.abort(1, h.events));
-  EXPECT_FALSE(h.sched.abort(77, h.events));
-  const auto u = h.sched.cache().usage();
-  EXPECT_EQ(u.blocks_in_use, 0);
-  EXPECT_EQ(u.slots_in_use, 0);
-  EXPECT_EQ(u.checkpoints_pending, 0);
-  std::map<RequestId, int> finishes;
-  for (const auto& e : h.events)
-    if (e.finished) ++finishes[e.id];
-  for (const auto& [id, n] : finishes) EXPECT_EQ(n, 1) << id;
 }
 
 TEST(Scheduler, PreemptsTheLatestAdmittedAndRecomputesIt) {

@@ -1,7 +1,8 @@
 // server/server_chat_test.cpp: POST /v1/chat/completions over loopback HTTP: K3 output parsed
 // into reasoning_content / content / tool_calls (arguments valid JSON), streamed and not;
 // finish_reason tool_calls; malformed calls dropped and counted; stop strings on the content
-// channel; chat logprobs shape; the real tiny model end to end.
+// channel, multibyte ones whose characters the tokens split included; chat logprobs shape; the
+// real tiny model end to end.
 #include "server/server_test_util.h"
 
 namespace k3::server {
@@ -210,6 +211,63 @@ TEST(ServerChat, StopStringsApplyToContentOnly) {
                                            chat("SCRIPT_CHAT hello", {{"stop", "help you"}, {"stream", true}}))));
   EXPECT_EQ(f.content, "Hello! How can I ");
   EXPECT_EQ(f.finish, "stop");
+}
+
+// SCRIPT_UTF8 answers "naïve café — 東京 🚀 done." on the content channel (thinking off), and
+// the tiny vocabulary has no token for any of its non-ASCII characters: each arrives as single
+// bytes. A stop string of such characters matches across those tokens, its held prefix never
+// leaks (streamed content is exactly the text before it), and one that only begins to match -
+// a character or a first byte in common - releases everything, whole.
+TEST(ServerChat, MultibyteStopStringSplitAcrossTokens) {
+  std::string text;
+  for (const auto& [trigger, script] : testing::script_texts())
+    if (trigger == "SCRIPT_UTF8") text = script.substr(0, script.find("<|end_of_msg|>"));
+  ASSERT_EQ(text, "naïve café — 東京 🚀 done.");
+  const std::string stop = "東京";
+  const size_t at = text.find(stop);
+  ASSERT_NE(at, std::string::npos);
+  // The stop string's bytes really are split across tokens, inside its characters.
+  const tokenizer::Tokenizer& tok = *scripted_server().tok;
+  const std::vector<int32_t> ids = testing::encode_script(tok, text);
+  size_t offset = 0;
+  int boundaries_inside_characters = 0;
+  for (int32_t id : ids) {
+    const std::string bytes(tok.token_bytes(id));
+    ASSERT_EQ(bytes.find(stop), std::string::npos) << "one token holds the whole stop string";
+    offset += bytes.size();
+    if (offset > at && offset < at + stop.size() && (static_cast<unsigned char>(text[offset]) & 0xC0) == 0x80)
+      ++boundaries_inside_characters;
+  }
+  ASSERT_EQ(offset, text.size());
+  EXPECT_GE(boundaries_inside_characters, 2) << "the tokens do not split the stop string's characters";
+
+  const Json no_thinking = {{"thinking", false}};
+  const auto r = post(scripted_server().port, "/v1/chat/completions",
+                      chat("SCRIPT_UTF8", {{"stop", stop}, {"chat_template_kwargs", no_thinking}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = r.json();
+  EXPECT_EQ(j["choices"][0]["message"]["content"], text.substr(0, at));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_LT(j["usage"]["completion_tokens"].get<size_t>(), ids.size());  // ended at the match, not at eos
+  const Folded f = fold(stream_chunks(post(scripted_server().port, "/v1/chat/completions",
+                                           chat("SCRIPT_UTF8", {{"stop", Json::array({stop})},
+                                                                {"chat_template_kwargs", no_thinking},
+                                                                {"stream", true}}))));
+  EXPECT_EQ(f.content, text.substr(0, at));  // nothing of 東 (held while 京 was awaited) leaked
+  EXPECT_EQ(f.finish, "stop");
+
+  // "🚀 now" matches up to the space and "cafè" shares é's first byte (C3): neither completes.
+  for (const char* never : {"🚀 now", "cafè"}) {
+    const Json n = post(scripted_server().port, "/v1/chat/completions",
+                        chat("SCRIPT_UTF8", {{"stop", never}, {"chat_template_kwargs", no_thinking}})).json();
+    EXPECT_EQ(n["choices"][0]["message"]["content"], text) << never;
+    const Folded g = fold(stream_chunks(post(scripted_server().port, "/v1/chat/completions",
+                                             chat("SCRIPT_UTF8", {{"stop", never},
+                                                                  {"chat_template_kwargs", no_thinking},
+                                                                  {"stream", true}}))));
+    EXPECT_EQ(g.content, text) << never;
+    EXPECT_EQ(g.finish, "stop") << never;  // the script's eos
+  }
 }
 
 TEST(ServerChat, LogprobsShape) {

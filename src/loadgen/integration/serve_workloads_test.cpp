@@ -1,9 +1,12 @@
 // loadgen/integration/serve_workloads_test.cpp: every workload kind, for a second or two each,
 // against the real `k3serve serve` (the program, started here on a free loopback port with a
 // fresh k3-tiny checkpoint from `k3serve make-checkpoint`): every request succeeds with its exact
-// prompt and reply lengths, the bundle holds the samples, agentic turns hit the prefix cache,
-// a time limit stops a run early without failures, and `bench-serve` / `bench-compare` work as
-// commands.
+// prompt and reply lengths, the bundle holds the samples, shared prefixes and agentic turns hit
+// the prefix cache, a time limit stops a run early without failures, and `bench-serve` /
+// `bench-compare` work as commands. Nothing asserts how fast the server is: goodput is checked
+// against the samples' own times, a prefix is known to be cached before requests count on it,
+// and the time limit's effect is bounded by the planned pauses; the deadlines that remain only
+// guard against a hang and say what never happened.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -24,6 +27,7 @@
 #include "core/error.h"
 #include "loadgen/bench_run.h"
 #include "loadgen/bundle.h"
+#include "loadgen/client.h"
 #include "loadgen/compare.h"
 
 extern char** environ;
@@ -98,8 +102,11 @@ struct ServerProcess {
       pid = -1;
       return;
     }
+    // Waits for the log line that says the server listens; the deadline is a hang guard (loading
+    // takes a second; a loaded machine is slower, never this slow).
     const std::regex line(R"(serving model '[^']*' on http://[^:]+:(\d+)/v1)");
-    for (int i = 0; i < 600 && !port; ++i) {  // up to 60 s (loading is fast; a loaded machine is not)
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!port) {
       std::smatch m;
       const std::string text = read_file(log);
       if (std::regex_search(text, m, line)) port = std::stoi(m[1]);
@@ -107,9 +114,11 @@ struct ServerProcess {
         pid = -1;
         failure = "the server exited: " + text;
         return;
-      } else std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      } else if (std::chrono::steady_clock::now() >= until) {
+        failure = "the server never said its port (waited 120 s): " + text;
+        return;
+      } else std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    if (!port) failure = "the server did not say its port in 60 s: " + read_file(log);
   }
   ~ServerProcess() {
     if (pid > 0) {
@@ -191,6 +200,19 @@ void expect_complete(const Json& bundle, const WorkloadSpec& spec) {
             summary["total_output_tokens"].get<double>());
 }
 
+// The requests of a bundle within a TTFT and a TPOT objective, from the samples' own times
+// (TPOT as vLLM: (e2e - ttft) / (output - 1), 0 for one token). Goodput must count exactly
+// these, however fast or slow the machine was: no wall-clock assertion.
+int64_t within_slos(const Json& bundle, double ttft_ms, double tpot_ms) {
+  int64_t n = 0;
+  for (const RequestSample& s : bundle_samples(bundle)) {
+    const double tpot =
+        s.output_tokens > 1 ? (s.e2e_s - s.ttft_s) / static_cast<double>(s.output_tokens - 1) * 1000 : 0.0;
+    n += s.ok && s.ttft_s * 1000 <= ttft_ms && tpot <= tpot_ms;
+  }
+  return n;
+}
+
 TEST(ServeWorkloads, RandomAtFixedConcurrency) {
   REQUIRE_SERVER();
   WorkloadSpec w;
@@ -203,7 +225,7 @@ TEST(ServeWorkloads, RandomAtFixedConcurrency) {
   c.slos = parse_slos({"ttft:60000", "tpot:60000"});
   const Json b = run_benchmark(c);
   expect_complete(b, w);
-  EXPECT_EQ(b["summary"]["good_requests"].get<int64_t>(), 8);
+  EXPECT_EQ(b["summary"]["good_requests"].get<int64_t>(), within_slos(b, 60000, 60000));
   EXPECT_NE(format_summary(b).find("Successful requests:"), std::string::npos);
 }
 
@@ -218,10 +240,24 @@ TEST(ServeWorkloads, SharedPrefixAtPoissonRateHitsThePrefixCache) {
   w.output = {6, 0};
   BenchConfig c = config_for(w);
   c.run.mode = "rate";
-  c.run.request_rate = 8;  // gaps of ~125 ms: later same-prefix requests mostly find the prefix computed
+  c.run.request_rate = 8;  // Poisson arrivals, any number in flight
   c.run.concurrency = 0;
+  // Whether a request finds its prefix computed by an earlier one of the run depends on arrival
+  // gaps against prefill time. So each prefix is put in the cache first, by its first session's
+  // own request, answered before the run: then every request of the run must hit it.
+  const std::vector<Session> sessions = build_workload(w);
+  Endpoint e = c.endpoint;
+  e.model = "k3-tiny";
+  ApiClient primer(e);
+  for (int64_t g = 0; g < w.num_prefixes; ++g) {
+    const RequestSample s = primer.stream_completion(sessions[static_cast<size_t>(g)].turns[0].append, 1,
+                                                     std::chrono::steady_clock::now());
+    ASSERT_TRUE(s.ok) << "priming prefix " << g << ": " << s.error;
+  }
   const Json b = run_benchmark(c);
   expect_complete(b, w);
+  for (const RequestSample& s : bundle_samples(b))
+    EXPECT_GT(s.cached_tokens, 0) << "session " << s.session << " missed its cached prefix";
   EXPECT_GT(b["summary"]["total_cached_tokens"].get<int64_t>(), 0);
   EXPECT_TRUE(b["server_metrics"]["rates"]["prefix_cache_hit_rate"].is_number());
 }
@@ -295,11 +331,27 @@ TEST(ServeWorkloads, TimeLimitStopsStartingRequests) {
   c.run.concurrency = 2;
   c.run.max_duration_s = 0.5;
   c.run.warmup_requests = 0;
+  // A turn starts only after the pauses planned before it, so the ones whose summed pauses pass
+  // the limit cannot start, however fast the server is (a planned bound, not a timing one).
+  std::map<std::pair<int64_t, int64_t>, bool> startable;  // (session, turn) -> may start in the limit
+  int64_t can_start = 0;
+  for (const Session& s : build_workload(w)) {
+    double planned = 0;
+    for (size_t t = 0; t < s.turns.size(); ++t) {
+      planned += s.turns[t].delay_before_s;
+      startable[{s.id, static_cast<int64_t>(t)}] = planned <= c.run.max_duration_s;
+      can_start += planned <= c.run.max_duration_s;
+    }
+  }
+  ASSERT_LT(can_start, 10);  // the limit really cuts the run
   const Json b = run_benchmark(c);
   EXPECT_TRUE(b["summary"]["hit_time_limit"].get<bool>());
   const int64_t n = b["summary"]["completed"].get<int64_t>();
-  EXPECT_GE(n, 2);
-  EXPECT_LT(n, 10);
+  EXPECT_GE(n, 2);  // the first turns start at once, and a started request is never cut
+  EXPECT_LE(n, can_start);
+  for (const RequestSample& s : bundle_samples(b))
+    EXPECT_TRUE((startable[{s.session, s.turn}])) << "session " << s.session << " turn " << s.turn
+                                                << " started after the limit";
   EXPECT_EQ(b["summary"]["failed"].get<int64_t>(), 0);
 }
 
@@ -333,7 +385,7 @@ TEST(ServeWorkloads, BenchServeAndBenchCompareCommands) {
     EXPECT_NE(read_file(log).find("Request goodput (req/s):"), std::string::npos) << read_file(log);
     const Json b = read_bundle(dir / (std::string(name) + ".json"));
     EXPECT_EQ(b["summary"]["completed"].get<int64_t>(), 4);
-    EXPECT_EQ(b["summary"]["good_requests"].get<int64_t>(), 4);
+    EXPECT_EQ(b["summary"]["good_requests"].get<int64_t>(), within_slos(b, 60000, 60000));
     EXPECT_EQ(b["engine_config"]["max_model_len"], 512);
     EXPECT_EQ(b["slos"]["ttft"], 60000.0);
     EXPECT_EQ(b["workload"]["token_high"], 1024 - 256);  // from the model's vocab_size
