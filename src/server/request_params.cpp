@@ -421,7 +421,7 @@ void apply_tool_choice(ChatPrompt& chat, const std::string& choice, const std::s
   }
   if (choice == "required" || choice == "none") chat.options.tool_choice = choice;
   chat.tool_policy.allowed = choice != "none";
-  chat.options.parallel_tool_calls = parallel;
+  chat.options.parallel_tool_calls = parallel || choice == "none";  // "none" already says no call at all
   chat.tool_policy.single = !parallel;
 }
 
