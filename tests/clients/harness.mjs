@@ -1,5 +1,6 @@
 // tests/clients/harness.mjs: what the SDK client tests share: their command line, the check
-// runner (one line per check, a summary, exit 1 when any failed) and /metrics helpers.
+// runner (one line per check, a summary, exit 1 when any failed), /metrics helpers and the
+// openai SDK's error check.
 import assert from "node:assert/strict";
 
 // `--key value` pairs into a copy of `defaults`; an unknown key or a missing value prints the
@@ -48,6 +49,20 @@ export async function metric(serverRoot, name) {
   const line = text.split("\n").find((l) => l.startsWith(name + "{") || l.startsWith(name + " "));
   assert.ok(line, `no ${name} in /metrics`);
   return Number(line.slice(line.lastIndexOf(" ") + 1));
+}
+
+// Runs `fn`, which must throw the openai SDK's error class `cls` with `status` and an OpenAI
+// error body ({"error": {"message", ...}}); returns the error.
+export async function expectOpenAIError(cls, status, fn) {
+  try {
+    await fn();
+  } catch (e) {
+    assert.ok(e instanceof cls, `expected ${cls.name}, got ${e && e.constructor && e.constructor.name}: ${e && e.message}`);
+    assert.equal(e.status, status);
+    assert.equal(typeof e.error?.message, "string", "the error body has a message");
+    return e;
+  }
+  assert.fail(`expected ${cls.name} (${status}), but the request succeeded`);
 }
 
 // Polls fn every 50 ms until it is true; fails naming `what` after `ms`.

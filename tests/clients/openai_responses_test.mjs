@@ -15,7 +15,7 @@ import assert from "node:assert/strict";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { randomBytes, randomUUID } from "node:crypto";
-import { parseArgs, checker, metric as harnessMetric, eventually } from "./harness.mjs";
+import { parseArgs, checker, metric as harnessMetric, eventually, expectOpenAIError } from "./harness.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const args = parseArgs("openai_responses_test.mjs", { "base-url": "http://127.0.0.1:8000/v1", model: "k3-tiny", "sdk-dir": path.join(here, "../../.testdata/openai-node"),
@@ -43,19 +43,7 @@ const { check, finish } = checker(args.only);
 // ---- helpers ----
 
 const metric = (name) => harnessMetric(serverRoot, name);
-// Runs `fn`, which must throw the SDK error class `cls` with `status` and an OpenAI error body
-// ({"error": {"message", "type", ...}}); returns the error.
-async function expectApiError(cls, status, fn) {
-  try {
-    await fn();
-  } catch (e) {
-    assert.ok(e instanceof cls, `expected ${cls.name}, got ${e && e.constructor && e.constructor.name}: ${e && e.message}`);
-    assert.equal(e.status, status);
-    assert.equal(typeof e.error?.message, "string", "the error body has a message");
-    return e;
-  }
-  assert.fail(`expected ${cls.name} (${status}), but the request succeeded`);
-}
+const expectApiError = expectOpenAIError;
 
 function checkUsage(u) {
   assert.ok(Number.isInteger(u?.input_tokens) && u.input_tokens > 0, JSON.stringify(u));
