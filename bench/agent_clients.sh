@@ -77,7 +77,7 @@ log=$tmp/server.log
 server_pid=$!
 port=""
 for _ in $(seq 3000); do  # 300 s: a real checkpoint takes a while to load
-  port=$(sed -n 's|^serving model .* on http://127\.0\.0\.1:\([0-9][0-9]*\)/v1.*|\1|p' "$log" | head -1)
+  port=$(sed -n 's|^.* info *serving model .* on http://127\.0\.0\.1:\([0-9][0-9]*\)/v1.*|\1|p' "$log" | head -1)
   [ -n "$port" ] && break
   kill -0 "$server_pid" 2>/dev/null || { tail -n 30 "$log" >&2; echo "agent_clients: the server exited" >&2; exit 1; }
   sleep 0.1

@@ -259,7 +259,7 @@ std::unique_ptr<model::Model> model_with_backend(const model::Model& base, model
   model::ModelOptions mo = base.options();
   mo.decode_backend = backend;
   auto m = std::make_unique<model::Model>(base.config(), base.weights(), base.ops(), mo, base.memory(), comm);
-  fastpath::attach(*m, cuda_device, log ? runner::fastpath_log_to_stderr() : kernels::LogFn{});
+  fastpath::attach(*m, cuda_device, log ? runner::fastpath_log() : kernels::LogFn{});
   return m;
 }
 

@@ -178,11 +178,11 @@ say "starting: $BIN ${SERVE_ARGS[*]}"
 SERVER_PID=$!
 # The server prints "serving model 'NAME' on http://HOST:PORT/v1" once it listens.
 for _ in $(seq 3000); do
-  grep -q "^serving model" "$LOG" 2>/dev/null && break
+  grep -q " info *serving model" "$LOG" 2>/dev/null && break
   kill -0 "$SERVER_PID" 2>/dev/null || { say "the server exited:"; tail -20 "$LOG"; exit 1; }
   sleep 0.2
 done
-grep -q "^serving model" "$LOG" || { say "the server did not start in 600 s"; tail -20 "$LOG"; exit 1; }
+grep -q " info *serving model" "$LOG" || { say "the server did not start in 600 s"; tail -20 "$LOG"; exit 1; }
 PORT=$(grep -o 'http://[^ ]*' "$LOG" | head -1 | sed -E 's|http://[^:]+:([0-9]+)/.*|\1|')
 say "server up on port $PORT (log: $LOG)"
 

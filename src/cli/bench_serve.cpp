@@ -10,8 +10,10 @@
 #include <tuple>
 #include <vector>
 
+#include "core/log.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/log_options.h"
 #include "core/error.h"
 #include "loadgen/bench_run.h"
 #include "loadgen/bundle.h"
@@ -64,7 +66,7 @@ std::vector<std::string> words(const std::string& s) {
 }  // namespace
 
 int bench_serve_command(std::span<char* const> raw_argv) {
-  const std::vector<OptionSpec> specs = {
+  std::vector<OptionSpec> specs = {
       {"host", "H", "server address", "127.0.0.1"},
       {"port", "P", "server port", "8000"},
       {"model", "NAME", "model id to request (default: the first of /v1/models)", ""},
@@ -107,11 +109,13 @@ int bench_serve_command(std::span<char* const> raw_argv) {
   const std::vector<std::string> joined = join_goodput(raw_argv);
   std::vector<char*> argv;
   for (const std::string& s : joined) argv.push_back(const_cast<char*>(s.c_str()));
+  for (OptionSpec& s : log_option_specs()) specs.push_back(std::move(s));
   Args args("bench-serve", specs, argv);
   if (args.help_requested()) {
     std::cout << args.usage();
     return 0;
   }
+  configure_log(args);
 
   loadgen::BenchConfig c;
   c.endpoint.host = args.get("host");
@@ -184,8 +188,7 @@ int bench_serve_command(std::span<char* const> raw_argv) {
   }
 
   const std::string out = args.get("out");
-  std::cerr << "bench-serve: " << w.kind << " workload, " << c.run.mode << " mode, against " << c.endpoint.url()
-            << std::endl;
+  log::info("bench-serve: " + w.kind + " workload, " + c.run.mode + " mode, against " + c.endpoint.url());
   const nlohmann::json bundle = loadgen::run_benchmark(c);
   loadgen::write_bundle(bundle, out);
   if (!args.flag("quiet")) std::cout << loadgen::format_summary(bundle);

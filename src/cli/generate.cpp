@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/log_options.h"
 #include "cli/model_options.h"
 #include "runner/model_runner.h"
 #include "runner/tp_runner.h"
@@ -24,11 +25,13 @@ int generate_command(std::span<char* const> argv) {
   specs.push_back(expert_parallel_option_spec());
   specs.push_back({"explain", "", "print the plan of the prefill and first decode step to stderr: the decode path and why, "
                                   "and every op with the kernel that ran", ""});
+  for (OptionSpec& s : log_option_specs()) specs.push_back(std::move(s));
   Args args("generate", specs, argv);
   if (args.help_requested()) {
     std::cout << args.usage();
     return 0;
   }
+  configure_log(args);
   const std::vector<int32_t> prompt = args.get_ids("token-ids");
   runner::SamplingParams sampling;
   sampling.temperature = static_cast<float>(args.get_double("temperature"));

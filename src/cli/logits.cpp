@@ -4,6 +4,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "cli/commands.h"
+#include "cli/log_options.h"
 #include "cli/model_options.h"
 #include "runner/model_runner.h"
 #include "runner/tp_runner.h"
@@ -17,11 +18,13 @@ int logits_command(std::span<char* const> argv) {
   specs.push_back({"decode-from", "N", "prefill the first N tokens, decode the rest one at a time (default: all prefill)", ""});
   specs.push_back(tp_option_spec());
   specs.push_back(expert_parallel_option_spec());
+  for (OptionSpec& s : log_option_specs()) specs.push_back(std::move(s));
   Args args("logits", specs, argv);
   if (args.help_requested()) {
     std::cout << args.usage();
     return 0;
   }
+  configure_log(args);
   const std::vector<int32_t> ids = args.get_ids("token-ids");
   model::ModelOptions options = parse_model_options(args);
   const int tp = parse_tp(args);

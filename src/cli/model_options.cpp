@@ -1,9 +1,9 @@
 // cli/model_options.cpp: model option parsing.
+#include "core/log.h"
 #include "cli/model_options.h"
 
 #include <unistd.h>
 
-#include <iostream>
 #include <memory>
 
 #include "config/shard.h"
@@ -76,7 +76,7 @@ checkpoint::LoadProgressFn load_progress_to_stderr(const std::string& what) {
   auto log = std::make_shared<checkpoint::LoadProgressLog>(what);
   return [log](const checkpoint::LoadProgress& p) {
     const std::string line = log->line(p);
-    if (!line.empty()) std::cerr << line << std::endl;
+    if (!line.empty()) log::info(line);
   };
 }
 

@@ -5,14 +5,28 @@
 
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "cli/commands.h"
+#include "cli/log_options.h"
 #include "cli/model_options.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "server/api_server.h"
 #include "server/serving_model.h"
 
 namespace k3::cli {
+namespace {
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace
 
 int serve_command(std::span<char* const> argv) {
   std::vector<OptionSpec> specs = model_option_specs();
@@ -38,11 +52,13 @@ int serve_command(std::span<char* const> argv) {
                    "split every sequence's MLA cache over the --tp ranks by token (1: off, else N = --tp): N times "
                    "the context in the same --kv-cache-bytes",
                    "1"});
+  for (OptionSpec& s : log_option_specs()) specs.push_back(std::move(s));
   Args args("serve", specs, argv);
   if (args.help_requested()) {
     std::cout << args.usage();
     return 0;
   }
+  configure_log(args);
   auto positive = [&](const char* name, int64_t lo, int64_t hi) {
     const int64_t v = args.get_int(name);
     K3_CHECK(v >= lo && v <= hi, std::string("--") + name + " must be in [" + std::to_string(lo) + ", " +
@@ -76,8 +92,8 @@ int serve_command(std::span<char* const> argv) {
   K3_CHECK(o.draft_model_dir.empty() || o.speculative.method == spec::SpecMethod::dspark,
            "--speculative-model is only used with --speculative-method dspark");
   if (o.speculative.method == spec::SpecMethod::synthetic)
-    std::cerr << "k3serve serve: SYNTHETIC speculative decoding (acceptance is forced: outputs are not the model's "
-                 "distribution; for benchmarks only)" << std::endl;
+    log::warn("SYNTHETIC speculative decoding (acceptance is forced: outputs are not the model's distribution; "
+              "for benchmarks only)");
 
   server::ServerConfig sc;
   sc.host = args.get("host");
@@ -96,28 +112,28 @@ int serve_command(std::span<char* const> argv) {
   const int64_t drain_seconds = positive("drain-seconds", 0, 86400);
 
   o.load_progress = load_progress_to_stderr(o.model_dir.string());
-  std::cerr << "k3serve serve: loading " << o.model_dir.string() << std::endl;
+  log::info("loading " + o.model_dir.string());
   auto model = server::ServingModel::load(o);
-  std::cerr << model->description();
+  for (const std::string& line : split_lines(model->description())) log::info(line);
   // A coding agent's first prompt takes a CPU many seconds to prefill: say how it goes.
-  model->engine().set_prefill_log([](const std::string& line) { std::cerr << "k3serve: " << line << std::endl; });
+  model->engine().set_prefill_log([](const std::string& line) { log::info(line); });
   model->engine().start();
   server::ApiServer http(sc, model->engine(), model->tokenizer());
   const int port = http.start();
   std::string names;
   for (const std::string& n : sc.served_model_names) names += (names.empty() ? "'" : ", '") + n + "'";
-  std::cerr << "serving model " << names << " on http://" << sc.host << ":" << port
-            << "/v1 (OpenAI chat/completions/responses, Anthropic messages; GET /metrics, /health"
-            << (sc.api_key.empty() ? "" : "; API key required") << "). Ctrl-C to stop." << std::endl;
+  log::info("serving model " + names + " on http://" + sc.host + ":" + std::to_string(port) +
+            "/v1 (OpenAI chat/completions/responses, Anthropic messages; GET /metrics, /health" +
+            (sc.api_key.empty() ? "" : "; API key required") + "). Ctrl-C to stop.");
 
   int sig = 0;
   sigwait(&signals, &sig);
-  std::cerr << "k3serve serve: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining " << http.inflight()
-            << " request(s) for up to " << drain_seconds << " s" << std::endl;
+  log::info(std::string(sig == SIGTERM ? "SIGTERM" : "SIGINT") + ", draining " + std::to_string(http.inflight()) +
+            " request(s) for up to " + std::to_string(drain_seconds) + " s");
   http.drain(std::chrono::seconds(drain_seconds));
   http.stop();
   model->engine().stop();
-  std::cerr << "k3serve serve: stopped" << std::endl;
+  log::info("stopped");
   return 0;
 }
 

@@ -1,4 +1,5 @@
 // loadgen/runner.cpp: worker threads, arrivals, sessions with pauses and sub-agents.
+#include "core/log.h"
 #include "loadgen/runner.h"
 
 #include <algorithm>
@@ -155,9 +156,11 @@ RunResult run_load(const Endpoint& endpoint, const std::vector<Session>& session
           done = run.samples.size();
           for (const RequestSample& s : run.samples) failed += !s.ok;
         }
-        std::fprintf(stderr, "bench-serve: %zu/%lld requests done (%zu failed), %.0f s\n", done,
-                     static_cast<long long>(planned), failed,
-                     std::chrono::duration<double>(Clock::now() - run.start).count());
+        char line[160];
+        std::snprintf(line, sizeof line, "bench-serve: %zu/%lld requests done (%zu failed), %.0f s", done,
+                      static_cast<long long>(planned), failed,
+                      std::chrono::duration<double>(Clock::now() - run.start).count());
+        log::info(line);
       }
     });
 

@@ -1,7 +1,7 @@
 // runner/model_runner.cpp: ModelRunner.
+#include "core/log.h"
 #include "runner/model_runner.h"
 
-#include <iostream>
 
 #include "fastpath/fused_decode.h"
 
@@ -39,11 +39,11 @@ ModelRunner::ModelRunner(checkpoint::LoadedModel loaded, const model::ModelOptio
   }
   device_weights_ = model::to_device(loaded_.weights, *memory_);
   model_ = std::make_unique<model::Model>(loaded_.config, device_weights_, registry_, options, memory_);
-  fastpath::attach(*model_, 0, fastpath_log_to_stderr());
+  fastpath::attach(*model_, 0, fastpath_log());
 }
 
-kernels::LogFn fastpath_log_to_stderr() {
-  return [](const std::string& line) { std::cerr << "k3serve: " << line << std::endl; };
+kernels::LogFn fastpath_log() {
+  return [](const std::string& line) { log::info(line); };
 }
 
 model::LocalCache ModelRunner::new_cache(int64_t max_tokens) const {

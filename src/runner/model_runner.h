@@ -16,8 +16,8 @@
 
 namespace k3::runner {
 
-// The fused decode path's decision lines (fastpath::attach) as "k3serve: ..." lines on stderr.
-kernels::LogFn fastpath_log_to_stderr();
+// The fused decode path's decision lines (fastpath::attach) as info lines of the log (core/log.h).
+kernels::LogFn fastpath_log();
 
 class ModelRunner {
  public:

@@ -164,7 +164,7 @@ void TpRunner::build_models() const {
     Rank& rank = *ranks_[static_cast<size_t>(r)];
     rank.model = std::make_unique<model::Model>(rank_config_, rank.weights, rank.registry, options_, rank.memory,
                                                 &group_->rank(r));
-    fastpath::attach(*rank.model, r, r == 0 ? fastpath_log_to_stderr() : kernels::LogFn{});  // rank 0 speaks for all
+    fastpath::attach(*rank.model, r, r == 0 ? fastpath_log() : kernels::LogFn{});  // rank 0 speaks for all
   }
 }
 

@@ -11,9 +11,9 @@
 // message_delta (stop_reason, final usage) and message_stop; a ping every few seconds of
 // silence (long prefills); an "error" event if the job fails.
 #include <iomanip>
-#include <iostream>
 #include <sstream>
 
+#include "core/log.h"
 #include "server/anthropic_request.h"
 #include "server/job.h"
 
@@ -182,8 +182,7 @@ void ApiServer::Impl::handle_messages(const httplib::Request& req, httplib::Resp
   if (!r.skipped_tools.empty()) {
     std::string names;
     for (const std::string& n : r.skipped_tools) names += (names.empty() ? "" : ", ") + n;
-    std::cerr << "k3serve: messages: server tools left out of the prompt (this server cannot run them): " << names
-              << std::endl;
+    log::warn("messages: server tools left out of the prompt (this server cannot run them): " + names);
   }
   run_job(std::make_shared<Job>(*this, std::move(r.params), "msg_", "toolu_"),
           std::make_shared<AnthropicFormatter>(r.show_thinking, config.stream_ping_interval), req, res);

@@ -1,5 +1,6 @@
 // server/api_server.cpp: ApiServer: the httplib server, its routes, the plain endpoints and
 // the lifecycle (start, drain, stop).
+#include "core/log.h"
 #include "server/api_server.h"
 
 #include <sys/socket.h>
@@ -7,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
-#include <iostream>
 
 #include "core/error.h"
 #include "server/openai_format.h"
@@ -107,7 +107,7 @@ void ApiServer::Impl::note_ignored_fields(const char* api, const std::vector<std
       fresh += (fresh.empty() ? "" : ", ") + field;
   }
   if (!fresh.empty())
-    std::cerr << "k3serve: " << api << " request fields accepted with no effect here: " << fresh << std::endl;
+    log::warn(std::string(api) + " request fields accepted with no effect here: " + fresh);
 }
 
 std::shared_ptr<void> ApiServer::Impl::track(const std::shared_ptr<Generation>& g) {

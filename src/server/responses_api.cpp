@@ -11,8 +11,8 @@
 // max_output_tokens cut it, response.failed when the engine failed). With store, the
 // conversation the response ends is kept for previous_response_id.
 #include <algorithm>
-#include <iostream>
 
+#include "core/log.h"
 #include "server/job.h"
 #include "server/responses_request.h"
 
@@ -241,7 +241,7 @@ void ApiServer::Impl::handle_responses(const httplib::Request& req, httplib::Res
   ResponsesRequest r = parse_request("responses", req, [this](const Json& body, const ParseContext& ctx) {
     return parse_responses_request(body, ctx, responses);
   });
-  for (const std::string& w : r.warnings) std::cerr << "k3serve: responses: " << w << std::endl;
+  for (const std::string& w : r.warnings) log::warn("responses: " + w);
   GenerationParams params = std::move(r.params);
   run_job(std::make_shared<Job>(*this, std::move(params), "resp_", "call_"),
           std::make_shared<ResponsesFormatter>(std::move(r), responses), req, res);

@@ -109,7 +109,7 @@ start_server() {
   started_pid=$!
   local port=""
   for _ in $(seq 600); do  # 60 s
-    port=$(sed -n 's|^serving model .* on http://127\.0\.0\.1:\([0-9][0-9]*\)/v1.*|\1|p' "$slog" | head -1)
+    port=$(sed -n 's|^.* info *serving model .* on http://127\.0\.0\.1:\([0-9][0-9]*\)/v1.*|\1|p' "$slog" | head -1)
     [ -n "$port" ] && break
     kill -0 "$started_pid" 2>/dev/null || die "the server exited before it was serving"
     sleep 0.1
@@ -132,7 +132,7 @@ server_pid=$started_pid
 base=$started_base
 say "server pid $server_pid serving on $base after $(since "$t0")"
 # The load progress line (checkpoint::LoadProgressLog) is in the log.
-grep -Eq "^loaded $model_dir: [0-9]+\.[0-9] MB in [0-9.]+ s \(([0-9.]+ [MG]B/s|- MB/s)\)$" "$log" ||
+grep -Eq " info +loaded $model_dir: [0-9]+\.[0-9] MB in [0-9.]+ s \(([0-9.]+ [MG]B/s|- MB/s)\)$" "$log" ||
   die "no 'loaded $model_dir: ... MB in ... s (... MB/s)' line in the server log"
 
 # --- the clients ---
@@ -214,8 +214,8 @@ stream_pid=""
 drain_problems=()
 [ "$server_rc" = 0 ] || drain_problems+=("the server exited with code $server_rc, expected 0")
 [ "$draining" = 1 ] || drain_problems+=("GET /health never answered 503 while draining")
-grep -q '^k3serve serve: SIGTERM, draining 1 request(s)' "$log" || drain_problems+=("no 'SIGTERM, draining 1 request(s)' in the log")
-grep -q '^k3serve serve: stopped$' "$log" || drain_problems+=("no 'k3serve serve: stopped' in the log")
+grep -q ' info *SIGTERM, draining 1 request(s)' "$log" || drain_problems+=("no 'SIGTERM, draining 1 request(s)' in the log")
+grep -q ' info *stopped$' "$log" || drain_problems+=("no 'stopped' line in the log")
 [ "$(grep -v '^$' "$tmp/drain.sse" | tail -1)" = "data: [DONE]" ] || drain_problems+=("the drained stream does not end with data: [DONE]")
 ending=$(grep '^data: {' "$tmp/drain.sse" | tail -1)
 if [[ "$ending" == *'"error":'* ]]; then
