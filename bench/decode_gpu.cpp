@@ -55,6 +55,9 @@
 // share of the step, printed under the row and kept in the bundle row's `profile`. With --tp N it
 // is rank 0's step, run alongside the other ranks': the collectives are not ops, so their time is
 // the step's time outside its top-level ops (printed; step_ms - top_level_ops_ms in the bundle).
+// --tune FILE (with --modes eager, one GPU): after each eager row, one more eager step with every
+// op call that has two or more capable implementations timed on each; the tuning table they give
+// (kernels/tuning.h) is written to FILE: tuning/<gpu>.json is this file (bench/op_tuner.h).
 // Exit 0 ok, 1 error, 2 no GPU.
 #include <algorithm>
 #include <chrono>
@@ -89,7 +92,7 @@ const char* const kUsage =
     "k3bench_decode_gpu --model DIR [--make] [--config NAME|PATH] [--out FILE] [--batches 1,8,64] [--ctx 8192[,32768...]]\n"
     "                   [--steps N] [--warmup N] [--modes eager,graph,verify,verify-graph] [--seed S] [--device cuda|cpu] [--tp N]\n"
     "                   [--dcp] [--ep] [--spec-k K] [--spec-al AL] [--decode-backend auto[,latency_specialized]] [--precision bf16|fp32]\n"
-    "                   [--profile]\n";
+    "                   [--profile] [--tune FILE]\n";
 const std::vector<std::string> kModes = {"eager", "graph", "verify", "verify-graph"};  // the order rows run in
 
 using clock_type = std::chrono::steady_clock;
@@ -217,6 +220,7 @@ bench::DecodeSweepOptions parse_options(std::span<const std::string> args, bool&
     }
     else if (a == "--tp") o.tp = static_cast<int>(int_value(a, value()));
     else if (a == "--profile") o.profile = true;
+    else if (a == "--tune") o.tune = value();
     else if (a == "--dcp") o.dcp = true;
     else if (a == "--ep") o.ep = true;
     else if (a == "--spec-k") o.spec_k = static_cast<int>(int_value(a, value()));

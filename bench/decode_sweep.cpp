@@ -44,6 +44,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <string>
@@ -51,6 +52,7 @@
 
 #include "bench/bundle.h"
 #include "bench/decode_sweep_internal.h"
+#include "bench/op_tuner.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/param_inventory.h"
 #include "config/k3_config.h"
@@ -348,6 +350,14 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
   // One rank's whole measurement (every rank runs it in lock step; rank 0 records): the rows, the
   // copy bandwidth, and each backend's counters over the whole run.
   kernels::OpRecorder profile_recorder;
+  std::unique_ptr<OpTuningRecorder> tuner;
+  if (!o.tune.empty()) {
+    K3_CHECK(single && o.modes == std::vector<std::string>{"eager"}, "--tune needs --modes eager and --tp 1");
+    core::DeviceMemory* clock = single->model().memory().get();
+    const int runs = o.tune_runs;
+    tuner = std::make_unique<OpTuningRecorder>(
+        [clock, runs](const std::function<void()>& run) { return median_us_on(*clock, runs, run); });
+  }
   std::vector<Row> rows;
   double copy_bw = 0;
   std::vector<model::DecodePathCounters> totals(o.backends.size());
@@ -422,6 +432,11 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
               row.profile = profile_step(*models[k], kv, seqs, row.final_tokens, profile_recorder, c.num_hidden_layers);
               if (single) single->set_op_recorder(nullptr);
               else ranks->set_op_recorder(nullptr, 0);
+            }
+            if (tuner) {
+              single->set_op_tuner(tuner.get());
+              eager_decode_step(*models[k], kv, seqs, row.final_tokens);
+              single->set_op_tuner(nullptr);
             }
             // A verify step moves what B * (K+1) decode rows move (every row reads its context).
             row.bytes = step_bytes(c, kv, mode == "verify" || mode == "verify-graph" ? B * (o.spec_k + 1) : B, ctx, mo.dcp);
@@ -519,6 +534,20 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
         agreement.push_back({{"ctx_tokens", f.ctx}, {"batch", f.batch}, {"mode", f.mode}, {"tokens", n}, {"equal", same},
                              {"identical", same == n}, {"first_different_step", first}});
       }
+
+  if (tuner) {
+    const std::string gpu = env.contains("gpu") ? env["gpu"].value("name", "") : std::string("cpu");
+    nlohmann::json table = tuner->table(gpu);
+    table["written_by"] = "k3bench_decode_gpu --tune (bench/op_tuner.h): config " + label + ", batches " +
+                          nlohmann::json(o.batches).dump() + ", ctx " + std::to_string(o.ctxs.front()) + ", " +
+                          std::to_string(o.tune_runs) + " timed runs per implementation per call";
+    table["git_sha"] = env.value("git_sha", "");
+    (void)kernels::TuningTable::parse(table.dump(), o.tune.string());  // what is written must read back
+    std::ofstream out(o.tune);
+    out << table.dump(2) << "\n";
+    K3_CHECK(out.good(), "--tune: could not write " + o.tune.string());
+    std::printf("wrote the tuning table %s (%zu ops)\n", o.tune.string().c_str(), table["ops"].size());
+  }
 
   nlohmann::json backends = nlohmann::json::array();
   for (const model::DecodeBackend b : o.backends) backends.push_back(backend_name(b));

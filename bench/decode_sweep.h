@@ -49,6 +49,12 @@ struct DecodeSweepOptions {
   // (core::DeviceMemory::mark): the step's profile per op and implementation (calls, time, time per
   // layer, share of the step), printed under the row and kept in its bundle row. One GPU only.
   bool profile = false;
+  // Non-empty: after each eager row, one more eager step with every op call that has two or more
+  // capable implementations timed on each (bench/op_tuner.h), and the tuning table they give written
+  // here (tuning/<gpu>.json). Needs --modes eager and one GPU; the step reruns in-place ops, so the
+  // rows after it decode from a disturbed state (their times stand, their tokens do not).
+  std::filesystem::path tune;
+  int tune_runs = 5;
 };
 
 // Bytes of every tensor of c's checkpoint as stored (checkpoint::expected_params).

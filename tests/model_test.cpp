@@ -196,15 +196,16 @@ TEST(AttnResSchedule, SourceCountsPerLayerAndBankSnapshot) {
   const auto loaded = checkpoint::load_checkpoint(testing::write_checkpoint(tmp, c));
 
   kernels::Registry reg;
-  kernels::register_reference_ops(reg);
   std::vector<size_t> counts;
   std::vector<std::vector<float>> last_source;  // the prefix row each mix saw
-  reg.attn_res_mix.add({"recording", core::Device::cpu, 10, nullptr, [&](const kernels::AttnResMixArgs& a) {
+  // Registered before the references: with no tuning rule, the first capable one runs.
+  reg.attn_res_mix.add({"recording", core::Device::cpu, nullptr, [&](const kernels::AttnResMixArgs& a) {
                           counts.push_back(a.sources.size());
                           auto p = a.sources.back().span<const float>();
                           last_source.emplace_back(p.begin(), p.end());
                           kernels::attn_res_mix_reference(a);
                         }});
+  kernels::register_reference_ops(reg);
   model::Model m(loaded.config, loaded.weights, reg, {});
   std::map<int, std::vector<float>> attn_out;
   model::TraceFn trace = [&](std::string_view name, int layer, const core::TensorView& v) {

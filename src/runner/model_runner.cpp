@@ -38,6 +38,8 @@ ModelRunner::ModelRunner(checkpoint::LoadedModel loaded, const model::ModelOptio
 #endif
   }
   device_weights_ = model::to_device(loaded_.weights, *memory_);
+  // Each op's first choice of implementation, with the tuning rule behind it (--log-level debug).
+  registry_.set_log([](const std::string& line) { log::debug(line); });
   model_ = std::make_unique<model::Model>(loaded_.config, device_weights_, registry_, options, memory_);
   fastpath::attach(*model_, 0, fastpath_log());
 }

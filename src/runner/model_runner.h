@@ -56,6 +56,8 @@ class ModelRunner {
   void set_explain(std::function<void(const std::string&)> sink);
   // Sees every op call from now on (tests that prove which kernels ran); nullptr: none.
   void set_op_recorder(kernels::OpRecorder* recorder) { registry_.set_recorder(recorder); }
+  // bench/op_tuner.h: every op call with several capable implementations times them all first.
+  void set_op_tuner(kernels::OpTuner* tuner) { registry_.set_tuner(tuner); }
 
  private:
   void check_ids(std::span<const int32_t> tokens) const;

@@ -1,4 +1,5 @@
 // runner/tp_runner.cpp: TpRunner: rank models in lock step, on CPU threads or one thread per GPU.
+#include "core/log.h"
 #include "runner/tp_runner.h"
 
 #include <chrono>
@@ -162,6 +163,7 @@ void TpRunner::build_models() const {
   }
   for (int r = 0; r < tp(); ++r) {
     Rank& rank = *ranks_[static_cast<size_t>(r)];
+    if (r == 0) rank.registry.set_log([](const std::string& line) { log::debug(line); });  // rank 0 speaks for all
     rank.model = std::make_unique<model::Model>(rank_config_, rank.weights, rank.registry, options_, rank.memory,
                                                 &group_->rank(r));
     fastpath::attach(*rank.model, r, r == 0 ? fastpath_log() : kernels::LogFn{});  // rank 0 speaks for all

@@ -22,13 +22,38 @@ TEST(OpsCoverage, EveryOpHasACudaImplementationInCudaBuilds) {
     for (const auto& impl : table.impls()) {
       if (impl.device != core::Device::cuda) continue;
       ++cuda_impls;
-      EXPECT_GT(impl.priority, 0) << table.op() << "/" << impl.name;
       EXPECT_EQ(impl.name.rfind("cuda_", 0), 0u) << table.op() << "/" << impl.name;
       EXPECT_TRUE(impl.supports) << table.op() << "/" << impl.name << " has no supports()";
     }
     EXPECT_GE(cuda_impls, 1) << "op " << table.op() << " has no CUDA implementation";
   });
   EXPECT_EQ(ops, 30);  // the 18 standard ops, the 5 MLA decode-context-parallel ops and the 7 fused ops of fastpath/
+#endif
+}
+
+// Every checked-in table names only ops with their own measure and registered CUDA implementations
+// (set_tuning checks both), and the default orders every op with more than one.
+TEST(OpsCoverage, TheCheckedInTuningTablesNameRegisteredImplementations) {
+#ifndef K3_HAVE_CUDA
+  GTEST_SKIP() << "this build has no CUDA backend (K3_HAVE_CUDA is off)";
+#else
+  kernels::Registry r;
+  kernels::register_reference_ops(r);
+  kernels::register_cuda_ops(r);
+  for (const auto& table : kernels::builtin_tuning_tables()) {
+    kernels::Tuning only;
+    only.gpu = table;
+    EXPECT_NO_THROW(r.set_tuning(core::Device::cuda, only)) << table->source();
+  }
+  const kernels::Tuning fallback = kernels::builtin_tuning("");
+  ASSERT_NE(fallback.fallback, nullptr);
+  r.for_each([&](auto& table) {
+    int cuda_impls = 0;
+    for (const auto& impl : table.impls()) cuda_impls += impl.device == core::Device::cuda;
+    if (cuda_impls > 1)
+      EXPECT_TRUE(fallback.fallback->ops().count(table.op()))
+          << table.op() << " has " << cuda_impls << " CUDA implementations and no order in tuning/default.json";
+  });
 #endif
 }
 

@@ -30,26 +30,15 @@ void check_grouped(Device* dev, const Experts& ex, const ExpertsCase& c, uint64_
 // Batches 1..16 by name, 17..64 through the registry.
 RunAs run_for(int64_t T) { return T <= 16 ? RunAs::by_name : RunAs::selected; }
 
-// The registration itself (runs without a GPU too): the name and the priority between the rowdot
-// (10) and the GEMV (20), so the GEMV keeps batches 1..16 and the grouped form takes 17..64.
-TEST(OpsOdd, MoeExpertsGroupedIsRegisteredBetweenRowdotAndGemv) {
-#ifndef K3_HAVE_CUDA
-  GTEST_SKIP() << "this build has no CUDA backend (K3_HAVE_CUDA is off)";
-#else
-  kernels::Registry r;
-  kernels::register_reference_ops(r);
-  kernels::register_cuda_ops(r);
-  int grouped = -1, rowdot = -1, gemv = -1;
-  for (const auto& impl : r.moe_experts.impls()) {
-    if (impl.device != core::Device::cuda) continue;
-    if (impl.name == kGrouped) grouped = impl.priority;
-    if (impl.name == kRowdot) rowdot = impl.priority;
-    if (impl.name == kGemv) gemv = impl.priority;
-  }
-  ASSERT_GE(grouped, 0) << kGrouped << " is not registered";
-  EXPECT_GT(grouped, rowdot);
-  EXPECT_LT(grouped, gemv);
-#endif
+// The stated order (runs without a GPU too): the GEMV keeps batches 1..16 and the grouped form
+// takes 17..64 (tuning/default.json), ahead of the MXFP4 and row-dot strategies.
+TEST(OpsOdd, MoeExpertsGroupedIsOrderedBetweenTheGemvAndTheRest) {
+  const kernels::Tuning t = kernels::builtin_tuning("");
+  ASSERT_NE(t.fallback, nullptr);
+  for (int64_t T : {1, 16}) EXPECT_EQ(t.fallback->find("moe_experts", T)->order.at(0), kGemv) << T;
+  for (int64_t T : {17, 64}) EXPECT_EQ(t.fallback->find("moe_experts", T)->order.at(0), kGrouped) << T;
+  const auto& large = t.fallback->find("moe_experts", 65)->order;
+  EXPECT_EQ(large.at(0), "cuda_expert_fp4_mma");
 }
 
 // The k3-layer-tp8 rank's expert shapes: 896 experts (32 weight sets), top-16.
@@ -196,7 +185,7 @@ TEST(OpsOdd, MoeExpertsGroupedRefusalsTakeRowdot) {
       const core::Status s = moe_impl_named(dev, kGrouped).supports(args);
       ASSERT_FALSE(s) << "f32 activations were taken";
       EXPECT_NE(s.reason().find("bf16"), std::string::npos) << s.reason();
-      EXPECT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, kRowdot) << "T " << T;
+      EXPECT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, expected_moe_impl(dev, args, kRowdot)) << "T " << T;
     }
   }
   // 65 tokens and misaligned z rows, through the harness's comparison on the rowdot strategy.
@@ -209,7 +198,7 @@ TEST(OpsOdd, MoeExpertsGroupedRefusalsTakeRowdot) {
     Tensor out = dev->poisoned(DType::bf16, {T, 96});
     const kernels::MoeExpertsArgs args = args_for(dz, d_ids, d_w, out, Precision::bf16);
     EXPECT_FALSE(moe_impl_named(dev, kGrouped).supports(args));
-    EXPECT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, kRowdot);
+    EXPECT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, expected_moe_impl(dev, args, kRowdot));
   }
   {
     const int64_t T = 20;
@@ -221,7 +210,7 @@ TEST(OpsOdd, MoeExpertsGroupedRefusalsTakeRowdot) {
     kernels::MoeExpertsArgs args = args_for(dz, d_ids, d_w, out, Precision::bf16);
     args.z = column_block(dz, 0, 96);
     EXPECT_FALSE(moe_impl_named(dev, kGrouped).supports(args));
-    EXPECT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, kRowdot);
+    EXPECT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, expected_moe_impl(dev, args, kRowdot));
   }
 }
 

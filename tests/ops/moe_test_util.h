@@ -49,6 +49,11 @@ struct BadId {
 
 // The device's moe_experts strategy named `name` (throws core::Error when none is registered).
 const kernels::OpImpl<kernels::MoeExpertsArgs>& moe_impl_named(Device* dev, const std::string& name);
+// The implementation selection must pick when a test expects `impl`: `impl` itself, except that
+// "cuda_expert_rowdot" stands for the strategies the GEMV and the grouped form leave the call to:
+// the first of "cuda_expert_fp4_mma", "cuda_expert_fp4", "cuda_expert_rowdot" that takes `args`
+// (their order in tuning/default.json).
+std::string expected_moe_impl(Device* dev, const kernels::MoeExpertsArgs& args, const std::string& impl);
 
 // How a case runs: through the registry, asserting that it picks `impl`, or `impl` by name
 // (asserting that it supports the case) where the registry would pick another strategy.

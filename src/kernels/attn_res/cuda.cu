@@ -187,7 +187,7 @@ core::Status mix_supports(const CudaOps& ops, const AttnResMixArgs& a) {
 
 void register_attn_res_cuda(Registry& r, const CudaOps& ops) {
   r.attn_res_mix.add(
-      {"cuda_chunked_rows", core::Device::cuda, 10, [ops](const AttnResMixArgs& a) { return mix_supports(ops, a); },
+      {"cuda_chunked_rows", core::Device::cuda, [ops](const AttnResMixArgs& a) { return mix_supports(ops, a); },
        [ops](const AttnResMixArgs& a) {
          const int64_t T = a.sources[0].dim(0), D = a.sources[0].dim(1);
          if (T == 0) return;

@@ -43,7 +43,7 @@
 //     At T = 1 one CTA moves all 143 KB, so one SM's bandwidth (not DRAM's) bounds it (measured
 //     on the H200: 7.3 us per call, twice per layer). Hence, for T <= 32:
 //   attn_res_merge, cluster form (kernels/attn_res_fused/cuda_merge_cluster.cu, "cuda_merge_cluster",
-//     chosen over the one-CTA form "cuda_merge_rowwise" by priority when its supports() accepts):
+//     chosen over the one-CTA form "cuda_merge_rowwise" for T <= 32 by tuning/*.json):
 //     grid (S, T), one thread block cluster of S CTAs per row (S = min(8, ceil(V / 32)) for V
 //     N-vectors per row: S = 8 at D = 7168, 112 16-byte vectors per CTA, 128 threads), one
 //     N-vector per thread, so the row stays in registers and all six loads of a thread (P_old, a,

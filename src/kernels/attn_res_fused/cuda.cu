@@ -12,7 +12,7 @@
 //     barrier beyond those of the block sums.
 // N = 8 (16-byte loads) when every row and vector is aligned and D % 8 == 0, else N = 1.
 // Small batches (T <= 32) take the cluster form of the merge instead (cuda_merge_cluster.cu,
-// registered here at a higher priority): one row over 2-8 SMs.
+// registered here; tuning/*.json order them): one row over 2-8 SMs.
 // Programmatic dependent launch (rules: kernels/cuda_common.cuh), both kernels: trigger at the top, then
 // the token-0 CTAs ask L2 for the weight vectors they read (bank: its mixes' query and norm, 2 x 14,336 B
 // per CTA at K3 TP8, 24 CTAs at batch 1: 688 KB; merge: query, norm and the RMSNorm weight, 43 KB, CTA 0),
@@ -351,13 +351,13 @@ void merge_run(const CudaOps& ops, const AttnResMergeArgs& a) {
 }  // namespace
 
 void register_attn_res_fused_cuda(Registry& r, const CudaOps& ops) {
-  r.attn_res_bank.add({"cuda_bank_per_mix", core::Device::cuda, 10,
+  r.attn_res_bank.add({"cuda_bank_per_mix", core::Device::cuda,
                        [ops](const AttnResBankArgs& a) { return bank_supports(ops, a); },
                        [ops](const AttnResBankArgs& a) { bank_run(ops, a); }});
-  r.attn_res_merge.add({"cuda_merge_rowwise", core::Device::cuda, 10,
+  r.attn_res_merge.add({"cuda_merge_rowwise", core::Device::cuda,
                         [ops](const AttnResMergeArgs& a) { return merge_supports(ops, a); },
                         [ops](const AttnResMergeArgs& a) { merge_run(ops, a); }});
-  register_attn_res_merge_cluster_cuda(r, ops);  // priority 20: T <= 32 rows, 2-8 CTAs per row
+  register_attn_res_merge_cluster_cuda(r, ops);  // 2-8 CTAs per row: small batches
 }
 
 }  // namespace k3::kernels

@@ -49,7 +49,7 @@ constexpr int kClusterMinVectors = 32;   // S = ceil(V / 32) up to 8: every CTA 
 // Rows above this take the one-CTA form. At S = 8, 32 rows are 256 CTAs of 128 threads: two per
 // SM of an H200's 132, i.e. ~2 waves of SMs (several such CTAs fit per SM at once); with more
 // rows the one-CTA form's T CTAs (896 threads each) already spread over most SMs.
-constexpr int64_t kClusterMaxRows = 32;
+constexpr int64_t kGridYMax = 65535;  // rows: grid y
 
 // Cluster shape for T rows of D columns; fails with the reason when the form does not apply.
 struct ClusterShape {
@@ -58,9 +58,9 @@ struct ClusterShape {
   int threads = 0;           // V_cta rounded up to a warp multiple
 };
 core::Status cluster_shape(int64_t T, int64_t D, bool vec, ClusterShape* shape) {
-  if (T > kClusterMaxRows)
-    return core::Status::fail(std::to_string(T) + " rows: more than " + std::to_string(kClusterMaxRows) +
-                              " (the one-CTA-per-row form already spreads over the SMs)");
+  if (T > kGridYMax)
+    return core::Status::fail(std::to_string(T) + " rows: more than the grid's " + std::to_string(kGridYMax) +
+                              " (a row per grid y)");
   const int n = vec ? 8 : 1;
   const int64_t vectors = (D + n - 1) / n;  // exact on the vector path (D % 8 == 0)
   const int64_t size = std::min<int64_t>(kClusterMaxSize, (vectors + kClusterMinVectors - 1) / kClusterMinVectors);
@@ -271,7 +271,7 @@ void merge_cluster_run(const CudaOps& ops, const AttnResMergeArgs& a) {
 }  // namespace
 
 void register_attn_res_merge_cluster_cuda(Registry& r, const CudaOps& ops) {
-  r.attn_res_merge.add({"cuda_merge_cluster", core::Device::cuda, 20,
+  r.attn_res_merge.add({"cuda_merge_cluster", core::Device::cuda,
                         [ops](const AttnResMergeArgs& a) { return merge_cluster_supports(ops, a); },
                         [ops](const AttnResMergeArgs& a) { merge_cluster_run(ops, a); }});
 }

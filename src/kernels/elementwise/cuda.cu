@@ -45,7 +45,7 @@ core::Status supports3(const CudaOps& ops, const char* an, const core::TensorVie
 }  // namespace
 
 void register_elementwise_cuda(Registry& r, const CudaOps& ops) {
-  r.add.add({"cuda_elementwise", core::Device::cuda, 10,
+  r.add.add({"cuda_elementwise", core::Device::cuda,
              [ops](const AddArgs& a) { return supports3(ops, "a", a.a, "b", a.b, a.out, a.precision); },
              [ops](const AddArgs& a) {
                const int64_t n = a.out.numel();
@@ -58,7 +58,7 @@ void register_elementwise_cuda(Registry& r, const CudaOps& ops) {
                });
              }});
   r.to_activation.add(
-      {"cuda_elementwise", core::Device::cuda, 10,
+      {"cuda_elementwise", core::Device::cuda,
        [ops](const ToActivationArgs& a) {
          return all_of({ops.usable(), on_cuda({{"x", &a.x}, {"out", &a.out}}), same_act({{"out", &a.out}}, a.precision)});
        },
@@ -74,7 +74,7 @@ void register_elementwise_cuda(Registry& r, const CudaOps& ops) {
          });
        }});
   r.sigmoid_gate.add(
-      {"cuda_elementwise", core::Device::cuda, 10,
+      {"cuda_elementwise", core::Device::cuda,
        [ops](const SigmoidGateArgs& a) { return supports3(ops, "x", a.x, "gate", a.gate, a.out, a.precision); },
        [ops](const SigmoidGateArgs& a) {
          const int64_t n = a.out.numel();

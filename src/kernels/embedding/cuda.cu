@@ -35,7 +35,7 @@ __global__ void embedding_kernel(const int32_t* ids, const TableT* table, int64_
 
 void register_embedding_cuda(Registry& r, const CudaOps& ops) {
   r.embedding.add(
-      {"cuda_gather", core::Device::cuda, 10,
+      {"cuda_gather", core::Device::cuda,
        [ops](const EmbeddingArgs& a) {
          return all_of({ops.usable(), on_cuda({{"ids", &a.ids}, {"table", &a.table}, {"out", &a.out}})});
        },

@@ -188,7 +188,7 @@ int device_chunk(const CudaOps& ops, const KdaAttentionArgs& a) {
 
 void register_kda_chunked_cuda(Registry& r, const CudaOps& ops) {
   r.kda_chunked.add(
-      {"cuda_chunked", core::Device::cuda, 10,
+      {"cuda_chunked", core::Device::cuda,
        [ops](const KdaAttentionArgs& a) {
          if (auto s = kda_supports(ops, a); !s) return s;
          if (a.no_commit) return core::Status::fail("no_commit is not supported by the chunked form (use kda_recurrent)");

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreads)
 
 void register_kda_conv_cuda(Registry& r, const CudaOps& ops) {
   r.kda_conv.add(
-      {"cuda_channel_scan", core::Device::cuda, 10,
+      {"cuda_channel_scan", core::Device::cuda,
        [ops](const KdaConvArgs& a) {
          if (auto s = all_of({ops.usable(),
                               on_cuda({{"x", &a.x}, {"weight", &a.weight}, {"state", &a.state}, {"out", &a.out}}),

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) output_gate_kernel(const T* o,
 
 void register_kda_output_gate_cuda(Registry& r, const CudaOps& ops) {
   r.kda_output_gate.add(
-      {"cuda_warp_per_head", core::Device::cuda, 10,
+      {"cuda_warp_per_head", core::Device::cuda,
        [ops](const KdaOutputGateArgs& a) {
          return all_of({ops.usable(),
                         on_cuda({{"o", &a.o}, {"gate", &a.gate}, {"norm_w", &a.norm_w}, {"out", &a.out}}),

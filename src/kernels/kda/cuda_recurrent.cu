@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(KdaParams<T> p)
 }  // namespace
 
 void register_kda_recurrent_cuda(Registry& r, const CudaOps& ops) {
-  r.kda_recurrent.add({"cuda_rowsplit", core::Device::cuda, 10,
+  r.kda_recurrent.add({"cuda_rowsplit", core::Device::cuda,
                        [ops](const KdaAttentionArgs& a) { return kda_supports(ops, a); },
                        [ops](const KdaAttentionArgs& a) {
                          if (a.q.dim(0) == 0 || a.seqs.num_seqs == 0) return;

@@ -275,7 +275,7 @@ core::Status kda_decode_supports(const CudaOps& ops, const KdaDecodeArgs& a) {
 using namespace kda_decode_detail;
 
 void register_kda_decode_cuda(Registry& r, const CudaOps& ops) {
-  r.kda_decode.add({"cuda_head_cta", core::Device::cuda, 10,
+  r.kda_decode.add({"cuda_head_cta", core::Device::cuda,
                     [ops](const KdaDecodeArgs& a) { return kda_decode_supports(ops, a); },
                     [ops](const KdaDecodeArgs& a) {
                       if (a.q_in.dim(0) == 0 || a.seqs.num_seqs == 0) return;

@@ -265,15 +265,13 @@ __global__ void __launch_bounds__(kSplitThreads, 2) kda_decode_split_kernel(Deco
   }
 }
 
-// Slices per head of the split form: the most (8 or 4) whose grid NS * H * num_seqs stays within
-// two CTAs per SM (256 threads, <= 128 registers: both fit); 1 = the split does not pay, the
-// head-CTA form runs (H * num_seqs >= 66 CTAs of 512 threads there). TP8 (H = 12) on 132 SMs:
-// batch 1-2 -> 8, 3-5 -> 4, 6+ -> 1. Host integers only (graph-replayable).
+// Slices per head of the split form: 8 while the grid 8 * H * num_seqs stays within two CTAs per
+// SM (256 threads, <= 128 registers: both fit), else 4. Where the split pays at all (head x
+// sequence pairs <= 2 * SMs / 4: 66 on the H200) is the tuning table's (tuning/*.json). TP8
+// (H = 12) on 132 SMs: batch 1-2 -> 8, 3+ -> 4. Host integers only (graph-replayable).
 int split_slices(const CudaOps& ops, const KdaDecodeArgs& a) {
   const int64_t heads = int64_t{a.num_heads} * a.seqs.num_seqs, target = 2 * int64_t{ops.ctx->info().sm_count};
-  for (int ns : {8, 4})
-    if (heads * ns <= target) return ns;
-  return 1;
+  return heads * 8 <= target ? 8 : 4;
 }
 
 core::Status kda_decode_split_supports(const CudaOps& ops, const KdaDecodeArgs& a) {
@@ -281,9 +279,6 @@ core::Status kda_decode_split_supports(const CudaOps& ops, const KdaDecodeArgs& 
   if (ops.ctx->info().cc_major < 9)
     return core::Status::fail("thread-block clusters need compute capability 9.0, got " +
                               std::to_string(ops.ctx->info().cc_major) + "." + std::to_string(ops.ctx->info().cc_minor));
-  if (split_slices(ops, a) < 2)
-    return core::Status::fail("num_heads * num_seqs = " + std::to_string(int64_t{a.num_heads} * a.seqs.num_seqs) +
-                              " head CTAs already fill the GPU (the head-CTA form is used)");
   return core::Status::ok();
 }
 
@@ -299,8 +294,8 @@ void launch_split(const CudaOps& ops, const KdaDecodeArgs& a) {
 }  // namespace
 
 void register_kda_decode_vsplit(Registry& r, const CudaOps& ops) {
-  // Preferred where it applies (small batches): the same function, V split over a cluster.
-  r.kda_decode.add({"cuda_vsplit_cluster", core::Device::cuda, 20,
+  // The same function, V split over a cluster: faster at small batches (tuning/*.json).
+  r.kda_decode.add({"cuda_vsplit_cluster", core::Device::cuda,
                     [ops](const KdaDecodeArgs& a) { return kda_decode_split_supports(ops, a); },
                     [ops](const KdaDecodeArgs& a) {
                       if (a.q_in.dim(0) == 0 || a.seqs.num_seqs == 0) return;

@@ -52,8 +52,8 @@
 // activations per row 4 x 1536 + 128 + 12 in and 1536 out (bf16) = 15.3 KiB. B = 1: ~2.1 MiB
 // (~0.5 us at 4.3 TB/s); B = 64: ~101 MiB (~25 us). At B = 1 that grid has only 12 CTAs, so the
 // kernel is latency-bound there (12.1 us measured), hence a second strategy for small batches:
-// "cuda_vsplit_cluster" (priority 20, taken while 4 * H * num_seqs <= 2 * SMs: TP8 batch <= 5 on
-// the H200) splits each head's state along V over a cluster of NS = 8 (batch 1-2) or 4 CTAs of 256
+// "cuda_vsplit_cluster" (tuning/*.json take it while 4 * H * num_seqs <= 2 * SMs: TP8 batch <= 5
+// on the H200) splits each head's state along V over a cluster of NS = 8 (batch 1-2) or 4 CTAs of 256
 // threads, grid (NS * H, num_seqs): the delta rule is independent per value row, so rank r owns
 // rows [r W, r W + W), W = ceil(D / NS), and also convolves those channels of q, k, v and computes
 // those decay logits (f_b rows held in registers across rows); q~, k~, alpha are gathered over

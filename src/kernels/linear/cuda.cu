@@ -87,10 +87,10 @@ core::Status linear_cublaslt_supports(const CudaOps& ops, const LinearArgs& a) {
 void linear_cublaslt_run(const CudaOps& ops, const LinearArgs& a) { cublaslt_run(ops, a); }
 
 void register_linear_cuda(Registry& r, const CudaOps& ops) {
-  r.linear.add({"cuda_cublaslt", core::Device::cuda, 20,
+  r.linear.add({"cuda_cublaslt", core::Device::cuda,
                 [ops](const LinearArgs& a) { return cublaslt_supports(ops, a); },
                 [ops](const LinearArgs& a) { cublaslt_run(ops, a); }});
-  r.linear.add({"cuda_rowdot", core::Device::cuda, 10,
+  r.linear.add({"cuda_rowdot", core::Device::cuda,
                 [ops](const LinearArgs& a) { return common_supports(ops, a); },
                 [ops](const LinearArgs& a) { rowdot_run(ops, a); }});
 }

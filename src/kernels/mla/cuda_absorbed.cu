@@ -75,7 +75,7 @@ void absorbed_run(const CudaOps& ops, const MlaAttentionArgs& a) {
 }  // namespace
 
 void register_mla_absorbed_cuda(Registry& r, const CudaOps& ops) {
-  r.mla_absorbed.add({"cuda_split_kv", core::Device::cuda, 10,
+  r.mla_absorbed.add({"cuda_split_kv", core::Device::cuda,
                       [ops](const MlaAttentionArgs& a) {
                         if (auto s = mla_supports(ops, a); !s) return s;
                         const int64_t slots = static_cast<int64_t>(a.seqs.num_seqs) * a.seqs.max_rows;

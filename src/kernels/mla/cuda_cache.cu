@@ -68,7 +68,7 @@ PagesRef byte_pages_ref(const core::TensorView& pages) {
 
 void register_mla_cache_cuda(Registry& r, const CudaOps& ops) {
   r.mla_cache_write.add(
-      {"cuda_elementwise", core::Device::cuda, 10,
+      {"cuda_elementwise", core::Device::cuda,
        [ops](const MlaCacheWriteArgs& a) {
          if (auto s = ops.usable(); !s) return s;
          if (auto s = on_cuda({{"c_n", &a.c_n}, {"k_pe", &a.k_pe}, {"dst", &a.dst}, {"cache_rows", &a.cache_rows}});
@@ -100,7 +100,7 @@ void register_mla_cache_cuda(Registry& r, const CudaOps& ops) {
          });
        }});
   r.mla_cache_gather.add(
-      {"cuda_warp_copy", core::Device::cuda, 10,
+      {"cuda_warp_copy", core::Device::cuda,
        [ops](const MlaCacheGatherArgs& a) {
          if (auto s = ops.usable(); !s) return s;
          return on_cuda({{"src", &a.src}, {"src_rows", &a.src_rows}, {"dst", &a.dst}});

@@ -12,7 +12,7 @@
 // of its w_uv_kernel (segment_row_dot: lane l takes the 16-byte chunks l, l + 32, ... of the row, or the
 // elements l, l + 32, ... on the scalar path, then the xor-shuffle tree), so with cp = 1 and no gate the
 // four ops give mla_absorbed's CUDA numbers bit for bit (the rescale weight is e^0 / e^0 = 1 exactly).
-// mla_partial_attention also has a tensor-core strategy, "cuda_partial_splitkv_mma" (priority 20, bf16 mode at
+// mla_partial_attention also has a tensor-core strategy, "cuda_partial_splitkv_mma" (bf16 mode at
 // the dims it names): kernels/mla_decode/cuda_partial_via_decode.cu (it needs kernels_mla_decode, which depends
 // on this module); it ends with this strategy's combine_kernel<true>, so the two agree on every layout.
 // Query slots qi = s * max_rows + i as there; grids and scratch depend only on num_seqs, max_rows,
@@ -347,16 +347,16 @@ core::Status w_uv_supports(const CudaOps& ops, const MlaWUvArgs& a) {
 }  // namespace
 
 void register_mla_cp_cuda(Registry& r, const CudaOps& ops) {
-  r.mla_q_absorb.add({"cuda_q_absorb", core::Device::cuda, 10,
+  r.mla_q_absorb.add({"cuda_q_absorb", core::Device::cuda,
                       [ops](const MlaQAbsorbArgs& a) { return q_absorb_supports(ops, a); },
                       [ops](const MlaQAbsorbArgs& a) { q_absorb_run(ops, a); }});
-  r.mla_partial_attention.add({"cuda_partial_splitkv", core::Device::cuda, 10,
+  r.mla_partial_attention.add({"cuda_partial_splitkv", core::Device::cuda,
                                [ops](const MlaPartialAttentionArgs& a) { return partial_attention_supports(ops, a); },
                                [ops](const MlaPartialAttentionArgs& a) { partial_attention_run(ops, a); }});
-  r.mla_lse_rescale.add({"cuda_lse_rescale", core::Device::cuda, 10,
+  r.mla_lse_rescale.add({"cuda_lse_rescale", core::Device::cuda,
                          [ops](const MlaLseRescaleArgs& a) { return lse_rescale_supports(ops, a); },
                          [ops](const MlaLseRescaleArgs& a) { lse_rescale_run(ops, a); }});
-  r.mla_w_uv.add({"cuda_w_uv_rowdot", core::Device::cuda, 10,
+  r.mla_w_uv.add({"cuda_w_uv_rowdot", core::Device::cuda,
                   [ops](const MlaWUvArgs& a) { return w_uv_supports(ops, a); },
                   [ops](const MlaWUvArgs& a) { w_uv_run(ops, a); }});
 }

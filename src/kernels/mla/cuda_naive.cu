@@ -126,7 +126,7 @@ void naive_run(const CudaOps& ops, const MlaAttentionArgs& a) {
 }  // namespace
 
 void register_mla_naive_cuda(Registry& r, const CudaOps& ops) {
-  r.mla_naive.add({"cuda_expand_online_softmax", core::Device::cuda, 10,
+  r.mla_naive.add({"cuda_expand_online_softmax", core::Device::cuda,
                    [ops](const MlaAttentionArgs& a) {
                      if (auto s = mla_supports(ops, a); !s) return s;
                      if (a.num_heads > kMaxGridYZ || a.seqs.num_seqs > kMaxGridYZ)

@@ -1,5 +1,5 @@
 // kernels/mla/cuda_naive_flash.cu: the tensor-core MLA prefill (naive form, spec §6.1), strategy
-// "cuda_expand_gemm_flash" of mla_naive (priority 20; cuda_naive.cu's "cuda_expand_online_softmax" stays for
+// "cuda_expand_gemm_flash" of mla_naive (cuda_naive.cu's "cuda_expand_online_softmax" stays for
 // Precision::fp32, f32 caches and every shape refused here). Three launches per call, every sequence of the
 // batch in each (grids and scratch from the host integers num_seqs, max_rows, max_tokens, H: graph-replayable):
 //   1. latent_bf16_kernel: the cache of sequence s, positions 0 .. max_tokens-1, as bf16 rows at
@@ -454,7 +454,7 @@ void flash_run(const CudaOps& ops, const MlaAttentionArgs& a) {
 }  // namespace
 
 void register_mla_naive_flash_cuda(Registry& r, const CudaOps& ops) {
-  r.mla_naive.add({"cuda_expand_gemm_flash", core::Device::cuda, 20,
+  r.mla_naive.add({"cuda_expand_gemm_flash", core::Device::cuda,
                    [ops](const MlaAttentionArgs& a) { return flash_supports(ops, a); },
                    [ops](const MlaAttentionArgs& a) { flash_run(ops, a); }});
 }

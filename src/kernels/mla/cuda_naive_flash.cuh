@@ -6,7 +6,7 @@
 
 namespace k3::kernels {
 
-// Adds "cuda_expand_gemm_flash" (priority 20) to r.mla_naive: bf16 mode over bf16 / fp8 caches.
+// Adds "cuda_expand_gemm_flash" to r.mla_naive: bf16 mode over bf16 / fp8 caches.
 void register_mla_naive_flash_cuda(Registry& r, const CudaOps& ops);
 
 }  // namespace k3::kernels

@@ -1,5 +1,5 @@
 // kernels/mla_decode/cuda_absorbed_via_decode.cu: the standard op `mla_absorbed` (kernels/mla/mla.h) on the
-// tensor cores, strategy "cuda_absorbed_splitkv_mma" (priority 20, above kernels/mla's CUDA-core
+// tensor cores, strategy "cuda_absorbed_splitkv_mma" (above kernels/mla's CUDA-core
 // "cuda_split_kv" at 10): it runs the fused op mla_decode's "cuda_decode_splitkv_mma" launches without a gate.
 //
 // Why here: mla_decode WITHOUT a gate computes exactly mla_absorbed's function with the same rounding points
@@ -72,7 +72,7 @@ core::Status absorbed_mma_supports(const CudaOps& ops, const MlaAttentionArgs& a
 }  // namespace
 
 void register_mla_absorbed_mma_cuda(Registry& r, const CudaOps& ops) {
-  r.mla_absorbed.add({"cuda_absorbed_splitkv_mma", core::Device::cuda, 20,
+  r.mla_absorbed.add({"cuda_absorbed_splitkv_mma", core::Device::cuda,
                       [ops](const MlaAttentionArgs& a) { return absorbed_mma_supports(ops, a); },
                       [ops](const MlaAttentionArgs& a) { decode_run(ops, decode_args_of(a), launch_split_kv_mma); }});
 }

@@ -1,7 +1,7 @@
 // kernels/mla_decode/cuda_mla_decode.cu: the fused MLA decode op on CUDA (mla_decode.h): its registration
-// (two strategies) and the CUDA-core split_kv of strategy "cuda_decode_splitkv" (priority 10): any dims the
+// (two strategies) and the CUDA-core split_kv of strategy "cuda_decode_splitkv": any dims the
 // op allows, f32 or bf16 activations, f32 / bf16 / fp8 caches; the exact-ish fp32 path for f32 activations
-// and the fallback for whatever "cuda_decode_splitkv_mma" (cuda_mla_decode_mma.cu, priority 20) refuses.
+// and the fallback for whatever "cuda_decode_splitkv_mma" (cuda_mla_decode_mma.cu) refuses.
 // q_absorb, combine and w_uv_gate are shared (cuda_mla_decode_stages.cu).
 //   split_kv grid (splits, Q), 256 threads: tiles of 32 cache entries staged (dequantised to f32) in shared
 //            memory once for ALL heads (<= 16); scores: 4 threads per (2 positions x 4 heads), float4 reads
@@ -266,14 +266,14 @@ void launch_split_kv_cuda_core(const CudaOps& ops, const MlaDecodeArgs& a, const
 
 void register_mla_decode_cuda(Registry& r, const CudaOps& ops) {
   // CUDA-core split_kv: every shape the op allows (f32 activations: the exact-ish path).
-  r.mla_decode.add({"cuda_decode_splitkv", core::Device::cuda, 10,
+  r.mla_decode.add({"cuda_decode_splitkv", core::Device::cuda,
                     [ops](const MlaDecodeArgs& a) {
                       if (auto s = decode_supports_common(ops, a); !s) return s;
                       return split_kv_cuda_core_supports(ops, a);
                     },
                     [ops](const MlaDecodeArgs& a) { decode_run(ops, a, launch_split_kv_cuda_core); }});
   // Tensor-core split_kv: bf16 activations over fp8 / bf16 caches at the dims it names in supports().
-  r.mla_decode.add({"cuda_decode_splitkv_mma", core::Device::cuda, 20,
+  r.mla_decode.add({"cuda_decode_splitkv_mma", core::Device::cuda,
                     [ops](const MlaDecodeArgs& a) {
                       if (auto s = decode_supports_common(ops, a); !s) return s;
                       return split_kv_mma_supports(ops, a);

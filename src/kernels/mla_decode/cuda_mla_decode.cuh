@@ -1,9 +1,9 @@
 // kernels/mla_decode/cuda_mla_decode.cuh: internal to kernels/mla_decode on CUDA: what the two split_kv
 // strategies of the fused MLA decode op share. Both run the same three launches (mla_decode.h):
 // q_absorb, split_kv, combine_w_uv_gate; only split_kv differs:
-//   cuda_mla_decode.cu      "cuda_decode_splitkv"      (priority 10): fp32 CUDA-core split_kv, any dims, any
+//   cuda_mla_decode.cu      "cuda_decode_splitkv"     : fp32 CUDA-core split_kv, any dims, any
 //                                                       activation dtype; the exact-ish mode for f32 activations
-//   cuda_mla_decode_mma.cu  "cuda_decode_splitkv_mma"  (priority 20): tensor-core (mma.sync m16n8k16) split_kv
+//   cuda_mla_decode_mma.cu  "cuda_decode_splitkv_mma" : tensor-core (mma.sync m16n8k16) split_kv
 //                                                       for bf16 activations over fp8 / bf16 caches
 //   cuda_mla_decode_stages.cu: q_absorb, combine_w_uv_gate, the shared checks and the launch sequence.
 // The tensor-core split_kv also serves mla_partial_attention under decode context parallelism

@@ -1,5 +1,5 @@
 // kernels/mla_decode/cuda_mla_decode_mma.cu: the tensor-core split_kv of the fused MLA decode op, strategy
-// "cuda_decode_splitkv_mma" (priority 20; mla_decode.h has the op's design, cuda_mla_decode.cuh the split).
+// "cuda_decode_splitkv_mma" (mla_decode.h has the op's design, cuda_mla_decode.cuh the split).
 // For bf16 activations over an fp8 e4m3 or bf16 latent cache; heads <= 16, kv_lora a multiple of 64 up to
 // 512, kv_lora + rope a multiple of 16 up to 576, 16-byte aligned cache rows (supports() names the rest).
 //

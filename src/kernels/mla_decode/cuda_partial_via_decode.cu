@@ -1,5 +1,5 @@
 // kernels/mla_decode/cuda_partial_via_decode.cu: the DCP op `mla_partial_attention` (kernels/mla/mla_cp.h) on
-// the tensor cores, strategy "cuda_partial_splitkv_mma" (priority 20, above kernels/mla's CUDA-core
+// the tensor cores, strategy "cuda_partial_splitkv_mma" (above kernels/mla's CUDA-core
 // "cuda_partial_splitkv" at 10): the fused decode op's tensor-core split_kv in its DCP form, then the
 // CUDA-core strategy's own combine.
 //
@@ -114,7 +114,7 @@ void partial_mma_run(const CudaOps& ops, const MlaPartialAttentionArgs& a) {
 }  // namespace
 
 void register_mla_partial_mma_cuda(Registry& r, const CudaOps& ops) {
-  r.mla_partial_attention.add({"cuda_partial_splitkv_mma", core::Device::cuda, 20,
+  r.mla_partial_attention.add({"cuda_partial_splitkv_mma", core::Device::cuda,
                                [ops](const MlaPartialAttentionArgs& a) { return partial_mma_supports(ops, a); },
                                [ops](const MlaPartialAttentionArgs& a) { partial_mma_run(ops, a); }});
 }

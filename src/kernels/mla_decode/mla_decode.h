@@ -22,9 +22,9 @@
 // row counts and block tables. Query slots qi = s * max_rows + i (Q = num_seqs * max_rows); slots with
 // i >= num_rows[s] do nothing. Two strategies share launches 1 and 3 (cuda_mla_decode_stages.cu) and differ
 // in split_kv:
-//   "cuda_decode_splitkv_mma" (priority 20, cuda_mla_decode_mma.cu): bf16 activations, fp8 / bf16 cache,
+//   "cuda_decode_splitkv_mma" (cuda_mla_decode_mma.cu): bf16 activations, fp8 / bf16 cache,
 //        heads <= 16, kv_lora % 64 == 0 (<= 512), (kv_lora + rope) % 16 == 0 (<= 576), 16-byte cache rows.
-//   "cuda_decode_splitkv"     (priority 10, cuda_mla_decode.cu): everything else the op allows, in particular
+//   "cuda_decode_splitkv"     (cuda_mla_decode.cu): everything else the op allows, in particular
 //        f32 activations (Precision::fp32, the exact-ish fp32 CUDA-core path) and odd dims.
 //   1. q_absorb  grid (H, ceil(kv_lora / 32), ceil(Q / 16)), 128 threads: W_UK[h]'s [nope x 32] column tile
 //                (16-byte loads) staged once, a quarter of a column per thread in registers, against the

@@ -145,7 +145,7 @@ bool pages_vec8(const core::TensorView& pages) {
 
 void register_mla_prep_cuda(Registry& r, const CudaOps& ops) {
   r.mla_prep.add(
-      {"cuda_rowwise", core::Device::cuda, 10,
+      {"cuda_rowwise", core::Device::cuda,
        [ops](const MlaPrepArgs& a) {
          return all_of({ops.usable(),
                         on_cuda({{"q_a", &a.q_a},

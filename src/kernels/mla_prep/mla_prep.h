@@ -45,7 +45,7 @@
 //   multi_linear [q_a, kv_a, g] 1, mla_prep 1, multi_linear [q_b] 1, mla_decode 4, multi_linear [o_proj] 1
 //   = 8 kernels, no copies (above 16 rows multi_linear takes one cuBLASLt GEMM per weight, as before).
 //
-// CUDA design (cuda.cu), one launch "cuda_rowwise" (priority 10): grid (T, 2), 256 threads (the CUDA
+// CUDA design (cuda.cu), one launch "cuda_rowwise": grid (T, 2), 256 threads (the CUDA
 // rmsnorm's block); CTA (t, 0) normalises q_a[t] into q_a_out[t]; CTA (t, 1) reads cache_rows[t],
 // leaves at once for -1, else normalises kv[t, 0:kv_lora] and writes the entry [c_n ; k_pe] into its
 // page row. 16-byte loads (8 activations; 8 fp8 / 8 bf16 / 8 f32 cache values per store) when every row,

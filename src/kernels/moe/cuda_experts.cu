@@ -1,14 +1,15 @@
 // kernels/moe/cuda_experts.cu: CUDA routed experts in latent space (spec §7), MXFP4 (or bf16/f32)
 // weights decoded inside the expert GEMV (never expanded to a bf16 copy).
 //
-// MXFP4 weights with rows of whole 16-byte chunks (every K3 shape) take persistent blocks that
-// stream the codes through shared memory with cp.async (work items of a few rows of one expert):
-// with bf16 activations and row-contiguous experts (the engine) the tensor-core kernels of
-// cuda_experts_mma.cuh, otherwise (f32 activations) the CUDA-core kernels of
-// cuda_experts_mxfp4.cuh; gate/up fused with SiTU, then down, then a fixed-order combine. Batches of
-// up to fp4_experts::kScanMaxRoutes routes give every route its own group (no sort); larger ones
-// group the routes by expert with the sort below. Other formats and odd widths take the generic
-// row-dot kernels:
+// Three strategies, each registered under its own name (tuning/*.json order them):
+// "cuda_expert_fp4_mma" and "cuda_expert_fp4": MXFP4 weights with rows of whole 16-byte chunks
+// (every K3 shape) in persistent blocks that stream the codes through shared memory with cp.async
+// (work items of a few rows of one expert): with bf16 activations and row-contiguous experts (the
+// engine) the tensor-core kernels of cuda_experts_mma.cuh, else the CUDA-core kernels of
+// cuda_experts_mxfp4.cuh; gate/up fused with SiTU, then down, then a fixed-order combine. A piece of
+// up to fp4_experts::kScanMaxRoutes routes gives every route its own group (no sort: the ids fit the
+// block, a form of the same kernels, not a strategy); a larger one groups the routes by expert with
+// the sort below. "cuda_expert_rowdot": any format and width, the generic row-dot kernels:
 //   A. routes: the T*k routes (t, j) grouped by expert id (counting sort on the device);
 //   B. gate/up: a block per (row range, expert) walks that expert's routes, 8 at a time, reading
 //      each weight row once per 8 routes: h = round(SiTU(round(W1 z_t), round(W3 z_t)));
@@ -261,6 +262,45 @@ bool fp4_shapes_ok(int64_t L, int64_t I, size_t smem_optin) {
          2 * static_cast<size_t>(fx::down_stage_bytes(I, width)) <= smem_optin;
 }
 
+// The three strategies of this file, each registered under its own name.
+enum class ExpertsStrategy {
+  fp4_mma,  // "cuda_expert_fp4_mma": MXFP4 on the tensor cores (bf16 activations, row-contiguous experts)
+  fp4,      // "cuda_expert_fp4": MXFP4 on the CUDA cores (whole 16-byte chunks on every row)
+  rowdot,   // "cuda_expert_rowdot": any format and width, routes sorted by expert
+};
+
+// Whether the MXFP4 kernels (and their tensor-core form) are correct for these arguments. The
+// scratch h and e rows come from the context pool, 256-byte aligned: only their row widths count.
+core::Status fp4_supports(const CudaOps& ops, const MoeExpertsArgs& a, bool mma) {
+  if (auto s = experts_supports(ops, a); !s) return s;
+  const int64_t L = a.z.dim(1), I = a.w1[0].out_features();
+  const WFmt fmt = weight_format(a.w1[0]);
+  if (fmt != WFmt::mxfp4) return core::Status::fail("the MXFP4 kernels take MXFP4 experts");
+  for (size_t e = 0; e < a.w1.size(); ++e)
+    for (const LinearWeight* w : {&a.w1[e], &a.w3[e], &a.w2[e]})
+      if (!aligned16(w->weight.view().data))
+        return core::Status::fail("the MXFP4 kernels read 16-byte aligned expert codes; expert " + std::to_string(e) +
+                                  " is not");
+  if (!fp4_shapes_ok(L, I, ops.ctx->smem_optin()))
+    return core::Status::fail("the MXFP4 kernels do not take L = " + std::to_string(L) + ", I = " + std::to_string(I));
+  const bool round = a.precision == Precision::bf16;
+  const size_t x_elem = core::dtype_size(a.z.dtype), h_elem = round ? sizeof(bf16) : sizeof(float);
+  const WeightRef r1 = weight_ref(a.w1[0]), r3 = weight_ref(a.w3[0]), r2 = weight_ref(a.w2[0]);
+  const void* pool_row = reinterpret_cast<const void*>(uintptr_t{256});  // any 256-byte aligned address
+  if (!vector_ok(fmt, r1, L, a.z.data, a.z.strides[0], x_elem) || !vector_ok(fmt, r3, L, a.z.data, a.z.strides[0], x_elem) ||
+      !vector_ok(fmt, r2, I, pool_row, I, h_elem))
+    return core::Status::fail("the MXFP4 kernels read whole 16-byte chunks of z, w1, w3 and w2 rows");
+  if (!mma) return core::Status::ok();
+  if (a.z.dtype != core::DType::bf16 || !round)
+    return core::Status::fail("the tensor-core form needs bf16 activations (Precision::bf16)");
+  if (r1.ld != L / 2 || r3.ld != L / 2 || r1.scale_ld != L / 32 || r3.scale_ld != L / 32 || r2.ld != I / 2 ||
+      r2.scale_ld != I / 32)
+    return core::Status::fail("the tensor-core form needs row-contiguous expert matrices");
+  if (!mma_shapes_ok(L, I, ops.ctx->smem_optin()))
+    return core::Status::fail("the tensor-core form does not take L = " + std::to_string(L) + ", I = " + std::to_string(I));
+  return core::Status::ok();
+}
+
 template <class XT>
 void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t stream) {
   namespace fx = fp4_experts;
@@ -338,7 +378,7 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
   K3_CUDA_CHECK_LAUNCH("fp4_experts::combine_kernel");
 }
 
-void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
+void experts_run(const CudaOps& ops, const MoeExpertsArgs& a, ExpertsStrategy strategy) {
   const int64_t T_all = a.z.dim(0), L = a.z.dim(1);
   const int k = static_cast<int>(a.ids.dim(1)), E = static_cast<int>(a.w1.size());
   const int e_begin = static_cast<int>(a.expert_begin), e_total = static_cast<int>(moe_total_experts(a));
@@ -381,15 +421,12 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a) {
 
   with_act(a.z.dtype, [&](auto tag) {
     using XT = typename decltype(tag)::type;
-    // The MXFP4 kernels: whole 16-byte chunks on every row (z rows and h rows 16-byte aligned).
-    const bool fp4_fast = fmt == WFmt::mxfp4 && aligned && fp4_shapes_ok(L, I, ops.ctx->smem_optin()) &&
-                          vector_ok(fmt, r1, L, a.z.data, a.z.strides[0], sizeof(XT)) &&
-                          vector_ok(fmt, r3, L, a.z.data, a.z.strides[0], sizeof(XT)) &&
-                          vector_ok(fmt, r2, I, h, I, round ? sizeof(bf16) : sizeof(float)) && aligned16(eo);
-    // bf16 activations (exact bf16 inputs for the tensor cores) and row-contiguous expert matrices.
-    const bool fp4_mma = fp4_fast && std::is_same_v<XT, bf16> && round && r1.ld == L / 2 && r3.ld == L / 2 &&
-                         r1.scale_ld == L / 32 && r3.scale_ld == L / 32 && r2.ld == I / 2 && r2.scale_ld == I / 32 &&
-                         mma_shapes_ok(L, I, ops.ctx->smem_optin());
+    // The MXFP4 kernels (fp4_supports said they take these arguments; the pool's scratch rows are
+    // 16-byte aligned as it assumed).
+    const bool fp4_fast = strategy != ExpertsStrategy::rowdot;
+    const bool fp4_mma = strategy == ExpertsStrategy::fp4_mma;
+    K3_CHECK(!fp4_fast || (aligned && aligned16(h) && aligned16(eo)),
+             "moe_experts: the MXFP4 kernels' scratch is not 16-byte aligned");
     for (int64_t t0 = 0; t0 < T_all; t0 += piece) {
       const int64_t T = std::min(piece, T_all - t0);
       const XT* z = a.z.as<const XT>() + t0 * a.z.strides[0];
@@ -465,9 +502,15 @@ void cuda_detail::launch_sort_routes(const int32_t* ids, int64_t ids_ld, int64_t
 }
 
 void register_moe_experts_cuda(Registry& r, const CudaOps& ops) {
-  r.moe_experts.add({"cuda_expert_rowdot", core::Device::cuda, 10,
+  r.moe_experts.add({"cuda_expert_fp4_mma", core::Device::cuda,
+                     [ops](const MoeExpertsArgs& a) { return fp4_supports(ops, a, true); },
+                     [ops](const MoeExpertsArgs& a) { experts_run(ops, a, ExpertsStrategy::fp4_mma); }});
+  r.moe_experts.add({"cuda_expert_fp4", core::Device::cuda,
+                     [ops](const MoeExpertsArgs& a) { return fp4_supports(ops, a, false); },
+                     [ops](const MoeExpertsArgs& a) { experts_run(ops, a, ExpertsStrategy::fp4); }});
+  r.moe_experts.add({"cuda_expert_rowdot", core::Device::cuda,
                      [ops](const MoeExpertsArgs& a) { return experts_supports(ops, a); },
-                     [ops](const MoeExpertsArgs& a) { experts_run(ops, a); }});
+                     [ops](const MoeExpertsArgs& a) { experts_run(ops, a, ExpertsStrategy::rowdot); }});
 }
 
 }  // namespace k3::kernels

@@ -82,7 +82,7 @@ using namespace cuda_detail;
 
 namespace {
 
-constexpr int kMaxTokens = 16;   // supports(): T <= this (see the file comment)
+constexpr int64_t kGridYMax = 65535;  // supports(): T * k routes, one grid y each
 constexpr int kMaxRoutes = 64;   // supports(): k <= this (the down block's e table)
 // supports(): a z row and a token's k h rows of at most this many bytes each (staged in shared
 // memory with the scale tables; a launch over 48 KB opts in to more).
@@ -384,9 +384,9 @@ core::Status gemv_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
   if (auto s = experts_io_supports(ops, a); !s) return s;
   const int64_t T = a.z.dim(0), L = a.z.dim(1), k = a.ids.dim(1);
   using std::to_string;
-  if (T < 1 || T > kMaxTokens)
-    return core::Status::fail("the expert GEMV takes 1.." + to_string(kMaxTokens) +
-                              " tokens (each route reads its expert again), got " + to_string(T));
+  if (T < 1 || T * k > kGridYMax)
+    return core::Status::fail("the expert GEMV takes 1 token and up to " + to_string(kGridYMax) +
+                              " routes (one grid y each), got " + to_string(T) + " tokens of " + to_string(k));
   if (k < 1 || k > kMaxRoutes)
     return core::Status::fail("the expert GEMV takes 1.." + to_string(kMaxRoutes) + " routes per token, got k = " +
                               to_string(k));
@@ -498,7 +498,7 @@ void gemv_run(const CudaOps& ops, const MoeExpertsArgs& a) {
 }  // namespace
 
 void register_moe_experts_gemv_cuda(Registry& r, const CudaOps& ops) {
-  r.moe_experts.add({"cuda_expert_gemv", core::Device::cuda, 20,
+  r.moe_experts.add({"cuda_expert_gemv", core::Device::cuda,
                      [ops](const MoeExpertsArgs& a) { return gemv_supports(ops, a); },
                      [ops](const MoeExpertsArgs& a) { gemv_run(ops, a); }});
 }

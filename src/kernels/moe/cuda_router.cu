@@ -3,9 +3,9 @@
 //   the reference) in descending order; weights use s only:
 //   renormalize: w_j = s_j / (sum_{selected, in written order} s + 1e-20) * scaling; else s_j * scaling.
 // Two strategies, the same bits:
-//   cuda_rank_topk (E <= 1024, k <= 32; priority 20): a block of 8 warps per token, the ranking
+//   cuda_rank_topk (E <= 1024, k <= 32): a block of 8 warps per token, the ranking
 //     selection of cuda_router_select.cuh (K3: E = 896, k = 16).
-//   cuda_radix_topk (E <= 8192; priority 10): a block of 1024 threads per token; each b becomes an
+//   cuda_radix_topk (E <= 8192): a block of 1024 threads per token; each b becomes an
 //     order-preserving 32-bit key, a radix select (4 passes of 8 bits over a shared histogram) finds
 //     the k-th largest key, the keys above it and the lowest ids among those equal to it are the k
 //     picks, and each pick's place is its rank among them.
@@ -217,7 +217,7 @@ void router_topk_cuda(const CudaOps& ops, const RouterTopkArgs& a) {
 }
 
 void register_router_cuda(Registry& r, const CudaOps& ops) {
-  r.router_topk.add({"cuda_rank_topk", core::Device::cuda, 20,
+  r.router_topk.add({"cuda_rank_topk", core::Device::cuda,
                      [ops](const RouterTopkArgs& a) {
                        if (auto s = ops.usable(); !s) return s;
                        if (!rank_topk_fits(a))
@@ -231,7 +231,7 @@ void register_router_cuda(Registry& r, const CudaOps& ops) {
                      },
                      [ops](const RouterTopkArgs& a) { rank_topk_run(ops, a); }});
   r.router_topk.add(
-      {"cuda_radix_topk", core::Device::cuda, 10,
+      {"cuda_radix_topk", core::Device::cuda,
        [ops](const RouterTopkArgs& a) { return router_topk_cuda_supports(ops, a); },
        [ops](const RouterTopkArgs& a) { radix_topk_run(ops, a); }});
 }

@@ -1,20 +1,20 @@
 // kernels/moe_tail/cuda.cu: CUDA moe_tail_combine's two-launch forms and the registration of all four
 // strategies (design and byte counts: moe_tail.h; the one-launch form for one row: cuda_one_launch.cu):
-//   cuda_tail_one_launch (priority 30; bf16, T == 1, 16-byte aligned input rows, shared memory fits):
+//   cuda_tail_one_launch (bf16, T == 1, 16-byte aligned input rows, shared memory fits):
 //     one kernel, the prologue computed per CTA into shared memory (cuda_one_launch.cu).
 //   Two launches otherwise:
 //   1. tail_prologue_kernel (grid (T, 2): norm half, situ half): workspace [T, ws_ld] (activation dtype) =
 //      [ rmsnorm(u) (or u) at columns 0..L | situ_glu(gate, up) at columns Lp..Lp+SI ], Lp = L rounded up
 //      to 8 so both halves start 16-byte aligned; rounded exactly where the references round.
 //   2. the dual GEMM out = round(round(ws_L . W_up^T) + round(ws_SI . W_sd^T)):
-//      cuda_tail_mma (priority 20): bf16, tensor cores, in-CTA split-K over 8 warps (the multi_linear
+//      cuda_tail_mma: bf16, tensor cores, in-CTA split-K over 8 warps (the multi_linear
 //        cuda_multi_mma scheme, kernels/multi_linear/cuda.cu), run once over L with latent_up and once
 //        over SI with shared_down; each pass's partial sums meet in shared memory in warp order 0..7.
 //        Serves 9..16 rows and the inputs the one-launch form does not take (unaligned rows).
-//      cuda_tail_cublaslt (priority 25, bf16 above kMmaMaxRows rows, where the mma kernel's per-warp
+//      cuda_tail_cublaslt (bf16; tuning/*.json: above 16 rows, where the mma kernel's per-warp
 //        workspace re-reads make it L2-bound): the prologue, then one cuBLASLt GEMM per weight into bf16
 //        scratch (rounded yr, ys) and tail_add_kernel out = round(yr + ys): 4 launches.
-//      cuda_tail_rowdot (priority 10): any bf16/f32 mix; a warp per output column and 8 rows.
+//      cuda_tail_rowdot: any bf16/f32 mix; a warp per output column and 8 rows.
 // All sum in fp32 in an order other than the reference's sequential one (tolerance), deterministic; the
 // one-launch form and cuda_tail_mma give the same bits (same prologue math, same per-warp k-block order).
 // Programmatic dependent launch (rules: kernels/cuda_common.cuh): the prologue, tail_mma and tail_rowdot
@@ -286,7 +286,6 @@ __global__ void __launch_bounds__(kThreads) tail_add_kernel(const bf16* yr, cons
 
 // ---------------------------------------------------------------- host
 
-constexpr int64_t kMmaMaxRows = 16;  // above: cuda_tail_cublaslt
 
 int64_t row_ld(const core::TensorView& v) { return v.dim(0) > 1 ? v.strides[0] : v.dim(1); }
 int64_t round_up8(int64_t n) { return (n + 7) / 8 * 8; }
@@ -430,8 +429,6 @@ void mma_run(const CudaOps& ops, const MoeTailCombineArgs& a) {
 }
 
 core::Status cublaslt_supports(const CudaOps& ops, const MoeTailCombineArgs& a) {
-  if (a.u.dim(0) <= kMmaMaxRows)
-    return core::Status::fail("at most " + std::to_string(kMmaMaxRows) + " rows: cuda_tail_mma serves them");
   return mma_supports(ops, a);  // bf16, L and SI % 8 == 0, bf16 weights with 16-byte aligned rows
 }
 
@@ -490,16 +487,16 @@ namespace k3::kernels {
 
 void register_moe_tail_combine_cuda(Registry& r, const CudaOps& ops) {
   using namespace moe_tail_cuda;
-  r.moe_tail_combine.add({"cuda_tail_one_launch", core::Device::cuda, 30,
+  r.moe_tail_combine.add({"cuda_tail_one_launch", core::Device::cuda,
                           [ops](const MoeTailCombineArgs& a) { return one_launch_supports(ops, a); },
                           [ops](const MoeTailCombineArgs& a) { one_launch_run(ops, a); }});
-  r.moe_tail_combine.add({"cuda_tail_cublaslt", core::Device::cuda, 25,
+  r.moe_tail_combine.add({"cuda_tail_cublaslt", core::Device::cuda,
                           [ops](const MoeTailCombineArgs& a) { return cublaslt_supports(ops, a); },
                           [ops](const MoeTailCombineArgs& a) { cublaslt_run(ops, a); }});
-  r.moe_tail_combine.add({"cuda_tail_mma", core::Device::cuda, 20,
+  r.moe_tail_combine.add({"cuda_tail_mma", core::Device::cuda,
                           [ops](const MoeTailCombineArgs& a) { return mma_supports(ops, a); },
                           [ops](const MoeTailCombineArgs& a) { mma_run(ops, a); }});
-  r.moe_tail_combine.add({"cuda_tail_rowdot", core::Device::cuda, 10,
+  r.moe_tail_combine.add({"cuda_tail_rowdot", core::Device::cuda,
                           [ops](const MoeTailCombineArgs& a) { return common_supports(ops, a); },
                           [ops](const MoeTailCombineArgs& a) { rowdot_run(ops, a); }});
 }

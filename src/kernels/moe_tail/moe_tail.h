@@ -41,7 +41,7 @@
 // CUDA design: ONE launch for 1 row (cuda_one_launch.cu; kOneLaunchMaxRows in cuda_tail.cuh says why), two
 // for 2..16, cuBLASLt above:
 //   cuda_tail_one_launch (bf16, T == 1, L % 8 == 0, SI % 8 == 0, 16-byte aligned rows of u, gate, up,
-//      latent_norm and the weights, shared memory fits; priority 30): grid hidden / 32 = 224 CTAs of 8
+//      latent_norm and the weights, shared memory fits): grid hidden / 32 = 224 CTAs of 8
 //      warps, 32 output columns each. Every CTA first computes x = [ rmsnorm(u) | situ_glu(gate, up) ] of
 //      all T rows into SHARED memory (the prologue kernel's math, chunks and block tree: the same bits),
 //      then the dual GEMM on it: the warps split latent_up's, then shared_down's 32-wide k-blocks as
@@ -56,16 +56,16 @@
 //      the context's scratch) = [ rmsnorm(u) | situ_glu(gate, up) ], each rounded exactly as the
 //      references round; the norm's sum of squares is a fixed-order block tree (CUDA rmsnorm's order).
 //      Without norm the L half is a copy of u; without shared experts the SI half is not written.
-//   2. dual GEMM, cuda_tail_mma (bf16, L % 8 == 0, SI % 8 == 0, 16-byte aligned rows; priority 20): a
+//   2. dual GEMM, cuda_tail_mma (bf16, L % 8 == 0, SI % 8 == 0, 16-byte aligned rows): a
 //      CTA of 8 warps owns 16 output columns (rows of latent_up and shared_down) and up to 64 rows; the
 //      warps split L, then SI, into interleaved 32-wide k-blocks with 16-byte weight loads and mma.sync
 //      m16n8k16 (bf16 -> f32), one pass per weight (yr, then ys); each pass's partial sums meet in shared
 //      memory in warp order 0..7 (deterministic); the epilogue stores round(round(yr) + round(ys)). Grid
 //      (hidden / 16 = 448, ceil(T / 64)): each weight byte is read once per 64 rows.
-//      cuda_tail_cublaslt (bf16, same conditions, T > 16; priority 25): above 16 rows the mma kernel is
+//      cuda_tail_cublaslt (bf16, same conditions; tuning/*.json: T > 16): above 16 rows the mma kernel is
 //      L2-bound (below), so: the prologue, one cuBLASLt GEMM per weight into bf16 scratch (rounded yr,
 //      ys), then out = round(yr + ys) in one elementwise kernel (4 launches; same rounding points).
-//      cuda_tail_rowdot (any dtype mix, odd widths; priority 10): a warp per output column and 8 rows,
+//      cuda_tail_rowdot (any dtype mix, odd widths): a warp per output column and 8 rows,
 //      lanes striding k, warp-shuffle tree sums; the simple path for Precision::fp32 (f32 activations).
 // Measured before the one-launch form (H200, ncu: caches flushed and clocks locked per kernel, so upper
 // bounds; TP8 shapes):

@@ -1,16 +1,16 @@
 // kernels/multi_linear/cuda.cu: CUDA multi_linear: every output's y_i = x W_i^T in ONE launch over
 // the concatenation of all outputs' weight rows (design and byte counts: multi_linear.h).
 //
-//   cuda_multi_mma (priority 20): bf16 x, bf16 weights, in % 8 == 0, 16-byte aligned rows. A CTA
+//   cuda_multi_mma: bf16 x, bf16 weights, in % 8 == 0, 16-byte aligned rows. A CTA
 //     of 8 warps owns 16 weight rows of one output and up to 64 tokens; the warps split `in` into
 //     interleaved 32-wide k-blocks and run mma.sync m16n8k16 (bf16 in, f32 accumulate); partial
 //     sums meet in shared memory in warp order (deterministic, no workspace, no atomics).
-//   cuda_multi_cublaslt (priority 25): above kMmaMaxRows rows, one cuBLASLt GEMM per output (the
+//   cuda_multi_cublaslt (tuning/*.json: above 16 rows): one cuBLASLt GEMM per output (the
 //     standard linear's route) when cuBLASLt takes every output: the one-launch kernel re-reads x
 //     from L2 in every CTA (T x in bf16 per 16 weight rows), which past 16 rows costs more than
 //     the launches it saves (H200, k3-layer-tp8: the fused KDA layer was 0.94x the standard one
 //     at batch 64 with it, 1.19x at batch 8).
-//   cuda_multi_rowdot (priority 10): any bf16/f32 mix, odd widths: cuda_rowdot.cuh's segment dot
+//   cuda_multi_rowdot: any bf16/f32 mix, odd widths: cuda_rowdot.cuh's segment dot
 //     (the standard linear fallback's math) with all outputs' rows in one grid.
 // Both accumulate in fp32 and round once on store (bf16 out, or f32 out with round_output in
 // Precision::bf16); the order of the sum differs from the reference's sequential one (tolerance).
@@ -150,7 +150,6 @@ constexpr int kMmaWarps = 8;
 constexpr int kMmaThreads = kMmaWarps * 32;
 constexpr int kMmaRows = 16;     // weight rows per CTA: one m16 tile
 constexpr int kMmaTokens = 64;   // tokens per grid.y slice: up to 8 n8 tiles
-constexpr int64_t kMmaMaxRows = 16;  // above: cuda_multi_cublaslt when cuBLASLt takes every output
 constexpr int kKBlock = 32;      // k per (warp, step): 4 lanes x 8 bf16 per row
 
 // mma_bf16_m16n8k16 and load_weight16: kernels/cuda_common.cuh.
@@ -455,9 +454,6 @@ LinearArgs linear_args(const MultiLinearArgs& a, int i) {
 
 core::Status cublaslt_supports(const CudaOps& ops, const MultiLinearArgs& a) {
   if (auto s = common_supports(ops, a); !s) return s;
-  if (a.x.dim(0) <= kMmaMaxRows)
-    return core::Status::fail(std::to_string(a.x.dim(0)) + " rows: up to " + std::to_string(kMmaMaxRows) +
-                              " the one-launch kernels stream each weight once for all rows");
   for (int i = 0; i < a.num_outputs; ++i)
     if (auto s = linear_cublaslt_supports(ops, linear_args(a, i)); !s)
       return core::Status::fail("outputs[" + std::to_string(i) + "]: " + s.reason());
@@ -472,13 +468,13 @@ void cublaslt_run(const CudaOps& ops, const MultiLinearArgs& a) {
 }  // namespace
 
 void register_multi_linear_cuda(Registry& r, const CudaOps& ops) {
-  r.multi_linear.add({"cuda_multi_cublaslt", core::Device::cuda, 25,
+  r.multi_linear.add({"cuda_multi_cublaslt", core::Device::cuda,
                       [ops](const MultiLinearArgs& a) { return cublaslt_supports(ops, a); },
                       [ops](const MultiLinearArgs& a) { cublaslt_run(ops, a); }});
-  r.multi_linear.add({"cuda_multi_mma", core::Device::cuda, 20,
+  r.multi_linear.add({"cuda_multi_mma", core::Device::cuda,
                       [ops](const MultiLinearArgs& a) { return mma_supports(ops, a); },
                       [ops](const MultiLinearArgs& a) { mma_run(ops, a); }});
-  r.multi_linear.add({"cuda_multi_rowdot", core::Device::cuda, 10,
+  r.multi_linear.add({"cuda_multi_rowdot", core::Device::cuda,
                       [ops](const MultiLinearArgs& a) { return common_supports(ops, a); },
                       [ops](const MultiLinearArgs& a) { rowdot_run(ops, a); }});
 }

@@ -37,7 +37,7 @@
 // 6/3/4 cuda_rowdot launches in exact mode (f32 x, bf16 W).
 //
 // CUDA design (cuda.cu): ONE launch over the concatenation of all outputs' weight rows.
-//   cuda_multi_mma (bf16 x, bf16 W, in % 8 == 0, 16-byte aligned rows; priority 20): a CTA of 8
+//   cuda_multi_mma (bf16 x, bf16 W, in % 8 == 0, 16-byte aligned rows): a CTA of 8
 //     warps owns a 16-row tile of one output and all T (<= 64 per grid.y slice); the 8 warps split
 //     `in` into interleaved 32-wide k-blocks (in-CTA split-K: deterministic, no workspace); each
 //     lane streams 16-byte weight loads (2 rows x 8 values per k-block, several k-blocks in flight)
@@ -46,10 +46,10 @@
 //     meet in shared memory in warp order 0..7 and are stored once (rounded as above). Grid:
 //     (sum_i ceil(out_i / 16), ceil(T / 64)): 393 CTAs for KDA (~3 per SM, one wave), each weight
 //     byte read once per 64 tokens.
-//   cuda_multi_cublaslt (more than 16 rows, every output cuBLASLt-able; priority 25): one cuBLASLt
+//   cuda_multi_cublaslt (every output cuBLASLt-able; tuning/*.json: above 16 rows): one cuBLASLt
 //     GEMM per output, as the standard path: cuda_multi_mma re-reads x from L2 in every CTA
 //     (T x in x 2 B per 16 weight rows), which past 16 rows costs more than the launches it saves.
-//   cuda_multi_rowdot (any bf16/f32 mix of x and W dtypes, odd widths; priority 10): the standard
+//   cuda_multi_rowdot (any bf16/f32 mix of x and W dtypes, odd widths): the standard
 //     row-dot kernel (kernels/cuda_rowdot.cuh) with every output's rows in one grid, 8 tokens per
 //     pass over a weight row.
 //   Router epilogue: cuda_multi_mma up to kMultiLinearRouterInKernelRows rows (<= 1024 experts,

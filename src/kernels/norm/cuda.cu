@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const T* x, int64_t x
 }  // namespace
 
 void register_rmsnorm_cuda(Registry& r, const CudaOps& ops) {
-  r.rmsnorm.add({"cuda_rowwise", core::Device::cuda, 10,
+  r.rmsnorm.add({"cuda_rowwise", core::Device::cuda,
                  [ops](const RmsNormArgs& a) {
                    return all_of({ops.usable(), on_cuda({{"x", &a.x}, {"w", &a.w}, {"out", &a.out}}),
                                   same_act({{"x", &a.x}, {"out", &a.out}}, a.precision)});

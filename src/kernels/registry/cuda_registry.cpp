@@ -38,6 +38,8 @@ void register_all(Registry& r, const CudaOps& ops) {
   register_mla_decode_cuda(r, ops);
   register_moe_tail_combine_cuda(r, ops);
   register_mla_prep_cuda(r, ops);
+  // Which capable implementation runs: this GPU's table, then tuning/default.json (kernels/tuning.h).
+  r.set_tuning(core::Device::cuda, builtin_tuning(ops.ctx ? ops.ctx->info().name : std::string()));
 }
 }  // namespace
 

@@ -6,7 +6,7 @@ namespace k3::kernels {
 namespace {
 template <class Args>
 void register_reference(OpTable<Args>& t, void (*fn)(const Args&)) {
-  t.add(OpImpl<Args>{"reference", core::Device::cpu, 0, nullptr, fn});
+  t.add(OpImpl<Args>{"reference", core::Device::cpu, nullptr, fn});
 }
 }  // namespace
 

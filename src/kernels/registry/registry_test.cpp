@@ -1,4 +1,5 @@
-// kernels/registry/registry_test.cpp: reference ops cover every op table; selection and its errors.
+// kernels/registry/registry_test.cpp: reference ops cover every op table; selection by capability
+// and tuning rules, its log and its errors; the tuner hook.
 #include "kernels/registry.h"
 
 #include <gtest/gtest.h>
@@ -91,34 +92,134 @@ TEST(Registry, CudaHasNoImplementationYet) {
   EXPECT_NE(msg.find("rmsnorm"), std::string::npos) << msg;
 }
 
-TEST(Registry, PriorityAndSupportsDecideAndTheChoiceIsLoggedOnce) {
+// A linear call with x [rows, 4], W [3, 4], out [rows, 3] (f32, CPU): the measure is "rows".
+struct LinearCall {
+  Tensor x, w = Tensor::zeros(DType::f32, {3, 4}), out;
+  LinearWeight weight;
+  explicit LinearCall(int64_t rows)
+      : x(Tensor::zeros(DType::f32, {rows, 4})), out(Tensor::zeros(DType::f32, {rows, 3})) {
+    weight.weight = w;
+  }
+  LinearArgs args() const { return {x.view(), &weight, out.view(), false, Precision::fp32}; }
+};
+
+Tuning tuning_of(const std::string& gpu_json, const std::string& default_json) {
+  Tuning t;
+  if (!gpu_json.empty()) t.gpu = std::make_shared<const TuningTable>(TuningTable::parse(gpu_json, "gpu.json"));
+  if (!default_json.empty())
+    t.fallback = std::make_shared<const TuningTable>(TuningTable::parse(default_json, "default.json"));
+  return t;
+}
+
+// Two stand-in CPU linears beside the reference, "fast" refusing when `refuse` is set.
+struct ThreeLinears {
   Registry r;
-  register_reference_ops(r);
-  bool accept = false;
-  int fast_runs = 0;
-  r.rmsnorm.add({"fast_cpu", core::Device::cpu, 10,
-                 [&](const RmsNormArgs&) {
-                   return accept ? core::Status::ok() : core::Status::fail("only on Tuesdays");
-                 },
-                 [&](const RmsNormArgs&) { ++fast_runs; }});
+  bool refuse = false;
+  std::vector<std::string> ran;
+  ThreeLinears() {
+    register_reference_ops(r);
+    r.linear.add({"fast", core::Device::cpu,
+                  [this](const LinearArgs&) { return refuse ? core::Status::fail("refused") : core::Status::ok(); },
+                  [this](const LinearArgs&) { ran.push_back("fast"); }});
+    r.linear.add({"wide", core::Device::cpu, nullptr, [this](const LinearArgs&) { ran.push_back("wide"); }});
+  }
+};
+
+TEST(Registry, WithoutATableTheFirstCapableInRegistrationOrderRuns) {
+  ThreeLinears t;
+  LinearCall call(2);
+  EXPECT_EQ(t.r.linear.select(call.args(), core::Device::cpu).name, "reference");
+  EXPECT_EQ(t.r.linear.reason(call.args(), core::Device::cpu), "registration order");
+}
+
+TEST(Registry, TheTuningRuleOfTheSizeOrdersTheCapableImplementations) {
+  ThreeLinears t;
+  t.r.set_tuning(core::Device::cpu, tuning_of(R"({"gpu": "X", "ops": {"linear": {"measure": "rows", "rules": [
+      {"sizes": [1, 4], "order": ["fast", "wide"]},
+      {"sizes": [5, null], "order": ["wide", "fast"]}]}}})", ""));
   std::vector<std::string> log;
-  r.set_log([&](const std::string& line) { log.push_back(line); });
-  NormCall call;
-  EXPECT_EQ(r.rmsnorm.select(call.args(), core::Device::cpu).name, "reference");
-  EXPECT_EQ(r.rmsnorm.select(call.args(), core::Device::cpu).name, "reference");
-  accept = true;
-  r.rmsnorm.run(call.args(), core::Device::cpu);
-  EXPECT_EQ(fast_runs, 1);
+  t.r.set_log([&](const std::string& line) { log.push_back(line); });
+  LinearCall small(3), large(9);
+  EXPECT_EQ(t.r.linear.select(small.args(), core::Device::cpu).name, "fast");
+  EXPECT_EQ(t.r.linear.reason(small.args(), core::Device::cpu), "gpu.json rows 1..4");
+  EXPECT_EQ(t.r.linear.select(large.args(), core::Device::cpu).name, "wide");
+  EXPECT_EQ(t.r.linear.reason(large.args(), core::Device::cpu), "gpu.json rows 5+");
+  // supports() still decides what can run: a refusal falls to the next name of the order.
+  t.refuse = true;
+  EXPECT_EQ(t.r.linear.select(small.args(), core::Device::cpu).name, "wide");
+  t.r.linear.run(small.args(), core::Device::cpu);
+  EXPECT_EQ(t.ran, std::vector<std::string>{"wide"});
+  // Each implementation's first choice is logged once, with the rule that chose it.
   ASSERT_EQ(log.size(), 2u);
-  EXPECT_NE(log[0].find("rmsnorm -> cpu/reference"), std::string::npos) << log[0];
-  EXPECT_NE(log[1].find("rmsnorm -> cpu/fast_cpu"), std::string::npos) << log[1];
-  // With the reference gone, the refusal reason shows in the error.
+  EXPECT_EQ(log[0], "kernel linear -> cpu/fast (first at rows 3: gpu.json rows 1..4)");
+  EXPECT_EQ(log[1], "kernel linear -> cpu/wide (first at rows 9: gpu.json rows 5+)");
+}
+
+TEST(Registry, ShapesTheGpuTableLacksFallBackToTheDefaultThenToRegistrationOrder) {
+  ThreeLinears t;
+  t.r.set_tuning(core::Device::cpu, tuning_of(R"({"gpu": "X", "ops": {"linear": {"measure": "rows", "rules": [
+      {"sizes": [1, 4], "order": ["fast"]}]}}})", R"({"gpu": "*", "ops": {"linear": {"measure": "rows", "rules": [
+      {"sizes": [1, 8], "order": ["wide"]}]}}})"));
+  LinearCall in_gpu(4), in_default(8), in_neither(20);
+  EXPECT_EQ(t.r.linear.select(in_gpu.args(), core::Device::cpu).name, "fast");
+  EXPECT_EQ(t.r.linear.select(in_default.args(), core::Device::cpu).name, "wide");
+  EXPECT_EQ(t.r.linear.reason(in_default.args(), core::Device::cpu), "default.json rows 1..8");
+  EXPECT_EQ(t.r.linear.select(in_neither.args(), core::Device::cpu).name, "reference");
+  // Names a rule leaves out come after the listed ones, in registration order.
+  t.refuse = true;
+  EXPECT_EQ(t.r.linear.select(in_gpu.args(), core::Device::cpu).name, "reference");
+}
+
+TEST(Registry, ATableNamingAnUnknownImplementationOrAnotherMeasureIsAnError) {
+  ThreeLinears t;
+  const std::string unknown = error_of([&] {
+    t.r.set_tuning(core::Device::cpu, tuning_of(R"({"gpu": "X", "ops": {"linear": {"measure": "rows", "rules": [
+        {"sizes": [0, null], "order": ["fast", "cuda_gone"]}]}}})", ""));
+  });
+  EXPECT_NE(unknown.find("gpu.json: ops.linear lists 'cuda_gone', which is not an implementation on cpu"),
+            std::string::npos)
+      << unknown;
+  const std::string measure = error_of([&] {
+    t.r.set_tuning(core::Device::cpu, tuning_of("", R"({"gpu": "*", "ops": {"linear": {"measure": "tokens", "rules": [
+        {"sizes": [0, null], "order": ["fast"]}]}}})"));
+  });
+  EXPECT_NE(measure.find("default.json: ops.linear.measure is 'tokens', the op's is 'rows'"), std::string::npos)
+      << measure;
+}
+
+TEST(Registry, TheTunerIsHandedEveryCapableImplementationOfACallAndTheChosenOneStillRuns) {
+  ThreeLinears t;
+  struct Recorder : OpTuner {
+    std::vector<std::string> seen;
+    void observe(const std::string& op, const std::string& measure, int64_t size,
+                 const std::vector<Candidate>& candidates) override {
+      seen.push_back(op + " " + measure + " " + std::to_string(size) + ":");
+      for (const Candidate& c : candidates) {
+        seen.back() += " " + c.name;
+        c.run();
+      }
+    }
+  } tuner;
+  t.r.set_tuner(&tuner);
+  t.refuse = true;
+  LinearCall call(5);
+  t.r.linear.run(call.args(), core::Device::cpu);
+  ASSERT_EQ(tuner.seen.size(), 1u);
+  EXPECT_EQ(tuner.seen[0], "linear rows 5: reference wide");
+  EXPECT_EQ(t.ran, (std::vector<std::string>{"wide"}));  // the tuner's run of wide; reference left no mark
+  // Ops with one capable implementation are not offered.
+  NormCall norm;
+  t.r.rmsnorm.run(norm.args(), core::Device::cpu);
+  EXPECT_EQ(tuner.seen.size(), 1u);
+}
+
+TEST(Registry, WithNoCapableImplementationEveryRefusalIsInTheError) {
   Registry only_fast;
-  only_fast.rmsnorm.add({"fast_cpu", core::Device::cpu, 10,
+  only_fast.rmsnorm.add({"fast_cpu", core::Device::cpu,
                          [](const RmsNormArgs&) { return core::Status::fail("only on Tuesdays"); },
                          [](const RmsNormArgs&) {}});
-  const std::string msg =
-      error_of([&] { only_fast.rmsnorm.select(call.args(), core::Device::cpu); });
+  NormCall call;
+  const std::string msg = error_of([&] { only_fast.rmsnorm.select(call.args(), core::Device::cpu); });
   EXPECT_NE(msg.find("fast_cpu: only on Tuesdays"), std::string::npos) << msg;
 }
 

@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void register_sampling_cuda(Registry& r, const CudaOps& ops) {
-  r.sample.add({"cuda_radix_sample", core::Device::cuda, 10,
+  r.sample.add({"cuda_radix_sample", core::Device::cuda,
                 [ops](const SampleArgs& a) {
                   return all_of({ops.usable(), on_cuda({{"logits", &a.logits}, {"params", &a.params}, {"out", &a.out}})});
                 },

@@ -27,7 +27,7 @@ __global__ void situ_kernel(const T* gate, int64_t gate_ld, const T* up, int64_t
 
 void register_situ_cuda(Registry& r, const CudaOps& ops) {
   r.situ_glu.add(
-      {"cuda_elementwise", core::Device::cuda, 10,
+      {"cuda_elementwise", core::Device::cuda,
        [ops](const SituGluArgs& a) {
          return all_of({ops.usable(), on_cuda({{"gate", &a.gate}, {"up", &a.up}, {"out", &a.out}}),
                         same_act({{"gate", &a.gate}, {"up", &a.up}, {"out", &a.out}}, a.precision)});
