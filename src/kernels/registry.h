@@ -241,9 +241,12 @@ class OpTable {
     if (!best)
       throw core::Error(op_ + ": no implementation on " + std::string(core::device_name(device)) +
                         " supports these arguments" + (reasons.empty() ? "" : ":" + reasons));
-    const std::string why = rule ? *source + " " + describe_sizes(measure_.name, *rule) : "registration order";
-    if (why_chosen) *why_chosen = why;
-    note_choice(*best, size, why);
+    // The reason is only spelled out for reason() and the log, not on every call.
+    if (why_chosen || log_) {
+      const std::string why = rule ? *source + " " + describe_sizes(measure_.name, *rule) : "registration order";
+      if (why_chosen) *why_chosen = why;
+      note_choice(*best, size, why);
+    }
     return *best;
   }
   void offer_to_tuner(const Args& a, core::Device device) const {
