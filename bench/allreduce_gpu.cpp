@@ -12,13 +12,14 @@
 //   nccl_unfused      the same step with NCCL rank_order for the f32 partial (today's model path)
 // Each rank captures `calls` back-to-back calls into one CUDA graph (no launch overhead in the
 // numbers) and replays it; per call = replay time / calls on rank 0, median (p10, p90) over the
-// replays. NVLink multicast stays off (NcclGroup sets NCCL_NVLS_ENABLE=0).
+// replays. NVLink multicast stays off (main sets NCCL_NVLS_ENABLE=0, as every launcher does).
 //
 //   k3bench_allreduce_gpu [--out FILE] [--gpus N] [--rows 1,2,4,8,16,32,64] [--calls 20] [--replays 50]
 // Prints a table and writes a JSON result bundle (bench/bundle.h). Exit 0 ok, 1 error, 2 fewer than
 // 2 GPUs or no peer access.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -38,6 +39,7 @@
 #include "bench/bundle.h"
 #include "comm/custom_allreduce.h"
 #include "comm/nccl_comm.h"
+#include "evidence/environment.h"
 #include "kernels/cuda_ops.h"
 #include "kernels/registry.h"
 
@@ -205,6 +207,7 @@ std::vector<double> run_rank(const Options& o, const std::string& variant, int64
 }  // namespace k3
 
 int main(int argc, char** argv) {
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);  // the launcher's environment (comm/nccl_comm.h)
   using namespace k3;
   try {
     const Options o = parse_options(argc, argv);
@@ -274,7 +277,7 @@ int main(int argc, char** argv) {
       for (int64_t R : o.rows) std::printf(" %8.2f", table[{variant, R}].median_us);
       std::printf("\n");
     }
-    nlohmann::json env = bench::environment();
+    nlohmann::json env = evidence::environment();
     env["gpu"] = {{"name", info.name}, {"count", n}, {"sm_count", info.sm_count},
                   {"driver_version", info.driver_version}, {"runtime_version", info.runtime_version},
                   {"nccl", comm::nccl_runtime_version()}};

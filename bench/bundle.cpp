@@ -1,52 +1,11 @@
-// bench/bundle.cpp: environment facts for result bundles.
+// bench/bundle.cpp: see bundle.h.
 #include "bundle.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <array>
-#include <cstdio>
-#include <fstream>
 #include <stdexcept>
 #include <string>
-#include <thread>
 
 namespace k3::bench {
-
-namespace {
-std::string command_output(const char* cmd) {
-  std::string out;
-  if (FILE* p = ::popen(cmd, "r")) {
-    std::array<char, 512> buf{};
-    while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-    ::pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-}  // namespace
-
-nlohmann::json environment() {
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  return {
-      {"git_sha", command_output("git rev-parse HEAD 2>/dev/null")},
-      {"git_dirty", !command_output("git status --porcelain 2>/dev/null").empty()},
-      {"build_type", K3_BUILD_TYPE},
-      {"compiler", __VERSION__},
-      {"cpu", cpu_model()},
-      {"cpu_threads", std::thread::hardware_concurrency()},
-      {"host", host},
-  };
-}
 
 double median(std::vector<double> s) {
   if (s.empty()) return 0;

@@ -13,6 +13,7 @@
 #include "bench/bundle.h"
 #include "checkpoint/checkpoint.h"
 #include "cli/args.h"
+#include "evidence/environment.h"
 #include "runner/model_runner.h"
 
 using namespace k3;
@@ -66,7 +67,7 @@ int main(int argc, char** argv) {
 
     nlohmann::json bundle = {
         {"benchmark", "cpu_decode"},
-        {"environment", bench::environment()},
+        {"environment", evidence::environment()},
         {"model", {{"dir", tmp.empty() ? dir.string() : "k3-tiny seed 0 (temporary)"},
                    {"config_hash", runner->config().hash()}}},
         {"config", {{"prefill_tokens", P}, {"decode_steps", D}, {"repeats", R}, {"precision", args.get("precision")}}},

@@ -1,7 +1,7 @@
 // bench/decode_gpu.cpp: k3bench_decode_gpu, whole-model decode throughput of one checkpoint loaded
-// once: a k3-proxy-tp8 checkpoint (one TP8 rank's share of K3, ~52 GB, issue 5 item 7) opened with
+// once: a k3-proxy-tp8 checkpoint (one TP8 rank's share of K3, ~52 GB) opened with
 // runner::ModelRunner on CUDA (bf16 activations, fp8 latent cache), decode-only steps swept over
-// context length x batch x decode backend x mode (issue 7 item 3). bench/decode_sweep.cpp runs the
+// context length x batch x decode backend x mode. bench/decode_sweep.cpp runs the
 // sweep (synthetic context, timing, path counters, spec §12 bytes, the table and the bundle).
 //
 //   k3bench_decode_gpu --model DIR [--make] [--config NAME|PATH] [--out FILE] [--batches 1,8,64]
@@ -17,7 +17,7 @@
 // a sibling model on the same loaded weights (never loaded twice). latency_specialized: the fused
 // path of fastpath/ serves the decode steps it covers; each row's decode_path says how many of its
 // steps each path ran and why any fell back, and the bundle's decode_paths the totals per backend.
-// --modes ... verify: speculative verify steps with SYNTHETIC acceptance (issue #8's measure): each
+// --modes ... verify: speculative verify steps with SYNTHETIC acceptance: each
 // sequence runs its last token + K drafts (--spec-k, default 7) through the decode path with KDA in
 // no-commit mode, then Model::commit_verified keeps AL rows (--spec-al, default 6: KDA replay, MLA
 // truncation); step time = both, tokens/s = batch * AL / step time. verify: every kernel launched;
@@ -51,7 +51,7 @@
 // fp32 activations: the backends' tokens must then be identical (bf16 noise may flip a nearly tied
 // route of a random model).
 // --profile: after each eager row, one more eager step with every op call timed on the stream (the
-// per-layer kernel profile of issue 7 item 3): op, implementation, calls, total us, us per layer and
+// per-layer kernel profile): op, implementation, calls, total us, us per layer and
 // share of the step, printed under the row and kept in the bundle row's `profile`. With --tp N it
 // is rank 0's step, run alongside the other ranks': the collectives are not ops, so their time is
 // the step's time outside its top-level ops (printed; step_ms - top_level_ops_ms in the bundle).
@@ -62,6 +62,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -79,6 +80,7 @@
 #include "checkpoint/safetensors.h"
 #include "config/k3_config.h"
 #include "core/error.h"
+#include "evidence/environment.h"
 #ifdef K3_HAVE_CUDA
 #include "backends/cuda/device.h"
 #endif
@@ -269,6 +271,7 @@ bench::DecodeSweepOptions parse_options(std::span<const std::string> args, bool&
 }  // namespace
 
 int main(int argc, char** argv) {
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);  // the launcher's environment (comm/nccl_comm.h)
   try {
     bool help = false;
     const std::vector<std::string> args(argv + 1, argv + argc);
@@ -277,7 +280,7 @@ int main(int argc, char** argv) {
       std::cout << kUsage;
       return 0;
     }
-    nlohmann::json env = bench::environment();
+    nlohmann::json env = evidence::environment();
 #ifdef K3_HAVE_CUDA
     if (o.device == core::Device::cuda) {
       std::string why;

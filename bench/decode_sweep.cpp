@@ -292,7 +292,7 @@ model::DecodePathCounters counters_delta(const model::DecodePathCounters& before
 nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env, double make_seconds) {
   K3_CHECK(!o.batches.empty() && !o.ctxs.empty() && !o.backends.empty() && !o.modes.empty(),
            "decode sweep: the batches, ctx, decode backends and modes must each name at least one");
-  const std::string device_name = env.contains("gpu") ? env["gpu"]["name"].get<std::string>() : "CPU (reference ops)";
+  const std::string device_name = env.contains("gpu") && env["gpu"].is_object() ? env["gpu"]["name"].get<std::string>() : "CPU (reference ops)";
 
   // Open: map and check the checkpoint, upload every tensor (lazily mapped pages are read as the
   // upload touches them: no separate read-in pass). With --tp each rank's slices go to its GPU. The
@@ -536,7 +536,7 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
       }
 
   if (tuner) {
-    const std::string gpu = env.contains("gpu") ? env["gpu"].value("name", "") : std::string("cpu");
+    const std::string gpu = env.contains("gpu") && env["gpu"].is_object() ? env["gpu"].value("name", "") : std::string("cpu");
     nlohmann::json table = tuner->table(gpu);
     table["written_by"] = "k3bench_decode_gpu --tune (bench/op_tuner.h): config " + label + ", batches " +
                           nlohmann::json(o.batches).dump() + ", ctx " + std::to_string(o.ctxs.front()) + ", " +

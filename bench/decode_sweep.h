@@ -1,4 +1,4 @@
-// bench/decode_sweep.h: the in-process decode sweep behind k3bench_decode_gpu (issue #7 item 3):
+// bench/decode_sweep.h: the in-process decode sweep behind k3bench_decode_gpu:
 // one loaded checkpoint, decode-only steps timed for every context length x batch x decode backend
 // (auto, latency_specialized) x mode (eager, graph, verify, verify-graph). bench/decode_sweep.cpp says how the
 // context is built, timed and counted; bench/decode_gpu.cpp is the program around it (its command
@@ -65,7 +65,7 @@ int64_t inventory_bytes(const config::K3Config& c);
 model::DecodePathCounters counters_delta(const model::DecodePathCounters& before, const model::DecodePathCounters& after);
 
 // Opens the checkpoint in o.model (it must exist), runs the sweep (progress and the table on
-// stdout) and returns the result bundle: `environment` (bench/bundle.h's environment(), plus "gpu"
+// stdout) and returns the result bundle: `environment` (evidence/environment.h; "gpu" replaced by the CUDA device's facts
 // when there is one) and `make_seconds` (the time it took to write the checkpoint, 0: reused) go
 // into it as they are. Throws core::Error on any failure.
 nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json environment, double make_seconds);

@@ -4,7 +4,7 @@
 // [7168, 768], router and latent projections replicated), hidden 7168, an AttnRes bank of 8 rows,
 // an 8K-token context per sequence in an fp8 latent cache, batch 1, 8, 32, 64.
 //
-// Two decode paths side by side on the same layer, inputs and state (issue 6): auto =
+// Two decode paths side by side on the same layer, inputs and state: auto =
 // model::layer_forward (the model's own standard path: Mix, norm, attention, add, Mix, norm, MoE,
 // add); latency_specialized = one layer of fastpath/'s FusedDecodePath::run_step
 // (bench/layer_gpu_fused.h: merge of a stand-in previous FFN output + Mix + norm, fused attention,
@@ -59,6 +59,7 @@
 #include "config/shard.h"
 #include "core/bf16.h"
 #include "core/rng.h"
+#include "evidence/environment.h"
 #include "fastpath/fused_decode.h"
 #include "fastpath/fused_layers.h"
 #include "kernels/cuda_ops.h"
@@ -571,7 +572,7 @@ int main(int argc, char** argv) {
     }
     print_table(b);
 
-    nlohmann::json env = bench::environment();
+    nlohmann::json env = evidence::environment();
     env["gpu"] = {{"name", info.name}, {"sm_count", info.sm_count}, {"l2_bytes", info.l2_bytes},
                   {"global_bytes", info.global_bytes}, {"cc", std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor)},
                   {"driver_version", info.driver_version}, {"runtime_version", info.runtime_version}};

@@ -29,6 +29,7 @@
 #include "core/bf16.h"
 #include "core/fp8.h"
 #include "core/rng.h"
+#include "evidence/environment.h"
 #include "kernels/cuda_ops.h"
 
 using namespace k3;
@@ -447,7 +448,7 @@ void bench_elementwise(Bench& b, const Patterns& pat, const std::vector<int64_t>
   }
 }
 
-// ---------------------------------------------------------------- sampling (issue #5)
+// ---------------------------------------------------------------- sampling (the `sample` op)
 
 // The `sample` op on a decode step's logits: vocabulary 20480 (a TP8 shard) and 163840 (K3's, what
 // the sampler sees after the all-gather), logits N(0, 3). Bytes: the logits read once.
@@ -536,7 +537,7 @@ int main(int argc, char** argv) {
     if (wanted("moe")) bench_moe(b, pat, batches, rng);
     if (wanted("elt")) bench_elementwise(b, pat, batches);
     if (wanted("sample")) bench_sampling(b, batches, rng);
-    nlohmann::json env = bench::environment();
+    nlohmann::json env = evidence::environment();
     env["gpu"] = {{"name", info.name}, {"sm_count", info.sm_count}, {"l2_bytes", info.l2_bytes},
                   {"global_bytes", info.global_bytes}, {"cc", std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor)},
                   {"driver_version", info.driver_version}, {"runtime_version", info.runtime_version}};

@@ -21,6 +21,7 @@
 #include "cli/args.h"
 #include "engine/engine.h"
 #include "engine/plan.h"
+#include "evidence/environment.h"
 #include "scheduler/scheduler.h"
 
 using namespace k3;
@@ -185,7 +186,7 @@ int main(int argc, char** argv) {
     }
     nlohmann::json bundle = {
         {"benchmark", "scheduler_step"},
-        {"environment", bench::environment()},
+        {"environment", evidence::environment()},
         {"config", {{"steps", steps}, {"prompt_tokens", prompt}, {"vocab", vocab}, {"block_size", 16},
                     {"checkpoint_interval_blocks", 4}, {"prefix_cache", true}}},
         {"results", rows},

@@ -20,6 +20,7 @@
 #include "bench/bundle.h"
 #include "cli/args.h"
 #include "core/error.h"
+#include "evidence/environment.h"
 #include "tokenizer/detokenizer.h"
 #include "tokenizer/split_patterns.h"
 #include "tokenizer/tiny_tokenizer.h"
@@ -179,7 +180,7 @@ int main(int argc, char** argv) {
     }
     const nlohmann::json bundle = {
         {"benchmark", "tokenizer_throughput"},
-        {"environment", bench::environment()},
+        {"environment", evidence::environment()},
         {"config",
          {{"corpus", args.get("text").empty() ? "repository sources + multilingual" : args.get("text")},
           {"corpus_bytes", corpus.size()},

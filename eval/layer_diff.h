@@ -109,7 +109,7 @@ struct LayerDiffReport {
   std::string side_a, side_b;  // SideSpec::text()
   std::string model;           // where the weights came from (a folder, or "k3-tiny seed 0 (temporary)")
   std::string config_hash;
-  nlohmann::json environment = nlohmann::json::object();  // bench::environment(): git sha, build, host
+  nlohmann::json environment = nlohmann::json::object();  // evidence::environment(): git sha, build, host, GPUs
   LayerDiffConfig config;
 
   // Teacher-forced mode.

@@ -1,15 +1,17 @@
-// eval/main.cpp: k3eval_layer_diff: `k3serve layer-diff` as a program of its own, for builds
-// without src/cli (the GPU check). Same options, output and exit codes (2: bad input).
+// eval/main.cpp: k3eval_layer_diff (eval/layer_diff_command.cpp); exit codes 0 ok, 1 --check failed,
+// 2 bad input.
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <span>
 
-#include "cli/commands.h"
+#include "eval/layer_diff_command.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);  // the launcher's environment (comm/nccl_comm.h)
   try {
-    return k3::cli::layer_diff_command(std::span<char* const>(argv + 1, static_cast<size_t>(argc - 1)));
+    return k3::eval::layer_diff_command(std::span<char* const>(argv + 1, static_cast<size_t>(argc - 1)));
   } catch (const k3::core::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

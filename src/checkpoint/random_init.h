@@ -19,8 +19,9 @@ namespace k3::checkpoint {
 //   * larger tensors ("bulk": routed experts and projections at real K3 widths): blocks of
 //     kBulkBlockValues row-major values, block b drawn from that stream's fork(b); normals come
 //     from a 2^16-entry table of standard-normal quantiles, four per next_u64 (16 bits each) —
-//     about 30x faster than Box-Muller, and blocks can be filled in parallel. The table holds
-//     Phi^-1((i + 0.5) / 2^16): every value is a quantile, the tails stop at +-4.3 sigma.
+//     far cheaper than Box-Muller (docs/perf/kernel-notes.md), and blocks can be filled in
+//     parallel. The table holds Phi^-1((i + 0.5) / 2^16): every value is a quantile, the tails
+//     stop at +-4.3 sigma.
 inline constexpr int64_t kSequentialMaxValues = int64_t{1} << 20;
 inline constexpr int64_t kBulkBlockValues = int64_t{1} << 16;
 void fill_random_param(const ParamSpec& spec, const config::K3Config& config, InitStyle style,

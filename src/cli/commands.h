@@ -11,6 +11,5 @@ int generate_command(std::span<char* const> argv);
 int serve_command(std::span<char* const> argv);
 int bench_serve_command(std::span<char* const> argv);
 int bench_compare_command(std::span<char* const> argv);
-int layer_diff_command(std::span<char* const> argv);  // also eval/main.cpp's k3eval_layer_diff
 
 }  // namespace k3::cli

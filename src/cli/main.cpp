@@ -1,4 +1,5 @@
 // cli/main.cpp: the k3serve program: dispatches to a subcommand.
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -19,11 +20,14 @@ constexpr const char* kUsage =
     "  serve            serve the model over an OpenAI-compatible HTTP API\n"
     "  bench-serve      load-test a running server (random, shared-prefix, agentic, trace) -> bundle\n"
     "  bench-compare    compare bench-serve bundles: ratios, bootstrap CIs, regressions, SVG plots\n"
-    "  layer-diff       diff every traced intermediate of two sides (device/precision/decode path)\n";
+    "(the layer-by-layer diff of two ways of running a model is eval/'s k3eval_layer_diff)\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The launcher's environment, set before any thread starts: NVLink multicast off for NCCL
+  // (comm/nccl_comm.h says why; library code never writes the environment).
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::cout << kUsage;
     return argc < 2 ? 2 : 0;
@@ -37,7 +41,6 @@ int main(int argc, char** argv) {
     if (command == "serve") return k3::cli::serve_command(rest);
     if (command == "bench-serve") return k3::cli::bench_serve_command(rest);
     if (command == "bench-compare") return k3::cli::bench_compare_command(rest);
-    if (command == "layer-diff") return k3::cli::layer_diff_command(rest);
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const k3::core::Error& e) {

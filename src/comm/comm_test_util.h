@@ -19,6 +19,10 @@
 
 namespace k3::comm::testing {
 
+// What every launcher does before NCCL starts (comm/nccl_comm.h): NVLink multicast off. The tests
+// that build an NcclGroup are their own launchers.
+inline void launch_with_nvls_off() { ::setenv("NCCL_NVLS_ENABLE", "0", 1); }
+
 // Group sizes every CPU test runs with (TP=1 and the TP degrees spec §11 cares about, plus 3).
 inline const int kRankCounts[] = {1, 2, 3, 4, 8};
 // Element counts: 1, odd, the K3 hidden size, and three hidden rows plus an odd tail.

@@ -145,6 +145,7 @@ TEST(CustomAllReduce, OneShotAndTwoStageAreBitIdenticalToThreadCommAndNcclRankOr
   for (int n : group_sizes(gpus_)) {
     auto group = CustomAllReduceGroup::create(first_devices(n), kMaxBytes);
 #if defined(K3_HAVE_NCCL)
+    launch_with_nvls_off();
     NcclGroup nccl(first_devices(n));
 #endif
     for (const Shape& shape : shapes) {

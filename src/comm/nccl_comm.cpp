@@ -250,6 +250,12 @@ void NcclComm::abort(const std::string& reason) {
 // ---- NcclGroup ---------------------------------------------------------------------------------
 
 NcclGroup::NcclGroup(std::vector<int> devices) : shared_(std::make_shared<NcclShared>()) {
+  // Never NVLink multicast (see nccl_comm.h). NCCL reads the variable at init; the launcher sets it.
+  const char* nvls = std::getenv(kNcclNvlsVariable);
+  K3_CHECK(nvls != nullptr && std::string(nvls) == "0",
+           std::string("comm::NcclGroup: NVLink multicast must stay off: start the process with ") + kNcclNvlsVariable +
+               "=0 (k3serve and the benchmark programs set it first thing in main); it is " +
+               (nvls ? "'" + std::string(nvls) + "'" : std::string("unset")));
   K3_CHECK(!devices.empty(), "comm::NcclGroup: the device list is empty");
   const int available = backends::cuda::device_count();
   std::set<int> seen;
@@ -260,8 +266,6 @@ NcclGroup::NcclGroup(std::vector<int> devices) : shared_(std::make_shared<NcclSh
     K3_CHECK(seen.insert(d).second,
              "comm::NcclGroup: CUDA device " + std::to_string(d) + " is listed twice");
   }
-  // Never NVLink multicast (see nccl_comm.h); overwrite whatever the environment said.
-  ::setenv("NCCL_NVLS_ENABLE", "0", 1);
   const int n = static_cast<int>(devices.size());
   shared_->devices = devices;
   shared_->comms.assign(devices.size(), nullptr);

@@ -10,11 +10,12 @@
 //     can read peers' buffers through cudaDeviceEnablePeerAccess, with no cudaIpc handle exchange.
 //   The price: one process's fault takes all ranks down (acceptable: TP ranks are useless alone).
 //
-// NVLink multicast (NVLS) is never used: NcclGroup sets NCCL_NVLS_ENABLE=0 in the environment
-// before creating communicators (NCCL reads it at init; it overrides any value set before). On the
+// NVLink multicast (NVLS) is never used. NCCL has no config field for it, only the environment
+// variable NCCL_NVLS_ENABLE, read at init; library code never writes the environment, so each
+// launcher (k3serve's main, the benchmark programs, the tests that build groups) sets
+// NCCL_NVLS_ENABLE=0 before any thread starts, and NcclGroup refuses to start without it. On the
 // shared H200 hosts a program using multicast objects can put the host's GPUs out of service for
-// a long time, and at decode message sizes (<= 64 rows x 7168 bf16) NVLS buys little anyway. This is
-// the one environment variable k3serve writes, and only because NCCL has no config field for it.
+// a long time, and at decode message sizes (<= 64 rows x 7168 bf16) NVLS buys little anyway.
 //
 // Semantics (see comm/communicator.h for the numeric contract):
 //   * tensors are Device::cuda views on this rank's GPU; collectives are enqueued on stream() and
@@ -97,10 +98,14 @@ class NcclComm final : public Communicator {
   float* barrier_word_ = nullptr;  // one float all-reduced by barrier()
 };
 
+// The environment variable every launcher sets to "0" before NCCL starts (see the file comment).
+inline constexpr const char* kNcclNvlsVariable = "NCCL_NVLS_ENABLE";
+
 class NcclGroup {
  public:
   // One rank per entry of `devices` (rank r on CUDA device devices[r]; all distinct), created
-  // together with ncclCommInitAll from the calling thread after setting NCCL_NVLS_ENABLE=0.
+  // together with ncclCommInitAll from the calling thread; throws core::Error unless the
+  // environment has NCCL_NVLS_ENABLE=0 (kNcclNvlsVariable).
   explicit NcclGroup(std::vector<int> devices);
   // Finalizes and destroys the communicators (one thread per rank, as NCCL finalization is
   // collective). Every rank must be idle; after abort() only local resources are freed.

@@ -1,7 +1,7 @@
 // comm/nccl_comm_test.cpp: the NCCL communicator against the CPU contract, one thread per GPU:
 // rank_order all-reduce / reduce-scatter bit-identical to the serial rank-order sum (f32, bf16
 // rounded once), native NCCL sums close to it and identical across ranks, all-gather along both
-// axes, broadcast, barrier, NVLS forced off. Multi-GPU cases skip when fewer than 2 GPUs are visible.
+// axes, broadcast, barrier; no group without NVLS off. Multi-GPU cases skip when fewer than 2 GPUs are visible.
 #include "comm/nccl_comm.h"
 
 #include <gtest/gtest.h>
@@ -84,10 +84,41 @@ struct DeviceBuffer {
   size_t count;
 };
 
+// Runs without a GPU too: the environment is checked before anything else.
+TEST(NcclComm, RefusesToStartUnlessTheLauncherTurnedNvlinkMulticastOff) {
+  const auto refusal = [](const char* value) {
+    if (value) ::setenv("NCCL_NVLS_ENABLE", value, 1);
+    else ::unsetenv("NCCL_NVLS_ENABLE");
+    try {
+      NcclGroup group({0});
+    } catch (const core::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  for (const char* value : {static_cast<const char*>(nullptr), "1", ""}) {
+    const std::string what = refusal(value);
+    EXPECT_NE(what.find("NCCL_NVLS_ENABLE=0"), std::string::npos) << what;
+    EXPECT_NE(what.find(value ? "'" + std::string(value) + "'" : std::string("unset")), std::string::npos) << what;
+  }
+  launch_with_nvls_off();
+}
+
 TEST(NcclComm, RejectsBadDeviceListsBeforeTouchingNccl) {
-  EXPECT_THROW(NcclGroup({}), core::Error);
-  EXPECT_THROW(NcclGroup({0, 0}), core::Error);
-  EXPECT_THROW(NcclGroup({-1}), core::Error);
+  launch_with_nvls_off();
+  const auto error_of = [](std::vector<int> devices) {
+    try {
+      NcclGroup group(std::move(devices));
+    } catch (const core::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of({}).find("device list is empty"), std::string::npos);
+  EXPECT_NE(error_of({-1}).find("does not exist"), std::string::npos);
+  const std::string twice = error_of({0, 0});
+  EXPECT_TRUE(twice.find("listed twice") != std::string::npos || twice.find("does not exist") != std::string::npos)
+      << twice;
 }
 
 TEST(NcclComm, RankOrderAllReduceIsBitIdenticalToTheCpuContract) {
@@ -95,8 +126,8 @@ TEST(NcclComm, RankOrderAllReduceIsBitIdenticalToTheCpuContract) {
   for (int n : group_sizes(gpus_)) {
     std::vector<int> devices;
     for (int d = 0; d < n; ++d) devices.push_back(d);
+    launch_with_nvls_off();
     NcclGroup group(devices);
-    EXPECT_STREQ(std::getenv("NCCL_NVLS_ENABLE"), "0");
     for (int64_t count : kSizes) {
       for (DType dtype : {DType::f32, DType::bf16}) {
         std::vector<std::vector<float>> inputs;
@@ -146,6 +177,7 @@ TEST(NcclComm, ReduceScatterAllGatherBroadcastAndBarrier) {
   for (int n : group_sizes(gpus_)) {
     std::vector<int> devices;
     for (int d = 0; d < n; ++d) devices.push_back(d);
+    launch_with_nvls_off();
     NcclGroup group(devices);
     const int64_t rows = 3, cols = 17;
     std::vector<std::vector<float>> inputs;

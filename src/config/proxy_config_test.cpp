@@ -1,5 +1,5 @@
 // config/proxy_config_test.cpp: the builtin "k3-proxy-tp8" (one TP8 rank's share of K3 as a
-// 24-layer model, issue 5 item 7): its shapes equal config::shard_config(k3, 8), its layer
+// 24-layer model, for single-GPU decode numbers): its shapes equal config::shard_config(k3, 8), its layer
 // schedule follows K3's, and its size (spec §4 tensor list, MXFP4 experts) is the ~52 GB expected.
 #include <cstdint>
 #include <cstdio>

@@ -89,9 +89,6 @@ class HostMemory final : public DeviceMemory {
 
 }  // namespace
 
-std::shared_ptr<DeviceMemory> host_memory() {
-  static const std::shared_ptr<DeviceMemory> memory = std::make_shared<HostMemory>();
-  return memory;
-}
+std::shared_ptr<DeviceMemory> make_host_memory() { return std::make_shared<HostMemory>(); }
 
 }  // namespace k3::core

@@ -71,7 +71,7 @@ class DeviceMemory {
   }
 };
 
-// The CPU's memory (plain heap tensors); one shared instance.
-std::shared_ptr<DeviceMemory> host_memory();
+// A new CPU memory (plain heap tensors, its own profiling marks); the caller owns it.
+std::shared_ptr<DeviceMemory> make_host_memory();
 
 }  // namespace k3::core

@@ -131,7 +131,7 @@ void fill_random_draft_param(const DraftParamSpec& p, uint64_t seed, std::span<s
     return;
   }
   // Large tensors (K3 widths: 3.5 B values in all): four table quantiles per draw, as the target
-  // writer's bulk path (checkpoint/random_init.h), ~30x faster than Box-Muller.
+  // writer's bulk path (checkpoint/random_init.h), far cheaper than Box-Muller.
   const float* q = checkpoint::bulk_normal_quantiles();
   for (int64_t i = 0; i < n; i += 4) {
     uint64_t u = rng.next_u64();

@@ -23,7 +23,7 @@ class Executor {
   // row i = the last token of plan.seqs[i] (rows of sequences that do not sample are
   // ignored). Throws on failure; the engine then fails the step's requests.
   virtual core::Tensor execute(const BatchPlan& plan) = 0;
-  // Optional (issue #5): an executor whose model runs on a device may keep the logits there:
+  // Optional: an executor whose model runs on a device may keep the logits there:
   // execute() then returns a device f32 [rows, vocab] tensor (valid until the next execute()), and
   // this returns the sampler for it, so the engine samples on the device through
   // runner::sample_rows() and downloads tokens rather than logits. nullptr (the default):

@@ -1,5 +1,5 @@
 // fastpath/fused_decode.h: the latency_specialized decode path (design.md "Two decode paths, one
-// contract"; issue 6).
+// contract"; design: docs/architecture.md, "The latency_specialized decode path").
 //
 // Scope, enforced by decide(): pure-decode steps (every sequence of the step decodes: one token,
 // or K+1 speculative-verify rows) of 1..kMaxRows rows in all, on the CPU (the fused ops' reference

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "evidence/environment.h"
 #include "loadgen/bundle.h"
 
 namespace k3::loadgen {
@@ -57,7 +58,7 @@ Json run_benchmark(BenchConfig c) {
           {"label", c.label},
           {"series", c.series},
           {"created_unix", std::chrono::duration_cast<std::chrono::seconds>(wall_start.time_since_epoch()).count()},
-          {"environment", collect_environment()},
+          {"environment", evidence::environment()},
           {"server", {{"url", c.endpoint.url()}, {"model", model}}},
           {"engine_config", c.engine_config},
           {"workload", c.workload.to_json()},

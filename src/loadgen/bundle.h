@@ -1,5 +1,5 @@
 // loadgen/bundle.h: the result bundle of one bench-serve run, one JSON file holding everything
-// needed to compare runs later: environment (git sha + dirty flag, build flags, GPU name /
+// needed to compare runs later: environment (evidence/environment.h: git sha, build, GPU name /
 // driver / clocks from nvidia-smi or "none", CPU), the served model (its /v1/models reply and a
 // config hash), the engine config, the workload spec with its seed, the run options, the raw
 // per-request samples, the server's /metrics deltas and the summary.
@@ -16,11 +16,6 @@ namespace k3::loadgen {
 
 inline constexpr const char* kBundleSchema = "k3serve-bench-serve/1";
 
-// git (of the source tree this binary was built from, else the working directory), build,
-// CPU, host and GPU facts.
-nlohmann::json collect_environment();
-// nvidia-smi's name, driver, current and max SM / memory clocks of every GPU; "none" without it.
-nlohmann::json gpu_info();
 // FNV-1a 64 of a file's bytes as 16 hex digits; throws core::Error naming an unreadable file.
 std::string file_hash(const std::filesystem::path& file);
 std::string text_hash(const std::string& text);

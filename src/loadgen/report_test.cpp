@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "evidence/environment.h"
 #include "loadgen/bundle.h"
 #include "loadgen/compare.h"
 #include "loadgen/request_metrics.h"
@@ -73,7 +74,7 @@ Json synthetic_bundle(uint64_t seed, int n, double slowdown, int64_t concurrency
 TEST(Bundle, RoundTripThroughAFile) {
   const fs::path dir = temp_dir("bundle");
   Json b = synthetic_bundle(1, 17, 1.0, 1, "one");
-  b["environment"] = collect_environment();
+  b["environment"] = evidence::environment();
   write_bundle(b, dir / "sub" / "run.json");
   const Json back = read_bundle(dir / "sub" / "run.json");
   EXPECT_EQ(back, b);

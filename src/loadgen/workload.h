@@ -43,7 +43,7 @@ struct WorkloadSpec {
   // random and shared_prefix
   LengthDist input{256, 0}, output{64, 0};
   int64_t prefix_len = 128, num_prefixes = 1;
-  // agentic (defaults: the long agentic shape of issue #7)
+  // agentic (defaults: a long agentic session: a large first turn, then many shorter turns)
   LengthDist first_turn{50000, 0.1}, turn_increment{800, 0.25}, agent_output{500, 0};
   int64_t turns_min = 10, turns_max = 15;
   double pause_mean_s = 1.0;      // pause before each later turn: uniform in [0.5, 1.5] x mean

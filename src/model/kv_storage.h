@@ -34,7 +34,7 @@ class KvStorage {
   // Everything lives in `memory` (the model's device). The conv state and bf16 MLA pages take the
   // activation dtype of that device and precision (kernels::activation_dtype).
   KvStorage(const config::K3Config& config, const KvStorageConfig& storage,
-            std::shared_ptr<core::DeviceMemory> memory = core::host_memory(),
+            std::shared_ptr<core::DeviceMemory> memory = core::make_host_memory(),
             kernels::Precision precision = kernels::Precision::bf16);
 
   const KvStorageConfig& storage_config() const { return cfg_; }

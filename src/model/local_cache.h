@@ -12,7 +12,7 @@ class LocalCache {
  public:
   LocalCache(const config::K3Config& config, int32_t max_sequences, int64_t max_tokens_per_sequence,
              KvCacheDtype kv_dtype = KvCacheDtype::bf16, int32_t block_size = 16,
-             std::shared_ptr<core::DeviceMemory> memory = core::host_memory(),
+             std::shared_ptr<core::DeviceMemory> memory = core::make_host_memory(),
              kernels::Precision precision = kernels::Precision::bf16);
   KvStorage& storage() { return storage_; }
   // A fresh sequence: a zeroed KDA slot and blocks for max_tokens_per_sequence tokens.

@@ -51,7 +51,7 @@ class Model {
   // object of one rank (options are plain values that every rank shares, print and compare); it
   // must outlive the Model and live on options.device. nullptr: TP1.
   Model(const config::K3Config& config, const Weights& weights, const kernels::Registry& ops,
-        ModelOptions options, std::shared_ptr<core::DeviceMemory> memory = core::host_memory(),
+        ModelOptions options, std::shared_ptr<core::DeviceMemory> memory = core::make_host_memory(),
         comm::Communicator* comm = nullptr);
 
   const config::K3Config& config() const { return config_; }

@@ -1,7 +1,8 @@
-// runner/device_sampler.h: sampling a step's logits where they live (issue #5).
+// runner/device_sampler.h: sampling a step's logits where they live.
 //
 // On a GPU a decode step's logits are [rows, vocab] f32 on the device (640 KB per row at K3's
-// 163840). Downloading them and running the host Sampler costs ~1.5 ms per row; the `sample` op
+// 163840). Downloading them and running the host Sampler costs a transfer and a host pass per row
+// (docs/perf/kernel-notes.md, runner); the `sample` op
 // (kernels/sampling) instead reads them on the device and returns per row the token, its logprob
 // and the top-N logprobs: one small upload of per-row parameters, one small download.
 //

@@ -27,7 +27,7 @@ ModelRunner::ModelRunner(checkpoint::LoadedModel loaded, const model::ModelOptio
                          model::KvCacheDtype kv_cache)
     : loaded_(std::move(loaded)), kv_cache_(kv_cache) {
   kernels::register_reference_ops(registry_);
-  memory_ = core::host_memory();
+  memory_ = core::make_host_memory();
   if (options.device == core::Device::cuda) {
 #ifdef K3_HAVE_CUDA
     auto ctx = backends::cuda::Context::create(0);

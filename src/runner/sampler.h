@@ -63,8 +63,8 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // [-2, 2]; over output ids
   std::vector<std::pair<int32_t, float>> logit_bias = {};  // (id in [0, vocab), bias in [-100, 100]); ids unique
   int logprobs = 0;                // [0, 20] and <= vocab: how many top logprobs to return
-  // Return the sampled token's logprob (implied by logprobs > 0). Off by default: the
-  // log-softmax over the vocabulary costs ~1.8 ms per token at K3's 163840 on a CPU.
+  // Return the sampled token's logprob (implied by logprobs > 0). Off by default: it needs a
+  // log-softmax over the whole vocabulary per token (docs/perf/kernel-notes.md, runner).
   bool logprob = false;
 };
 

@@ -45,7 +45,7 @@ std::vector<core::Tensor> run_steps(const TpRunner& r, const std::vector<std::ve
     int64_t longest = 0;
     for (const auto& t : tokens) longest = std::max<int64_t>(longest, static_cast<int64_t>(t.size()));
     model::LocalCache cache(r.rank_config(), static_cast<int32_t>(tokens.size()), (longest + r.dcp() - 1) / r.dcp(),
-                            r.kv_cache(), /*block_size=*/7, core::host_memory(), m.options().precision);
+                            r.kv_cache(), /*block_size=*/7, core::make_host_memory(), m.options().precision);
     std::vector<model::SequenceState> states;
     for (size_t s = 0; s < tokens.size(); ++s) states.push_back(cache.new_sequence());
     for (const Step& step : steps) {
@@ -163,7 +163,7 @@ TEST_F(TpDcpNaive, NaiveFormRunsForPrefillRowsAndDecodeStepsKeepTheirOps) {
   r->set_op_recorder(&rec);
   std::vector<std::map<std::string, int>> counts(steps.size());
   r->run([&](int rank, const model::Model& m, comm::Communicator& comm) {
-    model::LocalCache cache(r->rank_config(), 2, 15, r->kv_cache(), 7, core::host_memory(), m.options().precision);
+    model::LocalCache cache(r->rank_config(), 2, 15, r->kv_cache(), 7, core::make_host_memory(), m.options().precision);
     model::SequenceState sa = cache.new_sequence(), sb = cache.new_sequence();
     for (size_t i = 0; i < steps.size(); ++i) {
       std::vector<model::SequenceInput> batch;

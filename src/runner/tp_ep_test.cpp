@@ -126,11 +126,11 @@ TEST_F(TpEp, ErrorsNameTheProblem) {
   const model::Weights tp_rank = checkpoint::load_weights(dir, full, config::TpShard{1, 2});
   expect_error([&] {
     model::Model(config::shard_config(full, 2, {.expert_parallel = true}), ep_rank, ops,
-                 tp_test_options(kernels::Precision::bf16), core::host_memory(), &group.rank(1));
+                 tp_test_options(kernels::Precision::bf16), core::make_host_memory(), &group.rank(1));
   }, {"whole experts", "options.expert_parallel is off"});
   expect_error([&] {
     model::Model(config::shard_config(full, 2), tp_rank, ops, tp_test_options(kernels::Precision::bf16, 1, true),
-                 core::host_memory(), &group.rank(1));
+                 core::make_host_memory(), &group.rank(1));
   }, {"not split by expert", "options.expert_parallel is on"});
 }
 

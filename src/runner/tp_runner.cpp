@@ -114,7 +114,7 @@ TpRunner::TpRunner(const std::filesystem::path& dir, int tp, const model::ModelO
   for (int r = 0; r < tp; ++r) {
     auto rank = std::make_unique<Rank>();
     kernels::register_reference_ops(rank->registry);
-    rank->memory = core::host_memory();
+    rank->memory = core::make_host_memory();
     model::Weights host =
         checkpoint::load_weights(dir, full_, config::TpShard{r, tp, options.expert_parallel}, r == 0 ? progress : nullptr);
 #ifdef K3_HAVE_CUDA

@@ -10,8 +10,8 @@
 // matches TP1 up to rare 1-ulp flips, checked as such; but a TP rank cannot round each routed
 // expert's output e_j before the weighted sum as TP1 does (it holds a partial e_j), so every MoE
 // layer moves about half the latent entries by one bf16 ulp, and on these random models that flips
-// router choices downstream: measured argmax agreement 0.96-1.0 (bf16 against exact fp32 is
-// 0.88-0.98). The logits checks are therefore cosine >= 0.98 and argmax agreement >= 0.95.
+// router choices downstream (observed agreement: docs/perf/kernel-notes.md, test tolerances). The
+// logits checks are therefore cosine >= 0.98 and argmax agreement >= 0.95.
 #include "runner/tp_runner.h"
 
 #include <gtest/gtest.h>
@@ -47,7 +47,7 @@ core::Tensor staged_logits(const TpRunner& r, const std::vector<int32_t>& tokens
   const int64_t V = r.config().vocab_size;
   core::Tensor out = core::Tensor::zeros(core::DType::f32, {T, V});
   r.run([&](int rank, const model::Model& m, comm::Communicator&) {
-    model::LocalCache cache(r.rank_config(), 1, T, r.kv_cache(), /*block_size=*/7, core::host_memory(),
+    model::LocalCache cache(r.rank_config(), 1, T, r.kv_cache(), /*block_size=*/7, core::make_host_memory(),
                             m.options().precision);
     model::SequenceState s = cache.new_sequence();
     int64_t at = 0;
@@ -127,7 +127,7 @@ std::map<std::string, core::Tensor> traced_prefill(const TpRunner& r, const std:
   std::map<std::string, core::Tensor> out;
   r.run([&](int rank, const model::Model& m, comm::Communicator&) {
     model::LocalCache cache(r.rank_config(), 1, static_cast<int64_t>(tokens.size()), r.kv_cache(), 16,
-                            core::host_memory(), m.options().precision);
+                            core::make_host_memory(), m.options().precision);
     model::SequenceState s = cache.new_sequence();
     const model::TraceFn fn = [&](std::string_view name, int layer, const core::TensorView& v) {
       if (rank == 0) out[std::string(name) + "@" + std::to_string(layer)] = core::Tensor::copy_of(v);
@@ -159,7 +159,7 @@ TEST_F(TpTiny, FirstLayerMatchesTp1UpToRareOneUlpFlipsBf16) {
         EXPECT_LE(std::fabs(x - y), std::ldexp(1.0f, std::ilogb(std::max(std::fabs(x), std::fabs(y))) - 7))
             << name << " tp=" << tp << " i=" << i << ": " << x << " vs " << y;
       }
-      EXPECT_LE(flips, a.numel() / 1000) << name << " tp=" << tp;  // measured: 0..10 of 38400
+      EXPECT_LE(flips, a.numel() / 1000) << name << " tp=" << tp;
     }
     EXPECT_EQ(got.at("embed@-1").numel(), 150 * 256);
   }
@@ -176,8 +176,8 @@ TEST_F(TpTiny, Tp2And4MatchTp1Bf16) {
       if (mxfp4 && tp == 4) continue;  // 64 / 4 = 16 is no whole MXFP4 group (see the error test)
       const auto r = TpRunner::open(dir, tp, tp_test_options(kernels::Precision::bf16));
       const Diff d = compare(staged_logits(*r, tokens, 150, 8), ref);
-      EXPECT_GE(d.min_cos, 0.98) << "tp=" << tp << " mxfp4=" << mxfp4;  // measured 0.988-0.997
-      EXPECT_GE(d.top1, 0.95) << "tp=" << tp << " mxfp4=" << mxfp4;     // measured 0.963-1.0 (see the top)
+      EXPECT_GE(d.min_cos, 0.98) << "tp=" << tp << " mxfp4=" << mxfp4;
+      EXPECT_GE(d.top1, 0.95) << "tp=" << tp << " mxfp4=" << mxfp4;
     }
   }
 }
@@ -245,7 +245,7 @@ TEST_F(TpTiny, ErrorsNameTheProblem) {
     kernels::register_reference_ops(ops);
     const config::K3Config rank_cfg = config::shard_config(config::builtin_config("k3-tiny"), 2);
     const model::Weights whole = checkpoint::load_weights(dir, config::builtin_config("k3-tiny"));
-    expect_error([&] { model::Model(rank_cfg, whole, ops, o, core::host_memory(), &group.rank(1)); },
+    expect_error([&] { model::Model(rank_cfg, whole, ops, o, core::make_host_memory(), &group.rank(1)); },
                  {"rank 1 of 2", "1024 embedding rows", "vocab_size 512"});
   }
   const auto r = TpRunner::open(dir, 2, o);

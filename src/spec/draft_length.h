@@ -12,8 +12,9 @@
 // one that is accepted ends the pausing (pause back to 8, the rate recovers through the EWMA).
 // A verify step costs more than a plain decode step (K+1 rows, the KDA commit), so with drafts
 // that never match (random text, an unrelated drafter) speculation must cost about nothing, not
-// a fixed overhead per token: measured on the H200, n-gram at 0% acceptance took 11.6 ms per
-// token against 8.0 ms without speculation before this pause existed.
+// a fixed overhead per token: before this pause existed, n-gram drafting at 0% acceptance was
+// clearly slower per token than no speculation (measurements: docs/perf/serving_h200.md, the
+// n-gram drafter at concurrency 1).
 // With adaptation off the length stays K.
 #pragma once
 #include <cstdint>

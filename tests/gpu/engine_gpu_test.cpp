@@ -138,6 +138,7 @@ TEST(EngineGpu, ServesTheOracleTokensExactMode) {
 // decodes, a prefix hit.
 TEST(EngineGpu, TensorParallelServesTheOracleTokensFp32) {
   K3_REQUIRE_GPUS(2);
+  gpu_test::launch_with_nvls_off();
   testing::TempDir tmp;
   checkpoint::WriteOptions w;
   w.mxfp4 = true;

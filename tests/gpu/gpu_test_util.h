@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -48,6 +49,10 @@ inline int usable_gpus() {
     if (::k3::gpu_test::usable_gpus() < (n))                                                                     \
       GTEST_SKIP() << "GPU test skipped: needs " << (n) << " GPUs, " << ::k3::gpu_test::usable_gpus() << " usable"; \
   } while (0)
+
+// What every launcher does before NCCL starts (comm/nccl_comm.h): NVLink multicast off. The GPU
+// tests that run tensor parallel groups are their own launchers.
+inline void launch_with_nvls_off() { ::setenv("NCCL_NVLS_ENABLE", "0", 1); }
 
 inline model::ModelOptions options(core::Device device, kernels::Precision precision) {
   model::ModelOptions o;

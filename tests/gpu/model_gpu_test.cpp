@@ -210,7 +210,7 @@ TEST(ModelGpuTrace, IntermediatesTrackTheOracleBf16) {
       EXPECT_LT(rel, 1e-2) << name << ": no routing yet, only rounding noise";
       EXPECT_EQ(off_rows, 0) << name;
     }
-    // The first router's output: a near-tie may flip for a token or two (measured: 1 of 150);
+    // The first router's output: a near-tie may flip for a token or two (docs/perf/kernel-notes.md);
     // past it, a flipped token's difference travels on through the KDA state and MLA attention,
     // so later entries are reported, not bounded.
     if (name == "moe.latent@1") {

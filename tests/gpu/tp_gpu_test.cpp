@@ -1,4 +1,4 @@
-// tests/gpu/tp_gpu_test.cpp: tensor parallelism across the GPUs of one host (spec §11, issue #9):
+// tests/gpu/tp_gpu_test.cpp: tensor parallelism across the GPUs of one host (spec §11):
 // runner::TpRunner on cuda (rank r on GPU r, NCCL with rank-order sums on each rank's op stream)
 // against the CPU oracles. fp32: the TP=N GPU logits match the CPU TP=N group's (same sharding,
 // same rank-order reductions; only the GPU kernels' summation order differs) and greedy generations
@@ -21,6 +21,7 @@ namespace k3 {
 namespace {
 
 using gpu_test::decided_top1_agreement;
+using gpu_test::launch_with_nvls_off;
 using gpu_test::options;
 using gpu_test::usable_gpus;
 using model::KvCacheDtype;
@@ -35,6 +36,7 @@ std::vector<int> tp_sizes() {
 }
 
 struct TpGpu : ::testing::Test {
+  TpGpu() { launch_with_nvls_off(); }
   std::filesystem::path checkpoint(int tp, bool mxfp4) {
     // k3-tiny's 4 heads do not split 8 ways: TP8 runs the 8-head variant the CPU TP8 tests use.
     const config::K3Config c = tp == 8 ? config::test::tiny_tp8_config() : config::builtin_config("k3-tiny");
@@ -226,6 +228,7 @@ TEST_F(TpGpu, EpBf16LogitsCloseToTp1) {
 // Runs on every machine: asking for more GPU ranks than there are GPUs (or for cuda in a build
 // without CUDA/NCCL) is a core::Error saying so, not a crash.
 TEST(TpGpuErrors, MoreRanksThanGpusNamesTheCount) {
+  launch_with_nvls_off();
   const int gpus = usable_gpus();
   if (gpus >= 4) GTEST_SKIP() << "needs fewer than 4 GPUs to ask for more ranks than GPUs";
   testing::TempDir tmp;

@@ -31,8 +31,8 @@
 //     rows of token t (sum R^2 and R.c_m, fixed order), takes the softmax stats and writes
 //     acc[m, t, :]. Bank rows come from DRAM once, then from L1/L2 (L2 traffic n*T*D*2 * M/G).
 //     DRAM bytes per call: read n*T*D*2 (bank) + M*D*4 (q, n bf16) + write M*T*D*4 (acc) + M*T*8:
-//     T = 1: 129 KB + 688 KB + 688 KB = 1.5 MB (~0.35 us at 4.3 TB/s; launch-bound);
-//     T = 64: 8.3 MB + 0.7 MB + 44 MB = 53 MB (~12 us), once per 12 layers (~1 us per layer).
+//     T = 1: 129 KB + 688 KB + 688 KB = 1.5 MB (floor ~0.35 us at 4.3 TB/s; launch-bound);
+//     T = 64: 8.3 MB + 0.7 MB + 44 MB = 53 MB (floor ~12 us), once per 12 layers (~1 us per layer).
 //   attn_res_merge: ONE launch, grid (T), one CTA per row with one 16-byte vector per thread (896
 //     threads at D = 7168; at most 1024, looping beyond); the row
 //     (P_new, then h) lives in shared memory as f32 (D * 4 bytes): pass 1 forms P_new and its
@@ -40,8 +40,8 @@
 //     a (2 * D * 2), acc (D * 4), stats 8; write P_new, x (and h) (2-3 * D * 2); plus the three
 //     weight vectors q, n, rmsnorm weight (3 * D * 2, shared by all rows through L2):
 //     T = 1: 57 KB + 43 KB + 43 KB = 143 KB; T = 64: 64 * 100 KB + 43 KB = 6.5 MB (h written).
-//     At T = 1 one CTA moves all 143 KB, so one SM's bandwidth (not DRAM's) bounds it (measured
-//     on the H200: 7.3 us per call, twice per layer). Hence, for T <= 32:
+//     At T = 1 one CTA moves all 143 KB, so one SM's bandwidth (not DRAM's) bounds it, twice per
+//     layer (measurements: docs/perf/kernel-notes.md, attn_res_fused). Hence, for T <= 32:
 //   attn_res_merge, cluster form (kernels/attn_res_fused/cuda_merge_cluster.cu, "cuda_merge_cluster",
 //     chosen over the one-CTA form "cuda_merge_rowwise" for T <= 32 by tuning/*.json):
 //     grid (S, T), one thread block cluster of S CTAs per row (S = min(8, ceil(V / 32)) for V

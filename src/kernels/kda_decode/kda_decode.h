@@ -44,14 +44,16 @@
 // kernels/kda/cuda_recurrent.cu), o in shared memory, then RMSNorm * sigmoid(g) to out. The state is
 // loaded once at the start and stored once at the end (not at all with no_commit). Its supports()
 // refuses head_dim > 128, conv width K > 4, R > 1024 and num_seqs > 65535 (the CPU reference takes
-// any); 124 registers per thread, no spills, 7.5 KiB static shared memory, 1 CTA per SM.
+// any); no spills, 7.5 KiB static shared memory, 1 CTA per SM (register count: docs/perf/kernel-notes.md,
+// kda_decode).
 // Bytes per call at TP8 (H = 12, D = 128, P = 1536, R = 128, K = 4, bf16 activations), B sequences
 // of 1 row: recurrent state 768 KiB read + 768 KiB written per sequence; conv state 3 x 1536 x 3
 // bf16 = 27 KiB read + 27 KiB written per sequence; f_b 1536 x 128 bf16 = 384 KiB (read once from
 // HBM, from L2 by further sequences); conv weights 3 x 1536 x 4 f32 = 72 KiB; dt_bias 6 KiB;
 // activations per row 4 x 1536 + 128 + 12 in and 1536 out (bf16) = 15.3 KiB. B = 1: ~2.1 MiB
-// (~0.5 us at 4.3 TB/s); B = 64: ~101 MiB (~25 us). At B = 1 that grid has only 12 CTAs, so the
-// kernel is latency-bound there (12.1 us measured), hence a second strategy for small batches:
+// (floor ~0.5 us at 4.3 TB/s); B = 64: ~101 MiB (floor ~25 us). At B = 1 that grid has only 12 CTAs,
+// so the kernel is latency-bound there (docs/perf/fastpath.md, the first per-layer run's batch-1
+// profile), hence a second strategy for small batches:
 // "cuda_vsplit_cluster" (tuning/*.json take it while 4 * H * num_seqs <= 2 * SMs: TP8 batch <= 5
 // on the H200) splits each head's state along V over a cluster of NS = 8 (batch 1-2) or 4 CTAs of 256
 // threads, grid (NS * H, num_seqs): the delta rule is independent per value row, so rank r owns

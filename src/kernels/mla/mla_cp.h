@@ -1,4 +1,4 @@
-// kernels/mla/mla_cp.h: MLA attention under decode context parallelism (DCP, issue #9 item 3): the
+// kernels/mla/mla_cp.h: MLA attention under decode context parallelism (DCP): the
 // latent cache of a sequence is split over the cp ranks of the tensor-parallel group by token
 // (position p lives on rank p % cp at LOCAL position p / cp of that rank's pages), so each rank
 // stores 1/cp of every context and attention becomes four ops around three collective calls:
@@ -98,8 +98,8 @@ void mla_lse_rescale_reference(const MlaLseRescaleArgs& a);
 //                   = o                                              without one
 // exactly the rounding points of mla_w_uv without a gate followed by sigmoid_gate (the standard op pair):
 // the CPU reference equals that pair bit for bit in both precisions. Under DCP the gate is applied after
-// the reduce-scatter, so the layer's W_UV and gate are one launch (issue #9 item 3: the combine "fused with
-// W_UV and the gate"; the collective itself cannot join them).
+// the reduce-scatter, so the layer's W_UV and gate are one launch (the combine fused with W_UV and the
+// gate, as in the decode op; the collective itself cannot join them).
 // Reads the o_lat and gate rows and writes the out rows of the sequences only; other rows are neither read
 // nor written. out must not overlap o_lat; it may be exactly the gate view (each element's gate is read
 // before its out is written), no other overlap with gate.

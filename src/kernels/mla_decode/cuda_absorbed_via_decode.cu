@@ -5,10 +5,11 @@
 // Why here: mla_decode WITHOUT a gate computes exactly mla_absorbed's function with the same rounding points
 // (mla_decode.h: out = o = round(W_UV round(sum_j softmax(s)_j c_n,j))), and its tensor-core split_kv streams
 // the cache once per query slot for all heads at memory speed, where kernels/mla's CUDA-core split_kv is
-// issue-bound (about 60 GB/s at 50K positions x 8 sequences, TP8). So the standard decode path gets the same
-// kernels as the latency_specialized one. kernels_mla_decode depends on kernels_mla, so this registration
-// into Registry::mla_absorbed lives in this module; nothing is duplicated: the three launches are
-// cuda_mla_decode_stages.cu's decode_run with cuda_mla_decode_mma.cu's launch_split_kv_mma.
+// issue-bound at long contexts (8 sequences x 50K positions, TP8: docs/perf/serving_h200.md). So the
+// standard decode path gets the same kernels as the latency_specialized one. kernels_mla_decode depends on
+// kernels_mla, so this registration into Registry::mla_absorbed lives in this module; nothing is
+// duplicated: the three launches are cuda_mla_decode_stages.cu's decode_run with cuda_mla_decode_mma.cu's
+// launch_split_kv_mma.
 //
 // Per call (Q = num_seqs * max_rows query slots, H heads, L = kv_lora, E = L + rope; TP8: H 12, L 512, E 576):
 //   1. q_absorb  Qc [Q][H][E] = [round(W_UK^T q_nope); q_pe]

@@ -23,7 +23,8 @@
 // DCP form (kCp = true, mla_partial_attention, cuda_partial_via_decode.cu): grid (splits, Q, head groups) for
 // G * H > 16 heads in balanced groups of <= 16 (each CTA streams its split once for its group), Qc read by
 // activation row from [G][T][H][E], LOCAL positions j visible iff j * cp + rank <= P. The decode op's
-// instantiations (kCp = false) compile to the same code as before the form existed (125 registers each).
+// instantiations (kCp = false) compile to the same code as before the form existed (same register count:
+// docs/perf/kernel-notes.md, mla_decode).
 //
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 fragments (PTX ISA, "Matrix fragments for
 // mma.m16n8k16"): lane = 4 * g + t (g = groupID = lane >> 2, t = threadID_in_group = lane & 3).

@@ -4,7 +4,7 @@
 // CUDA-core strategy's own combine.
 //
 // Why: under DCP every rank attends all G * H heads of the group (TP8: 96, TP2: 24) over its share of the
-// cache. The CUDA-core split_kv is issue-bound there (TP2 + DCP was 1.1-2.0x slower per step than plain
+// cache. The CUDA-core split_kv is issue-bound there (with it TP2 + DCP was slower per step than plain
 // TP2, docs/perf/tp_gpu.md); the tensor-core one streams the cache at memory speed but takes <= 16 heads
 // per CTA, so the heads run as ceil(G * H / 16) balanced groups (24 -> 2 x 12, 96 -> 6 x 16), a grid
 // dimension: each CTA streams its split of the cache once for its group (L2 serves the other groups).

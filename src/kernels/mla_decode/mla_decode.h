@@ -38,7 +38,7 @@
 //                and P.V on tensor cores (mma.sync m16n8k16, heads padded to M = 16; exact bf16 / f16
 //                operands, fp32 sums; P rounded to f16 (fp8 cache) or bf16 (bf16 cache)). 96.6 KB of shared
 //                memory (fp8): 2 CTAs per SM. CUDA-core: 32-position tiles dequantised to f32 in shared
-//                memory, fp32 FMA (12 x (576 + 512) per position, issue-bound: ~20 us per tile per CTA).
+//                memory, fp32 FMA (12 x (576 + 512) per position, issue-bound: docs/perf/fastpath.md, 9ddbe58).
 //   3. combine_w_uv_gate  grid (H * 8, ceil(Q / 8)), clusters of 8 CTAs, 256 threads: the cluster of (head h,
 //                chunk of 8 slots) splits kv_lora in 8 column slices (rank r: [r L/8, (r+1) L/8)) for
 //                o_lat = round(sum_s w_s o_s / sum_s w_s l_s), w_s = e^{m_s - max m} over the non-empty splits
@@ -60,21 +60,21 @@
 // floor bounds the partials (written by split_kv, read by combine_w_uv_gate, L2-resident) at batch 1 to
 // 128 x 12 x 514 x 4 B = 3.2 MB, against 4.7 MB of cache from DRAM (the 32-position rule wrote 6.3 MB).
 // Bytes per call at TP8 (12 heads, kv_lora 512, rope 64, fp8 cache 576 B/token, 8K context, bf16 kv_b):
-//   batch 1:  cache 4.72 MB + W_UK/W_UV 3.15 MB = 7.9 MB from DRAM (1.8 us at 4.3 TB/s); partials 3.2 MB (L2).
+//   batch 1:  cache 4.72 MB + W_UK/W_UV 3.15 MB = 7.9 MB from DRAM (floor 1.8 us at 4.3 TB/s); partials 3.2 MB (L2).
 //             Expected (model, to confirm with k3bench_ops_gpu --only mla): q_absorb ~2 us, split_kv ~3 us
 //             (128 CTAs x 1 stage: a DRAM round trip + ~1.2K cycles of issue), combine_w_uv_gate ~3-4 us: 96
 //             CTAs, each with its 16 W_UV rows (16 KB) in flight before the PDL wait, then after it a chain of
 //             ~5 L2 round trips (tables; max m; sum w l; 8 float4 of part_o per thread; the gate) and two
-//             cluster barriers: ~8 us in all. Measured (ncu, L2 flushed, docs/perf/fastpath.md) with the four
-//             launches: q_absorb 10.0 + split_kv 12.7 + combine 8.7 + w_uv_gate 7.4 = 38.8 us.
-//   batch 8:  cache 37.7 MB (8.8 us) + W 3.15 MB; split_kv 256 CTAs x 4 stages, memory-bound: ~10 us; ~15 us total
-//             (combine_w_uv_gate: 96 CTAs, each 8 slots x 32 splits x 64 columns of partials from L2).
-//   batch 64: cache 302 MB + W 3.15 MB = 305 MB (71 us at 4.3 TB/s); partials 4 x 64 x 12 x 514 x 4 B = 6.3 MB.
+//             cluster barriers: ~8 us in all. Measured with the four launches (ncu, L2 flushed): far above
+//             that, latency rather than bytes (docs/perf/fastpath.md, the 169ff92 run's batch-1 profile).
+//   batch 8:  cache 37.7 MB (floor 8.8 us) + W 3.15 MB; split_kv 256 CTAs x 4 stages, memory-bound: ~10 us;
+//             ~15 us total (combine_w_uv_gate: 96 CTAs, each 8 slots x 32 splits x 64 columns of partials from L2).
+//   batch 64: cache 302 MB + W 3.15 MB = 305 MB (floor 71 us at 4.3 TB/s); partials 4 x 64 x 12 x 514 x 4 B = 6.3 MB.
 //             The tensor-core split_kv issues ~4.9K warp instructions per 64-position stage per CTA (exact
 //             fp8 -> bf16 conversions dominate), ~38 us per SM of work at 62 stages per SM: under the memory
-//             time, so ~75-90 us total (measured before: 1570 us on CUDA cores). combine_w_uv_gate: 768 CTAs
-//             (8 slot chunks), each 8 slots x 4 splits x 64 columns of partials and 16 W_UV rows (L2 after the
-//             first chunk).
+//             time, so ~75-90 us total (the CUDA-core kernel before: docs/perf/fastpath.md, e83ba15).
+//             combine_w_uv_gate: 768 CTAs (8 slot chunks), each 8 slots x 4 splits x 64 columns of partials
+//             and 16 W_UV rows (L2 after the first chunk).
 #pragma once
 #include <cstdint>
 

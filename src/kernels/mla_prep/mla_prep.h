@@ -36,7 +36,7 @@
 // Why it exists: launches, not bytes. Bytes per call at one TP8 rank (spec §11: q_lora 1536, kv_lora
 // 512, rope 64, bf16 activations and norm weights, fp8 cache): per row q_a 3,072 + q_a_out 3,072 + kv
 // 1,152 + cache entry 576 + cache row 4 = 7,876 B, plus the norm weights 4,096 B (from L2 after the
-// first CTAs) -> 11,972 B at T = 1 (2.8 ns of HBM time at 4.3 TB/s) and 508,160 B at T = 64 (bf16
+// first CTAs) -> 11,972 B at T = 1 (a floor of 2.8 ns of HBM time at 4.3 TB/s) and 508,160 B at T = 64 (bf16
 // cache: +576 B per row). The fused MLA sublayer at batch 1 (fastpath/fused_layers.cpp, bf16) ran
 //   multi_linear [q_a, kv_a, g] 1, rmsnorm(q_a) 1, q_b cuBLASLt 1 (+1 split-K reduce when chosen),
 //   2 column copies (memcpy nodes), rmsnorm(c) 1, mla_cache_write 1, mla_decode 4, o_proj cuBLASLt 1 (+1)

@@ -47,15 +47,15 @@
 //    and h rows, and the combine sums them in that order (a token with none gets 0). With all routes
 //    held (no EP) the list is 0..k-1 and nothing changes. Without round_output an expert-parallel
 //    rank (whole_experts) rounds e_tj as TP=1 does and sums them unrounded into its f32 partial.
-// Shared memory and load chains (ncu, H200, batch 1): the scale tables are 32-byte entries written
-//    as two 16-byte stores per thread, their halves swapped on alternate groups of 4 entries
-//    (scale_swap, cuda_experts_gemv_step.cuh) so a store phase covers all 8 bank groups: the
-//    gate/up kernel's 5.9-way and the down kernel's 3.8-way shared-store conflicts (47 K / 21.5 K per
-//    call) drop to ~3.6 K / 0. Staging issues a thread's loads before its stores (2 scale entries, 2 z
-//    groups, 3 h groups at a time: one round of load latency each), and the down block reads its
-//    route weights p_tj with the ids, before the wait: the combine has no global load. Down 13.3 ->
-//    12.1 us (ncu, L2 flushed); gate/up unchanged (~16 us): both wait on dependent loads (ids ->
-//    expert table -> codes and scales), not on bank conflicts or the code stream's depth (kSlots).
+// Shared memory and load chains (ncu, H200, batch 1; the numbers: docs/perf/kernel-notes.md, moe): the
+//    scale tables are 32-byte entries written as two 16-byte stores per thread, their halves swapped on
+//    alternate groups of 4 entries (scale_swap, cuda_experts_gemv_step.cuh) so a store phase covers all
+//    8 bank groups: the gate/up and down kernels' several-way shared-store conflicts all but vanish.
+//    Staging issues a thread's loads before its stores (2 scale entries, 2 z groups, 3 h groups at a
+//    time: one round of load latency each), and the down block reads its route weights p_tj with the
+//    ids, before the wait: the combine has no global load. That made down faster and left gate/up as it
+//    was: both wait on dependent loads (ids -> expert table -> codes and scales), not on bank conflicts
+//    or the code stream's depth (kSlots).
 // Every sum runs in an order fixed by (L, I, k) alone, never by the grid or the batch: identical
 // results run to run. Grids come from host integers, scratch from the context pool: graph-capturable.
 //
@@ -89,11 +89,11 @@ constexpr int kMaxRoutes = 64;   // supports(): k <= this (the down block's e ta
 constexpr size_t kSmemBudget = 40 * 1024;
 constexpr int kSlots = 3;  // steps of loads in flight per warp (24 registers)
 // Blocks per SM the registers are cut for: 4 (<= 64 registers) on the tensor-core walk, 3 (<= 80)
-// on the CUDA-core walk (its decoded values and activations need more). Measured on the H200: 5
-// gate/up slots at 3 blocks and 6 down slots at 2 blocks (a batch-1 warp's whole W2 share in flight
-// before the wait) left batch 1 unchanged (29.7 us) and made 16 tokens slower (215 -> 278 us): at
-// batch 1 these kernels wait on their chains of dependent loads (ids, table, scales, staged rows),
-// not on the depth of the code stream.
+// on the CUDA-core walk (its decoded values and activations need more). Deeper rings were tried on
+// the H200 (5 gate/up slots at 3 blocks and 6 down slots at 2 blocks: a batch-1 warp's whole W2 share
+// in flight before the wait): batch 1 did not change and 16 tokens got slower (docs/perf/kernel-notes.md,
+// moe): at batch 1 these kernels wait on their chains of dependent loads (ids, table, scales, staged
+// rows), not on the depth of the code stream.
 template <bool MMA>
 constexpr int kMinBlocks = MMA ? 4 : 3;
 

@@ -96,7 +96,7 @@ __device__ __forceinline__ uint32_t step_scale_word(const uint8_t* row, int S, i
 // The staged scale tables hold one 32-byte entry per (step, row pair): 4 uint2 {lo, hi}, chunk c's at
 // uint2 c. Entry `it` is written by thread `it` of a staging loop as two 16-byte stores; entries are
 // 32 bytes apart, so with the halves in place the 8 lanes of a store phase hit only 4 of the 8 16-byte
-// bank groups (2 wavefronts a phase: the 5.9-way / 3.8-way shared-store conflicts ncu reports for
+// bank groups (2 wavefronts a phase: the several-way shared-store conflicts ncu reported for
 // gate/up / down). Entries with bit 2 of `it` set keep their halves swapped: the 8 lanes then cover
 // all 8 bank groups. Readers take chunk c of entry it at uint2 c ^ scale_swap(it); a reader's entries
 // are it = 8 m + g for its row pair g (any m), so its swap is a per-lane constant.

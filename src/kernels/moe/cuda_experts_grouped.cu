@@ -5,7 +5,7 @@
 // Bytes at the k3-layer-tp8 shapes (L = 3584, I = 384 per rank, top-16 of 896): an expert's gate +
 // up are 2 x 384 x (1792 B codes + 112 B scales) = 1,462,272 B, its down 3584 x (192 + 12) =
 // 731,136 B. Batch 64 (1024 routes, ~614 distinct experts at uniform routing): 898 MB + 449 MB,
-// floor 209 + 104 us at 4.3 TB/s; batch 32 (~399 experts): 583 + 292 MB, 136 + 68 us.
+// floor 209 + 104 us at 4.3 TB/s; batch 32 (~399 experts): 583 + 292 MB, floor 136 + 68 us.
 //
 // A. sort (cuda_experts_sort.cuh, the rowdot strategy's counting sort): the T * k routes grouped
 //    by expert, groups[g] = {expert, first index into order, route count} for g < n_active.

@@ -25,10 +25,10 @@ using namespace cuda_detail;
 namespace {
 
 // A block of 1024 threads: at K3's 896 experts each thread holds one expert, so the load, every
-// histogram pass and the pick scan are one iteration per thread instead of four. Measured (H200,
-// k3bench_ops_gpu, E = 896, k = 16, L2 flushed): 10.9 -> 8.1 us per call at 1, 8 and 64 tokens; with
-// 256 threads ncu saw 18.7K cycles for one token at IPC 0.5 (~960 dependent instructions per warp).
-// Still latency-bound: ~20 barriers over 4 radix passes.
+// histogram pass and the pick scan are one iteration per thread instead of four: faster per call
+// than 256 threads, whose warps each walked a long chain of dependent instructions (measurements:
+// docs/perf/fastpath.md, 65cb581: 0ebe545 and the router fold). Still latency-bound: ~20 barriers
+// over 4 radix passes.
 constexpr int kThreads = 1024;
 constexpr int kBins = 256;  // 8-bit digits
 static_assert(kThreads >= kBins, "every bin has a thread to clear it");

@@ -17,10 +17,11 @@
 //   3. warp 0 finds the k best of the 8 warps' 8k candidates the same way: the k picks, in place order.
 // Everything is registers, shuffles and a few shared words: two block barriers in all. Many exact ties
 // (more than kTopkSurvivors pairs >= m) fall back to counting every pair's place over the warp's pairs.
-// Measured before (H200, ncu, one token, E = 896, k = 16): the radix select this replaced (four 8-bit
-// passes over a shared histogram, ~20 barriers, atomics piled on the few bins router scores share)
-// 18.7K cycles; a one-warp version of the scheme above 18.5K cycles (2,500 dependent instructions in one
-// warp at 7.7 cycles each): the work has to be spread over the warps.
+// Measured before (H200, ncu, one token, E = 896, k = 16; cycles: docs/perf/fastpath.md, b569b2e): the
+// radix select this replaced (four 8-bit passes over a shared histogram, ~20 barriers, atomics piled on
+// the few bins router scores share) and a one-warp version of the scheme above (one long chain of
+// dependent instructions in one warp) took about as long as each other: the work has to be spread over
+// the warps.
 #pragma once
 #include <cstdint>
 

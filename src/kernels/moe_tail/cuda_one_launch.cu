@@ -12,11 +12,12 @@
 // Grid ceil(hidden / 32), 256 threads; CTA = 32 weight rows (output columns, two m16 tiles) x T <= 8 rows
 // (one n8 tile). Why these numbers (K3 TP8: L 3584, SI 768, hidden 7168; H200: 132 SMs, 64K registers and
 // 228 KB shared memory per SM):
-//   - Waves. cuda_tail_mma (16 rows per CTA, 448 CTAs) uses 76 registers: 3 CTAs per SM, 396 slots, so a
-//     second wave of 52 CTAs (12% of the bytes) streams on 52 SMs with ~1.7 MB in flight; the 24 us it
-//     takes for 62.4 MB (2.6 TB/s) fits "15-16 us at full rate + a latency-bound second wave". Here 224
-//     CTAs, __launch_bounds__(256, 2) (<= 128 registers) and <= 89 KB of shared memory at T = 8 give 2 CTAs
-//     per SM = 264 slots: one wave, every CTA streaming from the start to the end.
+//   - Waves. cuda_tail_mma (16 rows per CTA, 448 CTAs) fits 3 CTAs per SM at its register count (as
+//     built when measured: docs/perf/kernel-notes.md, moe_tail), 396 slots, so a second wave of 52 CTAs
+//     (12% of the bytes) streams on 52 SMs with ~1.7 MB in flight; its measured time fits "15-16 us at
+//     full rate + a latency-bound second wave". Here 224 CTAs, __launch_bounds__(256, 2) (<= 128
+//     registers) and <= 89 KB of shared memory at T = 8 give 2 CTAs per SM = 264 slots: one wave, every
+//     CTA streaming from the start to the end.
 //   - Bytes in flight. Each warp keeps a rolling ring of kRing = 4 k-blocks in registers (4 x 32 rows x
 //     64 B = 8 KB), reloading a slot as soon as its mma is issued: 64 KB per CTA, 14.7 MB for the grid,
 //     against ~4-8 MB that 4.3 TB/s x 1-2 us loaded latency needs, so the ring still saturates HBM when
@@ -33,17 +34,17 @@
 //   - Re-reading the step's inputs per CTA: T x 10.2 KB from L2 (u 7 KB + gate/up 3 KB a row): 2.3 MB at
 //     T = 1, 18 MB at T = 8 over 224 CTAs, all issued at once by cp.async; at T = 8 about 2 us of L2 time
 //     spread over the kernel's start, while the weight ring and the L2 prefetch keep HBM busy.
-// Expected from the above: T = 1 about 16-18 us for the whole tail, T = 8 about 18-21 us. Measured (H200):
-// 26.1 us at T = 1 (ncu, profile of the fused layer step), and at T = 8 a layer step 27 us slower than with
-// the two launches: the prologue every CTA redoes costs about T x 1 us of instructions per CTA before the
-// weight ring runs at full depth. Hence kOneLaunchMaxRows = 1 (cuda_tail.cuh).
-// Where the time went (ncu warp-state sampling per SASS line, T = 1, K3 TP8): half of all warp time
-// before the GEMM loop (priming, the wait for u/gate/up behind ~30 MB of weight requests, SiTU on 3
-// warps while the others sat at the barrier), and a GEMM loop of ~150 instructions per item (64-bit
-// index math, predicates, zeroing), mostly issue-bound. Hence the full-tile form (FullLane: ~88 per
-// item, 4.6 M instructions per call instead of 7.1 M; the GEMM loop now waits on memory), SiTU in
-// 4-value units (192 threads) and conflict-free partial sums (partial_col): 25.3 -> 23.7 us (ncu, L2
-// flushed), same bits.
+// Expected from the above: T = 1 about 16-18 us for the whole tail, T = 8 about 18-21 us. Measured, T = 1
+// was slower than that and T = 8 made the layer step slower than the two launches (docs/perf/kernel-notes.md,
+// moe_tail): the prologue every CTA redoes costs instructions per CTA, growing with T, before the weight
+// ring runs at full depth. Hence kOneLaunchMaxRows = 1 (cuda_tail.cuh).
+// Where the time went (ncu warp-state sampling per SASS line, T = 1, K3 TP8; the numbers:
+// docs/perf/kernel-notes.md, moe_tail): a large share of the warp time before the GEMM loop (priming, the
+// wait for u/gate/up behind ~30 MB of weight requests, SiTU on 3 warps while the others sat at the
+// barrier), and a GEMM loop heavy in per-item instructions (64-bit index math, predicates, zeroing),
+// mostly issue-bound. Hence the full-tile form (FullLane: far fewer instructions per item; the GEMM loop
+// now waits on memory), SiTU in 4-value units (192 threads) and conflict-free partial sums (partial_col),
+// same bits.
 //
 // Programmatic dependent launch (rules: kernels/cuda_common.cuh): trigger at the top; before the wait only
 // weights: threads 0..31 ask L2 for latent_up bytes [2048, 2048 + prefetch_row_bytes) of the CTA's 32 rows
@@ -139,8 +140,8 @@ __device__ __forceinline__ void load_item(const TailParams& p, int64_t r0, int w
 // weight and all 32 weight rows of every CTA exist (hidden % 32 == 0, L and SI multiples of kWarps
 // k-blocks = 256; K3 TP8: 7168, 3584, 768). Then a lane's item j of a weight sits j * 256 elements after
 // its item 0, and its rows g + 8h h * 8 rows after row g: plain loads from 2 lane pointers, no
-// predicates, no zeroing, no 64-bit index math per item (ncu, H200: the general item costs ~150
-// instructions, the GEMM loop was 67% of the kernel's 7.1 M instructions and mostly issue-bound).
+// predicates, no zeroing, no 64-bit index math per item (ncu, H200: with the general item the GEMM loop
+// was most of the kernel's instructions and mostly issue-bound; docs/perf/kernel-notes.md, moe_tail).
 // The same bytes reach the same ring slots and the same mma calls as load_item's.
 struct FullLane {
   const bf16* up;        // latent_up row r0 + g at k = 32 warp + 8 q (item 0)

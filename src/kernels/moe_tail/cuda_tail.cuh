@@ -85,7 +85,7 @@ __device__ __forceinline__ void mma_kblock(float (&c)[4], const uint4& lo, const
 // one warp, lane l's value at column partial_col(row, l). A reader of entry (weight row r, token t) takes
 // row 4 j + (r % 16 / 8) * 2 + t % 2, column (r % 8) * 4 + t % 8 / 2: one warp's 32 readers span 8 columns
 // x 4 rows whose (row ^ row / 2) % 4 differ, so this XOR puts the 4 rows' copies of a column in 4 different
-// banks (unswizzled they shared one: 4-way conflicts, 45% of the one-launch kernel's shared wavefronts).
+// banks (unswizzled they shared one: 4-way conflicts; ncu's count: docs/perf/fastpath.md, 65cb581).
 // A writer warp stores a permutation of its 32 lanes: still one wavefront per row. Only where values sit
 // changes; every sum reads the same values in the same order.
 __device__ __forceinline__ int partial_col(int row, int col) { return col ^ ((row ^ (row >> 1)) & 3); }
@@ -101,11 +101,11 @@ core::Status mma_supports(const CudaOps& ops, const MoeTailCombineArgs& a);
 bool inputs_vec8(const MoeTailCombineArgs& a);
 
 // cuda_tail_one_launch (cuda_one_launch.cu).
-// Rows the one-launch kernel serves. Its CTAs (224 at K3 TP8) each redo the prologue of all T rows: about
-// T x 1 us of instructions per CTA before the GEMM's weight stream runs at full depth. Measured on the H200
-// (k3bench_layer_gpu, k3-layer-tp8): at T = 1 one launch is as fast as the two (26.1 us against 3.8 + 24.4,
-// ncu) and saves a kernel; at T = 8 the layer took 27 us longer than with the two launches. The kernel holds
-// up to one n8 tile (8 rows); it is offered for 1 row only until other counts are measured to pay.
+// Rows the one-launch kernel serves. Its CTAs (224 at K3 TP8) each redo the prologue of all T rows:
+// instructions per CTA, growing with T, before the GEMM's weight stream runs at full depth. At T = 1 one
+// launch is as fast as the two and saves a kernel; at T = 8 the layer step is slower than with the two
+// launches (measurements: docs/perf/fastpath.md, 65cb581). The kernel holds up to one n8 tile (8 rows); it
+// is offered for 1 row only until other counts are measured to pay.
 inline constexpr int64_t kOneLaunchMaxRows = 1;
 core::Status one_launch_supports(const CudaOps& ops, const MoeTailCombineArgs& a);
 void one_launch_run(const CudaOps& ops, const MoeTailCombineArgs& a);

@@ -33,10 +33,10 @@
 // SI = 2 x 3072 / 8 = 768. Bytes per call (bf16 weights dominate, bf16 activations):
 //   latent_up 7168 x 3584 x 2 = 51,380,224 B + shared_down 7168 x 768 x 2 = 11,010,048 B
 //   = 62,390,272 B of weights; per row: u 7,168 + gate/up 3,072 + out 14,336 + workspace write+read
-//   2 x 8,704 = 41,984 B (the workspace only in the two-launch forms) -> 62,432,256 B at T = 1 (14.5 us at
-//   4.3 TB/s), 65,077,248 B at T = 64.
+//   2 x 8,704 = 41,984 B (the workspace only in the two-launch forms) -> 62,432,256 B at T = 1 (floor
+//   14.5 us at 4.3 TB/s), 65,077,248 B at T = 64.
 // The standard tail launches 5 ops for this (situ_glu, 2 cuBLASLt GEMMs (+ split-K reduce), rmsnorm,
-// add: 7 kernels, ~36 us per layer at T = 1).
+// add: 7 kernels; their time: docs/perf/fastpath.md, the first per-layer run's batch-1 profile).
 //
 // CUDA design: ONE launch for 1 row (cuda_one_launch.cu; kOneLaunchMaxRows in cuda_tail.cuh says why), two
 // for 2..16, cuBLASLt above:
@@ -67,16 +67,13 @@
 //      ys), then out = round(yr + ys) in one elementwise kernel (4 launches; same rounding points).
 //      cuda_tail_rowdot (any dtype mix, odd widths): a warp per output column and 8 rows,
 //      lanes striding k, warp-shuffle tree sums; the simple path for Precision::fp32 (f32 activations).
-// Measured before the one-launch form (H200, ncu: caches flushed and clocks locked per kernel, so upper
-// bounds; TP8 shapes):
-//   T = 1: prologue 5.2 us + cuda_tail_mma 24.0 us (62.5 MB: ~2.6 TB/s; 76 registers -> 3 CTAs per SM,
-//   448 CTAs in 1.13 waves); T = 2, 8: 4.7 + 27.1 us;
-//   T = 64: prologue 5.9 + cuBLASLt 16.1 + 7.7 + add 4.5 us (the mma kernel took 125 us there: its warps
-//   re-read the workspace from L2 per 16 columns); fp32 cuda_tail_rowdot: 160 us (T = 1), 1.07 ms (T = 64).
-// cuda_tail_one_launch, measured (H200, ncu as above but clocks as they run; profile of the k3-layer-tp8
-// fused step): 26.1 us at T = 1 against 3.8 + 24.4 us for the two launches (the 16-18 us expected from the
-// wave and in-flight arithmetic was not reached: the per-CTA prologue sits before the weight stream runs at
-// full depth). At T = 8 the layer step took 27 us longer than with the two launches (every CTA redoes the
+// What the measurements showed (H200, ncu, TP8 shapes; the numbers: docs/perf/kernel-notes.md, moe_tail):
+//   the two-launch form at T = 1 ran well short of the bytes' rate (cuda_tail_mma's 448 CTAs take more
+//   than one wave); at T = 64 the mma kernel is far slower than cuBLASLt, because its warps re-read the
+//   workspace from L2 per 16 columns; cuda_tail_rowdot (fp32) is the slow, simple path.
+// cuda_tail_one_launch at T = 1 is as fast as the two launches and saves a kernel (the time the wave and
+// in-flight arithmetic expects was not reached: the per-CTA prologue sits before the weight stream runs at
+// full depth). At T = 8 it made the layer step slower than the two launches (every CTA redoes the
 // prologue of 8 rows), hence the bound of one row.
 #pragma once
 #include "core/error.h"

@@ -8,8 +8,8 @@
 //   cuda_multi_cublaslt (tuning/*.json: above 16 rows): one cuBLASLt GEMM per output (the
 //     standard linear's route) when cuBLASLt takes every output: the one-launch kernel re-reads x
 //     from L2 in every CTA (T x in bf16 per 16 weight rows), which past 16 rows costs more than
-//     the launches it saves (H200, k3-layer-tp8: the fused KDA layer was 0.94x the standard one
-//     at batch 64 with it, 1.19x at batch 8).
+//     the launches it saves: with it the fused KDA layer was slower than the standard one at batch
+//     32-64 (measurements: docs/perf/fastpath.md, the first per-layer run).
 //   cuda_multi_rowdot: any bf16/f32 mix, odd widths: cuda_rowdot.cuh's segment dot
 //     (the standard linear fallback's math) with all outputs' rows in one grid.
 // Both accumulate in fp32 and round once on store (bf16 out, or f32 out with round_output in

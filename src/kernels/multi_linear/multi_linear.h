@@ -27,11 +27,11 @@
 //                              out 896, 3584, 768, 768 -> 6016 rows
 // Bytes per call (bf16 weights dominate; bf16 x and outputs, router logits f32):
 //   KDA: W 6284*7168*2 = 90,087,424 B + x 14,336 B/row + out 12,568 B/row
-//        -> 90,114,328 B at T = 1 (20.96 us at 4.3 TB/s), 91,809,280 B at T = 64;
+//        -> 90,114,328 B at T = 1 (floor 20.96 us at 4.3 TB/s), 91,809,280 B at T = 64;
 //   MLA: W 3648*7168*2 = 52,297,728 B + x 14,336 B/row + out 7,296 B/row
-//        -> 52,319,360 B at T = 1 (12.17 us), 53,682,176 B at T = 64;
+//        -> 52,319,360 B at T = 1 (floor 12.17 us), 53,682,176 B at T = 64;
 //   MoE: W 6016*7168*2 = 86,245,376 B + x 14,336 B/row + out 13,824 B/row (router 896*4)
-//        -> 86,273,536 B at T = 1 (20.06 us), 88,047,616 B at T = 64.
+//        -> 86,273,536 B at T = 1 (floor 20.06 us), 88,047,616 B at T = 64.
 // The standard path (model/layers/*.cpp) launches one linear per weight for the same work: 6 (KDA),
 // 3 (MLA), 4 (MoE front) cuBLASLt GEMMs in engine mode (bf16 x bf16; the router bf16 -> f32), or
 // 6/3/4 cuda_rowdot launches in exact mode (f32 x, bf16 W).
@@ -71,7 +71,8 @@ namespace k3::kernels {
 // takes every descriptor by value.
 inline constexpr int kMultiLinearMaxOutputs = 8;
 // Rows up to which the tensor-core kernel runs the router epilogue itself: its last router CTA selects
-// token after token (~2-3 us each), while the router kernel after the GEMM runs a CTA per token.
+// token after token (each selection a latency-bound pass), while the router kernel after the GEMM runs a
+// CTA per token (measurements: docs/perf/kernel-notes.md, multi_linear).
 inline constexpr int64_t kMultiLinearRouterInKernelRows = 1;
 
 struct MultiLinearOutput {

@@ -1,4 +1,4 @@
-// kernels/sampling/sampling.h: the `sample` op — token sampling on the logits' device (issue #5).
+// kernels/sampling/sampling.h: the `sample` op — token sampling on the logits' device.
 //
 // One call samples R rows of a step's f32 logits [rows, V] with the processing of
 // runner::Sampler (runner/sampler.h, steps 4-9; the oracle) for rows WITHOUT logit_bias or

@@ -32,7 +32,7 @@ struct ModelOptions {
   bool kda_chunked_prefill = true;  // prefill steps use chunked KDA (decode steps: recurrent)
   bool poison_buffers = false;      // NaN-fill every new activation buffer (tests)
   core::Device device = core::Device::cpu;  // must be the device of the Model's DeviceMemory
-  // Decode context parallelism (kernels/mla/mla_cp.h, issue #9 item 3): 1 = off; else the MLA
+  // Decode context parallelism (kernels/mla/mla_cp.h): 1 = off; else the MLA
   // latent cache of every sequence is split over the tensor-parallel group by token, and dcp must
   // equal the group size (check_dcp_size). Each rank then stores 1/dcp of every context.
   int dcp = 1;

@@ -1,10 +1,10 @@
-// cli/layer_diff.cpp: `k3serve layer-diff` (and eval/'s k3eval_layer_diff): one model run as two
+// eval/layer_diff_command.cpp: the k3eval_layer_diff program's command: one model run as two
 // sides (eval/layer_diff.h), every traced intermediate diffed per step; a table on stdout and an
 // optional JSON bundle.
 //
-//   k3serve layer-diff --a device=cuda,precision=bf16 --b device=cuda,precision=bf16,decode_backend=latency_specialized
-//                      [--model DIR | --config k3-tiny --seed 0] [--prompt-len 8 | --token-ids 1,2,3]
-//                      [--steps 16] [--threshold 0.999] [--no-prefill-trace] [--prefill-chunk N] [--free-run] [--out diff.json] [--check]
+//   k3eval_layer_diff --a device=cuda,precision=bf16 --b device=cuda,precision=bf16,decode_backend=latency_specialized
+//                     [--model DIR | --config k3-tiny --seed 0] [--prompt-len 8 | --token-ids 1,2,3]
+//                     [--steps 16] [--threshold 0.999] [--no-prefill-trace] [--prefill-chunk N] [--free-run] [--out diff.json] [--check]
 #include <unistd.h>
 
 #include <atomic>
@@ -12,14 +12,14 @@
 #include <fstream>
 #include <iostream>
 
-#include "bench/bundle.h"
 #include "checkpoint/checkpoint.h"
 #include "cli/args.h"
-#include "cli/commands.h"
 #include "core/error.h"
 #include "eval/layer_diff.h"
+#include "eval/layer_diff_command.h"
+#include "evidence/environment.h"
 
-namespace k3::cli {
+namespace k3::eval {
 
 namespace {
 
@@ -52,9 +52,9 @@ class TempCheckpoint {
   fs::path dir_;
 };
 
-eval::SideSpec side_option(const Args& args, const char* name) {
+SideSpec side_option(const cli::Args& args, const char* name) {
   try {
-    return eval::parse_side(args.get(name));
+    return parse_side(args.get(name));
   } catch (const core::Error& e) {
     throw core::Error(std::string("layer-diff: --") + name + ": " + e.what());
   }
@@ -63,7 +63,7 @@ eval::SideSpec side_option(const Args& args, const char* name) {
 }  // namespace
 
 int layer_diff_command(std::span<char* const> argv) {
-  Args args("layer-diff",
+  cli::Args args("layer-diff",
             {{"a", "SPEC", "side A, the reference: device=cpu|cuda,precision=fp32|bf16,decode_backend=auto|"
                            "latency_specialized,kv_cache=bf16|fp8,kda_prefill=chunked|recurrent (keys optional)",
               "", true},
@@ -88,7 +88,7 @@ int layer_diff_command(std::span<char* const> argv) {
     std::cout << args.usage();
     return 0;
   }
-  const eval::SideSpec side_a = side_option(args, "a"), side_b = side_option(args, "b");
+  const SideSpec side_a = side_option(args, "a"), side_b = side_option(args, "b");
   K3_CHECK(!(args.has("model") && args.has("config")), "layer-diff: give --model or --config, not both");
   K3_CHECK(!(args.has("token-ids") && args.has("prompt-len")), "layer-diff: give --token-ids or --prompt-len, not both");
   const std::string init = args.get("init");
@@ -128,7 +128,7 @@ int layer_diff_command(std::span<char* const> argv) {
 
   eval::LayerDiffReport report = eval::run_layer_diff(*runner_a, side_a, *runner_b, side_b, config);
   report.model = source;
-  report.environment = bench::environment();
+  report.environment = evidence::environment();
   std::cout << eval::format_table(report);
   if (args.has("out")) {
     std::ofstream f(args.get("out"));
@@ -143,4 +143,4 @@ int layer_diff_command(std::span<char* const> argv) {
   return pass ? 0 : 1;
 }
 
-}  // namespace k3::cli
+}  // namespace k3::eval
