@@ -40,7 +40,6 @@
 #include "comm/custom_allreduce.h"
 #include "comm/nccl_comm.h"
 #include "evidence/environment.h"
-#include "kernels/cuda_ops.h"
 #include "kernels/registry.h"
 
 namespace k3 {

@@ -62,7 +62,6 @@
 #include "evidence/environment.h"
 #include "fastpath/fused_decode.h"
 #include "fastpath/fused_layers.h"
-#include "kernels/cuda_ops.h"
 #include "kernels/registry.h"
 #include "model/kv_storage.h"
 #include "model/layers/context.h"

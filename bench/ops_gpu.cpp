@@ -30,7 +30,7 @@
 #include "core/fp8.h"
 #include "core/rng.h"
 #include "evidence/environment.h"
-#include "kernels/cuda_ops.h"
+#include "kernels/registry.h"
 
 using namespace k3;
 using core::DType;

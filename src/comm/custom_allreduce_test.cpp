@@ -23,7 +23,6 @@
 #if defined(K3_HAVE_NCCL)
 #include "comm/nccl_comm.h"
 #endif
-#include "kernels/cuda_ops.h"
 #include "kernels/registry.h"
 
 namespace k3::comm {

@@ -4,7 +4,7 @@
 #include <variant>
 
 #include "fastpath/fused_layers.h"
-#include "kernels/attn_res_fused/attn_res_fused.h"
+#include "kernels/attn_res/attn_res_fused.h"
 
 #ifdef K3_HAVE_CUDA
 #include "backends/cuda/device.h"

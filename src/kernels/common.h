@@ -10,6 +10,10 @@
 #include "core/bf16.h"
 #include "core/tensor.h"
 
+namespace k3::backends::cpu {
+class ThreadPool;  // a reference implementation's threads (backends/cpu/thread_pool.h); nullptr: inline
+}
+
 namespace k3::kernels {
 
 enum class Precision : uint8_t { bf16, fp32 };
@@ -33,7 +37,7 @@ struct LinearWeight {
 
 // Activation dtypes an op check accepts: f32 everywhere (the CPU convention), and bf16 on the CUDA
 // device, where the engine stores activations between ops as bf16 (values rounded at the same
-// points; see kernels/cuda_ops.h). CPU implementations only ever see f32.
+// points; see kernels/op_table.h, CudaOps). CPU implementations only ever see f32.
 inline bool is_activation_dtype(const core::TensorView& v) {
   return v.dtype == core::DType::f32 || (v.dtype == core::DType::bf16 && v.device == core::Device::cuda);
 }
@@ -68,7 +72,7 @@ struct SeqBatch {
 };
 
 // How activations are stored between ops: f32 on the CPU (the oracle's convention); on CUDA bf16
-// in engine mode (Precision::bf16) and f32 in exact mode (kernels/cuda_ops.h).
+// in engine mode (Precision::bf16) and f32 in exact mode (kernels/op_table.h, CudaOps).
 inline core::DType activation_dtype(core::Device device, Precision precision) {
   return device == core::Device::cuda && precision == Precision::bf16 ? core::DType::bf16 : core::DType::f32;
 }

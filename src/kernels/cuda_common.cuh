@@ -17,7 +17,7 @@
 #include "backends/cuda/context.h"
 #include "core/tensor.h"
 #include "kernels/common.h"
-#include "kernels/cuda_ops.h"
+#include "kernels/op_table.h"
 
 namespace k3::kernels::cuda_detail {
 

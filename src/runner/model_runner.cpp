@@ -12,7 +12,7 @@
 #ifdef K3_HAVE_CUDA
 #include "backends/cuda/context.h"
 #include "backends/cuda/cuda_memory.h"
-#include "kernels/cuda_ops.h"
+#include "kernels/registry.h"
 #endif
 
 namespace k3::runner {

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "backends/cpu/thread_pool.h"
 #include "comm/thread_comm.h"
 #include "fastpath/fused_decode.h"
 #include "model/local_cache.h"
@@ -19,7 +20,7 @@
 #include "backends/cuda/context.h"
 #include "backends/cuda/cuda_memory.h"
 #include "backends/cuda/device.h"
-#include "kernels/cuda_ops.h"
+#include "kernels/registry.h"
 #endif
 #ifdef K3_HAVE_NCCL
 #include "comm/nccl_comm.h"
@@ -111,9 +112,12 @@ TpRunner::TpRunner(const std::filesystem::path& dir, int tp, const model::ModelO
   int caller_device = 0;
   if (cuda) K3_CUDA_CHECK(cudaGetDevice(&caller_device));
 #endif
+  // The ranks' CPU references share one pool, sized to the machine: rank threads run their ops
+  // one parallel_for at a time on it instead of each spreading over every core.
+  const auto cpu_pool = std::make_shared<backends::cpu::ThreadPool>(backends::cpu::ThreadPool::machine_threads());
   for (int r = 0; r < tp; ++r) {
     auto rank = std::make_unique<Rank>();
-    kernels::register_reference_ops(rank->registry);
+    kernels::register_reference_ops(rank->registry, cpu_pool);
     rank->memory = core::make_host_memory();
     model::Weights host =
         checkpoint::load_weights(dir, full_, config::TpShard{r, tp, options.expert_parallel}, r == 0 ? progress : nullptr);

@@ -127,7 +127,7 @@ struct MergeCase {
   const char* impl = nullptr;  // the CUDA strategy the registry must select (nullptr: any cuda_*)
 };
 
-// The CUDA strategies of attn_res_merge (kernels/attn_res_fused/cuda*.cu).
+// The CUDA strategies of attn_res_merge (kernels/attn_res/cuda*.cu).
 constexpr const char* kCluster = "cuda_merge_cluster";  // T <= 32 rows, 2..8 CTAs per row
 constexpr const char* kRowwise = "cuda_merge_rowwise";  // one CTA per row
 

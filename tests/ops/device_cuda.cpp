@@ -6,7 +6,7 @@
 #include "backends/cuda/device.h"
 #include "backends/cuda/device_tensor.h"
 #include "backends/cuda/graph.h"
-#include "kernels/cuda_ops.h"
+#include "kernels/registry.h"
 #include "tests/ops/op_harness.h"
 
 namespace k3::ops_test {

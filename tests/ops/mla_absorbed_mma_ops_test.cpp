@@ -1,5 +1,5 @@
 // tests/ops/mla_absorbed_mma_ops_test.cpp: the standard op mla_absorbed on its tensor-core CUDA strategy
-// "cuda_absorbed_splitkv_mma" (kernels/mla_decode/cuda_absorbed_via_decode.cu: mla_decode's tensor-core
+// "cuda_absorbed_splitkv_mma" (kernels/mla/cuda_absorbed_via_decode.cu: mla_decode's tensor-core
 // launches without a gate) against the CPU reference mla_absorbed_reference, bf16 activations:
 //   - positions 0, 17, 97 and 3001 with 1 and 3 (verify) rows per sequence, pages of 16 and 7 tokens,
 //     1, 3 and 12 heads, fp8 (k_scale 0.25 / 0.5) and bf16 caches, odd nope / v at small latent dims and
@@ -26,7 +26,7 @@
 #include "backends/cuda/context.h"
 #include "backends/cuda/device_tensor.h"
 #include "backends/cuda/graph.h"
-#include "kernels/cuda_ops.h"
+#include "kernels/registry.h"
 #endif
 
 namespace k3::ops_test {

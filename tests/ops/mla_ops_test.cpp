@@ -18,7 +18,7 @@
 #include "backends/cuda/context.h"
 #include "backends/cuda/device_tensor.h"
 #include "backends/cuda/graph.h"
-#include "kernels/cuda_ops.h"
+#include "kernels/registry.h"
 #endif
 
 namespace k3::ops_test {

@@ -200,7 +200,7 @@ void check_prep(Device* dev, Mode mode, const PrepCase& c, uint64_t seed) {
   dev->registry().rmsnorm.run(norm_q, dev->kind());
   dev->registry().rmsnorm.run(norm_c, dev->kind());
   dev->registry().mla_cache_write.run({std_cn.view(), dpe.view(), std_pages.view(), drows.view(), c.k_scale}, dev->kind());
-  // The vector-width choices of mla_prep (kernels/mla_prep/cuda.cu) and rmsnorm (kernels/norm/cuda.cu).
+  // The vector-width choices of mla_prep (kernels/mla/cuda_mla_prep.cu) and rmsnorm (kernels/norm/cuda.cu).
   const bool prep_vec = rows_vec8(args.q_a) && rows_vec8(args.q_a_out) && aligned16(dqn.view().data) &&
                         rows_vec8(args.kv) && c.kv_lora % 8 == 0 && aligned16(dkn.view().data) &&
                         aligned16(dpages.view().data) && (E * static_cast<int64_t>(core::dtype_size(c.cache))) % 16 == 0;

@@ -9,7 +9,7 @@
 #include "backends/cuda/device.h"
 #include "backends/cuda/device_tensor.h"
 #include "backends/cuda/graph.h"
-#include "kernels/cuda_ops.h"
+#include "kernels/registry.h"
 #include "tests/ops/op_harness.h"
 #include "tests/ops/slow_producer_cuda.h"
 

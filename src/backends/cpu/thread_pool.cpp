@@ -66,6 +66,7 @@ void ThreadPool::worker_loop(int id) {
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
                               int64_t min_per_task) {
   if (n <= 0) return;
+  ++calls_;
   const int parts = static_cast<int>(std::min<int64_t>(size(), n / std::max<int64_t>(1, min_per_task)));
   if (parts <= 1 || workers_.empty()) {
     fn(0, n);
@@ -104,9 +105,11 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   if (err) std::rethrow_exception(err);
 }
 
-ThreadPool& ThreadPool::shared() {
-  static ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  return pool;
+int ThreadPool::machine_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+void parallel_for(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_per_task) {
+  if (pool) return pool->parallel_for(n, fn, min_per_task);
+  if (n > 0) fn(0, n);
 }
 
 }  // namespace k3::backends::cpu

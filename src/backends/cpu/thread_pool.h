@@ -4,6 +4,7 @@
 // each index is computed by exactly one thread in a fixed order, so results do not
 // depend on the thread count.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <cstdint>
@@ -27,8 +28,12 @@ class ThreadPool {
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
                     int64_t min_per_task = 1);
 
-  // Process-wide pool sized to the machine (std::thread::hardware_concurrency()).
-  static ThreadPool& shared();
+  // parallel_for calls made on this pool so far (n > 0), inline ones included: tests use it to
+  // prove which pool an op ran on.
+  int64_t calls() const { return calls_.load(); }
+
+  // The machine's hardware threads (at least 1): the size an owner gives its pool by default.
+  static int machine_threads();
 
  private:
   void worker_loop(int id);
@@ -41,7 +46,14 @@ class ThreadPool {
   uint64_t generation_ = 0;
   int pending_ = 0;
   bool stop_ = false;
+  std::atomic<int64_t> calls_{0};
   std::exception_ptr worker_error_;
 };
+
+// pool->parallel_for(n, fn, min_per_task), or fn(0, n) on the calling thread when pool is null: the
+// reference kernels take their pool from whoever registered them (kernels/op_table.h's CpuOps) and
+// run inline when called directly without one. Same results either way.
+void parallel_for(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn,
+                  int64_t min_per_task = 1);
 
 }  // namespace k3::backends::cpu

@@ -152,17 +152,36 @@ TEST(ThreadPool, ManyBackToBackJobs) {
   EXPECT_EQ(total.load(), 3000 * 7);
 }
 
-TEST(ThreadPool, SharedPool) {
-  ThreadPool& a = ThreadPool::shared();
-  EXPECT_EQ(&a, &ThreadPool::shared());
-  EXPECT_GE(a.size(), 1);
-  std::atomic<int64_t> sum{0};
-  a.parallel_for(1000, [&](int64_t b, int64_t e) {
-    int64_t s = 0;
-    for (int64_t i = b; i < e; ++i) s += i;
-    sum += s;
-  });
-  EXPECT_EQ(sum.load(), 999 * 1000 / 2);
+TEST(ThreadPool, MachineThreadsIsAtLeastOne) { EXPECT_GE(ThreadPool::machine_threads(), 1); }
+
+// The free parallel_for: with a pool it is the pool's; without one it runs the whole range inline,
+// once, on the calling thread (how a reference kernel called directly runs).
+TEST(ThreadPool, FreeParallelForUsesThePoolOrRunsInline) {
+  ThreadPool pool(4);
+  for (ThreadPool* p : {&pool, static_cast<ThreadPool*>(nullptr)}) {
+    std::atomic<int64_t> sum{0};
+    std::atomic<int> calls{0};
+    std::atomic<bool> other_thread{false};
+    const auto caller = std::this_thread::get_id();
+    parallel_for(p, 1000, [&](int64_t b, int64_t e) {
+      int64_t s = 0;
+      for (int64_t i = b; i < e; ++i) s += i;
+      sum += s;
+      ++calls;
+      if (std::this_thread::get_id() != caller) other_thread = true;
+    });
+    EXPECT_EQ(sum.load(), 999 * 1000 / 2);
+    if (p) {
+      EXPECT_EQ(calls.load(), 4);
+      EXPECT_TRUE(other_thread.load());
+    } else {
+      EXPECT_EQ(calls.load(), 1);
+      EXPECT_FALSE(other_thread.load());
+    }
+  }
+  int calls = 0;
+  parallel_for(nullptr, 0, [&](int64_t, int64_t) { ++calls; });
+  EXPECT_EQ(calls, 0);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <cooperative_groups.h>
 
 #include "kernels/attn_res/mix.h"
+#include "kernels/attn_res/ops.h"
 #include "kernels/cuda_common.cuh"
 
 namespace k3::kernels {
@@ -185,7 +186,7 @@ core::Status mix_supports(const CudaOps& ops, const AttnResMixArgs& a) {
 
 }  // namespace
 
-void register_attn_res_cuda(Registry& r, const CudaOps& ops) {
+void register_attn_res_cuda(AttnResOps& r, const CudaOps& ops) {
   r.attn_res_mix.add(
       {"cuda_chunked_rows", core::Device::cuda, [ops](const AttnResMixArgs& a) { return mix_supports(ops, a); },
        [ops](const AttnResMixArgs& a) {

@@ -19,6 +19,6 @@ core::Status attn_res_mix_check(const AttnResMixArgs& a);
 // rho_j = rsqrt(mean(R_j^2)+eps); s_j = rho_j * sum(R_j * c), c = norm*query in fp32;
 // alpha = softmax(s); out = round(sum_j alpha_j R_j)  (un-normalised sources, index order).
 // One source gives out = R_0 exactly. out may alias any source.
-void attn_res_mix_reference(const AttnResMixArgs& a);
+void attn_res_mix_reference(const AttnResMixArgs& a, backends::cpu::ThreadPool* pool = nullptr);
 
 }  // namespace k3::kernels

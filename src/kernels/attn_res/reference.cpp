@@ -62,7 +62,7 @@ core::Status attn_res_mix_check(const AttnResMixArgs& a) {
   return core::Status::ok();
 }
 
-void attn_res_mix_reference(const AttnResMixArgs& a) {
+void attn_res_mix_reference(const AttnResMixArgs& a, backends::cpu::ThreadPool* pool) {
   const int64_t T = a.sources[0].dim(0), D = a.sources[0].dim(1);
   const size_t n = a.sources.size();
   std::vector<float> c(static_cast<size_t>(D));
@@ -102,7 +102,7 @@ void attn_res_mix_reference(const AttnResMixArgs& a) {
     }
   };
   const int64_t work_per_token = std::max<int64_t>(1, static_cast<int64_t>(n) * D);
-  backends::cpu::ThreadPool::shared().parallel_for(
+  backends::cpu::parallel_for(pool, 
       T, mix_tokens, std::max<int64_t>(1, (int64_t{1} << 15) / work_per_token));
 }
 

@@ -5,6 +5,7 @@
 //   to_activation: out = round(x), x f32 with strided rows (a TP all-reduce sum, spec §11)
 #include "kernels/cuda_common.cuh"
 #include "kernels/elementwise/elementwise.h"
+#include "kernels/elementwise/ops.h"
 
 namespace k3::kernels {
 
@@ -44,7 +45,7 @@ core::Status supports3(const CudaOps& ops, const char* an, const core::TensorVie
 
 }  // namespace
 
-void register_elementwise_cuda(Registry& r, const CudaOps& ops) {
+void register_elementwise_cuda(ElementwiseOps& r, const CudaOps& ops) {
   r.add.add({"cuda_elementwise", core::Device::cuda,
              [ops](const AddArgs& a) { return supports3(ops, "a", a.a, "b", a.b, a.out, a.precision); },
              [ops](const AddArgs& a) {

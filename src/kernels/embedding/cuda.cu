@@ -8,6 +8,7 @@
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/embedding/embedding.h"
+#include "kernels/embedding/ops.h"
 
 namespace k3::kernels {
 
@@ -33,7 +34,7 @@ __global__ void embedding_kernel(const int32_t* ids, const TableT* table, int64_
 
 }  // namespace
 
-void register_embedding_cuda(Registry& r, const CudaOps& ops) {
+void register_embedding_cuda(EmbeddingOps& r, const CudaOps& ops) {
   r.embedding.add(
       {"cuda_gather", core::Device::cuda,
        [ops](const EmbeddingArgs& a) {

@@ -173,7 +173,7 @@ void run_chunk(const KdaAttentionArgs& a, int h, int64_t t0, int n, float* S, Ch
 
 }  // namespace
 
-void kda_chunked_reference(const KdaAttentionArgs& a) {
+void kda_chunked_reference(const KdaAttentionArgs& a, backends::cpu::ThreadPool* pool) {
   if (core::Status s = kda_attention_check(a); !s) throw core::Error("kda_chunked: " + s.reason());
   K3_CHECK(!a.no_commit, "kda_chunked: no_commit is not supported (verify rows use kda_recurrent)");
   const int H = a.num_heads, D = a.head_dim;
@@ -186,7 +186,7 @@ void kda_chunked_reference(const KdaAttentionArgs& a) {
   // (sequence, head) pairs are independent: one task per range of pairs; results do not depend on
   // the thread count or on the other sequences of the batch.
   const int64_t units = static_cast<int64_t>(seqs.size()) * H;
-  backends::cpu::ThreadPool::shared().parallel_for(units, [&](int64_t u_begin, int64_t u_end) {
+  backends::cpu::parallel_for(pool, units, [&](int64_t u_begin, int64_t u_end) {
     ChunkWorkspace w(cap, D);
     for (int64_t u = u_begin; u < u_end; ++u) {
       const kda_detail::HostSeq& sq = seqs[static_cast<size_t>(u / H)];

@@ -39,7 +39,7 @@ core::Status kda_conv_check(const KdaConvArgs& a) {
   return kda_detail::check_seq_batch(a.seqs, T, a.state.dim(0), a.x.device, /*need_position=*/false);
 }
 
-void kda_conv_reference(const KdaConvArgs& a) {
+void kda_conv_reference(const KdaConvArgs& a, backends::cpu::ThreadPool* pool) {
   if (core::Status s = kda_conv_check(a); !s) throw core::Error("kda_conv: " + s.reason());
   const int64_t C = a.weight.dim(0), K = a.weight.dim(a.weight.rank() - 1);
   const std::vector<kda_detail::HostSeq> seqs = kda_detail::host_seqs(a.seqs, false);
@@ -47,7 +47,7 @@ void kda_conv_reference(const KdaConvArgs& a) {
   const float* weight = a.weight.as<const float>();
   // Channels are independent, and so are sequences: each task takes a channel range and walks
   // every sequence's rows in token order (one parallel_for however many sequences).
-  backends::cpu::ThreadPool::shared().parallel_for(
+  backends::cpu::parallel_for(pool, 
       C,
       [&](int64_t c_begin, int64_t c_end) {
         std::vector<float> window(static_cast<size_t>(K));  // x_{t-K+1} .. x_t of one channel

@@ -17,6 +17,7 @@
 // Decays are differences of one fp32 cumulative sum, e^{G_r - G_j} with r >= j (never e^{-G}); the
 // reference accumulates each segment directly, so the two differ by rounding only.
 #include "kernels/kda/cuda_kda_common.cuh"
+#include "kernels/kda/ops.h"
 
 namespace k3::kernels {
 
@@ -186,7 +187,7 @@ int device_chunk(const CudaOps& ops, const KdaAttentionArgs& a) {
 
 }  // namespace
 
-void register_kda_chunked_cuda(Registry& r, const CudaOps& ops) {
+void register_kda_chunked_cuda(KdaOps& r, const CudaOps& ops) {
   r.kda_chunked.add(
       {"cuda_chunked", core::Device::cuda,
        [ops](const KdaAttentionArgs& a) {

@@ -7,6 +7,7 @@
 // the grid depends only on C and num_seqs. Kernel widths up to kMaxWidth.
 #include "kernels/cuda_common.cuh"
 #include "kernels/kda/kda.h"
+#include "kernels/kda/ops.h"
 
 namespace k3::kernels {
 
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void register_kda_conv_cuda(Registry& r, const CudaOps& ops) {
+void register_kda_conv_cuda(KdaOps& r, const CudaOps& ops) {
   r.kda_conv.add(
       {"cuda_channel_scan", core::Device::cuda,
        [ops](const KdaConvArgs& a) {

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/kda/kda.h"
+#include "kernels/kda/ops.h"
 
 namespace k3::kernels {
 
@@ -50,7 +51,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) output_gate_kernel(const T* o,
 
 }  // namespace
 
-void register_kda_output_gate_cuda(Registry& r, const CudaOps& ops) {
+void register_kda_output_gate_cuda(KdaOps& r, const CudaOps& ops) {
   r.kda_output_gate.add(
       {"cuda_warp_per_head", core::Device::cuda,
        [ops](const KdaOutputGateArgs& a) {

@@ -11,6 +11,7 @@
 //   1. S[v][:] *= alpha   2. r = S[v] . k   3. u = beta (v - r)   4. S[v] += u k   5. o[v] = S[v] . q
 // Dot products are 4 partial sums joined by shuffles (order differs from the reference: tolerance).
 #include "kernels/kda/cuda_kda_common.cuh"
+#include "kernels/kda/ops.h"
 
 namespace k3::kernels {
 
@@ -113,7 +114,7 @@ __global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(KdaParams<T> p)
 
 }  // namespace
 
-void register_kda_recurrent_cuda(Registry& r, const CudaOps& ops) {
+void register_kda_recurrent_cuda(KdaOps& r, const CudaOps& ops) {
   r.kda_recurrent.add({"cuda_rowsplit", core::Device::cuda,
                        [ops](const KdaAttentionArgs& a) { return kda_supports(ops, a); },
                        [ops](const KdaAttentionArgs& a) {

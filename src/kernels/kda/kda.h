@@ -43,7 +43,7 @@ struct KdaConvArgs {
   bool no_commit = false;
 };
 core::Status kda_conv_check(const KdaConvArgs& a);
-void kda_conv_reference(const KdaConvArgs& a);
+void kda_conv_reference(const KdaConvArgs& a, backends::cpu::ThreadPool* pool = nullptr);
 
 // L2 norm of q,k (eps 1e-6 inside the sqrt of the sum), q scale head_dim^-1/2, beta = sigmoid(b),
 // bounded decay g = lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias)) (spec §5.3-5.4),
@@ -85,8 +85,8 @@ struct KdaAttentionArgs {
   bool no_commit = false;
 };
 core::Status kda_attention_check(const KdaAttentionArgs& a);
-void kda_recurrent_reference(const KdaAttentionArgs& a);
-void kda_chunked_reference(const KdaAttentionArgs& a);
+void kda_recurrent_reference(const KdaAttentionArgs& a, backends::cpu::ThreadPool* pool = nullptr);
+void kda_chunked_reference(const KdaAttentionArgs& a, backends::cpu::ThreadPool* pool = nullptr);
 
 // Per-head RMSNorm (shared weight) times sigmoid of the full-rank gate (spec §5.6):
 //   out = round( o_h * rsqrt(mean(o_h^2) + eps) * w * sigmoid(g^_h) ), fp32 inside, rounded once.
@@ -101,6 +101,6 @@ struct KdaOutputGateArgs {
   Precision precision = Precision::bf16;
 };
 core::Status kda_output_gate_check(const KdaOutputGateArgs& a);
-void kda_output_gate_reference(const KdaOutputGateArgs& a);
+void kda_output_gate_reference(const KdaOutputGateArgs& a, backends::cpu::ThreadPool* pool = nullptr);
 
 }  // namespace k3::kernels

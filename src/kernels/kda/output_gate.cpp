@@ -37,14 +37,14 @@ core::Status kda_output_gate_check(const KdaOutputGateArgs& a) {
   return core::Status::ok();
 }
 
-void kda_output_gate_reference(const KdaOutputGateArgs& a) {
+void kda_output_gate_reference(const KdaOutputGateArgs& a, backends::cpu::ThreadPool* pool) {
   if (core::Status s = kda_output_gate_check(a); !s) throw core::Error("kda_output_gate: " + s.reason());
   const int H = a.num_heads, D = a.head_dim;
   const int64_t T = a.o.dim(0);
   std::vector<float> w(D);
   for (int i = 0; i < D; ++i) w[i] = load_f32(a.norm_w, i);
   // Tokens are independent: one task per token range.
-  backends::cpu::ThreadPool::shared().parallel_for(T, [&](int64_t t_begin, int64_t t_end) {
+  backends::cpu::parallel_for(pool, T, [&](int64_t t_begin, int64_t t_end) {
     for (int64_t t = t_begin; t < t_end; ++t) {
       for (int h = 0; h < H; ++h) {
         const int64_t c0 = static_cast<int64_t>(h) * D;

@@ -20,14 +20,14 @@
 
 namespace k3::kernels {
 
-void kda_recurrent_reference(const KdaAttentionArgs& a) {
+void kda_recurrent_reference(const KdaAttentionArgs& a, backends::cpu::ThreadPool* pool) {
   if (core::Status s = kda_attention_check(a); !s) throw core::Error("kda_recurrent: " + s.reason());
   const int H = a.num_heads, D = a.head_dim;
   const std::vector<kda_detail::HostSeq> seqs = kda_detail::host_seqs(a.seqs, true);
   // (sequence, head) pairs are independent (own state slice, own output rows and columns): one task
   // per range of pairs, so the result does not depend on the thread count or the batch.
   const int64_t units = static_cast<int64_t>(seqs.size()) * H;
-  backends::cpu::ThreadPool::shared().parallel_for(units, [&](int64_t u_begin, int64_t u_end) {
+  backends::cpu::parallel_for(pool, units, [&](int64_t u_begin, int64_t u_end) {
     std::vector<float> q(D), k(D), v(D), g(D), alpha(D);
     std::vector<float> scratch(a.no_commit ? static_cast<size_t>(D) * D : 0);  // no_commit: a private copy
     for (int64_t u = u_begin; u < u_end; ++u) {

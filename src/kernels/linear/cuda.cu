@@ -9,6 +9,7 @@
 #include "kernels/cuda_rowdot.cuh"
 #include "kernels/linear/cuda_linear.h"
 #include "kernels/linear/linear.h"
+#include "kernels/linear/ops.h"
 
 namespace k3::kernels {
 
@@ -86,7 +87,7 @@ void rowdot_run(const CudaOps& ops, const LinearArgs& a) {
 core::Status linear_cublaslt_supports(const CudaOps& ops, const LinearArgs& a) { return cublaslt_supports(ops, a); }
 void linear_cublaslt_run(const CudaOps& ops, const LinearArgs& a) { cublaslt_run(ops, a); }
 
-void register_linear_cuda(Registry& r, const CudaOps& ops) {
+void register_linear_cuda(LinearOps& r, const CudaOps& ops) {
   r.linear.add({"cuda_cublaslt", core::Device::cuda,
                 [ops](const LinearArgs& a) { return cublaslt_supports(ops, a); },
                 [ops](const LinearArgs& a) { cublaslt_run(ops, a); }});

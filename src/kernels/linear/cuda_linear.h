@@ -1,8 +1,8 @@
 // kernels/linear/cuda_linear.h: the CUDA linear's cuBLASLt route as functions, for fused ops that
 // run several linears (kernels/multi_linear at more rows than its one-launch kernel pays for).
-// CUDA builds only (kernels/cuda_ops.h).
+// CUDA builds only (kernels/op_table.h's CudaOps).
 #pragma once
-#include "kernels/cuda_ops.h"
+#include "kernels/op_table.h"
 #include "kernels/linear/linear.h"
 
 namespace k3::kernels {

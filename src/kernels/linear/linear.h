@@ -18,6 +18,6 @@ core::Status linear_check(const LinearArgs& a);
 // Sums sequentially over `in` for each output (the reference order), starting from 0, no FMA;
 // the result does not depend on the thread count. x and out may have strided rows (unit inner
 // stride); out must not alias x.
-void linear_reference(const LinearArgs& a);
+void linear_reference(const LinearArgs& a, backends::cpu::ThreadPool* pool = nullptr);
 
 }  // namespace k3::kernels

@@ -96,7 +96,7 @@ core::Status linear_check(const LinearArgs& a) {
   return core::Status::ok();
 }
 
-void linear_reference(const LinearArgs& a) {
+void linear_reference(const LinearArgs& a, backends::cpu::ThreadPool* pool) {
   const LinearWeight& W = *a.w;
   const int64_t T = a.x.dim(0), in = W.in_features(), n_out = W.out_features();
   if (T == 0 || n_out == 0) return;
@@ -146,7 +146,7 @@ void linear_reference(const LinearArgs& a) {
   // Keep tasks at >= ~256K multiply-adds so that small calls run inline.
   const int64_t work_per_group = std::max<int64_t>(1, kRowGroup * T * in);
   const int64_t min_groups = std::max<int64_t>(1, (int64_t{1} << 18) / work_per_group);
-  backends::cpu::ThreadPool::shared().parallel_for(n_groups, run_groups, min_groups);
+  backends::cpu::parallel_for(pool, n_groups, run_groups, min_groups);
 }
 
 }  // namespace k3::kernels

@@ -105,9 +105,9 @@ HeadWeights load_head_weights(const MlaAttentionArgs& a, int h) {
   return w;
 }
 
-std::vector<HeadWeights> load_all_head_weights(const MlaAttentionArgs& a) {
+std::vector<HeadWeights> load_all_head_weights(const MlaAttentionArgs& a, backends::cpu::ThreadPool* pool) {
   std::vector<HeadWeights> w(static_cast<size_t>(a.num_heads));
-  backends::cpu::ThreadPool::shared().parallel_for(a.num_heads, [&](int64_t begin, int64_t end) {
+  backends::cpu::parallel_for(pool, a.num_heads, [&](int64_t begin, int64_t end) {
     for (int64_t h = begin; h < end; ++h) w[static_cast<size_t>(h)] = load_head_weights(a, static_cast<int>(h));
   });
   return w;

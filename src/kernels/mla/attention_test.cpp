@@ -191,7 +191,7 @@ TEST(MlaAttention, StridedRowViews) {
     a.pages.strides[0] = page_ld;
     a.pages.strides[1] = row_ld;
     ASSERT_TRUE(mla_attention_check(a).is_ok()) << mla_attention_check(a).reason();
-    op(a);
+    mla_test::run_op(op, a);
     for (int64_t t = 0; t < T; ++t) {
       EXPECT_EQ(std::memcmp(out_wide.data<float>() + t * (ow + pad), expected.data<float>() + t * ow,
                             sizeof(float) * ow), 0) << "row " << t;

@@ -16,6 +16,7 @@
 #include <algorithm>
 
 #include "kernels/mla/cuda_absorbed_kernels.cuh"
+#include "kernels/mla/ops.h"
 
 namespace k3::kernels {
 
@@ -74,7 +75,7 @@ void absorbed_run(const CudaOps& ops, const MlaAttentionArgs& a) {
 
 }  // namespace
 
-void register_mla_absorbed_cuda(Registry& r, const CudaOps& ops) {
+void register_mla_absorbed_cuda(MlaOps& r, const CudaOps& ops) {
   r.mla_absorbed.add({"cuda_split_kv", core::Device::cuda,
                       [ops](const MlaAttentionArgs& a) {
                         if (auto s = mla_supports(ops, a); !s) return s;

@@ -7,6 +7,7 @@
 #include <cuda_fp8.h>
 
 #include "kernels/mla/cuda_mla_common.cuh"
+#include "kernels/mla/ops.h"
 
 namespace k3::kernels {
 
@@ -66,7 +67,7 @@ PagesRef byte_pages_ref(const core::TensorView& pages) {
 
 }  // namespace
 
-void register_mla_cache_cuda(Registry& r, const CudaOps& ops) {
+void register_mla_cache_cuda(MlaOps& r, const CudaOps& ops) {
   r.mla_cache_write.add(
       {"cuda_elementwise", core::Device::cuda,
        [ops](const MlaCacheWriteArgs& a) {

@@ -13,7 +13,7 @@
 // elements l, l + 32, ... on the scalar path, then the xor-shuffle tree), so with cp = 1 and no gate the
 // four ops give mla_absorbed's CUDA numbers bit for bit (the rescale weight is e^0 / e^0 = 1 exactly).
 // mla_partial_attention also has a tensor-core strategy, "cuda_partial_splitkv_mma" (bf16 mode at
-// the dims it names): kernels/mla_decode/cuda_partial_via_decode.cu (it needs kernels_mla_decode, which depends
+// the dims it names): kernels/mla/cuda_partial_via_decode.cu (it needs kernels_mla_decode, which depends
 // on this module); it ends with this strategy's combine_kernel<true>, so the two agree on every layout.
 // Query slots qi = s * max_rows + i as there; grids and scratch depend only on num_seqs, max_rows,
 // max_tokens, H and G (graph-replayable), never on the device tables' values.
@@ -22,6 +22,7 @@
 
 #include "kernels/mla/cuda_absorbed_kernels.cuh"
 #include "kernels/mla/mla_cp.h"
+#include "kernels/mla/ops.h"
 
 namespace k3::kernels {
 
@@ -346,7 +347,7 @@ core::Status w_uv_supports(const CudaOps& ops, const MlaWUvArgs& a) {
 
 }  // namespace
 
-void register_mla_cp_cuda(Registry& r, const CudaOps& ops) {
+void register_mla_cp_cuda(MlaOps& r, const CudaOps& ops) {
   r.mla_q_absorb.add({"cuda_q_absorb", core::Device::cuda,
                       [ops](const MlaQAbsorbArgs& a) { return q_absorb_supports(ops, a); },
                       [ops](const MlaQAbsorbArgs& a) { q_absorb_run(ops, a); }});

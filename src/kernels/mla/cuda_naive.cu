@@ -11,6 +11,7 @@
 #include "kernels/cuda_rowdot.cuh"
 #include "kernels/mla/cuda_mla_common.cuh"
 #include "kernels/mla/cuda_naive_flash.cuh"
+#include "kernels/mla/ops.h"
 
 namespace k3::kernels {
 
@@ -125,7 +126,7 @@ void naive_run(const CudaOps& ops, const MlaAttentionArgs& a) {
 
 }  // namespace
 
-void register_mla_naive_cuda(Registry& r, const CudaOps& ops) {
+void register_mla_naive_cuda(MlaOps& r, const CudaOps& ops) {
   r.mla_naive.add({"cuda_expand_online_softmax", core::Device::cuda,
                    [ops](const MlaAttentionArgs& a) {
                      if (auto s = mla_supports(ops, a); !s) return s;

@@ -64,6 +64,7 @@
 #include "kernels/linear/cuda_linear.h"
 #include "kernels/mla/cuda_mla_common.cuh"
 #include "kernels/mla/cuda_naive_flash.cuh"
+#include "kernels/mla/ops.h"
 
 namespace k3::kernels {
 
@@ -453,7 +454,7 @@ void flash_run(const CudaOps& ops, const MlaAttentionArgs& a) {
 
 }  // namespace
 
-void register_mla_naive_flash_cuda(Registry& r, const CudaOps& ops) {
+void register_mla_naive_flash_cuda(MlaOps& r, const CudaOps& ops) {
   r.mla_naive.add({"cuda_expand_gemm_flash", core::Device::cuda,
                    [ops](const MlaAttentionArgs& a) { return flash_supports(ops, a); },
                    [ops](const MlaAttentionArgs& a) { flash_run(ops, a); }});

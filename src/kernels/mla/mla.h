@@ -87,9 +87,9 @@ struct MlaAttentionArgs {
 };
 core::Status mla_attention_check(const MlaAttentionArgs& a);
 // Naive form (prefill): k_nope = round(W_UK c_n), v = round(W_UV c_n) per position, then softmax.
-void mla_naive_reference(const MlaAttentionArgs& a);
+void mla_naive_reference(const MlaAttentionArgs& a, backends::cpu::ThreadPool* pool = nullptr);
 // Absorbed form (decode, spec §6.2): q_lat = round(W_UK^T q_nope), scores against [c_n; k_pe],
 // o_lat = round(sum p c_n), o = round(W_UV o_lat).
-void mla_absorbed_reference(const MlaAttentionArgs& a);
+void mla_absorbed_reference(const MlaAttentionArgs& a, backends::cpu::ThreadPool* pool = nullptr);
 
 }  // namespace k3::kernels

@@ -137,14 +137,14 @@ std::string kv_b_problem(const LinearWeight* kv_b, int64_t H, int64_t nope, int6
 }
 
 // Per-head W_UK / W_UV slices through mla_detail::load_all_head_weights (it reads only kv_b and the dims).
-std::vector<mla_detail::HeadWeights> head_weights(const LinearWeight* kv_b, int H, int nope, int vd, int L) {
+std::vector<mla_detail::HeadWeights> head_weights(const LinearWeight* kv_b, int H, int nope, int vd, int L, backends::cpu::ThreadPool* pool) {
   MlaAttentionArgs w;
   w.kv_b = kv_b;
   w.num_heads = H;
   w.qk_nope = nope;
   w.v_head_dim = vd;
   w.kv_lora = L;
-  return mla_detail::load_all_head_weights(w);
+  return mla_detail::load_all_head_weights(w, pool);
 }
 
 // mla_w_uv's gate is given (an undefined view has no data).
@@ -197,16 +197,16 @@ core::Status mla_q_absorb_check(const MlaQAbsorbArgs& a) {
   return core::Status::ok();
 }
 
-void mla_q_absorb_reference(const MlaQAbsorbArgs& a) {
+void mla_q_absorb_reference(const MlaQAbsorbArgs& a, backends::cpu::ThreadPool* pool) {
   const core::Status st = mla_q_absorb_check(a);
   K3_CHECK(st.is_ok(), st.reason());
   K3_CHECK(a.q.device == core::Device::cpu, "mla_q_absorb_reference: tensors must be on the CPU");
   if (a.seqs.num_seqs == 0) return;
-  const std::vector<mla_detail::HeadWeights> w = head_weights(a.kv_b, a.num_heads, a.qk_nope, a.v_head_dim, a.kv_lora);
+  const std::vector<mla_detail::HeadWeights> w = head_weights(a.kv_b, a.num_heads, a.qk_nope, a.v_head_dim, a.kv_lora, pool);
   const int64_t H = a.num_heads, L = a.kv_lora, nope = a.qk_nope, rope = a.qk_rope, E = L + rope;
   std::vector<int64_t> rows;
   for_each_row(a.seqs, [&](int64_t t) { rows.push_back(t); });
-  backends::cpu::ThreadPool::shared().parallel_for(static_cast<int64_t>(rows.size()) * H, [&](int64_t begin, int64_t end) {
+  backends::cpu::parallel_for(pool, static_cast<int64_t>(rows.size()) * H, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       const int64_t t = rows[static_cast<size_t>(k / H)], h = k % H;
       const float* q_nope = mla_detail::row_ptr(a.q, t) + h * (nope + rope);
@@ -258,7 +258,7 @@ core::Status mla_partial_attention_check(const MlaPartialAttentionArgs& a) {
   return core::Status::ok();
 }
 
-void mla_partial_attention_reference(const MlaPartialAttentionArgs& a) {
+void mla_partial_attention_reference(const MlaPartialAttentionArgs& a, backends::cpu::ThreadPool* pool) {
   const core::Status st = mla_partial_attention_check(a);
   K3_CHECK(st.is_ok(), st.reason());
   K3_CHECK(a.qc.device == core::Device::cpu, "mla_partial_attention_reference: tensors must be on the CPU");
@@ -271,7 +271,7 @@ void mla_partial_attention_reference(const MlaPartialAttentionArgs& a) {
     const mla_detail::DequantCache cache =
         mla_detail::dequantize_sequence(a.pages, seq.block_table, local_end, a.k_scale, L, rope);
     // (owner g, head h) pairs are independent: each writes its own o_part / lse entries.
-    backends::cpu::ThreadPool::shared().parallel_for(G * H, [&](int64_t begin, int64_t end) {
+    backends::cpu::parallel_for(pool, G * H, [&](int64_t begin, int64_t end) {
       std::vector<float> p(static_cast<size_t>(local_end));
       for (int64_t gh = begin; gh < end; ++gh) {
         const int64_t g = gh / H, h = gh % H;
@@ -399,18 +399,18 @@ core::Status mla_w_uv_check(const MlaWUvArgs& a) {
   return core::Status::ok();
 }
 
-void mla_w_uv_reference(const MlaWUvArgs& a) {
+void mla_w_uv_reference(const MlaWUvArgs& a, backends::cpu::ThreadPool* pool) {
   const core::Status st = mla_w_uv_check(a);
   K3_CHECK(st.is_ok(), st.reason());
   K3_CHECK(a.o_lat.device == core::Device::cpu, "mla_w_uv_reference: tensors must be on the CPU");
   if (a.seqs.num_seqs == 0) return;
-  const std::vector<mla_detail::HeadWeights> w = head_weights(a.kv_b, a.num_heads, a.qk_nope, a.v_head_dim, a.kv_lora);
+  const std::vector<mla_detail::HeadWeights> w = head_weights(a.kv_b, a.num_heads, a.qk_nope, a.v_head_dim, a.kv_lora, pool);
   const int64_t H = a.num_heads, L = a.kv_lora, vd = a.v_head_dim;
   const bool gated = has_gate(a);
   std::vector<int64_t> rows;
   for_each_row(a.seqs, [&](int64_t t) { rows.push_back(t); });
   // (t, h) pairs are independent: each reads its gate elements and writes the same out elements only.
-  backends::cpu::ThreadPool::shared().parallel_for(static_cast<int64_t>(rows.size()) * H, [&](int64_t begin, int64_t end) {
+  backends::cpu::parallel_for(pool, static_cast<int64_t>(rows.size()) * H, [&](int64_t begin, int64_t end) {
     std::vector<float> o_lat(static_cast<size_t>(L));
     for (int64_t k = begin; k < end; ++k) {
       const int64_t t = rows[static_cast<size_t>(k / H)], h = k % H;

@@ -29,7 +29,7 @@
 // SeqBatch::max_tokens bounds LOCAL positions (<= max_blocks * block_size).
 //
 // CUDA strategies of mla_partial_attention (the step that reads the cache; every other step has one):
-//   "cuda_partial_splitkv_mma" (20, kernels/mla_decode/cuda_partial_via_decode.cu): the fused decode op's
+//   "cuda_partial_splitkv_mma" (20, kernels/mla/cuda_partial_via_decode.cu): the fused decode op's
 //       tensor-core split-KV (mma.sync m16n8k16, 64-position cp.async stages) with a head-group grid
 //       dimension (G * H heads in ceil(G * H / 16) balanced groups of <= 16, each CTA streaming its split
 //       once for its group) and the LOCAL visibility rule above, then the CUDA-core strategy's combine.
@@ -56,7 +56,7 @@ struct MlaQAbsorbArgs {
   Precision precision = Precision::bf16;
 };
 core::Status mla_q_absorb_check(const MlaQAbsorbArgs& a);
-void mla_q_absorb_reference(const MlaQAbsorbArgs& a);
+void mla_q_absorb_reference(const MlaQAbsorbArgs& a, backends::cpu::ThreadPool* pool = nullptr);
 
 // Attention of every group's heads over THIS rank's tokens. For owner g, row t, head h:
 //   s(j)  = scale * (qc[g,t,h,:L] . c_n,j + qc[g,t,h,L:] . k_pe,j)   one fp32 sum, latent then rope
@@ -77,7 +77,7 @@ struct MlaPartialAttentionArgs {
                                           // The CPU reference ignores it (o_part / lse are never rounded).
 };
 core::Status mla_partial_attention_check(const MlaPartialAttentionArgs& a);
-void mla_partial_attention_reference(const MlaPartialAttentionArgs& a);
+void mla_partial_attention_reference(const MlaPartialAttentionArgs& a, backends::cpu::ThreadPool* pool = nullptr);
 
 // In place, for the rows of `seqs`: o_part[g,t,h,:] *= w where
 //   M = max_r lse_all[r,g,t,h], w = e^{lse_all[cp_rank,g,t,h] - M} / sum_r e^{lse_all[r,g,t,h] - M}
@@ -114,6 +114,6 @@ struct MlaWUvArgs {
   Precision precision = Precision::bf16;
 };
 core::Status mla_w_uv_check(const MlaWUvArgs& a);
-void mla_w_uv_reference(const MlaWUvArgs& a);
+void mla_w_uv_reference(const MlaWUvArgs& a, backends::cpu::ThreadPool* pool = nullptr);
 
 }  // namespace k3::kernels

@@ -58,7 +58,7 @@ struct HeadWeights {
 };
 HeadWeights load_head_weights(const MlaAttentionArgs& a, int h);
 // Every head's slices, loaded once per call (heads in parallel).
-std::vector<HeadWeights> load_all_head_weights(const MlaAttentionArgs& a);
+std::vector<HeadWeights> load_all_head_weights(const MlaAttentionArgs& a, backends::cpu::ThreadPool* pool);
 
 // In-place fp32 softmax over s[0..n): m = max, e_j = expf(s_j - m), Z = sequential sum of e_j,
 // p_j = e_j / Z. n >= 1 (a query always sees at least its own position).

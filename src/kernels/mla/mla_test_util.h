@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,15 @@
 #include "kernels/mla/mla.h"
 
 namespace k3::kernels::mla_test {
+
+// Runs a reference (its pool left null: inline) or any callable that takes the arguments only.
+template <class Fn, class Args>
+void run_op(Fn op, const Args& a) {
+  if constexpr (std::is_invocable_v<Fn, const Args&>)
+    op(a);
+  else
+    op(a, nullptr);
+}
 
 struct MlaDims {
   int heads, nope, rope, v, kv_lora;
@@ -162,7 +172,7 @@ struct MlaProblem {
   template <class Fn>
   core::Tensor run(Fn op, Precision precision, float scale = 0.0f) const {
     core::Tensor out = nan_filled({T, static_cast<int64_t>(d.heads) * d.v});
-    op(args(out, precision, scale > 0.0f ? scale : default_scale()));
+    run_op(op, args(out, precision, scale > 0.0f ? scale : default_scale()));
     return out;
   }
 
@@ -327,7 +337,7 @@ struct MlaBatch {
     a.q = q.view();
     a.pages = pages.view();
     a.seqs = seqs();
-    op(a);
+    run_op(op, a);
     return out;
   }
 

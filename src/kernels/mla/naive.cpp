@@ -67,19 +67,19 @@ void naive_head(const MlaAttentionArgs& a, const mla_detail::SeqRef& seq, const 
 
 }  // namespace
 
-void mla_naive_reference(const MlaAttentionArgs& a) {
+void mla_naive_reference(const MlaAttentionArgs& a, backends::cpu::ThreadPool* pool) {
   const core::Status st = mla_attention_check(a);
   K3_CHECK(st.is_ok(), st.reason());
   K3_CHECK(a.q.device == core::Device::cpu, "mla_naive_reference: tensors must be on the CPU");
   if (a.seqs.num_seqs == 0) return;
-  const std::vector<mla_detail::HeadWeights> weights = mla_detail::load_all_head_weights(a);
+  const std::vector<mla_detail::HeadWeights> weights = mla_detail::load_all_head_weights(a, pool);
   // One sequence at a time over a dense copy of its cache rows 0 .. end-1 (the same bytes a
   // contiguous cache gives); heads are independent and each writes only its own output columns.
   for (int s = 0; s < a.seqs.num_seqs; ++s) {
     const mla_detail::SeqRef seq = mla_detail::seq_ref(a.seqs, s);
     const mla_detail::DequantCache cache =
         mla_detail::dequantize_sequence(a.pages, seq.block_table, seq.end(), a.k_scale, a.kv_lora, a.qk_rope);
-    backends::cpu::ThreadPool::shared().parallel_for(a.num_heads, [&](int64_t begin, int64_t end) {
+    backends::cpu::parallel_for(pool, a.num_heads, [&](int64_t begin, int64_t end) {
       for (int64_t h = begin; h < end; ++h) naive_head(a, seq, cache, weights[static_cast<size_t>(h)], static_cast<int>(h));
     });
   }

@@ -36,6 +36,7 @@
 #include "kernels/moe/cuda_experts_mxfp4.cuh"
 #include "kernels/moe/cuda_experts_sort.cuh"
 #include "kernels/moe/experts.h"
+#include "kernels/moe/ops.h"
 
 namespace k3::kernels {
 
@@ -501,7 +502,7 @@ void cuda_detail::launch_sort_routes(const int32_t* ids, int64_t ids_ld, int64_t
   K3_CUDA_CHECK_LAUNCH("sort_routes_kernel");
 }
 
-void register_moe_experts_cuda(Registry& r, const CudaOps& ops) {
+void register_moe_experts_cuda(MoeOps& r, const CudaOps& ops) {
   r.moe_experts.add({"cuda_expert_fp4_mma", core::Device::cuda,
                      [ops](const MoeExpertsArgs& a) { return fp4_supports(ops, a, true); },
                      [ops](const MoeExpertsArgs& a) { experts_run(ops, a, ExpertsStrategy::fp4_mma); }});

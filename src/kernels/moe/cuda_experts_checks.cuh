@@ -9,7 +9,7 @@
 #include <tuple>
 
 #include "kernels/cuda_common.cuh"
-#include "kernels/cuda_ops.h"
+#include "kernels/op_table.h"
 #include "kernels/moe/experts.h"
 
 namespace k3::kernels::cuda_detail {

@@ -75,6 +75,7 @@
 #include "kernels/moe/cuda_experts_checks.cuh"
 #include "kernels/moe/cuda_experts_gemv_step.cuh"
 #include "kernels/moe/experts.h"
+#include "kernels/moe/ops.h"
 
 namespace k3::kernels {
 
@@ -497,7 +498,7 @@ void gemv_run(const CudaOps& ops, const MoeExpertsArgs& a) {
 
 }  // namespace
 
-void register_moe_experts_gemv_cuda(Registry& r, const CudaOps& ops) {
+void register_moe_experts_gemv_cuda(MoeOps& r, const CudaOps& ops) {
   r.moe_experts.add({"cuda_expert_gemv", core::Device::cuda,
                      [ops](const MoeExpertsArgs& a) { return gemv_supports(ops, a); },
                      [ops](const MoeExpertsArgs& a) { gemv_run(ops, a); }});

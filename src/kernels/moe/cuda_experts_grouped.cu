@@ -73,6 +73,7 @@
 #include "kernels/moe/cuda_experts_grouped_step.cuh"
 #include "kernels/moe/cuda_experts_sort.cuh"
 #include "kernels/moe/experts.h"
+#include "kernels/moe/ops.h"
 
 namespace k3::kernels {
 
@@ -462,7 +463,7 @@ void grouped_run(const CudaOps& ops, const MoeExpertsArgs& a) {
 
 }  // namespace
 
-void register_moe_experts_grouped_cuda(Registry& r, const CudaOps& ops) {
+void register_moe_experts_grouped_cuda(MoeOps& r, const CudaOps& ops) {
   r.moe_experts.add({"cuda_expert_grouped", core::Device::cuda,
                      [ops](const MoeExpertsArgs& a) { return grouped_supports(ops, a); },
                      [ops](const MoeExpertsArgs& a) { grouped_run(ops, a); }});

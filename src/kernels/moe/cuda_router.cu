@@ -16,6 +16,7 @@
 #include "kernels/cuda_common.cuh"
 #include "kernels/moe/cuda_router.h"
 #include "kernels/moe/cuda_router_select.cuh"
+#include "kernels/moe/ops.h"
 #include "kernels/moe/router.h"
 
 namespace k3::kernels {
@@ -216,7 +217,7 @@ void router_topk_cuda(const CudaOps& ops, const RouterTopkArgs& a) {
     radix_topk_run(ops, a);
 }
 
-void register_router_cuda(Registry& r, const CudaOps& ops) {
+void register_router_cuda(MoeOps& r, const CudaOps& ops) {
   r.router_topk.add({"cuda_rank_topk", core::Device::cuda,
                      [ops](const RouterTopkArgs& a) {
                        if (auto s = ops.usable(); !s) return s;

@@ -3,7 +3,7 @@
 // router_topk's registry picks for these arguments (cuda_router.cu).
 #pragma once
 #include "core/error.h"
-#include "kernels/cuda_ops.h"
+#include "kernels/op_table.h"
 #include "kernels/moe/router.h"
 
 namespace k3::kernels {

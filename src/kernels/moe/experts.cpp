@@ -124,7 +124,7 @@ core::Status moe_experts_check(const MoeExpertsArgs& a) {
   return core::Status::ok();
 }
 
-void moe_experts_reference(const MoeExpertsArgs& a) {
+void moe_experts_reference(const MoeExpertsArgs& a, backends::cpu::ThreadPool* pool) {
   const int64_t T = a.z.dim(0), L = a.z.dim(1), k = a.ids.dim(1);
   const int64_t E = static_cast<int64_t>(a.w1.size());
   // The held expert of a route (an index into w1/w3/w2), or -1 for another rank's expert.
@@ -154,11 +154,11 @@ void moe_experts_reference(const MoeExpertsArgs& a) {
     up.resize(static_cast<size_t>(n * I));
     act.resize(static_cast<size_t>(n * I));
     down.resize(static_cast<size_t>(n * L));
-    linear_reference({f32_view(z_rows, n, L), &a.w1[e], f32_view(gate, n, I), true, a.precision});
-    linear_reference({f32_view(z_rows, n, L), &a.w3[e], f32_view(up, n, I), true, a.precision});
+    linear_reference({f32_view(z_rows, n, L), &a.w1[e], f32_view(gate, n, I), true, a.precision}, pool);
+    linear_reference({f32_view(z_rows, n, L), &a.w3[e], f32_view(up, n, I), true, a.precision}, pool);
     situ_glu_reference({f32_view(gate, n, I), f32_view(up, n, I), f32_view(act, n, I), a.beta,
-                        a.linear_beta, a.precision});
-    linear_reference({f32_view(act, n, I), &a.w2[e], f32_view(down, n, L), round_e, a.precision});
+                        a.linear_beta, a.precision}, pool);
+    linear_reference({f32_view(act, n, I), &a.w2[e], f32_view(down, n, L), round_e, a.precision}, pool);
     for (int64_t m = 0; m < n; ++m)
       std::copy(down.begin() + m * L, down.begin() + (m + 1) * L, expert_out.begin() + r[m] * L);
   }

@@ -51,6 +51,6 @@ core::Status moe_experts_check(const MoeExpertsArgs& a);
 // routes is held gets exactly 0.
 // The check also verifies the held range lies in [0, num_experts) and, for ids on the CPU, that
 // every id is in [0, num_experts).
-void moe_experts_reference(const MoeExpertsArgs& a);
+void moe_experts_reference(const MoeExpertsArgs& a, backends::cpu::ThreadPool* pool = nullptr);
 
 }  // namespace k3::kernels

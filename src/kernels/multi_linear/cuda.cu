@@ -30,6 +30,7 @@
 #include "kernels/moe/cuda_router.h"
 #include "kernels/moe/cuda_router_select.cuh"
 #include "kernels/multi_linear/multi_linear.h"
+#include "kernels/multi_linear/ops.h"
 
 namespace k3::kernels {
 
@@ -467,7 +468,7 @@ void cublaslt_run(const CudaOps& ops, const MultiLinearArgs& a) {
 
 }  // namespace
 
-void register_multi_linear_cuda(Registry& r, const CudaOps& ops) {
+void register_multi_linear_cuda(MultiLinearOps& r, const CudaOps& ops) {
   r.multi_linear.add({"cuda_multi_cublaslt", core::Device::cuda,
                       [ops](const MultiLinearArgs& a) { return cublaslt_supports(ops, a); },
                       [ops](const MultiLinearArgs& a) { cublaslt_run(ops, a); }});

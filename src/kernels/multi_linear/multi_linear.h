@@ -113,6 +113,6 @@ struct MultiLinearArgs {
 core::Status multi_linear_check(const MultiLinearArgs& a);
 // linear_reference for each output in turn (bit for bit the standard op sequence), then the router
 // epilogue as router_topk_reference.
-void multi_linear_reference(const MultiLinearArgs& a);
+void multi_linear_reference(const MultiLinearArgs& a, backends::cpu::ThreadPool* pool = nullptr);
 
 }  // namespace k3::kernels

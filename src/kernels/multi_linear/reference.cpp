@@ -111,8 +111,8 @@ core::Status multi_linear_check(const MultiLinearArgs& a) {
   return a.router.output >= 0 ? router_epilogue_check(a) : core::Status::ok();
 }
 
-void multi_linear_reference(const MultiLinearArgs& a) {
-  for (int i = 0; i < a.num_outputs; ++i) linear_reference(linear_args(a, i));
+void multi_linear_reference(const MultiLinearArgs& a, backends::cpu::ThreadPool* pool) {
+  for (int i = 0; i < a.num_outputs; ++i) linear_reference(linear_args(a, i), pool);
   if (a.router.output >= 0) router_topk_reference(a.router_topk_args());
 }
 

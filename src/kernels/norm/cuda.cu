@@ -3,6 +3,7 @@
 //   moonshot: y = round(w * round(x * inv_rms))    fused: y = round(w * (x * inv_rms))
 // Each thread reads and writes the same elements, after the reduction, so out may alias x.
 #include "kernels/cuda_common.cuh"
+#include "kernels/norm/ops.h"
 #include "kernels/norm/rmsnorm.h"
 
 namespace k3::kernels {
@@ -46,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const T* x, int64_t x
 
 }  // namespace
 
-void register_rmsnorm_cuda(Registry& r, const CudaOps& ops) {
+void register_rmsnorm_cuda(NormOps& r, const CudaOps& ops) {
   r.rmsnorm.add({"cuda_rowwise", core::Device::cuda,
                  [ops](const RmsNormArgs& a) {
                    return all_of({ops.usable(), on_cuda({{"x", &a.x}, {"w", &a.w}, {"out", &a.out}}),

@@ -32,13 +32,13 @@ core::Status rmsnorm_check(const RmsNormArgs& a) {
   return core::Status::ok();
 }
 
-void rmsnorm_reference(const RmsNormArgs& a) {
+void rmsnorm_reference(const RmsNormArgs& a, backends::cpu::ThreadPool* pool) {
   const int64_t T = a.x.dim(0), D = a.x.dim(1);
   // The weight is decoded once per call; per-token work then reads plain floats.
   std::vector<float> w(static_cast<size_t>(D));
   for (int64_t i = 0; i < D; ++i) w[i] = load_f32(a.w, i);
   const bool moonshot = a.style == RmsNormStyle::moonshot;
-  backends::cpu::ThreadPool::shared().parallel_for(
+  backends::cpu::parallel_for(pool, 
       T,
       [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {

@@ -20,6 +20,6 @@ struct RmsNormArgs {
   Precision precision = Precision::bf16;
 };
 core::Status rmsnorm_check(const RmsNormArgs& a);
-void rmsnorm_reference(const RmsNormArgs& a);
+void rmsnorm_reference(const RmsNormArgs& a, backends::cpu::ThreadPool* pool = nullptr);
 
 }  // namespace k3::kernels

@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "backends/cpu/thread_pool.h"
 
 namespace k3::kernels {
 namespace {
@@ -49,6 +52,27 @@ TEST(Registry, ReferenceOpsFillEveryTableWithACpuImplementation) {
     EXPECT_EQ(cpu_refs, 1) << table.op();
   });
   EXPECT_GE(tables, 14);  // the 14 ops of the skeleton, plus any added since
+}
+
+// The references run on the pool the registry was given (no process-wide pool): a second
+// registry's pool sees none of the first one's calls, and the results equal a direct call's
+// (which runs inline).
+TEST(Registry, ReferenceOpsRunOnThePoolTheyWereRegisteredWith) {
+  const auto pool = std::make_shared<backends::cpu::ThreadPool>(3);
+  const auto other = std::make_shared<backends::cpu::ThreadPool>(2);
+  Registry r, s;
+  register_reference_ops(r, pool);
+  register_reference_ops(s, other);
+  NormCall call;
+  r.rmsnorm.run(call.args(), core::Device::cpu);
+  EXPECT_EQ(pool->calls(), 1);
+  EXPECT_EQ(other->calls(), 0);
+  Tensor want = Tensor::zeros(DType::f32, {3, 8});
+  rmsnorm_reference({call.x.view(), call.w.view(), want.view()});
+  EXPECT_EQ(pool->calls(), 1);  // a direct call without a pool runs inline
+  for (int64_t i = 0; i < 24; ++i) EXPECT_EQ(call.out.data<float>()[i], want.data<float>()[i]);
+  s.rmsnorm.run(call.args(), core::Device::cpu);
+  EXPECT_EQ(other->calls(), 1);
 }
 
 TEST(Registry, SelectOnCpuPicksTheReferenceAndRunsIt) {

@@ -28,6 +28,7 @@
 #include <cmath>
 
 #include "kernels/cuda_common.cuh"
+#include "kernels/sampling/ops.h"
 #include "kernels/sampling/sampling.h"
 
 namespace k3::kernels {
@@ -409,7 +410,7 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void register_sampling_cuda(Registry& r, const CudaOps& ops) {
+void register_sampling_cuda(SamplingOps& r, const CudaOps& ops) {
   r.sample.add({"cuda_radix_sample", core::Device::cuda,
                 [ops](const SampleArgs& a) {
                   return all_of({ops.usable(), on_cuda({{"logits", &a.logits}, {"params", &a.params}, {"out", &a.out}})});

@@ -1,6 +1,7 @@
 // kernels/situ/cuda.cu: CUDA SiTU-GLU (spec §8), one thread per element, rows may be strided:
 //   out = round( [beta*tanh(a/beta)*sigmoid(a)] * [linear_beta*tanh(c/linear_beta)] ), fp32 inside.
 #include "kernels/cuda_common.cuh"
+#include "kernels/situ/ops.h"
 #include "kernels/situ/situ_glu.h"
 
 namespace k3::kernels {
@@ -25,7 +26,7 @@ __global__ void situ_kernel(const T* gate, int64_t gate_ld, const T* up, int64_t
 
 }  // namespace
 
-void register_situ_cuda(Registry& r, const CudaOps& ops) {
+void register_situ_cuda(SituOps& r, const CudaOps& ops) {
   r.situ_glu.add(
       {"cuda_elementwise", core::Device::cuda,
        [ops](const SituGluArgs& a) {

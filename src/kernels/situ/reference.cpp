@@ -39,7 +39,7 @@ core::Status situ_glu_check(const SituGluArgs& a) {
   return core::Status::ok();
 }
 
-void situ_glu_reference(const SituGluArgs& a) {
+void situ_glu_reference(const SituGluArgs& a, backends::cpu::ThreadPool* pool) {
   const int64_t T = a.gate.dim(0), I = a.gate.dim(1);
   const float beta = a.beta, linear_beta = a.linear_beta;
   const auto rows = [&](int64_t t0, int64_t t1) {
@@ -56,7 +56,7 @@ void situ_glu_reference(const SituGluArgs& a) {
       }
     }
   };
-  backends::cpu::ThreadPool::shared().parallel_for(
+  backends::cpu::parallel_for(pool, 
       T, rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, I)));
 }
 

@@ -15,6 +15,6 @@ struct SituGluArgs {
 };
 core::Status situ_glu_check(const SituGluArgs& a);
 // out = round( beta*tanh(a/beta)*sigmoid(a) * linear_beta*tanh(c/linear_beta) ), fp32 inside.
-void situ_glu_reference(const SituGluArgs& a);
+void situ_glu_reference(const SituGluArgs& a, backends::cpu::ThreadPool* pool = nullptr);
 
 }  // namespace k3::kernels

@@ -1,0 +1,29 @@
+// kernels/linear/ops.h: the op tables of one family, the linear layer (dense or MXFP4 weights).
+// kernels/registry.h's Registry holds one of each family. Adding an op or an implementation of
+// the family touches this folder only: its table here, its CPU reference in ops.cpp, its CUDA
+// registration in cuda_ops.cu, its tuning rule (if it has rivals) in tuning/*.json.
+#pragma once
+#include "kernels/linear/linear.h"
+#include "kernels/op_table.h"
+
+namespace k3::kernels {
+
+struct LinearOps {
+  OpTable<LinearArgs> linear{"linear", linear_check, {"rows", [](const LinearArgs& a) { return a.x.dim(0); }}};
+
+  // Calls fn(table) for every op table of the family.
+  template <class Fn>
+  void for_each(Fn&& fn) {
+    fn(linear);
+  }
+  // The CPU reference of every op (ops.cpp).
+  void register_reference(const CpuOps& cpu);
+  // Every CUDA implementation, in the order that breaks ties the tuning tables leave
+  // (cuda_ops.cu; CUDA builds only).
+  void register_cuda(const CudaOps& cuda);
+};
+
+// One registration function per CUDA source of the folder (cuda_*.cu).
+void register_linear_cuda(LinearOps& r, const CudaOps& ops);
+
+}  // namespace k3::kernels
