@@ -52,8 +52,8 @@ using core::TensorView;
 
 constexpr int64_t kHidden = 7168;
 constexpr int kBankRows = 8;  // K3's AttnRes bank (spec §3)
-const char* const kVariants[] = {"nccl_native",   "nccl_rank_order", "custom_one_shot", "custom_two_stage",
-                                 "custom_fused",  "custom_unfused",  "nccl_unfused"};
+const char* const kVariants[] = {"nccl_native",  "nccl_rank_order", "custom_one_shot", "custom_two_stage",
+                                 "custom_fused", "custom_unfused",  "nccl_unfused"};
 
 struct Options {
   std::string out = "allreduce_gpu.json";
@@ -77,7 +77,8 @@ Options parse_options(int argc, char** argv) {
     else if (a == "--calls") o.calls = std::stoi(value());
     else if (a == "--replays") o.replays = std::stoi(value());
     else if (a == "--help" || a == "-h") {
-      std::cout << "k3bench_allreduce_gpu [--out FILE] [--gpus N] [--rows 1,2,4,8,16,32,64] [--calls 20] [--replays 50]\n";
+      std::cout
+          << "k3bench_allreduce_gpu [--out FILE] [--gpus N] [--rows 1,2,4,8,16,32,64] [--calls 20] [--replays 50]\n";
       std::exit(0);
     } else {
       throw core::Error("unknown option " + a + " (try --help)");
@@ -101,13 +102,16 @@ struct Buf {
     for (size_t i = 0; i < count; ++i) {  // a cheap LCG: values only matter for not being NaN
       s = s * 6364136223846793005ull + 1442695040888963407ull;
       const float v = scale * (static_cast<float>(s >> 40) / 16777216.0f - 0.5f);
-      if (dtype == DType::bf16) b16[i] = core::f32_to_bf16_bits(v); else f32[i] = v;
+      if (dtype == DType::bf16) b16[i] = core::f32_to_bf16_bits(v);
+      else f32[i] = v;
     }
     const void* src = dtype == DType::bf16 ? static_cast<const void*>(b16.data()) : f32.data();
     K3_CUDA_CHECK(cudaMemcpy(ptr, src, bytes, cudaMemcpyHostToDevice));
   }
   ~Buf() { (void)cudaFree(ptr); }
-  TensorView view(DType dtype, Shape shape) const { return TensorView::contiguous(ptr, dtype, shape, core::Device::cuda); }
+  TensorView view(DType dtype, Shape shape) const {
+    return TensorView::contiguous(ptr, dtype, shape, core::Device::cuda);
+  }
 };
 
 struct Sample {
@@ -129,7 +133,8 @@ std::vector<double> run_rank(const Options& o, const std::string& variant, int64
   Buf x(act_bytes, DType::bf16, 0.0f), partial(f32_bytes, DType::f32, 0.02f), sum(f32_bytes, DType::f32, 0.0f);
   Buf prefix(act_bytes, DType::bf16, 2.0f), a(act_bytes, DType::bf16, 0), p(act_bytes, DType::bf16, 0);
   Buf h(act_bytes, DType::bf16, 0), out(act_bytes, DType::bf16, 0);
-  Buf query(kHidden * 2, DType::bf16, 0.1f), mix_norm(kHidden * 2, DType::bf16, 2.0f), norm_w(kHidden * 2, DType::bf16, 2.0f);
+  Buf query(kHidden * 2, DType::bf16, 0.1f), mix_norm(kHidden * 2, DType::bf16, 2.0f),
+      norm_w(kHidden * 2, DType::bf16, 2.0f);
   std::vector<std::unique_ptr<Buf>> bank;
   std::vector<TensorView> bank_views;
   for (int j = 0; j < kBankRows; ++j) {
@@ -142,13 +147,17 @@ std::vector<double> run_rank(const Options& o, const std::string& variant, int64
   const core::Device dev = core::Device::cuda;
   const auto unfused_tail = [&](const TensorView& reduced) {  // model/layers/context.cpp's sequence
     reg.to_activation.run({reduced, a.view(DType::bf16, td), kernels::Precision::bf16}, dev);
-    reg.add.run({prefix.view(DType::bf16, td), a.view(DType::bf16, td), p.view(DType::bf16, td), kernels::Precision::bf16}, dev);
+    reg.add.run({prefix.view(DType::bf16, td), a.view(DType::bf16, td), p.view(DType::bf16, td),
+                 kernels::Precision::bf16},
+                dev);
     std::vector<TensorView> sources = bank_views;
     sources.push_back(p.view(DType::bf16, td));
     reg.attn_res_mix.run({sources, query.view(DType::bf16, {kHidden}), mix_norm.view(DType::bf16, {kHidden}),
-                          h.view(DType::bf16, td), 1e-5f, kernels::Precision::bf16}, dev);
+                          h.view(DType::bf16, td), 1e-5f, kernels::Precision::bf16},
+                         dev);
     reg.rmsnorm.run({h.view(DType::bf16, td), norm_w.view(DType::bf16, {kHidden}), out.view(DType::bf16, td), 1e-5f,
-                     kernels::RmsNormStyle::moonshot, kernels::Precision::bf16}, dev);
+                     kernels::RmsNormStyle::moonshot, kernels::Precision::bf16},
+                    dev);
   };
   comm::FusedResidualMixNormArgs fa;
   fa.partial = partial.view(DType::f32, td);
@@ -170,10 +179,8 @@ std::vector<double> run_rank(const Options& o, const std::string& variant, int64
       custom.fused_residual_mix_norm(fa, s);
     } else {  // custom_unfused / nccl_unfused: reduce a copy of the partial, then the four ops
       K3_CUDA_CHECK(cudaMemcpyAsync(sum.ptr, partial.ptr, f32_bytes, cudaMemcpyDeviceToDevice, s));
-      if (variant == "custom_unfused")
-        custom.all_reduce_one_shot(sum.view(DType::f32, td), s);
-      else
-        nccl.all_reduce_sum(sum.view(DType::f32, td));
+      if (variant == "custom_unfused") custom.all_reduce_one_shot(sum.view(DType::f32, td), s);
+      else nccl.all_reduce_sum(sum.view(DType::f32, td));
       unfused_tail(sum.view(DType::f32, td));
     }
   };
@@ -196,7 +203,8 @@ std::vector<double> run_rank(const Options& o, const std::string& variant, int64
   K3_CUDA_CHECK(cudaStreamSynchronize(s));
   std::vector<double> per_call;
   for (int i = 0; i < o.replays; ++i)
-    per_call.push_back(1000.0 * marks[static_cast<size_t>(i) + 1].elapsed_ms_since(marks[static_cast<size_t>(i)]) / o.calls);
+    per_call.push_back(1000.0 * marks[static_cast<size_t>(i) + 1].elapsed_ms_since(marks[static_cast<size_t>(i)]) /
+                       o.calls);
   K3_CUDA_CHECK(cudaGraphExecDestroy(exec));
   K3_CUDA_CHECK(cudaGraphDestroy(graph));
   return per_call;
@@ -216,7 +224,8 @@ int main(int argc, char** argv) {
     std::vector<int> devices;
     for (int d = 0; d < n; ++d) devices.push_back(d);
     if (visible < 2 || n < 2 || n > visible) {
-      std::fprintf(stderr, "k3bench_allreduce_gpu: needs 2+ CUDA devices, %d visible (%d asked) %s\n", visible, n, why.c_str());
+      std::fprintf(stderr, "k3bench_allreduce_gpu: needs 2+ CUDA devices, %d visible (%d asked) %s\n", visible, n,
+                   why.c_str());
       return 2;
     }
     if (auto st = comm::CustomAllReduceGroup::devices_status(devices); !st) {
@@ -255,15 +264,21 @@ int main(int argc, char** argv) {
             }
           });
         for (auto& t : threads) t.join();
-        for (const auto& e : errors) K3_CHECK(e.empty(), std::string(variant) + " rows " + std::to_string(R) + ": " + e);
+        for (const auto& e : errors)
+          K3_CHECK(e.empty(), std::string(variant) + " rows " + std::to_string(R) + ": " + e);
         const auto& v = samples[0];
         Sample smp{percentile(v, 0.5), percentile(v, 0.1), percentile(v, 0.9)};
         table[{variant, R}] = smp;
         const bool fused_like = std::string(variant).find("fused") != std::string::npos;
         const int64_t bytes = R * kHidden * (fused_like ? 4 : 2);
-        rows.push_back({{"variant", variant}, {"rows", R}, {"message_bytes", bytes}, {"median_us", smp.median_us},
-                        {"p10_us", smp.p10_us}, {"p90_us", smp.p90_us}});
-        std::fprintf(stderr, "measured %-17s rows %2lld: %8.2f us per call\n", variant, static_cast<long long>(R), smp.median_us);
+        rows.push_back({{"variant", variant},
+                        {"rows", R},
+                        {"message_bytes", bytes},
+                        {"median_us", smp.median_us},
+                        {"p10_us", smp.p10_us},
+                        {"p90_us", smp.p90_us}});
+        std::fprintf(stderr, "measured %-17s rows %2lld: %8.2f us per call\n", variant, static_cast<long long>(R),
+                     smp.median_us);
       }
     }
     std::printf("\nper-call latency, median us (p10-p90 in the JSON); %d GPUs, hidden %lld:\n", n,
@@ -277,17 +292,27 @@ int main(int argc, char** argv) {
       std::printf("\n");
     }
     nlohmann::json env = evidence::environment();
-    env["gpu"] = {{"name", info.name}, {"count", n}, {"sm_count", info.sm_count},
-                  {"driver_version", info.driver_version}, {"runtime_version", info.runtime_version},
+    env["gpu"] = {{"name", info.name},
+                  {"count", n},
+                  {"sm_count", info.sm_count},
+                  {"driver_version", info.driver_version},
+                  {"runtime_version", info.runtime_version},
                   {"nccl", comm::nccl_runtime_version()}};
     const nlohmann::json bundle = {
         {"benchmark", "allreduce_gpu"},
         {"environment", env},
-        {"config", {{"gpus", n}, {"hidden", kHidden}, {"rows", o.rows}, {"calls_per_graph", o.calls},
-                    {"replays", o.replays}, {"bank_rows", kBankRows}, {"nvls", "off"},
-                    {"dtypes", "all-reduce variants bf16 [rows, 7168]; fused/unfused: f32 partial, bf16 activations"},
-                    {"timing", "CUDA graph of calls_per_graph calls per rank, one event pair per replay on rank 0, "
-                               "per call = replay time / calls_per_graph"}}},
+        {"config",
+         {{"gpus", n},
+          {"hidden", kHidden},
+          {"rows", o.rows},
+          {"calls_per_graph", o.calls},
+          {"replays", o.replays},
+          {"bank_rows", kBankRows},
+          {"nvls", "off"},
+          {"dtypes", "all-reduce variants bf16 [rows, 7168]; fused/unfused: f32 partial, bf16 activations"},
+          {"timing",
+           "CUDA graph of calls_per_graph calls per rank, one event pair per replay on rank 0, "
+           "per call = replay time / calls_per_graph"}}},
         {"rows", rows}};
     std::ofstream(o.out) << bundle.dump(2) << "\n";
     std::printf("wrote %s\n", o.out.c_str());

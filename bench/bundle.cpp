@@ -27,7 +27,8 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
       used = 0;
     }
     if (item.empty() || used != item.size())
-      throw std::invalid_argument(flag + ": '" + item + "' in '" + text + "' is not an integer (want a list like 1,8,64)");
+      throw std::invalid_argument(flag + ": '" + item + "' in '" + text +
+                                  "' is not an integer (want a list like 1,8,64)");
     v.push_back(x);
     pos = comma + 1;
   }

@@ -3,12 +3,13 @@
 //
 //   k3bench_cpu_decode [--model DIR] [--prefill 150] [--decode 50] [--repeats 5] [--out FILE]
 // Without --model it writes k3-tiny seed 0 to a temporary folder first.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <unistd.h>
 
 #include "bench/bundle.h"
 #include "checkpoint/checkpoint.h"
@@ -46,13 +47,14 @@ int main(int argc, char** argv) {
     const int64_t P = args.get_int("prefill"), D = args.get_int("decode"), R = args.get_int("repeats");
     K3_CHECK(P >= 1 && D >= 1 && R >= 1, "--prefill, --decode and --repeats must be >= 1");
     std::vector<int32_t> prompt(static_cast<size_t>(P));
-    for (int64_t i = 0; i < P; ++i) prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % runner->config().vocab_size);
+    for (int64_t i = 0; i < P; ++i)
+      prompt[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % runner->config().vocab_size);
 
     std::vector<double> prefill_s, decode_s, total_s;
     for (int64_t r = 0; r <= R; ++r) {
       runner::ModelRunner::GenerateStats st;
       runner->generate(prompt, D + 1, {}, nullptr, &st);  // D decode steps after the prefill
-      if (r == 0) continue;                                 // warm-up
+      if (r == 0) continue;                               // warm-up
       prefill_s.push_back(st.prefill_seconds);
       decode_s.push_back(st.decode_seconds);
       total_s.push_back(st.prefill_seconds + st.decode_seconds);
@@ -62,17 +64,20 @@ int main(int argc, char** argv) {
     const double pm = bench::median(prefill_s), dm = bench::median(decode_s), tm = bench::median(total_s);
     std::printf("%-26s %12s\n", "k3bench_cpu_decode", "median");
     std::printf("%-26s %10.1f ms\n", ("prefill " + std::to_string(P) + " tokens").c_str(), pm * 1e3);
-    std::printf("%-26s %10.1f ms  (%.1f tok/s)\n", ("decode " + std::to_string(D) + " steps").c_str(), dm * 1e3, D / dm);
+    std::printf("%-26s %10.1f ms  (%.1f tok/s)\n", ("decode " + std::to_string(D) + " steps").c_str(), dm * 1e3,
+                D / dm);
     std::printf("%-26s %10.1f ms\n", "total", tm * 1e3);
 
     nlohmann::json bundle = {
         {"benchmark", "cpu_decode"},
         {"environment", evidence::environment()},
-        {"model", {{"dir", tmp.empty() ? dir.string() : "k3-tiny seed 0 (temporary)"},
-                   {"config_hash", runner->config().hash()}}},
+        {"model",
+         {{"dir", tmp.empty() ? dir.string() : "k3-tiny seed 0 (temporary)"},
+          {"config_hash", runner->config().hash()}}},
         {"config", {{"prefill_tokens", P}, {"decode_steps", D}, {"repeats", R}, {"precision", args.get("precision")}}},
         {"samples", {{"prefill_s", prefill_s}, {"decode_s", decode_s}, {"total_s", total_s}}},
-        {"summary", {{"prefill_ms", pm * 1e3}, {"decode_ms", dm * 1e3}, {"decode_tok_per_s", D / dm}, {"total_ms", tm * 1e3}}},
+        {"summary",
+         {{"prefill_ms", pm * 1e3}, {"decode_ms", dm * 1e3}, {"decode_tok_per_s", D / dm}, {"total_ms", tm * 1e3}}},
     };
     std::ofstream(args.get("out")) << bundle.dump(2) << "\n";
     std::cout << "wrote " << args.get("out") << "\n";

@@ -99,7 +99,9 @@ const std::vector<std::string> kModes = {"eager", "graph", "verify", "verify-gra
 
 using clock_type = std::chrono::steady_clock;
 
-double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
 
 bool has_checkpoint(const fs::path& dir) {
   return fs::exists(dir / "config.json") &&
@@ -140,7 +142,8 @@ double make_checkpoint_if_needed(const bench::DecodeSweepOptions& o) {
     std::printf("using the checkpoint in %s\n", o.model.string().c_str());
     return 0;
   }
-  K3_CHECK(o.make, "no checkpoint in " + o.model.string() + " (config.json + model.safetensors); pass --make to write one");
+  K3_CHECK(o.make,
+           "no checkpoint in " + o.model.string() + " (config.json + model.safetensors); pass --make to write one");
   const config::K3Config cfg = config::resolve_config(o.config);
   checkpoint::WriteOptions w;
   w.seed = o.seed;
@@ -190,7 +193,8 @@ bench::DecodeSweepOptions parse_options(std::span<const std::string> args, bool&
     else if (a == "--batches") {
       const std::string text = value();
       o.batches = int_list(text);
-      for (int64_t B : o.batches) K3_CHECK(B >= 1 && B <= 4096, "--batches: every batch must be in 1..4096, got " + text);
+      for (int64_t B : o.batches)
+        K3_CHECK(B >= 1 && B <= 4096, "--batches: every batch must be in 1..4096, got " + text);
       check_distinct(o.batches, a, text);
       std::sort(o.batches.begin(), o.batches.end());  // rows run from the smallest
     } else if (a == "--ctx") {
@@ -218,9 +222,9 @@ bench::DecodeSweepOptions parse_options(std::span<const std::string> args, bool&
       } catch (const std::exception&) {
         used = 0;
       }
-      K3_CHECK(!text.empty() && used == text.size() && text[0] != '-', "--seed takes an unsigned integer, got '" + text + "'");
-    }
-    else if (a == "--tp") o.tp = static_cast<int>(int_value(a, value()));
+      K3_CHECK(!text.empty() && used == text.size() && text[0] != '-',
+               "--seed takes an unsigned integer, got '" + text + "'");
+    } else if (a == "--tp") o.tp = static_cast<int>(int_value(a, value()));
     else if (a == "--profile") o.profile = true;
     else if (a == "--tune") o.tune = value();
     else if (a == "--dcp") o.dcp = true;
@@ -255,7 +259,8 @@ bench::DecodeSweepOptions parse_options(std::span<const std::string> args, bool&
   }
   K3_CHECK(!o.model.empty(), "--model DIR is required");
   K3_CHECK(o.tp >= 1 && o.tp <= 64, "--tp must be in [1, 64]");
-  K3_CHECK(!o.dcp || o.tp > 1, "--dcp splits each sequence's latent cache over the TP ranks: it needs --tp N with N > 1");
+  K3_CHECK(!o.dcp || o.tp > 1,
+           "--dcp splits each sequence's latent cache over the TP ranks: it needs --tp N with N > 1");
   K3_CHECK(!o.ep || o.tp > 1, "--ep splits the routed experts whole over the TP ranks: it needs --tp N with N > 1");
   K3_CHECK(o.steps >= 1 && o.warmup >= 1, "--steps and --warmup must be >= 1");
   K3_CHECK(o.spec_k >= 1 && o.spec_k <= 32, "--spec-k must be in [1, 32]");
@@ -289,9 +294,13 @@ int main(int argc, char** argv) {
         return 2;
       }
       const backends::cuda::DeviceInfo info = backends::cuda::device_info(0);
-      env["gpu"] = {{"name", info.name}, {"sm_count", info.sm_count}, {"l2_bytes", info.l2_bytes},
-                    {"global_bytes", info.global_bytes}, {"cc", std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor)},
-                    {"driver_version", info.driver_version}, {"runtime_version", info.runtime_version}};
+      env["gpu"] = {{"name", info.name},
+                    {"sm_count", info.sm_count},
+                    {"l2_bytes", info.l2_bytes},
+                    {"global_bytes", info.global_bytes},
+                    {"cc", std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor)},
+                    {"driver_version", info.driver_version},
+                    {"runtime_version", info.runtime_version}};
     }
 #else
     K3_CHECK(o.device == core::Device::cpu, "this build has no CUDA backend: use --device cpu");

@@ -86,7 +86,6 @@ double percentile(std::vector<double> v, double p) {
 
 std::string backend_name(model::DecodeBackend b) { return std::string(model::decode_backend_name(b)); }
 
-
 nlohmann::json path_json(const model::DecodePathCounters& p) {
   nlohmann::json fallbacks = nlohmann::json::object();
   for (const auto& [reason, n] : p.fallbacks) fallbacks[reason] = n;
@@ -102,12 +101,12 @@ struct Row {
   std::vector<double> ms;  // timed steps (warm-up left out)
   size_t kernels = 0;
   bool finite = true;
-  int64_t tokens_per_seq = 1;       // tokens a step yields per sequence (verify: the synthetic AL)
-  model::DecodePathCounters path;   // this row's steps (warm-up included) per path, fallbacks by reason
+  int64_t tokens_per_seq = 1;         // tokens a step yields per sequence (verify: the synthetic AL)
+  model::DecodePathCounters path;     // this row's steps (warm-up included) per path, fallbacks by reason
   std::vector<int32_t> final_tokens;  // each sequence's last argmax: rows that differ only in mode agree
   std::vector<int32_t> trajectory;    // every step's argmax, [steps][B] (eager and graph modes)
   StepBytes bytes;
-  nlohmann::json profile;             // --profile, eager rows: profile_step()'s result
+  nlohmann::json profile;  // --profile, eager rows: profile_step()'s result
 };
 
 // Runs one row's warm-up + timed steps from the context's start: sequences 0..B-1 at num_tokens =
@@ -143,7 +142,8 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
       for (int64_t i = 0; i < B; ++i) {
         rows_ids[i * R] = ids[i];
         for (int64_t j = 1; j < R; ++j) rows_ids[i * R + j] = static_cast<int32_t>((ids[i] + 31 * j) % vocab);
-        batch[i] = {std::span<const int32_t>(&rows_ids[i * R], static_cast<size_t>(R)), &seqs[i], model::StepKind::decode,
+        batch[i] = {std::span<const int32_t>(&rows_ids[i * R], static_cast<size_t>(R)), &seqs[i],
+                    model::StepKind::decode,
                     /*verify=*/true};
       }
       const auto ts = clock_type::now();
@@ -167,9 +167,11 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
     row.tokens_per_seq = o.spec_al;
   }
   for (int step = 0; !verify && step < steps_per_run; ++step) {
-    for (int64_t i = 0; i < B; ++i) batch[i] = {std::span<const int32_t>(&ids[i], 1), &seqs[i], model::StepKind::decode};
+    for (int64_t i = 0; i < B; ++i)
+      batch[i] = {std::span<const int32_t>(&ids[i], 1), &seqs[i], model::StepKind::decode};
     const auto ts = clock_type::now();
-    const core::Tensor logits = mode == "graph" ? graphs->forward(batch) : model.forward(kv, batch, model::LogitRows::last);
+    const core::Tensor logits = mode == "graph" ? graphs->forward(batch)
+                                                : model.forward(kv, batch, model::LogitRows::last);
     const double ms = 1e3 * seconds_since(ts);
     if (step >= o.warmup) row.ms.push_back(ms);
     const int64_t V = logits.dim(1);
@@ -185,7 +187,8 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
     row.trajectory.insert(row.trajectory.end(), ids.begin(), ids.end());
   }
   if (mode == "graph") row.kernels = graphs->kernels_per_step(static_cast<int>(B));
-  if (mode == "verify-graph") row.kernels = graphs->kernels_per_step(static_cast<int>(B), static_cast<int>(o.spec_k + 1));
+  if (mode == "verify-graph")
+    row.kernels = graphs->kernels_per_step(static_cast<int>(B), static_cast<int>(o.spec_k + 1));
   row.path = counters_delta(before, model.decode_path_counters());
   row.final_tokens = ids;
   return row;
@@ -229,8 +232,9 @@ nlohmann::json profile_step(const model::Model& model, model::KvStorage& kv, std
   for (const auto& c : calls) {
     if (c.begin_mark < 0 || c.end_mark < 0) continue;  // a note, not a call
     const double ms = marks.at(static_cast<size_t>(c.end_mark)) - marks.at(static_cast<size_t>(c.begin_mark));
-    auto it = std::find_if(entries.begin(), entries.end(),
-                           [&](const Entry& e) { return e.op == c.op && e.impl == c.impl && e.depth == std::min(c.depth, 1); });
+    auto it = std::find_if(entries.begin(), entries.end(), [&](const Entry& e) {
+      return e.op == c.op && e.impl == c.impl && e.depth == std::min(c.depth, 1);
+    });
     if (it == entries.end()) it = entries.insert(entries.end(), Entry{c.op, c.impl, std::min(c.depth, 1)});
     ++it->calls;
     it->ms += ms;
@@ -238,16 +242,22 @@ nlohmann::json profile_step(const model::Model& model, model::KvStorage& kv, std
   }
   const double step_ms = marks.back() - marks.front();
   std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.ms > b.ms; });
-  std::printf("    profile (one eager step, op calls timed on the stream): %.3f ms from the first op's start to the last "
-              "op's end, %.3f ms inside top-level ops, %.3f ms between them (launch gaps%s)\n",
-              step_ms, top_ms, step_ms - top_ms, model.tp_size() > 1 ? "; collectives" : "");
+  std::printf(
+      "    profile (one eager step, op calls timed on the stream): %.3f ms from the first op's start to the last "
+      "op's end, %.3f ms inside top-level ops, %.3f ms between them (launch gaps%s)\n",
+      step_ms, top_ms, step_ms - top_ms, model.tp_size() > 1 ? "; collectives" : "");
   std::printf("    %-24s %-30s %6s %10s %12s %7s\n", "op", "implementation", "calls", "total us", "us/layer", "share");
   nlohmann::json ops = nlohmann::json::array();
   for (const Entry& e : entries) {
     const std::string op = (e.depth > 0 ? "  (inside) " : "") + e.op;
-    std::printf("    %-24s %-30s %6lld %10.1f %12.2f %6.1f%%\n", op.c_str(), e.impl.c_str(), static_cast<long long>(e.calls),
-                e.ms * 1e3, e.ms * 1e3 / num_layers, step_ms > 0 ? 100.0 * e.ms / step_ms : 0.0);
-    ops.push_back({{"op", e.op}, {"impl", e.impl}, {"nested", e.depth > 0}, {"calls", e.calls}, {"total_us", e.ms * 1e3},
+    std::printf("    %-24s %-30s %6lld %10.1f %12.2f %6.1f%%\n", op.c_str(), e.impl.c_str(),
+                static_cast<long long>(e.calls), e.ms * 1e3, e.ms * 1e3 / num_layers,
+                step_ms > 0 ? 100.0 * e.ms / step_ms : 0.0);
+    ops.push_back({{"op", e.op},
+                   {"impl", e.impl},
+                   {"nested", e.depth > 0},
+                   {"calls", e.calls},
+                   {"total_us", e.ms * 1e3},
                    {"us_per_layer", e.ms * 1e3 / num_layers}});
   }
   std::fflush(stdout);
@@ -276,7 +286,8 @@ int64_t inventory_bytes(const config::K3Config& c) {
   return n;
 }
 
-model::DecodePathCounters counters_delta(const model::DecodePathCounters& before, const model::DecodePathCounters& after) {
+model::DecodePathCounters counters_delta(const model::DecodePathCounters& before,
+                                         const model::DecodePathCounters& after) {
   model::DecodePathCounters d;
   d.fused_steps = after.fused_steps - before.fused_steps;
   d.standard_steps = after.standard_steps - before.standard_steps;
@@ -292,7 +303,8 @@ model::DecodePathCounters counters_delta(const model::DecodePathCounters& before
 nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env, double make_seconds) {
   K3_CHECK(!o.batches.empty() && !o.ctxs.empty() && !o.backends.empty() && !o.modes.empty(),
            "decode sweep: the batches, ctx, decode backends and modes must each name at least one");
-  const std::string device_name = env.contains("gpu") && env["gpu"].is_object() ? env["gpu"]["name"].get<std::string>() : "CPU (reference ops)";
+  const std::string device_name = env.contains("gpu") && env["gpu"].is_object() ? env["gpu"]["name"].get<std::string>()
+                                                                                : "CPU (reference ops)";
 
   // Open: map and check the checkpoint, upload every tensor (lazily mapped pages are read as the
   // upload touches them: no separate read-in pass). With --tp each rank's slices go to its GPU. The
@@ -331,8 +343,9 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
   const auto has_mode = [&](const char* m) { return std::find(o.modes.begin(), o.modes.end(), m) != o.modes.end(); };
   const int64_t steps_per_run = o.warmup + o.steps;
   // A verify step writes K+1 rows and keeps AL: room for the last step's K+1 past the kept ones.
-  const int64_t tokens_per_run =
-      has_mode("verify") || has_mode("verify-graph") ? steps_per_run * o.spec_al + o.spec_k + 1 : steps_per_run;
+  const int64_t tokens_per_run = has_mode("verify") || has_mode("verify-graph")
+                                     ? steps_per_run * o.spec_al + o.spec_k + 1
+                                     : steps_per_run;
   // Pages per sequence on one rank: under DCP a rank stores ceil(tokens / dcp) of them (block
   // tables count local positions).
   const auto pages_for = [&](int64_t ctx) {
@@ -364,7 +377,8 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
   const auto measure = [&](int rank, const model::Model& base, comm::Communicator* comm) {
     core::DeviceMemory& memory = *base.memory();
     const bool record = rank == 0;
-    const double bw = measure_copy_bandwidth(memory, o.device == core::Device::cuda ? int64_t{2} << 30 : int64_t{64} << 20);
+    const double bw = measure_copy_bandwidth(memory,
+                                             o.device == core::Device::cuda ? int64_t{2} << 30 : int64_t{64} << 20);
     if (record) {
       copy_bw = bw;
       std::printf("device copy %.0f GB/s (read + write)\n", copy_bw / 1e9);
@@ -373,7 +387,8 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
     // A captured collective must never allocate: size the scratch for the largest one up front
     // (the packed [latent | hidden] f32 all-reduce of a MoE layer, or the logits all-gather).
     if (auto* nccl = dynamic_cast<comm::NcclComm*>(comm)) {
-      const int64_t widest = std::max<int64_t>(c.moe.routed_expert_hidden_size + c.hidden_size, int64_t{c.vocab_size} * o.tp);
+      const int64_t widest = std::max<int64_t>(c.moe.routed_expert_hidden_size + c.hidden_size,
+                                               int64_t{c.vocab_size} * o.tp);
       nccl->reserve_scratch(comm::NcclComm::scratch_bytes_for(maxB * widest, core::DType::f32, o.tp));
     }
 #endif
@@ -398,16 +413,18 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
           if (c.attn_kind(l) == config::AttnKind::mla) mla += static_cast<double>(kv.mla_pages(l).nbytes());
           else kda += static_cast<double>(kv.kda_states(l).nbytes() + kv.conv_states(l).nbytes());
         }
-        std::printf("synthetic context: %lld sequences x %lld tokens (storage for %lld: fp8 latent pages %.2f GB, KDA state + "
-                    "conv %.2f GB per GPU, as much again in checkpoints) in %.1f s\nper row (as measured):\n",
-                    static_cast<long long>(maxB), static_cast<long long>(ctx), static_cast<long long>(max_ctx), mla / 1e9,
-                    kda / 1e9, seconds_since(tf));
+        std::printf(
+            "synthetic context: %lld sequences x %lld tokens (storage for %lld: fp8 latent pages %.2f GB, KDA state + "
+            "conv %.2f GB per GPU, as much again in checkpoints) in %.1f s\nper row (as measured):\n",
+            static_cast<long long>(maxB), static_cast<long long>(ctx), static_cast<long long>(max_ctx), mla / 1e9,
+            kda / 1e9, seconds_since(tf));
         std::fflush(stdout);
       }
       // Graphs per backend (a model's own) at this ctx's table width, dropped with the ctx.
       std::vector<std::unique_ptr<model::DecodeGraphs>> graphs(models.size());
       if (has_mode("graph") || has_mode("verify-graph"))
-        for (size_t k = 0; k < models.size(); ++k) graphs[k] = std::make_unique<model::DecodeGraphs>(*models[k], kv, pages_for(ctx));
+        for (size_t k = 0; k < models.size(); ++k)
+          graphs[k] = std::make_unique<model::DecodeGraphs>(*models[k], kv, pages_for(ctx));
       for (const int64_t B : o.batches) {
         for (size_t k = 0; k < models.size(); ++k) {
           for (const std::string& mode : o.modes) {
@@ -418,13 +435,14 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
               continue;
             }
             const double med = median(row.ms);
-            std::printf("  ctx %6lld batch %3lld %-19s %-6s: %8.2f ms/step (p10 %.2f, p90 %.2f), %8.1f tok/s, %lld fused / %lld "
-                        "standard steps%s%s\n",
-                        static_cast<long long>(ctx), static_cast<long long>(B), backend_name(row.backend).c_str(), mode.c_str(),
-                        med, percentile(row.ms, 0.1), percentile(row.ms, 0.9), 1e3 * B * row.tokens_per_seq / med,
-                        static_cast<long long>(row.path.fused_steps), static_cast<long long>(row.path.standard_steps),
-                        row.kernels ? (", " + std::to_string(row.kernels) + " kernels/step").c_str() : "",
-                        row.finite ? "" : ", NON-FINITE LOGITS");
+            std::printf(
+                "  ctx %6lld batch %3lld %-19s %-6s: %8.2f ms/step (p10 %.2f, p90 %.2f), %8.1f tok/s, %lld fused / %lld "
+                "standard steps%s%s\n",
+                static_cast<long long>(ctx), static_cast<long long>(B), backend_name(row.backend).c_str(), mode.c_str(),
+                med, percentile(row.ms, 0.1), percentile(row.ms, 0.9), 1e3 * B * row.tokens_per_seq / med,
+                static_cast<long long>(row.path.fused_steps), static_cast<long long>(row.path.standard_steps),
+                row.kernels ? (", " + std::to_string(row.kernels) + " kernels/step").c_str() : "",
+                row.finite ? "" : ", NON-FINITE LOGITS");
             std::fflush(stdout);
             if (profile) {  // rank 0's registry only: its stream is the clock
               if (single) single->set_op_recorder(&profile_recorder);
@@ -439,7 +457,8 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
               single->set_op_tuner(nullptr);
             }
             // A verify step moves what B * (K+1) decode rows move (every row reads its context).
-            row.bytes = step_bytes(c, kv, mode == "verify" || mode == "verify-graph" ? B * (o.spec_k + 1) : B, ctx, mo.dcp);
+            row.bytes = step_bytes(c, kv, mode == "verify" || mode == "verify-graph" ? B * (o.spec_k + 1) : B, ctx,
+                                   mo.dcp);
             rows.push_back(std::move(row));
           }
         }
@@ -457,7 +476,8 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
     nlohmann::json p = path_json(totals[k]);
     std::printf("decode_backend %s: %lld steps fused, %lld standard%s%s\n", backend_name(o.backends[k]).c_str(),
                 static_cast<long long>(totals[k].fused_steps), static_cast<long long>(totals[k].standard_steps),
-                p["fallbacks"].empty() ? "" : "; fallbacks ", p["fallbacks"].empty() ? "" : p["fallbacks"].dump().c_str());
+                p["fallbacks"].empty() ? "" : "; fallbacks ",
+                p["fallbacks"].empty() ? "" : p["fallbacks"].dump().c_str());
     p["decode_backend"] = backend_name(o.backends[k]);
     decode_paths.push_back(std::move(p));
   }
@@ -473,13 +493,15 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
 
   // Table and bundle.
   nlohmann::json jrows = nlohmann::json::array();
-  std::printf("\n%s decode on %s%s: %d layers, fp8 latent cache, %s activations; median of %d steps after %d warm-up; "
-              "device copy %.0f GB/s, floor = bytes per GPU / copy bandwidth; steps = fused/standard steps of the row "
-              "(warm-up included); x_auto = auto ms / latency_specialized ms\n",
-              label.c_str(), device_name.c_str(), o.tp > 1 ? (" x" + std::to_string(o.tp) + " (TP, NCCL)").c_str() : "",
-              c.num_hidden_layers, o.precision == kernels::Precision::fp32 ? "fp32" : "bf16", o.steps, o.warmup, copy_bw / 1e9);
-  std::printf("%6s %5s %-19s %-6s %10s %9s %9s %10s %8s %9s %8s %9s %8s %9s %7s\n", "ctx", "batch", "decode_backend", "mode",
-              "ms/step", "p10", "p90", "tok/s", "kernels", "GB/step", "GB/s", "floor_ms", "x_floor", "steps", "x_auto");
+  std::printf(
+      "\n%s decode on %s%s: %d layers, fp8 latent cache, %s activations; median of %d steps after %d warm-up; "
+      "device copy %.0f GB/s, floor = bytes per GPU / copy bandwidth; steps = fused/standard steps of the row "
+      "(warm-up included); x_auto = auto ms / latency_specialized ms\n",
+      label.c_str(), device_name.c_str(), o.tp > 1 ? (" x" + std::to_string(o.tp) + " (TP, NCCL)").c_str() : "",
+      c.num_hidden_layers, o.precision == kernels::Precision::fp32 ? "fp32" : "bf16", o.steps, o.warmup, copy_bw / 1e9);
+  std::printf("%6s %5s %-19s %-6s %10s %9s %9s %10s %8s %9s %8s %9s %8s %9s %7s\n", "ctx", "batch", "decode_backend",
+              "mode", "ms/step", "p10", "p90", "tok/s", "kernels", "GB/step", "GB/s", "floor_ms", "x_floor", "steps",
+              "x_auto");
   for (size_t ri = 0; ri < rows.size(); ++ri) {
     const Row& r = rows[ri];
     const double med = median(r.ms), total = r.bytes.total();
@@ -491,27 +513,39 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
       return std::string(s);
     }();
     std::printf("%6lld %5lld %-19s %-6s %10.2f %9.2f %9.2f %10.1f %8zu %9.2f %8.0f %9.2f %8.2f %9s %7s%s\n",
-                static_cast<long long>(r.ctx), static_cast<long long>(r.batch), backend_name(r.backend).c_str(), r.mode.c_str(),
-                med, percentile(r.ms, 0.1), percentile(r.ms, 0.9), 1e3 * r.batch * r.tokens_per_seq / med, r.kernels, total / 1e9,
-                total / (med * 1e-3) / 1e9, floor_ms, med / floor_ms, steps.c_str(), x_auto.c_str(),
-                r.finite ? "" : "  NON-FINITE");
-    nlohmann::json j = {
-        {"ctx_tokens", r.ctx}, {"batch", r.batch}, {"decode_backend", backend_name(r.backend)}, {"mode", r.mode},
-        {"median_ms", med}, {"p10_ms", percentile(r.ms, 0.1)}, {"p90_ms", percentile(r.ms, 0.9)}, {"samples_ms", r.ms},
-        {"tokens_per_s", 1e3 * r.batch * r.tokens_per_seq / med}, {"tokens_per_step_per_seq", r.tokens_per_seq},
-        {"kernels_per_step", r.kernels}, {"bytes", r.bytes.json()}, {"GBps", total / (med * 1e-3) / 1e9},
-        {"floor_ms_copy", floor_ms}, {"ratio_to_copy_floor", med / floor_ms},
-        {"floor_ms_4p3TBps", total / kSpecBytesPerSecond * 1e3},
-        {"ratio_to_4p3TBps_floor", med / (total / kSpecBytesPerSecond * 1e3)}, {"logits_finite", r.finite},
-        {"decode_path", path_json(r.path)}, {"final_tokens", r.final_tokens}};
+                static_cast<long long>(r.ctx), static_cast<long long>(r.batch), backend_name(r.backend).c_str(),
+                r.mode.c_str(), med, percentile(r.ms, 0.1), percentile(r.ms, 0.9),
+                1e3 * r.batch * r.tokens_per_seq / med, r.kernels, total / 1e9, total / (med * 1e-3) / 1e9, floor_ms,
+                med / floor_ms, steps.c_str(), x_auto.c_str(), r.finite ? "" : "  NON-FINITE");
+    nlohmann::json j = {{"ctx_tokens", r.ctx},
+                        {"batch", r.batch},
+                        {"decode_backend", backend_name(r.backend)},
+                        {"mode", r.mode},
+                        {"median_ms", med},
+                        {"p10_ms", percentile(r.ms, 0.1)},
+                        {"p90_ms", percentile(r.ms, 0.9)},
+                        {"samples_ms", r.ms},
+                        {"tokens_per_s", 1e3 * r.batch * r.tokens_per_seq / med},
+                        {"tokens_per_step_per_seq", r.tokens_per_seq},
+                        {"kernels_per_step", r.kernels},
+                        {"bytes", r.bytes.json()},
+                        {"GBps", total / (med * 1e-3) / 1e9},
+                        {"floor_ms_copy", floor_ms},
+                        {"ratio_to_copy_floor", med / floor_ms},
+                        {"floor_ms_4p3TBps", total / kSpecBytesPerSecond * 1e3},
+                        {"ratio_to_4p3TBps_floor", med / (total / kSpecBytesPerSecond * 1e3)},
+                        {"logits_finite", r.finite},
+                        {"decode_path", path_json(r.path)},
+                        {"final_tokens", r.final_tokens}};
     if (!std::isnan(speedup[ri])) j["speedup_vs_auto"] = speedup[ri];
     if (!r.profile.is_null()) j["profile"] = r.profile;
     jrows.push_back(std::move(j));
   }
   for (const Row& r : rows)  // a row that fell back says so, with the reasons
     if (!r.path.fallbacks.empty())
-      std::printf("  fallbacks at ctx %lld batch %lld %s %s: %s\n", static_cast<long long>(r.ctx), static_cast<long long>(r.batch),
-                  backend_name(r.backend).c_str(), r.mode.c_str(), path_json(r.path)["fallbacks"].dump().c_str());
+      std::printf("  fallbacks at ctx %lld batch %lld %s %s: %s\n", static_cast<long long>(r.ctx),
+                  static_cast<long long>(r.batch), backend_name(r.backend).c_str(), r.mode.c_str(),
+                  path_json(r.path)["fallbacks"].dump().c_str());
 
   // The backends compute one function: rows that differ only in the backend start from the same
   // context and tokens, so their greedy trajectories agree token for token in fp32 (in bf16, the
@@ -528,15 +562,23 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
           if (first < 0 && f.trajectory[i] != s.trajectory[i]) first = static_cast<int64_t>(i) / f.batch;
         }
         const auto n = static_cast<int64_t>(f.trajectory.size());
-        std::printf("  tokens latency_specialized vs auto at ctx %lld batch %lld %s: %lld of %lld greedy tokens equal%s\n",
-                    static_cast<long long>(f.ctx), static_cast<long long>(f.batch), f.mode.c_str(), static_cast<long long>(same),
-                    static_cast<long long>(n), first < 0 ? " (identical)" : (", first difference at step " + std::to_string(first)).c_str());
-        agreement.push_back({{"ctx_tokens", f.ctx}, {"batch", f.batch}, {"mode", f.mode}, {"tokens", n}, {"equal", same},
-                             {"identical", same == n}, {"first_different_step", first}});
+        std::printf(
+            "  tokens latency_specialized vs auto at ctx %lld batch %lld %s: %lld of %lld greedy tokens equal%s\n",
+            static_cast<long long>(f.ctx), static_cast<long long>(f.batch), f.mode.c_str(),
+            static_cast<long long>(same), static_cast<long long>(n),
+            first < 0 ? " (identical)" : (", first difference at step " + std::to_string(first)).c_str());
+        agreement.push_back({{"ctx_tokens", f.ctx},
+                             {"batch", f.batch},
+                             {"mode", f.mode},
+                             {"tokens", n},
+                             {"equal", same},
+                             {"identical", same == n},
+                             {"first_different_step", first}});
       }
 
   if (tuner) {
-    const std::string gpu = env.contains("gpu") && env["gpu"].is_object() ? env["gpu"].value("name", "") : std::string("cpu");
+    const std::string gpu = env.contains("gpu") && env["gpu"].is_object() ? env["gpu"].value("name", "")
+                                                                          : std::string("cpu");
     nlohmann::json table = tuner->table(gpu);
     table["written_by"] = "k3bench_decode_gpu --tune (bench/op_tuner.h): config " + label + ", batches " +
                           nlohmann::json(o.batches).dump() + ", ctx " + std::to_string(o.ctxs.front()) + ", " +
@@ -551,39 +593,62 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
 
   nlohmann::json backends = nlohmann::json::array();
   for (const model::DecodeBackend b : o.backends) backends.push_back(backend_name(b));
-  return {
-      {"benchmark", "decode_gpu"},
-      {"environment", env},
-      {"config", {{"name", label}, {"model_dir", o.model.string()}, {"model", config::to_json(full)}, {"model_hash", full.hash()},
-                  {"weight_bytes", weight_bytes}, {"tp", o.tp}, {"dcp", mo.dcp}, {"expert_parallel", o.ep},
-                  {"rank_model", config::to_json(c)}, {"batches", o.batches},
-                  {"verify", {{"spec_k", o.spec_k}, {"synthetic_acceptance_length", o.spec_al},
-                              {"what", "mode verify: SYNTHETIC acceptance; each step runs K+1 rows per sequence (KDA no-commit) "
-                                       "and keeps AL (KDA replay + MLA truncation); tokens/s = B * AL / step time"}}},
-                  {"ctx_tokens", o.ctxs.front()}, {"steps", o.steps},
-                  {"sweep", {{"ctx_tokens", o.ctxs}, {"batches", o.batches}, {"decode_backends", backends}, {"modes", o.modes},
-                             {"order", "for each ctx, for each batch, for each decode_backend, each mode"},
-                             {"models", "one checkpoint loaded once; a sibling model::Model on the same weights per extra "
-                                        "decode_backend, each with its own DecodeGraphs and path counters"}}},
-                  {"warmup", o.warmup}, {"block_size", kBlockSize}, {"kv_cache", "fp8_e4m3"}, {"precision", o.precision == kernels::Precision::fp32 ? "fp32" : "bf16"},
-                  {"device", o.device == core::Device::cuda ? "cuda" : "cpu"}, {"seed", o.seed},
-                  {"context", "synthetic, rebuilt per ctx with the same seeds: random fp8 latent pages, random KDA "
-                              "state/conv slots; every row starts at num_tokens = ctx with its KDA slots restored"},
-                  {"feed", "argmax of the previous step's logits"},
-                  {"timing", "wall time of Model::forward (eager) or DecodeGraphs::forward (graph), logits download included; "
-                             "with tp > 1 rank 0's, every TP collective inside the step"},
-                  {"bytes", "spec §12: non-expert weights incl. lm_head once, 896(1-(1-16/896)^B) distinct experts per MoE "
-                            "layer x per-expert MXFP4 bytes, KDA state+conv r+w, fp8 latent read (ctx+1) + write, AttnRes "
-                            "2 x (bank+1) rows x hidden bf16 per token per layer, embedding rows"}}},
-      // The first backend's whole-run counters (the field from before the sweep); decode_paths: all.
-      {"decode_path", decode_paths.front()},
-      {"decode_paths", decode_paths},
-      {"checkpoint_write_seconds", make_seconds},
-      {"load_seconds", load_seconds},
-      {"copy_GBps", copy_bw / 1e9},
-      {"floor_GBps_spec", kSpecBytesPerSecond / 1e9},
-      {"backend_agreement", agreement},
-      {"rows", jrows}};
+  return {{"benchmark", "decode_gpu"},
+          {"environment", env},
+          {"config",
+           {{"name", label},
+            {"model_dir", o.model.string()},
+            {"model", config::to_json(full)},
+            {"model_hash", full.hash()},
+            {"weight_bytes", weight_bytes},
+            {"tp", o.tp},
+            {"dcp", mo.dcp},
+            {"expert_parallel", o.ep},
+            {"rank_model", config::to_json(c)},
+            {"batches", o.batches},
+            {"verify",
+             {{"spec_k", o.spec_k},
+              {"synthetic_acceptance_length", o.spec_al},
+              {"what",
+               "mode verify: SYNTHETIC acceptance; each step runs K+1 rows per sequence (KDA no-commit) "
+               "and keeps AL (KDA replay + MLA truncation); tokens/s = B * AL / step time"}}},
+            {"ctx_tokens", o.ctxs.front()},
+            {"steps", o.steps},
+            {"sweep",
+             {{"ctx_tokens", o.ctxs},
+              {"batches", o.batches},
+              {"decode_backends", backends},
+              {"modes", o.modes},
+              {"order", "for each ctx, for each batch, for each decode_backend, each mode"},
+              {"models",
+               "one checkpoint loaded once; a sibling model::Model on the same weights per extra "
+               "decode_backend, each with its own DecodeGraphs and path counters"}}},
+            {"warmup", o.warmup},
+            {"block_size", kBlockSize},
+            {"kv_cache", "fp8_e4m3"},
+            {"precision", o.precision == kernels::Precision::fp32 ? "fp32" : "bf16"},
+            {"device", o.device == core::Device::cuda ? "cuda" : "cpu"},
+            {"seed", o.seed},
+            {"context",
+             "synthetic, rebuilt per ctx with the same seeds: random fp8 latent pages, random KDA "
+             "state/conv slots; every row starts at num_tokens = ctx with its KDA slots restored"},
+            {"feed", "argmax of the previous step's logits"},
+            {"timing",
+             "wall time of Model::forward (eager) or DecodeGraphs::forward (graph), logits download included; "
+             "with tp > 1 rank 0's, every TP collective inside the step"},
+            {"bytes",
+             "spec §12: non-expert weights incl. lm_head once, 896(1-(1-16/896)^B) distinct experts per MoE "
+             "layer x per-expert MXFP4 bytes, KDA state+conv r+w, fp8 latent read (ctx+1) + write, AttnRes "
+             "2 x (bank+1) rows x hidden bf16 per token per layer, embedding rows"}}},
+          // The first backend's whole-run counters (the field from before the sweep); decode_paths: all.
+          {"decode_path", decode_paths.front()},
+          {"decode_paths", decode_paths},
+          {"checkpoint_write_seconds", make_seconds},
+          {"load_seconds", load_seconds},
+          {"copy_GBps", copy_bw / 1e9},
+          {"floor_GBps_spec", kSpecBytesPerSecond / 1e9},
+          {"backend_agreement", agreement},
+          {"rows", jrows}};
 }
 
 }  // namespace k3::bench

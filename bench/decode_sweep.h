@@ -62,7 +62,8 @@ int64_t inventory_bytes(const config::K3Config& c);
 
 // after - before, fallbacks matched by reason (a reason absent from `before` counts from 0; reasons
 // whose difference is 0 are left out), in `after`'s order.
-model::DecodePathCounters counters_delta(const model::DecodePathCounters& before, const model::DecodePathCounters& after);
+model::DecodePathCounters counters_delta(const model::DecodePathCounters& before,
+                                         const model::DecodePathCounters& after);
 
 // Opens the checkpoint in o.model (it must exist), runs the sweep (progress and the table on
 // stdout) and returns the result bundle: `environment` (evidence/environment.h; "gpu" replaced by the CUDA device's facts

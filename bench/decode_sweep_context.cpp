@@ -51,7 +51,8 @@ void fill_random(core::DeviceMemory& memory, const core::TensorView& dst, float 
     work(0);
     for (std::thread& th : pool) th.join();
     const core::Shape shape{static_cast<int64_t>(n)};
-    memory.copy_from_host(core::TensorView::contiguous(static_cast<char*>(dst.data) + off, dst.dtype, shape, dst.device),
+    memory.copy_from_host(core::TensorView::contiguous(static_cast<char*>(dst.data) + off, dst.dtype, shape,
+                                                       dst.device),
                           core::TensorView::contiguous(host.data(), dst.dtype, shape));
   }
 }

@@ -33,9 +33,14 @@ struct StepBytes {
   double expected_experts_per_layer = 0;
   double total() const { return weights + experts + kda_state + mla_kv + attn_res + embedding_rows; }
   nlohmann::json json() const {
-    return {{"weights_non_expert_incl_lm_head", weights}, {"routed_experts", experts}, {"kda_state_rw", kda_state},
-            {"mla_kv_read_write", mla_kv}, {"attnres_activations", attn_res}, {"embedding_rows", embedding_rows},
-            {"expected_distinct_experts_per_layer", expected_experts_per_layer}, {"total", total()}};
+    return {{"weights_non_expert_incl_lm_head", weights},
+            {"routed_experts", experts},
+            {"kda_state_rw", kda_state},
+            {"mla_kv_read_write", mla_kv},
+            {"attnres_activations", attn_res},
+            {"embedding_rows", embedding_rows},
+            {"expected_distinct_experts_per_layer", expected_experts_per_layer},
+            {"total", total()}};
   }
 };
 // dcp > 1: one rank's share of the latent cache (every dcp-th token read, a 1 / dcp chance of the write).

@@ -1,6 +1,9 @@
 // bench/decode_sweep_test.cpp: k3bench_decode_gpu as CI runs it (CPU reference ops, k3-tiny): the
 // sweep's bundle holds every (ctx, batch, backend, mode) row with its path counts, the rows start
 // from the same context, the command line refuses bad lists, and counters_delta subtracts.
+#include "bench/decode_sweep.h"
+
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,10 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-
-#include "bench/decode_sweep.h"
 
 namespace k3::bench {
 namespace {
@@ -47,7 +47,8 @@ struct BenchRun {
 // Runs k3bench_decode_gpu with `args` (shell words), capturing stdout and stderr.
 BenchRun run_bench(const TempDir& dir, const std::string& args) {
   const fs::path out = dir.path / "stdout.txt", err = dir.path / "stderr.txt";
-  const std::string cmd = std::string("'") + K3BENCH_DECODE_GPU + "' " + args + " > '" + out.string() + "' 2> '" + err.string() + "'";
+  const std::string cmd = std::string("'") + K3BENCH_DECODE_GPU + "' " + args + " > '" + out.string() + "' 2> '" +
+                          err.string() + "'";
   const int status = std::system(cmd.c_str());
   BenchRun r;
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -105,9 +106,12 @@ TEST(DecodeSweepCli, RefusesBadListsNamingTheFlag) {
 TEST(DecodeSweepCli, TinySweepOnCpuHasEveryRowWithItsPath) {
   const TempDir dir;
   const fs::path model = dir.path / "k3-tiny", bundle_path = dir.path / "sweep.json";
-  const BenchRun r = run_bench(dir, "--model '" + model.string() + "' --make --config k3-tiny --device cpu --ctx 16,40 --batches 3,1 "
-                               "--decode-backend auto,latency_specialized --steps 3 --warmup 1 --modes verify-graph,verify,graph,eager --out '" +
-                                   bundle_path.string() + "'");
+  const BenchRun r = run_bench(
+      dir,
+      "--model '" + model.string() +
+          "' --make --config k3-tiny --device cpu --ctx 16,40 --batches 3,1 "
+          "--decode-backend auto,latency_specialized --steps 3 --warmup 1 --modes verify-graph,verify,graph,eager --out '" +
+          bundle_path.string() + "'");
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   const nlohmann::json b = nlohmann::json::parse(read_text(bundle_path));
   const nlohmann::json& c = b["config"];
@@ -125,7 +129,8 @@ TEST(DecodeSweepCli, TinySweepOnCpuHasEveryRowWithItsPath) {
   EXPECT_GT(b["copy_GBps"].get<double>(), 0);
 
   // Every row, in sweep order: ctx, then batch, then backend, then mode.
-  const std::vector<std::string> backends = {"auto", "latency_specialized"}, modes = {"eager", "graph", "verify", "verify-graph"};
+  const std::vector<std::string> backends = {"auto", "latency_specialized"},
+                                 modes = {"eager", "graph", "verify", "verify-graph"};
   const nlohmann::json& rows = b["rows"];
   ASSERT_EQ(rows.size(), 2u * 2u * 2u * 4u);
   constexpr int64_t kStepsPerRow = 1 + 3;
@@ -179,7 +184,8 @@ TEST(DecodeSweepCli, TinySweepOnCpuHasEveryRowWithItsPath) {
     for (const std::string& backend : backends)
       for (const std::string& mode : modes) {
         // The latent cache read grows with ctx; nothing else does.
-        const nlohmann::json &a = by_key[{16, batch, backend, mode}]["bytes"], &z = by_key[{40, batch, backend, mode}]["bytes"];
+        const nlohmann::json &a = by_key[{16, batch, backend, mode}]["bytes"],
+                             &z = by_key[{40, batch, backend, mode}]["bytes"];
         EXPECT_GT(z["mla_kv_read_write"].get<double>(), a["mla_kv_read_write"].get<double>());
         EXPECT_EQ(z["weights_non_expert_incl_lm_head"], a["weights_non_expert_incl_lm_head"]);
         EXPECT_EQ(z["kda_state_rw"], a["kda_state_rw"]);
@@ -204,11 +210,13 @@ TEST(DecodeSweepCli, TinySweepOnCpuHasEveryRowWithItsPath) {
   EXPECT_EQ(b["decode_paths"][0]["fused_steps"], 0);
   EXPECT_EQ(b["decode_paths"][1]["decode_backend"], "latency_specialized");
   EXPECT_EQ(b["decode_paths"][1]["fused_steps"], fused_total);
-  EXPECT_EQ(b["decode_paths"][0]["standard_steps"].get<int64_t>() + b["decode_paths"][1]["standard_steps"].get<int64_t>(),
+  EXPECT_EQ(b["decode_paths"][0]["standard_steps"].get<int64_t>() +
+                b["decode_paths"][1]["standard_steps"].get<int64_t>(),
             standard_total);
   EXPECT_EQ(b["decode_path"], b["decode_paths"][0]);
-  EXPECT_NE(r.out.find("decode_backend latency_specialized: " + std::to_string(fused_total) + " steps fused, 0 standard"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("decode_backend latency_specialized: " + std::to_string(fused_total) + " steps fused, 0 standard"),
+      std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("x_auto"), std::string::npos) << r.out;
   // The backends' greedy trajectories: on the CPU the fused path equals the standard one bit for
@@ -223,8 +231,10 @@ TEST(DecodeSweepCli, TinySweepOnCpuHasEveryRowWithItsPath) {
 
   // gpu_check.sh's fastpath call shape (one backend, on an existing checkpoint): no --make needed.
   const fs::path one_path = dir.path / "one.json";
-  const BenchRun one = run_bench(dir, "--model '" + model.string() + "' --device cpu --decode-backend latency_specialized --ctx 24 "
-                                 "--batches 2 --steps 1 --warmup 1 --out '" + one_path.string() + "'");
+  const BenchRun one = run_bench(dir, "--model '" + model.string() +
+                                          "' --device cpu --decode-backend latency_specialized --ctx 24 "
+                                          "--batches 2 --steps 1 --warmup 1 --out '" +
+                                          one_path.string() + "'");
   ASSERT_EQ(one.rc, 0) << one.out << one.err;
   const nlohmann::json o = nlohmann::json::parse(read_text(one_path));
   EXPECT_EQ(o["checkpoint_write_seconds"], 0);
@@ -240,8 +250,10 @@ TEST(DecodeSweepCli, TinySweepOnCpuHasEveryRowWithItsPath) {
 
   // --precision fp32 reaches the model (the bundle says so); a bad value is refused by name.
   const fs::path fp32_path = dir.path / "fp32.json";
-  const BenchRun f = run_bench(dir, "--model '" + model.string() + "' --device cpu --precision fp32 --ctx 24 --batches 1 "
-                               "--steps 1 --warmup 1 --modes eager --out '" + fp32_path.string() + "'");
+  const BenchRun f = run_bench(dir, "--model '" + model.string() +
+                                        "' --device cpu --precision fp32 --ctx 24 --batches 1 "
+                                        "--steps 1 --warmup 1 --modes eager --out '" +
+                                        fp32_path.string() + "'");
   ASSERT_EQ(f.rc, 0) << f.out << f.err;
   EXPECT_EQ(nlohmann::json::parse(read_text(fp32_path))["config"]["precision"], "fp32");
   const BenchRun bad = run_bench(dir, "--model '" + model.string() + "' --device cpu --precision fp16");
@@ -252,9 +264,11 @@ TEST(DecodeSweepCli, TinySweepOnCpuHasEveryRowWithItsPath) {
 TEST(DecodeSweepCli, ProfileTimesEveryOpOfAnEagerStep) {
   const TempDir dir;
   const fs::path model = dir.path / "k3-tiny", bundle_path = dir.path / "sweep.json";
-  const BenchRun r = run_bench(dir, "--model '" + model.string() + "' --make --config k3-tiny --device cpu --ctx 16 --batches 2 "
-                               "--decode-backend auto,latency_specialized --steps 2 --warmup 1 --modes eager,graph --profile --out '" +
-                                   bundle_path.string() + "'");
+  const BenchRun r = run_bench(
+      dir, "--model '" + model.string() +
+               "' --make --config k3-tiny --device cpu --ctx 16 --batches 2 "
+               "--decode-backend auto,latency_specialized --steps 2 --warmup 1 --modes eager,graph --profile --out '" +
+               bundle_path.string() + "'");
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("profile (one eager step"), std::string::npos) << r.out;
   const nlohmann::json b = nlohmann::json::parse(read_text(bundle_path));
@@ -290,9 +304,11 @@ TEST(DecodeSweepCli, ProfileTimesEveryOpOfAnEagerStep) {
   }
   // Under --tp the profile is rank 0's step, the other ranks running theirs beside it: every op is
   // timed on rank 0's stream, and the time between its top-level ops holds the collectives.
-  const BenchRun tp = run_bench(dir, "--model '" + model.string() + "' --device cpu --tp 2 --ctx 16 --batches 2 --steps 2 "
-                                         "--warmup 1 --modes eager --decode-backend auto,latency_specialized --profile --out '" +
-                                         (dir.path / "tp.json").string() + "'");
+  const BenchRun tp = run_bench(
+      dir, "--model '" + model.string() +
+               "' --device cpu --tp 2 --ctx 16 --batches 2 --steps 2 "
+               "--warmup 1 --modes eager --decode-backend auto,latency_specialized --profile --out '" +
+               (dir.path / "tp.json").string() + "'");
   ASSERT_EQ(tp.rc, 0) << tp.out << tp.err;
   EXPECT_NE(tp.out.find("; collectives)"), std::string::npos) << tp.out;
   const nlohmann::json t = nlohmann::json::parse(read_text(dir.path / "tp.json"));
@@ -316,7 +332,8 @@ TEST(DecodeSweepCli, ProfileTimesEveryOpOfAnEagerStep) {
 TEST(DecodeSweepCli, DcpRowsRunAndCountHalfTheCache) {
   const TempDir dir;
   const fs::path model = dir.path / "k3-tiny";
-  const std::string common = "--model '" + model.string() + "' --make --config k3-tiny --device cpu --tp 2 --ctx 40 --batches 1,3 "
+  const std::string common = "--model '" + model.string() +
+                             "' --make --config k3-tiny --device cpu --tp 2 --ctx 40 --batches 1,3 "
                              "--steps 2 --warmup 1 --modes eager,verify --out '";
   const BenchRun plain = run_bench(dir, common + (dir.path / "tp.json").string() + "'");  // writes k3-tiny
   ASSERT_EQ(plain.rc, 0) << plain.out << plain.err;
@@ -336,7 +353,8 @@ TEST(DecodeSweepCli, DcpRowsRunAndCountHalfTheCache) {
     EXPECT_EQ(ra["mode"], rb["mode"]) << where;
     EXPECT_EQ(ra["batch"], rb["batch"]) << where;
     EXPECT_TRUE(rb["logits_finite"].get<bool>()) << where;
-    const double kv_a = ra["bytes"]["mla_kv_read_write"].get<double>(), kv_b = rb["bytes"]["mla_kv_read_write"].get<double>();
+    const double kv_a = ra["bytes"]["mla_kv_read_write"].get<double>(),
+                 kv_b = rb["bytes"]["mla_kv_read_write"].get<double>();
     EXPECT_GT(kv_a, 0) << where;
     EXPECT_NEAR(kv_b, kv_a / 2, 1e-6 * kv_a) << where;
   }
@@ -357,9 +375,10 @@ TEST(DecodeSweepCli, ConfigFileGivesTheCheckpointItsShapes) {
   j["linear_attn_config"]["full_attn_layers"] = {2};
   const fs::path file = dir.path / "two_layers.json", model = dir.path / "two";
   std::ofstream(file) << j.dump(2);
-  const BenchRun r = run_bench(dir, "--model '" + model.string() + "' --make --config '" + file.string() +
-                                        "' --device cpu --tp 2 --ctx 16 --batches 1 --steps 1 --warmup 1 --modes eager --out '" +
-                                        (dir.path / "two.json").string() + "'");
+  const BenchRun r = run_bench(
+      dir, "--model '" + model.string() + "' --make --config '" + file.string() +
+               "' --device cpu --tp 2 --ctx 16 --batches 1 --steps 1 --warmup 1 --modes eager --out '" +
+               (dir.path / "two.json").string() + "'");
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   EXPECT_EQ(config::load_config(model / "config.json").num_hidden_layers, 2);
   const nlohmann::json b = nlohmann::json::parse(read_text(dir.path / "two.json"));
@@ -369,7 +388,8 @@ TEST(DecodeSweepCli, ConfigFileGivesTheCheckpointItsShapes) {
   EXPECT_TRUE(b["rows"][0]["logits_finite"].get<bool>());
 
   const fs::path missing = dir.path / "nowhere.json", unmade = dir.path / "unmade";
-  const BenchRun bad = run_bench(dir, "--model '" + unmade.string() + "' --make --config '" + missing.string() + "' --device cpu");
+  const BenchRun bad = run_bench(dir, "--model '" + unmade.string() + "' --make --config '" + missing.string() +
+                                          "' --device cpu");
   EXPECT_NE(bad.rc, 0);
   EXPECT_NE(bad.err.find("--config '" + missing.string() + "'"), std::string::npos) << bad.err;
   EXPECT_FALSE(fs::exists(unmade));

@@ -79,10 +79,9 @@ using bench::parse_options;
 
 namespace {
 
-constexpr int kLayerKda = 85, kLayerMla = 87;  // spec §14.2 Layer A and Layer B (0-based)
-constexpr int32_t kBlockSize = 16;             // tokens per MLA page
-constexpr double kSpecBytesPerSecond = 4.3e12; // spec §12
-
+constexpr int kLayerKda = 85, kLayerMla = 87;   // spec §14.2 Layer A and Layer B (0-based)
+constexpr int32_t kBlockSize = 16;              // tokens per MLA page
+constexpr double kSpecBytesPerSecond = 4.3e12;  // spec §12
 
 // One rank's share of K3 at tensor parallelism tp (spec §11, config::shard_config): heads split tp
 // ways, experts TP-sharded (intermediate 3072 / tp), shared experts 6144 / tp, dense 33792 / tp,
@@ -138,7 +137,8 @@ double measure_copy_bandwidth(Bench& b) {
   std::vector<double> us;
   for (int i = 0; i < 22; ++i) {
     start.record(b.stream());
-    K3_CUDA_CHECK(cudaMemcpyAsync(dst.view().data, src.view().data, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, b.stream()));
+    K3_CUDA_CHECK(cudaMemcpyAsync(dst.view().data, src.view().data, static_cast<size_t>(bytes),
+                                  cudaMemcpyDeviceToDevice, b.stream()));
     stop.record(b.stream());
     stop.synchronize();
     if (i >= 2) us.push_back(1e3 * stop.elapsed_ms_since(start));
@@ -158,7 +158,8 @@ std::string compare_bits(const Tensor& a, const Tensor& b, cudaStream_t s) {
     const float x = fa.data<float>()[i], y = fb.data<float>()[i];
     if (std::memcmp(&x, &y, 4) != 0) ++diff, max_abs = std::max(max_abs, static_cast<double>(std::fabs(x - y)));
   }
-  return std::to_string(diff) + " of " + std::to_string(fa.numel()) + " values differ, max |diff| " + std::to_string(max_abs);
+  return std::to_string(diff) + " of " + std::to_string(fa.numel()) + " values differ, max |diff| " +
+         std::to_string(max_abs);
 }
 
 int64_t count_nonfinite(const Tensor& t, cudaStream_t s) {
@@ -240,7 +241,8 @@ PathResult measure_path(Bench& b, int R, const StepFn& step, const std::function
       const Outputs again = step(r);
       for (size_t i = 0; i < again.size(); ++i)
         if (const std::string d = compare_bits(again[i], eager[r][i], s); !d.empty())
-          m.problems.push_back("eager is not deterministic (copy " + std::to_string(r) + ", output " + std::to_string(i) + "): " + d);
+          m.problems.push_back("eager is not deterministic (copy " + std::to_string(r) + ", output " +
+                               std::to_string(i) + "): " + d);
     }
   }
   // Declared after graph_out: destroyed first, then the tensors it wrote return to the pool.
@@ -255,7 +257,8 @@ PathResult measure_path(Bench& b, int R, const StepFn& step, const std::function
     for (size_t r = 0; r < graph_out.size(); ++r)
       for (size_t i = 0; i < graph_out[r].size(); ++i)
         if (const std::string d = compare_bits(graph_out[r][i], eager[r][i], s); !d.empty())
-          m.problems.push_back("graph replay differs from eager (copy " + std::to_string(r) + ", output " + std::to_string(i) + "): " + d);
+          m.problems.push_back("graph replay differs from eager (copy " + std::to_string(r) + ", output " +
+                               std::to_string(i) + "): " + d);
   }
   m.us = time_replays(b, graph, R);
   m.nodes = graph.nodes();
@@ -270,8 +273,8 @@ struct BankResult {
   int write_layer = 0, mixes = 0;
 };
 
-BankResult measure_bank_write(Bench& b, int layer, int64_t B, std::vector<Copy>& copies, std::vector<bench::FusedCopy>& fused,
-                              const model::Weights& W) {
+BankResult measure_bank_write(Bench& b, int layer, int64_t B, std::vector<Copy>& copies,
+                              std::vector<bench::FusedCopy>& fused, const model::Weights& W) {
   const int block = b.config.attn_res_block_size, R = static_cast<int>(copies.size());
   BankResult br;
   br.write_layer = bench::last_bank_write_layer(b.config, layer);
@@ -286,7 +289,8 @@ BankResult measure_bank_write(Bench& b, int layer, int64_t B, std::vector<Copy>&
   }
   // (The fused copies' setup already ran this write eagerly: the op's lazy setup is done.)
   cu::Graph graph = cu::Graph::capture(*b.ctx, [&] {
-    for (int r = 0; r < R; ++r) streams[static_cast<size_t>(r)]->write_bank(br.write_layer, copies[static_cast<size_t>(r)].bank.at(row));
+    for (int r = 0; r < R; ++r)
+      streams[static_cast<size_t>(r)]->write_bank(br.write_layer, copies[static_cast<size_t>(r)].bank.at(row));
   });
   br.us = time_replays(b, graph, R);
   br.nodes = graph.nodes();
@@ -299,37 +303,55 @@ nlohmann::json path_row(Bench& b, const std::string& name, const std::string& pa
   const int R = b.opt.copies;
   const double med = bench::median(m.us), total = bytes.total();
   const double floor_us = total / b.copy_bytes_per_second * 1e6;
-  std::printf("  %-14s %-19s batch %3lld: %9.1f us/layer (p10 %.1f, p90 %.1f), %.1f kernels/layer, %zu op calls, "
-              "%.1f MB, %.0f GB/s, %.2fx floor%s\n",
-              name.c_str(), path.c_str(), static_cast<long long>(B), med, percentile(m.us, 0.1), percentile(m.us, 0.9),
-              static_cast<double>(m.nodes.kernels) / R, m.op_calls, total / 1e6, total / (med * 1e-6) / 1e9,
-              med / floor_us, b.opt.check ? (check.value("pass", false) ? ", check ok" : ", CHECK FAILED") : "");
+  std::printf(
+      "  %-14s %-19s batch %3lld: %9.1f us/layer (p10 %.1f, p90 %.1f), %.1f kernels/layer, %zu op calls, "
+      "%.1f MB, %.0f GB/s, %.2fx floor%s\n",
+      name.c_str(), path.c_str(), static_cast<long long>(B), med, percentile(m.us, 0.1), percentile(m.us, 0.9),
+      static_cast<double>(m.nodes.kernels) / R, m.op_calls, total / 1e6, total / (med * 1e-6) / 1e9, med / floor_us,
+      b.opt.check ? (check.value("pass", false) ? ", check ok" : ", CHECK FAILED") : "");
   std::fflush(stdout);
-  return {{"layer", name}, {"layer_index", layer}, {"path", path}, {"batch", B}, {"copies", R}, {"replays", b.opt.replays},
-          {"median_us", med}, {"p10_us", percentile(m.us, 0.1)}, {"p90_us", percentile(m.us, 0.9)},
-          {"samples_us_per_layer", m.us}, {"kernels_per_layer", static_cast<double>(m.nodes.kernels) / R},
+  return {{"layer", name},
+          {"layer_index", layer},
+          {"path", path},
+          {"batch", B},
+          {"copies", R},
+          {"replays", b.opt.replays},
+          {"median_us", med},
+          {"p10_us", percentile(m.us, 0.1)},
+          {"p90_us", percentile(m.us, 0.9)},
+          {"samples_us_per_layer", m.us},
+          {"kernels_per_layer", static_cast<double>(m.nodes.kernels) / R},
           {"memcpy_nodes_per_layer", static_cast<double>(m.nodes.memcpys) / R},
           {"memset_nodes_per_layer", static_cast<double>(m.nodes.memsets) / R},
-          {"other_nodes_per_layer", static_cast<double>(m.nodes.other) / R}, {"bytes", bytes.json()},
-          {"GBps", total / (med * 1e-6) / 1e9}, {"floor_us_copy", floor_us}, {"ratio_to_copy_floor", med / floor_us},
+          {"other_nodes_per_layer", static_cast<double>(m.nodes.other) / R},
+          {"bytes", bytes.json()},
+          {"GBps", total / (med * 1e-6) / 1e9},
+          {"floor_us_copy", floor_us},
+          {"ratio_to_copy_floor", med / floor_us},
           {"floor_us_4p3TBps", total / kSpecBytesPerSecond * 1e6},
-          {"ratio_to_4p3TBps_floor", med / (total / kSpecBytesPerSecond * 1e6)}, {"op_calls", m.op_calls},
-          {"ops", m.ops}, {"check", check}};
+          {"ratio_to_4p3TBps_floor", med / (total / kSpecBytesPerSecond * 1e6)},
+          {"op_calls", m.op_calls},
+          {"ops", m.ops},
+          {"check", check}};
 }
 
-nlohmann::json check_json(Bench& b, const std::string& path, int layer, int64_t B, const std::vector<std::string>& problems) {
+nlohmann::json check_json(Bench& b, const std::string& path, int layer, int64_t B,
+                          const std::vector<std::string>& problems) {
   if (!b.opt.check) return nlohmann::json::object();
   for (const std::string& p : problems)
-    std::fprintf(stderr, "CHECK FAILED layer %d batch %lld %s: %s\n", layer, static_cast<long long>(B), path.c_str(), p.c_str());
+    std::fprintf(stderr, "CHECK FAILED layer %d batch %lld %s: %s\n", layer, static_cast<long long>(B), path.c_str(),
+                 p.c_str());
   b.check_failures += static_cast<int>(problems.size());
   return {{"pass", problems.empty()}, {"problems", problems}};
 }
 
-void run_row(Bench& b, int layer, const model::LayerWeights& lw, const model::Weights& W, const Tensor& router_bias, int64_t B) {
+void run_row(Bench& b, int layer, const model::LayerWeights& lw, const model::Weights& W, const Tensor& router_bias,
+             int64_t B) {
   const cudaStream_t s = b.stream();
   const int R = b.opt.copies;
   const int64_t hidden = b.config.hidden_size;
-  const size_t bank_rows = static_cast<size_t>((layer + b.config.attn_res_block_size - 1) / b.config.attn_res_block_size);
+  const size_t bank_rows = static_cast<size_t>((layer + b.config.attn_res_block_size - 1) /
+                                               b.config.attn_res_block_size);
   Filler& fl = *b.filler;
   fl.seed = b.opt.seed ^ (static_cast<uint64_t>(layer) << 32) ^ static_cast<uint64_t>(B);
   const bool run_fused = b.opt.run_fused && B <= fastpath::kMaxRows;
@@ -341,12 +363,14 @@ void run_row(Bench& b, int layer, const model::LayerWeights& lw, const model::We
   for (int r = 0; r < R; ++r) {
     Copy& c = copies[static_cast<size_t>(r)];
     for (int64_t i = 0; i < B; ++i)
-      c.segments.push_back({i, i + 1, &b.seqs[static_cast<size_t>(r * b.opt.batches.back() + i)], model::StepKind::decode});
+      c.segments.push_back(
+          {i, i + 1, &b.seqs[static_cast<size_t>(r * b.opt.batches.back() + i)], model::StepKind::decode});
     c.tables = std::make_unique<model::StepTables>(c.segments, kBlockSize, *b.memory);
     const std::string tag = "copy" + std::to_string(r);
     c.prefix = fl.make(DType::bf16, {B, hidden}, {Fill::bf16, 0.0f, 1.0f}, (tag + ".prefix").c_str());
     for (size_t j = 0; j < bank_rows; ++j)
-      c.bank.push_back(fl.make(DType::bf16, {B, hidden}, {Fill::bf16, 0.0f, 1.0f}, (tag + ".bank" + std::to_string(j)).c_str()));
+      c.bank.push_back(
+          fl.make(DType::bf16, {B, hidden}, {Fill::bf16, 0.0f, 1.0f}, (tag + ".bank" + std::to_string(j)).c_str()));
     if (!run_fused) continue;
     // The fused copy: its context, its stream holding this copy's bank (written here, eagerly,
     // before any capture), and the previous layer's stand-in FFN output.
@@ -358,7 +382,8 @@ void run_row(Bench& b, int layer, const model::LayerWeights& lw, const model::We
     fc.f_prev = fl.make(DType::bf16, {B, hidden}, {Fill::bf16, 0.0f, 1.0f}, (tag + ".f_prev").c_str());
   }
   const auto standard_step = [&](Copy& c, const Tensor& prefix) {
-    const model::ForwardContext fctx{b.config, *b.kv, b.registry, b.model_options, c.segments, c.tables->batches(), *b.memory, nullptr};
+    const model::ForwardContext fctx{b.config,  *b.kv,  b.registry, b.model_options, c.segments, c.tables->batches(),
+                                     *b.memory, nullptr};
     std::vector<Tensor> bank = c.bank;  // layer_forward appends at bank-write layers (85 and 87 are not)
     return model::layer_forward(fctx, layer, lw, router_bias, bank, prefix);
   };
@@ -417,12 +442,13 @@ void run_row(Bench& b, int layer, const model::LayerWeights& lw, const model::We
     for (size_t r = 0; r < copies.size(); ++r) close.add(fused_sum[r], standard_step(copies[r], start[r]), s);
     restore();
     cross = close.json();
-    std::snprintf(cross_line, sizeof cross_line,
-                  "    cross-path check (fused P + f vs the standard step's prefix): worst row cosine %.6f, %lld of %lld "
-                  "rows below 0.999, max rel diff %.3g, %lld non-finite%s\n", close.min_cosine,
-                  static_cast<long long>(close.rows_below), static_cast<long long>(close.rows), close.max_rel_diff(),
-                  static_cast<long long>(close.nonfinite),
-                  close.ok() ? "" : " -- FAILED (over 5% and over 2 rows below 0.999, a row below 0.9, or non-finite)");
+    std::snprintf(
+        cross_line, sizeof cross_line,
+        "    cross-path check (fused P + f vs the standard step's prefix): worst row cosine %.6f, %lld of %lld "
+        "rows below 0.999, max rel diff %.3g, %lld non-finite%s\n",
+        close.min_cosine, static_cast<long long>(close.rows_below), static_cast<long long>(close.rows),
+        close.max_rel_diff(), static_cast<long long>(close.nonfinite),
+        close.ok() ? "" : " -- FAILED (over 5% and over 2 rows below 0.999, a row below 0.9, or non-finite)");
     if (!close.ok())
       m.problems.push_back("cross-path: fused P + f vs standard prefix: worst row cosine " +
                            std::to_string(close.min_cosine) + ", " + std::to_string(close.rows_below) + " of " +
@@ -436,40 +462,48 @@ void run_row(Bench& b, int layer, const model::LayerWeights& lw, const model::We
   if (b.opt.check) check["cross_path"] = cross;
   nlohmann::json row = path_row(b, name, "latency_specialized", layer, B, m, bytes, check);
   std::fputs(cross_line, stdout);
-  std::printf("    attn_res bank write (once per block of %d layers; layer %d, %d Mix operators): %.1f us "
-              "(p10 %.1f, p90 %.1f), %.1f kernels -> %.2f us/layer amortized, %.1f us/layer with it\n",
-              b.config.attn_res_block_size, bank.write_layer, bank.mixes, bank_us, percentile(bank.us, 0.1),
-              percentile(bank.us, 0.9), bank_kernels, amortized, row["median_us"].get<double>() + amortized);
+  std::printf(
+      "    attn_res bank write (once per block of %d layers; layer %d, %d Mix operators): %.1f us "
+      "(p10 %.1f, p90 %.1f), %.1f kernels -> %.2f us/layer amortized, %.1f us/layer with it\n",
+      b.config.attn_res_block_size, bank.write_layer, bank.mixes, bank_us, percentile(bank.us, 0.1),
+      percentile(bank.us, 0.9), bank_kernels, amortized, row["median_us"].get<double>() + amortized);
   row["bank_write_us_amortized"] = amortized;
   row["median_us_with_bank"] = row["median_us"].get<double>() + amortized;
   row["kernels_per_layer_with_bank"] = row["kernels_per_layer"].get<double>() + bank_kernels / block;
-  row["attn_res_bank_write"] = {
-      {"what", "attn_res bank write (once per block of attn_res_block_size layers)"}, {"write_layer", bank.write_layer},
-      {"mix_operators", bank.mixes}, {"median_us", bank_us}, {"p10_us", percentile(bank.us, 0.1)},
-      {"p90_us", percentile(bank.us, 0.9)}, {"samples_us", bank.us}, {"kernels", bank_kernels},
-      {"other_nodes", static_cast<double>(bank.nodes.total() - bank.nodes.kernels) / R}, {"amortized_over_layers", block}};
+  row["attn_res_bank_write"] = {{"what", "attn_res bank write (once per block of attn_res_block_size layers)"},
+                                {"write_layer", bank.write_layer},
+                                {"mix_operators", bank.mixes},
+                                {"median_us", bank_us},
+                                {"p10_us", percentile(bank.us, 0.1)},
+                                {"p90_us", percentile(bank.us, 0.9)},
+                                {"samples_us", bank.us},
+                                {"kernels", bank_kernels},
+                                {"other_nodes", static_cast<double>(bank.nodes.total() - bank.nodes.kernels) / R},
+                                {"amortized_over_layers", block}};
   if (b.opt.run_auto) {
     const double med = row["median_us"].get<double>(), with_bank = row["median_us_with_bank"].get<double>();
     row["speedup_vs_auto"] = auto_median / med;
     row["speedup_vs_auto_with_bank"] = auto_median / with_bank;
-    std::printf("    speed-up standard/fused %s batch %lld: %.2fx (%.2fx with the bank write amortized)\n", name.c_str(),
-                static_cast<long long>(B), auto_median / med, auto_median / with_bank);
+    std::printf("    speed-up standard/fused %s batch %lld: %.2fx (%.2fx with the bank write amortized)\n",
+                name.c_str(), static_cast<long long>(B), auto_median / med, auto_median / with_bank);
   }
   std::fflush(stdout);
   b.rows.push_back(std::move(row));
 }
 
 void print_table(const Bench& b) {
-  std::printf("\nk3-layer-tp%d decode, one layer per step (µs = CUDA-graph time / %d copies, median of %d replays); "
-              "device copy %.0f GB/s; floor = bytes / copy bandwidth\n",
-              b.opt.tp, b.opt.copies, b.opt.replays, b.copy_bytes_per_second / 1e9);
+  std::printf(
+      "\nk3-layer-tp%d decode, one layer per step (µs = CUDA-graph time / %d copies, median of %d replays); "
+      "device copy %.0f GB/s; floor = bytes / copy bandwidth\n",
+      b.opt.tp, b.opt.copies, b.opt.replays, b.copy_bytes_per_second / 1e9);
   std::printf("(fused rows: +bank = with the AttnRes bank write amortized over its block; speed-up = auto / fused)\n");
-  std::printf("%-16s %-6s %5s %10s %9s %9s %8s %10s %8s %10s %8s %10s %8s %8s\n", "layer", "path", "batch", "us/layer", "p10",
-              "p90", "kernels", "MB/layer", "GB/s", "floor_us", "x_floor", "us+bank", "speedup", "spd+bank");
+  std::printf("%-16s %-6s %5s %10s %9s %9s %8s %10s %8s %10s %8s %10s %8s %8s\n", "layer", "path", "batch", "us/layer",
+              "p10", "p90", "kernels", "MB/layer", "GB/s", "floor_us", "x_floor", "us+bank", "speedup", "spd+bank");
   for (const auto& r : b.rows) {
     const bool fused = r["path"] == "latency_specialized";
-    std::printf("%-16s %-6s %5lld %10.1f %9.1f %9.1f %8.1f %10.2f %8.0f %10.1f %8.2f", r["layer"].get<std::string>().c_str(),
-                fused ? "fused" : "auto", static_cast<long long>(r["batch"].get<int64_t>()), r["median_us"].get<double>(),
+    std::printf("%-16s %-6s %5lld %10.1f %9.1f %9.1f %8.1f %10.2f %8.0f %10.1f %8.2f",
+                r["layer"].get<std::string>().c_str(), fused ? "fused" : "auto",
+                static_cast<long long>(r["batch"].get<int64_t>()), r["median_us"].get<double>(),
                 r["p10_us"].get<double>(), r["p90_us"].get<double>(), r["kernels_per_layer"].get<double>(),
                 r["bytes"]["total"].get<double>() / 1e6, r["GBps"].get<double>(), r["floor_us_copy"].get<double>(),
                 r["ratio_to_copy_floor"].get<double>());
@@ -479,7 +513,6 @@ void print_table(const Bench& b) {
     std::printf("\n");
   }
 }
-
 
 }  // namespace
 
@@ -508,15 +541,17 @@ int main(int argc, char** argv) {
         throw core::Error("--paths latency_specialized: " + info.name + " cannot run the fused kernels (" + problem +
                           "; they need compute capability 9.0): run with --paths auto");
     b.copy_bytes_per_second = measure_copy_bandwidth(b);
-    std::printf("k3bench_layer_gpu on %s (%d SMs, L2 %zu MiB): device copy %.0f GB/s (read + write)\n", info.name.c_str(),
-                info.sm_count, info.l2_bytes >> 20, b.copy_bytes_per_second / 1e9);
-    std::printf("  k3-layer-tp%d (spec §11, §14.2): one TP%d rank, hidden %lld, %d KDA / %d MLA heads, %d MXFP4 experts "
-                "[%lld, %lld], ctx %d, fp8 latent cache, bf16 activations\n", b.opt.tp, b.opt.tp,
-                static_cast<long long>(b.config.hidden_size), b.config.kda.num_heads, b.config.mla.num_heads,
-                b.config.moe.num_experts, static_cast<long long>(b.config.moe.moe_intermediate_size),
-                static_cast<long long>(b.config.moe.routed_expert_hidden_size), b.opt.ctx_tokens);
-    std::printf("  collectives STUBBED: single GPU, the TP all-reduces are not run. Weights random; experts are random "
-                "MXFP4 codes with E8M0 scales near 2^-7 (timing only)\n");
+    std::printf("k3bench_layer_gpu on %s (%d SMs, L2 %zu MiB): device copy %.0f GB/s (read + write)\n",
+                info.name.c_str(), info.sm_count, info.l2_bytes >> 20, b.copy_bytes_per_second / 1e9);
+    std::printf(
+        "  k3-layer-tp%d (spec §11, §14.2): one TP%d rank, hidden %lld, %d KDA / %d MLA heads, %d MXFP4 experts "
+        "[%lld, %lld], ctx %d, fp8 latent cache, bf16 activations\n",
+        b.opt.tp, b.opt.tp, static_cast<long long>(b.config.hidden_size), b.config.kda.num_heads,
+        b.config.mla.num_heads, b.config.moe.num_experts, static_cast<long long>(b.config.moe.moe_intermediate_size),
+        static_cast<long long>(b.config.moe.routed_expert_hidden_size), b.opt.ctx_tokens);
+    std::printf(
+        "  collectives STUBBED: single GPU, the TP all-reduces are not run. Weights random; experts are random "
+        "MXFP4 codes with E8M0 scales near 2^-7 (timing only)\n");
 
     // Storage for copies x largest batch sequences, each with ctx tokens already cached.
     const int64_t nseq = int64_t{b.opt.copies} * b.opt.batches.back();
@@ -541,7 +576,8 @@ int main(int argc, char** argv) {
 
     b.filler = std::make_unique<Filler>(Filler{*b.memory, b.stream(), b.opt.seed, {}});
     Filler& fl = *b.filler;
-    const bool want_kda = b.opt.layers.find("kda") != std::string::npos, want_mla = b.opt.layers.find("mla") != std::string::npos;
+    const bool want_kda = b.opt.layers.find("kda") != std::string::npos,
+               want_mla = b.opt.layers.find("mla") != std::string::npos;
     if (want_kda) {
       fl.fill(b.kv->kda_states(kLayerKda).view(), {Fill::f32, 0.0f, 0.05f}, "kda.state");
       fl.fill(b.kv->conv_states(kLayerKda).view(), {Fill::bf16, 0.0f, 1.0f}, "kda.conv_state");
@@ -572,27 +608,45 @@ int main(int argc, char** argv) {
     print_table(b);
 
     nlohmann::json env = evidence::environment();
-    env["gpu"] = {{"name", info.name}, {"sm_count", info.sm_count}, {"l2_bytes", info.l2_bytes},
-                  {"global_bytes", info.global_bytes}, {"cc", std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor)},
-                  {"driver_version", info.driver_version}, {"runtime_version", info.runtime_version}};
+    env["gpu"] = {{"name", info.name},
+                  {"sm_count", info.sm_count},
+                  {"l2_bytes", info.l2_bytes},
+                  {"global_bytes", info.global_bytes},
+                  {"cc", std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor)},
+                  {"driver_version", info.driver_version},
+                  {"runtime_version", info.runtime_version}};
     const nlohmann::json bundle = {
         {"benchmark", "layer_gpu"},
         {"environment", env},
-        {"config", {{"name", "k3-layer-tp" + std::to_string(b.opt.tp)}, {"tp", b.opt.tp}, {"model", config::to_json(b.config)}, {"model_hash", b.config.hash()},
-                    {"batches", b.opt.batches}, {"paths", b.opt.paths()}, {"copies", b.opt.copies}, {"replays", b.opt.replays},
-                    {"ctx_tokens", b.opt.ctx_tokens}, {"block_size", kBlockSize}, {"kv_cache", "fp8_e4m3"},
-                    {"precision", "bf16"}, {"check", b.opt.check}, {"seed", b.opt.seed},
-                    {"collectives", "stubbed (single GPU): TP all-reduces not run"},
-                    {"weights", "random; experts random MXFP4 codes, E8M0 scales near 2^-7 (timing only)"},
-                    {"timing", "CUDA graph of `copies` steps (own inputs, KDA slots, cache pages), one event pair per "
-                               "replay, per layer = replay time / copies"},
-                    {"fused_step", "latency_specialized: one layer of FusedDecodePath::run_step: attn_res_merge of a "
-                                   "random previous-layer FFN output + Mix + norm, fused attention, attn_res_merge, "
-                                   "fused MoE; the bank write (attn_res_bank, once per block) timed as its own graph, "
-                                   "amortized = its time / attn_res_block_size"},
-                    {"bytes", "spec §12: weights read, KDA state+conv r+w, MLA fp8 latent read (ctx+1 tokens) + write, "
-                              "router/latent/shared weights, 896(1-(1-16/896)^B) distinct experts x per-expert MXFP4 "
-                              "bytes, AttnRes 2 x (bank+1) rows x 14336 B per token"}}},
+        {"config",
+         {{"name", "k3-layer-tp" + std::to_string(b.opt.tp)},
+          {"tp", b.opt.tp},
+          {"model", config::to_json(b.config)},
+          {"model_hash", b.config.hash()},
+          {"batches", b.opt.batches},
+          {"paths", b.opt.paths()},
+          {"copies", b.opt.copies},
+          {"replays", b.opt.replays},
+          {"ctx_tokens", b.opt.ctx_tokens},
+          {"block_size", kBlockSize},
+          {"kv_cache", "fp8_e4m3"},
+          {"precision", "bf16"},
+          {"check", b.opt.check},
+          {"seed", b.opt.seed},
+          {"collectives", "stubbed (single GPU): TP all-reduces not run"},
+          {"weights", "random; experts random MXFP4 codes, E8M0 scales near 2^-7 (timing only)"},
+          {"timing",
+           "CUDA graph of `copies` steps (own inputs, KDA slots, cache pages), one event pair per "
+           "replay, per layer = replay time / copies"},
+          {"fused_step",
+           "latency_specialized: one layer of FusedDecodePath::run_step: attn_res_merge of a "
+           "random previous-layer FFN output + Mix + norm, fused attention, attn_res_merge, "
+           "fused MoE; the bank write (attn_res_bank, once per block) timed as its own graph, "
+           "amortized = its time / attn_res_block_size"},
+          {"bytes",
+           "spec §12: weights read, KDA state+conv r+w, MLA fp8 latent read (ctx+1 tokens) + write, "
+           "router/latent/shared weights, 896(1-(1-16/896)^B) distinct experts x per-expert MXFP4 "
+           "bytes, AttnRes 2 x (bank+1) rows x 14336 B per token"}}},
         {"copy_GBps", b.copy_bytes_per_second / 1e9},
         {"floor_GBps_spec", kSpecBytesPerSecond / 1e9},
         {"check_failures", b.check_failures},

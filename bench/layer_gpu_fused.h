@@ -52,7 +52,8 @@ inline int mixes_of_bank_write(const config::K3Config& c, int w) {
 // layers[layer] = the benched layer's weights (a copy of the struct: Tensors are shared handles,
 // nothing is duplicated on the device). The other layers' attention / FFN weights stay empty:
 // only the stream reads them. About 4 x 14 KB per layer: generated in well under a second.
-inline model::Weights attn_res_weights(Filler& fl, const config::K3Config& c, int layer, const model::LayerWeights& lw) {
+inline model::Weights attn_res_weights(Filler& fl, const config::K3Config& c, int layer,
+                                       const model::LayerWeights& lw) {
   const int64_t H = c.hidden_size;
   model::Weights w;
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
@@ -152,10 +153,17 @@ struct Closeness {
   double max_rel_diff() const { return max_abs_ref > 0 ? max_abs_diff / max_abs_ref : max_abs_diff; }
   bool ok() const { return nonfinite == 0 && min_cosine >= 0.9 && (rows_below * 20 <= rows || rows_below <= 2); }
   nlohmann::json json() const {
-    return {{"compared", "standard step's new prefix vs fused P + f, eager, from the same KDA state, prefix "
-                         "round(prefix + f_prev) for both; per row"},
-            {"values", values}, {"rows", rows}, {"min_row_cosine", min_cosine}, {"rows_below_0p999", rows_below},
-            {"max_abs_diff", max_abs_diff}, {"max_rel_diff", max_rel_diff()}, {"nonfinite", nonfinite}, {"pass", ok()}};
+    return {{"compared",
+             "standard step's new prefix vs fused P + f, eager, from the same KDA state, prefix "
+             "round(prefix + f_prev) for both; per row"},
+            {"values", values},
+            {"rows", rows},
+            {"min_row_cosine", min_cosine},
+            {"rows_below_0p999", rows_below},
+            {"max_abs_diff", max_abs_diff},
+            {"max_rel_diff", max_rel_diff()},
+            {"nonfinite", nonfinite},
+            {"pass", ok()}};
   }
 };
 

@@ -57,10 +57,10 @@ inline Options parse_options(int argc, char** argv) {
         else throw core::Error("--paths: unknown path '" + p + "' (auto, latency_specialized)");
         begin = end + 1;
       }
-    }
-    else if (a == "--help" || a == "-h") {
-      std::cout << "k3bench_layer_gpu [--out FILE] [--batches 1,8,32,64] [--layers kda,mla] [--replays N] [--copies R]\n"
-                   "                  [--ctx TOKENS] [--paths auto,latency_specialized] [--check] [--seed S] [--tp 8|16]\n";
+    } else if (a == "--help" || a == "-h") {
+      std::cout
+          << "k3bench_layer_gpu [--out FILE] [--batches 1,8,32,64] [--layers kda,mla] [--replays N] [--copies R]\n"
+             "                  [--ctx TOKENS] [--paths auto,latency_specialized] [--check] [--seed S] [--tp 8|16]\n";
       std::exit(0);
     } else {
       throw core::Error("unknown option " + a + " (try --help)");

@@ -39,7 +39,9 @@ struct Fill {
   int e8m0_base = 127;
 };
 
-inline float uniform_pm1(uint64_t r) { return static_cast<float>(static_cast<int64_t>(r >> 40) - (int64_t{1} << 23)) * 0x1p-23f; }
+inline float uniform_pm1(uint64_t r) {
+  return static_cast<float>(static_cast<int64_t>(r >> 40) - (int64_t{1} << 23)) * 0x1p-23f;
+}
 
 inline uint8_t fill_byte(const Fill& f, uint64_t r) {
   if (f.kind == Fill::e8m0) return static_cast<uint8_t>(f.e8m0_base - 1 + static_cast<int>(r % 3));
@@ -93,7 +95,8 @@ struct Filler {
     for (size_t off = 0, chunk = 0; off < total; off += chunk_bytes, ++chunk) {
       const size_t n = std::min(chunk_bytes, total - off);
       fill_host(host.data(), n, f, seed ^ core::Rng::hash(name) ^ (chunk * 0x9e3779b97f4a7c15ull));
-      K3_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst.data) + off, host.data(), n, cudaMemcpyHostToDevice, stream));
+      K3_CUDA_CHECK(
+          cudaMemcpyAsync(static_cast<char*>(dst.data) + off, host.data(), n, cudaMemcpyHostToDevice, stream));
       K3_CUDA_CHECK(cudaStreamSynchronize(stream));  // `host` is refilled next
     }
   }
@@ -115,7 +118,8 @@ struct Filler {
 // E MXFP4 experts [out, in]: one slab of codes [E*out, in/2] and one of scales [E*out, in/32];
 // expert e is a view of rows [e*out, (e+1)*out) of both. Scales near 2^-7 (w1/w3, in = 3584) or
 // 2^-6 (w2, in = 384) keep random FP4 codes (RMS ~2.9) at about 1/sqrt(in).
-inline std::vector<kernels::LinearWeight> mxfp4_experts(Filler& fl, int64_t E, int64_t out, int64_t in, const char* name) {
+inline std::vector<kernels::LinearWeight> mxfp4_experts(Filler& fl, int64_t E, int64_t out, int64_t in,
+                                                        const char* name) {
   const Tensor codes = fl.make(DType::u8, {E * out, in / 2}, {Fill::bytes}, name);
   Fill sf{Fill::e8m0};
   sf.e8m0_base = in >= 2048 ? 120 : 121;
@@ -124,9 +128,11 @@ inline std::vector<kernels::LinearWeight> mxfp4_experts(Filler& fl, int64_t E, i
   std::vector<kernels::LinearWeight> w(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
     w[e].weight = Tensor(core::TensorView::contiguous(codes.data<uint8_t>() + e * out * (in / 2), DType::u8,
-                                                      {out, in / 2}, core::Device::cuda), keep_codes);
+                                                      {out, in / 2}, core::Device::cuda),
+                         keep_codes);
     w[e].scale = Tensor(core::TensorView::contiguous(scales.data<uint8_t>() + e * out * (in / 32), DType::u8,
-                                                     {out, in / 32}, core::Device::cuda), keep_scales);
+                                                     {out, in / 32}, core::Device::cuda),
+                        keep_scales);
   }
   return w;
 }
@@ -154,7 +160,8 @@ inline model::KdaWeights make_kda(Filler& fl, const config::K3Config& c) {
   model::KdaWeights k;
   k.q_proj = fl.linear(P, H, "kda.q"), k.k_proj = fl.linear(P, H, "kda.k"), k.v_proj = fl.linear(P, H, "kda.v");
   k.g_proj = fl.linear(P, H, "kda.g"), k.o_proj = fl.linear(H, P, "kda.o");
-  k.f_a_proj = fl.linear(D, H, "kda.f_a"), k.f_b_proj = fl.linear(P, D, "kda.f_b"), k.b_proj = fl.linear(c.kda.num_heads, H, "kda.b");
+  k.f_a_proj = fl.linear(D, H, "kda.f_a"), k.f_b_proj = fl.linear(P, D, "kda.f_b"),
+  k.b_proj = fl.linear(c.kda.num_heads, H, "kda.b");
   k.q_conv = fl.make(DType::f32, {P, 1, K}, {Fill::f32, 0.0f, 0.5f}, "kda.q_conv");
   k.k_conv = fl.make(DType::f32, {P, 1, K}, {Fill::f32, 0.0f, 0.5f}, "kda.k_conv");
   k.v_conv = fl.make(DType::f32, {P, 1, K}, {Fill::f32, 0.0f, 0.5f}, "kda.v_conv");
@@ -184,29 +191,33 @@ inline model::LayerWeights make_layer(Filler& fl, const config::K3Config& c, int
   model::LayerWeights lw;
   lw.input_norm = fl.norm(H, DType::bf16, "input_norm");
   lw.post_attn_norm = fl.norm(H, DType::bf16, "post_attn_norm");
-  lw.attn_res = {fl.make(DType::bf16, {1, H}, {Fill::bf16, 0.0f, 0.05f}, "attn_res.q"), fl.norm(H, DType::bf16, "attn_res.n")};
-  lw.mlp_res = {fl.make(DType::bf16, {1, H}, {Fill::bf16, 0.0f, 0.05f}, "mlp_res.q"), fl.norm(H, DType::bf16, "mlp_res.n")};
-  if (c.attn_kind(layer) == config::AttnKind::kda)
-    lw.attn = make_kda(fl, c);
-  else
-    lw.attn = make_mla(fl, c);
+  lw.attn_res = {fl.make(DType::bf16, {1, H}, {Fill::bf16, 0.0f, 0.05f}, "attn_res.q"),
+                 fl.norm(H, DType::bf16, "attn_res.n")};
+  lw.mlp_res = {fl.make(DType::bf16, {1, H}, {Fill::bf16, 0.0f, 0.05f}, "mlp_res.q"),
+                fl.norm(H, DType::bf16, "mlp_res.n")};
+  if (c.attn_kind(layer) == config::AttnKind::kda) lw.attn = make_kda(fl, c);
+  else lw.attn = make_mla(fl, c);
   lw.ffn = make_moe(fl, c);
   return lw;
 }
 
 // ------------------------------------------------------------------ bytes a step reads (spec §12 rules)
 
-inline int64_t bytes_of(const kernels::LinearWeight& w) { return w.weight.nbytes() + (w.scale.defined() ? w.scale.nbytes() : 0); }
+inline int64_t bytes_of(const kernels::LinearWeight& w) {
+  return w.weight.nbytes() + (w.scale.defined() ? w.scale.nbytes() : 0);
+}
 
 inline int64_t attn_weight_bytes(const model::LayerWeights& lw) {
   int64_t n = 0;
   if (const auto* k = std::get_if<model::KdaWeights>(&lw.attn)) {
-    for (const auto* w : {&k->q_proj, &k->k_proj, &k->v_proj, &k->g_proj, &k->o_proj, &k->f_a_proj, &k->f_b_proj, &k->b_proj})
+    for (const auto* w :
+         {&k->q_proj, &k->k_proj, &k->v_proj, &k->g_proj, &k->o_proj, &k->f_a_proj, &k->f_b_proj, &k->b_proj})
       n += bytes_of(*w);
     for (const Tensor* t : {&k->q_conv, &k->k_conv, &k->v_conv, &k->a_log, &k->dt_bias, &k->o_norm}) n += t->nbytes();
   } else {
     const auto& m = std::get<model::MlaWeights>(lw.attn);
-    for (const auto* w : {&m.q_a_proj, &m.q_b_proj, &m.kv_a_proj, &m.kv_b_proj, &m.g_proj, &m.o_proj}) n += bytes_of(*w);
+    for (const auto* w : {&m.q_a_proj, &m.q_b_proj, &m.kv_a_proj, &m.kv_b_proj, &m.g_proj, &m.o_proj})
+      n += bytes_of(*w);
     n += m.q_a_norm.nbytes() + m.kv_a_norm.nbytes();
   }
   return n;
@@ -216,12 +227,15 @@ inline int64_t norm_bytes(const model::LayerWeights& lw) {  // layer norms and t
          lw.mlp_res.query.nbytes() + lw.mlp_res.norm.nbytes();
 }
 inline int64_t moe_front_bytes(const model::MoeWeights& m) {  // router (+ bias), latent down/up (+ routed norm)
-  return bytes_of(m.router) + bytes_of(m.latent_down) + bytes_of(m.latent_up) + m.router_bias.nbytes() + m.latent_norm.nbytes();
+  return bytes_of(m.router) + bytes_of(m.latent_down) + bytes_of(m.latent_up) + m.router_bias.nbytes() +
+         m.latent_norm.nbytes();
 }
 inline int64_t shared_bytes(const model::MoeWeights& m) {
   return bytes_of(m.shared_gate) + bytes_of(m.shared_up) + bytes_of(m.shared_down);
 }
-inline int64_t expert_bytes(const model::MoeWeights& m, size_t e) { return bytes_of(m.w1[e]) + bytes_of(m.w3[e]) + bytes_of(m.w2[e]); }
+inline int64_t expert_bytes(const model::MoeWeights& m, size_t e) {
+  return bytes_of(m.w1[e]) + bytes_of(m.w3[e]) + bytes_of(m.w2[e]);
+}
 // Every weight byte of the layer (what make_layer generated and uploaded).
 inline int64_t layer_weight_bytes(const model::LayerWeights& lw) {
   const auto& moe = std::get<model::MoeWeights>(lw.ffn);
@@ -235,15 +249,22 @@ struct LayerBytes {
   double expected_experts = 0, per_expert = 0;
   double total() const { return attn_weights + norms + state + kv + moe_front + shared + routed + attn_res; }
   nlohmann::json json() const {
-    return {{"attn_weights", attn_weights}, {"norms_and_attnres_weights", norms}, {"kda_state_rw", state},
-            {"mla_kv_read_write", kv}, {"moe_router_latent", moe_front}, {"shared_experts", shared},
-            {"routed_experts", routed}, {"attnres_activations", attn_res}, {"expected_distinct_experts", expected_experts},
-            {"bytes_per_touched_expert", per_expert}, {"total", total()}};
+    return {{"attn_weights", attn_weights},
+            {"norms_and_attnres_weights", norms},
+            {"kda_state_rw", state},
+            {"mla_kv_read_write", kv},
+            {"moe_router_latent", moe_front},
+            {"shared_experts", shared},
+            {"routed_experts", routed},
+            {"attnres_activations", attn_res},
+            {"expected_distinct_experts", expected_experts},
+            {"bytes_per_touched_expert", per_expert},
+            {"total", total()}};
   }
 };
 
-inline LayerBytes count_bytes(const config::K3Config& c, const model::LayerWeights& lw, const model::KvStorage& kv, int layer,
-                       int64_t batch, int ctx_tokens, size_t bank_rows) {
+inline LayerBytes count_bytes(const config::K3Config& c, const model::LayerWeights& lw, const model::KvStorage& kv,
+                              int layer, int64_t batch, int ctx_tokens, size_t bank_rows) {
   LayerBytes b;
   const double B = static_cast<double>(batch);
   const auto& moe = std::get<model::MoeWeights>(lw.ffn);

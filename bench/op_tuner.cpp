@@ -18,8 +18,9 @@ double median_us_on(core::DeviceMemory& clock, int runs, const std::function<voi
     clock.mark();
   }
   const std::vector<double> marks = clock.take_marks_ms();
-  K3_CHECK(marks.size() == static_cast<size_t>(2 * runs),
-           "--tune: the device returned " + std::to_string(marks.size()) + " timing marks, not " + std::to_string(2 * runs));
+  K3_CHECK(marks.size() == static_cast<size_t>(2 * runs), "--tune: the device returned " +
+                                                              std::to_string(marks.size()) + " timing marks, not " +
+                                                              std::to_string(2 * runs));
   std::vector<double> us;
   for (int i = 0; i < runs; ++i) us.push_back(1e3 * (marks[2 * i + 1] - marks[2 * i]));
   std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
@@ -76,8 +77,7 @@ nlohmann::json OpTuningRecorder::table(const std::string& gpu) const {
       rows.push_back({{"size", size}, {"calls", list.size()}, {"us", sums}, {"order", order}});
       if (!rules.empty() && rules.back()["order"] == order)
         rules.back()["sizes"][1] = size;  // the same order as the size below: one rule
-      else
-        rules.push_back({{"sizes", {lo, size}}, {"order", order}});
+      else rules.push_back({{"sizes", {lo, size}}, {"order", order}});
       lo = size + 1;
     }
     ops[op] = {{"measure", calls.measure}, {"rules", rules}};

@@ -86,9 +86,16 @@ struct Bench {
     std::printf("%-6s %-22s %-26s %5lld %10.2f %12.3f %9.1f %8.2f %8.2f\n", group.c_str(), op.c_str(), shape.c_str(),
                 static_cast<long long>(batch), us, bytes / 1e6, gbps, us / floor_us, us / copy_floor_us);
     std::fflush(stdout);
-    rows.push_back({{"group", group}, {"op", op}, {"shape", shape}, {"batch", batch}, {"median_us", us},
-                    {"bytes", bytes}, {"GBps", gbps}, {"floor_us_4p3TBps", floor_us},
-                    {"ratio_to_4p3TBps_floor", us / floor_us}, {"ratio_to_measured_copy", us / copy_floor_us}});
+    rows.push_back({{"group", group},
+                    {"op", op},
+                    {"shape", shape},
+                    {"batch", batch},
+                    {"median_us", us},
+                    {"bytes", bytes},
+                    {"GBps", gbps},
+                    {"floor_us_4p3TBps", floor_us},
+                    {"ratio_to_4p3TBps_floor", us / floor_us},
+                    {"ratio_to_measured_copy", us / copy_floor_us}});
   }
 };
 
@@ -207,15 +214,25 @@ void bench_kda_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>&
     seqs.position = d_tables.view().row(2), seqs.slot = d_tables.view().row(3);
     seqs.num_seqs = static_cast<int>(B), seqs.max_rows = 1, seqs.max_tokens = 8192;
     const double conv_bytes = static_cast<double>(B) * (C * 3 * 2 * 2 + C * 2 * 2) + conv_w.nbytes();
-    const kernels::KdaConvArgs conv{qkv.view(), conv_w.view(), conv_state.view(), qkv_out.view(),
-                                    kernels::Precision::bf16, seqs};
+    const kernels::KdaConvArgs conv{
+        qkv.view(), conv_w.view(), conv_state.view(), qkv_out.view(), kernels::Precision::bf16, seqs};
     b.row("kda", "kda_conv decode", "C=4608 K=4", B, conv_bytes, [&] { b.reg.kda_conv.run(conv, core::Device::cuda); });
     const double rec_bytes = static_cast<double>(B) * (2.0 * H * D * D * 4 + (5.0 * P + H) * 2);
     const kernels::KdaAttentionArgs rec{backends::cuda::cols_of(qkv_out.view(), 0, P),
                                         backends::cuda::cols_of(qkv_out.view(), P, P),
                                         backends::cuda::cols_of(qkv_out.view(), 2 * P, P),
-                                        f.view(), beta.view(), a_log.view(), dt_bias.view(), state.view(), o.view(), H,
-                                        D, -5.0f, 64, kernels::Precision::bf16, seqs};
+                                        f.view(),
+                                        beta.view(),
+                                        a_log.view(),
+                                        dt_bias.view(),
+                                        state.view(),
+                                        o.view(),
+                                        H,
+                                        D,
+                                        -5.0f,
+                                        64,
+                                        kernels::Precision::bf16,
+                                        seqs};
     b.row("kda", "kda_recurrent decode", "H=12 D=128", B, rec_bytes,
           [&] { b.reg.kda_recurrent.run(rec, core::Device::cuda); });
     const double gate_bytes = static_cast<double>(B) * P * 2 * 3;
@@ -247,12 +264,13 @@ void bench_mla_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>&
       // Tables: sequence i owns row i, sits at position S - 1 and holds its share of shuffled page ids.
       std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
       for (int64_t k = 0; k < num_blocks; ++k) ids[k] = static_cast<int32_t>(k);
-      for (int64_t k = num_blocks - 1; k > 0; --k) std::swap(ids[k], ids[page_rng.next_u64() % static_cast<uint64_t>(k + 1)]);
+      for (int64_t k = num_blocks - 1; k > 0; --k)
+        std::swap(ids[k], ids[page_rng.next_u64() % static_cast<uint64_t>(k + 1)]);
       Tensor h_rows = Tensor::zeros(DType::i32, {3, B}), h_table = Tensor::zeros(DType::i32, {B, blocks_per_seq});
       for (int64_t i = 0; i < B; ++i) {
-        h_rows.data<int32_t>()[i] = static_cast<int32_t>(i);                // row_begin
-        h_rows.data<int32_t>()[B + i] = 1;                                  // num_rows
-        h_rows.data<int32_t>()[2 * B + i] = static_cast<int32_t>(S - 1);    // position
+        h_rows.data<int32_t>()[i] = static_cast<int32_t>(i);              // row_begin
+        h_rows.data<int32_t>()[B + i] = 1;                                // num_rows
+        h_rows.data<int32_t>()[2 * B + i] = static_cast<int32_t>(S - 1);  // position
       }
       std::copy(ids.begin(), ids.end(), h_table.data<int32_t>());
       const Tensor d_rows = backends::cuda::upload(h_rows.view(), b.ctx->pool(), b.stream());
@@ -269,8 +287,8 @@ void bench_mla_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>&
       const double bytes = static_cast<double>(B) * (static_cast<double>(S * E * core::dtype_size(cache_t)) +
                                                      (H * (nope + rope) + H * vd) * 2.0) +
                            static_cast<double>(kv_b.weight.nbytes() + h_rows.nbytes() + h_table.nbytes());
-      const kernels::MlaAttentionArgs a{q.view(), pages.view(), seqs, 1.0f, &kv_b, out.view(), H, nope, rope, vd, L,
-                                        1.0f / std::sqrt(192.0f)};
+      const kernels::MlaAttentionArgs a{q.view(), pages.view(), seqs, 1.0f, &kv_b, out.view(),
+                                        H,        nope,         rope, vd,   L,     1.0f / std::sqrt(192.0f)};
       // The strategy mla_absorbed selects is named in the shape (bf16 activations: cuda_absorbed_splitkv_mma).
       const std::string absorbed_impl = b.reg.mla_absorbed.select(a, core::Device::cuda).name;
       b.row("mla", std::string("mla_absorbed ") + (cache_t == DType::bf16 ? "bf16" : "fp8"),
@@ -300,7 +318,8 @@ void bench_mla_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>&
         const std::string impl = b.reg.mla_decode.select(d, core::Device::cuda).name;
         const std::string kind = impl.size() > 4 && impl.compare(impl.size() - 4, 4, "_mma") == 0 ? "mma" : "cuda";
         const std::string shape = "ctx=8192 H=12 split " +
-                                  (split_len ? std::to_string(split_len) : "auto " + std::to_string(kernels::mla_decode_split_len(d))) +
+                                  (split_len ? std::to_string(split_len)
+                                             : "auto " + std::to_string(kernels::mla_decode_split_len(d))) +
                                   " " + kind;
         b.row("mla", "mla_decode " + cache_name + " gate", shape, B, bytes + B * H * vd * 2.0 * 2,
               [&] { b.reg.mla_decode.run(d, core::Device::cuda); });
@@ -330,11 +349,12 @@ void bench_mla_prefill(Bench& b, const Patterns& pat) {
       b.fill(pages, cache_t == DType::bf16 ? pat.bf16_act : pat.fp8_cache);
       std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
       for (int64_t k = 0; k < num_blocks; ++k) ids[k] = static_cast<int32_t>(k);
-      for (int64_t k = num_blocks - 1; k > 0; --k) std::swap(ids[k], ids[page_rng.next_u64() % static_cast<uint64_t>(k + 1)]);
+      for (int64_t k = num_blocks - 1; k > 0; --k)
+        std::swap(ids[k], ids[page_rng.next_u64() % static_cast<uint64_t>(k + 1)]);
       Tensor h_rows = Tensor::zeros(DType::i32, {3, 1}), h_table = Tensor::zeros(DType::i32, {1, num_blocks});
-      h_rows.data<int32_t>()[0] = 0;                                  // row_begin
-      h_rows.data<int32_t>()[1] = static_cast<int32_t>(rows);         // num_rows
-      h_rows.data<int32_t>()[2] = static_cast<int32_t>(S - rows);     // position
+      h_rows.data<int32_t>()[0] = 0;                               // row_begin
+      h_rows.data<int32_t>()[1] = static_cast<int32_t>(rows);      // num_rows
+      h_rows.data<int32_t>()[2] = static_cast<int32_t>(S - rows);  // position
       std::copy(ids.begin(), ids.end(), h_table.data<int32_t>());
       const Tensor d_rows = backends::cuda::upload(h_rows.view(), b.ctx->pool(), b.stream());
       const Tensor d_table = backends::cuda::upload(h_table.view(), b.ctx->pool(), b.stream());
@@ -346,13 +366,15 @@ void bench_mla_prefill(Bench& b, const Patterns& pat) {
       seqs.num_seqs = 1;
       seqs.max_rows = static_cast<int>(rows);
       seqs.max_tokens = S;
-      const double bytes = static_cast<double>(S * E * core::dtype_size(cache_t)) + static_cast<double>(kv_b.weight.nbytes()) +
+      const double bytes = static_cast<double>(S * E * core::dtype_size(cache_t)) +
+                           static_cast<double>(kv_b.weight.nbytes()) +
                            static_cast<double>(rows * (H * (nope + rope) + H * vd) * 2);
-      const kernels::MlaAttentionArgs a{q.view(), pages.view(), seqs, 1.0f, &kv_b, out.view(), H, nope, rope, vd, L,
-                                        1.0f / std::sqrt(192.0f)};
+      const kernels::MlaAttentionArgs a{q.view(), pages.view(), seqs, 1.0f, &kv_b, out.view(),
+                                        H,        nope,         rope, vd,   L,     1.0f / std::sqrt(192.0f)};
       const std::string impl = b.reg.mla_naive.select(a, core::Device::cuda).name;
       b.row("mla", std::string("mla_naive ") + (cache_t == DType::bf16 ? "bf16" : "fp8"),
-            "ctx=" + std::to_string(S) + " rows=512 " + impl, rows, bytes, [&] { b.reg.mla_naive.run(a, core::Device::cuda); });
+            "ctx=" + std::to_string(S) + " rows=512 " + impl, rows, bytes,
+            [&] { b.reg.mla_naive.run(a, core::Device::cuda); });
     }
 }
 
@@ -361,7 +383,8 @@ void bench_mla_prefill(Bench& b, const Patterns& pat) {
 void bench_moe(Bench& b, const Patterns& pat, const std::vector<int64_t>& batches, core::Rng& rng) {
   const int64_t E = 896, k = 16, I = 384, L = 3584;
   // All experts in one slab each for codes and scales; per-expert views into them.
-  const int64_t code_bytes[3] = {I * L / 2, I * L / 2, L * I / 2}, scale_bytes[3] = {I * L / 32, I * L / 32, L * I / 32};
+  const int64_t code_bytes[3] = {I * L / 2, I * L / 2, L * I / 2},
+                scale_bytes[3] = {I * L / 32, I * L / 32, L * I / 32};
   Tensor codes = b.empty(DType::u8, {E * (code_bytes[0] * 3)}), scales = b.empty(DType::u8, {E * (scale_bytes[0] * 3)});
   b.fill(codes, pat.fp4_codes), b.fill(scales, pat.e8m0);
   // Views into the slabs; each keeps its slab alive through a copy of the slab tensor.
@@ -374,8 +397,10 @@ void bench_moe(Bench& b, const Patterns& pat, const std::vector<int64_t>& batche
       kernels::LinearWeight lw;
       char* c = static_cast<char*>(codes.view().data) + (e * 3 + m) * code_bytes[0];
       char* s = static_cast<char*>(scales.view().data) + (e * 3 + m) * scale_bytes[0];
-      lw.weight = Tensor(core::TensorView::contiguous(c, DType::u8, {rows[m], cols[m] / 2}, core::Device::cuda), hold_codes);
-      lw.scale = Tensor(core::TensorView::contiguous(s, DType::u8, {rows[m], cols[m] / 32}, core::Device::cuda), hold_scales);
+      lw.weight = Tensor(core::TensorView::contiguous(c, DType::u8, {rows[m], cols[m] / 2}, core::Device::cuda),
+                         hold_codes);
+      lw.scale = Tensor(core::TensorView::contiguous(s, DType::u8, {rows[m], cols[m] / 32}, core::Device::cuda),
+                        hold_scales);
       w[m].push_back(lw);
     }
   const double expert_bytes = static_cast<double>(3 * (code_bytes[0] + scale_bytes[0]));
@@ -388,7 +413,8 @@ void bench_moe(Bench& b, const Patterns& pat, const std::vector<int64_t>& batche
       for (int64_t j = 0; j < k; ++j) {
         int32_t e;
         do e = static_cast<int32_t>(rng.next_u64() % E);
-        while (std::find(ids_h.data<int32_t>() + t * k, ids_h.data<int32_t>() + t * k + j, e) != ids_h.data<int32_t>() + t * k + j);
+        while (std::find(ids_h.data<int32_t>() + t * k, ids_h.data<int32_t>() + t * k + j, e) !=
+               ids_h.data<int32_t>() + t * k + j);
         ids_h.data<int32_t>()[t * k + j] = e;
         wts_h.data<float>()[t * k + j] = 1.0f / k;
         touched[e] = true;
@@ -399,7 +425,8 @@ void bench_moe(Bench& b, const Patterns& pat, const std::vector<int64_t>& batche
     Tensor z = b.empty(DType::bf16, {T, L}), u = b.empty(DType::bf16, {T, L});
     b.fill(z, pat.bf16_act);
     const kernels::MoeExpertsArgs a{z.view(), ids.view(), wts.view(), w[0], w[1], w[2], u.view()};
-    const double bytes = distinct * expert_bytes + static_cast<double>(z.nbytes() + u.nbytes() + ids.nbytes() + wts.nbytes());
+    const double bytes = distinct * expert_bytes +
+                         static_cast<double>(z.nbytes() + u.nbytes() + ids.nbytes() + wts.nbytes());
     // Every CUDA strategy that takes this batch gets a row (name shortened: "gemv", "grouped",
     // "rowdot"); the one the registry picks is marked "*", so a faster strategy that is not picked shows.
     const std::string picked = b.reg.moe_experts.select(a, core::Device::cuda).name;
@@ -412,7 +439,8 @@ void bench_moe(Bench& b, const Patterns& pat, const std::vector<int64_t>& batche
     Tensor logits = b.empty(DType::f32, {T, E}), r_ids = b.empty(DType::i32, {T, k}), r_w = b.empty(DType::f32, {T, k});
     b.fill(logits, pat.f32_act);
     const kernels::RouterTopkArgs ra{logits.view(), bias.view(), r_ids.view(), r_w.view()};
-    b.row("moe", "router_topk", "E=896 k=16", T, static_cast<double>(logits.nbytes() + bias.nbytes() + 2 * r_w.nbytes()),
+    b.row("moe", "router_topk", "E=896 k=16", T,
+          static_cast<double>(logits.nbytes() + bias.nbytes() + 2 * r_w.nbytes()),
           [&] { b.reg.router_topk.run(ra, core::Device::cuda); });
   }
 }
@@ -433,18 +461,24 @@ void bench_elementwise(Bench& b, const Patterns& pat, const std::vector<int64_t>
     b.row("elt", "attn_res_mix 9 sources", "D=7168", T, 10 * row + 2 * norm_w.nbytes(), [&] {
       b.reg.attn_res_mix.run({views, query.view(), norm_w.view(), out.view()}, core::Device::cuda);
     });
-    b.row("elt", "rmsnorm", "D=7168", T, 2 * row + norm_w.nbytes(),
-          [&] { b.reg.rmsnorm.run({src[0].view(), norm_w.view(), out.view()}, core::Device::cuda); });
-    b.row("elt", "add", "D=7168", T, 3 * row,
-          [&] { b.reg.add.run({src[0].view(), src[1].view(), out.view()}, core::Device::cuda); });
-    const core::TensorView g = backends::cuda::cols_of(src[2].view(), 0, 768), up = backends::cuda::cols_of(src[3].view(), 0, 768);
+    b.row("elt", "rmsnorm", "D=7168", T, 2 * row + norm_w.nbytes(), [&] {
+      b.reg.rmsnorm.run({src[0].view(), norm_w.view(), out.view()}, core::Device::cuda);
+    });
+    b.row("elt", "add", "D=7168", T, 3 * row, [&] {
+      b.reg.add.run({src[0].view(), src[1].view(), out.view()}, core::Device::cuda);
+    });
+    const core::TensorView g = backends::cuda::cols_of(src[2].view(), 0, 768),
+                           up = backends::cuda::cols_of(src[3].view(), 0, 768);
     const core::TensorView act = backends::cuda::cols_of(out.view(), 0, 768);
-    b.row("elt", "situ_glu", "I=768", T, 3.0 * T * 768 * 2,
-          [&] { b.reg.situ_glu.run({g, up, act}, core::Device::cuda); });
-    Tensor xg = b.empty(DType::bf16, {T, 1536}), gg = b.empty(DType::bf16, {T, 1536}), og = b.empty(DType::bf16, {T, 1536});
+    b.row("elt", "situ_glu", "I=768", T, 3.0 * T * 768 * 2, [&] {
+      b.reg.situ_glu.run({g, up, act}, core::Device::cuda);
+    });
+    Tensor xg = b.empty(DType::bf16, {T, 1536}), gg = b.empty(DType::bf16, {T, 1536}),
+           og = b.empty(DType::bf16, {T, 1536});
     b.fill(xg, pat.bf16_act), b.fill(gg, pat.bf16_act);
-    b.row("elt", "sigmoid_gate", "D=1536", T, 3.0 * T * 1536 * 2,
-          [&] { b.reg.sigmoid_gate.run({xg.view(), gg.view(), og.view()}, core::Device::cuda); });
+    b.row("elt", "sigmoid_gate", "D=1536", T, 3.0 * T * 1536 * 2, [&] {
+      b.reg.sigmoid_gate.run({xg.view(), gg.view(), og.view()}, core::Device::cuda);
+    });
   }
 }
 
@@ -502,7 +536,8 @@ int main(int argc, char** argv) {
       else if (a == "--batches") batches_arg = value("--batches");
       else if (a == "--only") only = value("--only");
       else if (a == "--help" || a == "-h") {
-        std::cout << "k3bench_ops_gpu [--out FILE] [--iters N] [--batches 1,8,64] [--only linear,kda,mla,moe,elt,sample]\n";
+        std::cout
+            << "k3bench_ops_gpu [--out FILE] [--iters N] [--batches 1,8,64] [--only linear,kda,mla,moe,elt,sample]\n";
         return 0;
       } else {
         throw core::Error("unknown option " + a + " (try --help)");
@@ -520,8 +555,8 @@ int main(int argc, char** argv) {
     b.copy_bytes_per_second = measure_copy_bandwidth(b);
     std::printf("k3bench_ops_gpu on %s (%d SMs, L2 %zu MiB): device copy %.0f GB/s (read + write); floor 4300 GB/s\n",
                 info.name.c_str(), info.sm_count, info.l2_bytes >> 20, b.copy_bytes_per_second / 1e9);
-    std::printf("%-6s %-22s %-26s %5s %10s %12s %9s %8s %8s\n", "group", "op", "shape", "batch", "median_us", "MB moved",
-                "GB/s", "x4.3TB/s", "xcopy");
+    std::printf("%-6s %-22s %-26s %5s %10s %12s %9s %8s %8s\n", "group", "op", "shape", "batch", "median_us",
+                "MB moved", "GB/s", "x4.3TB/s", "xcopy");
     core::Rng rng(42);
     const Patterns pat(rng);
     const std::string only_list = "," + only + ",";  // (built once: GCC 12 -Wrestrict misfires on it in the lambda)
@@ -538,14 +573,23 @@ int main(int argc, char** argv) {
     if (wanted("elt")) bench_elementwise(b, pat, batches);
     if (wanted("sample")) bench_sampling(b, batches, rng);
     nlohmann::json env = evidence::environment();
-    env["gpu"] = {{"name", info.name}, {"sm_count", info.sm_count}, {"l2_bytes", info.l2_bytes},
-                  {"global_bytes", info.global_bytes}, {"cc", std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor)},
-                  {"driver_version", info.driver_version}, {"runtime_version", info.runtime_version}};
+    env["gpu"] = {{"name", info.name},
+                  {"sm_count", info.sm_count},
+                  {"l2_bytes", info.l2_bytes},
+                  {"global_bytes", info.global_bytes},
+                  {"cc", std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor)},
+                  {"driver_version", info.driver_version},
+                  {"runtime_version", info.runtime_version}};
     const nlohmann::json bundle = {
         {"benchmark", "ops_gpu"},
         {"environment", env},
-        {"config", {{"iters", iters}, {"batches", batches}, {"only", only}, {"timing", "median of iters, L2 flushed before each, CUDA events"},
-                    {"bytes", "spec §12: weights read + state read/written + cache read + activations in/out; experts: distinct touched"}}},
+        {"config",
+         {{"iters", iters},
+          {"batches", batches},
+          {"only", only},
+          {"timing", "median of iters, L2 flushed before each, CUDA events"},
+          {"bytes",
+           "spec §12: weights read + state read/written + cache read + activations in/out; experts: distinct touched"}}},
         {"copy_GBps", b.copy_bytes_per_second / 1e9},
         {"floor_GBps", kFloorBytesPerSecond / 1e9},
         {"rows", b.rows}};

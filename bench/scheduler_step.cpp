@@ -187,8 +187,13 @@ int main(int argc, char** argv) {
     nlohmann::json bundle = {
         {"benchmark", "scheduler_step"},
         {"environment", evidence::environment()},
-        {"config", {{"steps", steps}, {"prompt_tokens", prompt}, {"vocab", vocab}, {"block_size", 16},
-                    {"checkpoint_interval_blocks", 4}, {"prefix_cache", true}}},
+        {"config",
+         {{"steps", steps},
+          {"prompt_tokens", prompt},
+          {"vocab", vocab},
+          {"block_size", 16},
+          {"checkpoint_interval_blocks", 4},
+          {"prefix_cache", true}}},
         {"results", rows},
     };
     std::ofstream(args.get("out")) << bundle.dump(1) << "\n";

@@ -44,7 +44,8 @@ std::string default_corpus(size_t bytes) {
     if (fs::exists(fs::path(K3_SOURCE_DIR) / dir))
       for (const auto& e : fs::recursive_directory_iterator(fs::path(K3_SOURCE_DIR) / dir)) {
         const std::string ext = e.path().extension().string();
-        if (e.is_regular_file() && (ext == ".cpp" || ext == ".h" || ext == ".md" || ext == ".cu")) files.push_back(e.path());
+        if (e.is_regular_file() && (ext == ".cpp" || ext == ".h" || ext == ".md" || ext == ".cu"))
+          files.push_back(e.path());
       }
   std::sort(files.begin(), files.end());
   std::string repo;
@@ -55,7 +56,8 @@ std::string default_corpus(size_t bytes) {
       "안녕하세요 🌍👋🚀 The end.\n";
   std::string corpus;
   while (corpus.size() < bytes) {
-    corpus += repo.empty() ? std::string("int main() { return 0; }\n") : repo.substr(0, std::min(repo.size(), bytes - corpus.size()));
+    corpus += repo.empty() ? std::string("int main() { return 0; }\n")
+                           : repo.substr(0, std::min(repo.size(), bytes - corpus.size()));
     for (int i = 0; i < 9 && corpus.size() < bytes; ++i) corpus += multilingual;  // ~1/10 of a repo pass
   }
   corpus.resize(bytes);
@@ -96,7 +98,7 @@ int main(int argc, char** argv) {
     const int64_t R = args.get_int("repeats"), mb = args.get_int("mb");
     K3_CHECK(R >= 1 && mb >= 1, "--repeats and --mb must be >= 1");
     const std::string corpus = args.get("text").empty() ? default_corpus(static_cast<size_t>(mb) << 20)
-                                                         : read_file(args.get("text"));
+                                                        : read_file(args.get("text"));
 
     struct Named {
       std::string name;
@@ -108,7 +110,8 @@ int main(int argc, char** argv) {
       const Timer t;
       tokenizer::TinyVocab v = tokenizer::build_tiny_vocab(1024);
       auto tok = std::make_unique<tokenizer::Tokenizer>(
-          std::move(v.ranks), std::move(v.specials), tokenizer::TokenizerOptions{std::string(tokenizer::patterns::kKimi), true});
+          std::move(v.ranks), std::move(v.specials),
+          tokenizer::TokenizerOptions{std::string(tokenizer::patterns::kKimi), true});
       toks.push_back({"k3-tiny (1024, Kimi split)", std::move(tok), t.cpu()});
     }
     const fs::path data = fs::path(K3_SOURCE_DIR) / ".testdata" / "gpt-tokenizer";
@@ -122,7 +125,8 @@ int main(int argc, char** argv) {
                          Ref{"o200k_base", "o200k_base.tiktoken", tokenizer::patterns::kO200k, false},
                          Ref{"o200k ranks, Kimi split", "o200k_base.tiktoken", tokenizer::patterns::kKimi, true}}) {
       if (!fs::exists(data / r.file)) {
-        std::cerr << "note: " << (data / r.file).string() << " absent (scripts/fetch_test_data.sh): skipping " << r.name << "\n";
+        std::cerr << "note: " << (data / r.file).string() << " absent (scripts/fetch_test_data.sh): skipping " << r.name
+                  << "\n";
         continue;
       }
       const Timer t;
@@ -168,8 +172,12 @@ int main(int argc, char** argv) {
                          {"load_cpu_s", t.load_s},
                          {"tokens", ids.size()},
                          {"samples",
-                          {{"encode_cpu_s", enc_cpu}, {"decode_cpu_s", dec_cpu}, {"stream_decode_cpu_s", stream_cpu},
-                           {"encode_wall_s", enc_wall}, {"decode_wall_s", dec_wall}, {"stream_decode_wall_s", stream_wall}}},
+                          {{"encode_cpu_s", enc_cpu},
+                           {"decode_cpu_s", dec_cpu},
+                           {"stream_decode_cpu_s", stream_cpu},
+                           {"encode_wall_s", enc_wall},
+                           {"decode_wall_s", dec_wall},
+                           {"stream_decode_wall_s", stream_wall}}},
                          {"summary",
                           {{"encode_mib_per_s", corpus_mb / em},
                            {"decode_mib_per_s", corpus_mb / dm},

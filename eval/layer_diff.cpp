@@ -49,8 +49,8 @@ struct StepTrace {
         for (int64_t c = 0; c < v.dim(1); ++c) e.values.push_back(row[c * v.strides[1]]);
       }
     } else {
-      K3_CHECK(v.is_contiguous(), "layer_diff: trace '" + name + "' is a non-contiguous rank-" +
-                                      std::to_string(v.rank()) + " view");
+      K3_CHECK(v.is_contiguous(),
+               "layer_diff: trace '" + name + "' is a non-contiguous rank-" + std::to_string(v.rank()) + " view");
       const auto s = v.span<const float>();
       e.values.assign(s.begin(), s.end());
     }
@@ -71,7 +71,8 @@ class SideRun {
   // Runs `tokens` as one step and returns the last row's logits [vocab]; traces into `trace`.
   std::vector<float> step(std::span<const int32_t> tokens, model::StepKind kind, StepTrace* trace) {
     model::TraceFn fn;
-    if (trace) fn = [trace](std::string_view name, int layer, const core::TensorView& v) { trace->add(name, layer, v); };
+    if (trace)
+      fn = [trace](std::string_view name, int layer, const core::TensorView& v) { trace->add(name, layer, v); };
     const model::SequenceInput in{tokens, &state_, kind};
     const core::Tensor logits = runner_.model().forward(cache_.storage(), {&in, 1}, model::LogitRows::last,
                                                         trace ? &fn : nullptr);
@@ -117,7 +118,8 @@ std::vector<int32_t> free_run(const runner::ModelRunner& r, const SideSpec& side
   std::vector<int32_t> out;
   if (n == 0) return out;
   SideRun run(r, side, static_cast<int64_t>(prompt.size()) + n);
-  out.push_back(greedy_token(run.step(prefill_head<SideRun>(run, prompt, prefill_chunk), model::StepKind::prefill, nullptr)));
+  out.push_back(
+      greedy_token(run.step(prefill_head<SideRun>(run, prompt, prefill_chunk), model::StepKind::prefill, nullptr)));
   while (static_cast<int64_t>(out.size()) < n)
     out.push_back(greedy_token(run.step({&out.back(), 1}, model::StepKind::decode, nullptr)));
   return out;
@@ -288,14 +290,15 @@ int32_t greedy_token(std::span<const float> logits) {
 
 LayerDiffReport run_layer_diff(const runner::ModelRunner& a, const SideSpec& side_a, const runner::ModelRunner& b,
                                const SideSpec& side_b, const LayerDiffConfig& config) {
-  K3_CHECK(a.config().hash() == b.config().hash(),
-           "layer_diff: the two sides hold different models (config hash " + a.config().hash() + " vs " +
-               b.config().hash() + ")");
+  K3_CHECK(a.config().hash() == b.config().hash(), "layer_diff: the two sides hold different models (config hash " +
+                                                       a.config().hash() + " vs " + b.config().hash() + ")");
   K3_CHECK(a.model().options().device == side_a.device && b.model().options().device == side_b.device &&
                a.model().options().precision == side_a.precision && b.model().options().precision == side_b.precision,
            "layer_diff: a side spec does not match the model it describes (open it with open_side)");
-  K3_CHECK(config.prefill_chunk >= 0, "layer_diff: the prefill chunk must be >= 0 tokens, got " + std::to_string(config.prefill_chunk));
-  K3_CHECK(config.decode_steps >= 0, "layer_diff: decode steps must be >= 0, got " + std::to_string(config.decode_steps));
+  K3_CHECK(config.prefill_chunk >= 0,
+           "layer_diff: the prefill chunk must be >= 0 tokens, got " + std::to_string(config.prefill_chunk));
+  K3_CHECK(config.decode_steps >= 0,
+           "layer_diff: decode steps must be >= 0, got " + std::to_string(config.decode_steps));
   K3_CHECK(std::isfinite(config.threshold) && config.threshold <= 1,
            "layer_diff: the cosine threshold must be a number <= 1, got " + std::to_string(config.threshold));
   check_ids(a, config.prompt);
@@ -329,7 +332,8 @@ LayerDiffReport run_layer_diff(const runner::ModelRunner& a, const SideSpec& sid
     const model::StepKind kind = prefill ? model::StepKind::prefill : model::StepKind::decode;
     StepTrace trace_a, trace_b;
     const bool traced = !prefill || config.trace_prefill;
-    const std::span<const int32_t> last = prefill ? prefill_head<SideRun, SideRun>(run_a, run_b, tokens, config.prefill_chunk) : tokens;
+    const std::span<const int32_t> last =
+        prefill ? prefill_head<SideRun, SideRun>(run_a, run_b, tokens, config.prefill_chunk) : tokens;
     const std::vector<float> logits_a = run_a.step(last, kind, traced ? &trace_a : nullptr);
     const std::vector<float> logits_b = run_b.step(last, kind, traced ? &trace_b : nullptr);
     if (!traced) r.rows.push_back({step, "logits", -1, compare(logits_a, logits_b)});  // summarized below
@@ -341,10 +345,10 @@ LayerDiffReport run_layer_diff(const runner::ModelRunner& a, const SideSpec& sid
         continue;
       }
       const auto& eb = trace_b.entries[it->second];
-      K3_CHECK(ea.values.size() == eb.values.size(),
-               "layer_diff: step " + std::to_string(step) + " '" + ea.name + "' layer " + std::to_string(ea.layer) +
-                   " has " + std::to_string(ea.values.size()) + " values on side A and " +
-                   std::to_string(eb.values.size()) + " on side B");
+      K3_CHECK(ea.values.size() == eb.values.size(), "layer_diff: step " + std::to_string(step) + " '" + ea.name +
+                                                         "' layer " + std::to_string(ea.layer) + " has " +
+                                                         std::to_string(ea.values.size()) + " values on side A and " +
+                                                         std::to_string(eb.values.size()) + " on side B");
       r.rows.push_back({step, ea.name, ea.layer, compare(ea.values, eb.values)});
       summary.add(r.rows.back());
     }

@@ -105,7 +105,7 @@ struct LayerDiffConfig {
 };
 
 struct LayerDiffReport {
-  std::string mode;  // "teacher_forced" | "free_run"
+  std::string mode;            // "teacher_forced" | "free_run"
   std::string side_a, side_b;  // SideSpec::text()
   std::string model;           // where the weights came from (a folder, or "k3-tiny seed 0 (temporary)")
   std::string config_hash;
@@ -113,15 +113,15 @@ struct LayerDiffReport {
   LayerDiffConfig config;
 
   // Teacher-forced mode.
-  std::vector<StepRow> rows;           // every (step, name, layer), in execution order per step
-  std::vector<LayerSummary> layers;    // per (name, layer), in execution order
+  std::vector<StepRow> rows;         // every (step, name, layer), in execution order per step
+  std::vector<LayerSummary> layers;  // per (name, layer), in execution order
   std::vector<StepTokens> steps;
   std::vector<std::string> only_in_a, only_in_b;  // "name@layer" traced by one side only (any step)
-  double top1_agreement = 1;           // fraction of steps whose greedy tokens agree
-  int64_t first_disagreeing_step = -1; // -1: none
-  double min_cosine = 1;               // over every row (NaN when any row is NaN)
-  bool any_below = false;              // some (name, layer) has worst cosine < threshold (or NaN)
-  std::string first_below_name;        // the first such in execution order
+  double top1_agreement = 1;                      // fraction of steps whose greedy tokens agree
+  int64_t first_disagreeing_step = -1;            // -1: none
+  double min_cosine = 1;                          // over every row (NaN when any row is NaN)
+  bool any_below = false;                         // some (name, layer) has worst cosine < threshold (or NaN)
+  std::string first_below_name;                   // the first such in execution order
   int first_below_layer = -1;
   double first_below_cosine = 1;
 

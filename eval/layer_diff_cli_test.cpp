@@ -10,9 +10,9 @@
 #include <fstream>
 #include <limits>
 
-#include "eval/layer_diff_command.h"
 #include "core/error.h"
 #include "eval/layer_diff.h"
+#include "eval/layer_diff_command.h"
 #include "eval/test_util.h"
 
 #ifdef K3_HAVE_CUDA
@@ -39,8 +39,8 @@ TEST(LayerDiffJson, RoundTripsWithEveryField) {
   r.model = "k3-tiny seed 0 (test)";
   r.environment = {{"git_sha", "0123abc"}, {"git_dirty", true}};
   const nlohmann::json j = nlohmann::json::parse(to_json(r).dump(2));
-  for (const char* key : {"tool", "mode", "environment", "model", "sides", "config", "summary", "layers", "steps", "rows",
-                          "only_in_a", "only_in_b", "tokens_a", "tokens_b"})
+  for (const char* key : {"tool", "mode", "environment", "model", "sides", "config", "summary", "layers", "steps",
+                          "rows", "only_in_a", "only_in_b", "tokens_a", "tokens_b"})
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_EQ(j["tool"], "layer_diff");
   EXPECT_EQ(j["environment"]["git_sha"], "0123abc");
@@ -179,8 +179,9 @@ TEST(LayerDiffCli, CheckPassesAndFails) {
 TEST(LayerDiffCli, BadInputIsAnErrorNamingIt) {
   const std::string model = TinyModel::dir().string();
   auto has = [](const std::string& text, const char* fragment) {
-    return text.find(fragment) != std::string::npos ? ::testing::AssertionSuccess()
-                                                    : ::testing::AssertionFailure() << "'" << fragment << "' not in: " << text;
+    return text.find(fragment) != std::string::npos
+               ? ::testing::AssertionSuccess()
+               : ::testing::AssertionFailure() << "'" << fragment << "' not in: " << text;
   };
   EXPECT_TRUE(has(error_of({"--a", "device=cpu", "--b", "device=cpu", "--bogus", "1"}), "unknown option --bogus"));
   EXPECT_TRUE(has(error_of({"--a", "device=cpu", "--b", "device=tpu"}), "--b: side spec 'device=tpu': device must be"));
@@ -188,7 +189,8 @@ TEST(LayerDiffCli, BadInputIsAnErrorNamingIt) {
   EXPECT_TRUE(has(error_of({"--a", "device=cpu"}), "--b is required"));
   EXPECT_TRUE(has(error_of({"--a", "", "--b", "", "--model", model, "--config", "k3-tiny"}), "--model or --config"));
   EXPECT_TRUE(has(error_of({"--a", "", "--b", "", "--model", model, "--steps", "-1"}), "--steps must be >= 0"));
-  EXPECT_TRUE(has(error_of({"--a", "", "--b", "", "--model", model, "--threshold", "1.5"}), "--threshold must be <= 1"));
+  EXPECT_TRUE(
+      has(error_of({"--a", "", "--b", "", "--model", model, "--threshold", "1.5"}), "--threshold must be <= 1"));
   EXPECT_TRUE(has(error_of({"--a", "", "--b", "", "--model", model, "--token-ids", "1,x"}), "--token-ids expects"));
   EXPECT_TRUE(has(error_of({"--a", "", "--b", "", "--model", model, "--token-ids", "1", "--prompt-len", "3"}),
                   "--token-ids or --prompt-len"));

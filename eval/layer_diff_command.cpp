@@ -5,6 +5,8 @@
 //   k3eval_layer_diff --a device=cuda,precision=bf16 --b device=cuda,precision=bf16,decode_backend=latency_specialized
 //                     [--model DIR | --config k3-tiny --seed 0] [--prompt-len 8 | --token-ids 1,2,3]
 //                     [--steps 16] [--threshold 0.999] [--no-prefill-trace] [--prefill-chunk N] [--free-run] [--out diff.json] [--check]
+#include "eval/layer_diff_command.h"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -16,7 +18,6 @@
 #include "cli/args.h"
 #include "core/error.h"
 #include "eval/layer_diff.h"
-#include "eval/layer_diff_command.h"
 #include "evidence/environment.h"
 
 namespace k3::eval {
@@ -63,36 +64,44 @@ SideSpec side_option(const cli::Args& args, const char* name) {
 }  // namespace
 
 int layer_diff_command(std::span<char* const> argv) {
-  cli::Args args("layer-diff",
-            {{"a", "SPEC", "side A, the reference: device=cpu|cuda,precision=fp32|bf16,decode_backend=auto|"
-                           "latency_specialized,kv_cache=bf16|fp8,kda_prefill=chunked|recurrent (keys optional)",
-              "", true},
-             {"b", "SPEC", "side B, compared with A (same keys)", "", true},
-             {"model", "DIR", std::string("checkpoint folder [default: ") + kDefaultModel + " unless --config]", ""},
-             {"config", "NAME|PATH", "instead of --model: a random checkpoint of this config (e.g. k3-tiny) in a temp folder", ""},
-             {"seed", "N", "with --config: the weights' seed", "0"},
-             {"init", "realistic|sensitive", "with --config: weight init (spec §14.1 / §14.3)", "realistic"},
-             {"token-ids", "1,2,3", "the prompt's token ids (default: --prompt-len fixed ids)", ""},
-             {"prompt-len", "N", "without --token-ids: a prompt of N ids (i * 7919 mod vocab)", "8"},
-             {"steps", "N", "decode steps after the prompt (--free-run: greedy tokens per side)", "16"},
-             {"threshold", "C", "flag intermediates whose worst cosine is below C", "0.999"},
-             {"min-top1", "P", "with --check: the least top-1 agreement that passes", "0.99"},
-             {"no-prefill-trace", "", "the prefill step compares only its last-row logits (long prompts)", ""},
-             {"prefill-chunk", "N", "prefill the prompt in steps of at most N tokens (0: one step); only the last is compared", "0"},
-             {"free-run", "", "each side generates --steps greedy tokens on its own; report the first divergence", ""},
-             {"out", "FILE", "write the JSON bundle (per-step rows, summaries, environment) here", ""},
-             {"check", "", "exit 1 when an intermediate is below --threshold, top-1 agreement is below --min-top1, "
-                           "or (--free-run) the tokens diverge", ""}},
-            argv);
+  cli::Args args(
+      "layer-diff",
+      {{"a", "SPEC",
+        "side A, the reference: device=cpu|cuda,precision=fp32|bf16,decode_backend=auto|"
+        "latency_specialized,kv_cache=bf16|fp8,kda_prefill=chunked|recurrent (keys optional)",
+        "", true},
+       {"b", "SPEC", "side B, compared with A (same keys)", "", true},
+       {"model", "DIR", std::string("checkpoint folder [default: ") + kDefaultModel + " unless --config]", ""},
+       {"config", "NAME|PATH", "instead of --model: a random checkpoint of this config (e.g. k3-tiny) in a temp folder",
+        ""},
+       {"seed", "N", "with --config: the weights' seed", "0"},
+       {"init", "realistic|sensitive", "with --config: weight init (spec §14.1 / §14.3)", "realistic"},
+       {"token-ids", "1,2,3", "the prompt's token ids (default: --prompt-len fixed ids)", ""},
+       {"prompt-len", "N", "without --token-ids: a prompt of N ids (i * 7919 mod vocab)", "8"},
+       {"steps", "N", "decode steps after the prompt (--free-run: greedy tokens per side)", "16"},
+       {"threshold", "C", "flag intermediates whose worst cosine is below C", "0.999"},
+       {"min-top1", "P", "with --check: the least top-1 agreement that passes", "0.99"},
+       {"no-prefill-trace", "", "the prefill step compares only its last-row logits (long prompts)", ""},
+       {"prefill-chunk", "N",
+        "prefill the prompt in steps of at most N tokens (0: one step); only the last is compared", "0"},
+       {"free-run", "", "each side generates --steps greedy tokens on its own; report the first divergence", ""},
+       {"out", "FILE", "write the JSON bundle (per-step rows, summaries, environment) here", ""},
+       {"check", "",
+        "exit 1 when an intermediate is below --threshold, top-1 agreement is below --min-top1, "
+        "or (--free-run) the tokens diverge",
+        ""}},
+      argv);
   if (args.help_requested()) {
     std::cout << args.usage();
     return 0;
   }
   const SideSpec side_a = side_option(args, "a"), side_b = side_option(args, "b");
   K3_CHECK(!(args.has("model") && args.has("config")), "layer-diff: give --model or --config, not both");
-  K3_CHECK(!(args.has("token-ids") && args.has("prompt-len")), "layer-diff: give --token-ids or --prompt-len, not both");
+  K3_CHECK(!(args.has("token-ids") && args.has("prompt-len")),
+           "layer-diff: give --token-ids or --prompt-len, not both");
   const std::string init = args.get("init");
-  K3_CHECK(init == "realistic" || init == "sensitive", "layer-diff: --init must be realistic or sensitive, got '" + init + "'");
+  K3_CHECK(init == "realistic" || init == "sensitive",
+           "layer-diff: --init must be realistic or sensitive, got '" + init + "'");
   eval::LayerDiffConfig config;
   config.decode_steps = args.get_int("steps");
   K3_CHECK(config.decode_steps >= 0, "layer-diff: --steps must be >= 0, got " + std::to_string(config.decode_steps));
@@ -103,7 +112,8 @@ int layer_diff_command(std::span<char* const> argv) {
   config.free_run = args.flag("free-run");
   config.trace_prefill = !args.flag("no-prefill-trace");
   config.prefill_chunk = args.get_int("prefill-chunk");
-  K3_CHECK(config.prefill_chunk >= 0, "layer-diff: --prefill-chunk must be >= 0, got " + std::to_string(config.prefill_chunk));
+  K3_CHECK(config.prefill_chunk >= 0,
+           "layer-diff: --prefill-chunk must be >= 0, got " + std::to_string(config.prefill_chunk));
   const int64_t prompt_len = args.get_int("prompt-len");
   K3_CHECK(prompt_len >= 1, "layer-diff: --prompt-len must be >= 1, got " + std::to_string(prompt_len));
 

@@ -81,14 +81,25 @@ json to_json(const LayerDiffReport& r) {
   }
   json layers = json::array();
   for (const LayerSummary& s : r.layers)
-    layers.push_back({{"name", s.name}, {"layer", s.layer}, {"steps", s.steps},
-                      {"cosine_worst", num(s.cosine_worst)}, {"cosine_mean", num(s.cosine_mean)},
-                      {"rel_l2_worst", num(s.rel_l2_worst)}, {"rel_l2_mean", num(s.rel_l2_mean)},
-                      {"max_abs_worst", num(s.max_abs_worst)}, {"max_abs_mean", num(s.max_abs_mean)}});
+    layers.push_back({{"name", s.name},
+                      {"layer", s.layer},
+                      {"steps", s.steps},
+                      {"cosine_worst", num(s.cosine_worst)},
+                      {"cosine_mean", num(s.cosine_mean)},
+                      {"rel_l2_worst", num(s.rel_l2_worst)},
+                      {"rel_l2_mean", num(s.rel_l2_mean)},
+                      {"max_abs_worst", num(s.max_abs_worst)},
+                      {"max_abs_mean", num(s.max_abs_mean)}});
   json steps = json::array();
   for (const StepTokens& t : r.steps)
-    steps.push_back({{"step", t.step}, {"kind", t.kind}, {"token_in", t.token_in}, {"greedy_a", t.greedy_a},
-                     {"greedy_b", t.greedy_b}, {"top1_agree", t.top1_agree}, {"path_a", t.path_a}, {"path_b", t.path_b}});
+    steps.push_back({{"step", t.step},
+                     {"kind", t.kind},
+                     {"token_in", t.token_in},
+                     {"greedy_a", t.greedy_a},
+                     {"greedy_b", t.greedy_b},
+                     {"top1_agree", t.top1_agree},
+                     {"path_a", t.path_a},
+                     {"path_b", t.path_b}});
   json first_below = nullptr;
   if (r.any_below)
     first_below = {{"name", r.first_below_name}, {"layer", r.first_below_layer}, {"cosine", num(r.first_below_cosine)}};
@@ -98,12 +109,20 @@ json to_json(const LayerDiffReport& r) {
       {"environment", r.environment},
       {"model", {{"source", r.model}, {"config_hash", r.config_hash}}},
       {"sides", {{"a", r.side_a}, {"b", r.side_b}}},
-      {"config", {{"prompt", r.config.prompt}, {"decode_steps", r.config.decode_steps},
-                  {"threshold", num(r.config.threshold)}, {"free_run", r.config.free_run},
-                  {"trace_prefill", r.config.trace_prefill}, {"prefill_chunk", r.config.prefill_chunk}}},
-      {"summary", {{"top1_agreement", num(r.top1_agreement)}, {"first_disagreeing_step", r.first_disagreeing_step},
-                   {"min_cosine", num(r.min_cosine)}, {"any_below_threshold", r.any_below},
-                   {"first_below_threshold", first_below}, {"first_divergence", r.first_divergence}}},
+      {"config",
+       {{"prompt", r.config.prompt},
+        {"decode_steps", r.config.decode_steps},
+        {"threshold", num(r.config.threshold)},
+        {"free_run", r.config.free_run},
+        {"trace_prefill", r.config.trace_prefill},
+        {"prefill_chunk", r.config.prefill_chunk}}},
+      {"summary",
+       {{"top1_agreement", num(r.top1_agreement)},
+        {"first_disagreeing_step", r.first_disagreeing_step},
+        {"min_cosine", num(r.min_cosine)},
+        {"any_below_threshold", r.any_below},
+        {"first_below_threshold", first_below},
+        {"first_divergence", r.first_divergence}}},
       {"layers", layers},
       {"steps", steps},
       {"rows", rows},
@@ -218,8 +237,7 @@ std::string format_table(const LayerDiffReport& r) {
   if (r.any_below)
     out += "first below " + fmt(r.config.threshold, "%g") + ": " + r.first_below_name + " layer " +
            std::to_string(r.first_below_layer) + " (cosine " + fmt(r.first_below_cosine) + ")\n";
-  else
-    out += "every intermediate at cosine >= " + fmt(r.config.threshold, "%g") + "\n";
+  else out += "every intermediate at cosine >= " + fmt(r.config.threshold, "%g") + "\n";
   return out;
 }
 

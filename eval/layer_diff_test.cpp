@@ -1,6 +1,8 @@
 // eval/layer_diff_test.cpp: the layer diff library on the tiny model (CPU): same side twice is
 // exact, fp32 vs bf16 is close but not exact at every layer, teacher forcing, free run, side specs,
 // the comparison itself and the JSON bundle's round trip.
+#include "eval/layer_diff.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,7 +14,6 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "core/rng.h"
-#include "eval/layer_diff.h"
 #include "eval/test_util.h"
 
 namespace k3::eval {
@@ -33,7 +34,8 @@ TEST(LayerDiffSide, DefaultsAndCanonicalText) {
   const SideSpec d = parse_side("");
   EXPECT_EQ(d, SideSpec{});
   EXPECT_EQ(d.text(), "device=cpu,precision=bf16,decode_backend=auto,kv_cache=bf16,kda_prefill=chunked");
-  const SideSpec s = parse_side("precision=fp32,device=cuda,kv_cache=fp8,decode_backend=latency_specialized,kda_prefill=recurrent");
+  const SideSpec s = parse_side(
+      "precision=fp32,device=cuda,kv_cache=fp8,decode_backend=latency_specialized,kda_prefill=recurrent");
   EXPECT_EQ(s.device, core::Device::cuda);
   EXPECT_EQ(s.precision, kernels::Precision::fp32);
   EXPECT_EQ(s.kv_cache, model::KvCacheDtype::fp8_e4m3);
@@ -210,7 +212,8 @@ TEST(LayerDiffRun, Fp32VsBf16IsCloseButNotExactAtEveryLayer) {
     EXPECT_EQ(l.steps, 9) << l.name << " layer " << l.layer;
     EXPECT_GE(l.layer, -1);
     EXPECT_LT(l.layer, layers);
-    const bool exact_in_both = l.name == "embed" || (l.name == "attn_res.mix" && l.layer == 0);  // bf16 weights, no math
+    const bool exact_in_both = l.name == "embed" ||
+                               (l.name == "attn_res.mix" && l.layer == 0);  // bf16 weights, no math
     if (exact_in_both) {
       EXPECT_EQ(l.cosine_worst, 1) << l.name << " layer " << l.layer;
     } else {
@@ -220,9 +223,11 @@ TEST(LayerDiffRun, Fp32VsBf16IsCloseButNotExactAtEveryLayer) {
     if (l.name == "prefix" && l.layer >= 0) prefix_inexact[static_cast<size_t>(l.layer)] = 1;
   }
   EXPECT_GE(checked_before_router, 10) << "expected layer 0 and layer 1's attention before the first router";
-  for (int l = 0; l < layers; ++l) EXPECT_TRUE(prefix_inexact[static_cast<size_t>(l)]) << "no 'prefix' row for layer " << l;
+  for (int l = 0; l < layers; ++l)
+    EXPECT_TRUE(prefix_inexact[static_cast<size_t>(l)]) << "no 'prefix' row for layer " << l;
   // The real trace names of the model (model.cpp and model/layers/*.cpp).
-  for (const char* n : {"embed", "attn_res.mix", "attn.out", "ffn.out", "prefix", "logits", "kda.o", "mla.o", "moe.latent"})
+  for (const char* n :
+       {"embed", "attn_res.mix", "attn.out", "ffn.out", "prefix", "logits", "kda.o", "mla.o", "moe.latent"})
     EXPECT_TRUE(names.count(n)) << "no intermediate named " << n;
   // Execution order: embed first, logits last.
   EXPECT_EQ(r.layers.front().name, "embed");

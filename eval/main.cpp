@@ -5,8 +5,8 @@
 #include <iostream>
 #include <span>
 
-#include "eval/layer_diff_command.h"
 #include "core/error.h"
+#include "eval/layer_diff_command.h"
 
 int main(int argc, char** argv) {
   ::setenv("NCCL_NVLS_ENABLE", "0", 1);  // the launcher's environment (comm/nccl_comm.h)

@@ -1,6 +1,5 @@
 // tests/cli_test.cpp: the k3serve program as users and other checks call it.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -53,8 +52,8 @@ TEST_F(Cli, LogitsWithDecodeFromMatchesFullPrefill) {
                   " --out " + path("full.safetensors"))
                   .code,
               0);
-    const RunResult r = run("logits --model " + model_dir() + " --precision " + precision + " --token-ids " +
-                            kTokens + " --decode-from 5 --out " + path("dec.safetensors"));
+    const RunResult r = run("logits --model " + model_dir() + " --precision " + precision + " --token-ids " + kTokens +
+                            " --decode-from 5 --out " + path("dec.safetensors"));
     ASSERT_EQ(r.code, 0) << r.output;
     const auto full = checkpoint::SafetensorsFile::open(path("full.safetensors")).tensor("logits");
     const auto dec = checkpoint::SafetensorsFile::open(path("dec.safetensors")).tensor("logits");

@@ -60,13 +60,16 @@ std::vector<core::Tensor> decode_steps(const model::Model& m, int steps, int voc
   std::vector<model::SequenceState> st;
   for (int s = 0; s < 3; ++s) st.push_back(cache.new_sequence());
   const auto p0 = random_tokens(30, vocab, 1), p1 = random_tokens(5, vocab, 2), p2 = random_tokens(17, vocab, 3);
-  SequenceInput pre[] = {{p0, &st[0], StepKind::prefill}, {p1, &st[1], StepKind::prefill}, {p2, &st[2], StepKind::prefill}};
+  SequenceInput pre[] = {
+      {p0, &st[0], StepKind::prefill}, {p1, &st[1], StepKind::prefill}, {p2, &st[2], StepKind::prefill}};
   m.forward(cache.storage(), pre, LogitRows::last);
   const auto feed = random_tokens(3 * steps, vocab, 4);
   std::vector<core::Tensor> out;
   for (int i = 0; i < steps; ++i) {
     SequenceInput dec[3];
-    for (int s = 0; s < 3; ++s) dec[s] = {std::span(feed).subspan(static_cast<size_t>(3 * i + s), 1), &st[static_cast<size_t>(s)], StepKind::decode};
+    for (int s = 0; s < 3; ++s)
+      dec[s] = {std::span(feed).subspan(static_cast<size_t>(3 * i + s), 1), &st[static_cast<size_t>(s)],
+                StepKind::decode};
     out.push_back(m.forward(cache.storage(), dec, LogitRows::last));
   }
   return out;
@@ -87,7 +90,8 @@ TEST(FastPath, DecodeGraphsOnTheCpuCountEveryStepOnce) {
   model::DecodeGraphs graphs(m, cache.storage(), /*max_blocks_per_seq=*/8);
   const int32_t tok[] = {3, 7};
   for (int i = 0; i < 4; ++i) {
-    SequenceInput dec[] = {{std::span(tok).first(1), &st[0], StepKind::decode}, {std::span(tok).last(1), &st[1], StepKind::decode}};
+    SequenceInput dec[] = {{std::span(tok).first(1), &st[0], StepKind::decode},
+                           {std::span(tok).last(1), &st[1], StepKind::decode}};
     ASSERT_TRUE(graphs.eligible(dec));
     graphs.forward(dec);
   }
@@ -154,7 +158,8 @@ TEST(FastPath, TheFusedKernelsRanAndExplainSaysSo) {
   const auto prompt = random_tokens(9, p.fused->config().vocab_size, 5);
   p.fused->set_explain([&](const std::string& s) { plans += s; });
   p.fused->generate(prompt, 3, {});
-  EXPECT_NE(plans.find("prefill step, 9 tokens: decode path standard, fallback: prefill_or_mixed_step"), std::string::npos)
+  EXPECT_NE(plans.find("prefill step, 9 tokens: decode path standard, fallback: prefill_or_mixed_step"),
+            std::string::npos)
       << plans;
   const auto decode_at = plans.find("first decode step, 1 row: decode path latency_specialized (fused)");
   ASSERT_NE(decode_at, std::string::npos) << plans;
@@ -222,7 +227,8 @@ TEST(FastPath, VerifyRowsAndCommitEqualTheStandardPathFp32) {
     std::vector<core::Tensor> out{m.forward(cache.storage(), verify, LogitRows::verify, nullptr, &capture)};
     const int32_t accepted[] = {3};
     m.commit_verified(cache.storage(), capture, accepted);
-    SequenceInput after[] = {{std::span(next).first(1), &a, StepKind::decode}, {std::span(next).last(1), &b, StepKind::decode}};
+    SequenceInput after[] = {{std::span(next).first(1), &a, StepKind::decode},
+                             {std::span(next).last(1), &b, StepKind::decode}};
     out.push_back(m.forward(cache.storage(), after, LogitRows::last));
     return out;
   };
@@ -266,7 +272,8 @@ TEST(FastPath, VerifyStepsThroughDecodeGraphsEqualForwardFp32) {
     }
     EXPECT_EQ(a.num_tokens, 20 + 3 + 1);
     EXPECT_EQ(b.num_tokens, 11 + 4 + 4);
-    SequenceInput after[] = {{std::span(next).first(1), &a, StepKind::decode}, {std::span(next).last(1), &b, StepKind::decode}};
+    SequenceInput after[] = {{std::span(next).first(1), &a, StepKind::decode},
+                             {std::span(next).last(1), &b, StepKind::decode}};
     out.push_back(m.forward(cache.storage(), after, LogitRows::last));
     return out;
   };
@@ -283,8 +290,10 @@ TEST(FastPath, VerifyStepsThroughDecodeGraphsEqualForwardFp32) {
   model::SequenceState a = cache.new_sequence(), b = cache.new_sequence();
   a.num_tokens = b.num_tokens = 4;
   model::DecodeGraphs g(p.standard->model(), cache.storage(), 4);
-  SequenceInput unequal[] = {{std::span(drafts).first(3), &a, StepKind::decode, true}, {std::span(drafts).first(2), &b, StepKind::decode, true}};
-  SequenceInput mixed[] = {{std::span(drafts).first(3), &a, StepKind::decode, true}, {std::span(drafts).first(1), &b, StepKind::decode}};
+  SequenceInput unequal[] = {{std::span(drafts).first(3), &a, StepKind::decode, true},
+                             {std::span(drafts).first(2), &b, StepKind::decode, true}};
+  SequenceInput mixed[] = {{std::span(drafts).first(3), &a, StepKind::decode, true},
+                           {std::span(drafts).first(1), &b, StepKind::decode}};
   EXPECT_FALSE(g.eligible(unequal));
   EXPECT_FALSE(g.eligible(mixed));
 }
@@ -300,10 +309,14 @@ TEST(FastPath, OutOfScopeStepsFallBackWithTheirReason) {
   for (int s = 0; s < B; ++s) st.push_back(cache.new_sequence());
   const auto tok = random_tokens(2 * B, V, 10);
   std::vector<SequenceInput> in;
-  for (int s = 0; s < B; ++s) in.push_back({std::span(tok).subspan(static_cast<size_t>(2 * s), 1), &st[static_cast<size_t>(s)], StepKind::prefill});
+  for (int s = 0; s < B; ++s)
+    in.push_back(
+        {std::span(tok).subspan(static_cast<size_t>(2 * s), 1), &st[static_cast<size_t>(s)], StepKind::prefill});
   m.forward(cache.storage(), in, LogitRows::last);  // prefill: falls back
-  for (int s = 0; s < B; ++s) in[static_cast<size_t>(s)] = {std::span(tok).subspan(static_cast<size_t>(2 * s + 1), 1), &st[static_cast<size_t>(s)], StepKind::decode};
-  m.forward(cache.storage(), in, LogitRows::last);  // 65 decode rows: falls back
+  for (int s = 0; s < B; ++s)
+    in[static_cast<size_t>(s)] = {std::span(tok).subspan(static_cast<size_t>(2 * s + 1), 1),
+                                  &st[static_cast<size_t>(s)], StepKind::decode};
+  m.forward(cache.storage(), in, LogitRows::last);                       // 65 decode rows: falls back
   m.forward(cache.storage(), std::span(in).first(64), LogitRows::last);  // 64 rows: fused
   const model::DecodePathCounters c = m.decode_path_counters();
   EXPECT_EQ(c.fused_steps, 1);
@@ -322,7 +335,8 @@ TEST(FastPath, TensorParallelRanksRunTheFusedPathFp32) {
     const auto tokens = random_tokens(40, p.standard->config().vocab_size, 13);
     const auto dir = p.tmp.path() / "model";
     auto standard = runner::TpRunner::open(dir, tp, options(kernels::Precision::fp32, model::DecodeBackend::standard));
-    auto fused = runner::TpRunner::open(dir, tp, options(kernels::Precision::fp32, model::DecodeBackend::latency_specialized));
+    auto fused = runner::TpRunner::open(dir, tp,
+                                        options(kernels::Precision::fp32, model::DecodeBackend::latency_specialized));
     const core::Tensor want = standard->logits(tokens, 24);  // rows 24..39: one decode step each
     const core::Tensor got = fused->logits(tokens, 24);
     EXPECT_LE(compare(got, want).rel(), 1e-5) << "tp " << tp;

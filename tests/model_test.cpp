@@ -1,5 +1,7 @@
 // tests/model_test.cpp: the K3 model end to end on the CPU oracle: prefill/decode
 // equivalence, batching, chunked vs recurrent KDA, caches, AttnRes schedule, other configs.
+#include "model/model.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -7,7 +9,6 @@
 
 #include "core/rng.h"
 #include "model/local_cache.h"
-#include "model/model.h"
 #include "runner/model_runner.h"
 #include "test_util.h"
 
@@ -35,8 +36,7 @@ class TinyModel : public ::testing::TestWithParam<checkpoint::InitStyle> {
     checkpoint::WriteOptions w;
     w.init = GetParam();
     w.mxfp4 = mxfp4;
-    const auto dir = testing::write_checkpoint(tmp_, config::builtin_config("k3-tiny"), w,
-                                               mxfp4 ? "mxfp4" : "bf16");
+    const auto dir = testing::write_checkpoint(tmp_, config::builtin_config("k3-tiny"), w, mxfp4 ? "mxfp4" : "bf16");
     return runner::ModelRunner::open(dir, o, kv);
   }
   testing::TempDir tmp_;

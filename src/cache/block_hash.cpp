@@ -18,7 +18,8 @@ void extend_block_hashes(std::vector<uint64_t>& hashes, std::span<const int32_t>
   K3_CHECK(hashes.size() <= full, "extend_block_hashes: more hashes than full blocks (tokens shrank?)");
   for (size_t i = hashes.size(); i < full; ++i) {
     const uint64_t parent = i == 0 ? kRootBlockHash : hashes[i - 1];
-    hashes.push_back(hash_block(parent, tokens.subspan(i * static_cast<size_t>(block_size), static_cast<size_t>(block_size))));
+    hashes.push_back(
+        hash_block(parent, tokens.subspan(i * static_cast<size_t>(block_size), static_cast<size_t>(block_size))));
   }
 }
 

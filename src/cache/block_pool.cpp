@@ -71,7 +71,8 @@ std::string BlockPool::check() const {
     if (seen[idx(b)]++) return "block " + std::to_string(b) + " is on the free list twice";
   }
   for (int32_t b : evictable_.in_order()) {
-    if (ref_[idx(b)] != 0 || !cached_[idx(b)]) return "evictable block " + std::to_string(b) + " has a ref or is not cached";
+    if (ref_[idx(b)] != 0 || !cached_[idx(b)])
+      return "evictable block " + std::to_string(b) + " has a ref or is not cached";
     if (seen[idx(b)]++) return "block " + std::to_string(b) + " is both free and evictable";
   }
   for (size_t b = 0; b < ref_.size(); ++b) {

@@ -1,8 +1,9 @@
 // cache/block_pool_test.cpp: BlockPool ref counts, free vs evictable lists, LRU eviction
 // order, and check() catching inconsistencies; LruList and IdPool basics.
+#include "cache/block_pool.h"
+
 #include <gtest/gtest.h>
 
-#include "cache/block_pool.h"
 #include "cache/checkpoint_pool.h"
 #include "cache/id_pool.h"
 #include "core/error.h"

@@ -23,7 +23,8 @@ int64_t cache_bytes(const CacheConfig& c, int64_t bpb, int64_t bpk) {
 
 CacheConfig size_cache(const CacheBudget& b, CacheConfig c, int32_t min_blocks) {
   K3_CHECK(b.bytes > 0, "cache budget: bytes must be > 0, got " + std::to_string(b.bytes));
-  K3_CHECK(b.bytes_per_block > 0, "cache budget: bytes_per_block must be > 0, got " + std::to_string(b.bytes_per_block));
+  K3_CHECK(b.bytes_per_block > 0,
+           "cache budget: bytes_per_block must be > 0, got " + std::to_string(b.bytes_per_block));
   K3_CHECK(b.bytes_per_kda_state >= 0, "cache budget: bytes_per_kda_state must be >= 0");
   K3_CHECK(std::isfinite(b.checkpoint_fraction) && b.checkpoint_fraction >= 0.0 && b.checkpoint_fraction < 1.0,
            "cache budget: checkpoint_fraction must be in [0, 1), got " + std::to_string(b.checkpoint_fraction));

@@ -6,18 +6,16 @@
 namespace k3::cache {
 
 struct CacheConfig {
-  int32_t block_size = 16;       // tokens per MLA page (and per prefix-index block)
-  int32_t num_blocks = 0;        // MLA pages
-  int32_t num_slots = 0;         // KDA state slots = sequences that can run at once
-  int32_t num_checkpoints = 0;   // KDA state checkpoints for prefix hits
+  int32_t block_size = 16;      // tokens per MLA page (and per prefix-index block)
+  int32_t num_blocks = 0;       // MLA pages
+  int32_t num_slots = 0;        // KDA state slots = sequences that can run at once
+  int32_t num_checkpoints = 0;  // KDA state checkpoints for prefix hits
   // A checkpoint is due every N blocks: at token counts that are multiples of
   // N * block_size. Prefill chunks are cut to end there (the state is copied after a step).
   int32_t checkpoint_interval_blocks = 4;
   bool enable_prefix_cache = true;
 
-  int64_t checkpoint_interval_tokens() const {
-    return static_cast<int64_t>(checkpoint_interval_blocks) * block_size;
-  }
+  int64_t checkpoint_interval_tokens() const { return static_cast<int64_t>(checkpoint_interval_blocks) * block_size; }
   // Throws core::Error naming the field when a value is out of range.
   void validate() const;
 };

@@ -35,8 +35,8 @@ class IdPool {
 
  private:
   size_t idx(int32_t id) const {
-    K3_CHECK(id >= 0 && id < capacity(), "IdPool: id " + std::to_string(id) + " out of range [0, " +
-                                             std::to_string(capacity()) + ")");
+    K3_CHECK(id >= 0 && id < capacity(),
+             "IdPool: id " + std::to_string(id) + " out of range [0, " + std::to_string(capacity()) + ")");
     return static_cast<size_t>(id);
   }
   std::vector<uint8_t> in_use_;

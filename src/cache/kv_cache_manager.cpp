@@ -101,9 +101,11 @@ void KvCacheManager::commit(SequenceCache& seq, std::span<const int32_t> tokens,
            "KvCacheManager::commit: num_computed out of range");
   const auto bs = static_cast<size_t>(config_.block_size);
   const auto full = static_cast<int32_t>(static_cast<size_t>(num_computed) / bs);
-  K3_CHECK(static_cast<size_t>(full) <= seq.blocks.size(), "KvCacheManager::commit: computed tokens beyond the block table");
+  K3_CHECK(static_cast<size_t>(full) <= seq.blocks.size(),
+           "KvCacheManager::commit: computed tokens beyond the block table");
   if (config_.enable_prefix_cache) {
-    K3_CHECK(hashes.size() >= static_cast<size_t>(full), "KvCacheManager::commit: block hashes do not cover the computed blocks");
+    K3_CHECK(hashes.size() >= static_cast<size_t>(full),
+             "KvCacheManager::commit: block hashes do not cover the computed blocks");
     // The entry the chain runs through was evicted (it was another sequence's block): what
     // this sequence would register now could never be reached, so stop.
     if (seq.num_chained_blocks > 0 && index_.uid(seq.chain_block) != seq.chain_uid) seq.chain_broken = true;
@@ -172,7 +174,8 @@ std::string KvCacheManager::check(std::span<const SequenceCache* const> live) co
   std::vector<uint8_t> slot_seen(static_cast<size_t>(slots_.capacity()), 0);
   int32_t pending = 0;
   for (const SequenceCache* s : live) {
-    if (s->slot < 0 || s->slot >= slots_.capacity() || !slots_.in_use(s->slot)) return "live sequence without a valid slot";
+    if (s->slot < 0 || s->slot >= slots_.capacity() || !slots_.in_use(s->slot))
+      return "live sequence without a valid slot";
     if (slot_seen[static_cast<size_t>(s->slot)]++) return "slot " + std::to_string(s->slot) + " held twice";
     for (int32_t b : s->blocks) {
       if (b < 0 || b >= nb) return "block id " + std::to_string(b) + " out of range in a table";
@@ -185,17 +188,21 @@ std::string KvCacheManager::check(std::span<const SequenceCache* const> live) co
     }
   }
   if (slots_.num_in_use() != static_cast<int32_t>(live.size()))
-    return std::to_string(slots_.num_in_use()) + " slots in use but " + std::to_string(live.size()) + " live sequences (leak)";
+    return std::to_string(slots_.num_in_use()) + " slots in use but " + std::to_string(live.size()) +
+           " live sequences (leak)";
   if (pending != checkpoints_.num_pending())
-    return std::to_string(checkpoints_.num_pending()) + " checkpoints pending but live sequences hold " + std::to_string(pending);
+    return std::to_string(checkpoints_.num_pending()) + " checkpoints pending but live sequences hold " +
+           std::to_string(pending);
   for (int32_t b = 0; b < nb; ++b) {
     if (refs[static_cast<size_t>(b)] != blocks_.ref_count(b))
       return "block " + std::to_string(b) + " ref count " + std::to_string(blocks_.ref_count(b)) + " but held by " +
              std::to_string(refs[static_cast<size_t>(b)]) + " tables";
-    if (blocks_.is_cached(b) != index_.is_registered(b)) return "block " + std::to_string(b) + " cached flag disagrees with the index";
+    if (blocks_.is_cached(b) != index_.is_registered(b))
+      return "block " + std::to_string(b) + " cached flag disagrees with the index";
     const int32_t c = index_.checkpoint(b);
     if (c >= 0 && (!checkpoints_.is_attached(c) || checkpoints_.owner(c) != b))
-      return "entry of block " + std::to_string(b) + " names checkpoint " + std::to_string(c) + " that is not attached to it";
+      return "entry of block " + std::to_string(b) + " names checkpoint " + std::to_string(c) +
+             " that is not attached to it";
   }
   for (int32_t c = 0; c < checkpoints_.capacity(); ++c)
     if (checkpoints_.is_attached(c) && index_.checkpoint(checkpoints_.owner(c)) != c)

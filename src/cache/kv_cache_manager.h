@@ -28,16 +28,16 @@ namespace k3::cache {
 
 // What a running sequence holds. Moved along with the request's state; close() empties it.
 struct SequenceCache {
-  int32_t slot = -1;                 // KDA state slot
-  std::vector<int32_t> blocks;       // MLA page ids in token order (append-only)
-  int32_t pending_checkpoint = -1;   // taken for a save at the end of the running step
+  int32_t slot = -1;                // KDA state slot
+  std::vector<int32_t> blocks;      // MLA page ids in token order (append-only)
+  int32_t pending_checkpoint = -1;  // taken for a save at the end of the running step
   // Progress along the prefix index: the leading num_chained_blocks blocks are registered
   // (by this sequence or, for the same tokens, by another); chain_block holds the entry of
   // the last of them and chain_uid is that entry's uid (0: none yet).
   int32_t num_chained_blocks = 0;
   int32_t chain_block = -1;
   uint64_t chain_uid = 0;
-  bool chain_broken = false;         // a hash collision: nothing more of it is registered
+  bool chain_broken = false;  // a hash collision: nothing more of it is registered
 };
 
 struct PrefixHit {

@@ -1,10 +1,11 @@
 // cache/kv_cache_manager_test.cpp: prefix hits through KvCacheManager (clamped to the deepest
 // checkpoint, never the last token), sharing by ref count, eviction dropping index entries
 // and their checkpoints, duplicates, check() catching leaks, and sizing from a byte budget.
+#include "cache/kv_cache_manager.h"
+
 #include <gtest/gtest.h>
 
 #include "cache/block_hash.h"
-#include "cache/kv_cache_manager.h"
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -117,7 +118,7 @@ TEST(KvCacheManager, SharedBlocksAreRefCountedAndSurviveTheOwner) {
 }
 
 TEST(KvCacheManager, EvictionForgetsEntriesAndReleasesTheirCheckpoints) {
-  KvCacheManager m(small_config());  // 16 blocks of 4
+  KvCacheManager m(small_config());                        // 16 blocks of 4
   SequenceCache s1 = run_sequence(m, tokens_from(3, 32));  // 8 blocks, 4 checkpoints
   m.close(s1);
   EXPECT_EQ(m.usage().checkpoints_attached, 4);

@@ -25,15 +25,18 @@ class LruList {
     K3_CHECK(!contains(id), "LruList: id " + std::to_string(id) + " is already linked");
     prev_[idx(id)] = tail_;
     next_[idx(id)] = kEnd;
-    if (tail_ == kEnd) head_ = id; else next_[idx(tail_)] = id;
+    if (tail_ == kEnd) head_ = id;
+    else next_[idx(tail_)] = id;
     tail_ = id;
     ++size_;
   }
   void remove(int32_t id) {
     K3_CHECK(contains(id), "LruList: id " + std::to_string(id) + " is not linked");
     const int32_t p = prev_[idx(id)], n = next_[idx(id)];
-    if (p == kEnd) head_ = n; else next_[idx(p)] = n;
-    if (n == kEnd) tail_ = p; else prev_[idx(n)] = p;
+    if (p == kEnd) head_ = n;
+    else next_[idx(p)] = n;
+    if (n == kEnd) tail_ = p;
+    else prev_[idx(n)] = p;
     prev_[idx(id)] = next_[idx(id)] = kUnlinked;
     --size_;
   }

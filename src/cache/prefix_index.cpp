@@ -39,8 +39,8 @@ int32_t PrefixIndex::find(uint64_t hash, uint64_t parent_uid, std::span<const in
   return b;
 }
 
-PrefixIndex::Insert PrefixIndex::insert(int32_t block, uint64_t hash, uint64_t parent_uid,
-                                        std::span<const int32_t> t, int32_t* canonical) {
+PrefixIndex::Insert PrefixIndex::insert(int32_t block, uint64_t hash, uint64_t parent_uid, std::span<const int32_t> t,
+                                        int32_t* canonical) {
   K3_CHECK(t.size() == static_cast<size_t>(block_size_), "PrefixIndex::insert: block must have block_size tokens");
   K3_CHECK(!is_registered(block), "PrefixIndex::insert: block " + std::to_string(block) + " is already registered");
   *canonical = -1;

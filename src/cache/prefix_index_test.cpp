@@ -1,10 +1,11 @@
 // cache/prefix_index_test.cpp: the hash chain (xxHash64, deterministic, order-sensitive) and
 // the index's refusal to trust a hash alone: a colliding hash, different tokens or a different
 // parent entry is a miss; duplicates name the canonical block; erase returns the checkpoint.
+#include "cache/prefix_index.h"
+
 #include <gtest/gtest.h>
 
 #include "cache/block_hash.h"
-#include "cache/prefix_index.h"
 #include "core/error.h"
 
 namespace k3::cache {
@@ -42,7 +43,7 @@ TEST(PrefixIndex, InsertFindDuplicateCollision) {
   EXPECT_EQ(idx.find(100, 0, t0), 3);
   EXPECT_EQ(idx.find(200, u0, t1), 5);
   EXPECT_EQ(idx.find(200, u0 + 77, t1), -1);  // right hash and tokens, wrong parent
-  EXPECT_EQ(idx.find(100, 0, other), -1);      // right hash, wrong tokens (a collision)
+  EXPECT_EQ(idx.find(100, 0, other), -1);     // right hash, wrong tokens (a collision)
   EXPECT_EQ(idx.find(300, 0, t0), -1);
   // Same prefix in another block: duplicate, canonical is the first.
   EXPECT_EQ(idx.insert(6, 100, 0, t0, &canon), PrefixIndex::Insert::duplicate);

@@ -79,7 +79,7 @@ enum class InitStyle : uint8_t {
 struct WriteOptions {
   uint64_t seed = 0;
   bool mxfp4 = false;  // routed experts as compressed-tensors MXFP4 (weight_packed + weight_scale)
-                      // (decides the written form: config.json states mxfp4 iff this is set)
+                       // (decides the written form: config.json states mxfp4 iff this is set)
   InitStyle init = InitStyle::realistic;
   int64_t max_shard_bytes = 0;  // > 0: split into shards with model.safetensors.index.json
   int threads = 0;              // value-filling threads; 0: one per hardware thread (same bytes for any)

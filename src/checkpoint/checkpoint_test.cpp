@@ -2,6 +2,8 @@
 // k3-tiny and on another K3-family config (BF16 and MXFP4, single file and sharded), byte
 // determinism, the init values of spec §14.1/§14.3, and the MXFP4 payload.
 // The loader's error paths are in loader_errors_test.cpp.
+#include "checkpoint/checkpoint.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_test_util.h"
 #include "checkpoint/param_inventory.h"
 #include "checkpoint/random_init.h"
@@ -61,19 +62,19 @@ TEST_P(CheckpointRoundTrip, LoadsExactlyWhatWasWritten) {
   expect_round_trip(dir.path(), cfg, opt);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Forms, CheckpointRoundTrip,
-    ::testing::Values(RoundTripCase{false, false, false, InitStyle::realistic},
-                      RoundTripCase{false, true, false, InitStyle::realistic},
-                      RoundTripCase{false, false, true, InitStyle::sensitive},
-                      RoundTripCase{false, true, true, InitStyle::realistic},
-                      RoundTripCase{true, false, false, InitStyle::realistic},
-                      RoundTripCase{true, true, true, InitStyle::sensitive}),
-    [](const auto& info) {
-      const RoundTripCase& c = info.param;
-      return std::string(c.other_config ? "Other" : "Tiny") + (c.mxfp4 ? "Mxfp4" : "Bf16") +
-             (c.sharded ? "Sharded" : "Single") + (c.init == InitStyle::sensitive ? "Sensitive" : "Realistic");
-    });
+INSTANTIATE_TEST_SUITE_P(Forms, CheckpointRoundTrip,
+                         ::testing::Values(RoundTripCase{false, false, false, InitStyle::realistic},
+                                           RoundTripCase{false, true, false, InitStyle::realistic},
+                                           RoundTripCase{false, false, true, InitStyle::sensitive},
+                                           RoundTripCase{false, true, true, InitStyle::realistic},
+                                           RoundTripCase{true, false, false, InitStyle::realistic},
+                                           RoundTripCase{true, true, true, InitStyle::sensitive}),
+                         [](const auto& info) {
+                           const RoundTripCase& c = info.param;
+                           return std::string(c.other_config ? "Other" : "Tiny") + (c.mxfp4 ? "Mxfp4" : "Bf16") +
+                                  (c.sharded ? "Sharded" : "Single") +
+                                  (c.init == InitStyle::sensitive ? "Sensitive" : "Realistic");
+                         });
 
 TEST(Checkpoint, ConfigJsonIsToJsonAndStatesMxfp4) {
   TempDir dir;

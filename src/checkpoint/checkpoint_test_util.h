@@ -1,12 +1,12 @@
 // checkpoint/checkpoint_test_util.h: test helpers for whole checkpoints: extra configs, the
 // test's own Weights -> name map, the round-trip check, and rewriting a checkpoint's tensors.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <functional>
 #include <map>
 #include <string>
 #include <variant>
-
-#include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
@@ -103,7 +103,8 @@ inline std::map<std::string, core::Tensor> flatten(const model::Weights& w, cons
       lin(a + "q_proj", k->q_proj), lin(a + "k_proj", k->k_proj), lin(a + "v_proj", k->v_proj);
       lin(a + "g_proj", k->g_proj), lin(a + "o_proj", k->o_proj), lin(a + "f_a_proj", k->f_a_proj);
       lin(a + "f_b_proj", k->f_b_proj), lin(a + "b_proj", k->b_proj);
-      add(a + "q_conv1d.weight", k->q_conv), add(a + "k_conv1d.weight", k->k_conv), add(a + "v_conv1d.weight", k->v_conv);
+      add(a + "q_conv1d.weight", k->q_conv), add(a + "k_conv1d.weight", k->k_conv),
+          add(a + "v_conv1d.weight", k->v_conv);
       add(a + "A_log", k->a_log), add(a + "dt_bias", k->dt_bias), add(a + "o_norm.weight", k->o_norm);
     } else {
       const auto& q = std::get<model::MlaWeights>(L.attn);
@@ -114,7 +115,8 @@ inline std::map<std::string, core::Tensor> flatten(const model::Weights& w, cons
     }
     if (const auto* d = std::get_if<model::DenseFfnWeights>(&L.ffn)) {
       EXPECT_EQ(c.ffn_kind(static_cast<int>(l)), config::FfnKind::dense);
-      lin(p + "mlp.gate_proj", d->gate_proj), lin(p + "mlp.up_proj", d->up_proj), lin(p + "mlp.down_proj", d->down_proj);
+      lin(p + "mlp.gate_proj", d->gate_proj), lin(p + "mlp.up_proj", d->up_proj),
+          lin(p + "mlp.down_proj", d->down_proj);
     } else {
       const auto& e = std::get<model::MoeWeights>(L.ffn);
       EXPECT_EQ(c.ffn_kind(static_cast<int>(l)), config::FfnKind::moe);
@@ -164,7 +166,8 @@ inline void expect_round_trip(const fs::path& dir, const config::K3Config& cfg, 
 
 // Reads every tensor of the checkpoint in DIR, lets `edit` change the name -> tensor map, and
 // writes it back as DIR/model.safetensors (removing an index and its shards).
-inline void rewrite_tensors(const fs::path& dir, const std::function<void(std::map<std::string, core::Tensor>&)>& edit) {
+inline void rewrite_tensors(const fs::path& dir,
+                            const std::function<void(std::map<std::string, core::Tensor>&)>& edit) {
   std::map<std::string, core::Tensor> tensors;
   {
     const SafetensorsSet set = SafetensorsSet::open_dir(dir);

@@ -51,12 +51,13 @@ class CheckedTensors {
       auto [it, inserted] = found_.try_emplace(canonical, Found{stored, &entry});
       if (!inserted) {
         problem(kDuplicate, "tensor '" + canonical + "' is present twice: as '" + it->second.stored_name + "' in " +
-                file_of(*it->second.entry) + " and as '" + stored + "' in " + file_of(entry));
+                                file_of(*it->second.entry) + " and as '" + stored + "' in " + file_of(entry));
         continue;
       }
       if (!by_name.count(canonical))
-        problem(kUnexpected, "unexpected tensor '" + stored + "' in " + file_of(entry) +
-                " (not a parameter of this config; only vision_tower.* and mm_projector.* are skipped)");
+        problem(kUnexpected,
+                "unexpected tensor '" + stored + "' in " + file_of(entry) +
+                    " (not a parameter of this config; only vision_tower.* and mm_projector.* are skipped)");
     }
     for (const ParamSpec& s : specs) {
       auto it = found_.find(s.name);
@@ -67,14 +68,18 @@ class CheckedTensors {
       const TensorInfo& info = *it->second.entry->info;
       const bool dtype_ok = s.accepts_dtype(info.dtype), shape_ok = s.accepts_shape(info.shape);
       if (!dtype_ok || !shape_ok)
-        problem(kWrongForm, std::string(!dtype_ok && !shape_ok ? "wrong dtype and shape" : !dtype_ok ? "wrong dtype" : "wrong shape") +
-                " for tensor '" + it->second.stored_name + "' in " + file_of(*it->second.entry) + ": expected " +
-                s.describe() + ", found " + std::string(core::dtype_name(info.dtype)) + " " + info.shape.str());
+        problem(kWrongForm, std::string(!dtype_ok && !shape_ok ? "wrong dtype and shape"
+                                        : !dtype_ok            ? "wrong dtype"
+                                                               : "wrong shape") +
+                                " for tensor '" + it->second.stored_name + "' in " + file_of(*it->second.entry) +
+                                ": expected " + s.describe() + ", found " + std::string(core::dtype_name(info.dtype)) +
+                                " " + info.shape.str());
     }
     size_t total = 0;
     for (const auto& list : problems_) total += list.size();
     if (total == 0) return;
-    std::string msg = "checkpoint " + set.dir().string() + ": " + std::to_string(total) + " problem(s) with the tensors:";
+    std::string msg = "checkpoint " + set.dir().string() + ": " + std::to_string(total) +
+                      " problem(s) with the tensors:";
     for (int k = 0; k < kNumKinds; ++k) {
       const auto& list = problems_[k];
       if (list.empty()) continue;
@@ -151,9 +156,7 @@ class CheckedTensors {
     rank_ranges_.emplace_back(static_cast<const std::byte*>(t.data<void>()), t.nbytes());
     return t;
   }
-  std::string where() const {
-    return (set_.dir() / (set_.sharded() ? kIndexFileName : kSingleFileName)).string();
-  }
+  std::string where() const { return (set_.dir() / (set_.sharded() ? kIndexFileName : kSingleFileName)).string(); }
 
   const SafetensorsSet& set_;
   std::map<std::string, Found> found_;
@@ -261,7 +264,8 @@ void read_in(const std::vector<std::pair<const std::byte*, int64_t>>& ranges, co
       // First byte, then one per page boundary inside the piece, then the last byte.
       sum += bytes[0];
       const auto addr = reinterpret_cast<uintptr_t>(data + off);
-      for (int64_t i = page - static_cast<int64_t>(addr % static_cast<uintptr_t>(page)); i < n; i += page) sum += bytes[i];
+      for (int64_t i = page - static_cast<int64_t>(addr % static_cast<uintptr_t>(page)); i < n; i += page)
+        sum += bytes[i];
       sum += bytes[n - 1];
       off += n;
       done += n;
@@ -314,8 +318,7 @@ model::Weights load_weights(const fs::path& dir, const config::K3Config& config,
   CheckedTensors t(set, specs);  // throws listing every problem
   if (shard.size > 1)
     t.shard_to(shard, expected_params(config::shard_config(config, shard.size, {shard.expert_parallel})));
-  else
-    config::check_expert_parallel(shard.expert_parallel, shard.size);
+  else config::check_expert_parallel(shard.expert_parallel, shard.size);
   if (progress && shard.size == 1) read_in(t.byte_ranges_in_file_order(), progress);
 
   model::Weights w;
@@ -327,15 +330,12 @@ model::Weights load_weights(const fs::path& dir, const config::K3Config& config,
     lw.post_attn_norm = t.get(p + "post_attention_layernorm.weight");
     lw.attn_res = attn_res(t, p + "self_attention_res_proj.weight", p + "self_attention_res_norm.weight");
     lw.mlp_res = attn_res(t, p + "mlp_res_proj.weight", p + "mlp_res_norm.weight");
-    if (config.attn_kind(l) == config::AttnKind::kda)
-      lw.attn = kda_weights(t, p + "self_attn.", config);
-    else
-      lw.attn = mla_weights(t, p + "self_attn.");
+    if (config.attn_kind(l) == config::AttnKind::kda) lw.attn = kda_weights(t, p + "self_attn.", config);
+    else lw.attn = mla_weights(t, p + "self_attn.");
     if (config.ffn_kind(l) == config::FfnKind::dense)
       lw.ffn = model::DenseFfnWeights{t.linear(p + "mlp.gate_proj.weight"), t.linear(p + "mlp.up_proj.weight"),
                                       t.linear(p + "mlp.down_proj.weight")};
-    else
-      lw.ffn = moe_weights(t, p + "block_sparse_moe.", config, shard);
+    else lw.ffn = moe_weights(t, p + "block_sparse_moe.", config, shard);
     w.layers.push_back(std::move(lw));
   }
   w.output_res = attn_res(t, "model.output_attn_res_proj.weight", "model.output_attn_res_norm.weight");

@@ -94,7 +94,8 @@ TEST(LoaderAccepts, MisalignedTensorsAreCopied) {
     nlohmann::json shape = nlohmann::json::array();
     for (int i = 0; i < t.shape().rank(); ++i) shape.push_back(t.shape()[i]);
     const int64_t begin = static_cast<int64_t>(data.size());
-    header[name] = {{"dtype", core::dtype_name(t.dtype())}, {"shape", shape}, {"data_offsets", {begin, begin + t.nbytes()}}};
+    header[name] = {
+        {"dtype", core::dtype_name(t.dtype())}, {"shape", shape}, {"data_offsets", {begin, begin + t.nbytes()}}};
     data.insert(data.end(), t.data<char>(), t.data<char>() + t.nbytes());
   }
   std::string text = header.dump();
@@ -111,7 +112,8 @@ TEST(LoaderAccepts, MisalignedTensorsAreCopied) {
 TEST(LoaderRejects, MissingTensor) {
   TinyCopy c;
   rewrite_tensors(c.dir.path(), [](std::map<std::string, Tensor>& t) { t.erase(kQProj); });
-  expect_error_naming([&] { load_checkpoint(c.dir.path()); }, {"missing tensor", kQProj, c.file().string(), "BF16/F32 [128, 256]"});
+  expect_error_naming([&] { load_checkpoint(c.dir.path()); },
+                      {"missing tensor", kQProj, c.file().string(), "BF16/F32 [128, 256]"});
 }
 
 TEST(LoaderRejects, UnexpectedTensor) {
@@ -145,7 +147,8 @@ TEST(LoaderRejects, NameWithAndWithoutPrefix) {
     t[std::string(kLanguageModelPrefix) + "model.norm.weight"] = t.at("model.norm.weight");
   });
   expect_error_naming([&] { load_checkpoint(c.dir.path()); },
-                      {"'model.norm.weight' is present twice", "'language_model.model.norm.weight'", c.file().string()});
+                      {"'model.norm.weight' is present twice", "'language_model.model.norm.weight'",
+                       c.file().string()});
 }
 
 TEST(LoaderRejects, ManyProblemsAreCountedAndTheFirstListed) {
@@ -154,7 +157,8 @@ TEST(LoaderRejects, ManyProblemsAreCountedAndTheFirstListed) {
     for (auto it = t.begin(); it != t.end();)
       it = it->first.find(".experts.") != std::string::npos ? t.erase(it) : std::next(it);
   });
-  expect_error_naming([&] { load_checkpoint(c.dir.path()); }, {"144 problem(s)", "144 missing:", "missing tensor", "and 136 more missing"});
+  expect_error_naming([&] { load_checkpoint(c.dir.path()); },
+                      {"144 problem(s)", "144 missing:", "missing tensor", "and 136 more missing"});
 }
 
 TEST(LoaderRejects, Bf16ExpertsUnderAnMxfp4Config) {
@@ -208,8 +212,11 @@ TEST(LoaderRejects, CorruptHeaders) {
   }
   {
     TinyCopy c;
-    edit_header(c.file(), [](nlohmann::json& h) { h["model.norm.weight"]["data_offsets"][1] = h["model.norm.weight"]["data_offsets"][1].get<int64_t>() + 2; });
-    expect_error_naming([&] { load_checkpoint(c.dir.path()); }, {c.file().string(), "'model.norm.weight'", "data_offsets"});
+    edit_header(c.file(), [](nlohmann::json& h) {
+      h["model.norm.weight"]["data_offsets"][1] = h["model.norm.weight"]["data_offsets"][1].get<int64_t>() + 2;
+    });
+    expect_error_naming([&] { load_checkpoint(c.dir.path()); },
+                        {c.file().string(), "'model.norm.weight'", "data_offsets"});
   }
   {
     TinyCopy c;
@@ -255,7 +262,8 @@ TEST(LoaderRejects, MissingTensorInShardedSetNamesTheIndex) {
   for (const auto& [n, t] : keep) views[n] = t.view();
   write_safetensors(dir / shard, views);
   write_index(dir.path(), weight_map, 0);
-  expect_error_naming([&] { load_checkpoint(dir.path()); }, {"missing tensor", kQProj, (dir / kIndexFileName).string()});
+  expect_error_naming([&] { load_checkpoint(dir.path()); },
+                      {"missing tensor", kQProj, (dir / kIndexFileName).string()});
 }
 
 TEST(LoaderRejects, EmptyFolder) {

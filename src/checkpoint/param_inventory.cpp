@@ -11,9 +11,7 @@ namespace k3::checkpoint {
 using core::DType;
 using core::Shape;
 
-bool ParamSpec::accepts_dtype(DType t) const {
-  return std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end();
-}
+bool ParamSpec::accepts_dtype(DType t) const { return std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end(); }
 
 bool ParamSpec::accepts_shape(const Shape& s) const {
   return std::find(shapes.begin(), shapes.end(), s) != shapes.end();
@@ -99,16 +97,19 @@ void check_config(const config::K3Config& c) {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) throw core::Error("checkpoint inventory: config " + what);
   };
-  need(c.vocab_size > 0 && c.hidden_size > 0 && c.num_hidden_layers > 0, "needs positive vocab_size, hidden_size, num_hidden_layers");
+  need(c.vocab_size > 0 && c.hidden_size > 0 && c.num_hidden_layers > 0,
+       "needs positive vocab_size, hidden_size, num_hidden_layers");
   need(static_cast<int>(c.attn_kinds.size()) == c.num_hidden_layers,
-       "has " + std::to_string(c.attn_kinds.size()) + " attention kinds for " + std::to_string(c.num_hidden_layers) + " layers");
+       "has " + std::to_string(c.attn_kinds.size()) + " attention kinds for " + std::to_string(c.num_hidden_layers) +
+           " layers");
   need(c.moe_layer_freq > 0, "needs moe_layer_freq > 0");
   const bool any_kda = std::count(c.attn_kinds.begin(), c.attn_kinds.end(), config::AttnKind::kda) > 0;
   const bool any_mla = std::count(c.attn_kinds.begin(), c.attn_kinds.end(), config::AttnKind::mla) > 0;
   if (any_kda) {
     need(c.kda.num_heads > 0 && c.kda.head_dim > 0 && c.kda.short_conv_kernel_size > 0,
          "needs positive linear_attn_config num_heads, head_dim, short_conv_kernel_size");
-    need(c.kda.use_full_rank_gate, "has use_full_rank_gate=false (low-rank KDA output gate), which k3serve does not model");
+    need(c.kda.use_full_rank_gate,
+         "has use_full_rank_gate=false (low-rank KDA output gate), which k3serve does not model");
   }
   if (any_mla) {
     need(c.mla.num_heads > 0 && c.mla.q_lora_rank > 0 && c.mla.kv_lora_rank > 0 && c.mla.qk_nope_head_dim > 0 &&
@@ -122,10 +123,13 @@ void check_config(const config::K3Config& c) {
     need(c.moe.num_experts > 0 && c.moe.moe_intermediate_size > 0 && c.moe.routed_expert_hidden_size > 0,
          "needs positive num_experts, moe_intermediate_size, routed_expert_hidden_size");
     if (c.mxfp4.enabled) {
-      need(c.mxfp4.group_size == core::kMxfp4Group, "has MXFP4 group size " + std::to_string(c.mxfp4.group_size) + ", only 32 is supported");
-      need(c.moe.routed_expert_hidden_size % core::kMxfp4Group == 0 && c.moe.moe_intermediate_size % core::kMxfp4Group == 0,
+      need(c.mxfp4.group_size == core::kMxfp4Group,
+           "has MXFP4 group size " + std::to_string(c.mxfp4.group_size) + ", only 32 is supported");
+      need(c.moe.routed_expert_hidden_size % core::kMxfp4Group == 0 &&
+               c.moe.moe_intermediate_size % core::kMxfp4Group == 0,
            "has MXFP4 experts but routed_expert_hidden_size (" + std::to_string(c.moe.routed_expert_hidden_size) +
-               ") or moe_intermediate_size (" + std::to_string(c.moe.moe_intermediate_size) + ") is not a multiple of 32");
+               ") or moe_intermediate_size (" + std::to_string(c.moe.moe_intermediate_size) +
+               ") is not a multiple of 32");
     }
   }
 }

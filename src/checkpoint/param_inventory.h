@@ -30,7 +30,7 @@ enum class ParamRole : uint8_t {
 };
 
 struct ParamSpec {
-  std::string name;                 // e.g. "model.layers.3.self_attn.q_b_proj.weight"
+  std::string name;  // e.g. "model.layers.3.self_attn.q_b_proj.weight"
   ParamRole role = ParamRole::linear;
   std::vector<core::DType> dtypes;  // accepted; dtypes[0] is what the writer writes
   std::vector<core::Shape> shapes;  // accepted; shapes[0] is what the writer writes

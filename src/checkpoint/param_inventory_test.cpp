@@ -123,8 +123,7 @@ TEST(ParamInventory, K3FullSizeMatchesSpec) {
   int64_t total = 0, expert_bytes = 0;
   for (const ParamSpec& s : specs) {
     total += spec_param_count(s, c);
-    if (s.name.starts_with("model.layers.5.block_sparse_moe.experts.7."))
-      expert_bytes += s.shapes[0].numel();
+    if (s.name.starts_with("model.layers.5.block_sparse_moe.experts.7.")) expert_bytes += s.shapes[0].numel();
   }
   EXPECT_NEAR(static_cast<double>(total), 2.7795e12, 0.00005e12);
   EXPECT_NEAR(static_cast<double>(layer_params(specs, c, "layers.0.self_attn.")), 443.74e6, 0.005e6);
@@ -164,8 +163,8 @@ TEST(ParamInventory, OtherConfigsFollowTheRules) {
   EXPECT_TRUE(m.count("model.layers.1.self_attn.kv_b_proj.weight"));
   EXPECT_TRUE(m.count("model.layers.4.self_attn.q_a_proj.weight"));  // 1-based 5
   EXPECT_TRUE(m.count("model.layers.5.self_attn.A_log"));
-  EXPECT_TRUE(m.count("model.layers.1.mlp.down_proj.weight"));      // l < first_k_dense_replace
-  EXPECT_TRUE(m.count("model.layers.3.mlp.down_proj.weight"));      // l % moe_layer_freq != 0
+  EXPECT_TRUE(m.count("model.layers.1.mlp.down_proj.weight"));  // l < first_k_dense_replace
+  EXPECT_TRUE(m.count("model.layers.3.mlp.down_proj.weight"));  // l % moe_layer_freq != 0
   EXPECT_TRUE(m.count("model.layers.4.block_sparse_moe.experts.7.w3.weight"));
   EXPECT_FALSE(m.count("model.layers.4.block_sparse_moe.experts.8.w3.weight"));
   EXPECT_FALSE(m.count("model.layers.2.block_sparse_moe.shared_experts.up_proj.weight"));

@@ -131,7 +131,8 @@ std::vector<double> uniforms(const core::Rng& stream, int64_t n, double lo, doub
   std::vector<double> v(static_cast<size_t>(n));
   core::Rng rng = stream;
   for (int64_t i = 0; i < n; ++i) {
-    if (n > kSequentialMaxValues && i % kBulkBlockValues == 0) rng = stream.fork(static_cast<uint64_t>(i / kBulkBlockValues));
+    if (n > kSequentialMaxValues && i % kBulkBlockValues == 0)
+      rng = stream.fork(static_cast<uint64_t>(i / kBulkBlockValues));
     v[i] = rng.uniform(lo, hi);
   }
   return v;
@@ -251,7 +252,8 @@ void fill_random_mxfp4(const ParamSpec& spec, InitStyle style, uint64_t seed, st
            "random init: MXFP4 size mismatch for '" + spec.name + "'");
   auto* p = reinterpret_cast<uint8_t*>(packed.data());
   auto* s = reinterpret_cast<uint8_t*>(scales.data());
-  if (n > kSequentialMaxValues) return bulk_mxfp4(stream_for(spec, seed), n, static_cast<float>(linear_std(spec, style)), p, s);
+  if (n > kSequentialMaxValues)
+    return bulk_mxfp4(stream_for(spec, seed), n, static_cast<float>(linear_std(spec, style)), p, s);
   const std::vector<float> w = random_linear_values(spec, style, seed);
   mxfp4_quantize_groups(w.data(), n, p, s);
 }
@@ -261,7 +263,8 @@ Mxfp4Values random_mxfp4_values(const ParamSpec& spec, InitStyle style, uint64_t
   Mxfp4Values q;
   q.packed.resize(static_cast<size_t>(rows * in / 2));
   q.scales.resize(static_cast<size_t>(rows * in / core::kMxfp4Group));
-  fill_random_mxfp4(spec, style, seed, std::as_writable_bytes(std::span(q.packed)), std::as_writable_bytes(std::span(q.scales)));
+  fill_random_mxfp4(spec, style, seed, std::as_writable_bytes(std::span(q.packed)),
+                    std::as_writable_bytes(std::span(q.scales)));
   return q;
 }
 
@@ -274,9 +277,7 @@ void fill_random_param(const ParamSpec& spec, const config::K3Config& config, In
   switch (spec.role) {
     case ParamRole::embedding:
     case ParamRole::linear:
-    case ParamRole::expert_weight:
-      store(dtype, random_linear_values(spec, style, seed), out);
-      return;
+    case ParamRole::expert_weight: store(dtype, random_linear_values(spec, style, seed), out); return;
     case ParamRole::expert_packed:
     case ParamRole::expert_scale: {
       const Mxfp4Values q = random_mxfp4_values(spec, style, seed);
@@ -301,7 +302,8 @@ void fill_random_param(const ParamSpec& spec, const config::K3Config& config, In
       // Only the first num_heads entries are used (one per head); K3 stores zeros beyond.
       std::vector<float> v(static_cast<size_t>(numel), 0.0f);
       core::Rng rng = stream;
-      for (int64_t h = 0; h < numel && h < config.kda.num_heads; ++h) v[h] = static_cast<float>(rng.normal(0.0, kALogStd));
+      for (int64_t h = 0; h < numel && h < config.kda.num_heads; ++h)
+        v[h] = static_cast<float>(rng.normal(0.0, kALogStd));
       store(dtype, v, out);
       return;
     }

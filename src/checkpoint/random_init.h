@@ -24,8 +24,8 @@ namespace k3::checkpoint {
 //     stop at +-4.3 sigma.
 inline constexpr int64_t kSequentialMaxValues = int64_t{1} << 20;
 inline constexpr int64_t kBulkBlockValues = int64_t{1} << 16;
-void fill_random_param(const ParamSpec& spec, const config::K3Config& config, InitStyle style,
-                       uint64_t seed, std::span<std::byte> out);
+void fill_random_param(const ParamSpec& spec, const config::K3Config& config, InitStyle style, uint64_t seed,
+                       std::span<std::byte> out);
 
 // The float values of a linear-like tensor (linear, embedding, expert weight) before storage:
 // [out_features, in_features] row-major, each already rounded to BF16. An MXFP4 expert pair

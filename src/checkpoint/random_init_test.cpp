@@ -4,11 +4,12 @@
 // pinned), and the k3-proxy-tp8 inventory size.
 #include "checkpoint/random_init.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdio>
 #include <numeric>
 
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint_test_util.h"
@@ -33,10 +34,12 @@ void expect_same_quantization(const std::vector<float>& values, size_t row, cons
   ASSERT_EQ(values.size() % row, 0u);
   std::vector<uint8_t> p1(values.size() / 2), s1(values.size() / 32), p2(p1.size(), 0xAA), s2(s1.size(), 0xAA);
   for (size_t r = 0; r < values.size() / row; ++r)
-    core::mxfp4_quantize_row({values.data() + r * row, row}, {p1.data() + r * row / 2, row / 2}, {s1.data() + r * row / 32, row / 32});
+    core::mxfp4_quantize_row({values.data() + r * row, row}, {p1.data() + r * row / 2, row / 2},
+                             {s1.data() + r * row / 32, row / 32});
   mxfp4_quantize_groups(values.data(), static_cast<int64_t>(values.size()), p2.data(), s2.data());
   for (size_t i = 0; i < p1.size(); ++i)
-    ASSERT_EQ(p1[i], p2[i]) << what << ": packed byte " << i << " (values " << values[2 * i] << ", " << values[2 * i + 1] << ")";
+    ASSERT_EQ(p1[i], p2[i]) << what << ": packed byte " << i << " (values " << values[2 * i] << ", "
+                            << values[2 * i + 1] << ")";
   for (size_t i = 0; i < s1.size(); ++i) ASSERT_EQ(s1[i], s2[i]) << what << ": scale " << i;
 }
 
@@ -159,7 +162,8 @@ TEST(RandomInit, BulkTensorsDrawBlocksFromTheQuantileTable) {
   const Mxfp4Values mx = random_mxfp4_values(packed, InitStyle::realistic, 5);
   std::vector<uint8_t> p(w.size() / 2), sc(w.size() / 32);
   for (size_t r = 0; r < 16; ++r)
-    core::mxfp4_quantize_row({w.data() + r * 65568, 65568}, {p.data() + r * 32784, 32784}, {sc.data() + r * 2049, 2049});
+    core::mxfp4_quantize_row({w.data() + r * 65568, 65568}, {p.data() + r * 32784, 32784},
+                             {sc.data() + r * 2049, 2049});
   EXPECT_EQ(mx.packed, p);
   EXPECT_EQ(mx.scales, sc);
 }
@@ -187,7 +191,8 @@ TEST(RandomInit, WriterBytesDoNotDependOnThreads) {
     write_random_checkpoint(cfg, opt, sharded_one.path());
     opt.threads = 3;
     write_random_checkpoint(cfg, opt, sharded_many.path());
-    const SafetensorsSet a = SafetensorsSet::open_dir(sharded_one.path()), b = SafetensorsSet::open_dir(sharded_many.path());
+    const SafetensorsSet a = SafetensorsSet::open_dir(sharded_one.path()),
+                         b = SafetensorsSet::open_dir(sharded_many.path());
     ASSERT_EQ(a.entries().size(), b.entries().size());
     for (const auto& [name, e] : a.entries()) {
       const core::Tensor ta = a.tensor(e), tb = b.tensor(*b.find(name));
@@ -214,10 +219,10 @@ TEST(RandomInit, TinyCheckpointBytesArePinned) {
                         {true, InitStyle::realistic, 7, 0x91b1807f1a872e06ull}};
   for (const Case& c : cases) {
     TempDir dir;
-    write_random_checkpoint(config::builtin_config("k3-tiny"), {.seed = c.seed, .mxfp4 = c.mxfp4, .init = c.init, .threads = 4},
-                            dir.path());
-    EXPECT_EQ(file_hash(dir / kSingleFileName), c.hash) << "mxfp4 " << c.mxfp4 << " init " << static_cast<int>(c.init)
-                                                        << " seed " << c.seed;
+    write_random_checkpoint(config::builtin_config("k3-tiny"),
+                            {.seed = c.seed, .mxfp4 = c.mxfp4, .init = c.init, .threads = 4}, dir.path());
+    EXPECT_EQ(file_hash(dir / kSingleFileName), c.hash)
+        << "mxfp4 " << c.mxfp4 << " init " << static_cast<int>(c.init) << " seed " << c.seed;
   }
 }
 

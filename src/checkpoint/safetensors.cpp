@@ -24,8 +24,7 @@ namespace k3::checkpoint {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-static_assert(std::endian::native == std::endian::little,
-              "safetensors is little-endian; k3serve reads it in place");
+static_assert(std::endian::native == std::endian::little, "safetensors is little-endian; k3serve reads it in place");
 
 // ---------------------------------------------------------------- the mapping
 
@@ -42,8 +41,7 @@ class MappedFile {
 
   static std::shared_ptr<const MappedFile> map(const fs::path& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-      throw core::Error("safetensors " + path.string() + ": cannot open: " + std::strerror(errno));
+    if (fd < 0) throw core::Error("safetensors " + path.string() + ": cannot open: " + std::strerror(errno));
     struct stat st {};
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);
@@ -57,8 +55,7 @@ class MappedFile {
     void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     const int err = errno;
     ::close(fd);  // the mapping stays valid without the descriptor
-    if (p == MAP_FAILED)
-      throw core::Error("safetensors " + path.string() + ": mmap failed: " + std::strerror(err));
+    if (p == MAP_FAILED) throw core::Error("safetensors " + path.string() + ": mmap failed: " + std::strerror(err));
     return std::make_shared<const MappedFile>(static_cast<const std::byte*>(p), size);
   }
 
@@ -127,7 +124,8 @@ int64_t json_nonneg_int(const json& v, const fs::path& path, const std::string& 
   if (!v.is_number_integer()) fail_tensor(path, name, std::string(field) + " holds a non-integer " + v.dump());
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(INT64_MAX)) fail_tensor(path, name, std::string(field) + " value " + v.dump() + " is too large");
+    if (u > static_cast<uint64_t>(INT64_MAX))
+      fail_tensor(path, name, std::string(field) + " value " + v.dump() + " is too large");
     return static_cast<int64_t>(u);
   }
   const int64_t i = v.get<int64_t>();
@@ -149,8 +147,8 @@ TensorInfo parse_entry(const std::string& name, const json& e, const fs::path& p
   const json& dt = e["dtype"];
   if (!dt.is_string()) fail_tensor(path, name, "dtype is not a string");
   if (!core::dtype_from_name(dt.get<std::string>(), &t.dtype))
-    fail_tensor(path, name, "unknown dtype '" + dt.get<std::string>() +
-                                "' (k3serve reads F32, BF16, F8_E4M3, U8, I32, I64)");
+    fail_tensor(path, name,
+                "unknown dtype '" + dt.get<std::string>() + "' (k3serve reads F32, BF16, F8_E4M3, U8, I32, I64)");
   const json& sh = e["shape"];
   if (!sh.is_array()) fail_tensor(path, name, "shape is not an array");
   if (sh.size() > static_cast<size_t>(core::kMaxDims))
@@ -159,7 +157,8 @@ TensorInfo parse_entry(const std::string& name, const json& e, const fs::path& p
   int64_t numel = 1;
   for (const json& d : sh) {
     dims.push_back(json_nonneg_int(d, path, name, "shape"));
-    if (__builtin_mul_overflow(numel, dims.back(), &numel)) fail_tensor(path, name, "shape " + sh.dump() + " overflows");
+    if (__builtin_mul_overflow(numel, dims.back(), &numel))
+      fail_tensor(path, name, "shape " + sh.dump() + " overflows");
   }
   t.shape = core::Shape::of(dims);
   const json& off = e["data_offsets"];
@@ -167,14 +166,16 @@ TensorInfo parse_entry(const std::string& name, const json& e, const fs::path& p
   t.begin = json_nonneg_int(off[0], path, name, "data_offsets");
   t.end = json_nonneg_int(off[1], path, name, "data_offsets");
   if (t.begin > t.end)
-    fail_tensor(path, name, "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] has begin > end");
+    fail_tensor(path, name,
+                "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] has begin > end");
   int64_t expect_bytes = 0;
   if (__builtin_mul_overflow(numel, static_cast<int64_t>(core::dtype_size(t.dtype)), &expect_bytes))
     fail_tensor(path, name, "byte size overflows");
   if (t.end - t.begin != expect_bytes)
-    fail_tensor(path, name, "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] span " +
-                                std::to_string(t.end - t.begin) + " bytes, but " + std::string(core::dtype_name(t.dtype)) +
-                                " " + t.shape.str() + " needs " + std::to_string(expect_bytes));
+    fail_tensor(path, name,
+                "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "] span " +
+                    std::to_string(t.end - t.begin) + " bytes, but " + std::string(core::dtype_name(t.dtype)) + " " +
+                    t.shape.str() + " needs " + std::to_string(expect_bytes));
   return t;
 }
 
@@ -213,9 +214,9 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
   const int64_t data_size = static_cast<int64_t>(size - 8 - header_len);
   for (const TensorInfo& t : f.tensors_) {
     if (t.end > data_size)
-      fail_tensor(path, t.name, "needs data bytes [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
-                                    ") but the file holds only " + std::to_string(data_size) +
-                                    " data bytes (truncated file)");
+      fail_tensor(path, t.name,
+                  "needs data bytes [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+                      ") but the file holds only " + std::to_string(data_size) + " data bytes (truncated file)");
   }
   std::vector<const TensorInfo*> by_offset;
   for (const TensorInfo& t : f.tensors_) by_offset.push_back(&t);
@@ -226,11 +227,13 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path) {
   const TensorInfo* prev = nullptr;
   for (const TensorInfo* t : by_offset) {
     if (t->begin < expected)
-      fail_tensor(path, t->name, "data_offsets [" + std::to_string(t->begin) + ", " + std::to_string(t->end) +
-                                     ") overlap tensor '" + prev->name + "' ending at " + std::to_string(expected));
+      fail_tensor(path, t->name,
+                  "data_offsets [" + std::to_string(t->begin) + ", " + std::to_string(t->end) + ") overlap tensor '" +
+                      prev->name + "' ending at " + std::to_string(expected));
     if (t->begin > expected)
-      fail_tensor(path, t->name, "data_offsets begin at " + std::to_string(t->begin) + ", leaving a hole after byte " +
-                                     std::to_string(expected) + (prev ? " (end of '" + prev->name + "')" : std::string()));
+      fail_tensor(path, t->name,
+                  "data_offsets begin at " + std::to_string(t->begin) + ", leaving a hole after byte " +
+                      std::to_string(expected) + (prev ? " (end of '" + prev->name + "')" : std::string()));
     expected = t->end;
     prev = t;
   }

@@ -81,13 +81,11 @@ using TensorFiller = std::function<void(const TensorEntry& entry, std::span<std:
 // tensor starts aligned to its element size. Tensors are produced one at a time by `fill`, so
 // peak memory is one tensor. Writes PATH.tmp and renames it, so a failed write leaves no
 // half-written PATH. Throws core::Error on a duplicate or empty name or an I/O failure.
-void write_safetensors(const std::filesystem::path& path, std::vector<TensorEntry> entries,
-                       const TensorFiller& fill,
+void write_safetensors(const std::filesystem::path& path, std::vector<TensorEntry> entries, const TensorFiller& fill,
                        const std::map<std::string, std::string>& metadata = {});
 
 // Convenience: writes contiguous CPU tensors given by name.
-void write_safetensors(const std::filesystem::path& path,
-                       const std::map<std::string, core::TensorView>& tensors,
+void write_safetensors(const std::filesystem::path& path, const std::map<std::string, core::TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 // ---- sets of files (one file, or shards with an index) ----

@@ -36,13 +36,10 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 TEST(Safetensors, RoundTripEveryDtypeAndRank) {
   TempDir dir;
   std::map<std::string, Tensor> src = {
-      {"a.f32", random_tensor(DType::f32, {17, 3}, 1)},
-      {"b.bf16", random_tensor(DType::bf16, {97}, 2)},
+      {"a.f32", random_tensor(DType::f32, {17, 3}, 1)},      {"b.bf16", random_tensor(DType::bf16, {97}, 2)},
       {"c.u8", random_tensor(DType::u8, {5, 1, 3}, 3)},  // odd byte count before wider types in name order
-      {"d.i64", random_tensor(DType::i64, {2, 3, 1, 2}, 4)},
-      {"e.f8", random_tensor(DType::f8_e4m3, {54}, 5)},
-      {"f.i32", random_tensor(DType::i32, {1}, 6)},
-      {"g.scalar", random_tensor(DType::f32, {}, 7)},
+      {"d.i64", random_tensor(DType::i64, {2, 3, 1, 2}, 4)}, {"e.f8", random_tensor(DType::f8_e4m3, {54}, 5)},
+      {"f.i32", random_tensor(DType::i32, {1}, 6)},          {"g.scalar", random_tensor(DType::f32, {}, 7)},
       {"h.empty", random_tensor(DType::bf16, {0, 4}, 8)},
   };
   std::map<std::string, core::TensorView> views;
@@ -113,37 +110,79 @@ class SafetensorsCorrupt : public ::testing::TestWithParam<int> {};
 std::vector<Corrupt> corrupt_cases() {
   const std::vector<char> d16(16, 0);
   return {
-      {"header length past EOF", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", d16, 1 << 20,
+      {"header length past EOF",
+       R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+       d16,
+       1 << 20,
        {"header length 1048576", "runs past the end"}},
       {"bad JSON", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]})", d16, -1, {"not valid JSON"}},
       {"non-object header", R"([1,2,3])", {}, -1, {"not a JSON object"}},
-      {"duplicate key", R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
-       d16, -1, {"'w' twice"}},
-      {"unknown dtype", R"({"w":{"dtype":"F16","shape":[8],"data_offsets":[0,16]}})", d16, -1,
+      {"duplicate key",
+       R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+       d16,
+       -1,
+       {"'w' twice"}},
+      {"unknown dtype",
+       R"({"w":{"dtype":"F16","shape":[8],"data_offsets":[0,16]}})",
+       d16,
+       -1,
        {"tensor 'w'", "unknown dtype 'F16'"}},
       {"entry not object", R"({"w":5})", {}, -1, {"tensor 'w'", "not an object"}},
       {"missing field", R"({"w":{"dtype":"F32","shape":[4]}})", d16, -1, {"tensor 'w'", "data_offsets"}},
-      {"unknown field", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16],"x":1}})", d16, -1,
+      {"unknown field",
+       R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16],"x":1}})",
+       d16,
+       -1,
        {"tensor 'w'", "unknown key 'x'"}},
-      {"rank 5", R"({"w":{"dtype":"U8","shape":[1,1,1,1,16],"data_offsets":[0,16]}})", d16, -1,
+      {"rank 5",
+       R"({"w":{"dtype":"U8","shape":[1,1,1,1,16],"data_offsets":[0,16]}})",
+       d16,
+       -1,
        {"tensor 'w'", "rank 5"}},
-      {"negative dim", R"({"w":{"dtype":"U8","shape":[-16],"data_offsets":[0,16]}})", d16, -1,
+      {"negative dim",
+       R"({"w":{"dtype":"U8","shape":[-16],"data_offsets":[0,16]}})",
+       d16,
+       -1,
        {"tensor 'w'", "negative"}},
-      {"float dim", R"({"w":{"dtype":"U8","shape":[16.0],"data_offsets":[0,16]}})", d16, -1,
+      {"float dim",
+       R"({"w":{"dtype":"U8","shape":[16.0],"data_offsets":[0,16]}})",
+       d16,
+       -1,
        {"tensor 'w'", "non-integer"}},
-      {"offsets not a pair", R"({"w":{"dtype":"U8","shape":[16],"data_offsets":[0]}})", d16, -1,
+      {"offsets not a pair",
+       R"({"w":{"dtype":"U8","shape":[16],"data_offsets":[0]}})",
+       d16,
+       -1,
        {"tensor 'w'", "[begin, end]"}},
-      {"begin > end", R"({"w":{"dtype":"U8","shape":[0],"data_offsets":[16,0]}})", d16, -1,
+      {"begin > end",
+       R"({"w":{"dtype":"U8","shape":[0],"data_offsets":[16,0]}})",
+       d16,
+       -1,
        {"tensor 'w'", "begin > end"}},
-      {"size mismatch", R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}})", d16, -1,
+      {"size mismatch",
+       R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}})",
+       d16,
+       -1,
        {"tensor 'w'", "needs 12"}},
-      {"overlap", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
-       d16, -1, {"tensor 'b'", "overlap tensor 'a'"}},
-      {"hole", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})",
-       d16, -1, {"tensor 'b'", "hole"}},
-      {"truncated data", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
-       d16, -1, {"tensor 'b'", "truncated"}},
-      {"trailing bytes", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", d16, -1,
+      {"overlap",
+       R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+       d16,
+       -1,
+       {"tensor 'b'", "overlap tensor 'a'"}},
+      {"hole",
+       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})",
+       d16,
+       -1,
+       {"tensor 'b'", "hole"}},
+      {"truncated data",
+       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
+       d16,
+       -1,
+       {"tensor 'b'", "truncated"}},
+      {"trailing bytes",
+       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+       d16,
+       -1,
        {"8 data bytes", "'a'", "not indexed"}},
       {"metadata not strings", R"({"__metadata__":{"k":1}})", {}, -1, {"__metadata__", "'k'"}},
   };
@@ -159,8 +198,7 @@ TEST_P(SafetensorsCorrupt, FailsNamingFileAndTensor) {
   needles.push_back(p.string());
   expect_error_naming([&] { SafetensorsFile::open(p); }, needles);
 }
-INSTANTIATE_TEST_SUITE_P(AllCases, SafetensorsCorrupt,
-                         ::testing::Range(0, static_cast<int>(corrupt_cases().size())));
+INSTANTIATE_TEST_SUITE_P(AllCases, SafetensorsCorrupt, ::testing::Range(0, static_cast<int>(corrupt_cases().size())));
 
 TEST(Safetensors, ShortAndEmptyFiles) {
   TempDir dir;
@@ -169,7 +207,8 @@ TEST(Safetensors, ShortAndEmptyFiles) {
                       {(dir / "empty.safetensors").string(), "0 bytes"});
   write_bytes(dir / "short.safetensors", {1, 2, 3});
   expect_error_naming([&] { SafetensorsFile::open(dir / "short.safetensors"); }, {"short.safetensors", "3 bytes"});
-  expect_error_naming([&] { SafetensorsFile::open(dir / "absent.safetensors"); }, {"absent.safetensors", "cannot open"});
+  expect_error_naming([&] { SafetensorsFile::open(dir / "absent.safetensors"); },
+                      {"absent.safetensors", "cannot open"});
 }
 
 TEST(Safetensors, AbsentTensorNamesFileAndTensor) {
@@ -224,13 +263,15 @@ TEST(SafetensorsSet, IndexErrors) {
     TempDir dir;
     write_two_shards(dir, a, b, c);
     fs::remove(dir / shard2);
-    expect_error_naming([&] { SafetensorsSet::open_dir(dir.path()); }, {kIndexFileName, shard2, "'c'", "does not exist"});
+    expect_error_naming([&] { SafetensorsSet::open_dir(dir.path()); },
+                        {kIndexFileName, shard2, "'c'", "does not exist"});
   }
   {  // the index places a tensor in a file that does not hold it
     TempDir dir;
     write_two_shards(dir, a, b, c);
     write_index(dir.path(), {{"a", shard_file_name(1, 2)}, {"b", shard2}, {"c", shard2}}, 0);
-    expect_error_naming([&] { SafetensorsSet::open_dir(dir.path()); }, {kIndexFileName, "'b'", shard2, "does not hold"});
+    expect_error_naming([&] { SafetensorsSet::open_dir(dir.path()); },
+                        {kIndexFileName, "'b'", shard2, "does not hold"});
   }
   {  // a shard holds a tensor the index does not list
     TempDir dir;

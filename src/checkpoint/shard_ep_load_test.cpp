@@ -50,7 +50,8 @@ TEST(ShardLoadEp, EachRankHoldsExactlyItsWholeExperts) {
             EXPECT_EQ(m.w1[static_cast<size_t>(i)].out_features(), I) << where;  // whole intermediate
             EXPECT_EQ(m.w2[static_cast<size_t>(i)].in_features(), I) << where;
             EXPECT_EQ(m.w2[static_cast<size_t>(i)].out_features(), L) << where;
-            for (const auto& [got, want] : {std::pair{&m.w1, &f.w1}, std::pair{&m.w2, &f.w2}, std::pair{&m.w3, &f.w3}}) {
+            for (const auto& [got, want] :
+                 {std::pair{&m.w1, &f.w1}, std::pair{&m.w2, &f.w2}, std::pair{&m.w3, &f.w3}}) {
               const model::LinearWeight& g = (*got)[static_cast<size_t>(i)];
               const model::LinearWeight& x = (*want)[e];
               ASSERT_TRUE(same_bytes(g.weight, x.weight)) << where << " expert " << e;
@@ -107,7 +108,8 @@ TEST(ShardLoadEp, ProgressReadsOnlyTheRanksExperts) {
     for (size_t l = 0; l < w.layers.size(); ++l)
       if (std::holds_alternative<model::MoeWeights>(w.layers[l].ffn))
         for (const auto* v : {&moe_of(w, l).w1, &moe_of(w, l).w2, &moe_of(w, l).w3})
-          for (const model::LinearWeight& x : *v) expert_bytes += x.weight.nbytes() + (x.is_mxfp4() ? x.scale.nbytes() : 0);
+          for (const model::LinearWeight& x : *v)
+            expert_bytes += x.weight.nbytes() + (x.is_mxfp4() ? x.scale.nbytes() : 0);
     const int64_t per_expert = c.mxfp4 ? 2 * 64 * (64 + 4) + 128 * (32 + 2) : 3 * 64 * 128 * 2;
     EXPECT_EQ(expert_bytes, 3 * (16 / c.tp) * per_expert) << c.config;
   }
@@ -123,8 +125,11 @@ TEST(ShardLoadEp, ErrorsNameTheProblem) {
   const config::K3Config ten = config::parse_config(j, "test:ten_experts");
   TempDir dir10;
   write_random_checkpoint(ten, {.seed = 15}, dir10.path());
-  expect_error_naming([&] { load_weights(dir10.path(), ten, config::TpShard{1, 4, true}); },
-                      {"tp=4", "num_experts = 10"});
+  expect_error_naming(
+      [&] {
+        load_weights(dir10.path(), ten, config::TpShard{1, 4, true});
+      },
+      {"tp=4", "num_experts = 10"});
 }
 
 }  // namespace

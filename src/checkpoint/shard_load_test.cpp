@@ -72,7 +72,8 @@ void check_rank_blocks(const fs::path& dir, const config::K3Config& cfg, int tp,
       if (s.role == ParamRole::kda_a_log) {
         const int64_t h = cfg.kda.num_heads / tp;
         ASSERT_EQ(t.shape(), Shape({h})) << s.name;
-        for (int64_t i = 0; i < h; ++i) ASSERT_EQ(t.data<float>()[i], f.data<float>()[r * h + i]) << s.name << " rank " << r;
+        for (int64_t i = 0; i < h; ++i)
+          ASSERT_EQ(t.data<float>()[i], f.data<float>()[r * h + i]) << s.name << " rank " << r;
         n.a_log += r == 0;
         continue;
       }
@@ -114,7 +115,7 @@ TEST(ShardLoad, Mxfp4CodesAndScalesAreCutAtTheSameColumns) {
   config::K3Config cfg = config::builtin_config("k3-tiny-mxfp4");
   write_random_checkpoint(cfg, {.seed = 5, .mxfp4 = true}, dir.path());
   const Counts n = expect_rank_blocks(dir.path(), cfg, 2);  // 64 / 2 = one 32-group per rank
-  EXPECT_EQ(n.columns, 3 + 1 + 1 + 3 * (2 * 16 + 1));     // w2 codes and scales both by columns
+  EXPECT_EQ(n.columns, 3 + 1 + 1 + 3 * (2 * 16 + 1));       // w2 codes and scales both by columns
   // w2's rank-1 block decodes to the columns [32, 64) of the full w2.
   const auto full = flatten(load_weights(dir.path(), cfg), cfg);
   const auto rank1 = flatten(load_weights(dir.path(), cfg, config::TpShard{1, 2}), config::shard_config(cfg, 2));
@@ -177,8 +178,11 @@ TEST(ShardBlock, RowBlocksAreViewsAndColumnBlocksCopyOnlyTheBlock) {
 
 TEST(ShardBlock, ShapesThatAreNoBlockFailNamingTheTensor) {
   Tensor full = Tensor::zeros(DType::f32, {8, 6});
-  expect_error_naming([&] { shard_block(full, {3, 6}, {0, 4}, "model.x.weight"); },
-                      {"model.x.weight", "[8, 6]", "[3, 6]", "4 ways"});
+  expect_error_naming(
+      [&] {
+        shard_block(full, {3, 6}, {0, 4}, "model.x.weight");
+      },
+      {"model.x.weight", "[8, 6]", "[3, 6]", "4 ways"});
   expect_error_naming([&] { shard_block(full, {4, 3}, {0, 2}, "model.y.weight"); }, {"model.y.weight"});
   expect_error_naming([&] { shard_block(full, {4, 6}, {2, 2}, "w"); }, {"rank 2"});
   Tensor a_log = Tensor::zeros(DType::f32, {4});
@@ -206,13 +210,20 @@ TEST(ShardLoad, ErrorsNameTheProblem) {
   TempDir dir;
   const config::K3Config cfg = config::builtin_config("k3-tiny");
   write_random_checkpoint(cfg, {.seed = 6}, dir.path());
-  expect_error_naming([&] { load_weights(dir.path(), cfg, config::TpShard{0, 8}); },
-                      {"tp=8", "linear_attn_config.num_heads"});
+  expect_error_naming(
+      [&] {
+        load_weights(dir.path(), cfg, config::TpShard{0, 8});
+      },
+      {"tp=8", "linear_attn_config.num_heads"});
   expect_error_naming([&] { load_weights(dir.path(), cfg, config::TpShard{2, 2}); }, {"rank 2", "2 ranks"});
   // The whole checkpoint is still checked against the full config.
-  rewrite_tensors(dir.path(), [](std::map<std::string, Tensor>& t) { t.erase("model.layers.2.self_attn.o_proj.weight"); });
-  expect_error_naming([&] { load_weights(dir.path(), cfg, config::TpShard{1, 2}); },
-                      {"missing tensor 'model.layers.2.self_attn.o_proj.weight'"});
+  rewrite_tensors(dir.path(),
+                  [](std::map<std::string, Tensor>& t) { t.erase("model.layers.2.self_attn.o_proj.weight"); });
+  expect_error_naming(
+      [&] {
+        load_weights(dir.path(), cfg, config::TpShard{1, 2});
+      },
+      {"missing tensor 'model.layers.2.self_attn.o_proj.weight'"});
 }
 
 }  // namespace

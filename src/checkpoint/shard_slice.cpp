@@ -10,9 +10,7 @@ namespace k3::checkpoint {
 
 namespace {
 
-std::string describe(const core::Tensor& t) {
-  return std::string(core::dtype_name(t.dtype())) + " " + t.shape().str();
-}
+std::string describe(const core::Tensor& t) { return std::string(core::dtype_name(t.dtype())) + " " + t.shape().str(); }
 
 }  // namespace
 
@@ -22,7 +20,9 @@ core::Tensor shard_block(const core::Tensor& full, const core::Shape& local, con
   const core::Shape& fs = full.shape();
   K3_CHECK(full.view().is_contiguous(), "tensor parallelism: tensor '" + name + "' is not contiguous");
   const auto esize = static_cast<int64_t>(core::dtype_size(full.dtype()));
-  const auto aligned = [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(esize) == 0; };
+  const auto aligned = [&](const void* p) {
+    return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(esize) == 0;
+  };
   if (fs == local) return aligned(full.data<void>()) ? full : core::Tensor::copy_of(full.view());  // replicated
   int axis = -1;
   bool fits = fs.rank() == local.rank();
@@ -31,9 +31,9 @@ core::Tensor shard_block(const core::Tensor& full, const core::Shape& local, con
     fits = axis < 0 && local[d] * shard.size == fs[d];
     axis = d;
   }
-  K3_CHECK(fits && axis >= 0, "tensor parallelism: tensor '" + name + "' is " + describe(full) + " in the checkpoint but " +
-                                  local.str() + " per rank, which is not a block of one axis split " +
-                                  std::to_string(shard.size) + " ways");
+  K3_CHECK(fits && axis >= 0,
+           "tensor parallelism: tensor '" + name + "' is " + describe(full) + " in the checkpoint but " + local.str() +
+               " per rank, which is not a block of one axis split " + std::to_string(shard.size) + " ways");
   // [outer, full[axis], inner] -> [outer, local[axis], inner] at offset rank * local[axis].
   int64_t outer = 1, inner = 1;
   for (int d = 0; d < axis; ++d) outer *= fs[d];
@@ -46,7 +46,8 @@ core::Tensor shard_block(const core::Tensor& full, const core::Shape& local, con
     return core::Tensor(core::TensorView::contiguous(const_cast<char*>(first), full.dtype(), local), keep);
   }
   core::Tensor out = core::Tensor::zeros(full.dtype(), local);
-  for (int64_t o = 0; o < outer; ++o) std::memcpy(out.data<char>() + o * block, first + o * stride, static_cast<size_t>(block));
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(out.data<char>() + o * block, first + o * stride, static_cast<size_t>(block));
   return out;
 }
 

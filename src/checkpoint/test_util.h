@@ -1,6 +1,7 @@
 // checkpoint/test_util.h: helpers shared by the checkpoint tests (temporary folders, raw
 // safetensors bytes, message checks). Test-only; header-only so the library does not carry it.
 #pragma once
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -10,8 +11,6 @@
 #include <iterator>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "core/error.h"
 

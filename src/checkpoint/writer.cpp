@@ -36,8 +36,7 @@ void remove_stale_checkpoint_files(const fs::path& out) {
   static const std::regex shard_re(R"(model-\d{5}-of-\d{5}\.safetensors)");
   for (const auto& e : fs::directory_iterator(out)) {
     const std::string name = e.path().filename().string();
-    if (name == kSingleFileName || name == kIndexFileName || std::regex_match(name, shard_re))
-      fs::remove(e.path());
+    if (name == kSingleFileName || name == kIndexFileName || std::regex_match(name, shard_re)) fs::remove(e.path());
   }
 }
 
@@ -65,7 +64,9 @@ std::vector<std::vector<size_t>> split_into_shards(const std::vector<TensorEntry
   return shards;
 }
 
-bool is_mxfp4_half(const ParamSpec& s) { return s.role == ParamRole::expert_packed || s.role == ParamRole::expert_scale; }
+bool is_mxfp4_half(const ParamSpec& s) {
+  return s.role == ParamRole::expert_packed || s.role == ParamRole::expert_scale;
+}
 
 // One unit of work: the bytes of one tensor, or of both halves of an MXFP4 pair (one draw).
 struct Job {
@@ -161,11 +162,14 @@ class Prefetcher {
     std::exception_ptr error;
     try {
       const Job& job = jobs_[j];
-      for (const ParamSpec* p : job.parts) out.emplace_back(static_cast<size_t>(TensorEntry{p->name, p->dtypes[0], p->shapes[0]}.nbytes()));
+      for (const ParamSpec* p : job.parts)
+        out.emplace_back(static_cast<size_t>(TensorEntry{p->name, p->dtypes[0], p->shapes[0]}.nbytes()));
       if (is_mxfp4_half(*job.parts[0])) {
         const bool packed_first = job.parts[0]->role == ParamRole::expert_packed;
-        K3_CHECK(job.parts.size() == 2, "write_random_checkpoint: MXFP4 '" + job.parts[0]->name + "' has no other half");
-        fill_random_mxfp4(*job.parts[0], options_.init, options_.seed, out[packed_first ? 0 : 1], out[packed_first ? 1 : 0]);
+        K3_CHECK(job.parts.size() == 2,
+                 "write_random_checkpoint: MXFP4 '" + job.parts[0]->name + "' has no other half");
+        fill_random_mxfp4(*job.parts[0], options_.init, options_.seed, out[packed_first ? 0 : 1],
+                          out[packed_first ? 1 : 0]);
       } else {
         fill_random_param(*job.parts[0], config_, options_.init, options_.seed, out[0]);
       }
@@ -248,7 +252,8 @@ void write_random_checkpoint(const config::K3Config& config, const WriteOptions&
       for (size_t i : shard) files.back().push_back(entries[i]);
     }
   }
-  const int threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = options.threads > 0 ? options.threads
+                                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // 1 GiB ahead keeps every worker busy (an expert pair is ~1 MB at K3 widths) in bounded memory.
   Prefetcher prefetch(c, options, plan_jobs(files, by_name), threads > 1 ? threads : 0, int64_t{1} << 30);
   const TensorFiller fill = [&](const TensorEntry& e, std::span<std::byte> bytes) { prefetch.take(e.name, bytes); };

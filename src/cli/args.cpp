@@ -3,11 +3,12 @@
 // is a core::Error worded by k3serve, not by the installed CLI11 version.
 #include "cli/args.h"
 
-#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
+
+#include <CLI/CLI.hpp>
 
 #include "core/error.h"
 
@@ -17,8 +18,8 @@ namespace {
 // The option a word names: "--name=value" and "--name" -> "name"; anything else -> "".
 std::string option_name(std::string_view word) {
   if (word.size() < 3 || word.substr(0, 2) != "--") return "";
-  return std::string(word.substr(2, word.find('=') == std::string_view::npos ? std::string_view::npos
-                                                                               : word.find('=') - 2));
+  return std::string(
+      word.substr(2, word.find('=') == std::string_view::npos ? std::string_view::npos : word.find('=') - 2));
 }
 
 // CLI11's words, reversed as App::parse wants them. "--name=" becomes "--name" "": CLI11 would

@@ -18,8 +18,8 @@
 namespace k3::cli {
 
 struct OptionSpec {
-  std::string name;      // without the leading "--"
-  std::string value;     // placeholder for the help ("N", "DIR"); empty for a flag
+  std::string name;   // without the leading "--"
+  std::string value;  // placeholder for the help ("N", "DIR"); empty for a flag
   std::string help;
   std::string fallback;  // default value shown in help and returned by get(); empty: none
   bool required = false;

@@ -128,7 +128,9 @@ TEST(Args, NumbersKeepTheirMessages) {
   EXPECT_EQ(message([&] { a.get_ids("token-ids"); }), "test: --token-ids expects comma-separated token ids, got ''");
   EXPECT_EQ(message([&] { a.get("nope"); }).rfind("test: unknown option --nope", 0), 0u);
   EXPECT_EQ(parse({"--out", "o", "--token-ids", "3,14,15"}).get_ids("token-ids"), (std::vector<int32_t>{3, 14, 15}));
-  EXPECT_EQ(message([&] { parse({"--out", "o", "--max-tokens", "-1"}).get_u64("max-tokens"); }),
+  EXPECT_EQ(message([&] {
+              parse({"--out", "o", "--max-tokens", "-1"}).get_u64("max-tokens");
+            }),
             "test: --max-tokens expects a non-negative integer, got '-1'");
 }
 

@@ -10,11 +10,11 @@
 #include <tuple>
 #include <vector>
 
-#include "core/log.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/log_options.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "loadgen/bench_run.h"
 #include "loadgen/bundle.h"
 
@@ -70,7 +70,8 @@ int bench_serve_command(std::span<char* const> raw_argv) {
       {"host", "H", "server address", "127.0.0.1"},
       {"port", "P", "server port", "8000"},
       {"model", "NAME", "model id to request (default: the first of /v1/models)", ""},
-      {"model-dir", "DIR", "the served model folder: its config.json is hashed into the bundle, vocab_size sets --token-range", ""},
+      {"model-dir", "DIR",
+       "the served model folder: its config.json is hashed into the bundle, vocab_size sets --token-range", ""},
       {"workload", "KIND", "random | shared_prefix | agentic | trace", "random"},
       {"seed", "N", "workload seed (prompts, lengths, pauses, arrivals)", "0"},
       {"num-sessions", "N", "sessions (requests, for random / shared_prefix)", "16"},
@@ -88,10 +89,13 @@ int bench_serve_command(std::span<char* const> raw_argv) {
       {"subagents", "N", "agentic: sub-agent sessions each session forks after its middle turn", "0"},
       {"subagent-turns", "N", "agentic: turns of a sub-agent session", "2"},
       {"subagent-increment", "N", "agentic: new tokens per sub-agent turn", "400"},
-      {"trace", "FILE", "trace: JSONL file (input_length, output_length, session_id, hash_ids, timestamp, delay); --mode rate replays its timestamps", ""},
+      {"trace", "FILE",
+       "trace: JSONL file (input_length, output_length, session_id, hash_ids, timestamp, delay); --mode rate replays its timestamps",
+       ""},
       {"trace-block-size", "N", "trace: tokens per hash id", "512"},
       {"trace-time-scale", "X", "trace: multiplies timestamps and delays", "1"},
-      {"token-range", "LO:HI", "prompt token ids drawn from [LO, HI) (default 0:vocab-256 with --model-dir, else 0:768)", ""},
+      {"token-range", "LO:HI",
+       "prompt token ids drawn from [LO, HI) (default 0:vocab-256 with --model-dir, else 0:768)", ""},
       {"mode", "M", "concurrency (N workers back to back) | rate (Poisson session arrivals)", "concurrency"},
       {"concurrency", "N", "workers; in rate mode the most sessions in flight (default there: no cap)", "1"},
       {"request-rate", "R", "rate mode: sessions per second ('inf': all at once)", "1"},
@@ -165,7 +169,7 @@ int bench_serve_command(std::span<char* const> raw_argv) {
   // In rate mode --concurrency caps sessions in flight; not given, there is no cap.
   c.run.concurrency = c.run.mode == "rate" && !args.has("concurrency") ? 0 : args.get_int("concurrency");
   c.run.request_rate = args.get("request-rate") == "inf" ? std::numeric_limits<double>::infinity()
-                                                          : args.get_double("request-rate");
+                                                         : args.get_double("request-rate");
   c.run.warmup_requests = args.get_int("warmup");
   c.run.max_duration_s = args.get_double("max-duration");
   c.run.seed = w.seed;

@@ -18,13 +18,16 @@ int generate_command(std::span<char* const> argv) {
   specs.push_back({"top-k", "K", "keep the K most likely tokens (0: off)", "0"});
   specs.push_back({"min-p", "P", "drop tokens below P times the most likely", "0"});
   specs.push_back({"seed", "S", "sampling seed", "0"});
-  specs.push_back({"repetition-penalty", "R", "divide positive / multiply negative logits of prompt+output ids (1: off)", "1"});
+  specs.push_back(
+      {"repetition-penalty", "R", "divide positive / multiply negative logits of prompt+output ids (1: off)", "1"});
   specs.push_back({"presence-penalty", "P", "subtract P from logits of ids already generated, in [-2, 2]", "0"});
   specs.push_back({"frequency-penalty", "F", "subtract F * count from logits of generated ids, in [-2, 2]", "0"});
   specs.push_back(tp_option_spec());
   specs.push_back(expert_parallel_option_spec());
-  specs.push_back({"explain", "", "print the plan of the prefill and first decode step to stderr: the decode path and why, "
-                                  "and every op with the kernel that ran", ""});
+  specs.push_back({"explain", "",
+                   "print the plan of the prefill and first decode step to stderr: the decode path and why, "
+                   "and every op with the kernel that ran",
+                   ""});
   for (OptionSpec& s : log_option_specs()) specs.push_back(std::move(s));
   Args args("generate", specs, argv);
   if (args.help_requested()) {

@@ -15,7 +15,8 @@ int logits_command(std::span<char* const> argv) {
   std::vector<OptionSpec> specs = model_option_specs();
   specs.push_back({"token-ids", "1,2,3", "input token ids", "", true});
   specs.push_back({"out", "FILE", "output .safetensors file", "", true});
-  specs.push_back({"decode-from", "N", "prefill the first N tokens, decode the rest one at a time (default: all prefill)", ""});
+  specs.push_back(
+      {"decode-from", "N", "prefill the first N tokens, decode the rest one at a time (default: all prefill)", ""});
   specs.push_back(tp_option_spec());
   specs.push_back(expert_parallel_option_spec());
   for (OptionSpec& s : log_option_specs()) specs.push_back(std::move(s));

@@ -23,8 +23,8 @@ int make_draft_checkpoint(const Args& args) {
   std::string target = args.get("draft-for");
   if (std::filesystem::is_directory(target)) target = (std::filesystem::path(target) / "config.json").string();
   const config::K3Config tcfg = config::resolve_config(target);
-  const draft::DraftConfig dcfg =
-      args.has("draft-config") ? draft::resolve_draft_config(args.get("draft-config")) : draft::default_draft_for(tcfg);
+  const draft::DraftConfig dcfg = args.has("draft-config") ? draft::resolve_draft_config(args.get("draft-config"))
+                                                           : draft::default_draft_for(tcfg);
   draft::check_matches_target(dcfg, tcfg, args.has("draft-config") ? args.get("draft-config") : "the default draft");
   draft::write_random_draft(dcfg, args.get_u64("seed"), args.get("out"));
   std::cerr << "wrote draft " << args.get("out") << " for " << args.get("draft-for") << " ("
@@ -35,16 +35,18 @@ int make_draft_checkpoint(const Args& args) {
 }  // namespace
 
 int make_checkpoint_command(std::span<char* const> argv) {
-  Args args("make-checkpoint",
-            {{"config", "NAME|PATH", "built-in config (k3-tiny) or a config.json (required unless --draft-for)", ""},
-             {"seed", "N", "random seed", "0"},
-             {"out", "DIR", "output folder", "", true},
-             {"mxfp4", "", "store routed experts as MXFP4 (compressed-tensors)", ""},
-             {"init", "realistic|sensitive", "weight init: spec §14.1 or §14.3", "realistic"},
-             {"shard-bytes", "N", "split into shards of about N bytes (0: one file)", "0"},
-             {"draft-for", "NAME|PATH", "write a DSpark draft model for this target (config name, config.json or folder)", ""},
-             {"draft-config", "NAME|PATH", "with --draft-for: the draft's config (default: the builtin/derived one)", ""}},
-            argv);
+  Args args(
+      "make-checkpoint",
+      {{"config", "NAME|PATH", "built-in config (k3-tiny) or a config.json (required unless --draft-for)", ""},
+       {"seed", "N", "random seed", "0"},
+       {"out", "DIR", "output folder", "", true},
+       {"mxfp4", "", "store routed experts as MXFP4 (compressed-tensors)", ""},
+       {"init", "realistic|sensitive", "weight init: spec §14.1 or §14.3", "realistic"},
+       {"shard-bytes", "N", "split into shards of about N bytes (0: one file)", "0"},
+       {"draft-for", "NAME|PATH", "write a DSpark draft model for this target (config name, config.json or folder)",
+        ""},
+       {"draft-config", "NAME|PATH", "with --draft-for: the draft's config (default: the builtin/derived one)", ""}},
+      argv);
   if (args.help_requested()) {
     std::cout << args.usage();
     return 0;

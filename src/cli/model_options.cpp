@@ -1,5 +1,4 @@
 // cli/model_options.cpp: model option parsing.
-#include "core/log.h"
 #include "cli/model_options.h"
 
 #include <unistd.h>
@@ -8,6 +7,7 @@
 
 #include "config/shard.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace k3::cli {
 
@@ -51,8 +51,10 @@ model::KvCacheDtype parse_kv_cache(const Args& args) {
 }
 
 OptionSpec tp_option_spec() {
-  return {"tp", "N", "tensor-parallel ranks: CPU threads, or GPUs 0..N-1 with --device cuda (N must divide the heads, intermediates and vocab)",
-          "1"};
+  return {
+      "tp", "N",
+      "tensor-parallel ranks: CPU threads, or GPUs 0..N-1 with --device cuda (N must divide the heads, intermediates and vocab)",
+      "1"};
 }
 
 int parse_tp(const Args& args) {
@@ -64,7 +66,8 @@ int parse_tp(const Args& args) {
 OptionSpec expert_parallel_option_spec() {
   return {"enable-expert-parallel", "",
           "with --tp N > 1: each rank holds whole routed experts (E / N of them, N must divide E) instead of a "
-          "slice of every expert; their partial sums share the MoE all-reduce", ""};
+          "slice of every expert; their partial sums share the MoE all-reduce",
+          ""};
 }
 
 void parse_expert_parallel(const Args& args, int tp, model::ModelOptions& options) {
@@ -88,11 +91,14 @@ checkpoint::LoadProgressFn load_progress_on_terminal(const std::string& what) {
 std::vector<OptionSpec> speculative_option_specs() {
   return {
       {"speculative-model", "DIR", "the draft checkpoint for --speculative-method dspark", ""},
-      {"speculative-method", "M", "speculative decoding: none, ngram (prompt lookup), dspark (draft model, --speculative-model) or synthetic (benchmarks: forced acceptance)",
+      {"speculative-method", "M",
+       "speculative decoding: none, ngram (prompt lookup), dspark (draft model, --speculative-model) or synthetic (benchmarks: forced acceptance)",
        "none"},
       {"num-speculative-tokens", "K", "drafts verified per request per step (with a method)", "4"},
-      {"synthetic-acceptance-length", "AL", "synthetic: tokens per verify step, 1..K+1 (0: K+1); outputs are NOT the "
-                                            "model's distribution", "0"},
+      {"synthetic-acceptance-length", "AL",
+       "synthetic: tokens per verify step, 1..K+1 (0: K+1); outputs are NOT the "
+       "model's distribution",
+       "0"},
       {"ngram-min", "N", "ngram: shortest n-gram matched", "1"},
       {"ngram-max", "N", "ngram: longest n-gram matched", "4"},
       {"no-adaptive-draft-length", "", "always propose K drafts (default: adapt per request to its acceptance)", ""},
@@ -111,7 +117,8 @@ spec::SpeculativeConfig parse_speculative(const Args& args) {
     c.validate();
   } catch (const core::Error& e) {
     throw core::Error(std::string("--speculative-method / --num-speculative-tokens / --synthetic-acceptance-length / "
-                                  "--ngram-*: ") + e.what());
+                                  "--ngram-*: ") +
+                      e.what());
   }
   return c;
 }

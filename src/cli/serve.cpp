@@ -35,8 +35,10 @@ int serve_command(std::span<char* const> argv) {
   specs.push_back({"served-model-name", "NAME [NAME ...]",
                    "model ids clients may use; replies name the one asked for (default: the folder's name)", "", false,
                    true});
-  specs.push_back({"api-key", "KEY", "require this key on every API route (Bearer or x-api-key); /health and /metrics "
-                   "stay open", ""});
+  specs.push_back({"api-key", "KEY",
+                   "require this key on every API route (Bearer or x-api-key); /health and /metrics "
+                   "stay open",
+                   ""});
   specs.push_back({"max-model-len", "N", "prompt + completion tokens of one request", "65536"});
   specs.push_back({"max-num-seqs", "N", "requests running at once (KDA state slots)", "64"});
   specs.push_back({"max-num-batched-tokens", "N", "tokens per engine step", "2048"});
@@ -92,8 +94,9 @@ int serve_command(std::span<char* const> argv) {
   K3_CHECK(o.draft_model_dir.empty() || o.speculative.method == spec::SpecMethod::dspark,
            "--speculative-model is only used with --speculative-method dspark");
   if (o.speculative.method == spec::SpecMethod::synthetic)
-    log::warn("SYNTHETIC speculative decoding (acceptance is forced: outputs are not the model's distribution; "
-              "for benchmarks only)");
+    log::warn(
+        "SYNTHETIC speculative decoding (acceptance is forced: outputs are not the model's distribution; "
+        "for benchmarks only)");
 
   server::ServerConfig sc;
   sc.host = args.get("host");

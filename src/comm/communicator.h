@@ -45,8 +45,7 @@ class Communicator {
 
   // out <- concatenation of every rank's `in` along `axis` (see GatherAxis). Any dtype; `out` has
   // the dtype of `in` and n times its extent along `axis`, the other dims equal.
-  virtual void all_gather(const core::TensorView& in, const core::TensorView& out,
-                          GatherAxis axis) = 0;
+  virtual void all_gather(const core::TensorView& in, const core::TensorView& out, GatherAxis axis) = 0;
 
   // in [n*R, ...] (same on every rank) -> out [R, ...] = rows [rank*R, (rank+1)*R) of the rank-order
   // sum of every rank's `in`; each element equals what all_reduce_sum would give. f32 or bf16.
@@ -66,10 +65,9 @@ class Communicator {
 // Argument checks shared by the implementations: ok, or a reason naming the argument and the
 // expected vs actual shape/dtype/device. `n` is the group size.
 core::Status all_reduce_check(const core::TensorView& x, core::Device device);
-core::Status all_gather_check(const core::TensorView& in, const core::TensorView& out,
-                              GatherAxis axis, int n, core::Device device);
-core::Status reduce_scatter_check(const core::TensorView& in, const core::TensorView& out, int n,
-                                  core::Device device);
+core::Status all_gather_check(const core::TensorView& in, const core::TensorView& out, GatherAxis axis, int n,
+                              core::Device device);
+core::Status reduce_scatter_check(const core::TensorView& in, const core::TensorView& out, int n, core::Device device);
 core::Status broadcast_check(const core::TensorView& x, int root, int n, core::Device device);
 
 const char* gather_axis_name(GatherAxis axis);

@@ -5,13 +5,14 @@
 //              order and pushes the sum to every peer (reduce-scatter + all-gather in one kernel).
 // Both sum in fp32 with __fadd_rn (never contracted) and round bf16 once, as comm/rank_sum.cu does,
 // so both give the bits of ThreadComm. The fused step lives in custom_fused.cu.
+#include "comm/custom_allreduce.h"
+
 #include <set>
 #include <string>
 
 #include "backends/cuda/check.h"
 #include "backends/cuda/device.h"
 #include "comm/communicator.h"
-#include "comm/custom_allreduce.h"
 #include "comm/custom_allreduce_kernels.cuh"
 
 namespace k3::comm {
@@ -212,8 +213,7 @@ core::Status CustomAllReduceGroup::devices_status(const std::vector<int>& device
   return core::Status::ok();
 }
 
-std::unique_ptr<CustomAllReduceGroup> CustomAllReduceGroup::create(const std::vector<int>& devices,
-                                                                   int64_t max_bytes) {
+std::unique_ptr<CustomAllReduceGroup> CustomAllReduceGroup::create(const std::vector<int>& devices, int64_t max_bytes) {
   if (auto s = devices_status(devices); !s) throw core::Error(s.reason());
   K3_CHECK(max_bytes >= 8 && max_bytes <= (int64_t{1} << 31),
            "comm::CustomAllReduceGroup: max_bytes must be in [8, 2 GiB], got " + std::to_string(max_bytes));
@@ -292,19 +292,18 @@ void CustomAllReduce::enter() const { K3_CUDA_CHECK(cudaSetDevice(device())); }
 core::Status CustomAllReduce::all_reduce_check(const core::TensorView& x) const {
   if (auto s = comm::all_reduce_check(x, core::Device::cuda); !s) return s;
   if (x.nbytes() > max_bytes())
-    return core::Status::fail("comm::CustomAllReduce: x " + x.shape.str() + " " + std::string(core::dtype_name(x.dtype)) +
-                              " is " + std::to_string(x.nbytes()) + " bytes, more than the group's max_bytes " +
-                              std::to_string(max_bytes()) + " (use NCCL for large messages)");
+    return core::Status::fail("comm::CustomAllReduce: x " + x.shape.str() + " " +
+                              std::string(core::dtype_name(x.dtype)) + " is " + std::to_string(x.nbytes()) +
+                              " bytes, more than the group's max_bytes " + std::to_string(max_bytes()) +
+                              " (use NCCL for large messages)");
   if (reinterpret_cast<uintptr_t>(x.data) % 8 != 0)
     return core::Status::fail("comm::CustomAllReduce: x must be 8-byte aligned (its data pointer is not)");
   return core::Status::ok();
 }
 
 void CustomAllReduce::all_reduce_sum(const core::TensorView& x, cudaStream_t stream) {
-  if (x.nbytes() <= two_stage_threshold_)
-    all_reduce_one_shot(x, stream);
-  else
-    all_reduce_two_stage(x, stream);
+  if (x.nbytes() <= two_stage_threshold_) all_reduce_one_shot(x, stream);
+  else all_reduce_two_stage(x, stream);
 }
 
 void CustomAllReduce::all_reduce_one_shot(const core::TensorView& x, cudaStream_t stream) {
@@ -344,7 +343,8 @@ void CustomAllReduce::all_reduce_two_stage(const core::TensorView& x, cudaStream
 void CustomAllReduce::set_sequence_for_testing(uint32_t value) {
   enter();
   K3_CUDA_CHECK(cudaDeviceSynchronize());
-  K3_CUDA_CHECK(cudaMemcpy(shared_->counters[static_cast<size_t>(rank_)], &value, sizeof value, cudaMemcpyHostToDevice));
+  K3_CUDA_CHECK(
+      cudaMemcpy(shared_->counters[static_cast<size_t>(rank_)], &value, sizeof value, cudaMemcpyHostToDevice));
   K3_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -352,7 +352,8 @@ uint32_t CustomAllReduce::sequence() const {
   enter();
   K3_CUDA_CHECK(cudaDeviceSynchronize());
   uint32_t value = 0;
-  K3_CUDA_CHECK(cudaMemcpy(&value, shared_->counters[static_cast<size_t>(rank_)], sizeof value, cudaMemcpyDeviceToHost));
+  K3_CUDA_CHECK(
+      cudaMemcpy(&value, shared_->counters[static_cast<size_t>(rank_)], sizeof value, cudaMemcpyDeviceToHost));
   return value;
 }
 

@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <cstdio>
-
 #include <vector>
 
 #include "comm/custom_allreduce.h"
@@ -21,10 +20,10 @@ namespace k3::comm {
 // The group's memory: per rank r (on devices[r]) an LL buffer of 2 * parity_lines lines and two
 // counter words {counter, arrive}; every rank's kernels get all n buffer pointers (peer access).
 struct CustomShared {
-  std::vector<int> devices;        // [n]
-  std::vector<int> sm_counts;      // [n]
-  std::vector<uint4*> buffers;     // [n]
-  std::vector<uint32_t*> counters; // [n], 2 words each
+  std::vector<int> devices;         // [n]
+  std::vector<int> sm_counts;       // [n]
+  std::vector<uint4*> buffers;      // [n]
+  std::vector<uint32_t*> counters;  // [n], 2 words each
   int64_t max_bytes = 0;
   int64_t parity_lines = 0;
   ~CustomShared();
@@ -77,8 +76,7 @@ __device__ __forceinline__ uint4 ll_load(const uint4* p) {
 }
 
 __device__ __forceinline__ void ll_store(uint4* p, uint4 v) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
-               "r"(v.w)
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
 }
 

@@ -38,13 +38,13 @@ using namespace k3::comm::testing;
 constexpr int64_t kMaxBytes = 64 * 7168 * 4;  // 64 rows x 7168 f32: the largest decode partial
 
 // The devices of the largest group this machine allows (all visible GPUs, at most 8), or a skip.
-#define K3_REQUIRE_PEER_GPUS()                                                                 \
-  std::string why_;                                                                            \
-  const int gpus_ = backends::cuda::device_count(&why_);                                       \
-  if (gpus_ < 2) GTEST_SKIP() << "needs 2 CUDA devices, " << gpus_ << " visible " << why_;      \
-  std::vector<int> all_devices_;                                                               \
-  for (int d = 0; d < std::min(gpus_, kCustomMaxRanks); ++d) all_devices_.push_back(d);        \
-  if (auto s_ = CustomAllReduceGroup::devices_status(all_devices_); !s_)                       \
+#define K3_REQUIRE_PEER_GPUS()                                                             \
+  std::string why_;                                                                        \
+  const int gpus_ = backends::cuda::device_count(&why_);                                   \
+  if (gpus_ < 2) GTEST_SKIP() << "needs 2 CUDA devices, " << gpus_ << " visible " << why_; \
+  std::vector<int> all_devices_;                                                           \
+  for (int d = 0; d < std::min(gpus_, kCustomMaxRanks); ++d) all_devices_.push_back(d);    \
+  if (auto s_ = CustomAllReduceGroup::devices_status(all_devices_); !s_)                   \
     GTEST_SKIP() << "custom all-reduce unavailable: " << s_.reason();
 
 // Group sizes to run: 2, 3 (uneven chunks) and all visible GPUs, as far as they go.
@@ -88,7 +88,9 @@ struct DevBuf {
     K3_CUDA_CHECK(cudaMemcpy(host.data(), ptr, bytes, cudaMemcpyDeviceToHost));
     return host;
   }
-  TensorView view(DType dtype, Shape shape) const { return TensorView::contiguous(ptr, dtype, shape, core::Device::cuda); }
+  TensorView view(DType dtype, Shape shape) const {
+    return TensorView::contiguous(ptr, dtype, shape, core::Device::cuda);
+  }
   void* ptr = nullptr;
   size_t bytes = 0;
 };
@@ -167,7 +169,9 @@ TEST(CustomAllReduce, OneShotAndTwoStageAreBitIdenticalToThreadCommAndNcclRankOr
           c.all_reduce_sum(TensorView::contiguous(data, dtype, shape));
         });
         const std::vector<float> expected = bf16 ? bf16_to_f32(cpu_bf16[0]) : cpu_f32[0];
-        ASSERT_EQ(first_bit_mismatch(expected, bf16 ? bf16_to_f32(to_bf16(rank_order_sum(inputs))) : rank_order_sum(inputs)), -1);
+        ASSERT_EQ(first_bit_mismatch(expected,
+                                     bf16 ? bf16_to_f32(to_bf16(rank_order_sum(inputs))) : rank_order_sum(inputs)),
+                  -1);
 
         // Custom one-shot, custom two-stage and NCCL rank_order, each from the same inputs.
         std::vector<std::vector<float>> got[3];
@@ -217,8 +221,10 @@ TEST(CustomAllReduce, ThousandBackToBackCallsAcrossTheSequenceWrap) {
     DType dtype;
     Form form;
   };
-  const Kind kinds[] = {{{1, 7168}, DType::bf16, Form::one_shot}, {{3, 97}, DType::f32, Form::two_stage},
-                        {{2, 1000}, DType::f32, Form::automatic}, {{4, 2048}, DType::bf16, Form::two_stage}};
+  const Kind kinds[] = {{{1, 7168}, DType::bf16, Form::one_shot},
+                        {{3, 97}, DType::f32, Form::two_stage},
+                        {{2, 1000}, DType::f32, Form::automatic},
+                        {{4, 2048}, DType::bf16, Form::two_stage}};
   constexpr int kCalls = 1000;
   constexpr uint32_t kStart = 0xffffffffu - 300;  // call 300 has seq 0xffffffff, call 301 seq 1
   // Inputs differ per call, so a stale line from an earlier call would show.
@@ -244,12 +250,9 @@ TEST(CustomAllReduce, ThousandBackToBackCallsAcrossTheSequenceWrap) {
     for (int i = 0; i < kCalls; ++i) {  // enqueued back to back: no host sync in between
       const Kind& k = kinds[i % 4];
       const TensorView x = bufs[static_cast<size_t>(i)].view(k.dtype, k.shape);
-      if (k.form == Form::two_stage)
-        c.all_reduce_two_stage(x, s);
-      else if (k.form == Form::one_shot)
-        c.all_reduce_one_shot(x, s);
-      else
-        c.all_reduce_sum(x, s);  // below the threshold: one-shot
+      if (k.form == Form::two_stage) c.all_reduce_two_stage(x, s);
+      else if (k.form == Form::one_shot) c.all_reduce_one_shot(x, s);
+      else c.all_reduce_sum(x, s);  // below the threshold: one-shot
     }
     K3_CUDA_CHECK(cudaStreamSynchronize(s));
     for (int i = 0; i < kCalls; ++i)
@@ -298,11 +301,11 @@ TEST(CustomAllReduce, RejectsBadArgumentsWithTheirNames) {
 
 struct FusedCase {
   int64_t T, D;
-  int nb;            // bank rows
-  DType act;         // activation storage
+  int nb;     // bank rows
+  DType act;  // activation storage
   Precision precision;
   RmsNormStyle style;
-  bool restart;      // no prefix: prefix_out = the reduced sum
+  bool restart;  // no prefix: prefix_out = the reduced sum
 };
 
 std::string describe(const FusedCase& f) {
@@ -313,9 +316,9 @@ std::string describe(const FusedCase& f) {
 
 // Host inputs of one fused case (activations as f32 values, bf16-representable when act is bf16).
 struct FusedInputs {
-  std::vector<std::vector<float>> partials;  // [rank] f32 [T, D]
-  std::vector<float> prefix;                 // [T, D]
-  std::vector<std::vector<float>> bank;      // [nb] [T, D]
+  std::vector<std::vector<float>> partials;         // [rank] f32 [T, D]
+  std::vector<float> prefix;                        // [T, D]
+  std::vector<std::vector<float>> bank;             // [nb] [T, D]
   std::vector<float> query, mix_norm, norm_weight;  // [D] (bf16 values)
 };
 
@@ -364,9 +367,8 @@ std::pair<std::vector<float>, std::vector<float>> unfused_reference(const FusedC
   std::vector<TensorView> sources;
   for (const auto& b : bank) sources.push_back(b.view(f.act, td));
   sources.push_back(p_used.view(f.act, td));
-  reg.attn_res_mix.run({sources, q.view(DType::bf16, {f.D}), mn.view(DType::bf16, {f.D}), h.view(f.act, td), 1e-5f,
-                        f.precision},
-                       cuda);
+  reg.attn_res_mix.run(
+      {sources, q.view(DType::bf16, {f.D}), mn.view(DType::bf16, {f.D}), h.view(f.act, td), 1e-5f, f.precision}, cuda);
   reg.rmsnorm.run({h.view(f.act, td), nw.view(DType::bf16, {f.D}), x.view(f.act, td), 1e-5f, f.style, f.precision},
                   cuda);
   K3_CUDA_CHECK(cudaStreamSynchronize(ctx->stream()));
@@ -379,18 +381,20 @@ struct RankFused {
   std::vector<DevBuf> bank;
   std::vector<TensorView> bank_views;
   RankFused(const FusedCase& f, const FusedInputs& in, int r)
-      : partial(in.partials[static_cast<size_t>(r)]), prefix(act_buf(in.prefix, f.act)), query(to_bf16(in.query)),
-        mix_norm(to_bf16(in.mix_norm)), norm_weight(to_bf16(in.norm_weight)),
-        prefix_out(f.T * f.D * core::dtype_size(f.act)), x_out(f.T * f.D * core::dtype_size(f.act)) {
+      : partial(in.partials[static_cast<size_t>(r)]),
+        prefix(act_buf(in.prefix, f.act)),
+        query(to_bf16(in.query)),
+        mix_norm(to_bf16(in.mix_norm)),
+        norm_weight(to_bf16(in.norm_weight)),
+        prefix_out(f.T * f.D * core::dtype_size(f.act)),
+        x_out(f.T * f.D * core::dtype_size(f.act)) {
     for (const auto& rows : in.bank) bank.push_back(act_buf(rows, f.act));
     for (const auto& b : bank) bank_views.push_back(b.view(f.act, {f.T, f.D}));
   }
   void reload(const FusedCase& f, const FusedInputs& in, int r) {  // new inputs, same buffers
     const auto upload_act = [&](DevBuf& b, const std::vector<float>& v) {
-      if (f.act == DType::bf16)
-        b.upload(to_bf16(v));
-      else
-        b.upload(v);
+      if (f.act == DType::bf16) b.upload(to_bf16(v));
+      else b.upload(v);
     };
     partial.upload(in.partials[static_cast<size_t>(r)]);
     upload_act(prefix, in.prefix);
@@ -417,14 +421,14 @@ struct RankFused {
 };
 
 const FusedCase kFusedCases[] = {
-    {1, 7168, 8, DType::bf16, Precision::bf16, RmsNormStyle::moonshot, false},   // k3-layer-tp8, batch 1
+    {1, 7168, 8, DType::bf16, Precision::bf16, RmsNormStyle::moonshot, false},  // k3-layer-tp8, batch 1
     {17, 7168, 8, DType::bf16, Precision::bf16, RmsNormStyle::fused, false},
-    {64, 7168, 8, DType::f32, Precision::fp32, RmsNormStyle::moonshot, false},   // exact mode, batch 64
-    {3, 7168, 1, DType::f32, Precision::bf16, RmsNormStyle::moonshot, true},     // f32 storage, rounded
-    {3, 97, 3, DType::f32, Precision::fp32, RmsNormStyle::moonshot, false},      // odd width: scalar form
+    {64, 7168, 8, DType::f32, Precision::fp32, RmsNormStyle::moonshot, false},  // exact mode, batch 64
+    {3, 7168, 1, DType::f32, Precision::bf16, RmsNormStyle::moonshot, true},    // f32 storage, rounded
+    {3, 97, 3, DType::f32, Precision::fp32, RmsNormStyle::moonshot, false},     // odd width: scalar form
     {54, 97, 2, DType::bf16, Precision::bf16, RmsNormStyle::moonshot, false},
-    {2, 1000, 0, DType::bf16, Precision::bf16, RmsNormStyle::fused, false},      // bank empty, 1 chunk part-full
-    {5, 3000, 4, DType::bf16, Precision::bf16, RmsNormStyle::moonshot, true},    // 3 chunks, last part-full
+    {2, 1000, 0, DType::bf16, Precision::bf16, RmsNormStyle::fused, false},    // bank empty, 1 chunk part-full
+    {5, 3000, 4, DType::bf16, Precision::bf16, RmsNormStyle::moonshot, true},  // 3 chunks, last part-full
 };
 
 TEST(CustomAllReduce, FusedStepIsBitIdenticalToTheUnfusedOps) {

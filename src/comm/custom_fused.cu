@@ -38,35 +38,33 @@ static_assert(kCustomMaxBankRows + 1 <= kMaxSources);
 
 template <class T>
 struct FusedParams {
-  const float* partial;                // f32 [T, D] this rank's partial, row stride partial_ld
+  const float* partial;  // f32 [T, D] this rank's partial, row stride partial_ld
   int64_t partial_ld;
-  const T* prefix;                     // [T, D] or null (restart)
+  const T* prefix;  // [T, D] or null (restart)
   int64_t prefix_ld;
-  const T* bank[kMaxSources];          // nb bank rows [T, D]
+  const T* bank[kMaxSources];  // nb bank rows [T, D]
   int64_t bank_ld[kMaxSources];
   int nb;
-  const void* query;                   // [D] bf16/f32
-  const void* mix_norm;                // [D] bf16/f32
-  const void* norm_weight;             // [D] bf16/f32
+  const void* query;        // [D] bf16/f32
+  const void* mix_norm;     // [D] bf16/f32
+  const void* norm_weight;  // [D] bf16/f32
   bool query_bf16, mix_norm_bf16, norm_weight_bf16;
-  T* prefix_out;                       // [T, D]
+  T* prefix_out;  // [T, D]
   int64_t prefix_out_ld;
-  T* x_out;                            // [T, D]
+  T* x_out;  // [T, D]
   int64_t x_out_ld;
   int64_t D;
   float mix_eps, norm_eps;
-  bool moonshot;                       // RmsNormStyle::moonshot (round x_hat first)
-  bool round;                          // Precision::bf16
+  bool moonshot;  // RmsNormStyle::moonshot (round x_hat first)
+  bool round;     // Precision::bf16
   Link link;
 };
 
 // The value an activation takes once stored (store_act / store_act_n of kernels/cuda_common.cuh).
 template <class T>
 __device__ __forceinline__ float stored(float v, bool round) {
-  if constexpr (sizeof(T) == 2)
-    return round_bf16(v);
-  else
-    return round_if(v, round);
+  if constexpr (sizeof(T) == 2) return round_bf16(v);
+  else return round_if(v, round);
 }
 
 // Grid (chunks, T) in clusters of (chunks, 1, 1): one cluster per token row t.
@@ -285,7 +283,8 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(FusedParams<T> p) {
 
 bool is_weight_vector(const core::TensorView& v, int64_t D, bool allow_row) {
   const bool dtype_ok = v.dtype == core::DType::bf16 || v.dtype == core::DType::f32;
-  const bool shape_ok = (v.rank() == 1 && v.dim(0) == D) || (allow_row && v.rank() == 2 && v.dim(0) == 1 && v.dim(1) == D);
+  const bool shape_ok = (v.rank() == 1 && v.dim(0) == D) ||
+                        (allow_row && v.rank() == 2 && v.dim(0) == 1 && v.dim(1) == D);
   return dtype_ok && shape_ok && v.is_contiguous() && v.device == core::Device::cuda && v.data != nullptr;
 }
 
@@ -310,8 +309,10 @@ core::Status CustomAllReduce::fused_check(const FusedResidualMixNormArgs& a) con
   const auto act_check = [&](const std::string& name, const core::TensorView& v) {
     if (v.dtype != act || v.rank() != 2 || v.strides[1] != 1 || v.dim(0) != T || v.dim(1) != D ||
         v.device != core::Device::cuda || (v.data == nullptr && v.numel() > 0))
-      return fail(name + " must be a " + act_name + " CUDA tensor " + td + " with contiguous rows (the dtype of "
-                  "prefix_out, the shape of partial), got " + describe(v));
+      return fail(name + " must be a " + act_name + " CUDA tensor " + td +
+                  " with contiguous rows (the dtype of "
+                  "prefix_out, the shape of partial), got " +
+                  describe(v));
     return core::Status::ok();
   };
   if (auto s = act_check("prefix_out", a.prefix_out); !s) return s;
@@ -345,16 +346,17 @@ core::Status CustomAllReduce::fused_check(const FusedResidualMixNormArgs& a) con
     if (a.prefix.data != nullptr) aligned = aligned && rows_vec8(a.prefix);
     for (const core::TensorView& v : a.bank) aligned = aligned && rows_vec8(v);
     if (!aligned)
-      return fail("with D % 8 == 0 every activation row and weight must be 16-byte aligned (the vector form of "
-                  "the unfused kernels)");
+      return fail(
+          "with D % 8 == 0 every activation row and weight must be 16-byte aligned (the vector form of "
+          "the unfused kernels)");
   } else if (D > kThreads * kMaxCluster) {
     return fail("D not a multiple of 8 must be <= " + std::to_string(kThreads * kMaxCluster) + ", got " +
                 std::to_string(D));
   }
   const int64_t bytes = T * ((D + 1) / 2) * 8;  // the partial in 8-byte lines
   if (bytes > max_bytes())
-    return fail("partial " + td + " needs " + std::to_string(bytes) + " bytes of lines, more than the group's max_bytes " +
-                std::to_string(max_bytes()));
+    return fail("partial " + td + " needs " + std::to_string(bytes) +
+                " bytes of lines, more than the group's max_bytes " + std::to_string(max_bytes()));
   // Outputs: prefix_out may be prefix itself (in-place residual); nothing else may overlap them.
   const bool in_place = a.prefix.data == a.prefix_out.data && a.prefix.data != nullptr &&
                         a.prefix.strides[0] == a.prefix_out.strides[0];
@@ -465,10 +467,8 @@ void CustomAllReduce::fused_launch(const FusedResidualMixNormArgs& a, cudaStream
                               " blocks resident at once; this GPU holds " + std::to_string(fits));
       K3_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, kernel, p));
     };
-    if (vec)
-      launch(fused_kernel<E, 8>);
-    else
-      launch(fused_kernel<E, 1>);
+    if (vec) launch(fused_kernel<E, 8>);
+    else launch(fused_kernel<E, 1>);
   });
 }
 

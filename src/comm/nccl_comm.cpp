@@ -18,13 +18,13 @@ namespace k3::comm {
 namespace {
 
 [[noreturn]] void throw_nccl_error(ncclResult_t r, const char* expr, const char* file, int line) {
-  throw core::Error("NCCL error at " + std::string(file) + ":" + std::to_string(line) + ": " + expr +
-                    ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(nullptr) + ")");
+  throw core::Error("NCCL error at " + std::string(file) + ":" + std::to_string(line) + ": " + expr + ": " +
+                    ncclGetErrorString(r) + " (" + ncclGetLastError(nullptr) + ")");
 }
 
-#define K3_NCCL_CHECK(expr)                                                        \
-  do {                                                                             \
-    const ncclResult_t k3_nccl_r_ = (expr);                                        \
+#define K3_NCCL_CHECK(expr)                                                                 \
+  do {                                                                                      \
+    const ncclResult_t k3_nccl_r_ = (expr);                                                 \
     if (k3_nccl_r_ != ncclSuccess) throw_nccl_error(k3_nccl_r_, #expr, __FILE__, __LINE__); \
   } while (0)
 
@@ -93,9 +93,9 @@ void NcclComm::require(const core::Status& st) {
 
 int64_t NcclComm::scratch_bytes_for(int64_t numel, core::DType dtype, int n) {
   const int64_t es = static_cast<int64_t>(core::dtype_size(dtype));
-  const int64_t gather = align256(n * numel * es);                        // all_gather(last)
-  const int64_t reduce = 2 * align256(n * ceil_div(numel, n) * es);       // all_reduce
-  return gather > reduce ? gather : reduce;  // reduce_scatter needs numel * es <= both
+  const int64_t gather = align256(n * numel * es);                   // all_gather(last)
+  const int64_t reduce = 2 * align256(n * ceil_div(numel, n) * es);  // all_reduce
+  return gather > reduce ? gather : reduce;                          // reduce_scatter needs numel * es <= both
 }
 
 void NcclComm::reserve_scratch(int64_t bytes) {
@@ -146,7 +146,7 @@ void NcclComm::all_reduce_sum(const core::TensorView& x) {
   const int64_t recv_bytes = align256(n * chunk * es);
   char* recv = static_cast<char*>(scratch(divisible ? recv_bytes : 2 * recv_bytes));  // [n][chunk]
   // When chunks tile x exactly, the sum is written into x and gathered in place.
-  char* gather = divisible ? static_cast<char*>(x.data) : recv + recv_bytes;           // [n][chunk]
+  char* gather = divisible ? static_cast<char*>(x.data) : recv + recv_bytes;  // [n][chunk]
   char* mine = static_cast<char*>(x.data);
 
   // 1. Reduce-scatter, transport only: rank q receives every rank's copy of chunk q.
@@ -155,8 +155,7 @@ void NcclComm::all_reduce_sum(const core::TensorView& x) {
     if (q == rank_) continue;
     if (count(rank_) > 0)
       K3_NCCL_CHECK(ncclRecv(recv + q * chunk * es, static_cast<size_t>(count(rank_)), dt, q, comm(), s));
-    if (count(q) > 0)
-      K3_NCCL_CHECK(ncclSend(mine + q * chunk * es, static_cast<size_t>(count(q)), dt, q, comm(), s));
+    if (count(q) > 0) K3_NCCL_CHECK(ncclSend(mine + q * chunk * es, static_cast<size_t>(count(q)), dt, q, comm(), s));
   }
   K3_NCCL_CHECK(ncclGroupEnd());
   if (count(rank_) > 0)
@@ -165,11 +164,9 @@ void NcclComm::all_reduce_sum(const core::TensorView& x) {
   // 2. Rank-order fp32 sum of this rank's chunk (bf16 rounded once).
   rank_sum(recv, chunk, n, count(rank_), x.dtype, gather + rank_ * chunk * es, s);
   // 3. Every rank gets every reduced chunk (in place: this rank's chunk already sits in `gather`).
-  K3_NCCL_CHECK(ncclAllGather(gather + rank_ * chunk * es, gather, static_cast<size_t>(chunk), dt,
-                              comm(), s));
+  K3_NCCL_CHECK(ncclAllGather(gather + rank_ * chunk * es, gather, static_cast<size_t>(chunk), dt, comm(), s));
   if (!divisible)
-    K3_CUDA_CHECK(cudaMemcpyAsync(x.data, gather, static_cast<size_t>(numel * es),
-                                  cudaMemcpyDeviceToDevice, s));
+    K3_CUDA_CHECK(cudaMemcpyAsync(x.data, gather, static_cast<size_t>(numel * es), cudaMemcpyDeviceToDevice, s));
 }
 
 void NcclComm::reduce_scatter_sum(const core::TensorView& in, const core::TensorView& out) {
@@ -221,17 +218,15 @@ void NcclComm::all_gather(const core::TensorView& in, const core::TensorView& ou
   K3_NCCL_CHECK(ncclAllGather(in.data, tmp, static_cast<size_t>(bytes), ncclChar, comm(), s));
   const size_t row_bytes = static_cast<size_t>(cols) * core::dtype_size(in.dtype);
   for (int q = 0; q < n; ++q)
-    K3_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(out.data) + q * row_bytes, n * row_bytes,
-                                    tmp + q * bytes, row_bytes, row_bytes, static_cast<size_t>(rows),
-                                    cudaMemcpyDeviceToDevice, s));
+    K3_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(out.data) + q * row_bytes, n * row_bytes, tmp + q * bytes,
+                                    row_bytes, row_bytes, static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, s));
 }
 
 void NcclComm::broadcast(const core::TensorView& x, int root) {
   enter();
   require(broadcast_check(x, root, size(), core::Device::cuda));
   if (x.nbytes() == 0) return;
-  K3_NCCL_CHECK(ncclBroadcast(x.data, x.data, static_cast<size_t>(x.nbytes()), ncclChar, root, comm(),
-                              stream()));
+  K3_NCCL_CHECK(ncclBroadcast(x.data, x.data, static_cast<size_t>(x.nbytes()), ncclChar, root, comm(), stream()));
 }
 
 void NcclComm::barrier() {
@@ -243,9 +238,7 @@ void NcclComm::barrier() {
   if (async_error != ncclSuccess) throw_nccl_error(async_error, "barrier (asynchronous error)", __FILE__, __LINE__);
 }
 
-void NcclComm::abort(const std::string& reason) {
-  shared_->abort("rank " + std::to_string(rank_) + ": " + reason);
-}
+void NcclComm::abort(const std::string& reason) { shared_->abort("rank " + std::to_string(rank_) + ": " + reason); }
 
 // ---- NcclGroup ---------------------------------------------------------------------------------
 
@@ -260,11 +253,10 @@ NcclGroup::NcclGroup(std::vector<int> devices) : shared_(std::make_shared<NcclSh
   const int available = backends::cuda::device_count();
   std::set<int> seen;
   for (int d : devices) {
-    K3_CHECK(d >= 0 && d < available, "comm::NcclGroup: CUDA device " + std::to_string(d) +
-                                          " does not exist (" + std::to_string(available) + " visible)");
+    K3_CHECK(d >= 0 && d < available, "comm::NcclGroup: CUDA device " + std::to_string(d) + " does not exist (" +
+                                          std::to_string(available) + " visible)");
     // NCCL hangs when one device holds two ranks of a communicator; refuse it up front.
-    K3_CHECK(seen.insert(d).second,
-             "comm::NcclGroup: CUDA device " + std::to_string(d) + " is listed twice");
+    K3_CHECK(seen.insert(d).second, "comm::NcclGroup: CUDA device " + std::to_string(d) + " is listed twice");
   }
   const int n = static_cast<int>(devices.size());
   shared_->devices = devices;
@@ -311,8 +303,8 @@ NcclGroup::~NcclGroup() {
 int NcclGroup::size() const { return static_cast<int>(ranks_.size()); }
 
 NcclComm& NcclGroup::rank(int r) {
-  K3_CHECK(r >= 0 && r < size(), "comm::NcclGroup::rank: " + std::to_string(r) +
-                                     " is not a rank of a group of " + std::to_string(size()));
+  K3_CHECK(r >= 0 && r < size(),
+           "comm::NcclGroup::rank: " + std::to_string(r) + " is not a rank of a group of " + std::to_string(size()));
   return *ranks_[static_cast<size_t>(r)];
 }
 

@@ -25,10 +25,10 @@ using core::Shape;
 using core::TensorView;
 using namespace k3::comm::testing;
 
-#define K3_REQUIRE_GPUS(n)                                                              \
-  std::string why_;                                                                     \
-  const int gpus_ = backends::cuda::device_count(&why_);                                \
-  if (gpus_ < (n)) {                                                                    \
+#define K3_REQUIRE_GPUS(n)                                                                \
+  std::string why_;                                                                       \
+  const int gpus_ = backends::cuda::device_count(&why_);                                  \
+  if (gpus_ < (n)) {                                                                      \
     GTEST_SKIP() << "needs " << (n) << " CUDA devices, " << gpus_ << " visible " << why_; \
   }
 

@@ -15,7 +15,7 @@ namespace k3::comm {
 // c_q = chunks + q * chunk_stride (elements). dtype f32 or bf16 (both chunks and out); bf16 is
 // widened to f32, summed in f32 and rounded to bf16 (round-to-nearest-even) once. `out` must not
 // overlap the chunks. Enqueued on `stream`; nothing is launched when count == 0.
-void rank_sum(const void* chunks, int64_t chunk_stride, int n, int64_t count, core::DType dtype,
-              void* out, cudaStream_t stream);
+void rank_sum(const void* chunks, int64_t chunk_stride, int n, int64_t count, core::DType dtype, void* out,
+              cudaStream_t stream);
 
 }  // namespace k3::comm

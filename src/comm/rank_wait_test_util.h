@@ -38,8 +38,7 @@ struct RankThreads {
 // Waits until each rank in `ranks` has announced and is asleep. The limit only guards against a
 // hang (it is far beyond any scheduling delay); past it, returns what never happened, else "".
 inline std::string wait_until_asleep(const RankThreads& threads, const std::vector<int>& ranks,
-                                     const std::string& where,
-                                     std::chrono::seconds limit = std::chrono::seconds(20)) {
+                                     const std::string& where, std::chrono::seconds limit = std::chrono::seconds(20)) {
   const auto until = std::chrono::steady_clock::now() + limit;
   for (;;) {
     std::string missing;
@@ -49,8 +48,7 @@ inline std::string wait_until_asleep(const RankThreads& threads, const std::vect
     }
     if (missing.empty()) return "";
     if (std::chrono::steady_clock::now() >= until)
-      return "rank(s) " + missing + " never blocked in " + where + " (waited " + std::to_string(limit.count()) +
-             " s)";
+      return "rank(s) " + missing + " never blocked in " + where + " (waited " + std::to_string(limit.count()) + " s)";
     std::this_thread::sleep_for(std::chrono::microseconds(200));  // a poll, not a timing
   }
 }

@@ -63,9 +63,7 @@ struct ThreadShared {
     cv.notify_all();
   }
 
-  [[noreturn]] void throw_aborted() const {
-    throw core::Error("comm: thread group aborted: " + abort_reason);
-  }
+  [[noreturn]] void throw_aborted() const { throw core::Error("comm: thread group aborted: " + abort_reason); }
 
   // Waits until all n ranks arrived. The last one runs on_last() under the lock first; if that
   // throws (ranks out of step), the group is aborted and every rank throws its message.
@@ -105,13 +103,13 @@ struct ThreadShared {
       const Slot& s = slots[static_cast<size_t>(q)];
       const std::string who = "comm: rank " + std::to_string(q) + " ";
       if (s.op != s0.op)
-        throw core::Error(who + "called " + op_name(s.op) + " while rank 0 called " +
-                          op_name(s0.op) + " (every rank must call the same collectives in order)");
+        throw core::Error(who + "called " + op_name(s.op) + " while rank 0 called " + op_name(s0.op) +
+                          " (every rank must call the same collectives in order)");
       if (s.op == Op::barrier) continue;
       if (s.dtype != s0.dtype || !(s.in_shape == s0.in_shape))
-        throw core::Error(who + op_name(s.op) + " got " + std::string(core::dtype_name(s.dtype)) +
-                          " " + s.in_shape.str() + " but rank 0 got " +
-                          std::string(core::dtype_name(s0.dtype)) + " " + s0.in_shape.str());
+        throw core::Error(who + op_name(s.op) + " got " + std::string(core::dtype_name(s.dtype)) + " " +
+                          s.in_shape.str() + " but rank 0 got " + std::string(core::dtype_name(s0.dtype)) + " " +
+                          s0.in_shape.str());
       if (s.op == Op::all_gather && s.axis != s0.axis)
         throw core::Error(who + "all_gather axis " + gather_axis_name(s.axis) + " but rank 0 axis " +
                           gather_axis_name(s0.axis));
@@ -125,8 +123,7 @@ struct ThreadShared {
 namespace {
 
 // acc[i] (+)= value of p[i] as f32, for i in [0, count); `first` stores instead of adding.
-void accumulate(float* acc, const void* p, core::DType dtype, int64_t begin, int64_t count,
-                bool first) {
+void accumulate(float* acc, const void* p, core::DType dtype, int64_t begin, int64_t count, bool first) {
   if (dtype == core::DType::f32) {
     const float* src = static_cast<const float*>(p) + begin;
     if (first) {
@@ -156,8 +153,7 @@ void store(void* dst, const float* acc, core::DType dtype, int64_t count) {
 
 class ThreadComm final : public Communicator {
  public:
-  ThreadComm(std::shared_ptr<ThreadShared> shared, int rank)
-      : shared_(std::move(shared)), rank_(rank) {}
+  ThreadComm(std::shared_ptr<ThreadShared> shared, int rank) : shared_(std::move(shared)), rank_(rank) {}
 
   int rank() const override { return rank_; }
   int size() const override { return shared_->n; }
@@ -176,16 +172,14 @@ class ThreadComm final : public Communicator {
     const int n = s.n;
     const int64_t lo = numel * rank_ / n, hi = numel * (rank_ + 1) / n;
     for (int q = 0; q < n; ++q)
-      accumulate(s.scratch.data() + lo, s.slots[static_cast<size_t>(q)].in, x.dtype, lo, hi - lo,
-                 q == 0);
+      accumulate(s.scratch.data() + lo, s.slots[static_cast<size_t>(q)].in, x.dtype, lo, hi - lo, q == 0);
     s.arrive_and_wait();
     // Scratch now holds the full fp32 sum; the next collective's barrier A protects it until every
     // rank has copied it out.
     store(x.data, s.scratch.data(), x.dtype, numel);
   }
 
-  void all_gather(const core::TensorView& in, const core::TensorView& out,
-                  GatherAxis axis) override {
+  void all_gather(const core::TensorView& in, const core::TensorView& out, GatherAxis axis) override {
     ThreadShared& s = *shared_;
     require(all_gather_check(in, out, axis, s.n, core::Device::cpu));
     publish(Op::all_gather, in.data, in.dtype, in.shape, axis);
@@ -219,8 +213,7 @@ class ThreadComm final : public Communicator {
     });
     const int64_t lo = chunk * rank_;
     for (int q = 0; q < s.n; ++q)
-      accumulate(s.scratch.data() + lo, s.slots[static_cast<size_t>(q)].in, in.dtype, lo, chunk,
-                 q == 0);
+      accumulate(s.scratch.data() + lo, s.slots[static_cast<size_t>(q)].in, in.dtype, lo, chunk, q == 0);
     s.arrive_and_wait();  // only now may `out` be written: it may alias this rank's `in`
     store(out.data, s.scratch.data() + lo, in.dtype, chunk);
   }
@@ -239,9 +232,7 @@ class ThreadComm final : public Communicator {
     shared_->arrive_and_wait([&] { shared_->check_in_step(); });
   }
 
-  void abort(const std::string& reason) override {
-    shared_->abort("rank " + std::to_string(rank_) + ": " + reason);
-  }
+  void abort(const std::string& reason) override { shared_->abort("rank " + std::to_string(rank_) + ": " + reason); }
 
  private:
   // A bad argument on one rank aborts the group first, so the other ranks throw instead of waiting.
@@ -251,8 +242,8 @@ class ThreadComm final : public Communicator {
     throw core::Error(st.reason());
   }
 
-  void publish(Op op, const void* in, core::DType dtype, core::Shape shape,
-               GatherAxis axis = GatherAxis::first, int root = 0) {
+  void publish(Op op, const void* in, core::DType dtype, core::Shape shape, GatherAxis axis = GatherAxis::first,
+               int root = 0) {
     Slot& slot = shared_->slots[static_cast<size_t>(rank_)];
     slot.op = op;
     slot.in = in;
@@ -286,8 +277,8 @@ ThreadGroup::~ThreadGroup() = default;
 int ThreadGroup::size() const { return shared_->n; }
 
 Communicator& ThreadGroup::rank(int r) {
-  K3_CHECK(r >= 0 && r < shared_->n, "comm::ThreadGroup::rank: " + std::to_string(r) +
-                                         " is not a rank of a group of " + std::to_string(shared_->n));
+  K3_CHECK(r >= 0 && r < shared_->n, "comm::ThreadGroup::rank: " + std::to_string(r) + " is not a rank of a group of " +
+                                         std::to_string(shared_->n));
   return *ranks_[static_cast<size_t>(r)];
 }
 

@@ -94,7 +94,8 @@ TEST(ThreadCommFailure, CommunicatorAbortWakesRanksWaitingInABarrier) {
   EXPECT_TRUE(group.aborted());
   EXPECT_EQ(errors[1], "");
   for (int r : {0, 2, 3}) {
-    EXPECT_TRUE(contains(errors[static_cast<size_t>(r)], "rank 1: gave up on the step")) << errors[static_cast<size_t>(r)];
+    EXPECT_TRUE(contains(errors[static_cast<size_t>(r)], "rank 1: gave up on the step"))
+        << errors[static_cast<size_t>(r)];
   }
   // The group stays aborted: a later collective throws at once instead of waiting.
   EXPECT_THROW(group.rank(0).barrier(), core::Error);
@@ -171,20 +172,21 @@ TEST(ThreadCommFailure, BadArgumentOnOneRankReleasesTheOthers) {
     else c.all_reduce_sum(TensorView::contiguous(x, DType::f32, Shape{5}));
   });
   EXPECT_TRUE(contains(errors[0], "x dtype must be F32 or BF16, got I32 [5]")) << errors[0];
-  for (int r : {1, 2}) EXPECT_TRUE(contains(errors[static_cast<size_t>(r)], "rank 0: ")) << errors[static_cast<size_t>(r)];
+  for (int r : {1, 2})
+    EXPECT_TRUE(contains(errors[static_cast<size_t>(r)], "rank 0: ")) << errors[static_cast<size_t>(r)];
 }
 
 TEST(ThreadCommFailure, ArgumentChecksNameTheExpectedShape) {
   float buf[64] = {};
   const auto in = TensorView::contiguous(buf, DType::f32, Shape{2, 3});
-  auto s = all_gather_check(in, TensorView::contiguous(buf, DType::f32, Shape{2, 6}),
-                            GatherAxis::first, 2, core::Device::cpu);
+  auto s = all_gather_check(in, TensorView::contiguous(buf, DType::f32, Shape{2, 6}), GatherAxis::first, 2,
+                            core::Device::cpu);
   EXPECT_FALSE(s);
   EXPECT_TRUE(contains(s.reason(), "out shape must be [4, 3], got [2, 6]")) << s.reason();
-  EXPECT_TRUE(all_gather_check(in, TensorView::contiguous(buf, DType::f32, Shape{2, 6}),
-                               GatherAxis::last, 2, core::Device::cpu));
-  s = all_gather_check(in, TensorView::contiguous(buf, DType::bf16, Shape{4, 3}), GatherAxis::first,
-                       2, core::Device::cpu);
+  EXPECT_TRUE(all_gather_check(in, TensorView::contiguous(buf, DType::f32, Shape{2, 6}), GatherAxis::last, 2,
+                               core::Device::cpu));
+  s = all_gather_check(in, TensorView::contiguous(buf, DType::bf16, Shape{4, 3}), GatherAxis::first, 2,
+                       core::Device::cpu);
   EXPECT_TRUE(contains(s.reason(), "out dtype must equal in dtype")) << s.reason();
 
   s = reduce_scatter_check(TensorView::contiguous(buf, DType::f32, Shape{5, 2}),

@@ -55,8 +55,7 @@ TEST(ThreadComm, AllReduceBf16AccumulatesInF32AndRoundsOnce) {
     std::vector<std::vector<uint16_t>> tie(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) tie[static_cast<size_t>(r)] = to_bf16({r == 0 ? 1.0f : 0x1p-8f});
     run_ranks(n, [&](Communicator& c) {
-      c.all_reduce_sum(
-          TensorView::contiguous(tie[static_cast<size_t>(c.rank())].data(), DType::bf16, Shape{1}));
+      c.all_reduce_sum(TensorView::contiguous(tie[static_cast<size_t>(c.rank())].data(), DType::bf16, Shape{1}));
     });
     const float once = core::bf16_round(1.0f + static_cast<float>(n - 1) * 0x1p-8f);
     if (n >= 3) {
@@ -90,15 +89,16 @@ float gather_value(int q, int64_t row, int64_t col) {
 }
 
 TEST(ThreadComm, AllGatherConcatenatesAlongTheFirstAndTheLastAxis) {
-  struct Case { int64_t rows, cols; };
+  struct Case {
+    int64_t rows, cols;
+  };
   // Odd shapes, and a TP8 shard of vocab-parallel logits for two tokens: [2, 163840 / 8].
   const Case cases[] = {{1, 1}, {3, 17}, {2, 20480}};
   for (int n : kRankCounts) {
     for (const Case& cs : cases) {
       for (GatherAxis axis : {GatherAxis::first, GatherAxis::last}) {
         const int64_t count = cs.rows * cs.cols;
-        const Shape out_shape = axis == GatherAxis::first ? Shape{n * cs.rows, cs.cols}
-                                                          : Shape{cs.rows, n * cs.cols};
+        const Shape out_shape = axis == GatherAxis::first ? Shape{n * cs.rows, cs.cols} : Shape{cs.rows, n * cs.cols};
         std::vector<std::vector<float>> ins(static_cast<size_t>(n)), outs(static_cast<size_t>(n));
         for (int q = 0; q < n; ++q) {
           auto& in = ins[static_cast<size_t>(q)];
@@ -121,8 +121,8 @@ TEST(ThreadComm, AllGatherConcatenatesAlongTheFirstAndTheLastAxis) {
                                                              : r * n * cs.cols + q * cs.cols + c;
                 bad += out[static_cast<size_t>(at)] != gather_value(q, r, c);
               }
-          EXPECT_EQ(bad, 0) << n << " ranks, [" << cs.rows << ", " << cs.cols << "], axis "
-                            << gather_axis_name(axis) << ", rank " << rank;
+          EXPECT_EQ(bad, 0) << n << " ranks, [" << cs.rows << ", " << cs.cols << "], axis " << gather_axis_name(axis)
+                            << ", rank " << rank;
         }
       }
     }
@@ -137,8 +137,7 @@ TEST(ThreadComm, AllGatherCopiesBf16BitsAndAllowsInPlaceFirstAxis) {
                                             std::vector<uint16_t>(static_cast<size_t>(n * count), 0xffff));
     for (int q = 0; q < n; ++q)
       for (int64_t i = 0; i < count; ++i)
-        bufs[static_cast<size_t>(q)][static_cast<size_t>(q * count + i)] =
-            static_cast<uint16_t>(q * 100 + i);
+        bufs[static_cast<size_t>(q)][static_cast<size_t>(q * count + i)] = static_cast<uint16_t>(q * 100 + i);
     run_ranks(n, [&](Communicator& c) {
       auto& buf = bufs[static_cast<size_t>(c.rank())];
       c.all_gather(TensorView::contiguous(buf.data() + c.rank() * count, DType::bf16, Shape{count}),
@@ -153,7 +152,9 @@ TEST(ThreadComm, AllGatherCopiesBf16BitsAndAllowsInPlaceFirstAxis) {
 }
 
 TEST(ThreadComm, ReduceScatterGivesEachRankItsRowsOfTheAllReduce) {
-  struct Case { int64_t rows_per_rank, cols; };
+  struct Case {
+    int64_t rows_per_rank, cols;
+  };
   const Case cases[] = {{1, 1}, {3, 17}, {1, 7168}};
   for (int n : kRankCounts) {
     for (const Case& cs : cases) {
@@ -186,8 +187,8 @@ TEST(ThreadComm, ReduceScatterGivesEachRankItsRowsOfTheAllReduce) {
         for (int r = 0; r < n; ++r) {
           const std::vector<float> want(expected.begin() + r * chunk, expected.begin() + (r + 1) * chunk);
           EXPECT_EQ(first_bit_mismatch(outs[static_cast<size_t>(r)], want), -1)
-              << n << " ranks, " << core::dtype_name(dtype) << " [" << cs.rows_per_rank << ", "
-              << cs.cols << "], rank " << r;
+              << n << " ranks, " << core::dtype_name(dtype) << " [" << cs.rows_per_rank << ", " << cs.cols << "], rank "
+              << r;
         }
       }
     }
@@ -202,8 +203,7 @@ TEST(ThreadComm, BroadcastCopiesTheRootsTensorToEveryRank) {
         std::vector<std::vector<float>> xs(static_cast<size_t>(n));
         for (int r = 0; r < n; ++r) xs[static_cast<size_t>(r)] = r == root ? root_values : nan_filled(count);
         run_ranks(n, [&](Communicator& c) {
-          c.broadcast(TensorView::contiguous(xs[static_cast<size_t>(c.rank())].data(), DType::f32,
-                                             Shape{1, count}),
+          c.broadcast(TensorView::contiguous(xs[static_cast<size_t>(c.rank())].data(), DType::f32, Shape{1, count}),
                       root);
         });
         for (int r = 0; r < n; ++r)
@@ -301,8 +301,7 @@ TEST(ThreadComm, ThousandSmallAllReducesGiveExactSumsWithoutDeadlock) {
         }
       });
     });
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     RecordProperty("ms_for_1000_all_reduces_" + std::to_string(n) + "_ranks", static_cast<int>(ms));
   }
 }

@@ -45,8 +45,7 @@ json k3_tiny_json() {
 // spec §1.1 (HF moonshotai/Kimi-K3 text_config), flat.
 json k3_json() {
   json kda = json::array(), full = json::array();
-  for (int layer = 1; layer <= 93; ++layer)
-    (layer % 4 == 0 || layer == 93 ? full : kda).push_back(layer);
+  for (int layer = 1; layer <= 93; ++layer) (layer % 4 == 0 || layer == 93 ? full : kda).push_back(layer);
   return {
       {"model_type", "kimi_linear"},
       {"vocab_size", 163840},

@@ -2,14 +2,15 @@
 // dirs, "throws core::Error whose message names X"), and the tiny config the TP8 / EP8 tests of
 // runner/ and tests/gpu/ shard.
 #pragma once
+#include <gtest/gtest.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
 #include <string>
 
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include "config/k3_config.h"
 #include "core/error.h"
@@ -83,8 +84,7 @@ inline void expect_same_config(const K3Config& a, const K3Config& b) {
 }
 
 // Runs fn, expects a core::Error whose message contains every needle; returns the message.
-inline std::string expect_error(const std::function<void()>& fn,
-                                std::initializer_list<std::string> needles) {
+inline std::string expect_error(const std::function<void()>& fn, std::initializer_list<std::string> needles) {
   try {
     fn();
   } catch (const core::Error& e) {
@@ -105,9 +105,8 @@ class TempDir {
  public:
   explicit TempDir(const std::string& tag) {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = std::filesystem::temp_directory_path() /
-            ("k3_config_test_" + tag + "_" + (info ? info->name() : "x") + "_" +
-             std::to_string(static_cast<long>(::getpid())));
+    path_ = std::filesystem::temp_directory_path() / ("k3_config_test_" + tag + "_" + (info ? info->name() : "x") +
+                                                      "_" + std::to_string(static_cast<long>(::getpid())));
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }

@@ -51,8 +51,7 @@ const json& Section::require(const std::string& key, const char* expected) const
   const json* v = find(key);
   if (v == nullptr) {
     const bool is_null = obj_.is_object() && obj_.contains(key);
-    fail(key, std::string(is_null ? "is null" : "required key is missing") + ", expected " +
-                  expected);
+    fail(key, std::string(is_null ? "is null" : "required key is missing") + ", expected " + expected);
   }
   return *v;
 }
@@ -72,8 +71,7 @@ int Section::as_int(const std::string& key, const json& v) const {
 float Section::as_float(const std::string& key, const json& v) const {
   if (!v.is_number()) fail(key, "expected a number, " + got(v));
   const double d = v.get<double>();
-  if (!std::isfinite(d) || std::fabs(d) > FLT_MAX)
-    fail(key, "value " + brief(v) + " does not fit a 32-bit float");
+  if (!std::isfinite(d) || std::fabs(d) > FLT_MAX) fail(key, "value " + brief(v) + " does not fit a 32-bit float");
   return static_cast<float>(d);
 }
 
@@ -94,9 +92,7 @@ int Section::opt_int(const std::string& key, int fallback) const {
   return v ? as_int(key, *v) : fallback;
 }
 
-float Section::req_float(const std::string& key) const {
-  return as_float(key, require(key, "a number"));
-}
+float Section::req_float(const std::string& key) const { return as_float(key, require(key, "a number")); }
 
 float Section::opt_float(const std::string& key, float fallback) const {
   const json* v = find(key);
@@ -124,8 +120,7 @@ std::vector<int> Section::req_int_list(const std::string& key) const {
   if (!v.is_array()) fail(key, "expected an array of integers, " + got(v));
   std::vector<int> out;
   out.reserve(v.size());
-  for (size_t i = 0; i < v.size(); ++i)
-    out.push_back(as_int(key + "[" + std::to_string(i) + "]", v[i]));
+  for (size_t i = 0; i < v.size(); ++i) out.push_back(as_int(key + "[" + std::to_string(i) + "]", v[i]));
   return out;
 }
 

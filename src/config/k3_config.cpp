@@ -40,12 +40,9 @@ float MlaConfig::softmax_scale() const {
 namespace {
 
 // A string key whose only supported value is `only` (absent means K3's value).
-void expect_only(const Section& s, const std::string& key, const std::string& only,
-                 const std::string& what) {
+void expect_only(const Section& s, const std::string& key, const std::string& only, const std::string& what) {
   const std::string v = s.opt_string(key, only);
-  if (v != only)
-    s.fail(key, "\"" + v + "\" is not supported; k3serve implements only \"" + only + "\" (" +
-                    what + ")");
+  if (v != only) s.fail(key, "\"" + v + "\" is not supported; k3serve implements only \"" + only + "\" (" + what + ")");
 }
 
 // The 1-based kda_layers / full_attn_layers lists -> one kind per 0-based layer. Each layer
@@ -59,15 +56,13 @@ std::vector<AttnKind> parse_layer_kinds(const Section& lac, int num_layers) {
     const std::vector<int> layers = lac.req_int_list(keys[list]);
     for (int layer : layers) {
       if (layer < 1 || layer > num_layers)
-        lac.fail(keys[list], "layer " + std::to_string(layer) + " is out of range 1.." +
-                                 std::to_string(num_layers) +
-                                 " (1-based layer numbers, num_hidden_layers = " +
-                                 std::to_string(num_layers) + ")");
+        lac.fail(keys[list], "layer " + std::to_string(layer) + " is out of range 1.." + std::to_string(num_layers) +
+                                 " (1-based layer numbers, num_hidden_layers = " + std::to_string(num_layers) + ")");
       int& o = owner[static_cast<size_t>(layer - 1)];
       if (o == list) lac.fail(keys[list], "layer " + std::to_string(layer) + " is listed twice");
       if (o != kUnset)
-        lac.fail(keys[list], "layer " + std::to_string(layer) + " is also listed in " +
-                                 lac.path(keys[o]) + " (each layer has one attention kind)");
+        lac.fail(keys[list], "layer " + std::to_string(layer) + " is also listed in " + lac.path(keys[o]) +
+                                 " (each layer has one attention kind)");
       o = list;
     }
   }
@@ -84,12 +79,11 @@ std::vector<AttnKind> parse_layer_kinds(const Section& lac, int num_layers) {
     out.push_back(kinds[o]);
   }
   if (n_missing > 0)
-    throw core::Error(lac.source() + ": " + lac.path("kda_layers") + " / " +
-                      lac.path("full_attn_layers") + ": layer" + (n_missing > 1 ? "s " : " ") +
-                      missing + (n_missing > 8 ? ", ..." : "") + " (1-based) " +
+    throw core::Error(lac.source() + ": " + lac.path("kda_layers") + " / " + lac.path("full_attn_layers") + ": layer" +
+                      (n_missing > 1 ? "s " : " ") + missing + (n_missing > 8 ? ", ..." : "") + " (1-based) " +
                       (n_missing > 1 ? "are" : "is") + " in neither list; every layer 1.." +
-                      std::to_string(num_layers) + " (num_hidden_layers = " +
-                      std::to_string(num_layers) + ") must be listed exactly once");
+                      std::to_string(num_layers) + " (num_hidden_layers = " + std::to_string(num_layers) +
+                      ") must be listed exactly once");
   return out;
 }
 
@@ -98,8 +92,8 @@ void check_model_type(const Section& s, const char* role) {
   if (v == nullptr) return;
   const std::string t = s.as_string("model_type", *v);
   if (t != "kimi_linear" && t != "kimi_k3")
-    s.fail("model_type", "\"" + t + "\" is not a K3-family " + role +
-                             " model type (expected \"kimi_linear\" or \"kimi_k3\")");
+    s.fail("model_type",
+           "\"" + t + "\" is not a K3-family " + role + " model type (expected \"kimi_linear\" or \"kimi_k3\")");
 }
 
 // Shortest decimal that reads back as the same float, so written configs say 1e-05, not
@@ -123,8 +117,7 @@ std::string read_file(const std::filesystem::path& path) {
 
 K3Config parse_config(const json& j, const std::string& source) {
   if (!j.is_object())
-    throw core::Error(source + ": expected a JSON object at the top level, got " +
-                      detail::json_type_phrase(j));
+    throw core::Error(source + ": expected a JSON object at the top level, got " + detail::json_type_phrase(j));
   const Section top(j, source, "");
   // Nested when text_config exists (the published K3 file), flat otherwise.
   const Section t = top.has("text_config") ? top.sub("text_config") : top;
@@ -155,8 +148,7 @@ K3Config parse_config(const json& j, const std::string& source) {
     const int kv_heads = t.opt_int("num_key_value_heads", c.mla.num_heads);
     if (kv_heads != c.mla.num_heads)
       t.fail("num_key_value_heads", std::to_string(kv_heads) + " must equal num_attention_heads (" +
-                                        std::to_string(c.mla.num_heads) +
-                                        "): MLA has one latent shared by all heads");
+                                        std::to_string(c.mla.num_heads) + "): MLA has one latent shared by all heads");
     c.mla.q_lora_rank = t.req_int("q_lora_rank");
     c.mla.kv_lora_rank = t.req_int("kv_lora_rank");
     c.mla.qk_nope_head_dim = t.req_int("qk_nope_head_dim");
@@ -181,11 +173,10 @@ K3Config parse_config(const json& j, const std::string& source) {
     c.moe.num_expert_group = t.opt_int("num_expert_group", 1);
     c.moe.topk_group = t.opt_int("topk_group", 1);
     if (c.moe.num_expert_group != 1)
-      t.fail("num_expert_group", std::to_string(c.moe.num_expert_group) +
-                                     " is not supported; only 1 expert group (K3's value)");
+      t.fail("num_expert_group",
+             std::to_string(c.moe.num_expert_group) + " is not supported; only 1 expert group (K3's value)");
     if (c.moe.topk_group != 1)
-      t.fail("topk_group",
-             std::to_string(c.moe.topk_group) + " is not supported; only 1 (K3's value)");
+      t.fail("topk_group", std::to_string(c.moe.topk_group) + " is not supported; only 1 (K3's value)");
 
     // KDA (spec §5).
     const Section lac = t.sub("linear_attn_config");
@@ -204,10 +195,8 @@ K3Config parse_config(const json& j, const std::string& source) {
     c.attn_kinds = parse_layer_kinds(lac, c.num_hidden_layers);
 
     // MXFP4 routed experts: text_config first, then the top level (spec §1.1).
-    if (t.has("quantization_config"))
-      c.mxfp4 = detail::parse_quantization(t.sub("quantization_config"));
-    else if (top.has("quantization_config"))
-      c.mxfp4 = detail::parse_quantization(top.sub("quantization_config"));
+    if (t.has("quantization_config")) c.mxfp4 = detail::parse_quantization(t.sub("quantization_config"));
+    else if (top.has("quantization_config")) c.mxfp4 = detail::parse_quantization(top.sub("quantization_config"));
   } catch (const json::exception& e) {
     // Section reads check types first; this is a last guard so nlohmann never leaks out.
     throw core::Error(source + ": malformed config: " + e.what());
@@ -243,8 +232,7 @@ void validate(const K3Config& c, const std::string& source) {
       fail(key, std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
 
   bool any_dense = false, any_moe = false;
-  for (int l = 0; l < c.num_hidden_layers; ++l)
-    (c.ffn_kind(l) == FfnKind::dense ? any_dense : any_moe) = true;
+  for (int l = 0; l < c.num_hidden_layers; ++l) (c.ffn_kind(l) == FfnKind::dense ? any_dense : any_moe) = true;
   if (any_dense) positive("intermediate_size", c.intermediate_size);
 
   // KDA (linear_attn_config).
@@ -254,9 +242,8 @@ void validate(const K3Config& c, const std::string& source) {
     fail("linear_attn_config.short_conv_kernel_size",
          "must be >= 1 (got " + std::to_string(c.kda.short_conv_kernel_size) + ")");
   if (!(std::isfinite(c.kda.gate_lower_bound) && c.kda.gate_lower_bound < 0.0f))
-    fail("linear_attn_config.gate_lower_bound",
-         "must be a finite number < 0 so the decay stays in (0, 1) (got " +
-             std::to_string(c.kda.gate_lower_bound) + ")");
+    fail("linear_attn_config.gate_lower_bound", "must be a finite number < 0 so the decay stays in (0, 1) (got " +
+                                                    std::to_string(c.kda.gate_lower_bound) + ")");
   if (!c.kda.use_full_rank_gate)
     fail("linear_attn_config.use_full_rank_gate", "only true (full-rank output gate) is supported");
   positive("kda_chunk_size", c.kda.chunk_size);
@@ -274,8 +261,8 @@ void validate(const K3Config& c, const std::string& source) {
   if (any_moe || c.moe.num_experts != 0) {
     positive("num_experts", c.moe.num_experts);
     if (c.moe.num_experts_per_token < 1 || c.moe.num_experts_per_token > c.moe.num_experts)
-      fail("num_experts_per_token", "must be in 1..num_experts (" + std::to_string(c.moe.num_experts) +
-                                        "), got " + std::to_string(c.moe.num_experts_per_token));
+      fail("num_experts_per_token", "must be in 1..num_experts (" + std::to_string(c.moe.num_experts) + "), got " +
+                                        std::to_string(c.moe.num_experts_per_token));
     if (c.moe.num_shared_experts < 0)
       fail("num_shared_experts", "must be >= 0 (got " + std::to_string(c.moe.num_shared_experts) + ")");
     positive("moe_intermediate_size", c.moe.moe_intermediate_size);
@@ -284,14 +271,13 @@ void validate(const K3Config& c, const std::string& source) {
   }
   if (c.moe.num_expert_group != 1)
     fail("num_expert_group", "only 1 expert group is supported (got " + std::to_string(c.moe.num_expert_group) + ")");
-  if (c.moe.topk_group != 1)
-    fail("topk_group", "only 1 is supported (got " + std::to_string(c.moe.topk_group) + ")");
+  if (c.moe.topk_group != 1) fail("topk_group", "only 1 is supported (got " + std::to_string(c.moe.topk_group) + ")");
 
   // Layer schedule.
   if (c.attn_kinds.size() != static_cast<size_t>(c.num_hidden_layers))
     fail("linear_attn_config.kda_layers / full_attn_layers",
-         "the layer lists cover " + std::to_string(c.attn_kinds.size()) +
-             " layers but num_hidden_layers is " + std::to_string(c.num_hidden_layers));
+         "the layer lists cover " + std::to_string(c.attn_kinds.size()) + " layers but num_hidden_layers is " +
+             std::to_string(c.num_hidden_layers));
 
   // MXFP4: groups of 32 along the input dim of w1/w3 (routed_expert_hidden_size) and w2
   // (moe_intermediate_size), spec §9.
@@ -400,15 +386,13 @@ K3Config resolve_config(const std::string& name_or_path) {
   std::error_code ec;
   if (fs::is_directory(p, ec)) {
     const fs::path file = p / "config.json";
-    if (!fs::is_regular_file(file, ec))
-      throw core::Error("config: directory " + p.string() + " has no config.json");
+    if (!fs::is_regular_file(file, ec)) throw core::Error("config: directory " + p.string() + " has no config.json");
     return load_config(file);
   }
   if (fs::is_regular_file(p, ec)) return load_config(p);
   std::string names;
   for (const std::string& n : builtin_config_names()) names += (names.empty() ? "" : ", ") + n;
-  throw core::Error("config: \"" + name_or_path +
-                    "\" is neither a built-in config (" + names +
+  throw core::Error("config: \"" + name_or_path + "\" is neither a built-in config (" + names +
                     ") nor an existing config.json file or a directory containing one");
 }
 

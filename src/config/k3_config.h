@@ -16,39 +16,39 @@ namespace k3::config {
 enum class AttnKind : uint8_t { kda, mla };
 enum class FfnKind : uint8_t { dense, moe };
 
-struct KdaConfig {            // "linear_attn_config"
-  int num_heads = 0;          // H_kda (96 in K3)
-  int head_dim = 0;           // d_k = d_v (128)
+struct KdaConfig {                 // "linear_attn_config"
+  int num_heads = 0;               // H_kda (96 in K3)
+  int head_dim = 0;                // d_k = d_v (128)
   int short_conv_kernel_size = 0;  // 4
   float gate_lower_bound = -5.0f;  // g = lower_bound * sigmoid(exp(A_log) * z)
   bool use_full_rank_gate = true;  // output gate g_proj is [P, hidden]
-  int chunk_size = 64;        // chunked prefill tile ("kda_chunk_size"; an implementation choice)
+  int chunk_size = 64;             // chunked prefill tile ("kda_chunk_size"; an implementation choice)
   int proj_dim() const { return num_heads * head_dim; }  // P
 };
 
 struct MlaConfig {
-  int num_heads = 0;          // 96
-  int q_lora_rank = 0;        // 1536
-  int kv_lora_rank = 0;       // 512
-  int qk_nope_head_dim = 0;   // 128
-  int qk_rope_head_dim = 0;   // 64 (used unrotated: NoPE)
-  int v_head_dim = 0;         // 128
+  int num_heads = 0;         // 96
+  int q_lora_rank = 0;       // 1536
+  int kv_lora_rank = 0;      // 512
+  int qk_nope_head_dim = 0;  // 128
+  int qk_rope_head_dim = 0;  // 64 (used unrotated: NoPE)
+  int v_head_dim = 0;        // 128
   bool use_output_gate = true;
   int q_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   int cache_dim() const { return kv_lora_rank + qk_rope_head_dim; }  // 576 per token per layer
-  float softmax_scale() const;  // q_head_dim^-1/2
+  float softmax_scale() const;                                       // q_head_dim^-1/2
 };
 
 struct MoeConfig {
-  int num_experts = 0;               // 896
-  int num_experts_per_token = 0;     // top-k (16)
-  int num_shared_experts = 0;        // 2 (fused: intermediate = 2 * moe_intermediate_size)
-  int moe_intermediate_size = 0;     // 3072
-  int routed_expert_hidden_size = 0; // latent width (3584)
+  int num_experts = 0;                // 896
+  int num_experts_per_token = 0;      // top-k (16)
+  int num_shared_experts = 0;         // 2 (fused: intermediate = 2 * moe_intermediate_size)
+  int moe_intermediate_size = 0;      // 3072
+  int routed_expert_hidden_size = 0;  // latent width (3584)
   bool latent_moe_use_norm = true;
   bool renormalize = true;
   float routed_scaling_factor = 1.0f;
-  int num_expert_group = 1;          // grouping is a no-op with 1 group (the only supported value)
+  int num_expert_group = 1;  // grouping is a no-op with 1 group (the only supported value)
   int topk_group = 1;
   // A rank's config under expert parallelism (config::shard_config with expert_parallel; never in
   // a checkpoint's config.json): expert_parallel_size > 0 = the rank holds num_experts /
@@ -69,11 +69,11 @@ struct Mxfp4Config {  // compressed-tensors "mxfp4-pack-quantized" on the routed
 };
 
 struct K3Config {
-  std::string model_type;    // "kimi_linear"
+  std::string model_type;  // "kimi_linear"
   int vocab_size = 0;
   int hidden_size = 0;
   int num_hidden_layers = 0;
-  int intermediate_size = 0; // dense FFN
+  int intermediate_size = 0;  // dense FFN
   float rms_norm_eps = 1e-5f;
   int first_k_dense_replace = 1;
   int moe_layer_freq = 1;
@@ -90,8 +90,7 @@ struct K3Config {
 
   AttnKind attn_kind(int layer) const { return attn_kinds.at(static_cast<size_t>(layer)); }
   FfnKind ffn_kind(int layer) const {
-    return (layer >= first_k_dense_replace && layer % moe_layer_freq == 0) ? FfnKind::moe
-                                                                           : FfnKind::dense;
+    return (layer >= first_k_dense_replace && layer % moe_layer_freq == 0) ? FfnKind::moe : FfnKind::dense;
   }
   // AttnRes: the bank gains a row before the attention of layer l when l % block == 0.
   bool is_bank_write_layer(int layer) const { return layer % attn_res_block_size == 0; }

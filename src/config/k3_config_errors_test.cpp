@@ -1,11 +1,12 @@
 // config/k3_config_errors_test.cpp: every way a config can be wrong gives a core::Error that
 // names the source and the key (missing keys, wrong JSON types, unsupported values, layer lists,
 // sizes, MXFP4 groups, files and names).
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <fstream>
 #include <limits>
 
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "config/config_test_util.h"
@@ -31,18 +32,16 @@ void expect_parse_error(const json& j, std::initializer_list<std::string> needle
 
 TEST(K3ConfigErrors, MissingRequiredKeys) {
   for (const char* key :
-       {"vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-        "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-        "num_experts", "num_experts_per_token", "num_shared_experts", "moe_intermediate_size",
-        "routed_expert_hidden_size", "linear_attn_config"}) {
+       {"vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "q_lora_rank",
+        "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_experts", "num_experts_per_token",
+        "num_shared_experts", "moe_intermediate_size", "routed_expert_hidden_size", "linear_attn_config"}) {
     json j = tiny();
     j.erase(key);
     expect_parse_error(j, {key, "missing"});
     j[key] = nullptr;  // null is not a value for a required key
     expect_parse_error(j, {key, "null"});
   }
-  for (const char* key : {"num_heads", "head_dim", "short_conv_kernel_size", "kda_layers",
-                          "full_attn_layers"}) {
+  for (const char* key : {"num_heads", "head_dim", "short_conv_kernel_size", "kda_layers", "full_attn_layers"}) {
     json j = tiny();
     j["linear_attn_config"].erase(key);
     expect_parse_error(j, {std::string("linear_attn_config.") + key, "missing"});
@@ -55,9 +54,9 @@ TEST(K3ConfigErrors, MissingRequiredKeys) {
 
 TEST(K3ConfigErrors, WrongJsonTypesNameKeyAndExpectedType) {
   struct Case {
-    std::string key;        // top-level key, or "linear_attn_config.x"
+    std::string key;  // top-level key, or "linear_attn_config.x"
     json value;
-    std::string expected;   // phrase in the message
+    std::string expected;  // phrase in the message
   };
   const std::vector<Case> cases = {
       {"vocab_size", "1024", "expected an integer"},
@@ -89,10 +88,8 @@ TEST(K3ConfigErrors, WrongJsonTypesNameKeyAndExpectedType) {
   for (const Case& c : cases) {
     json j = tiny();
     const size_t dot = c.key.find('.');
-    if (dot == std::string::npos)
-      j[c.key] = c.value;
-    else
-      j[c.key.substr(0, dot)][c.key.substr(dot + 1)] = c.value;
+    if (dot == std::string::npos) j[c.key] = c.value;
+    else j[c.key.substr(0, dot)][c.key.substr(dot + 1)] = c.value;
     SCOPED_TRACE(c.key + " = " + c.value.dump());
     expect_parse_error(j, {c.key, c.expected});
   }
@@ -110,8 +107,8 @@ TEST(K3ConfigErrors, NoJsonExceptionEverEscapes) {
   // result is a valid config or a core::Error naming that key, never an nlohmann exception.
   json base = tiny_mxfp4();
   for (const char* id : {"bos_token_id", "eos_token_id", "pad_token_id"}) base.erase(id);  // depend on vocab_size
-  const std::vector<json> junk = {nullptr, true, 0, -1, 7, 0.5, -3.25, "x", json::array(),
-                                  json::array({1, "a"}), json::object(), json{{"a", 1}}};
+  const std::vector<json> junk = {
+      nullptr, true, 0, -1, 7, 0.5, -3.25, "x", json::array(), json::array({1, "a"}), json::object(), json{{"a", 1}}};
   auto probe = [&](const json& j, const std::string& key) {
     try {
       parse_config(j, kSrc);
@@ -147,14 +144,10 @@ TEST(K3ConfigErrors, UnsupportedValues) {
     json value;
   };
   const std::vector<Case> cases = {
-      {"hidden_act", "silu"},
-      {"moe_router_activation_func", "softmax"},
-      {"topk_method", "greedy"},
-      {"num_expert_group", 8},
-      {"topk_group", 4},
-      {"num_key_value_heads", 1},
-      {"mla_use_nope", false},
-      {"model_type", "llama"},
+      {"hidden_act", "silu"},    {"moe_router_activation_func", "softmax"},
+      {"topk_method", "greedy"}, {"num_expert_group", 8},
+      {"topk_group", 4},         {"num_key_value_heads", 1},
+      {"mla_use_nope", false},   {"model_type", "llama"},
   };
   for (const Case& c : cases) {
     json j = tiny();
@@ -177,8 +170,11 @@ TEST(K3ConfigErrors, LayerListsCoverEveryLayerOnce) {
     return j;
   };
   // Layer 3 in neither list.
-  std::string msg = expect_error([&] { parse_config(with_lists({1, 2}, {4}), kSrc); },
-                                 {"layer 3", "neither", "kda_layers", "full_attn_layers"});
+  std::string msg = expect_error(
+      [&] {
+        parse_config(with_lists({1, 2}, {4}), kSrc);
+      },
+      {"layer 3", "neither", "kda_layers", "full_attn_layers"});
   // Several missing layers are all named.
   msg = expect_error([&] { parse_config(with_lists({1}, {4}), kSrc); }, {"layers 2, 3"});
   expect_parse_error(with_lists({1, 2, 2, 3}, {4}), {"linear_attn_config.kda_layers", "layer 2", "twice"});
@@ -237,12 +233,9 @@ TEST(K3ConfigErrors, SizesAndRangesInParse) {
     expect_parse_error(j, {c.key, c.phrase});
   }
   const std::vector<Case> kda_cases = {
-      {"num_heads", 0, "> 0"},
-      {"head_dim", 0, "> 0"},
-      {"head_dim", -32, "> 0"},
-      {"short_conv_kernel_size", 0, ">= 1"},
-      {"gate_lower_bound", 5.0, "< 0"},
-      {"gate_lower_bound", 0.0, "< 0"},
+      {"num_heads", 0, "> 0"},          {"head_dim", 0, "> 0"},
+      {"head_dim", -32, "> 0"},         {"short_conv_kernel_size", 0, ">= 1"},
+      {"gate_lower_bound", 5.0, "< 0"}, {"gate_lower_bound", 0.0, "< 0"},
   };
   for (const Case& c : kda_cases) {
     json j = tiny();

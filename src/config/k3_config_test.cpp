@@ -2,11 +2,12 @@
 // (Error paths are in k3_config_errors_test.cpp.)
 #include "config/k3_config.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "config/config_test_util.h"
@@ -188,8 +189,7 @@ TEST(K3Config, GroupSizeMayLiveInEveryCompressedTensorsPlace) {
   forms.push_back(ct);  // no group size anywhere: the MX block size 32
   json e = {{"quant_method", "compressed-tensors"},
             {"format", "mixed-precision"},
-            {"config_groups",
-             {{"group_0", {{"format", "mxfp4-pack-quantized"}, {"weights", {{"group_size", 32}}}}}}}};
+            {"config_groups", {{"group_0", {{"format", "mxfp4-pack-quantized"}, {"weights", {{"group_size", 32}}}}}}}};
   forms.push_back(e);
   for (const json& q : forms) {
     json j = base;
@@ -202,13 +202,27 @@ TEST(K3Config, GroupSizeMayLiveInEveryCompressedTensorsPlace) {
 
 TEST(K3Config, DefaultsForOptionalKeys) {
   json j = to_json(builtin_config("k3-tiny"));
-  for (const char* key :
-       {"rms_norm_eps", "first_k_dense_replace", "moe_layer_freq", "activation_situ_beta",
-        "activation_situ_linear_beta", "attn_res_block_size", "tie_word_embeddings",
-        "num_key_value_heads", "mla_use_nope", "mla_use_output_gate", "latent_moe_use_norm",
-        "moe_router_activation_func", "moe_renormalize", "routed_scaling_factor", "topk_method",
-        "use_grouped_topk", "num_expert_group", "topk_group", "hidden_act", "kda_chunk_size",
-        "model_type"})
+  for (const char* key : {"rms_norm_eps",
+                          "first_k_dense_replace",
+                          "moe_layer_freq",
+                          "activation_situ_beta",
+                          "activation_situ_linear_beta",
+                          "attn_res_block_size",
+                          "tie_word_embeddings",
+                          "num_key_value_heads",
+                          "mla_use_nope",
+                          "mla_use_output_gate",
+                          "latent_moe_use_norm",
+                          "moe_router_activation_func",
+                          "moe_renormalize",
+                          "routed_scaling_factor",
+                          "topk_method",
+                          "use_grouped_topk",
+                          "num_expert_group",
+                          "topk_group",
+                          "hidden_act",
+                          "kda_chunk_size",
+                          "model_type"})
     j.erase(key);
   j["linear_attn_config"].erase("gate_lower_bound");
   j["linear_attn_config"].erase("use_full_rank_gate");

@@ -1,10 +1,11 @@
 // config/proxy_config_test.cpp: the builtin "k3-proxy-tp8" (one TP8 rank's share of K3 as a
 // 24-layer model, for single-GPU decode numbers): its shapes equal config::shard_config(k3, 8), its layer
 // schedule follows K3's, and its size (spec §4 tensor list, MXFP4 experts) is the ~52 GB expected.
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstdio>
 
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "config/k3_config.h"
@@ -27,12 +28,13 @@ int64_t checkpoint_bytes(const K3Config& c) {
     if (c.attn_kind(l) == AttnKind::kda) {
       const int64_t H = c.kda.num_heads, D = c.kda.head_dim, P = c.kda.proj_dim(), K = c.kda.short_conv_kernel_size;
       n += (4 * P * h + D * h + P * D + H * h + h * P) * bf16;  // q k v g, f_a, f_b, b, o_proj
-      n += (3 * P * K + D + P + D) * f32;                      // convs, A_log [head_dim], dt_bias, o_norm
+      n += (3 * P * K + D + P + D) * f32;                       // convs, A_log [head_dim], dt_bias, o_norm
     } else {
       const MlaConfig& m = c.mla;
       const int64_t H = m.num_heads;
       n += (m.q_lora_rank * h + H * m.q_head_dim() * m.q_lora_rank + int64_t{m.cache_dim()} * h +
-            H * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank + 2 * H * m.v_head_dim * h) * bf16;
+            H * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank + 2 * H * m.v_head_dim * h) *
+           bf16;
       n += (m.q_lora_rank + m.kv_lora_rank) * bf16;  // q_a / kv_a norms
     }
     if (c.ffn_kind(l) == FfnKind::dense) {

@@ -33,12 +33,10 @@ struct GroupSizeSeen {
 // Checks a "weights" quantization-args object (num_bits 4, type float) and records its group size.
 void read_weight_args(const Section& w, std::vector<GroupSizeSeen>& sizes) {
   if (w.has("num_bits") && w.req_int("num_bits") != 4)
-    w.fail("num_bits", std::to_string(w.req_int("num_bits")) +
-                           " is not supported; MXFP4 weights have num_bits 4");
+    w.fail("num_bits", std::to_string(w.req_int("num_bits")) + " is not supported; MXFP4 weights have num_bits 4");
   if (w.has("type")) {
     const std::string type = w.opt_string("type", "float");
-    if (type != "float")
-      w.fail("type", "\"" + type + "\" is not supported; MXFP4 weights have type \"float\" (E2M1)");
+    if (type != "float") w.fail("type", "\"" + type + "\" is not supported; MXFP4 weights have type \"float\" (E2M1)");
   }
   if (w.has("group_size")) sizes.push_back({w.path("group_size"), w.req_int("group_size")});
 }
@@ -47,12 +45,13 @@ void read_weight_args(const Section& w, std::vector<GroupSizeSeen>& sizes) {
 
 Mxfp4Config parse_quantization(const Section& q) {
   const json* method = q.find("quant_method");
-  if (method == nullptr)
-    q.fail("quant_method", "required key is missing, expected \"compressed-tensors\"");
+  if (method == nullptr) q.fail("quant_method", "required key is missing, expected \"compressed-tensors\"");
   const std::string m = q.as_string("quant_method", *method);
   if (m != "compressed-tensors")
-    q.fail("quant_method", "\"" + m + "\" is not supported; k3serve reads \"compressed-tensors\" with "
-                           "format \"" + kMxfp4Format + "\"");
+    q.fail("quant_method", "\"" + m +
+                               "\" is not supported; k3serve reads \"compressed-tensors\" with "
+                               "format \"" +
+                               kMxfp4Format + "\"");
 
   std::vector<GroupSizeSeen> sizes;
   int mxfp4_formats = 0;
@@ -60,8 +59,7 @@ Mxfp4Config parse_quantization(const Section& q) {
   std::string top_format;
   if (q.has("format")) {
     top_format = q.opt_string("format", "");
-    if (top_format == kMxfp4Format)
-      ++mxfp4_formats;
+    if (top_format == kMxfp4Format) ++mxfp4_formats;
     else if (top_format != "mixed-precision")
       q.fail("format", "\"" + top_format + "\" is not supported; only \"" + kMxfp4Format + "\"");
   }
@@ -75,19 +73,17 @@ Mxfp4Config parse_quantization(const Section& q) {
       const Section g = groups.sub(it.key());
       if (g.has("format")) {
         const std::string f = g.opt_string("format", "");
-        if (f != kMxfp4Format)
-          g.fail("format", "\"" + f + "\" is not supported; only \"" + kMxfp4Format + "\"");
+        if (f != kMxfp4Format) g.fail("format", "\"" + f + "\" is not supported; only \"" + kMxfp4Format + "\"");
         ++mxfp4_formats;
       } else if (top_format != kMxfp4Format) {
-        g.fail("format", "required key is missing (quantization_config.format is \"" +
-                             top_format + "\"), expected \"" + kMxfp4Format + "\"");
+        g.fail("format", "required key is missing (quantization_config.format is \"" + top_format + "\"), expected \"" +
+                             kMxfp4Format + "\"");
       }
       if (g.has("group_size")) sizes.push_back({g.path("group_size"), g.req_int("group_size")});
       if (g.has("weights")) read_weight_args(g.sub("weights"), sizes);
     }
   }
-  if (mxfp4_formats == 0)
-    q.fail("format", "required key is missing, expected \"" + std::string(kMxfp4Format) + "\"");
+  if (mxfp4_formats == 0) q.fail("format", "required key is missing, expected \"" + std::string(kMxfp4Format) + "\"");
 
   Mxfp4Config out;
   out.enabled = true;
@@ -96,8 +92,8 @@ Mxfp4Config parse_quantization(const Section& q) {
     out.group_size = sizes[0].value;
     for (const GroupSizeSeen& s : sizes)
       if (s.value != out.group_size)
-        throw core::Error(q.source() + ": " + s.key + ": " + std::to_string(s.value) +
-                          " disagrees with " + sizes[0].key + " = " + std::to_string(out.group_size));
+        throw core::Error(q.source() + ": " + s.key + ": " + std::to_string(s.value) + " disagrees with " +
+                          sizes[0].key + " = " + std::to_string(out.group_size));
     if (out.group_size != 32)
       throw core::Error(q.source() + ": " + sizes[0].key + ": MXFP4 group size must be 32 (got " +
                         std::to_string(out.group_size) + ")");
@@ -107,9 +103,9 @@ Mxfp4Config parse_quantization(const Section& q) {
 
 json mxfp4_quantization_json(const Mxfp4Config& m) {
   // Same shape as the published K3 block, so files we write load in other engines too.
-  const json weights = {{"num_bits", 4},       {"type", "float"},     {"strategy", "group"},
-                        {"group_size", m.group_size}, {"symmetric", true}, {"dynamic", false},
-                        {"scale_dtype", "torch.uint8"}};
+  const json weights = {
+      {"num_bits", 4},     {"type", "float"},  {"strategy", "group"},         {"group_size", m.group_size},
+      {"symmetric", true}, {"dynamic", false}, {"scale_dtype", "torch.uint8"}};
   return {
       {"quant_method", "compressed-tensors"},
       {"format", kMxfp4Format},
@@ -121,9 +117,8 @@ json mxfp4_quantization_json(const Mxfp4Config& m) {
           {"weights", weights},
           {"input_activations", nullptr},
           {"output_activations", nullptr}}}}},
-      {"ignore", json::array({"re:.*self_attn.*", "re:.*shared_experts.*",
-                              "re:.*mlp\\.(gate|up|gate_up|down)_proj.*", "re:.*lm_head.*",
-                              "re:.*vision_tower.*", "re:.*mm_projector.*"})},
+      {"ignore", json::array({"re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+                              "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"})},
       {"kv_cache_scheme", nullptr},
   };
 }

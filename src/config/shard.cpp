@@ -48,8 +48,7 @@ K3Config shard_config(const K3Config& full, int tp, ShardOptions options) {
   c.vocab_size = divide(full.vocab_size, tp, "vocab_size", "the vocabulary rows of embed_tokens and lm_head");
   if (uses(full, AttnKind::kda))
     c.kda.num_heads = divide(full.kda.num_heads, tp, "linear_attn_config.num_heads", "KDA heads");
-  if (uses(full, AttnKind::mla))
-    c.mla.num_heads = divide(full.mla.num_heads, tp, "num_attention_heads", "MLA heads");
+  if (uses(full, AttnKind::mla)) c.mla.num_heads = divide(full.mla.num_heads, tp, "num_attention_heads", "MLA heads");
   if (uses(full, FfnKind::dense))
     c.intermediate_size = divide(full.intermediate_size, tp, "intermediate_size", "dense FFN intermediate channels");
   if (uses(full, FfnKind::moe) && options.expert_parallel) {
@@ -66,8 +65,8 @@ K3Config shard_config(const K3Config& full, int tp, ShardOptions options) {
                                          "every routed and shared expert's intermediate channels");
     if (full.mxfp4.enabled && c.moe.moe_intermediate_size % full.mxfp4.group_size != 0)
       throw core::Error("tensor parallelism: tp=" + std::to_string(tp) + " leaves each rank " +
-                        std::to_string(c.moe.moe_intermediate_size) + " of moe_intermediate_size = " +
-                        std::to_string(full.moe.moe_intermediate_size) +
+                        std::to_string(c.moe.moe_intermediate_size) +
+                        " of moe_intermediate_size = " + std::to_string(full.moe.moe_intermediate_size) +
                         ", not a multiple of the MXFP4 group size " + std::to_string(full.mxfp4.group_size) +
                         " (each rank's w2 slice must hold whole scale groups along its input)");
   }

@@ -3,6 +3,7 @@
 #include "config/shard.h"
 
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
 #include "config/config_test_util.h"
@@ -122,7 +123,8 @@ TEST(ShardConfig, ExpertParallelKeepsWholeExpertsAndSplitsTheShared) {
 
 TEST(ShardConfig, ExpertParallelErrorsNameTheProblem) {
   const K3Config tiny = builtin_config("k3-tiny");
-  expect_error([&] { shard_config(tiny, 1, {.expert_parallel = true}); }, {"--enable-expert-parallel", "--tp > 1", "--tp 1"});
+  expect_error([&] { shard_config(tiny, 1, {.expert_parallel = true}); },
+               {"--enable-expert-parallel", "--tp > 1", "--tp 1"});
   expect_error([] { check_expert_parallel(true, 1); }, {"--tp > 1"});
   check_expert_parallel(false, 1);
   check_expert_parallel(true, 2);

@@ -13,9 +13,7 @@ inline uint16_t f32_to_bf16_bits(float x) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-inline float bf16_bits_to_f32(uint16_t b) {
-  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
-}
+inline float bf16_bits_to_f32(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 
 // The value x takes once stored as bf16.
 inline float bf16_round(float x) { return bf16_bits_to_f32(f32_to_bf16_bits(x)); }

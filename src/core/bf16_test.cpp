@@ -2,13 +2,13 @@
 // signed zero and NaN, against an independent reference written in double arithmetic.
 #include "core/bf16.h"
 
+#include <gtest/gtest.h>
+
 #include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <limits>
-
-#include <gtest/gtest.h>
 
 #include "core/rng.h"
 
@@ -57,8 +57,8 @@ TEST(Bf16, EveryCodeRoundTrips) {
 
 TEST(Bf16, TiesToEven) {
   // Around 1.0 the bf16 step is 2^-7.
-  EXPECT_EQ(f32_to_bf16_bits(1.0f + 0x1p-8f), 0x3f80u);           // tie between 1 (even) and 1+2^-7
-  EXPECT_EQ(f32_to_bf16_bits(1.0f + 3 * 0x1p-8f), 0x3f82u);       // tie between 1+2^-7 and 1+2^-6 (even)
+  EXPECT_EQ(f32_to_bf16_bits(1.0f + 0x1p-8f), 0x3f80u);             // tie between 1 (even) and 1+2^-7
+  EXPECT_EQ(f32_to_bf16_bits(1.0f + 3 * 0x1p-8f), 0x3f82u);         // tie between 1+2^-7 and 1+2^-6 (even)
   EXPECT_EQ(f32_to_bf16_bits(1.0f + 0x1p-8f + 0x1p-23f), 0x3f81u);  // just above the tie: up
   EXPECT_EQ(f32_to_bf16_bits(1.0f + 0x1p-8f - 0x1p-23f), 0x3f80u);  // just below: down
   EXPECT_EQ(f32_to_bf16_bits(-(1.0f + 0x1p-8f)), 0xbf80u);
@@ -77,9 +77,9 @@ TEST(Bf16, TiesToEven) {
 TEST(Bf16, OverflowAndInfinity) {
   const uint16_t max_bf16 = 0x7f7fu;  // 0x1.fep127
   EXPECT_EQ(bf16_bits_to_f32(max_bf16), 0x1.fep127f);
-  EXPECT_EQ(f32_to_bf16_bits(FLT_MAX), 0x7f80u);   // past max + half step: inf
+  EXPECT_EQ(f32_to_bf16_bits(FLT_MAX), 0x7f80u);  // past max + half step: inf
   EXPECT_EQ(f32_to_bf16_bits(-FLT_MAX), 0xff80u);
-  EXPECT_EQ(f32_to_bf16_bits(0x1.ffp127f), 0x7f80u);  // exact tie above max (odd) -> inf
+  EXPECT_EQ(f32_to_bf16_bits(0x1.ffp127f), 0x7f80u);       // exact tie above max (odd) -> inf
   EXPECT_EQ(f32_to_bf16_bits(0x1.fefffep127f), max_bf16);  // just below the tie
   EXPECT_EQ(f32_to_bf16_bits(std::numeric_limits<float>::infinity()), 0x7f80u);
   EXPECT_EQ(f32_to_bf16_bits(-std::numeric_limits<float>::infinity()), 0xff80u);
@@ -89,14 +89,14 @@ TEST(Bf16, OverflowAndInfinity) {
 TEST(Bf16, SubnormalsAndZero) {
   EXPECT_EQ(bf16_bits_to_f32(0x0001u), 0x1p-133f);  // smallest bf16 subnormal
   EXPECT_EQ(f32_to_bf16_bits(0x1p-133f), 0x0001u);
-  EXPECT_EQ(f32_to_bf16_bits(0x1p-134f), 0x0000u);           // tie with 0 (even)
+  EXPECT_EQ(f32_to_bf16_bits(0x1p-134f), 0x0000u);  // tie with 0 (even)
   EXPECT_EQ(f32_to_bf16_bits(0x1p-134f + 0x1p-149f), 0x0001u);
-  EXPECT_EQ(f32_to_bf16_bits(0x1.8p-133f), 0x0002u);         // tie between 1 and 2: even
-  EXPECT_EQ(f32_to_bf16_bits(0x1p-149f), 0x0000u);           // smallest f32 subnormal flushes
-  EXPECT_EQ(f32_to_bf16_bits(-0x1p-149f), 0x8000u);          // ... keeping its sign
-  EXPECT_EQ(f32_to_bf16_bits(0x1.fcp-127f), 0x007fu);        // largest subnormal
-  EXPECT_EQ(f32_to_bf16_bits(0x1.fdp-127f), 0x007fu);        // 127.25 * 2^-133: down
-  EXPECT_EQ(f32_to_bf16_bits(0x1.fep-127f), 0x0080u);        // 127.5 * 2^-133: tie, up into the smallest normal
+  EXPECT_EQ(f32_to_bf16_bits(0x1.8p-133f), 0x0002u);   // tie between 1 and 2: even
+  EXPECT_EQ(f32_to_bf16_bits(0x1p-149f), 0x0000u);     // smallest f32 subnormal flushes
+  EXPECT_EQ(f32_to_bf16_bits(-0x1p-149f), 0x8000u);    // ... keeping its sign
+  EXPECT_EQ(f32_to_bf16_bits(0x1.fcp-127f), 0x007fu);  // largest subnormal
+  EXPECT_EQ(f32_to_bf16_bits(0x1.fdp-127f), 0x007fu);  // 127.25 * 2^-133: down
+  EXPECT_EQ(f32_to_bf16_bits(0x1.fep-127f), 0x0080u);  // 127.5 * 2^-133: tie, up into the smallest normal
   EXPECT_EQ(bf16_bits_to_f32(0x0080u), 0x1p-126f);
   EXPECT_EQ(f32_to_bf16_bits(0.0f), 0x0000u);
   EXPECT_EQ(f32_to_bf16_bits(-0.0f), 0x8000u);
@@ -106,8 +106,7 @@ TEST(Bf16, SubnormalsAndZero) {
 
 TEST(Bf16, NaNStaysNaN) {
   // Payloads only in the low 16 bits would truncate to an inf pattern without the quiet bit.
-  for (uint32_t u : {0x7f800001u, 0x7f80ffffu, 0x7fc00000u, 0x7fffffffu, 0x7f808000u, 0xff800001u,
-                     0xffc00000u}) {
+  for (uint32_t u : {0x7f800001u, 0x7f80ffffu, 0x7fc00000u, 0x7fffffffu, 0x7f808000u, 0xff800001u, 0xffc00000u}) {
     const uint16_t b = f32_to_bf16_bits(bits_f32(u));
     EXPECT_TRUE(std::isnan(bf16_bits_to_f32(b))) << std::hex << u;
     EXPECT_EQ(b & 0x8000u, (u >> 16) & 0x8000u) << std::hex << u;
@@ -128,7 +127,7 @@ TEST(Bf16, RandomBitPatternsMatchReference) {
     const float x = static_cast<float>(rng.normal(0.0, 3.0));
     ASSERT_EQ(f32_to_bf16_bits(x), reference_bf16(x)) << x;
     const float r = bf16_round(x);
-    EXPECT_EQ(bf16_round(r), r);  // idempotent
+    EXPECT_EQ(bf16_round(r), r);                                // idempotent
     EXPECT_LE(std::fabs(r - x), std::ldexp(std::fabs(x), -8));  // half a step, relative 2^-8
   }
 }

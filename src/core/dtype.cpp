@@ -16,8 +16,7 @@ std::string_view dtype_name(DType t) {
 }
 
 bool dtype_from_name(std::string_view name, DType* out) {
-  static constexpr DType all[] = {DType::f32, DType::bf16, DType::f8_e4m3,
-                                  DType::u8,  DType::i32,  DType::i64};
+  static constexpr DType all[] = {DType::f32, DType::bf16, DType::f8_e4m3, DType::u8, DType::i32, DType::i64};
   for (DType t : all) {
     if (dtype_name(t) == name) {
       *out = t;

@@ -30,9 +30,9 @@ class Status {
   std::string reason_;
 };
 
-#define K3_CHECK(cond, msg)                                  \
-  do {                                                       \
-    if (!(cond)) throw ::k3::core::Error(std::string(msg));  \
+#define K3_CHECK(cond, msg)                                 \
+  do {                                                      \
+    if (!(cond)) throw ::k3::core::Error(std::string(msg)); \
   } while (0)
 
 }  // namespace k3::core

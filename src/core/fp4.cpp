@@ -25,8 +25,7 @@ float e8m0_to_f32(uint8_t e) {
   return std::ldexp(1.0f, static_cast<int>(e) - 127);
 }
 
-void mxfp4_quantize_row(std::span<const float> in, std::span<uint8_t> packed,
-                        std::span<uint8_t> scales) {
+void mxfp4_quantize_row(std::span<const float> in, std::span<uint8_t> packed, std::span<uint8_t> scales) {
   K3_CHECK(in.size() % kMxfp4Group == 0, "mxfp4: row length must be a multiple of 32");
   K3_CHECK(packed.size() == in.size() / 2 && scales.size() == in.size() / kMxfp4Group,
            "mxfp4: output spans have the wrong size");
@@ -35,8 +34,8 @@ void mxfp4_quantize_row(std::span<const float> in, std::span<uint8_t> packed,
     float amax = 0.0f;
     for (int i = 0; i < kMxfp4Group; ++i) {
       // fmax would silently skip a NaN (and an inf has no finite scale): reject both.
-      K3_CHECK(std::isfinite(x[i]), "mxfp4: non-finite value at index " +
-                                        std::to_string(g * kMxfp4Group + i) + " of the row");
+      K3_CHECK(std::isfinite(x[i]),
+               "mxfp4: non-finite value at index " + std::to_string(g * kMxfp4Group + i) + " of the row");
       amax = std::fmax(amax, std::fabs(x[i]));
     }
     int k = 0;  // scale = 2^k, the smallest power of two with amax / scale <= 6
@@ -59,8 +58,7 @@ void mxfp4_quantize_row(std::span<const float> in, std::span<uint8_t> packed,
   }
 }
 
-void mxfp4_dequantize_row(std::span<const uint8_t> packed, std::span<const uint8_t> scales,
-                          std::span<float> out) {
+void mxfp4_dequantize_row(std::span<const uint8_t> packed, std::span<const uint8_t> scales, std::span<float> out) {
   K3_CHECK(out.size() == packed.size() * 2 && scales.size() * kMxfp4Group == out.size(),
            "mxfp4: spans have inconsistent sizes");
   constexpr size_t kBytesPerGroup = kMxfp4Group / 2;

@@ -25,10 +25,8 @@ inline constexpr int kMxfp4Group = 32;
 // Quantizes one row of `in` floats (in % 32 == 0) to packed codes [in/2] (even index in the
 // low nibble) and E8M0 scales [in/32]. The scale of a group is the smallest power of two
 // with amax/scale <= 6, so no element saturates by more than rounding.
-void mxfp4_quantize_row(std::span<const float> in, std::span<uint8_t> packed,
-                        std::span<uint8_t> scales);
+void mxfp4_quantize_row(std::span<const float> in, std::span<uint8_t> packed, std::span<uint8_t> scales);
 // Dequantizes one packed row back to floats (exact).
-void mxfp4_dequantize_row(std::span<const uint8_t> packed, std::span<const uint8_t> scales,
-                          std::span<float> out);
+void mxfp4_dequantize_row(std::span<const uint8_t> packed, std::span<const uint8_t> scales, std::span<float> out);
 
 }  // namespace k3::core

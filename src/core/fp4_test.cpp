@@ -3,13 +3,13 @@
 // exact round trip of representable rows, error bounds, zero groups, groups in far-apart binades.
 #include "core/fp4.h"
 
+#include <gtest/gtest.h>
+
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -62,7 +62,7 @@ TEST(Fp4E2m1, SaturationZeroAndNaN) {
   }
   EXPECT_EQ(f32_to_fp4_e2m1(0.0f), 0);
   EXPECT_EQ(f32_to_fp4_e2m1(-0.0f), 8);
-  EXPECT_EQ(f32_to_fp4_e2m1(-0.1f), 8);  // underflow keeps the sign
+  EXPECT_EQ(f32_to_fp4_e2m1(-0.1f), 8);                                    // underflow keeps the sign
   EXPECT_EQ(f32_to_fp4_e2m1(std::numeric_limits<float>::quiet_NaN()), 0);  // documented
 }
 
@@ -137,11 +137,11 @@ TEST(Mxfp4, RepresentableRowsRoundTripExactly) {
     for (int g = 0; g < n / 32; ++g) {
       const int k = static_cast<int>(rng.uniform(-30.0, 30.0));  // group scale 2^k
       for (int i = 0; i < 32; ++i)
-        x[static_cast<size_t>(g * 32 + i)] =
-            std::ldexp(fp4_e2m1_to_f32(static_cast<uint8_t>(rng.next_u64() & 15)), k);
+        x[static_cast<size_t>(g * 32 + i)] = std::ldexp(fp4_e2m1_to_f32(static_cast<uint8_t>(rng.next_u64() & 15)), k);
     }
     const Mxfp4Row r = round_trip(x);
-    for (int i = 0; i < n; ++i) ASSERT_EQ(r.out[static_cast<size_t>(i)], x[static_cast<size_t>(i)]) << "n " << n << " i " << i;
+    for (int i = 0; i < n; ++i)
+      ASSERT_EQ(r.out[static_cast<size_t>(i)], x[static_cast<size_t>(i)]) << "n " << n << " i " << i;
   }
 }
 

@@ -15,8 +15,8 @@ uint8_t f32_to_fp8_e4m3(float x) {
     return sign | static_cast<uint8_t>(std::nearbyint(a * 0x1p9f));
   }
   int e2 = 0;
-  const float f = std::frexp(a, &e2);  // a = f * 2^e2, f in [0.5, 1)
-  int exp = e2 - 1;                    // a = (2f) * 2^exp, 2f in [1, 2)
+  const float f = std::frexp(a, &e2);                                     // a = f * 2^e2, f in [0.5, 1)
+  int exp = e2 - 1;                                                       // a = (2f) * 2^exp, 2f in [1, 2)
   int mant = static_cast<int>(std::nearbyint((2.0f * f - 1.0f) * 8.0f));  // RNE
   if (mant == 8) {
     mant = 0;

@@ -3,13 +3,13 @@
 // brute-force nearest-code reference on random inputs.
 #include "core/fp8.h"
 
+#include <gtest/gtest.h>
+
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "core/rng.h"
 
@@ -61,9 +61,9 @@ TEST(Fp8E4m3, DecodeEveryCode) {
   }
   EXPECT_EQ(fp8_e4m3_to_f32(0x7e), 448.0f);
   EXPECT_EQ(fp8_e4m3_to_f32(0xfe), -448.0f);
-  EXPECT_EQ(fp8_e4m3_to_f32(0x01), 0x1p-9f);  // smallest subnormal
+  EXPECT_EQ(fp8_e4m3_to_f32(0x01), 0x1p-9f);      // smallest subnormal
   EXPECT_EQ(fp8_e4m3_to_f32(0x07), 7 * 0x1p-9f);  // largest subnormal
-  EXPECT_EQ(fp8_e4m3_to_f32(0x08), 0x1p-6f);  // smallest normal
+  EXPECT_EQ(fp8_e4m3_to_f32(0x08), 0x1p-6f);      // smallest normal
   EXPECT_EQ(fp8_e4m3_to_f32(0x38), 1.0f);
   EXPECT_EQ(kFp8E4m3Max, 448.0f);
 }
@@ -101,10 +101,10 @@ TEST(Fp8E4m3, Saturates) {
 
 TEST(Fp8E4m3, SubnormalsAndSignedZero) {
   EXPECT_EQ(f32_to_fp8_e4m3(0x1p-9f), 0x01);
-  EXPECT_EQ(f32_to_fp8_e4m3(0x1p-10f), 0x00);              // tie with 0: even
-  EXPECT_EQ(f32_to_fp8_e4m3(0x1.000002p-10f), 0x01);        // just above the tie
-  EXPECT_EQ(f32_to_fp8_e4m3(3 * 0x1p-10f), 0x02);          // tie between 1 and 2: even
-  EXPECT_EQ(f32_to_fp8_e4m3(7.5f * 0x1p-9f), 0x08);        // tie between 7 (odd) and the first normal
+  EXPECT_EQ(f32_to_fp8_e4m3(0x1p-10f), 0x00);         // tie with 0: even
+  EXPECT_EQ(f32_to_fp8_e4m3(0x1.000002p-10f), 0x01);  // just above the tie
+  EXPECT_EQ(f32_to_fp8_e4m3(3 * 0x1p-10f), 0x02);     // tie between 1 and 2: even
+  EXPECT_EQ(f32_to_fp8_e4m3(7.5f * 0x1p-9f), 0x08);   // tie between 7 (odd) and the first normal
   EXPECT_EQ(f32_to_fp8_e4m3(0x1p-20f), 0x00);
   EXPECT_EQ(f32_to_fp8_e4m3(0x1p-149f), 0x00);
   EXPECT_EQ(f32_to_fp8_e4m3(0.0f), 0x00);

@@ -132,8 +132,8 @@ Level parse_level(std::string_view name) {
   if (name == "warning" || name == "warn") return Level::warn;
   if (name == "error") return Level::error;
   if (name == "off") return Level::off;
-  throw core::Error("--log-level must be one of trace, debug, info, warning, error, off; got '" +
-                    std::string(name) + "'");
+  throw core::Error("--log-level must be one of trace, debug, info, warning, error, off; got '" + std::string(name) +
+                    "'");
 }
 
 Format parse_format(std::string_view name) {
@@ -144,10 +144,8 @@ Format parse_format(std::string_view name) {
 
 void configure(Level level, Format format) {
   spdlog::logger& l = logger();
-  if (format == Format::json)
-    l.set_formatter(std::make_unique<JsonFormatter>());
-  else
-    l.set_formatter(std::make_unique<TextFormatter>());
+  if (format == Format::json) l.set_formatter(std::make_unique<JsonFormatter>());
+  else l.set_formatter(std::make_unique<TextFormatter>());
   l.set_level(to_spdlog(level));
 }
 

@@ -2,9 +2,10 @@
 #include "core/log.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 

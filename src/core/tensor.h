@@ -64,8 +64,7 @@ struct TensorView {
 class Tensor {
  public:
   Tensor() = default;
-  Tensor(TensorView view, std::shared_ptr<void> keepalive)
-      : view_(view), storage_(std::move(keepalive)) {}
+  Tensor(TensorView view, std::shared_ptr<void> keepalive) : view_(view), storage_(std::move(keepalive)) {}
   // Zero-filled CPU tensor.
   static Tensor zeros(DType dtype, Shape shape);
   // Deep copy of a view into new CPU storage.

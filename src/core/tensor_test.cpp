@@ -2,11 +2,11 @@
 // (zeros, copy_of), plus dtype names.
 #include "core/tensor.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstring>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace k3::core {
 namespace {

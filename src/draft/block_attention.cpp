@@ -14,10 +14,12 @@ void block_attention(const DraftConfig& c, const core::TensorView& q, const core
   const int64_t T = q.dim(0), S = latents.dim(0);
   const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim, NH = c.num_heads;
   K3_CHECK(q.is_contiguous() && q.dim(1) == NH * (nope + rope), "block_attention: q must be [T, heads * q_head_dim]");
-  K3_CHECK(latents.is_contiguous() && latents.dim(1) == c.cache_dim(), "block_attention: latents must be [S, cache_dim]");
+  K3_CHECK(latents.is_contiguous() && latents.dim(1) == c.cache_dim(),
+           "block_attention: latents must be [S, cache_dim]");
   K3_CHECK(kv.is_contiguous() && kv.dim(0) == S && kv.dim(1) == NH * (nope + vd),
            "block_attention: kv must be [S, heads * (nope + v)]");
-  K3_CHECK(out.is_contiguous() && out.dim(0) == T && out.dim(1) == NH * vd, "block_attention: out must be [T, heads * v]");
+  K3_CHECK(out.is_contiguous() && out.dim(0) == T && out.dim(1) == NH * vd,
+           "block_attention: out must be [T, heads * v]");
   const float scale = c.softmax_scale();
   const float* qd = q.as<const float>();
   const float* lat = latents.as<const float>();
@@ -49,7 +51,8 @@ void block_attention(const DraftConfig& c, const core::TensorView& q, const core
         const float* v = kvd + j * kv.dim(1) + h * (nope + vd) + nope;
         for (int64_t e = 0; e < vd; ++e) o[static_cast<size_t>(e)] += p[static_cast<size_t>(j)] * v[e];
       }
-      for (int64_t e = 0; e < vd; ++e) od[t * out.dim(1) + h * vd + e] = kernels::round_act(o[static_cast<size_t>(e)], precision);
+      for (int64_t e = 0; e < vd; ++e)
+        od[t * out.dim(1) + h * vd + e] = kernels::round_act(o[static_cast<size_t>(e)], precision);
     }
   }
 }
@@ -63,7 +66,8 @@ void block_attention_absorbed(const DraftConfig& c, const core::TensorView& q, c
                               kernels::Precision precision) {
   const int64_t T = q.dim(0), S = latents.dim(0), L = c.kv_lora_rank;
   const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim, NH = c.num_heads;
-  K3_CHECK(q.is_contiguous() && q.dim(1) == NH * (nope + rope), "block_attention_absorbed: q must be [T, heads * q_head_dim]");
+  K3_CHECK(q.is_contiguous() && q.dim(1) == NH * (nope + rope),
+           "block_attention_absorbed: q must be [T, heads * q_head_dim]");
   K3_CHECK(latents.is_contiguous() && latents.dim(1) == c.cache_dim(),
            "block_attention_absorbed: latents must be [S, cache_dim]");
   K3_CHECK(kv_b.out_features() == NH * (nope + vd) && kv_b.in_features() == L,
@@ -108,7 +112,8 @@ void block_attention_absorbed(const DraftConfig& c, const core::TensorView& q, c
         const float* row = lat + j * c.cache_dim();
         for (int64_t i = 0; i < L; ++i) o_lat[static_cast<size_t>(i)] += pj * row[i];
       }
-      for (int64_t i = 0; i < L; ++i) o_lat[static_cast<size_t>(i)] = kernels::round_act(o_lat[static_cast<size_t>(i)], precision);
+      for (int64_t i = 0; i < L; ++i)
+        o_lat[static_cast<size_t>(i)] = kernels::round_act(o_lat[static_cast<size_t>(i)], precision);
       for (int64_t e = 0; e < vd; ++e) {  // o = W_UV o_lat
         float acc = 0.0f;
         for (int64_t i = 0; i < L; ++i) acc += w_uv[e * L + i] * o_lat[static_cast<size_t>(i)];

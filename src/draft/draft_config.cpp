@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -171,7 +172,8 @@ DraftConfig parse_draft_config(const json& j, const std::string& source) {
   c.qk_rope_head_dim = r.req_int("qk_rope_head_dim");
   c.v_head_dim = r.req_int("v_head_dim");
   c.rope_theta = r.opt_float("rope_theta", c.rope_theta);
-  if (r.find("rope_scaling")) r.fail("rope_scaling", "not supported (RoPE scaling is not implemented); remove it or set null");
+  if (r.find("rope_scaling"))
+    r.fail("rope_scaling", "not supported (RoPE scaling is not implemented); remove it or set null");
   c.intermediate_size = r.req_int("intermediate_size");
   c.situ_beta = r.opt_float("activation_situ_beta", c.situ_beta);
   c.situ_linear_beta = r.opt_float("activation_situ_linear_beta", c.situ_linear_beta);
@@ -189,14 +191,19 @@ DraftConfig parse_draft_config(const json& j, const std::string& source) {
 void validate(const DraftConfig& c, const std::string& source) {
   require(c.model_type == kDsparkModelType, source, "model_type",
           std::string("expected \"") + kDsparkModelType + "\", got \"" + c.model_type + "\"");
-  const std::pair<const char*, int> positive[] = {
-      {"num_hidden_layers", c.num_layers},   {"hidden_size", c.hidden_size},
-      {"vocab_size", c.vocab_size},          {"draft_vocab_size", c.draft_vocab_size},
-      {"num_attention_heads", c.num_heads},  {"q_lora_rank", c.q_lora_rank},
-      {"kv_lora_rank", c.kv_lora_rank},      {"qk_nope_head_dim", c.qk_nope_head_dim},
-      {"qk_rope_head_dim", c.qk_rope_head_dim}, {"v_head_dim", c.v_head_dim},
-      {"intermediate_size", c.intermediate_size}, {"block_size", c.block_size},
-      {"markov_rank", c.markov_rank}};
+  const std::pair<const char*, int> positive[] = {{"num_hidden_layers", c.num_layers},
+                                                  {"hidden_size", c.hidden_size},
+                                                  {"vocab_size", c.vocab_size},
+                                                  {"draft_vocab_size", c.draft_vocab_size},
+                                                  {"num_attention_heads", c.num_heads},
+                                                  {"q_lora_rank", c.q_lora_rank},
+                                                  {"kv_lora_rank", c.kv_lora_rank},
+                                                  {"qk_nope_head_dim", c.qk_nope_head_dim},
+                                                  {"qk_rope_head_dim", c.qk_rope_head_dim},
+                                                  {"v_head_dim", c.v_head_dim},
+                                                  {"intermediate_size", c.intermediate_size},
+                                                  {"block_size", c.block_size},
+                                                  {"markov_rank", c.markov_rank}};
   for (const auto& [key, v] : positive) require(v > 0, source, key, "must be > 0, got " + std::to_string(v));
   require(c.qk_rope_head_dim % 2 == 0, source, "qk_rope_head_dim",
           "must be even (RoPE rotates pairs), got " + std::to_string(c.qk_rope_head_dim));
@@ -227,16 +234,20 @@ void validate(const DraftConfig& c, const std::string& source) {
 
 void check_matches_target(const DraftConfig& c, const config::K3Config& t, const std::string& source) {
   require(c.hidden_size == t.hidden_size, source, "hidden_size",
-          "must equal the target's hidden_size " + std::to_string(t.hidden_size) + " (the embedding is the "
-          "target's), got " + std::to_string(c.hidden_size));
+          "must equal the target's hidden_size " + std::to_string(t.hidden_size) +
+              " (the embedding is the "
+              "target's), got " +
+              std::to_string(c.hidden_size));
   require(c.vocab_size == t.vocab_size, source, "vocab_size",
           "must equal the target's vocab_size " + std::to_string(t.vocab_size) + ", got " +
               std::to_string(c.vocab_size));
   for (size_t i = 0; i < c.target_layer_ids.size(); ++i)
     require(c.target_layer_ids[i] + 1 < t.num_hidden_layers, source, "target_layer_ids[" + std::to_string(i) + "]",
-            "tap " + std::to_string(c.target_layer_ids[i]) + " needs a next layer (the tap is the mixture layer l + 1 "
-            "computes); the target has " + std::to_string(t.num_hidden_layers) + " layers, so taps must be <= " +
-                std::to_string(t.num_hidden_layers - 2));
+            "tap " + std::to_string(c.target_layer_ids[i]) +
+                " needs a next layer (the tap is the mixture layer l + 1 "
+                "computes); the target has " +
+                std::to_string(t.num_hidden_layers) +
+                " layers, so taps must be <= " + std::to_string(t.num_hidden_layers - 2));
 }
 
 DraftConfig load_draft_config(const std::filesystem::path& path_in) {
@@ -280,14 +291,13 @@ json to_json(const DraftConfig& c) {
   return j;
 }
 
-std::vector<std::string> builtin_draft_config_names() {
-  return {"k3-dspark", "k3-tiny-dspark", "k3-proxy-tp8-dspark"};
-}
+std::vector<std::string> builtin_draft_config_names() { return {"k3-dspark", "k3-tiny-dspark", "k3-proxy-tp8-dspark"}; }
 
 DraftConfig builtin_draft_config(const std::string& name) {
   if (name == "k3-dspark") return parse_draft_config(k3_dspark_json(), "builtin:k3-dspark");
   if (name == "k3-tiny-dspark") return parse_draft_config(k3_tiny_dspark_json(), "builtin:k3-tiny-dspark");
-  if (name == "k3-proxy-tp8-dspark") return parse_draft_config(k3_proxy_tp8_dspark_json(), "builtin:k3-proxy-tp8-dspark");
+  if (name == "k3-proxy-tp8-dspark")
+    return parse_draft_config(k3_proxy_tp8_dspark_json(), "builtin:k3-proxy-tp8-dspark");
   std::string names;
   for (const auto& n : builtin_draft_config_names()) names += (names.empty() ? "" : ", ") + n;
   throw core::Error("unknown built-in draft config '" + name + "' (known: " + names + ")");
@@ -305,8 +315,7 @@ DraftConfig default_draft_for(const config::K3Config& t) {
   for (const auto& n : builtin_draft_config_names()) {
     DraftConfig c = builtin_draft_config(n);
     const bool taps_fit = c.target_layer_ids.back() + 1 < t.num_hidden_layers;
-    if (c.hidden_size == t.hidden_size && c.vocab_size == t.vocab_size && taps_fit &&
-        c.num_heads == t.mla.num_heads)
+    if (c.hidden_size == t.hidden_size && c.vocab_size == t.vocab_size && taps_fit && c.num_heads == t.mla.num_heads)
       return c;
   }
   // Derived: the target's MLA dims, its dense FFN width, up to 5 taps spread evenly over [0, L-2].

@@ -37,32 +37,32 @@ inline constexpr const char* kDsparkModelType = "k3_dspark";
 
 struct DraftConfig {
   std::string model_type = kDsparkModelType;
-  int num_layers = 0;            // draft decoder layers (dense MLA + SiTU MLP)
-  int hidden_size = 0;           // = target hidden
-  int vocab_size = 0;            // V: the target's vocabulary (embedding, markov_w1 rows)
-  int draft_vocab_size = 0;      // V_draft: lm_head and markov_w2 rows
-  int num_heads = 0;             // MLA heads
+  int num_layers = 0;        // draft decoder layers (dense MLA + SiTU MLP)
+  int hidden_size = 0;       // = target hidden
+  int vocab_size = 0;        // V: the target's vocabulary (embedding, markov_w1 rows)
+  int draft_vocab_size = 0;  // V_draft: lm_head and markov_w2 rows
+  int num_heads = 0;         // MLA heads
   int q_lora_rank = 0;
   int kv_lora_rank = 0;
   int qk_nope_head_dim = 0;
-  int qk_rope_head_dim = 0;      // rotated by RoPE (even)
+  int qk_rope_head_dim = 0;  // rotated by RoPE (even)
   int v_head_dim = 0;
   float rope_theta = 10000.0f;
-  int intermediate_size = 0;     // SiTU-GLU MLP
+  int intermediate_size = 0;  // SiTU-GLU MLP
   float situ_beta = 4.0f;
   float situ_linear_beta = 25.0f;
   float rms_norm_eps = 1e-5f;
-  int block_size = 0;            // K: draft positions per pass
+  int block_size = 0;                 // K: draft positions per pass
   std::vector<int> target_layer_ids;  // taps, 0-based target layers, strictly increasing
-  int markov_rank = 0;           // R
+  int markov_rank = 0;                // R
   bool use_confidence_head = false;
-  int mask_token_id = -1;        // target id of the block placeholder token
+  int mask_token_id = -1;  // target id of the block placeholder token
   bool share_target_lm_head = false;
 
   int num_taps() const { return static_cast<int>(target_layer_ids.size()); }
   int q_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   int cache_dim() const { return kv_lora_rank + qk_rope_head_dim; }  // latent cache row: [c_n | k_pe]
-  float softmax_scale() const;   // q_head_dim^-1/2 (no YaRN mscale)
+  float softmax_scale() const;                                       // q_head_dim^-1/2 (no YaRN mscale)
   bool has_d2t() const { return draft_vocab_size < vocab_size; }
 };
 

@@ -1,11 +1,13 @@
 // draft/draft_config_test.cpp: DraftConfig parsing, builtins, target checks and every validation error.
+#include "draft/draft_config.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "draft/draft_config.h"
 #include "draft/test_util.h"
 
 namespace k3::draft {
@@ -21,7 +23,8 @@ void expect_parse_error(const json& j, const std::vector<std::string>& needles) 
     parse_draft_config(j, "test.json");
     FAIL() << "no error for " << j.dump();
   } catch (const core::Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << " lacks " << n;
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << " lacks " << n;
   }
 }
 
@@ -72,7 +75,7 @@ TEST(DraftConfig, JsonRoundTripAndFile) {
   EXPECT_EQ(to_json(a), to_json(b));
   testing::TempDir dir;
   std::ofstream(dir.path() / "config.json") << to_json(a).dump();
-  EXPECT_EQ(to_json(load_draft_config(dir.path())), to_json(a));            // a folder
+  EXPECT_EQ(to_json(load_draft_config(dir.path())), to_json(a));  // a folder
   EXPECT_EQ(to_json(resolve_draft_config((dir.path() / "config.json").string())), to_json(a));
   EXPECT_EQ(to_json(resolve_draft_config("k3-tiny-dspark")), to_json(a));
   EXPECT_THROW(resolve_draft_config("/no/such/draft"), core::Error);

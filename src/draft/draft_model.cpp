@@ -1,9 +1,9 @@
 // draft/draft_model.cpp: the DSpark draft forward (see draft_model.h for the math and layout).
 #include "draft/draft_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <algorithm>
 #include <limits>
 #include <map>
 
@@ -72,9 +72,11 @@ DraftModel::DraftModel(const DraftConfig& config, const DraftWeights& weights, c
   }
   for (const DraftParamSpec& p : draft_params(c)) {
     expect_shape(by_name.at(p.name), p.shape, p.name);
-    K3_CHECK(by_name.at(p.name).view().device == core::Device::cpu, "DraftModel runs on the CPU: " + p.name + " is not a host tensor");
+    K3_CHECK(by_name.at(p.name).view().device == core::Device::cpu,
+             "DraftModel runs on the CPU: " + p.name + " is not a host tensor");
   }
-  K3_CHECK(weights_.embed.view().device == core::Device::cpu && weights_.lm_head.weight.view().device == core::Device::cpu,
+  K3_CHECK(weights_.embed.view().device == core::Device::cpu &&
+               weights_.lm_head.weight.view().device == core::Device::cpu,
            "DraftModel runs on the CPU: the target's embedding / lm_head it aliases must be host tensors (the loaded "
            "checkpoint's weights, not the device copy)");
   expect_shape(weights_.embed, {c.vocab_size, c.hidden_size}, "embed (the target's embed_tokens)");
@@ -136,9 +138,9 @@ void DraftModel::append_context(DraftCache& cache, const core::TensorView& taps)
   const int64_t width = int64_t{c.num_taps()} * c.hidden_size;
   K3_CHECK(taps.device == core::Device::cpu && taps.dtype == core::DType::f32,
            "append_context: taps must be a CPU f32 tensor");
-  K3_CHECK(taps.rank() == 2 && taps.dim(1) == width,
-           "append_context: taps must be [rows, " + std::to_string(width) + "] (" + std::to_string(c.num_taps()) +
-               " taps x hidden " + std::to_string(c.hidden_size) + "), got " + taps.shape.str());
+  K3_CHECK(taps.rank() == 2 && taps.dim(1) == width, "append_context: taps must be [rows, " + std::to_string(width) +
+                                                         "] (" + std::to_string(c.num_taps()) + " taps x hidden " +
+                                                         std::to_string(c.hidden_size) + "), got " + taps.shape.str());
   K3_CHECK(cache.layers.size() == static_cast<size_t>(c.num_layers), "append_context: cache is not from this model");
   if (taps.dim(0) == 0) return;
   core::Tensor x = core::Tensor::zeros(core::DType::f32, {taps.dim(0), width});
@@ -171,8 +173,8 @@ core::Tensor DraftModel::attention(const DraftLayerWeights& w, std::span<const D
   core::Tensor q = linear(rmsnorm(linear(x, w.q_a_proj), w.q_a_norm), w.q_b_proj);  // [B*K, NH*(dn+dr)]
   for (int64_t t = 0; t < B * K; ++t)
     for (int h = 0; h < c.num_heads; ++h)
-      apply_rope(q.data<float>() + t * q.dim(1) + int64_t{h} * c.q_head_dim() + c.qk_nope_head_dim,
-                 c.qk_rope_head_dim, pos[static_cast<size_t>(t)], c.rope_theta, options_.precision);
+      apply_rope(q.data<float>() + t * q.dim(1) + int64_t{h} * c.q_head_dim() + c.qk_nope_head_dim, c.qk_rope_head_dim,
+                 pos[static_cast<size_t>(t)], c.rope_theta, options_.precision);
   const core::Tensor block = latent_rows(w, x, pos);  // [B*K, cache_dim], not stored
   // Request b's keys: its P_b context rows, then its K block rows; all requests' rows stacked so
   // kv_b_proj expands them in one linear.
@@ -185,7 +187,8 @@ core::Tensor DraftModel::attention(const DraftLayerWeights& w, std::span<const D
     const auto& ctx = caches[static_cast<size_t>(b)]->layers[static_cast<size_t>(layer)];
     const int64_t P = caches[static_cast<size_t>(b)]->num_context;
     begin.push_back(row);
-    std::memcpy(latents.data<float>() + row * c.cache_dim(), ctx.data(), sizeof(float) * static_cast<size_t>(P * c.cache_dim()));
+    std::memcpy(latents.data<float>() + row * c.cache_dim(), ctx.data(),
+                sizeof(float) * static_cast<size_t>(P * c.cache_dim()));
     std::memcpy(latents.data<float>() + (row + P) * c.cache_dim(), block.data<const float>() + b * K * c.cache_dim(),
                 sizeof(float) * static_cast<size_t>(K * c.cache_dim()));
     row += P + K;
@@ -230,15 +233,16 @@ BlockOutput DraftModel::forward_blocks(std::span<const DraftCache* const> caches
   std::vector<int32_t> ids;
   for (int64_t b = 0; b < B; ++b) {
     const int32_t t = x0[static_cast<size_t>(b)];
-    K3_CHECK(t >= 0 && t < c.vocab_size,
-             "forward_block: token " + std::to_string(t) + " outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+    K3_CHECK(t >= 0 && t < c.vocab_size, "forward_block: token " + std::to_string(t) + " outside the vocabulary [0, " +
+                                             std::to_string(c.vocab_size) + ")");
     K3_CHECK(caches[static_cast<size_t>(b)]->layers.size() == static_cast<size_t>(c.num_layers),
              "forward_block: cache is not from this model");
     ids.push_back(t);
     ids.insert(ids.end(), static_cast<size_t>(K - 1), c.mask_token_id);
   }
   core::Tensor h = alloc(B * K, c.hidden_size);
-  ops_.embedding.run({core::TensorView::contiguous(ids.data(), core::DType::i32, {B * K}), weights_.embed.view(), h.view()},
+  ops_.embedding.run({core::TensorView::contiguous(ids.data(), core::DType::i32, {B * K}), weights_.embed.view(),
+                      h.view()},
                      core::Device::cpu);
   for (int l = 0; l < c.num_layers; ++l) {
     const DraftLayerWeights& w = weights_.layers[static_cast<size_t>(l)];

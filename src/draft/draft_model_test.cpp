@@ -84,7 +84,8 @@ std::vector<double> attention_double(const DraftConfig& c, const core::Tensor& q
       for (auto& v : s) sum += (v = std::exp(v - mx));
       for (int64_t e = 0; e < dv; ++e) {
         double o = 0;
-        for (int64_t j = 0; j < S; ++j) o += s[size_t(j)] / sum * kv.data<const float>()[j * kv.dim(1) + h * (dn + dv) + dn + e];
+        for (int64_t j = 0; j < S; ++j)
+          o += s[size_t(j)] / sum * kv.data<const float>()[j * kv.dim(1) + h * (dn + dv) + dn + e];
         out[size_t(t * c.num_heads * dv + h * dv + e)] = o;
       }
     }
@@ -191,7 +192,8 @@ TEST(DraftBlock, AllPositionsInOnePassAndNonCausal) {
   one.block_size = 1;
   const DraftModel single(one, d.weights, testing::reference_ops());
   const BlockOutput full = d.model->forward_block(cache, 9), alone = single.forward_block(cache, 9);
-  EXPECT_NE(0, std::memcmp(full.hidden.data<void>(), alone.hidden.data<void>(), sizeof(float) * size_t(d.config.hidden_size)));
+  EXPECT_NE(0, std::memcmp(full.hidden.data<void>(), alone.hidden.data<void>(),
+                           sizeof(float) * size_t(d.config.hidden_size)));
   // draft(): K tokens from that one pass; each logits row is U_k + W2 W1[x_{k-1}] with U_k from the
   // single block pass (the drafted tokens do not re-enter the trunk), and x_k its argmax.
   const DraftResult r = d.model->draft(cache, 9, 100);
@@ -234,8 +236,8 @@ TEST(DraftBlock, BatchedRequestsEqualSingleOnesBitForBit) {
   const int64_t Vd = c.draft_vocab_size;
   for (size_t b = 0; b < 3; ++b) {
     const BlockOutput one = d.model->forward_block(caches[b], x0[b]);
-    EXPECT_EQ(0, std::memcmp(all.base_logits.data<float>() + int64_t(b) * c.block_size * Vd, one.base_logits.data<void>(),
-                             size_t(one.base_logits.nbytes())))
+    EXPECT_EQ(0, std::memcmp(all.base_logits.data<float>() + int64_t(b) * c.block_size * Vd,
+                             one.base_logits.data<void>(), size_t(one.base_logits.nbytes())))
         << "request " << b;
   }
   const std::vector<DraftResult> r = d.model->draft_batch(ptrs, x0, max_tokens);

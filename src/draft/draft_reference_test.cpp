@@ -134,7 +134,8 @@ TEST_P(DraftReference, Fp32ForwardMatchesDoubleTranscription) {
   const BlockOutput got = d.model->forward_block(cache, x0);
 
   std::vector<Vec> ref_taps;
-  for (int64_t p = 0; p < P; ++p) ref_taps.emplace_back(taps.data<const float>() + p * width, taps.data<const float>() + (p + 1) * width);
+  for (int64_t p = 0; p < P; ++p)
+    ref_taps.emplace_back(taps.data<const float>() + p * width, taps.data<const float>() + (p + 1) * width);
   const Ref ref{c, d.weights};
   const std::vector<Vec> want = ref.block_logits(ref_taps, x0);
   double scale = 0, err = 0;

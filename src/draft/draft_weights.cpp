@@ -6,8 +6,9 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/random_init.h"
 #include "checkpoint/safetensors.h"
@@ -70,7 +71,8 @@ DraftWeights assemble_draft_weights(const DraftConfig& c, const std::map<std::st
                                     const LinearWeight* target_lm_head) {
   DraftWeights w;
   auto lin = [&](const std::string& n) { return LinearWeight{got.at(n), {}}; };
-  K3_CHECK(embed.defined() && embed.shape().rank() == 2 && embed.dim(0) == c.vocab_size && embed.dim(1) == c.hidden_size,
+  K3_CHECK(embed.defined() && embed.shape().rank() == 2 && embed.dim(0) == c.vocab_size &&
+               embed.dim(1) == c.hidden_size,
            "draft weights: the target's embed_tokens is not [" + std::to_string(c.vocab_size) + ", " +
                std::to_string(c.hidden_size) + "] (a TP-sharded target cannot lend its embedding)");
   w.embed = embed;

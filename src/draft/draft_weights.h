@@ -26,8 +26,8 @@
 // The token embedding is NOT stored: it is the target's model.embed_tokens (aliased), as the K3
 // DSpark checkpoint uses the frozen target embedding.
 #pragma once
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <span>
@@ -45,17 +45,17 @@ using core::Tensor;
 using kernels::LinearWeight;
 
 struct DraftLayerWeights {
-  Tensor input_norm;          // [H]
-  LinearWeight q_a_proj;      // [r_q, H]
-  Tensor q_a_norm;            // [r_q]
-  LinearWeight q_b_proj;      // [NH*(dn+dr), r_q]
-  LinearWeight kv_a_proj;     // [r_kv+dr, H]
-  Tensor kv_a_norm;           // [r_kv]
-  LinearWeight kv_b_proj;     // [NH*(dn+dv), r_kv]
-  LinearWeight o_proj;        // [H, NH*dv]
-  Tensor post_attn_norm;      // [H]
+  Tensor input_norm;                // [H]
+  LinearWeight q_a_proj;            // [r_q, H]
+  Tensor q_a_norm;                  // [r_q]
+  LinearWeight q_b_proj;            // [NH*(dn+dr), r_q]
+  LinearWeight kv_a_proj;           // [r_kv+dr, H]
+  Tensor kv_a_norm;                 // [r_kv]
+  LinearWeight kv_b_proj;           // [NH*(dn+dv), r_kv]
+  LinearWeight o_proj;              // [H, NH*dv]
+  Tensor post_attn_norm;            // [H]
   LinearWeight gate_proj, up_proj;  // [I, H]
-  LinearWeight down_proj;     // [H, I]
+  LinearWeight down_proj;           // [H, I]
 };
 
 struct DraftWeights {
@@ -63,12 +63,12 @@ struct DraftWeights {
   LinearWeight context_proj;  // [H, n*H]
   Tensor context_norm;        // [H]
   std::vector<DraftLayerWeights> layers;
-  Tensor final_norm;          // [H]
-  LinearWeight lm_head;       // [Vd, H] (own, or the target's when share_target_lm_head)
-  Tensor markov_w1;           // [V, R]
-  LinearWeight markov_w2;     // [Vd, R]
+  Tensor final_norm;             // [H]
+  LinearWeight lm_head;          // [Vd, H] (own, or the target's when share_target_lm_head)
+  Tensor markov_w1;              // [V, R]
+  LinearWeight markov_w2;        // [Vd, R]
   LinearWeight confidence_head;  // [1, H+R] (undefined without a confidence head)
-  Tensor d2t;                 // i64 [Vd] (undefined when Vd == V)
+  Tensor d2t;                    // i64 [Vd] (undefined when Vd == V)
 };
 
 // What a draft checkpoint tensor is: decides the random init and the accepted dtypes.

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
@@ -47,7 +48,8 @@ void expect_load_error(const fs::path& dir, const FakeTarget& t, const std::vect
     load_draft(dir, t.config, t.weights);
     FAIL() << "no error";
   } catch (const core::Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << " lacks " << n;
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << " lacks " << n;
   }
 }
 

@@ -20,7 +20,8 @@ struct OwnedDraft {
 
 }  // namespace
 
-std::unique_ptr<DsparkDrafter> load_dspark_drafter(const std::filesystem::path& dir, const config::K3Config& target_config,
+std::unique_ptr<DsparkDrafter> load_dspark_drafter(const std::filesystem::path& dir,
+                                                   const config::K3Config& target_config,
                                                    const model::Weights& target_weights, const kernels::Registry& ops,
                                                    DraftOptions draft_options, DsparkOptions options) {
   auto owned = std::make_shared<OwnedDraft>();
@@ -46,8 +47,9 @@ void DsparkDrafter::observe(spec::RequestId id, const spec::HiddenTapRows& rows)
     host = options_.target_memory->download_f32(hidden);
     hidden = host.view();
   }
-  K3_CHECK(hidden.rank() == 2 && hidden.dim(0) == rows.rows(),
-           "DsparkDrafter::observe: hidden has " + hidden.shape.str() + " for " + std::to_string(rows.rows()) + " rows");
+  K3_CHECK(hidden.rank() == 2 && hidden.dim(0) == rows.rows(), "DsparkDrafter::observe: hidden has " +
+                                                                   hidden.shape.str() + " for " +
+                                                                   std::to_string(rows.rows()) + " rows");
   auto it = caches_.find(id);
   if (it == caches_.end()) {
     if (rows.position != 0) return;  // context before these rows was never seen: cannot draft for it

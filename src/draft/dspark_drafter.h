@@ -44,7 +44,7 @@ class DsparkDrafter final : public spec::Drafter {
 
   // Introspection (tests, metrics).
   size_t num_requests() const { return caches_.size(); }
-  int64_t cache_bytes() const;                    // all requests' latent caches
+  int64_t cache_bytes() const;                     // all requests' latent caches
   int64_t context_rows(spec::RequestId id) const;  // -1 when the request has no cache
 
  private:
@@ -58,7 +58,8 @@ class DsparkDrafter final : public spec::Drafter {
 // draft's config, weights and model. The draft runs on the CPU: `target_weights` must be the
 // target's HOST weights (e.g. checkpoint::LoadedModel::weights before model::to_device), whose
 // embedding (and lm_head, when shared) the draft aliases; they and `ops` must outlive the drafter.
-std::unique_ptr<DsparkDrafter> load_dspark_drafter(const std::filesystem::path& dir, const config::K3Config& target_config,
+std::unique_ptr<DsparkDrafter> load_dspark_drafter(const std::filesystem::path& dir,
+                                                   const config::K3Config& target_config,
                                                    const model::Weights& target_weights, const kernels::Registry& ops,
                                                    DraftOptions draft_options = {}, DsparkOptions options = {});
 

@@ -2,13 +2,14 @@
 // trace hook, DsparkDrafter observe -> propose -> greedy verify rounds with valid token ids, the
 // context kept in step with the target, out-of-step requests proposing nothing, and release()
 // freeing the request's cache.
+#include "draft/dspark_drafter.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
-#include "draft/dspark_drafter.h"
 #include "draft/target_taps.h"
 #include "draft/test_util.h"
 #include "model/local_cache.h"
@@ -100,7 +101,7 @@ TEST_F(TinyPair, DraftVerifyRoundsKeepContextInStepAndReleaseFrees) {
   std::vector<int32_t> tokens = prompt(23, 2);
   TargetStep step = run(m, tokens);
   drafter.observe(1, rows_of(step, tokens, 0, 23));  // prefill: every row committed
-  tokens.push_back(argmax_row(step.logits, 22));    // x_0: sampled, not yet run through the target
+  tokens.push_back(argmax_row(step.logits, 22));     // x_0: sampled, not yet run through the target
   int proposed_total = 0;
   for (int round = 0; round < 3; ++round) {
     ASSERT_EQ(drafter.context_rows(1), int64_t(tokens.size()) - 1);
@@ -166,8 +167,8 @@ TEST_F(TinyPair, DraftVerifyRoundsKeepContextInStepAndReleaseFrees) {
 }
 
 TEST_F(TinyPair, LoadedDrafterOwnsItsModelAndMatchesTheManualOne) {
-  std::unique_ptr<DsparkDrafter> owned =
-      load_dspark_drafter(dir_->path() / "draft", loaded_->config, loaded_->weights, testing::reference_ops());
+  std::unique_ptr<DsparkDrafter> owned = load_dspark_drafter(dir_->path() / "draft", loaded_->config, loaded_->weights,
+                                                             testing::reference_ops());
   const DraftModel dm(draft_->config, draft_->weights, testing::reference_ops());
   DsparkDrafter manual(dm);
   const model::Model m = target();
@@ -182,7 +183,8 @@ TEST_F(TinyPair, LoadedDrafterOwnsItsModelAndMatchesTheManualOne) {
   manual.propose(std::span(&q, 1), std::span(&b, 1));
   EXPECT_EQ(a.tokens.size(), 4u);
   EXPECT_EQ(a.tokens, b.tokens);
-  EXPECT_THROW(load_dspark_drafter(dir_->path() / "nothing", loaded_->config, loaded_->weights, testing::reference_ops()),
+  EXPECT_THROW(load_dspark_drafter(dir_->path() / "nothing", loaded_->config, loaded_->weights,
+                                   testing::reference_ops()),
                core::Error);
 }
 

@@ -16,8 +16,8 @@ TargetStep run_target_with_taps(const model::Model& target, model::KvStorage& kv
   const int64_t n = static_cast<int64_t>(tap_layers.size());
   for (int64_t i = 0; i < n; ++i)
     K3_CHECK(tap_layers[i] >= 0 && tap_layers[i] + 1 < c.num_hidden_layers,
-             "run_target_with_taps: tap layer " + std::to_string(tap_layers[i]) + " has no next layer (the target has " +
-                 std::to_string(c.num_hidden_layers) + ")");
+             "run_target_with_taps: tap layer " + std::to_string(tap_layers[i]) +
+                 " has no next layer (the target has " + std::to_string(c.num_hidden_layers) + ")");
   TargetStep out;
   out.taps = core::Tensor::zeros(core::DType::f32, {T, n * H});
   std::vector<int> filled(static_cast<size_t>(n), 0);
@@ -37,8 +37,8 @@ TargetStep run_target_with_taps(const model::Model& target, model::KvStorage& kv
   out.logits = target.forward(kv, std::span<const model::SequenceInput>(&in, 1), model::LogitRows::all, &trace);
   for (int64_t i = 0; i < n; ++i)
     K3_CHECK(filled[static_cast<size_t>(i)] == 1,
-             "run_target_with_taps: the target did not emit attn_res.mix for layer " + std::to_string(tap_layers[i] + 1) +
-                 " (model::layer_forward must emit it)");
+             "run_target_with_taps: the target did not emit attn_res.mix for layer " +
+                 std::to_string(tap_layers[i] + 1) + " (model::layer_forward must emit it)");
   return out;
 }
 

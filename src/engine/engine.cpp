@@ -61,16 +61,16 @@ Engine::~Engine() {
 void Engine::validate(const GenerateRequest& r) const {
   K3_CHECK(!r.prompt.empty(), "request: prompt is empty");
   for (size_t i = 0; i < r.prompt.size(); ++i)
-    K3_CHECK(r.prompt[i] >= 0 && r.prompt[i] < vocab_, "request: prompt token " + std::to_string(i) + " (id " +
-                                                           std::to_string(r.prompt[i]) + ") is outside the vocabulary [0, " +
-                                                           std::to_string(vocab_) + ")");
+    K3_CHECK(r.prompt[i] >= 0 && r.prompt[i] < vocab_,
+             "request: prompt token " + std::to_string(i) + " (id " + std::to_string(r.prompt[i]) +
+                 ") is outside the vocabulary [0, " + std::to_string(vocab_) + ")");
   K3_CHECK(r.max_tokens >= 1, "request: max_tokens must be >= 1, got " + std::to_string(r.max_tokens));
   const int64_t limit = config_.scheduler.max_model_len;
-  K3_CHECK(static_cast<int64_t>(r.prompt.size()) < limit,
-           "request: prompt has " + std::to_string(r.prompt.size()) + " tokens; max_model_len is " + std::to_string(limit));
+  K3_CHECK(static_cast<int64_t>(r.prompt.size()) < limit, "request: prompt has " + std::to_string(r.prompt.size()) +
+                                                              " tokens; max_model_len is " + std::to_string(limit));
   K3_CHECK(static_cast<int64_t>(r.prompt.size()) + r.max_tokens <= limit,
-           "request: prompt (" + std::to_string(r.prompt.size()) + " tokens) + max_tokens (" + std::to_string(r.max_tokens) +
-               ") exceeds max_model_len (" + std::to_string(limit) + ")");
+           "request: prompt (" + std::to_string(r.prompt.size()) + " tokens) + max_tokens (" +
+               std::to_string(r.max_tokens) + ") exceeds max_model_len (" + std::to_string(limit) + ")");
   for (int32_t id : r.stop_token_ids)
     K3_CHECK(id >= 0 && id < vocab_, "request: stop_token_ids has id " + std::to_string(id) +
                                          " outside the vocabulary [0, " + std::to_string(vocab_) + ")");
@@ -203,7 +203,7 @@ bool Engine::step() {
   if (drafter_) propose_drafts();
   scheduler_.schedule(out_);
   for (RequestId id : out_.preempted) forget(id);  // it restarts from scratch
-  if (out_.empty()) {  // everything it tried was preempted
+  if (out_.empty()) {                              // everything it tried was preempted
     for (RequestId id : out_.preempted) executor_->release(id);
     has_work_ = scheduler_.has_work();
     publish_stats(Seconds(scheduler::Clock::now() - t0).count(), 0);
@@ -221,8 +221,8 @@ bool Engine::step() {
     const auto e0 = scheduler::Clock::now();
     const core::Tensor logits = executor_->execute(plan);
     exec_s = Seconds(scheduler::Clock::now() - e0).count();
-    K3_CHECK(logits.dtype() == core::DType::f32 && logits.shape().rank() == 2 &&
-                 logits.dim(0) == plan.num_logit_rows && logits.dim(1) == vocab_,
+    K3_CHECK(logits.dtype() == core::DType::f32 && logits.shape().rank() == 2 && logits.dim(0) == plan.num_logit_rows &&
+                 logits.dim(1) == vocab_,
              "executor returned logits of the wrong shape");
     seq_accepted_.assign(plan.seqs.size(), -1);
     if (logits.view().device != core::Device::cpu) {
@@ -258,10 +258,8 @@ bool Engine::step() {
   } catch (const std::exception& ex) {
     error = ex.what();
   }
-  if (!error.empty())
-    scheduler_.fail_step(out_, events_);
-  else
-    scheduler_.update(out_, sampled_, accepted_, events_);
+  if (!error.empty()) scheduler_.fail_step(out_, events_);
+  else scheduler_.update(out_, sampled_, accepted_, events_);
   if (error.empty()) progress_.step(out_);
   has_work_ = scheduler_.has_work();
   deliver_events(Seconds(scheduler::Clock::now() - t0).count() - exec_s, exec_s,
@@ -304,9 +302,9 @@ void Engine::sample_sequence(const BatchPlan& plan, size_t i, const float* rows)
   const std::span<const float> all(rows, static_cast<size_t>(q.num_drafts + 1) * static_cast<size_t>(vocab_));
   const std::span<const int32_t> drafts = q.tokens.subspan(1);
   if (synthetic_al_ > 0)
-    spec::accept_synthetic(*ctx.sampler, all, vocab_, r->prompt(), r->output(), drafts, synthetic_al_, verified_, scratch_);
-  else
-    spec::accept_point_mass(*ctx.sampler, all, vocab_, r->prompt(), r->output(), drafts, verified_, scratch_);
+    spec::accept_synthetic(*ctx.sampler, all, vocab_, r->prompt(), r->output(), drafts, synthetic_al_, verified_,
+                           scratch_);
+  else spec::accept_point_mass(*ctx.sampler, all, vocab_, r->prompt(), r->output(), drafts, verified_, scratch_);
   for (runner::SampleResult& s : verified_.tokens) {
     sampled_.push_back(s.token);
     samples_.push_back(std::move(s));
@@ -333,8 +331,8 @@ void Engine::notify_drafter(const BatchPlan& plan) {
     if (taps) {
       const int64_t width = taps->dim(1);
       spec::HiddenTapRows r;
-      r.hidden = core::TensorView::contiguous(const_cast<float*>(taps->data<const float>()) + row * width, core::DType::f32,
-                                              {kept, width});
+      r.hidden = core::TensorView::contiguous(const_cast<float*>(taps->data<const float>()) + row * width,
+                                              core::DType::f32, {kept, width});
       r.position = q.start;
       r.tokens = q.tokens.first(static_cast<size_t>(kept));
       drafter_->observe(q.id, r);

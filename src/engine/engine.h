@@ -39,7 +39,7 @@
 namespace k3::engine {
 
 struct GenerateRequest {
-  std::vector<int32_t> prompt;          // token ids in [0, vocab)
+  std::vector<int32_t> prompt;  // token ids in [0, vocab)
   runner::SamplingParams sampling;
   int64_t max_tokens = 16;              // >= 1; prompt + max_tokens <= max_model_len
   std::vector<int32_t> stop_token_ids;  // ids in [0, vocab)
@@ -67,14 +67,14 @@ struct EngineStats {
   int64_t prefill_tokens = 0, decode_tokens = 0;     // computed, recomputation included
   int64_t generated_tokens = 0, preemptions = 0;
   cache::CacheUsage cache;
-  double host_seconds = 0, executor_seconds = 0;     // summed over steps
+  double host_seconds = 0, executor_seconds = 0;  // summed over steps
   // Speculative decoding (vLLM's spec_decode counters). spec_method "" when off; "synthetic" means
   // acceptance was forced (benchmarks; outputs are not the model's distribution).
   std::string spec_method;
   bool spec_synthetic = false;
-  int64_t spec_num_drafts = 0;            // verify steps of one request with >= 1 draft
-  int64_t spec_num_draft_tokens = 0;      // drafts verified
-  int64_t spec_num_accepted_tokens = 0;   // drafts accepted
+  int64_t spec_num_drafts = 0;                 // verify steps of one request with >= 1 draft
+  int64_t spec_num_draft_tokens = 0;           // drafts verified
+  int64_t spec_num_accepted_tokens = 0;        // drafts accepted
   std::vector<int64_t> spec_accepted_per_pos;  // [K]: draft position i accepted this many times
   // Model steps per decode path (decode_backend latency_specialized: fused or standard) and the
   // fused path's fallbacks by reason.
@@ -178,7 +178,7 @@ class Engine {
   // Speculative decoding (null drafter_: off).
   std::unique_ptr<spec::Drafter> drafter_;
   std::unique_ptr<spec::DraftLengthController> draft_length_;
-  int32_t synthetic_al_ = 0;                  // > 0: synthetic acceptance of AL - 1 drafts
+  int32_t synthetic_al_ = 0;  // > 0: synthetic acceptance of AL - 1 drafts
   spec::SpecCounters spec_counters_;
   std::vector<const scheduler::Request*> decoding_;
   std::vector<spec::DraftQuery> queries_;

@@ -8,7 +8,6 @@
 //     shares the step (a small budget cuts its chunks differently), hit or no hit;
 //   - preemption (recompute) under tight memory gives the same greedy tokens as a roomy run.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cstring>
@@ -197,7 +196,7 @@ TEST_P(EngineModel, AlignedChunksMakeLogitsIndependentOfTheBatch) {
 
   EngineConfig busy_cfg = config();
   busy_cfg.scheduler.max_num_batched_tokens = 100;  // chunks cut by the budget ...
-  busy_cfg.scheduler.chunk_align_tokens = 64;      // ... but only at multiples of 64
+  busy_cfg.scheduler.chunk_align_tokens = 64;       // ... but only at multiples of 64
   RecordingExecutor* busy_rec = nullptr;
   auto busy = make_engine(busy_cfg, &busy_rec);
   busy->submit(greedy(a, 2));
@@ -269,8 +268,7 @@ TEST(EngineModelDefaults, ChunkAlignmentFollowsTheKdaChunk) {
   EXPECT_THROW(apply_model_defaults(tiny, s, c, nullptr), core::Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, EngineModel,
-                         ::testing::Values(kernels::Precision::bf16, kernels::Precision::fp32),
+INSTANTIATE_TEST_SUITE_P(Precisions, EngineModel, ::testing::Values(kernels::Precision::bf16, kernels::Precision::fp32),
                          [](const auto& info) { return info.param == kernels::Precision::bf16 ? "bf16" : "fp32"; });
 
 }  // namespace

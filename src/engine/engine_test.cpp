@@ -3,6 +3,8 @@
 // state, callbacks, logprobs, a failing step, the loop on its own thread with concurrent
 // clients, and a randomized run (shared prefixes, tight memory, aborts) whose greedy outputs
 // match a run without prefix cache, with no leaked id.
+#include "engine/engine.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -10,7 +12,6 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "engine/engine.h"
 #include "engine/fake_executor.h"
 
 namespace k3::engine {

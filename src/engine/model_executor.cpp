@@ -13,7 +13,8 @@ namespace {
 int32_t page_tokens(int32_t block_size, int dcp) {
   K3_CHECK(dcp >= 1 && block_size % dcp == 0, "decode context parallelism: the cache block_size " +
                                                   std::to_string(block_size) + " must be a multiple of dcp " +
-                                                  std::to_string(dcp) + " (each rank holds block_size / dcp of its tokens)");
+                                                  std::to_string(dcp) +
+                                                  " (each rank holds block_size / dcp of its tokens)");
   return block_size / dcp;
 }
 
@@ -58,8 +59,8 @@ ModelExecutor::ModelExecutor(const model::Model& model, const cache::CacheConfig
                model.options().precision) {
   // Tensor-parallel ranks capture too: each rank's graph holds its step's collectives.
   if (graph_max_model_len > 0 && model.options().device != core::Device::cpu)
-    graphs_ = std::make_unique<model::DecodeGraphs>(
-        model_, storage_, (graph_max_model_len + cache.block_size - 1) / cache.block_size);
+    graphs_ = std::make_unique<model::DecodeGraphs>(model_, storage_,
+                                                    (graph_max_model_len + cache.block_size - 1) / cache.block_size);
   // Sampling on the device needs the logits on this model's device, which a TP rank's executor
   // does not hand out (engine/tp_executor.h returns rank 0's host logits).
   if (model.options().device != core::Device::cpu && model.tp_size() == 1)
@@ -96,13 +97,13 @@ core::Tensor ModelExecutor::execute(const BatchPlan& plan) {
   const model::LogitRows rows = plan.num_verifies > 0 ? model::LogitRows::verify : model::LogitRows::last;
   // Plain steps on a GPU keep their logits there for the device sampler; verify steps (sampled
   // row by row against drafts on the host) and tapped steps bring them back.
-  const model::LogitsAt at =
-      device_sampler_ && plan.num_verifies == 0 && !taps ? model::LogitsAt::device : model::LogitsAt::host;
+  const model::LogitsAt at = device_sampler_ && plan.num_verifies == 0 && !taps ? model::LogitsAt::device
+                                                                                : model::LogitsAt::host;
   // Pure-decode steps and verify steps of equal draft counts replay captured graphs (DecodeGraphs).
   core::Tensor logits = !taps && graphs_ && graphs_->eligible(batch_)
                             ? graphs_->forward(batch_, at, plan.num_verifies > 0 ? &capture_ : nullptr)
-                            : model_.forward(storage_, batch_, rows, nullptr, plan.num_verifies > 0 ? &capture_ : nullptr,
-                                             taps, at);
+                            : model_.forward(storage_, batch_, rows, nullptr,
+                                             plan.num_verifies > 0 ? &capture_ : nullptr, taps, at);
   if (taps) {  // host [rows, layers * hidden], row-major, the layers side by side
     const int64_t H = model_.config().hidden_size, n = static_cast<int64_t>(taps_.layers.size());
     taps_host_ = core::Tensor::zeros(core::DType::f32, {plan.num_tokens, n * H});

@@ -68,9 +68,9 @@ class ModelExecutor final : public Executor {
   model::KvStorage storage_;
   std::unordered_map<scheduler::RequestId, model::SequenceState> states_;  // node-based: stable pointers
   std::vector<model::SequenceInput> batch_;
-  model::VerifyCapture capture_;  // the last execute()'s verify rows, until commit_verified
-  model::HiddenTaps taps_;        // the drafter's tap layers (empty: none) and the last step's values
-  core::Tensor taps_host_;        // host f32 [rows, layers * hidden]
+  model::VerifyCapture capture_;                 // the last execute()'s verify rows, until commit_verified
+  model::HiddenTaps taps_;                       // the drafter's tap layers (empty: none) and the last step's values
+  core::Tensor taps_host_;                       // host f32 [rows, layers * hidden]
   std::unique_ptr<model::DecodeGraphs> graphs_;  // null: every step eager
   std::unique_ptr<runner::DeviceSampler> device_sampler_;  // null: logits always come back to the host
 };

@@ -32,10 +32,10 @@ struct PlannedSequence {
   int64_t start = 0;                    // tokens already in its state
   int32_t kda_slot = -1;
   model::StepKind kind = model::StepKind::prefill;
-  bool fresh = false;                   // new state: num_tokens = start, block_table = new_blocks
-  bool sample = false;                  // its logits row is sampled
-  int32_t num_drafts = 0;               // > 0: a speculative verify (tokens = last token ++ drafts;
-                                        // every row's logits are returned and sampled)
+  bool fresh = false;      // new state: num_tokens = start, block_table = new_blocks
+  bool sample = false;     // its logits row is sampled
+  int32_t num_drafts = 0;  // > 0: a speculative verify (tokens = last token ++ drafts;
+                           // every row's logits are returned and sampled)
 };
 
 struct BatchPlan {

@@ -25,11 +25,11 @@ TEST(PrefillProgress, LongPromptsReportEveryIntervalAndWhenDone) {
   p.begin(7, 3000);
   p.begin(8, 999);  // too short to report
   const auto t0 = PrefillProgress::Clock::now();
-  p.step(chunk(7, 0, 512), t0);            // starts the clock
-  p.step(chunk(7, 512, 512), t0 + 1s);     // within the interval: quiet
+  p.step(chunk(7, 0, 512), t0);         // starts the clock
+  p.step(chunk(7, 512, 512), t0 + 1s);  // within the interval: quiet
   p.step(chunk(7, 1024, 512), t0 + 2500ms);
   p.step(chunk(8, 0, 999), t0 + 3s);
-  p.step(chunk(7, 1536, 1464), t0 + 3s);   // done
+  p.step(chunk(7, 1536, 1464), t0 + 3s);  // done
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(lines[0], "prefill: request 7: 1536 / 3000 prompt tokens (51%), 614 tokens/s, 2.5 s");
   EXPECT_EQ(lines[1], "prefill: request 7: 3000 / 3000 prompt tokens (100%), 1000 tokens/s, 3.0 s");

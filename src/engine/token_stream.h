@@ -24,10 +24,10 @@ struct TokenEvent {
   int32_t token = -1;  // the new token; -1 when the event carries only a finish (abort, error)
   float logprob = 0;   // of `token` (runner/sampler.h step 4)
   std::vector<std::pair<int32_t, float>> top_logprobs;  // the request's `logprobs` most likely
-  bool finished = false;                 // the request's last event
+  bool finished = false;                                // the request's last event
   FinishReason reason = FinishReason::stop;
-  std::string error;                     // reason == error: what failed
-  RequestStats stats;                    // complete on the last event; the first token's has those known then
+  std::string error;   // reason == error: what failed
+  RequestStats stats;  // complete on the last event; the first token's has those known then
 };
 
 class TokenStream {

@@ -6,7 +6,6 @@
 #include "engine/tp_executor.h"
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <filesystem>

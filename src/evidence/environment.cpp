@@ -69,8 +69,13 @@ Json gpu_info() {
     std::istringstream cells(line);
     for (std::string c; std::getline(cells, c, ',');) f.push_back(trim(c));
     if (f.size() < 7) continue;
-    gpus.push_back({{"name", f[0]}, {"driver", f[1]}, {"clock_sm", f[2]}, {"clock_mem", f[3]},
-                    {"clock_max_sm", f[4]}, {"clock_max_mem", f[5]}, {"memory", f[6]}});
+    gpus.push_back({{"name", f[0]},
+                    {"driver", f[1]},
+                    {"clock_sm", f[2]},
+                    {"clock_mem", f[3]},
+                    {"clock_max_sm", f[4]},
+                    {"clock_max_mem", f[5]},
+                    {"memory", f[6]}});
   }
   return gpus.empty() ? Json("none") : gpus;
 }

@@ -61,13 +61,13 @@ class FusedDecodePath final : public model::FusedDecode {
           [&](const auto& w) {
             if constexpr (std::is_same_v<std::decay_t<decltype(w)>, model::MoeWeights>)
               return fused_moe(ctx, l, w, model_.router_bias(l), fx);
-            else
-              return model::ffn(ctx, l, w, fx);
+            else return model::ffn(ctx, l, w, fx);
           },
           lw.ffn);
       ctx.emit("ffn.out", l, f);
-      x = l + 1 < L ? res.merge(P, &f, false, MixSite::attention(l + 1), W.layers[static_cast<size_t>(l) + 1].input_norm)
-                    : res.merge(P, &f, false, MixSite::output(L), W.final_norm);
+      x = l + 1 < L
+              ? res.merge(P, &f, false, MixSite::attention(l + 1), W.layers[static_cast<size_t>(l) + 1].input_norm)
+              : res.merge(P, &f, false, MixSite::output(L), W.final_norm);
       ctx.emit("prefix", l, P);
     }
     // x is now the normed final hidden of every row: the final Mix is row-wise, so keeping only

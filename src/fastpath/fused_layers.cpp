@@ -134,8 +134,8 @@ Tensor AttnResStream::merge(Tensor& P, const Tensor* a, bool restart, MixSite si
   if (!bank_.empty()) {
     int64_t idx = 0;
     while (idx < static_cast<int64_t>(sites_.size()) && !(sites_[static_cast<size_t>(idx)] == site)) ++idx;
-    K3_CHECK(idx < static_cast<int64_t>(sites_.size()), "fastpath: a Mix with no bank part (layer " +
-                                                            std::to_string(site.layer) + ")");
+    K3_CHECK(idx < static_cast<int64_t>(sites_.size()),
+             "fastpath: a Mix with no bank part (layer " + std::to_string(site.layer) + ")");
     m.bank_acc = f32_view(acc_, idx * rows_ * D, {rows_, D});
     m.bank_stats = f32_view(stats_, idx * rows_ * 2, {rows_, 2});
   }
@@ -201,7 +201,11 @@ Tensor fused_attention(const ForwardContext& ctx, int layer, const model::KdaWei
   // A shape the fused kernel does not take (say head_dim > 128 on CUDA): the standard sublayer.
   if (!fused_op_runs(ctx, ctx.ops.kda_decode, a)) return model::attention(ctx, layer, w, x);
   project(ctx, x,
-          {{&w.q_proj, &q_in}, {&w.k_proj, &k_in}, {&w.v_proj, &v_in}, {&w.g_proj, &g}, {&w.f_a_proj, &f_a},
+          {{&w.q_proj, &q_in},
+           {&w.k_proj, &k_in},
+           {&w.v_proj, &v_in},
+           {&w.g_proj, &g},
+           {&w.f_a_proj, &f_a},
            {&w.b_proj, &b}});
   // Committing decode sequences, then verify sequences without committing (spec §5.9 (b)): their
   // accepted rows are replayed by Model::commit_verified from what the capture keeps.
@@ -249,10 +253,8 @@ Tensor fused_attention(const ForwardContext& ctx, int layer, const model::MlaWei
   a.precision = ctx.precision();
   // A shape the fused kernel does not take (say more than 16 local heads on CUDA): the standard sublayer.
   if (!fused_op_runs(ctx, ctx.ops.mla_decode, a)) return model::attention(ctx, layer, w, x);
-  if (mc.use_output_gate)
-    project(ctx, x, {{&w.q_a_proj, &q_a}, {&w.kv_a_proj, &kv}, {&w.g_proj, &g}});
-  else
-    project(ctx, x, {{&w.q_a_proj, &q_a}, {&w.kv_a_proj, &kv}});
+  if (mc.use_output_gate) project(ctx, x, {{&w.q_a_proj, &q_a}, {&w.kv_a_proj, &kv}, {&w.g_proj, &g}});
+  else project(ctx, x, {{&w.q_a_proj, &q_a}, {&w.kv_a_proj, &kv}});
   // Both norms and the cache write in one op (mla_prep.h), then q_b; where mla_prep has no kernel for
   // the call, the standard ops: rmsnorm, q_b, the kv split, rmsnorm, mla_cache_write.
   kernels::MlaPrepArgs prep;

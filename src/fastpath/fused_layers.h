@@ -28,7 +28,8 @@ class AttnResStream {
   // The sublayer tail (attn_res_merge): P becomes round(P + a), or a when restart, or stays when
   // a is null; returns x = RMSNorm(Mix(bank ++ [P]); norm_weight). The attention side's mixture
   // goes to the trace ("attn_res.mix") and the drafter taps when they ask for it.
-  core::Tensor merge(core::Tensor& P, const core::Tensor* a, bool restart, MixSite site, const core::Tensor& norm_weight);
+  core::Tensor merge(core::Tensor& P, const core::Tensor* a, bool restart, MixSite site,
+                     const core::Tensor& norm_weight);
 
  private:
   const model::AttnResWeights& mix_weights(MixSite site) const;
@@ -42,8 +43,10 @@ class AttnResStream {
 };
 
 // Attention sublayers (their o_proj output, reduced over the TP ranks), from the normed input x.
-core::Tensor fused_attention(const model::ForwardContext& ctx, int layer, const model::KdaWeights& w, const core::Tensor& x);
-core::Tensor fused_attention(const model::ForwardContext& ctx, int layer, const model::MlaWeights& w, const core::Tensor& x);
+core::Tensor fused_attention(const model::ForwardContext& ctx, int layer, const model::KdaWeights& w,
+                             const core::Tensor& x);
+core::Tensor fused_attention(const model::ForwardContext& ctx, int layer, const model::MlaWeights& w,
+                             const core::Tensor& x);
 // The MoE sublayer: one fused front (router, latent down, shared gate/up), the standard tail.
 core::Tensor fused_moe(const model::ForwardContext& ctx, int layer, const model::MoeWeights& w,
                        const core::Tensor& router_bias, const core::Tensor& x);

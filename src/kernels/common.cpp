@@ -12,10 +12,9 @@ void LinearWeight::load_row(int64_t r, float* out) const {
   const int64_t in = in_features();
   if (is_mxfp4()) {
     const int64_t packed_cols = weight.dim(1), scale_cols = scale.dim(1);
-    core::mxfp4_dequantize_row(
-        {weight.data<const uint8_t>() + r * packed_cols, static_cast<size_t>(packed_cols)},
-        {scale.data<const uint8_t>() + r * scale_cols, static_cast<size_t>(scale_cols)},
-        {out, static_cast<size_t>(in)});
+    core::mxfp4_dequantize_row({weight.data<const uint8_t>() + r * packed_cols, static_cast<size_t>(packed_cols)},
+                               {scale.data<const uint8_t>() + r * scale_cols, static_cast<size_t>(scale_cols)},
+                               {out, static_cast<size_t>(in)});
     return;
   }
   if (weight.dtype() == core::DType::bf16) {
@@ -36,7 +35,8 @@ float load_f32(const core::TensorView& v, int64_t i) {
 
 std::string describe_view(const core::TensorView& v) {
   if (!v.defined() || v.rank() == 0) return "undefined";
-  return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str() + " on " + std::string(core::device_name(v.device));
+  return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str() + " on " +
+         std::string(core::device_name(v.device));
 }
 
 std::string rows_cols_str(int64_t rows, int64_t cols) {

@@ -52,7 +52,8 @@ __device__ __forceinline__ void load_act_n(const T* p, float (&v)[N]) {
     const uint4 q = *reinterpret_cast<const uint4*>(p);
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) v[2 * i] = __uint_as_float(w[i] << 16), v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    for (int i = 0; i < 4; ++i)
+      v[2 * i] = __uint_as_float(w[i] << 16), v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
   } else if constexpr (N == 8) {
     const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
@@ -85,10 +86,8 @@ __device__ __forceinline__ void store_act_n(T* p, const float (&v)[N], bool roun
 // N consecutive entries of a bf16 or f32 weight vector from index i (16-byte aligned when N = 8).
 template <int N>
 __device__ __forceinline__ void load_vec_n(const void* p, bool is_bf16, int64_t i, float (&v)[N]) {
-  if (is_bf16)
-    load_act_n<N>(static_cast<const bf16*>(p) + i, v);
-  else
-    load_act_n<N>(static_cast<const float*>(p) + i, v);
+  if (is_bf16) load_act_n<N>(static_cast<const bf16*>(p) + i, v);
+  else load_act_n<N>(static_cast<const float*>(p) + i, v);
 }
 
 // ---------------------------------------------------------------- device: reductions
@@ -190,8 +189,8 @@ __device__ __forceinline__ void prefetch_l2_within(const void* p, uint64_t bytes
 enum class WFmt : uint8_t { f32, bf16, mxfp4 };
 
 struct WeightRef {
-  const void* data = nullptr;     // row r starts at data + r * ld (elements; bytes for MXFP4)
-  const uint8_t* scale = nullptr; // MXFP4 only: row r starts at scale + r * scale_ld
+  const void* data = nullptr;      // row r starts at data + r * ld (elements; bytes for MXFP4)
+  const uint8_t* scale = nullptr;  // MXFP4 only: row r starts at scale + r * scale_ld
   int64_t ld = 0, scale_ld = 0;
 };
 
@@ -231,10 +230,8 @@ struct Tag {
 // Calls fn(Tag<float>) or fn(Tag<bf16>) for an activation dtype.
 template <class Fn>
 void with_act(core::DType dt, Fn&& fn) {
-  if (dt == core::DType::bf16)
-    fn(Tag<bf16>{});
-  else
-    fn(Tag<float>{});
+  if (dt == core::DType::bf16) fn(Tag<bf16>{});
+  else fn(Tag<float>{});
 }
 template <class Fn>
 void with_wfmt(WFmt f, Fn&& fn) {
@@ -275,8 +272,7 @@ inline core::Status on_cuda(std::initializer_list<Named> views) {
   return core::Status::ok();
 }
 inline core::Status weight_on_cuda(const LinearWeight& w, const char* name) {
-  if (w.weight.view().device != core::Device::cuda ||
-      (w.is_mxfp4() && w.scale.view().device != core::Device::cuda))
+  if (w.weight.view().device != core::Device::cuda || (w.is_mxfp4() && w.scale.view().device != core::Device::cuda))
     return core::Status::fail(std::string(name) + " must be uploaded to the CUDA device, got " +
                               describe(w.weight.view()));
   return core::Status::ok();
@@ -290,9 +286,8 @@ inline core::Status same_act(std::initializer_list<Named> views, Precision p) {
     if (v->dtype != core::DType::bf16 && v->dtype != core::DType::f32)
       return core::Status::fail(std::string(name) + " must be a bf16 or f32 activation, got " + describe(*v));
     if (v->dtype != first->dtype)
-      return core::Status::fail(std::string(name) + " is " + std::string(core::dtype_name(v->dtype)) +
-                                " but " + views.begin()->first + " is " +
-                                std::string(core::dtype_name(first->dtype)) +
+      return core::Status::fail(std::string(name) + " is " + std::string(core::dtype_name(v->dtype)) + " but " +
+                                views.begin()->first + " is " + std::string(core::dtype_name(first->dtype)) +
                                 ": activations of one call share one dtype");
   }
   if (first->dtype == core::DType::bf16 && p != Precision::bf16)
@@ -320,9 +315,7 @@ inline core::Status all_of(std::initializer_list<core::Status> ss) {
   return core::Status::ok();
 }
 
-inline unsigned grid_for(int64_t n, int per_block) {
-  return static_cast<unsigned>((n + per_block - 1) / per_block);
-}
+inline unsigned grid_for(int64_t n, int per_block) { return static_cast<unsigned>((n + per_block - 1) / per_block); }
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 // Whether every row of a [T, D] view (and each extra vector) can be read 8 elements at a time.
 inline bool rows_vec8(const core::TensorView& v) {
@@ -390,8 +383,8 @@ void launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
 // fragments: a0 = (row g, k 2q..), a1 = (row g+8, k 2q..), a2 = (row g, k 2q+8..), a3 = (row g+8,
 // k 2q+8..); b0 = (k 2q.., col g), b1 = (k 2q+8.., col g); c0,c1 = (row g, cols 2q, 2q+1), c2,c3 =
 // (row g+8, same cols); g = lane / 4, q = lane % 4).
-__device__ __forceinline__ void mma_bf16_m16n8k16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                                  uint32_t a3, uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_bf16_m16n8k16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                  uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
@@ -402,9 +395,7 @@ __device__ __forceinline__ void mma_bf16_m16n8k16(float (&c)[4], uint32_t a0, ui
 // 16 bytes of weights, read once per call: bypass L1 (kept for the activation rows every warp re-reads).
 __device__ __forceinline__ uint4 load_weight16(const bf16* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 

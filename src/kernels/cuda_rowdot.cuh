@@ -182,10 +182,9 @@ constexpr int kRowdotInputs = 8;  // R: input rows per pass over a weight row
 
 // y[t][o] = store(sum_i W[o][i] * x[t][i]) for t < T, o < out. Grid: (rows / segments, T / R).
 template <WFmt F, bool VEC, class XT, class YT>
-__global__ void __launch_bounds__(kRowdotThreads) linear_rowdot_kernel(WeightRef w, int64_t out, int64_t in,
-                                                                       const XT* x, int64_t x_ld, YT* y,
-                                                                       int64_t y_ld, int64_t T, int width,
-                                                                       bool round) {
+__global__ void __launch_bounds__(kRowdotThreads)
+    linear_rowdot_kernel(WeightRef w, int64_t out, int64_t in, const XT* x, int64_t x_ld, YT* y, int64_t y_ld,
+                         int64_t T, int width, bool round) {
   constexpr int R = kRowdotInputs;
   const int sub = threadIdx.x % width;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / width) + threadIdx.x / width;
@@ -206,8 +205,8 @@ __global__ void __launch_bounds__(kRowdotThreads) linear_rowdot_kernel(WeightRef
 // Host launcher: y[T, out] (YT) = x[T, in] (XT) W^T, W in format F. `round`: round to bf16 when
 // y is f32 (bf16 y always rounds).
 template <class XT, class YT>
-void launch_linear_rowdot(WFmt f, const WeightRef& w, int64_t out, int64_t in, const XT* x, int64_t x_ld,
-                          YT* y, int64_t y_ld, int64_t T, bool round, cudaStream_t stream) {
+void launch_linear_rowdot(WFmt f, const WeightRef& w, int64_t out, int64_t in, const XT* x, int64_t x_ld, YT* y,
+                          int64_t y_ld, int64_t T, bool round, cudaStream_t stream) {
   if (T == 0 || out == 0) return;
   const bool vec = vector_ok(f, w, in, x, x_ld, sizeof(XT));
   with_wfmt(f, [&](auto fc) {
@@ -217,10 +216,8 @@ void launch_linear_rowdot(WFmt f, const WeightRef& w, int64_t out, int64_t in, c
       kernel<<<grid, kRowdotThreads, 0, stream>>>(w, out, in, x, x_ld, y, y_ld, T, width, round);
       K3_CUDA_CHECK_LAUNCH("linear_rowdot_kernel");
     };
-    if (vec)
-      launch(linear_rowdot_kernel<FC, true, XT, YT>, segment_width<FC, true>(in));
-    else
-      launch(linear_rowdot_kernel<FC, false, XT, YT>, segment_width<FC, false>(in));
+    if (vec) launch(linear_rowdot_kernel<FC, true, XT, YT>, segment_width<FC, true>(in));
+    else launch(linear_rowdot_kernel<FC, false, XT, YT>, segment_width<FC, false>(in));
   });
 }
 

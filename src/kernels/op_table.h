@@ -99,7 +99,7 @@ class OpRecorder {
 
 template <class Args>
 struct OpImpl {
-  std::string name;      // strategy name, e.g. "reference", "decode_splitkv"
+  std::string name;  // strategy name, e.g. "reference", "decode_splitkv"
   core::Device device;
   // Whether this implementation is correct for the arguments (never whether it is the fastest:
   // that is the tuning table's, kernels/tuning.h); nullptr: every argument the check accepts.
@@ -193,8 +193,8 @@ class OpTable {
         for (const std::string& name : rule.order) {
           bool known = false;
           for (const auto& impl : impls_) known = known || (impl.device == device && impl.name == name);
-          K3_CHECK(known, table->source() + ": ops." + op_ + " lists '" + name + "', which is not an implementation on " +
-                              std::string(core::device_name(device)));
+          K3_CHECK(known, table->source() + ": ops." + op_ + " lists '" + name +
+                              "', which is not an implementation on " + std::string(core::device_name(device)));
         }
     }
     tuning_[static_cast<size_t>(device)] = tuning;
@@ -257,7 +257,8 @@ class OpTable {
     std::lock_guard<std::mutex> lk(mu_);
     std::string key = std::string(core::device_name(impl.device)) + "/" + impl.name;
     if (logged_.insert(key).second)
-      log_("kernel " + op_ + " -> " + key + " (first at " + measure_.name + " " + std::to_string(size) + ": " + why + ")");
+      log_("kernel " + op_ + " -> " + key + " (first at " + measure_.name + " " + std::to_string(size) + ": " + why +
+           ")");
   }
   std::string op_;
   CheckFn check_;

@@ -18,13 +18,23 @@
 #include "kernels/moe/ops.h"
 #include "kernels/multi_linear/ops.h"
 #include "kernels/norm/ops.h"
+#include "kernels/op_table.h"
 #include "kernels/sampling/ops.h"
 #include "kernels/situ/ops.h"
-#include "kernels/op_table.h"
 
 namespace k3::kernels {
 
-struct Registry : EmbeddingOps, NormOps, LinearOps, SituOps, ElementwiseOps, SamplingOps, AttnResOps, MoeOps, KdaOps, MlaOps, MultiLinearOps {
+struct Registry : EmbeddingOps,
+                  NormOps,
+                  LinearOps,
+                  SituOps,
+                  ElementwiseOps,
+                  SamplingOps,
+                  AttnResOps,
+                  MoeOps,
+                  KdaOps,
+                  MlaOps,
+                  MultiLinearOps {
   // Calls fn(table) for every op table (tests use it to check coverage).
   template <class Fn>
   void for_each(Fn&& fn) {

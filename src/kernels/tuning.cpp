@@ -1,10 +1,10 @@
 // kernels/tuning.cpp: tuning tables: parsing, validation, lookup, and the checked-in ones.
 #include "kernels/tuning.h"
 
-#include <nlohmann/json.hpp>
-
 #include <set>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
@@ -58,7 +58,8 @@ TuningTable TuningTable::parse(std::string_view text, std::string source) {
       std::set<std::string> seen;
       for (const json& name : r["order"]) {
         K3_CHECK(name.is_string() && !name.get<std::string>().empty(), rat + ".order: names must be strings");
-        K3_CHECK(seen.insert(name.get<std::string>()).second, rat + ".order names '" + name.get<std::string>() + "' twice");
+        K3_CHECK(seen.insert(name.get<std::string>()).second,
+                 rat + ".order names '" + name.get<std::string>() + "' twice");
         rule.order.push_back(name.get<std::string>());
       }
       rules.rules.push_back(std::move(rule));

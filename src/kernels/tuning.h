@@ -32,7 +32,7 @@ struct TuningRule {
 class TuningTable {
  public:
   struct OpRules {
-    std::string measure;  // "rows", "tokens", ... (OpTable::measure(); checked when applied)
+    std::string measure;            // "rows", "tokens", ... (OpTable::measure(); checked when applied)
     std::vector<TuningRule> rules;  // ascending, not overlapping
   };
   // Throws core::Error naming `source` and the key that is wrong (not an object, overlapping or
@@ -40,7 +40,7 @@ class TuningTable {
   static TuningTable parse(std::string_view json, std::string source);
 
   const std::string& source() const { return source_; }  // "tuning/h200.json"
-  const std::string& gpu() const { return gpu_; }         // "NVIDIA H200"; "*" in the default table
+  const std::string& gpu() const { return gpu_; }        // "NVIDIA H200"; "*" in the default table
   const std::map<std::string, OpRules>& ops() const { return ops_; }
   // The rule of `op` whose sizes hold `size`; nullptr when there is none.
   const TuningRule* find(const std::string& op, int64_t size) const;

@@ -41,7 +41,8 @@ TEST(Tuning, TheGpuTableComesBeforeTheDefault) {
   t.gpu = std::make_shared<const TuningTable>(TuningTable::parse(
       R"({"gpu": "G", "ops": {"op": {"measure": "rows", "rules": [{"sizes": [1, 4], "order": ["g"]}]}}})", "g.json"));
   t.fallback = std::make_shared<const TuningTable>(TuningTable::parse(
-      R"({"gpu": "*", "ops": {"op": {"measure": "rows", "rules": [{"sizes": [0, null], "order": ["d"]}]}}})", "d.json"));
+      R"({"gpu": "*", "ops": {"op": {"measure": "rows", "rules": [{"sizes": [0, null], "order": ["d"]}]}}})",
+      "d.json"));
   const std::string* source = nullptr;
   EXPECT_EQ(t.find("op", 3, &source)->order[0], "g");
   EXPECT_EQ(*source, "g.json");
@@ -68,9 +69,10 @@ TEST(Tuning, MalformedTablesAreErrorsNamingTheKey) {
   const std::string bounds = parse_error(R"({"gpu": "G", "ops": {"op": {"measure": "rows", "rules": [
       {"sizes": [9, 8], "order": ["a"]}]}}})");
   EXPECT_NE(bounds.find("lo above hi"), std::string::npos) << bounds;
-  EXPECT_NE(parse_error(R"({"gpu": "G", "ops": {"op": {"measure": "rows", "rules": [{"sizes": [-1, 8], "order": ["a"]}]}}})")
-                .find("must be a non-negative integer"),
-            std::string::npos);
+  EXPECT_NE(
+      parse_error(R"({"gpu": "G", "ops": {"op": {"measure": "rows", "rules": [{"sizes": [-1, 8], "order": ["a"]}]}}})")
+          .find("must be a non-negative integer"),
+      std::string::npos);
 }
 
 TEST(Tuning, TheCheckedInTablesParseWithOneDefault) {

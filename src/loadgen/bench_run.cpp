@@ -101,8 +101,10 @@ std::string format_summary(const Json& b) {
   row("Prefix cache hit rate (usage.cached_tokens):", num(s["client_prefix_hit_rate"], "%.4f"));
   row("Spec decode acceptance rate:", num(s["spec_decode_acceptance_rate"], "%.4f"));
   for (const auto& [key, title] : std::vector<std::pair<const char*, const char*>>{
-           {"ttft_ms", "Time to First Token (ms)"}, {"tpot_ms", "Time per Output Token, excl. 1st (ms)"},
-           {"itl_ms", "Inter-token Latency (ms)"}, {"e2e_ms", "End-to-end Latency (ms)"},
+           {"ttft_ms", "Time to First Token (ms)"},
+           {"tpot_ms", "Time per Output Token, excl. 1st (ms)"},
+           {"itl_ms", "Inter-token Latency (ms)"},
+           {"e2e_ms", "End-to-end Latency (ms)"},
            {"interactivity_tpot_tok_s", "Interactivity, 1000/TPOT (tok/s/user)"},
            {"interactivity_itl_tok_s", "Interactivity, 1/ITL (tok/s/user)"}}) {
     out += std::string("---------- ") + title + " ----------\n";

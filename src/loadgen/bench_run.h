@@ -18,9 +18,9 @@ struct BenchConfig {
   WorkloadSpec workload;
   RunOptions run;
   Slos slos;
-  std::string label;         // names the run in compare tables ("" : the file name)
-  std::string series;        // groups runs into one curve of the sweep plots ("" : sha + workload)
-  std::string model_dir;     // when given, its config.json is hashed into the bundle
+  std::string label;      // names the run in compare tables ("" : the file name)
+  std::string series;     // groups runs into one curve of the sweep plots ("" : sha + workload)
+  std::string model_dir;  // when given, its config.json is hashed into the bundle
   nlohmann::json engine_config = nlohmann::json::object();  // how the server was started (free-form)
 };
 

@@ -40,9 +40,9 @@ Json read_bundle(const std::filesystem::path& path) {
   K3_CHECK(f.good(), "cannot read the bundle '" + path.string() + "'");
   Json j = Json::parse(f, nullptr, false);
   K3_CHECK(!j.is_discarded() && j.is_object(), "bundle '" + path.string() + "' is not a JSON object");
-  K3_CHECK(j.value("schema", "") == kBundleSchema,
-           "bundle '" + path.string() + "' has schema '" + j.value("schema", std::string("(none)")) + "', expected '" +
-               kBundleSchema + "'");
+  K3_CHECK(j.value("schema", "") == kBundleSchema, "bundle '" + path.string() + "' has schema '" +
+                                                       j.value("schema", std::string("(none)")) + "', expected '" +
+                                                       kBundleSchema + "'");
   for (const char* key : {"environment", "workload", "run", "samples", "summary"})
     K3_CHECK(j.contains(key), "bundle '" + path.string() + "' lacks the field '" + key + "'");
   K3_CHECK(j["samples"].is_array(), "bundle '" + path.string() + "': 'samples' must be an array");

@@ -16,7 +16,9 @@ using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 }  // namespace
 
 std::vector<std::string> SseParser::feed(const char* data, size_t n) {
@@ -56,8 +58,8 @@ ApiClient::~ApiClient() = default;
 std::string ApiClient::get(const std::string& path) {
   auto res = http_->Get(path);
   K3_CHECK(res, "GET " + endpoint_.url() + path + " failed: " + httplib::to_string(res.error()));
-  K3_CHECK(res->status == 200,
-           "GET " + endpoint_.url() + path + " answered HTTP " + std::to_string(res->status) + ": " + res->body.substr(0, 300));
+  K3_CHECK(res->status == 200, "GET " + endpoint_.url() + path + " answered HTTP " + std::to_string(res->status) +
+                                   ": " + res->body.substr(0, 300));
   return res->body;
 }
 
@@ -198,10 +200,10 @@ Json server_side_rates(const std::map<std::string, double>& deltas) {
   j["spec_decode_num_drafts"] = drafts ? Json(*drafts) : Json(nullptr);
   j["spec_decode_num_draft_tokens"] = draft_tokens ? Json(*draft_tokens) : Json(nullptr);
   j["spec_decode_num_accepted_tokens"] = accepted ? Json(*accepted) : Json(nullptr);
-  j["spec_decode_acceptance_rate"] =
-      draft_tokens && accepted && *draft_tokens > 0 ? Json(*accepted / *draft_tokens) : Json(nullptr);
-  j["spec_decode_mean_acceptance_length"] =
-      drafts && accepted && *drafts > 0 ? Json(1.0 + *accepted / *drafts) : Json(nullptr);
+  j["spec_decode_acceptance_rate"] = draft_tokens && accepted && *draft_tokens > 0 ? Json(*accepted / *draft_tokens)
+                                                                                   : Json(nullptr);
+  j["spec_decode_mean_acceptance_length"] = drafts && accepted && *drafts > 0 ? Json(1.0 + *accepted / *drafts)
+                                                                              : Json(nullptr);
   return j;
 }
 

@@ -20,8 +20,8 @@ namespace k3::loadgen {
 struct Endpoint {
   std::string host = "127.0.0.1";
   int port = 8000;
-  std::string model;            // the "model" field; empty: the first id of /v1/models
-  double timeout_s = 600;       // read timeout of one request
+  std::string model;       // the "model" field; empty: the first id of /v1/models
+  double timeout_s = 600;  // read timeout of one request
   std::string url() const { return "http://" + host + ":" + std::to_string(port); }
 };
 

@@ -84,8 +84,8 @@ const std::vector<StatDef>& stat_defs() {
 const std::vector<std::pair<std::string, bool>> kSampleMetrics = {
     {"ttft_ms", false}, {"tpot_ms", false}, {"itl_ms", false}, {"e2e_ms", false}, {"interactivity_tok_s", true}};
 // Run-level throughputs (one number per run: ratio only).
-const std::vector<std::string> kThroughputs = {"output_throughput",  "total_token_throughput", "request_throughput",
-                                               "decode_throughput",  "prefill_throughput",     "request_goodput"};
+const std::vector<std::string> kThroughputs = {"output_throughput", "total_token_throughput", "request_throughput",
+                                               "decode_throughput", "prefill_throughput",     "request_goodput"};
 
 std::string fmt(double v) {
   char buf[32];
@@ -134,7 +134,8 @@ std::string group_of(const Json& b) {
 
 double load_level(const Json& b) {
   const Json& r = b.at("run");
-  if (r.value("mode", std::string("concurrency")) == "rate" && r.contains("request_rate") && r["request_rate"].is_number())
+  if (r.value("mode", std::string("concurrency")) == "rate" && r.contains("request_rate") &&
+      r["request_rate"].is_number())
     return r["request_rate"].get<double>();
   return r.value("concurrency", 1.0);
 }
@@ -186,10 +187,10 @@ CompareResult compare_bundles(const std::vector<LoadedBundle>& bundles, const Co
         c.baseline = st.fn(a);
         c.value = st.fn(b);
         const uint64_t seed = o.seed ^ core::Rng::hash(c.metric.c_str()) ^ (static_cast<uint64_t>(i) << 48);
-        const RatioInterval ci =
-            metric == "itl_ms"
-                ? bootstrap_ratio_clustered(base.itl_by_request, series[i].itl_by_request, st.fn, seed, o.resamples, o.level)
-                : bootstrap_ratio(a, b, st.fn, seed, o.resamples, o.level);
+        const RatioInterval ci = metric == "itl_ms"
+                                     ? bootstrap_ratio_clustered(base.itl_by_request, series[i].itl_by_request, st.fn,
+                                                                 seed, o.resamples, o.level)
+                                     : bootstrap_ratio(a, b, st.fn, seed, o.resamples, o.level);
         c.ratio = ci.ratio;
         c.has_ci = true;
         c.ci_low = ci.low;
@@ -220,19 +221,23 @@ CompareResult compare_bundles(const std::vector<LoadedBundle>& bundles, const Co
                    "); a regression is a CI wholly on the worse side of 1";
   if (o.tolerance > 0) md += " +- " + fmt(o.tolerance);
   md += ". Percentiles: linear interpolation (numpy). Throughputs are one number per run: ratio only.\n\n";
-  md += "## Runs\n\n| run | git | GPU | workload | load | requests ok/failed | duration s |\n|---|---|---|---|---|---|---|\n";
+  md +=
+      "## Runs\n\n| run | git | GPU | workload | load | requests ok/failed | duration s |\n|---|---|---|---|---|---|---|\n";
   for (const LoadedBundle& b : bundles) {
     const Json& env = b.bundle.at("environment");
     const Json& gpu = env.contains("gpu") ? env["gpu"] : Json("none");
-    const std::string gpu_name = gpu.is_array() && !gpu.empty() ? gpu[0].value("name", std::string("?")) +
-                                                                       (gpu.size() > 1 ? " x" + std::to_string(gpu.size()) : "")
-                                                                 : "none";
+    const std::string gpu_name = gpu.is_array() && !gpu.empty()
+                                     ? gpu[0].value("name", std::string("?")) +
+                                           (gpu.size() > 1 ? " x" + std::to_string(gpu.size()) : "")
+                                     : "none";
     const Json& run = b.bundle.at("run");
     md += "| " + b.name + " | " + env.value("git_sha", std::string("?")).substr(0, 10) +
           (env.value("git_dirty", false) ? "+dirty" : "") + " | " + gpu_name + " | " +
           b.bundle.at("workload").value("kind", std::string("?")) + " | " + run.value("mode", std::string("?")) + " " +
-          fmt_level(load_level(b.bundle)) + " | " + std::to_string(static_cast<int64_t>(summary_number(b.bundle, "completed"))) + "/" +
-          std::to_string(static_cast<int64_t>(summary_number(b.bundle, "failed"))) + " | " + fmt(summary_number(b.bundle, "duration_s")) + " |\n";
+          fmt_level(load_level(b.bundle)) + " | " +
+          std::to_string(static_cast<int64_t>(summary_number(b.bundle, "completed"))) + "/" +
+          std::to_string(static_cast<int64_t>(summary_number(b.bundle, "failed"))) + " | " +
+          fmt(summary_number(b.bundle, "duration_s")) + " |\n";
   }
   md += "\n## Summaries\n\n| metric |";
   for (const LoadedBundle& b : bundles) md += " " + b.name + " |";
@@ -244,19 +249,22 @@ CompareResult compare_bundles(const std::vector<LoadedBundle>& bundles, const Co
     for (const LoadedBundle& b : bundles) md.append(" ").append(cell(b.bundle)).append(" |");
     md += "\n";
   };
-  for (const std::string& t : kThroughputs)
-    summary_row(t, [&](const Json& b) { return fmt(summary_number(b, t)); });
+  for (const std::string& t : kThroughputs) summary_row(t, [&](const Json& b) { return fmt(summary_number(b, t)); });
   for (const char* m : {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "interactivity_tpot_tok_s"})
     for (const char* st : {"mean", "p50", "p90", "p99"})
       summary_row(std::string(m) + "." + st, [&](const Json& b) {
         const Json& s = b.at("summary");
         return s.contains(m) && s[m].contains(st) ? fmt(s[m][st].get<double>()) : std::string("n/a");
       });
-  summary_row("prefix cache hit rate (server)", [](const Json& b) { return opt(server_rate(b, "prefix_cache_hit_rate")); });
-  summary_row("prefix cache hit rate (client usage)", [](const Json& b) { return fmt(summary_number(b, "client_prefix_hit_rate")); });
-  summary_row("spec decode acceptance rate", [](const Json& b) { return opt(server_rate(b, "spec_decode_acceptance_rate")); });
+  summary_row("prefix cache hit rate (server)",
+              [](const Json& b) { return opt(server_rate(b, "prefix_cache_hit_rate")); });
+  summary_row("prefix cache hit rate (client usage)",
+              [](const Json& b) { return fmt(summary_number(b, "client_prefix_hit_rate")); });
+  summary_row("spec decode acceptance rate",
+              [](const Json& b) { return opt(server_rate(b, "spec_decode_acceptance_rate")); });
   if (bundles.size() > 1) {
-    md += "\n## Against the baseline\n\n| run | metric | baseline | value | ratio | CI | verdict |\n|---|---|---|---|---|---|---|\n";
+    md +=
+        "\n## Against the baseline\n\n| run | metric | baseline | value | ratio | CI | verdict |\n|---|---|---|---|---|---|---|\n";
     for (const MetricComparison& c : result.rows) {
       const std::string ci = c.has_ci ? "[" + fmt_ratio(c.ci_low) + ", " + fmt_ratio(c.ci_high) + "]" : "n/a";
       const std::string verdict = c.verdict == "regression" ? "**REGRESSION**" : c.verdict;
@@ -268,13 +276,16 @@ CompareResult compare_bundles(const std::vector<LoadedBundle>& bundles, const Co
 
   // ---- plots
   std::vector<std::pair<std::string, SvgPlot>> plots;
-  for (const auto& [metric, label] : std::vector<std::pair<std::string, std::string>>{
-           {"ttft_ms", "TTFT (ms)"}, {"tpot_ms", "TPOT (ms)"}, {"itl_ms", "ITL (ms)"}, {"e2e_ms", "E2E latency (ms)"}}) {
+  for (const auto& [metric, label] : std::vector<std::pair<std::string, std::string>>{{"ttft_ms", "TTFT (ms)"},
+                                                                                      {"tpot_ms", "TPOT (ms)"},
+                                                                                      {"itl_ms", "ITL (ms)"},
+                                                                                      {"e2e_ms", "E2E latency (ms)"}}) {
     SvgPlot p;
     p.title = label + " CDF";
     p.x_label = label;
     p.y_label = "fraction of requests";
-    for (size_t i = 0; i < bundles.size(); ++i) p.series.push_back({bundles[i].name, cdf_points(series[i].get(metric)), false});
+    for (size_t i = 0; i < bundles.size(); ++i)
+      p.series.push_back({bundles[i].name, cdf_points(series[i].get(metric)), false});
     plots.emplace_back("cdf_" + metric + ".svg", p);
   }
   std::map<std::string, std::vector<const LoadedBundle*>> groups;
@@ -291,7 +302,8 @@ CompareResult compare_bundles(const std::vector<LoadedBundle>& bundles, const Co
     for (const LoadedBundle* m : members) {
       const double thr = summary_number(m->bundle, "output_throughput");
       const Json& s = m->bundle.at("summary");
-      const double inter = s.contains("interactivity_tpot_tok_s") ? s["interactivity_tpot_tok_s"].value("p50", 0.0) : 0.0;
+      const double inter = s.contains("interactivity_tpot_tok_s") ? s["interactivity_tpot_tok_s"].value("p50", 0.0)
+                                                                  : 0.0;
       a.points.emplace_back(load_level(m->bundle), thr);
       b.points.emplace_back(thr, inter);
     }
@@ -309,14 +321,22 @@ CompareResult compare_bundles(const std::vector<LoadedBundle>& bundles, const Co
   // ---- json
   Json rows = Json::array();
   for (const MetricComparison& c : result.rows)
-    rows.push_back({{"bundle", c.bundle}, {"metric", c.metric}, {"baseline", c.baseline}, {"value", c.value},
-                    {"ratio", c.ratio}, {"ci", c.has_ci ? Json::array({c.ci_low, c.ci_high}) : Json(nullptr)},
-                    {"higher_is_better", c.higher_is_better}, {"verdict", c.verdict}});
+    rows.push_back({{"bundle", c.bundle},
+                    {"metric", c.metric},
+                    {"baseline", c.baseline},
+                    {"value", c.value},
+                    {"ratio", c.ratio},
+                    {"ci", c.has_ci ? Json::array({c.ci_low, c.ci_high}) : Json(nullptr)},
+                    {"higher_is_better", c.higher_is_better},
+                    {"verdict", c.verdict}});
   Json names = Json::array();
   for (const LoadedBundle& b : bundles) names.push_back({{"name", b.name}, {"path", b.path.string()}});
-  result.json = {{"baseline", bundles[0].name}, {"bundles", names}, {"rows", rows},
+  result.json = {{"baseline", bundles[0].name},
+                 {"bundles", names},
+                 {"rows", rows},
                  {"regressions", result.regressions},
-                 {"options", {{"seed", o.seed}, {"resamples", o.resamples}, {"level", o.level}, {"tolerance", o.tolerance}}}};
+                 {"options",
+                  {{"seed", o.seed}, {"resamples", o.resamples}, {"level", o.level}, {"tolerance", o.tolerance}}}};
 
   if (!out_dir.empty()) {
     std::filesystem::create_directories(out_dir);

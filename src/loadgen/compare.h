@@ -16,27 +16,27 @@
 namespace k3::loadgen {
 
 struct CompareOptions {
-  uint64_t seed = 0;        // bootstrap seed (the same inputs give the same report)
+  uint64_t seed = 0;  // bootstrap seed (the same inputs give the same report)
   int resamples = 1000;
   double level = 0.95;      // CI level
   double tolerance = 0.05;  // a CI must clear [1 - tol, 1 + tol] to count as a change (run-to-run noise)
 };
 
 struct LoadedBundle {
-  std::string name;         // label or file stem
+  std::string name;  // label or file stem
   std::filesystem::path path;
   nlohmann::json bundle;
 };
 
 // One compared quantity of one bundle against the baseline.
 struct MetricComparison {
-  std::string bundle;       // the compared bundle's name
-  std::string metric;       // e.g. "ttft_ms.p99"
+  std::string bundle;  // the compared bundle's name
+  std::string metric;  // e.g. "ttft_ms.p99"
   double baseline = 0, value = 0, ratio = 0;
   bool has_ci = false;
   double ci_low = 0, ci_high = 0;
   bool higher_is_better = false;
-  std::string verdict;      // "regression", "improvement", "no change" or "" (no CI)
+  std::string verdict;  // "regression", "improvement", "no change" or "" (no CI)
 };
 
 struct CompareResult {

@@ -166,7 +166,8 @@ TEST(Svg, PlotsAreWellFormedAndEscaped) {
 
 std::vector<LoadedBundle> loaded(const std::vector<Json>& bundles) {
   std::vector<LoadedBundle> out;
-  for (const Json& b : bundles) out.push_back({b["label"].get<std::string>(), b["label"].get<std::string>() + ".json", b});
+  for (const Json& b : bundles)
+    out.push_back({b["label"].get<std::string>(), b["label"].get<std::string>() + ".json", b});
   return out;
 }
 
@@ -175,8 +176,8 @@ TEST(Compare, FlagsAPlantedRegression) {
   CompareOptions o;
   o.seed = 11;
   o.tolerance = 0.05;
-  const CompareResult r =
-      compare_bundles(loaded({synthetic_bundle(1, 200, 1.0, 1, "base"), synthetic_bundle(2, 200, 1.2, 1, "slow")}), o, dir);
+  const CompareResult r = compare_bundles(
+      loaded({synthetic_bundle(1, 200, 1.0, 1, "base"), synthetic_bundle(2, 200, 1.2, 1, "slow")}), o, dir);
   EXPECT_GT(r.regressions, 0);
   auto row = [&](const std::string& metric) {
     for (const MetricComparison& c : r.rows)
@@ -212,8 +213,8 @@ TEST(Compare, DoesNotFlagTwoRunsOfTheSameBuild) {
   CompareOptions o;
   o.seed = 11;
   o.tolerance = 0.05;
-  const CompareResult r =
-      compare_bundles(loaded({synthetic_bundle(1, 200, 1.0, 1, "run1"), synthetic_bundle(2, 200, 1.0, 1, "run2")}), o, {});
+  const CompareResult r = compare_bundles(
+      loaded({synthetic_bundle(1, 200, 1.0, 1, "run1"), synthetic_bundle(2, 200, 1.0, 1, "run2")}), o, {});
   EXPECT_EQ(r.regressions, 0) << r.markdown;
   for (const MetricComparison& c : r.rows) {
     if (c.has_ci) {
@@ -221,15 +222,16 @@ TEST(Compare, DoesNotFlagTwoRunsOfTheSameBuild) {
     }
   }
   // Same inputs, same seed: the same report.
-  const CompareResult again =
-      compare_bundles(loaded({synthetic_bundle(1, 200, 1.0, 1, "run1"), synthetic_bundle(2, 200, 1.0, 1, "run2")}), o, {});
+  const CompareResult again = compare_bundles(
+      loaded({synthetic_bundle(1, 200, 1.0, 1, "run1"), synthetic_bundle(2, 200, 1.0, 1, "run2")}), o, {});
   EXPECT_EQ(again.markdown, r.markdown);
 }
 
 TEST(Compare, SweepPlotsGroupBySeries) {
   const fs::path dir = temp_dir("sweep");
   std::vector<Json> runs;
-  for (int64_t c : {1, 2, 16}) runs.push_back(synthetic_bundle(static_cast<uint64_t>(c), 17, 1.0, c, "c" + std::to_string(c)));
+  for (int64_t c : {1, 2, 16})
+    runs.push_back(synthetic_bundle(static_cast<uint64_t>(c), 17, 1.0, c, "c" + std::to_string(c)));
   const CompareResult r = compare_bundles(loaded(runs), CompareOptions{}, dir);
   // The runs table names each level as given: "concurrency 16", not "16.0".
   EXPECT_NE(r.markdown.find("| concurrency 16 |"), std::string::npos) << r.markdown.substr(0, 800);

@@ -9,12 +9,18 @@
 namespace k3::loadgen {
 
 nlohmann::json RequestSample::to_json() const {
-  return {{"session", session},         {"turn", turn},
-          {"input_tokens", input_tokens}, {"output_tokens", output_tokens},
-          {"cached_tokens", cached_tokens}, {"expected_output_tokens", expected_output_tokens},
-          {"start_s", start_s},         {"ttft_s", ttft_s},
-          {"e2e_s", e2e_s},             {"itl_s", itl_s},
-          {"ok", ok},                   {"error", error}};
+  return {{"session", session},
+          {"turn", turn},
+          {"input_tokens", input_tokens},
+          {"output_tokens", output_tokens},
+          {"cached_tokens", cached_tokens},
+          {"expected_output_tokens", expected_output_tokens},
+          {"start_s", start_s},
+          {"ttft_s", ttft_s},
+          {"e2e_s", e2e_s},
+          {"itl_s", itl_s},
+          {"ok", ok},
+          {"error", error}};
 }
 
 RequestSample RequestSample::from_json(const nlohmann::json& j) {

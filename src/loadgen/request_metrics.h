@@ -25,18 +25,18 @@
 namespace k3::loadgen {
 
 struct RequestSample {
-  int64_t session = 0;     // session index in the workload (one per request for single-turn kinds)
-  int64_t turn = 0;        // turn within the session
-  int64_t input_tokens = 0;      // prompt tokens sent (exact: token-id prompts)
-  int64_t output_tokens = 0;     // from the usage chunk, else the number of token chunks
-  int64_t cached_tokens = -1;    // usage.prompt_tokens_details.cached_tokens; -1: not reported
+  int64_t session = 0;                 // session index in the workload (one per request for single-turn kinds)
+  int64_t turn = 0;                    // turn within the session
+  int64_t input_tokens = 0;            // prompt tokens sent (exact: token-id prompts)
+  int64_t output_tokens = 0;           // from the usage chunk, else the number of token chunks
+  int64_t cached_tokens = -1;          // usage.prompt_tokens_details.cached_tokens; -1: not reported
   int64_t expected_output_tokens = 0;  // max_tokens asked for (ignore_eos: the exact length)
-  double start_s = 0;      // request sent, seconds since the run started
-  double ttft_s = 0;       // 0 when no token arrived
+  double start_s = 0;                  // request sent, seconds since the run started
+  double ttft_s = 0;                   // 0 when no token arrived
   double e2e_s = 0;
   std::vector<double> itl_s;  // gaps between successive token chunks (chunks - 1 values)
   bool ok = false;
-  std::string error;       // why not ok (HTTP status and body, or the transport error)
+  std::string error;  // why not ok (HTTP status and body, or the transport error)
   nlohmann::json to_json() const;
   static RequestSample from_json(const nlohmann::json& j);
 };

@@ -1,5 +1,4 @@
 // loadgen/runner.cpp: worker threads, arrivals, sessions with pauses and sub-agents.
-#include "core/log.h"
 #include "loadgen/runner.h"
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/rng.h"
 
 namespace k3::loadgen {
@@ -30,7 +30,8 @@ Json RunOptions::to_json() const {
 
 void RunOptions::validate() const {
   K3_CHECK(mode == "concurrency" || mode == "rate", "run: mode must be concurrency or rate, got '" + mode + "'");
-  if (mode == "concurrency") K3_CHECK(concurrency >= 1, "run: --concurrency must be >= 1, got " + std::to_string(concurrency));
+  if (mode == "concurrency")
+    K3_CHECK(concurrency >= 1, "run: --concurrency must be >= 1, got " + std::to_string(concurrency));
   else K3_CHECK(concurrency >= 0, "run: --concurrency (the in-flight cap in rate mode) must be >= 0");
   if (mode == "rate") K3_CHECK(request_rate > 0, "run: --request-rate must be > 0 in rate mode");
   K3_CHECK(warmup_requests >= 0, "run: --warmup must be >= 0");
@@ -138,7 +139,8 @@ RunResult run_load(const Endpoint& endpoint, const std::vector<Session>& session
 
   Run run{endpoint, Clock::now(), Clock::time_point::max(), {}, {}, {}};
   if (options.max_duration_s > 0)
-    run.deadline = run.start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.max_duration_s));
+    run.deadline = run.start +
+                   std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.max_duration_s));
 
   // Progress for long runs: finished requests so far, every progress_s seconds.
   std::mutex progress_mu;

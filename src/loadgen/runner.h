@@ -29,10 +29,10 @@ struct RunOptions {
 };
 
 struct RunResult {
-  std::vector<RequestSample> samples;    // measured requests, in completion order
-  double duration_s = 0;                 // first request sent to last reply ended
+  std::vector<RequestSample> samples;  // measured requests, in completion order
+  double duration_s = 0;               // first request sent to last reply ended
   int64_t warmup_failed = 0;
-  bool hit_time_limit = false;           // some planned request never started
+  bool hit_time_limit = false;                                  // some planned request never started
   std::map<std::string, double> metrics_before, metrics_after;  // empty when /metrics failed
   std::string metrics_error;
 };

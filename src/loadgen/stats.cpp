@@ -101,8 +101,8 @@ RatioInterval bootstrap_ratio(std::span<const double> a, std::span<const double>
 }
 
 RatioInterval bootstrap_ratio_clustered(const std::vector<std::vector<double>>& a,
-                                        const std::vector<std::vector<double>>& b, const Statistic& stat,
-                                        uint64_t seed, int resamples, double level) {
+                                        const std::vector<std::vector<double>>& b, const Statistic& stat, uint64_t seed,
+                                        int resamples, double level) {
   auto pooled = [](const std::vector<std::vector<double>>& clusters) {
     std::vector<double> out;
     for (const auto& c : clusters) out.insert(out.end(), c.begin(), c.end());

@@ -44,7 +44,7 @@ RatioInterval bootstrap_ratio(std::span<const double> a, std::span<const double>
 // with replacement and pools their values, so values that move together within a request are not
 // counted as independent evidence (an iid bootstrap over correlated gaps gives too narrow a CI).
 RatioInterval bootstrap_ratio_clustered(const std::vector<std::vector<double>>& a,
-                                        const std::vector<std::vector<double>>& b, const Statistic& stat,
-                                        uint64_t seed, int resamples = 2000, double level = 0.95);
+                                        const std::vector<std::vector<double>>& b, const Statistic& stat, uint64_t seed,
+                                        int resamples = 2000, double level = 0.95);
 
 }  // namespace k3::loadgen

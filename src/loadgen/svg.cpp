@@ -11,7 +11,8 @@ namespace k3::loadgen {
 namespace {
 
 // Colour-blind-friendly palette (Okabe-Ito), cycled.
-constexpr const char* kColors[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"};
+constexpr const char* kColors[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
+                                   "#E69F00", "#56B4E9", "#F0E442", "#000000"};
 
 std::string num(double v) {
   char buf[32];
@@ -54,7 +55,8 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
       break;
     }
   std::vector<double> ticks;
-  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push_back(std::fabs(t) < step * 1e-9 ? 0 : t);
+  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step)
+    ticks.push_back(std::fabs(t) < step * 1e-9 ? 0 : t);
   return ticks;
 }
 
@@ -85,7 +87,8 @@ std::string SvgPlot::render() const {
        "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   o += "<rect x=\"0\" y=\"0\" width=\"" + std::to_string(width) + "\" height=\"" + std::to_string(height) +
        "\" fill=\"white\"/>\n";
-  o += "<text x=\"" + num(width / 2.0) + "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" + xml_escape(title) + "</text>\n";
+  o += "<text x=\"" + num(width / 2.0) + "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" + xml_escape(title) +
+       "</text>\n";
   for (double t : xt) {
     o += "<line x1=\"" + num(sx(t)) + "\" y1=\"" + num(top) + "\" x2=\"" + num(sx(t)) + "\" y2=\"" + num(top + ph) +
          "\" stroke=\"#e0e0e0\"/>\n";
@@ -95,8 +98,8 @@ std::string SvgPlot::render() const {
   for (double t : yt) {
     o += "<line x1=\"" + num(left) + "\" y1=\"" + num(sy(t)) + "\" x2=\"" + num(left + pw) + "\" y2=\"" + num(sy(t)) +
          "\" stroke=\"#e0e0e0\"/>\n";
-    o += "<text x=\"" + num(left - 6) + "\" y=\"" + num(sy(t) + 4) + "\" text-anchor=\"end\">" + xml_escape(tick_label(t)) +
-         "</text>\n";
+    o += "<text x=\"" + num(left - 6) + "\" y=\"" + num(sy(t) + 4) + "\" text-anchor=\"end\">" +
+         xml_escape(tick_label(t)) + "</text>\n";
   }
   o += "<rect x=\"" + num(left) + "\" y=\"" + num(top) + "\" width=\"" + num(pw) + "\" height=\"" + num(ph) +
        "\" fill=\"none\" stroke=\"black\"/>\n";
@@ -111,7 +114,8 @@ std::string SvgPlot::render() const {
     for (const auto& [x, y] : s.points)
       if (std::isfinite(x) && std::isfinite(y)) pts += num(sx(x)) + "," + num(sy(y)) + " ";
     if (!pts.empty()) pts.pop_back();
-    o += "<polyline fill=\"none\" stroke=\"" + std::string(color) + "\" stroke-width=\"1.8\" points=\"" + pts + "\"/>\n";
+    o += "<polyline fill=\"none\" stroke=\"" + std::string(color) + "\" stroke-width=\"1.8\" points=\"" + pts +
+         "\"/>\n";
     if (s.markers)
       for (const auto& [x, y] : s.points)
         if (std::isfinite(x) && std::isfinite(y))

@@ -51,8 +51,9 @@ Session agentic_session(const WorkloadSpec& spec, int64_t id, int64_t& next_id, 
   Session s;
   s.id = id;
   const int64_t turns = subagent ? spec.subagent_turns
-                                 : spec.turns_min + static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(
-                                                                               spec.turns_max - spec.turns_min + 1));
+                                 : spec.turns_min +
+                                       static_cast<int64_t>(rng.next_u64() %
+                                                            static_cast<uint64_t>(spec.turns_max - spec.turns_min + 1));
   int64_t previous_output = 0;
   for (int64_t t = 0; t < turns; ++t) {
     Turn turn;
@@ -137,9 +138,12 @@ void WorkloadSpec::validate() const {
   need(num_sessions >= 1, "num_sessions must be >= 1, got " + std::to_string(num_sessions));
   need(token_low >= 0 && token_high > token_low,
        "token id range [" + std::to_string(token_low) + ", " + std::to_string(token_high) + ") is empty");
-  for (const auto& [name, d] : {std::pair<const char*, const LengthDist*>{"input", &input}, {"output", &output},
-                                {"first_turn", &first_turn}, {"turn_increment", &turn_increment},
-                                {"agent_output", &agent_output}, {"subagent_increment", &subagent_increment}}) {
+  for (const auto& [name, d] : {std::pair<const char*, const LengthDist*>{"input", &input},
+                                {"output", &output},
+                                {"first_turn", &first_turn},
+                                {"turn_increment", &turn_increment},
+                                {"agent_output", &agent_output},
+                                {"subagent_increment", &subagent_increment}}) {
     need(d->mean >= 1, std::string(name) + " length must be >= 1, got " + std::to_string(d->mean));
     need(d->range_ratio >= 0 && d->range_ratio < 1,
          std::string(name) + " range ratio must be in [0, 1), got " + std::to_string(d->range_ratio));
@@ -243,12 +247,12 @@ std::vector<Session> parse_trace(const std::string& text, const WorkloadSpec& sp
       const Json& ids = j["hash_ids"];
       K3_CHECK(ids.is_array(), "trace " + where + ": field 'hash_ids' must be an array of integers, got " + ids.dump());
       for (size_t k = 0; k < ids.size(); ++k)
-        K3_CHECK(ids[k].is_number_integer(),
-                 "trace " + where + ": field 'hash_ids[" + std::to_string(k) + "]' must be an integer, got " + ids[k].dump());
+        K3_CHECK(ids[k].is_number_integer(), "trace " + where + ": field 'hash_ids[" + std::to_string(k) +
+                                                 "]' must be an integer, got " + ids[k].dump());
       for (size_t k = 0; k < ids.size() && static_cast<int64_t>(turn.append.size()) < input_length; ++k) {
-        const std::vector<int32_t> block =
-            tokens(root.fork(0x484153480000ull ^ static_cast<uint64_t>(ids[k].get<int64_t>()) * 0x9e3779b1ull), spec,
-                   spec.trace_block_size);
+        const std::vector<int32_t> block = tokens(
+            root.fork(0x484153480000ull ^ static_cast<uint64_t>(ids[k].get<int64_t>()) * 0x9e3779b1ull), spec,
+            spec.trace_block_size);
         turn.append.insert(turn.append.end(), block.begin(), block.end());
       }
     }

@@ -46,14 +46,14 @@ struct WorkloadSpec {
   // agentic (defaults: a long agentic session: a large first turn, then many shorter turns)
   LengthDist first_turn{50000, 0.1}, turn_increment{800, 0.25}, agent_output{500, 0};
   int64_t turns_min = 10, turns_max = 15;
-  double pause_mean_s = 1.0;      // pause before each later turn: uniform in [0.5, 1.5] x mean
-  int64_t subagents = 0;          // sub-agent sessions each session forks (after its middle turn)
+  double pause_mean_s = 1.0;  // pause before each later turn: uniform in [0.5, 1.5] x mean
+  int64_t subagents = 0;      // sub-agent sessions each session forks (after its middle turn)
   int64_t subagent_turns = 2;
   LengthDist subagent_increment{400, 0.25};
   // trace
   std::string trace_path;
-  int64_t trace_block_size = 512;   // tokens per hash id
-  double trace_time_scale = 1.0;    // multiplies trace timestamps and delays
+  int64_t trace_block_size = 512;  // tokens per hash id
+  double trace_time_scale = 1.0;   // multiplies trace timestamps and delays
 
   nlohmann::json to_json() const;
   static WorkloadSpec from_json(const nlohmann::json& j);
@@ -74,7 +74,7 @@ struct Turn {
 
 struct Session {
   int64_t id = 0;
-  double arrival_s = -1;           // trace: start offset in the run; -1: the runner decides
+  double arrival_s = -1;  // trace: start offset in the run; -1: the runner decides
   std::vector<Turn> turns;
 };
 

@@ -2,6 +2,8 @@
 // token ids in their ranges, share prefixes where they should; agentic sessions grow by the
 // previous reply plus the configured increment; the trace reader's sessions, shared blocks,
 // timings, and errors that name the line and the field.
+#include "loadgen/workload.h"
+
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -10,7 +12,6 @@
 #include "core/error.h"
 #include "loadgen/runner.h"
 #include "loadgen/stats.h"
-#include "loadgen/workload.h"
 
 namespace k3::loadgen {
 namespace {
@@ -135,9 +136,8 @@ TEST(Workload, AgenticSessionsGrowByReplyPlusIncrement) {
     }
     EXPECT_GT(context, first + static_cast<int64_t>(s.turns.size() - 1) * (50 + 60) - 1);
   }
-  EXPECT_EQ(count_requests(sessions),
-            static_cast<int64_t>(sessions[0].turns.size() + sessions[1].turns.size() + sessions[2].turns.size() +
-                                 sessions[3].turns.size()));
+  EXPECT_EQ(count_requests(sessions), static_cast<int64_t>(sessions[0].turns.size() + sessions[1].turns.size() +
+                                                           sessions[2].turns.size() + sessions[3].turns.size()));
 }
 
 TEST(Workload, AgenticSubagentsForkFromTheMiddleTurn) {

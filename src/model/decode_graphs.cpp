@@ -50,8 +50,9 @@ void DecodeGraphs::describe_verify(std::span<const SequenceInput> batch, int row
 }
 
 core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsAt at, VerifyCapture* capture) {
-  K3_CHECK(eligible(batch), "DecodeGraphs::forward: not a pure-decode batch of one token per sequence, nor a verify "
-                            "batch of equal row counts");
+  K3_CHECK(eligible(batch),
+           "DecodeGraphs::forward: not a pure-decode batch of one token per sequence, nor a verify "
+           "batch of equal row counts");
   const bool verify = batch[0].verify;
   K3_CHECK(!verify || capture != nullptr, "DecodeGraphs::forward: a verify batch needs a VerifyCapture");
   model_.memory()->make_current();
@@ -89,7 +90,8 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
   Entry e;
   e.batch = B;
   e.rows = R;
-  e.tables = std::make_unique<StepTables>(segs, kv_.storage_config().block_size, memory, shape_, model_.context_split());
+  e.tables = std::make_unique<StepTables>(segs, kv_.storage_config().block_size, memory, shape_,
+                                          model_.context_split());
   e.ids = memory.upload(host_ids);
   if (verify) {
     describe_verify(batch, R, *capture);
@@ -103,7 +105,8 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
   advance();
   e.decision = model_.last_path_decision();
   e.work = memory.capture([&] {
-    e.logits = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), rows, nullptr, verify ? &e.capture : nullptr);
+    e.logits = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), rows, nullptr,
+                               verify ? &e.capture : nullptr);
   });
   if (!e.work) return result;  // the device cannot capture (the body did not run): nothing cached, every step eager
   model_.count_path(e.decision, -1);  // recording the graph was not a step
@@ -135,8 +138,8 @@ void DecodeGraphs::commit_verified(VerifyCapture& capture, std::span<const int32
   const std::vector<Segment> segs = model_.begin_commit(capture, accepted_rows);
   if (segs.empty()) return;
   auto it = e->commits.begin();
-  while (it != e->commits.end() && !std::equal(it->accepted.begin(), it->accepted.end(), accepted_rows.begin(),
-                                               accepted_rows.end()))
+  while (it != e->commits.end() &&
+         !std::equal(it->accepted.begin(), it->accepted.end(), accepted_rows.begin(), accepted_rows.end()))
     ++it;
   if (it != e->commits.end()) {  // replay: this step's sequences in the tables, the KDA inputs already in place
     e->commits.splice(e->commits.begin(), e->commits, it);

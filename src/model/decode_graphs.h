@@ -55,14 +55,14 @@ class DecodeGraphs {
   // used dropped); eager for a capture from Model::forward or a device that cannot capture.
   void commit_verified(VerifyCapture& capture, std::span<const int32_t> accepted_rows);
 
-  int64_t replays() const { return replays_; }    // steps served by a replay
+  int64_t replays() const { return replays_; }                // steps served by a replay
   int64_t commit_replays() const { return commit_replays_; }  // commits served by a replay
-  int64_t captures() const { return captures_; }  // graphs captured
+  int64_t captures() const { return captures_; }              // graphs captured
   // 0 when no graph of that shape exists (rows: 1 for plain decode, R for verify).
   size_t kernels_per_step(int batch, int rows = 1) const;
 
   static constexpr int kMaxBatch = 64;
-  static constexpr int kMaxRows = 64;  // rows of a captured verify step (the fused path's scope)
+  static constexpr int kMaxRows = 64;          // rows of a captured verify step (the fused path's scope)
   static constexpr int kMaxCommitGraphs = 16;  // per verify graph
 
  private:
@@ -75,9 +75,9 @@ class DecodeGraphs {
   struct Entry {
     int batch = 0, rows = 1;  // sequences and rows per sequence (> 1: a verify step)
     std::unique_ptr<StepTables> tables;
-    core::Tensor ids;     // device i32 [B * rows], rewritten each step
-    core::Tensor logits;  // device f32 [B * rows, V], written by every replay
-    VerifyCapture capture;  // verify: the KDA inputs the graph writes (layers), for commit_verified
+    core::Tensor ids;           // device i32 [B * rows], rewritten each step
+    core::Tensor logits;        // device f32 [B * rows, V], written by every replay
+    VerifyCapture capture;      // verify: the KDA inputs the graph writes (layers), for commit_verified
     std::list<Commit> commits;  // verify: per accepted-count vector, most recently used first
     std::unique_ptr<core::CapturedWork> work;
     PathDecision decision;  // the decode path captured (counted again at each replay)

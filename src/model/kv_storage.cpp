@@ -70,7 +70,8 @@ void KvStorage::check_slot(int32_t slot) const {
 
 void KvStorage::check_checkpoint(int32_t ckpt) const {
   K3_CHECK(ckpt >= 0 && ckpt < cfg_.num_checkpoints, "KvStorage: KDA checkpoint " + std::to_string(ckpt) +
-                                                         " out of range [0, " + std::to_string(cfg_.num_checkpoints) + ")");
+                                                         " out of range [0, " + std::to_string(cfg_.num_checkpoints) +
+                                                         ")");
 }
 
 core::TensorView KvStorage::kda_state(int layer, int32_t slot) const {

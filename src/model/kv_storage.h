@@ -73,9 +73,9 @@ class KvStorage {
 // What a sequence owns in the storage. The caller (engine or runner) allocates blocks so
 // that block_table covers num_tokens + the step's tokens before each forward.
 struct SequenceState {
-  int64_t num_tokens = 0;             // tokens already folded into the state
-  int32_t kda_slot = -1;              // KDA slot (every KDA layer)
-  std::vector<int32_t> block_table;   // MLA page ids, in token order (append-only)
+  int64_t num_tokens = 0;            // tokens already folded into the state
+  int32_t kda_slot = -1;             // KDA slot (every KDA layer)
+  std::vector<int32_t> block_table;  // MLA page ids, in token order (append-only)
 };
 
 }  // namespace k3::model

@@ -12,9 +12,9 @@ namespace k3::model {
 namespace {
 
 void check_schedule(const config::K3Config& c, const Weights& w) {
-  K3_CHECK(static_cast<int>(w.layers.size()) == c.num_hidden_layers,
-           "weights have " + std::to_string(w.layers.size()) + " layers, config has " +
-               std::to_string(c.num_hidden_layers));
+  K3_CHECK(static_cast<int>(w.layers.size()) == c.num_hidden_layers, "weights have " + std::to_string(w.layers.size()) +
+                                                                         " layers, config has " +
+                                                                         std::to_string(c.num_hidden_layers));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const auto& lw = w.layers[static_cast<size_t>(l)];
     const bool kda = std::holds_alternative<KdaWeights>(lw.attn);
@@ -40,7 +40,8 @@ core::Tensor layer_forward(const ForwardContext& ctx, int l, const LayerWeights&
   if (restart) bank.push_back(prefix);  // snapshot the block sum before restarting
   const core::Tensor x = ctx.rmsnorm(h, lw.input_norm, ctx.config.rms_norm_eps);
   // o_proj is row-parallel: under TP each rank's partial is summed over the ranks here.
-  const core::Tensor a = ctx.reduce_partial(std::visit([&](const auto& w) { return attention(ctx, l, w, x); }, lw.attn));
+  const core::Tensor a = ctx.reduce_partial(
+      std::visit([&](const auto& w) { return attention(ctx, l, w, x); }, lw.attn));
   ctx.emit("attn.out", l, a);
   prefix = restart ? a : ctx.add(prefix, a);
 
@@ -48,10 +49,8 @@ core::Tensor layer_forward(const ForwardContext& ctx, int l, const LayerWeights&
   const core::Tensor fx = ctx.rmsnorm(h, lw.post_attn_norm, ctx.config.rms_norm_eps);
   const core::Tensor f = std::visit(
       [&](const auto& w) {
-        if constexpr (std::is_same_v<std::decay_t<decltype(w)>, MoeWeights>)
-          return ffn(ctx, l, w, router_bias, fx);
-        else
-          return ffn(ctx, l, w, fx);
+        if constexpr (std::is_same_v<std::decay_t<decltype(w)>, MoeWeights>) return ffn(ctx, l, w, router_bias, fx);
+        else return ffn(ctx, l, w, fx);
       },
       lw.ffn);
   ctx.emit("ffn.out", l, f);
@@ -60,17 +59,16 @@ core::Tensor layer_forward(const ForwardContext& ctx, int l, const LayerWeights&
   return prefix;
 }
 
-Model::Model(const config::K3Config& config, const Weights& weights, const kernels::Registry& ops,
-             ModelOptions options, std::shared_ptr<core::DeviceMemory> memory, comm::Communicator* comm)
+Model::Model(const config::K3Config& config, const Weights& weights, const kernels::Registry& ops, ModelOptions options,
+             std::shared_ptr<core::DeviceMemory> memory, comm::Communicator* comm)
     : config_(config), weights_(weights), ops_(ops), options_(options), memory_(std::move(memory)), comm_(comm) {
   K3_CHECK(memory_ && memory_->device() == options_.device,
            "Model: the DeviceMemory is not on the device the options name (" +
                std::string(core::device_name(options_.device)) + ")");
   if (comm_) {
-    K3_CHECK(comm_->device() == options_.device, "Model: the communicator works on " +
-                                                     std::string(core::device_name(comm_->device())) +
-                                                     " tensors but the model runs on " +
-                                                     std::string(core::device_name(options_.device)));
+    K3_CHECK(comm_->device() == options_.device,
+             "Model: the communicator works on " + std::string(core::device_name(comm_->device())) +
+                 " tensors but the model runs on " + std::string(core::device_name(options_.device)));
     K3_CHECK(weights_.embed.dim(0) == config_.vocab_size,
              "Model: rank " + std::to_string(comm_->rank()) + " of " + std::to_string(comm_->size()) + " has " +
                  std::to_string(weights_.embed.dim(0)) + " embedding rows but its config has vocab_size " +
@@ -92,7 +90,7 @@ Model::Model(const config::K3Config& config, const Weights& weights, const kerne
     if (!moe) continue;
     // The weights may be on the device: read the bias through a host copy.
     const core::Tensor src = options_.device == core::Device::cpu ? moe->router_bias
-                                                                   : memory_->download_f32(moe->router_bias.view());
+                                                                  : memory_->download_f32(moe->router_bias.view());
     core::Tensor bias = core::Tensor::zeros(core::DType::f32, {src.numel()});
     for (int64_t e = 0; e < bias.numel(); ++e)
       bias.data<float>()[e] = kernels::round_act(kernels::load_f32(src.view(), e), options_.precision);
@@ -108,20 +106,21 @@ void Model::check_step(const KvStorage& kv, std::span<const SequenceInput> batch
     // Under decode context parallelism the table covers this rank's LOCAL positions.
     const int64_t need = context_split().local_tokens(in.state->num_tokens + static_cast<int64_t>(in.tokens.size()));
     const int64_t have = static_cast<int64_t>(in.state->block_table.size()) * kv.storage_config().block_size;
-    K3_CHECK(need <= have, "forward: a sequence's block table covers " + std::to_string(have) + " tokens, the step needs " +
-                               std::to_string(need) + (options_.dcp > 1 ? " (local positions of this rank)" : ""));
+    K3_CHECK(need <= have, "forward: a sequence's block table covers " + std::to_string(have) +
+                               " tokens, the step needs " + std::to_string(need) +
+                               (options_.dcp > 1 ? " (local positions of this rank)" : ""));
   }
 }
 
-core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch, LogitRows rows,
-                            const TraceFn* trace, VerifyCapture* capture, HiddenTaps* taps, LogitsAt at) const {
+core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch, LogitRows rows, const TraceFn* trace,
+                            VerifyCapture* capture, HiddenTaps* taps, LogitsAt at) const {
   memory_->make_current();  // before any upload: the thread may have last used another GPU
   check_step(kv, batch);
   if (taps) {
     for (int32_t l : taps->layers)
-      K3_CHECK(l >= 0 && l + 1 < config_.num_hidden_layers,
-               "forward: tap layer " + std::to_string(l) + " has no next layer (the model has " +
-                   std::to_string(config_.num_hidden_layers) + ")");
+      K3_CHECK(l >= 0 && l + 1 < config_.num_hidden_layers, "forward: tap layer " + std::to_string(l) +
+                                                                " has no next layer (the model has " +
+                                                                std::to_string(config_.num_hidden_layers) + ")");
     taps->values.assign(taps->layers.size(), core::Tensor());
   }
   // Lay the sequences out as consecutive row segments.
@@ -151,8 +150,8 @@ core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch,
 }
 
 core::Tensor Model::run_step(KvStorage& kv, std::span<const Segment> segments, const StepBatches& batches,
-                             const core::TensorView& ids, LogitRows rows, const TraceFn* trace,
-                             VerifyCapture* capture, HiddenTaps* taps) const {
+                             const core::TensorView& ids, LogitRows rows, const TraceFn* trace, VerifyCapture* capture,
+                             HiddenTaps* taps) const {
   const int64_t n = ids.numel();
   const ForwardContext ctx{config_, kv, ops_, options_, segments, batches, *memory_, trace, comm_, capture, taps};
   PathDecision decision;
@@ -221,7 +220,8 @@ void Model::count_path(const PathDecision& d, int64_t steps) const {
   std::lock_guard lk(path_mu_);
   last_decision_ = d;
   int64_t& total = d.fused ? path_counters_.fused_steps : path_counters_.standard_steps;
-  if (d.fused && total == 0 && steps > 0 && path_log_) path_log_("decode path: latency_specialized (fused) serves a step");
+  if (d.fused && total == 0 && steps > 0 && path_log_)
+    path_log_("decode path: latency_specialized (fused) serves a step");
   total += steps;
   if (d.fused || d.reason.empty()) return;  // auto: the standard path is the choice, not a fallback
   for (auto& [reason, count] : path_counters_.fallbacks)
@@ -270,7 +270,8 @@ void Model::run_commit(KvStorage& kv, std::span<const Segment> segments, const S
 }
 
 void Model::end_commit(VerifyCapture& capture, std::span<const int32_t> accepted_rows) const {
-  for (size_t j = 0; j < capture.states.size(); ++j) capture.states[j]->num_tokens = capture.start[j] + accepted_rows[j];
+  for (size_t j = 0; j < capture.states.size(); ++j)
+    capture.states[j]->num_tokens = capture.start[j] + accepted_rows[j];
   capture.clear();
 }
 

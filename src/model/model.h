@@ -23,8 +23,8 @@ namespace k3::model {
 enum class LogitsAt : uint8_t { host, device };
 
 enum class LogitRows : uint8_t {
-  all,   // one row per input token, in batch order
-  last,  // the last token of each sequence
+  all,     // one row per input token, in batch order
+  last,    // the last token of each sequence
   verify,  // every row of a verify sequence (SequenceInput::verify), the last row of the others
 };
 
@@ -50,9 +50,8 @@ class Model {
   // communicator is a constructor argument rather than a ModelOptions field because it is a live
   // object of one rank (options are plain values that every rank shares, print and compare); it
   // must outlive the Model and live on options.device. nullptr: TP1.
-  Model(const config::K3Config& config, const Weights& weights, const kernels::Registry& ops,
-        ModelOptions options, std::shared_ptr<core::DeviceMemory> memory = core::make_host_memory(),
-        comm::Communicator* comm = nullptr);
+  Model(const config::K3Config& config, const Weights& weights, const kernels::Registry& ops, ModelOptions options,
+        std::shared_ptr<core::DeviceMemory> memory = core::make_host_memory(), comm::Communicator* comm = nullptr);
 
   const config::K3Config& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
@@ -81,8 +80,8 @@ class Model {
   // `taps` (optional): its layers' AttnRes mixtures over every row are left in taps->values
   // (spec/drafter.h). Each tap layer needs a next layer.
   core::Tensor forward(KvStorage& kv, std::span<const SequenceInput> batch, LogitRows rows,
-                       const TraceFn* trace = nullptr, VerifyCapture* capture = nullptr,
-                       HiddenTaps* taps = nullptr, LogitsAt at = LogitsAt::host) const;
+                       const TraceFn* trace = nullptr, VerifyCapture* capture = nullptr, HiddenTaps* taps = nullptr,
+                       LogitsAt at = LogitsAt::host) const;
 
   // After a forward with verify sequences: for verify sequence j (batch order), its first
   // accepted_rows[j] rows (1 <= that <= its rows: the last committed token plus the accepted

@@ -64,10 +64,12 @@ Layout lay_out(std::span<const Segment> segments, int32_t block_size, const Step
   }
   host.clear();
   for (GroupLayout& g : L.groups) {
-    for (const Segment* s : g.seqs) g.width = std::max<int64_t>(g.width, static_cast<int64_t>(s->state->block_table.size()));
+    for (const Segment* s : g.seqs)
+      g.width = std::max<int64_t>(g.width, static_cast<int64_t>(s->state->block_table.size()));
     if (shape.block_table_width > 0) {
       K3_CHECK(g.width <= shape.block_table_width, "StepTables: a block table has " + std::to_string(g.width) +
-                                                       " blocks, the fixed width is " + std::to_string(shape.block_table_width));
+                                                       " blocks, the fixed width is " +
+                                                       std::to_string(shape.block_table_width));
       g.width = shape.block_table_width;
     }
     g.row_begin = static_cast<int64_t>(host.size());
@@ -94,10 +96,11 @@ Layout lay_out(std::span<const Segment> segments, int32_t block_size, const Step
       if (!split.owns(pos)) continue;  // decode context parallelism: another rank stores it (-1)
       const int64_t local = split.local(pos);
       const auto page = static_cast<size_t>(local / block_size);
-      K3_CHECK(page < s.state->block_table.size(), "StepTables: a block table does not cover position " + std::to_string(pos) +
-                                                       (split.size > 1 ? " (local " + std::to_string(local) + ")" : ""));
-      host[static_cast<size_t>(L.cache_rows + r)] =
-          static_cast<int32_t>(int64_t{s.state->block_table[page]} * block_size + local % block_size);
+      K3_CHECK(page < s.state->block_table.size(),
+               "StepTables: a block table does not cover position " + std::to_string(pos) +
+                   (split.size > 1 ? " (local " + std::to_string(local) + ")" : ""));
+      host[static_cast<size_t>(L.cache_rows + r)] = static_cast<int32_t>(
+          int64_t{s.state->block_table[page]} * block_size + local % block_size);
     }
   lay_out_dcp_prefill(L, block_size, split, host);
   return L;
@@ -124,10 +127,13 @@ StepTables::StepTables(std::span<const Segment> segments, int32_t block_size, co
   std::vector<int32_t> host;
   const Layout L = lay_out(segments, block_size_, shape_, split_, host);
   layout_ = signature(L);
-  storage_ = memory.upload(core::TensorView::contiguous(host.data(), core::DType::i32, {static_cast<int64_t>(host.size())}));
+  storage_ = memory.upload(
+      core::TensorView::contiguous(host.data(), core::DType::i32, {static_cast<int64_t>(host.size())}));
   auto* base = storage_.data<int32_t>();
   const core::Device dev = memory.device();
-  auto vec = [&](int64_t off, int64_t n) { return core::TensorView::contiguous(base + off, core::DType::i32, {n}, dev); };
+  auto vec = [&](int64_t off, int64_t n) {
+    return core::TensorView::contiguous(base + off, core::DType::i32, {n}, dev);
+  };
   kernels::SeqBatch* out[kGroups] = {&batches_.all,     &batches_.prefill,    &batches_.decode,
                                      &batches_.kda_all, &batches_.kda_decode, &batches_.verify};
   for (int i = 0; i < kGroups; ++i) {
@@ -146,7 +152,8 @@ StepTables::StepTables(std::span<const Segment> segments, int32_t block_size, co
     }
     if (shape_.max_tokens > 0) {
       K3_CHECK(b.max_tokens <= shape_.max_tokens, "StepTables: a sequence reaches " + std::to_string(b.max_tokens) +
-                                                      " tokens, the fixed capacity is " + std::to_string(shape_.max_tokens));
+                                                      " tokens, the fixed capacity is " +
+                                                      std::to_string(shape_.max_tokens));
       b.max_tokens = shape_.max_tokens;
     }
   }
@@ -154,10 +161,11 @@ StepTables::StepTables(std::span<const Segment> segments, int32_t block_size, co
   if (L.dcp_slots > 0) {  // the prefill sequences over the temporary cache: global positions
     StepBatches::DcpPrefill& d = batches_.dcp_prefill;
     d.seqs = batches_.prefill;
-    d.seqs.block_table =
-        core::TensorView::contiguous(base + L.dcp_table, core::DType::i32, {d.seqs.num_seqs, L.dcp_width}, dev);
+    d.seqs.block_table = core::TensorView::contiguous(base + L.dcp_table, core::DType::i32,
+                                                      {d.seqs.num_seqs, L.dcp_width}, dev);
     d.seqs.max_tokens = 0;
-    for (const Segment* s : L.groups[1].seqs) d.seqs.max_tokens = std::max(d.seqs.max_tokens, s->state->num_tokens + s->rows());
+    for (const Segment* s : L.groups[1].seqs)
+      d.seqs.max_tokens = std::max(d.seqs.max_tokens, s->state->num_tokens + s->rows());
     d.pack_rows = vec(L.dcp_pack, L.dcp_slots);
     d.place_rows = vec(L.dcp_place, L.dcp_blocks * block_size_);
     d.slots = L.dcp_slots;
@@ -174,9 +182,10 @@ void StepTables::refill(std::span<const Segment> segments) {
   for (int i = 0; i < kGroups; ++i)
     for (const Segment* s : L.groups[i].seqs)
       K3_CHECK(split_.local_tokens(s->state->num_tokens + s->rows()) <= groups[i]->max_tokens,
-               "StepTables::refill: a sequence reaches past the fixed capacity " + std::to_string(groups[i]->max_tokens));
-  memory_.copy_from_host(storage_.view(),
-                         core::TensorView::contiguous(host.data(), core::DType::i32, {static_cast<int64_t>(host.size())}));
+               "StepTables::refill: a sequence reaches past the fixed capacity " +
+                   std::to_string(groups[i]->max_tokens));
+  memory_.copy_from_host(storage_.view(), core::TensorView::contiguous(host.data(), core::DType::i32,
+                                                                       {static_cast<int64_t>(host.size())}));
 }
 
 }  // namespace k3::model

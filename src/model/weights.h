@@ -30,19 +30,19 @@ struct KdaWeights {
 };
 
 struct MlaWeights {
-  LinearWeight q_a_proj;                // [q_lora, hidden] bf16
-  Tensor q_a_norm;                      // [q_lora] bf16 (eps 1e-6)
-  LinearWeight q_b_proj;                // [H*(nope+rope), q_lora] bf16
-  LinearWeight kv_a_proj;               // [kv_lora+rope, hidden] bf16 (kv_a_proj_with_mqa)
-  Tensor kv_a_norm;                     // [kv_lora] bf16 (eps 1e-6)
-  LinearWeight kv_b_proj;               // [H*(nope+v), kv_lora] bf16: per head W_UK then W_UV
-  LinearWeight g_proj;                  // [H*v, hidden] bf16
-  LinearWeight o_proj;                  // [hidden, H*v] bf16
+  LinearWeight q_a_proj;   // [q_lora, hidden] bf16
+  Tensor q_a_norm;         // [q_lora] bf16 (eps 1e-6)
+  LinearWeight q_b_proj;   // [H*(nope+rope), q_lora] bf16
+  LinearWeight kv_a_proj;  // [kv_lora+rope, hidden] bf16 (kv_a_proj_with_mqa)
+  Tensor kv_a_norm;        // [kv_lora] bf16 (eps 1e-6)
+  LinearWeight kv_b_proj;  // [H*(nope+v), kv_lora] bf16: per head W_UK then W_UV
+  LinearWeight g_proj;     // [H*v, hidden] bf16
+  LinearWeight o_proj;     // [hidden, H*v] bf16
 };
 
 struct DenseFfnWeights {
-  LinearWeight gate_proj, up_proj;      // [intermediate, hidden] bf16
-  LinearWeight down_proj;               // [hidden, intermediate] bf16
+  LinearWeight gate_proj, up_proj;  // [intermediate, hidden] bf16
+  LinearWeight down_proj;           // [hidden, intermediate] bf16
 };
 
 struct MoeWeights {
@@ -64,25 +64,25 @@ struct MoeWeights {
 };
 
 struct AttnResWeights {
-  Tensor query;                         // [1, hidden] bf16 (…_res_proj.weight)
-  Tensor norm;                          // [hidden] bf16 (…_res_norm.weight)
+  Tensor query;  // [1, hidden] bf16 (…_res_proj.weight)
+  Tensor norm;   // [hidden] bf16 (…_res_norm.weight)
 };
 
 struct LayerWeights {
-  Tensor input_norm;                    // [hidden] bf16 input_layernorm
-  Tensor post_attn_norm;                // [hidden] bf16 post_attention_layernorm
-  AttnResWeights attn_res;              // self_attention_res_{proj,norm}
-  AttnResWeights mlp_res;               // mlp_res_{proj,norm}
+  Tensor input_norm;        // [hidden] bf16 input_layernorm
+  Tensor post_attn_norm;    // [hidden] bf16 post_attention_layernorm
+  AttnResWeights attn_res;  // self_attention_res_{proj,norm}
+  AttnResWeights mlp_res;   // mlp_res_{proj,norm}
   std::variant<KdaWeights, MlaWeights> attn;
   std::variant<DenseFfnWeights, MoeWeights> ffn;
 };
 
 struct Weights {
-  Tensor embed;                         // [V, hidden] bf16
+  Tensor embed;  // [V, hidden] bf16
   std::vector<LayerWeights> layers;
-  AttnResWeights output_res;            // output_attn_res_{proj,norm}
-  Tensor final_norm;                    // [hidden] bf16
-  LinearWeight lm_head;                 // [V, hidden] bf16
+  AttnResWeights output_res;  // output_attn_res_{proj,norm}
+  Tensor final_norm;          // [hidden] bf16
+  LinearWeight lm_head;       // [V, hidden] bf16
 };
 
 // A copy of every tensor on `memory`'s device, dtypes kept (bf16 stays bf16, MXFP4 stays packed

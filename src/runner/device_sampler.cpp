@@ -52,10 +52,9 @@ std::vector<SampleResult> DeviceSampler::sample(const core::TensorView& logits, 
     return results;
   }
   memory_->make_current();  // the calling thread (the engine's) may not have this GPU current
-  K3_CHECK(logits.device == memory_->device(), "DeviceSampler: logits live on " +
-                                                   std::string(core::device_name(logits.device)) +
-                                                   ", the sampler's memory on " +
-                                                   std::string(core::device_name(memory_->device())));
+  K3_CHECK(logits.device == memory_->device(),
+           "DeviceSampler: logits live on " + std::string(core::device_name(logits.device)) +
+               ", the sampler's memory on " + std::string(core::device_name(memory_->device())));
   const int64_t V = logits.dim(1);
   params_.clear();
   device_index_.clear();

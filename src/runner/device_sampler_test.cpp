@@ -101,8 +101,7 @@ void expect_same(const SampleResult& got, const SampleResult& want, const std::s
   ASSERT_EQ(got.top_logprobs.size(), want.top_logprobs.size()) << where;
   for (size_t j = 0; j < want.top_logprobs.size(); ++j) {
     EXPECT_EQ(got.top_logprobs[j].first, want.top_logprobs[j].first) << where << " top " << j;
-    EXPECT_EQ(std::bit_cast<uint32_t>(got.top_logprobs[j].second),
-              std::bit_cast<uint32_t>(want.top_logprobs[j].second))
+    EXPECT_EQ(std::bit_cast<uint32_t>(got.top_logprobs[j].second), std::bit_cast<uint32_t>(want.top_logprobs[j].second))
         << where << " top " << j;
   }
 }
@@ -141,10 +140,11 @@ void run_steps(const std::function<std::vector<SampleResult>(const Tensor&, std:
 
 TEST(DeviceSampler, HostPathIsSamplerSampleStepAfterStep) {
   for (int64_t V : {23, 1000}) {
-    run_steps([](const Tensor& logits, std::span<const SampleRow> rows) { return sample_rows(logits.view(), rows); },
-              V, 6);
+    run_steps([](const Tensor& logits, std::span<const SampleRow> rows) { return sample_rows(logits.view(), rows); }, V,
+              6);
     DeviceSampler host_only;
-    run_steps([&](const Tensor& logits, std::span<const SampleRow> rows) { return host_only.sample(logits.view(), rows); },
+    run_steps([&](const Tensor& logits,
+                  std::span<const SampleRow> rows) { return host_only.sample(logits.view(), rows); },
               V, 3);
     EXPECT_EQ(host_only.device_rows(), 0);
   }
@@ -153,7 +153,8 @@ TEST(DeviceSampler, HostPathIsSamplerSampleStepAfterStep) {
 TEST(DeviceSampler, HostLogitsWithADeviceSamplerStayOnTheHost) {
   const StandInRegistry ops;
   DeviceSampler ds(ops.r, std::make_shared<StandInDevice>());
-  run_steps([&](const Tensor& logits, std::span<const SampleRow> rows) { return sample_rows(logits.view(), rows, &ds); },
+  run_steps([&](const Tensor& logits,
+                std::span<const SampleRow> rows) { return sample_rows(logits.view(), rows, &ds); },
             97, 3);
   EXPECT_EQ(ds.device_rows(), 0);
   EXPECT_EQ(ds.host_rows(), 27);

@@ -1,13 +1,12 @@
 // runner/model_runner.cpp: ModelRunner.
-#include "core/log.h"
 #include "runner/model_runner.h"
-
-
-#include "fastpath/fused_decode.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+
+#include "core/log.h"
+#include "fastpath/fused_decode.h"
 
 #ifdef K3_HAVE_CUDA
 #include "backends/cuda/context.h"
@@ -17,8 +16,8 @@
 
 namespace k3::runner {
 
-std::unique_ptr<ModelRunner> ModelRunner::open(const std::filesystem::path& dir,
-                                               const model::ModelOptions& options, model::KvCacheDtype kv_cache,
+std::unique_ptr<ModelRunner> ModelRunner::open(const std::filesystem::path& dir, const model::ModelOptions& options,
+                                               model::KvCacheDtype kv_cache,
                                                const checkpoint::LoadProgressFn& progress) {
   return std::make_unique<ModelRunner>(checkpoint::load_checkpoint(dir, progress), options, kv_cache);
 }
@@ -55,9 +54,8 @@ model::LocalCache ModelRunner::new_cache(int64_t max_tokens) const {
 void ModelRunner::check_ids(std::span<const int32_t> tokens) const {
   K3_CHECK(!tokens.empty(), "no token ids given");
   for (int32_t id : tokens)
-    K3_CHECK(id >= 0 && id < config().vocab_size,
-             "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                 std::to_string(config().vocab_size) + ")");
+    K3_CHECK(id >= 0 && id < config().vocab_size, "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                                      std::to_string(config().vocab_size) + ")");
 }
 
 core::Tensor ModelRunner::logits(std::span<const int32_t> tokens, int64_t decode_from) const {
@@ -70,7 +68,8 @@ core::Tensor ModelRunner::logits(std::span<const int32_t> tokens, int64_t decode
   model::LocalCache cache = new_cache(T);
   model::SequenceState state = cache.new_sequence();
   auto copy_rows = [&](const core::Tensor& rows, int64_t at) {
-    std::memcpy(out.data<float>() + at * V, rows.data<const float>(), static_cast<size_t>(rows.numel()) * sizeof(float));
+    std::memcpy(out.data<float>() + at * V, rows.data<const float>(),
+                static_cast<size_t>(rows.numel()) * sizeof(float));
   };
   if (decode_from > 0) {
     const model::SequenceInput in{tokens.first(static_cast<size_t>(decode_from)), &state, model::StepKind::prefill};
@@ -84,8 +83,7 @@ core::Tensor ModelRunner::logits(std::span<const int32_t> tokens, int64_t decode
 }
 
 std::vector<int32_t> ModelRunner::generate(std::span<const int32_t> prompt, int64_t max_tokens,
-                                           const SamplingParams& sampling,
-                                           const std::function<void(int32_t)>& on_token,
+                                           const SamplingParams& sampling, const std::function<void(int32_t)>& on_token,
                                            GenerateStats* stats) const {
   check_ids(prompt);
   K3_CHECK(max_tokens >= 0, "max_tokens must be >= 0, got " + std::to_string(max_tokens));

@@ -63,7 +63,8 @@ class ModelRunner {
   void check_ids(std::span<const int32_t> tokens) const;
   model::LocalCache new_cache(int64_t max_tokens) const;
   // The model's forward, explained to explain_ when it is set.
-  core::Tensor explained_forward(model::LocalCache& cache, const model::SequenceInput& in, const std::string& what) const;
+  core::Tensor explained_forward(model::LocalCache& cache, const model::SequenceInput& in,
+                                 const std::string& what) const;
   checkpoint::LoadedModel loaded_;
   model::KvCacheDtype kv_cache_;
   kernels::Registry registry_;

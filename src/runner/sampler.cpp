@@ -26,10 +26,9 @@ std::string num(double v) {
 // "ids[i] = id" must be a token of the vocabulary.
 void check_ids(std::span<const int32_t> ids, const char* what, int32_t vocab_size) {
   for (size_t i = 0; i < ids.size(); ++i)
-    K3_CHECK(ids[i] >= 0 && ids[i] < vocab_size, std::string("sample: ") + what + "[" + std::to_string(i) +
-                                                     "] = " + std::to_string(ids[i]) +
-                                                     " is outside the vocabulary [0, " +
-                                                     std::to_string(vocab_size) + ")");
+    K3_CHECK(ids[i] >= 0 && ids[i] < vocab_size,
+             std::string("sample: ") + what + "[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
+                 " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
 }
 
 }  // namespace
@@ -50,8 +49,8 @@ void validate(const SamplingParams& p, int32_t vocab_size) {
            "frequency_penalty must be in [-2, 2] (0 = off), got " + num(p.frequency_penalty));
   K3_CHECK(p.logprobs >= 0 && p.logprobs <= kMaxLogprobs,
            "logprobs must be in [0, " + std::to_string(kMaxLogprobs) + "], got " + std::to_string(p.logprobs));
-  K3_CHECK(p.logprobs <= vocab_size, "logprobs (" + std::to_string(p.logprobs) +
-                                         ") must not exceed vocab_size (" + std::to_string(vocab_size) + ")");
+  K3_CHECK(p.logprobs <= vocab_size, "logprobs (" + std::to_string(p.logprobs) + ") must not exceed vocab_size (" +
+                                         std::to_string(vocab_size) + ")");
   std::vector<int32_t> ids;
   ids.reserve(p.logit_bias.size());
   for (size_t i = 0; i < p.logit_bias.size(); ++i) {
@@ -65,8 +64,8 @@ void validate(const SamplingParams& p, int32_t vocab_size) {
   }
   std::sort(ids.begin(), ids.end());
   const auto dup = std::adjacent_find(ids.begin(), ids.end());
-  K3_CHECK(dup == ids.end(), "logit_bias lists token id " + std::to_string(dup == ids.end() ? 0 : *dup) +
-                                 " more than once");
+  K3_CHECK(dup == ids.end(),
+           "logit_bias lists token id " + std::to_string(dup == ids.end() ? 0 : *dup) + " more than once");
 }
 
 Sampler::Sampler(const SamplingParams& params, int32_t vocab_size)
@@ -122,9 +121,9 @@ std::span<const float> Sampler::process(std::span<const float> logits, std::span
 
 SampleResult Sampler::sample(std::span<const float> logits, std::span<const int32_t> prompt,
                              std::span<const int32_t> output) {
-  K3_CHECK(logits.size() == static_cast<size_t>(vocab_size_),
-           "sample: logits has " + std::to_string(logits.size()) + " values, expected vocab_size " +
-               std::to_string(vocab_size_));
+  K3_CHECK(logits.size() == static_cast<size_t>(vocab_size_), "sample: logits has " + std::to_string(logits.size()) +
+                                                                  " values, expected vocab_size " +
+                                                                  std::to_string(vocab_size_));
   for (size_t i = 0; i < logits.size(); ++i)
     if (!(logits[i] < kInf))  // NaN or +inf; -inf is a legal "masked" logit
       throw core::Error("sample: logits[" + std::to_string(i) + "] is " + num(logits[i]) +
@@ -268,7 +267,7 @@ int32_t Sampler::draw(std::span<const float> x) {
     for (size_t i = 0; i < vocab; ++i)
       if (prob_[i] >= floor) order_[kept++] = static_cast<int32_t>(i);
   }
-  n = kept;  // >= 1: the most likely token has p = 1 >= floor
+  n = kept;        // >= 1: the most likely token has p = 1 >= floor
   if (filter_p) {  // step 7: weighted selection of the shortest prefix reaching target
     size_t lo = 0, hi = n;
     double cum = 0.0;  // mass of order_[0, lo), all of it kept

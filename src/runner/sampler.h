@@ -48,21 +48,21 @@
 
 namespace k3::runner {
 
-inline constexpr int kMaxLogprobs = 20;       // like vLLM's default max_logprobs and OpenAI
-inline constexpr float kMaxLogitBias = 100;   // |bias| bound, like OpenAI
+inline constexpr int kMaxLogprobs = 20;        // like vLLM's default max_logprobs and OpenAI
+inline constexpr float kMaxLogitBias = 100;    // |bias| bound, like OpenAI
 inline constexpr float kMaxOpenAIPenalty = 2;  // |presence|, |frequency| bound, like OpenAI/vLLM
 
 struct SamplingParams {
-  float temperature = 0.0f;        // finite, >= 0; 0 = greedy
-  float top_p = 1.0f;              // (0, 1]; 1 = off
-  int top_k = 0;                   // 0 or -1 = off (-1 as in vLLM); >= 1 keeps k tokens
-  float min_p = 0.0f;              // [0, 1]; 0 = off
-  uint64_t seed = 0;               // every value is a fixed seed (0 included)
-  float repetition_penalty = 1.0f;  // finite, > 0; 1 = off; over prompt + output ids
-  float presence_penalty = 0.0f;    // [-2, 2]; over output ids
-  float frequency_penalty = 0.0f;   // [-2, 2]; over output ids
+  float temperature = 0.0f;                                // finite, >= 0; 0 = greedy
+  float top_p = 1.0f;                                      // (0, 1]; 1 = off
+  int top_k = 0;                                           // 0 or -1 = off (-1 as in vLLM); >= 1 keeps k tokens
+  float min_p = 0.0f;                                      // [0, 1]; 0 = off
+  uint64_t seed = 0;                                       // every value is a fixed seed (0 included)
+  float repetition_penalty = 1.0f;                         // finite, > 0; 1 = off; over prompt + output ids
+  float presence_penalty = 0.0f;                           // [-2, 2]; over output ids
+  float frequency_penalty = 0.0f;                          // [-2, 2]; over output ids
   std::vector<std::pair<int32_t, float>> logit_bias = {};  // (id in [0, vocab), bias in [-100, 100]); ids unique
-  int logprobs = 0;                // [0, 20] and <= vocab: how many top logprobs to return
+  int logprobs = 0;                                        // [0, 20] and <= vocab: how many top logprobs to return
   // Return the sampled token's logprob (implied by logprobs > 0). Off by default: it needs a
   // log-softmax over the whole vocabulary per token (docs/perf/kernel-notes.md, runner).
   bool logprob = false;
@@ -90,8 +90,7 @@ class Sampler {
   // tokens generated so far) feed the penalties; they are read, and their ids checked, only
   // when a penalty is on. Throws core::Error on a wrong logits size, NaN or +inf logits, ids
   // outside the vocabulary, or when every processed logit is -inf.
-  SampleResult sample(std::span<const float> logits, std::span<const int32_t> prompt,
-                      std::span<const int32_t> output);
+  SampleResult sample(std::span<const float> logits, std::span<const int32_t> prompt, std::span<const int32_t> output);
 
   const SamplingParams& params() const { return params_; }
 

@@ -1,8 +1,6 @@
 // runner/sampler_processing_test.cpp: logit_bias, repetition / presence / frequency
 // penalties against hand-computed examples, and logprobs (log_softmax of the processed
 // logits before temperature, top-n order, the sampled token's logprob).
-#include "runner/sampler.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +8,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "runner/sampler.h"
 #include "runner/sampler_test_util.h"
 
 namespace k3::runner {
@@ -18,8 +17,8 @@ namespace {
 using testing::log_softmax;
 
 // All logprobs of the processed logits, read back through logprobs = vocab (vocab <= 20).
-std::vector<double> processed_logprobs(SamplingParams p, std::span<const float> logits,
-                                       std::span<const int32_t> prompt, std::span<const int32_t> output) {
+std::vector<double> processed_logprobs(SamplingParams p, std::span<const float> logits, std::span<const int32_t> prompt,
+                                       std::span<const int32_t> output) {
   p.logprobs = static_cast<int>(logits.size());
   Sampler s(p, static_cast<int32_t>(logits.size()));
   const SampleResult r = s.sample(logits, prompt, output);
@@ -105,14 +104,18 @@ TEST(SamplerLogprobs, AreLogSoftmaxOfProcessedLogitsBeforeTemperature) {
   std::vector<float> logits(97);
   for (float& v : logits) v = static_cast<float>(rng.normal(0.0, 2.0));
   const std::vector<int32_t> prompt = {5, 6, 7}, output = {7, 8, 8};
-  const SamplingParams base{.repetition_penalty = 1.3f, .presence_penalty = 0.4f, .frequency_penalty = 0.1f,
-                            .logit_bias = {{40, 3.0f}}, .logprobs = 20};
+  const SamplingParams base{.repetition_penalty = 1.3f,
+                            .presence_penalty = 0.4f,
+                            .frequency_penalty = 0.1f,
+                            .logit_bias = {{40, 3.0f}},
+                            .logprobs = 20};
   // Oracle: the processed logits by hand, then log_softmax in double.
   std::vector<float> processed = logits;
   processed[40] += 3.0f;
-  for (int id : {5, 6, 7, 8}) processed[static_cast<size_t>(id)] = processed[static_cast<size_t>(id)] > 0
-                                                                       ? processed[static_cast<size_t>(id)] / 1.3f
-                                                                       : processed[static_cast<size_t>(id)] * 1.3f;
+  for (int id : {5, 6, 7, 8})
+    processed[static_cast<size_t>(id)] = processed[static_cast<size_t>(id)] > 0
+                                             ? processed[static_cast<size_t>(id)] / 1.3f
+                                             : processed[static_cast<size_t>(id)] * 1.3f;
   processed[7] -= 0.1f * 1 + 0.4f;
   processed[8] -= 0.1f * 2 + 0.4f;
   const auto want = log_softmax(processed);

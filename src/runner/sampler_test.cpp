@@ -190,15 +190,13 @@ void expect_support_within_reference(std::span<const float> logits, const Sampli
 TEST(Sampler, TopPCutsDeepIntoAFlatVocabulary) {
   // Near-flat logits: top_p = 0.5 keeps about half of 600 tokens, so the weighted selection
   // halves several times before it sorts the last block.
-  expect_support_within_reference(random_logits(600, 9, 0.05), {.temperature = 1.0f, .top_p = 0.5f, .seed = 10},
-                                  250);
+  expect_support_within_reference(random_logits(600, 9, 0.05), {.temperature = 1.0f, .top_p = 0.5f, .seed = 10}, 250);
   // 5 heads and a tail of 595 tied tokens holding 2/3 of the mass: the cut falls inside the
   // ties (after ~250 of them; ~195 under top_k = 400), which keep their lowest ids.
   std::vector<float> heads_and_tail(600, -4.0f);
   for (size_t i : {7u, 300u, 434u, 500u, 599u}) heads_and_tail[i] = 0.0f;
   expect_support_within_reference(heads_and_tail, {.temperature = 1.0f, .top_p = 0.6f, .seed = 11}, 200);
-  expect_support_within_reference(heads_and_tail, {.temperature = 1.0f, .top_p = 0.7f, .top_k = 400, .seed = 12},
-                                  150);
+  expect_support_within_reference(heads_and_tail, {.temperature = 1.0f, .top_p = 0.7f, .top_k = 400, .seed = 12}, 150);
 }
 
 TEST(Sampler, SameSeedSameTokensWhateverOtherRequestsDo) {

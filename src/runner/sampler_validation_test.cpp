@@ -1,8 +1,6 @@
 // runner/sampler_validation_test.cpp: every bad parameter and bad sample() input is a
 // core::Error naming it; edge values that are legal are accepted; and a smoke run at the
 // real K3 vocabulary (163840) through every path (no timing assertion, times printed).
-#include "runner/sampler.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "runner/sampler.h"
 #include "runner/sampler_test_util.h"
 
 namespace k3::runner {
@@ -67,22 +66,27 @@ TEST(SamplerValidation, BadSampleInputsAreNamed) {
   Sampler s({.temperature = 1.0f, .repetition_penalty = 1.1f}, 4);
   const std::vector<float> ok = {0.0f, 1.0f, 2.0f, 3.0f};
   const std::vector<int32_t> none;
-  EXPECT_NE(error_of([&] { s.sample(std::vector<float>{0.0f, 1.0f, 2.0f}, none, none); }).find("vocab_size 4"),
+  EXPECT_NE(error_of([&] {
+              s.sample(std::vector<float>{0.0f, 1.0f, 2.0f}, none, none);
+            }).find("vocab_size 4"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { s.sample(std::vector<float>{0.0f, kNan, 2.0f, 3.0f}, none, none); }).find("logits[1]"),
+  EXPECT_NE(error_of([&] {
+              s.sample(std::vector<float>{0.0f, kNan, 2.0f, 3.0f}, none, none);
+            }).find("logits[1]"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { s.sample(std::vector<float>{0.0f, 1.0f, 2.0f, kInf}, none, none); }).find("logits[3]"),
+  EXPECT_NE(error_of([&] {
+              s.sample(std::vector<float>{0.0f, 1.0f, 2.0f, kInf}, none, none);
+            }).find("logits[3]"),
             std::string::npos);
   EXPECT_NE(error_of([&] { s.sample(std::vector<float>(4, -kInf), none, none); }).find("-inf"), std::string::npos);
-  EXPECT_NE(error_of([&] { s.sample(ok, std::vector<int32_t>{0, 4}, none); }).find("prompt[1] = 4"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] { s.sample(ok, none, std::vector<int32_t>{-1}); }).find("output[0] = -1"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { s.sample(ok, std::vector<int32_t>{0, 4}, none); }).find("prompt[1] = 4"), std::string::npos);
+  EXPECT_NE(error_of([&] { s.sample(ok, none, std::vector<int32_t>{-1}); }).find("output[0] = -1"), std::string::npos);
   // A tiny repetition_penalty can push a huge positive logit to +inf: named, not sampled.
   Sampler tiny({.repetition_penalty = 1e-3f}, 4);
   const std::vector<int32_t> first = {0};
-  EXPECT_NE(error_of([&] { tiny.sample(std::vector<float>{3e38f, 0.0f, 0.0f, 0.0f}, first, none); })
-                .find("repetition_penalty"),
+  EXPECT_NE(error_of([&] {
+              tiny.sample(std::vector<float>{3e38f, 0.0f, 0.0f, 0.0f}, first, none);
+            }).find("repetition_penalty"),
             std::string::npos);
   // Everything masked but one token: that token, whatever the draw.
   const std::vector<float> one_left = {-kInf, -kInf, 0.5f, -kInf};
@@ -124,8 +128,16 @@ TEST(SamplerSpeed, K3VocabularyRunsEveryPath) {
       {"top_p=0.9", {.temperature = 0.7f, .top_p = 0.9f}, &logits},
       {"min_p=0.05", {.temperature = 1.0f, .min_p = 0.05f}, &logits},
       {"top_p=0.95 flat", {.temperature = 1.0f, .top_p = 0.95f}, &flat},
-      {"all", {.temperature = 0.8f, .top_p = 0.95f, .top_k = 40, .min_p = 0.01f, .repetition_penalty = 1.05f,
-               .presence_penalty = 0.1f, .frequency_penalty = 0.1f, .logit_bias = {{17, 2.0f}}, .logprobs = 5},
+      {"all",
+       {.temperature = 0.8f,
+        .top_p = 0.95f,
+        .top_k = 40,
+        .min_p = 0.01f,
+        .repetition_penalty = 1.05f,
+        .presence_penalty = 0.1f,
+        .frequency_penalty = 0.1f,
+        .logit_bias = {{17, 2.0f}},
+        .logprobs = 5},
        &logits},
   };
   for (const Case& c : cases) {

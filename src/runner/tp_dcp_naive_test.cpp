@@ -51,7 +51,8 @@ std::vector<core::Tensor> run_steps(const TpRunner& r, const std::vector<std::ve
     for (const Step& step : steps) {
       std::vector<model::SequenceInput> batch;
       for (const Part& p : step)
-        batch.push_back({std::span(tokens[static_cast<size_t>(p.seq)]).subspan(static_cast<size_t>(p.from), static_cast<size_t>(p.n)),
+        batch.push_back({std::span(tokens[static_cast<size_t>(p.seq)])
+                             .subspan(static_cast<size_t>(p.from), static_cast<size_t>(p.n)),
                          &states[static_cast<size_t>(p.seq)], p.kind});
       const core::Tensor logits = m.forward(cache.storage(), batch, model::LogitRows::all, trace);
       if (rank == 0) out.push_back(logits);
@@ -64,7 +65,8 @@ std::vector<core::Tensor> run_steps(const TpRunner& r, const std::vector<std::ve
 core::Tensor rows_of(const core::Tensor& t, int64_t begin, int64_t end) {
   const int64_t V = t.dim(1);
   core::Tensor out = core::Tensor::zeros(core::DType::f32, {end - begin, V});
-  std::memcpy(out.data<float>(), t.data<const float>() + begin * V, static_cast<size_t>((end - begin) * V) * sizeof(float));
+  std::memcpy(out.data<float>(), t.data<const float>() + begin * V,
+              static_cast<size_t>((end - begin) * V) * sizeof(float));
   return out;
 }
 bool same_bits(const core::Tensor& a, const core::Tensor& b) {
@@ -138,10 +140,8 @@ TEST_F(TpDcpNaive, MixedStepsPrefillRowsExactDecodeRowsClose) {
             }
             const test_util::LogitsDiff d = test_util::compare_logits(a, b);
             EXPECT_EQ(d.top1, 1.0) << "step " << i << " sequence " << p.seq;
-            if (precision == kernels::Precision::fp32)
-              EXPECT_LT(d.rel, 1e-4) << "step " << i << " sequence " << p.seq;
-            else
-              EXPECT_GE(d.min_cos, 0.99) << "step " << i << " sequence " << p.seq;
+            if (precision == kernels::Precision::fp32) EXPECT_LT(d.rel, 1e-4) << "step " << i << " sequence " << p.seq;
+            else EXPECT_GE(d.min_cos, 0.99) << "step " << i << " sequence " << p.seq;
           }
         }
       }
@@ -156,7 +156,7 @@ TEST_F(TpDcpNaive, NaiveFormRunsForPrefillRowsAndDecodeStepsKeepTheirOps) {
   const auto r = TpRunner::open(dir, 2, tp_test_options(kernels::Precision::bf16, 2));
   ASSERT_TRUE(r->config().mla.use_output_gate);
   const auto a = random_tokens(30, 1024, 61), b = random_tokens(30, 1024, 62);
-  const std::vector<Step> steps = {{{0, 0, 17, StepKind::prefill}},                                 // prefill
+  const std::vector<Step> steps = {{{0, 0, 17, StepKind::prefill}},                               // prefill
                                    {{0, 17, 1, StepKind::decode}, {1, 0, 9, StepKind::prefill}},  // mixed
                                    {{0, 18, 1, StepKind::decode}, {1, 9, 1, StepKind::decode}}};  // decode
   kernels::OpRecorder rec;
@@ -198,7 +198,8 @@ TEST_F(TpDcpNaive, NaiveFormRunsForPrefillRowsAndDecodeStepsKeepTheirOps) {
   // Pure decode: the DCP absorbed ops with the gate fused into mla_w_uv, nothing else.
   for (const char* op : {"mla_q_absorb", "mla_partial_attention", "mla_lse_rescale", "mla_w_uv", "mla_cache_write"})
     EXPECT_EQ(counts[2][op], ranks) << op;
-  for (const char* op : {"mla_naive", "mla_cache_gather", "mla_absorbed", "sigmoid_gate"}) EXPECT_EQ(counts[2][op], 0) << op;
+  for (const char* op : {"mla_naive", "mla_cache_gather", "mla_absorbed", "sigmoid_gate"})
+    EXPECT_EQ(counts[2][op], 0) << op;
 }
 
 // With a trace, a DCP prefill step emits "mla.o" (the ungated o of every row, as every path does) on

@@ -58,8 +58,8 @@ core::Tensor staged_logits(const TpRunner& r, const std::vector<int32_t>& tokens
     auto step = [&](int64_t n, StepKind kind, bool verify) {
       model::SequenceInput in{std::span(tokens).subspan(static_cast<size_t>(next), static_cast<size_t>(n)), &s, kind};
       in.verify = verify;
-      const core::Tensor logits =
-          m.forward(cache.storage(), {&in, 1}, model::LogitRows::all, nullptr, verify ? &capture : nullptr);
+      const core::Tensor logits = m.forward(cache.storage(), {&in, 1}, model::LogitRows::all, nullptr,
+                                            verify ? &capture : nullptr);
       if (rank == 0) std::copy_n(logits.data<const float>(), logits.numel(), out.data<float>() + next * V);
       next += n;
     };
@@ -119,7 +119,8 @@ TEST_F(TpDcp, MatchesTp1Bf16) {
     const auto r = TpRunner::open(dir, tp, tp_test_options(kernels::Precision::bf16, tp));
     for (int prompt : kPrompts) {
       const auto tokens = random_tokens(prompt + kDecodes + kExtra, 1024, 200 + prompt);
-      const Diff d = compare(staged_logits(*r, tokens, prompt, kDecodes), staged_logits(*ref_runner, tokens, prompt, kDecodes));
+      const Diff d = compare(staged_logits(*r, tokens, prompt, kDecodes),
+                             staged_logits(*ref_runner, tokens, prompt, kDecodes));
       EXPECT_GE(d.min_cos, 0.98) << "tp=dcp=" << tp << " prompt=" << prompt;
       EXPECT_GE(d.top1, 0.95) << "tp=dcp=" << tp << " prompt=" << prompt;
     }
@@ -163,7 +164,8 @@ TEST_F(TpDcp, MixedBatchMatchesTp1Fp32) {
 TEST_F(TpDcp, GreedyGenerationIsIdenticalFp32) {
   const auto dir = write(checkpoint::InitStyle::sensitive, "greedy");
   const auto prompt = random_tokens(30, 1024, 5);
-  const std::vector<int32_t> want = ModelRunner::open(dir, tp_test_options(kernels::Precision::fp32, 1))->generate(prompt, 40, {});
+  const std::vector<int32_t> want =
+      ModelRunner::open(dir, tp_test_options(kernels::Precision::fp32, 1))->generate(prompt, 40, {});
   ASSERT_EQ(want.size(), 40u);  // no eos this early on this random model and prompt
   for (int tp : {2, 4}) {
     const auto r = TpRunner::open(dir, tp, tp_test_options(kernels::Precision::fp32, tp));
@@ -248,7 +250,8 @@ TEST_F(TpDcp, TracedStepEmitsMlaOAndGivesTheUntracedLogits) {
       const model::SequenceInput prefill{std::span(tokens).first(37), &s, StepKind::prefill};
       const core::Tensor a = m.forward(cache.storage(), {&prefill, 1}, model::LogitRows::last);
       const model::SequenceInput decode{std::span(tokens).subspan(37, 1), &s, StepKind::decode};
-      const core::Tensor b = m.forward(cache.storage(), {&decode, 1}, model::LogitRows::last, traced ? &trace : nullptr);
+      const core::Tensor b = m.forward(cache.storage(), {&decode, 1}, model::LogitRows::last,
+                                       traced ? &trace : nullptr);
       if (rank == 0) {
         std::copy_n(a.data<const float>(), V, out.data<float>());
         std::copy_n(b.data<const float>(), V, out.data<float>() + V);
@@ -291,15 +294,17 @@ TEST_F(TpDcp, BadDcpValuesNameTheProblem) {
                "dcp 2 must be 1 or the tensor-parallel size 1");
   // A rank's block table must cover its share of the step's tokens (local positions), no more.
   const auto r = TpRunner::open(dir, 2, tp_test_options(kernels::Precision::fp32, 2));
-  expect_error([&] {
-    r->run([&](int rank, const model::Model& m, comm::Communicator&) {
-      model::LocalCache cache = r->new_cache(rank, 14);  // 7 local positions: one page of 16
-      model::SequenceState s = cache.new_sequence();
-      const auto tokens = random_tokens(40, 1024, 3);     // needs 20 local positions
-      const model::SequenceInput in{tokens, &s, StepKind::prefill};
-      m.forward(cache.storage(), {&in, 1}, model::LogitRows::last);
-    });
-  }, "the step needs 20 (local positions of this rank)");
+  expect_error(
+      [&] {
+        r->run([&](int rank, const model::Model& m, comm::Communicator&) {
+          model::LocalCache cache = r->new_cache(rank, 14);  // 7 local positions: one page of 16
+          model::SequenceState s = cache.new_sequence();
+          const auto tokens = random_tokens(40, 1024, 3);  // needs 20 local positions
+          const model::SequenceInput in{tokens, &s, StepKind::prefill};
+          m.forward(cache.storage(), {&in, 1}, model::LogitRows::last);
+        });
+      },
+      "the step needs 20 (local positions of this rank)");
 }
 
 }  // namespace

@@ -36,7 +36,8 @@ double fp32_tolerance(checkpoint::InitStyle init) { return init == checkpoint::I
 
 class TpEp : public ::testing::Test {
  protected:
-  std::filesystem::path write(const config::K3Config& cfg, bool mxfp4, checkpoint::InitStyle init, const std::string& name) {
+  std::filesystem::path write(const config::K3Config& cfg, bool mxfp4, checkpoint::InitStyle init,
+                              const std::string& name) {
     checkpoint::WriteOptions w;
     w.seed = 21;
     w.mxfp4 = mxfp4;
@@ -124,14 +125,18 @@ TEST_F(TpEp, ErrorsNameTheProblem) {
   const config::K3Config full = config::builtin_config("k3-tiny");
   const model::Weights ep_rank = checkpoint::load_weights(dir, full, config::TpShard{1, 2, true});
   const model::Weights tp_rank = checkpoint::load_weights(dir, full, config::TpShard{1, 2});
-  expect_error([&] {
-    model::Model(config::shard_config(full, 2, {.expert_parallel = true}), ep_rank, ops,
-                 tp_test_options(kernels::Precision::bf16), core::make_host_memory(), &group.rank(1));
-  }, {"whole experts", "options.expert_parallel is off"});
-  expect_error([&] {
-    model::Model(config::shard_config(full, 2), tp_rank, ops, tp_test_options(kernels::Precision::bf16, 1, true),
-                 core::make_host_memory(), &group.rank(1));
-  }, {"not split by expert", "options.expert_parallel is on"});
+  expect_error(
+      [&] {
+        model::Model(config::shard_config(full, 2, {.expert_parallel = true}), ep_rank, ops,
+                     tp_test_options(kernels::Precision::bf16), core::make_host_memory(), &group.rank(1));
+      },
+      {"whole experts", "options.expert_parallel is off"});
+  expect_error(
+      [&] {
+        model::Model(config::shard_config(full, 2), tp_rank, ops, tp_test_options(kernels::Precision::bf16, 1, true),
+                     core::make_host_memory(), &group.rank(1));
+      },
+      {"not split by expert", "options.expert_parallel is on"});
 }
 
 }  // namespace

@@ -1,5 +1,4 @@
 // runner/tp_runner.cpp: TpRunner: rank models in lock step, on CPU threads or one thread per GPU.
-#include "core/log.h"
 #include "runner/tp_runner.h"
 
 #include <chrono>
@@ -10,6 +9,7 @@
 
 #include "backends/cpu/thread_pool.h"
 #include "comm/thread_comm.h"
+#include "core/log.h"
 #include "fastpath/fused_decode.h"
 #include "model/local_cache.h"
 
@@ -105,7 +105,7 @@ TpRunner::TpRunner(const std::filesystem::path& dir, int tp, const model::ModelO
            "tensor parallelism: no runner for device " + std::string(core::device_name(options.device)));
   // Throws naming the field tp does not divide (or expert parallelism with tp 1).
   rank_config_ = config::shard_config(full_, tp, {options.expert_parallel});
-  model::check_dcp_size(options.dcp, tp);          // before loading anything
+  model::check_dcp_size(options.dcp, tp);  // before loading anything
   if (cuda)
     if (const std::string why = cuda_tp_unavailable(tp); !why.empty()) throw core::Error(why);
 #ifdef K3_HAVE_CUDA
@@ -119,8 +119,8 @@ TpRunner::TpRunner(const std::filesystem::path& dir, int tp, const model::ModelO
     auto rank = std::make_unique<Rank>();
     kernels::register_reference_ops(rank->registry, cpu_pool);
     rank->memory = core::make_host_memory();
-    model::Weights host =
-        checkpoint::load_weights(dir, full_, config::TpShard{r, tp, options.expert_parallel}, r == 0 ? progress : nullptr);
+    model::Weights host = checkpoint::load_weights(dir, full_, config::TpShard{r, tp, options.expert_parallel},
+                                                   r == 0 ? progress : nullptr);
 #ifdef K3_HAVE_CUDA
     if (cuda) {
       rank->device = r;
@@ -181,8 +181,8 @@ const model::Model& TpRunner::model(int rank) const {
 
 void TpRunner::set_op_recorder(kernels::OpRecorder* recorder, std::optional<int> only_rank) {
   if (only_rank) {
-    K3_CHECK(*only_rank >= 0 && *only_rank < tp(), "TpRunner::set_op_recorder: rank " + std::to_string(*only_rank) + " of " +
-                                                       std::to_string(tp()));
+    K3_CHECK(*only_rank >= 0 && *only_rank < tp(),
+             "TpRunner::set_op_recorder: rank " + std::to_string(*only_rank) + " of " + std::to_string(tp()));
     ranks_[static_cast<size_t>(*only_rank)]->registry.set_recorder(recorder);
     return;
   }
@@ -242,10 +242,12 @@ core::Tensor TpRunner::logits(std::span<const int32_t> tokens, int64_t decode_fr
     model::LocalCache cache = new_cache(rank, T);
     model::SequenceState state = cache.new_sequence();
     auto step = [&](int64_t begin, int64_t count, model::StepKind kind) {
-      const model::SequenceInput in{tokens.subspan(static_cast<size_t>(begin), static_cast<size_t>(count)), &state, kind};
+      const model::SequenceInput in{tokens.subspan(static_cast<size_t>(begin), static_cast<size_t>(count)), &state,
+                                    kind};
       const core::Tensor rows = m.forward(cache.storage(), {&in, 1}, model::LogitRows::all);
       if (rank == 0)  // every rank holds the same gathered logits
-        std::memcpy(out.data<float>() + begin * V, rows.data<const float>(), static_cast<size_t>(rows.numel()) * sizeof(float));
+        std::memcpy(out.data<float>() + begin * V, rows.data<const float>(),
+                    static_cast<size_t>(rows.numel()) * sizeof(float));
     };
     if (decode_from > 0) step(0, decode_from, model::StepKind::prefill);
     for (int64_t t = decode_from; t < T; ++t) step(t, 1, model::StepKind::decode);

@@ -52,7 +52,8 @@ core::Tensor staged_logits(const TpRunner& r, const std::vector<int32_t>& tokens
     model::SequenceState s = cache.new_sequence();
     int64_t at = 0;
     auto step = [&](int64_t n, StepKind kind) {
-      const model::SequenceInput in{std::span(tokens).subspan(static_cast<size_t>(at), static_cast<size_t>(n)), &s, kind};
+      const model::SequenceInput in{std::span(tokens).subspan(static_cast<size_t>(at), static_cast<size_t>(n)), &s,
+                                    kind};
       const core::Tensor rows = m.forward(cache.storage(), {&in, 1}, model::LogitRows::all);
       if (rank == 0) std::copy_n(rows.data<const float>(), rows.numel(), out.data<float>() + at * V);
       at += n;
@@ -66,7 +67,8 @@ core::Tensor staged_logits(const TpRunner& r, const std::vector<int32_t>& tokens
 
 class TpTiny : public ::testing::Test {
  protected:
-  std::filesystem::path write(const config::K3Config& cfg, bool mxfp4, checkpoint::InitStyle init, const std::string& name) {
+  std::filesystem::path write(const config::K3Config& cfg, bool mxfp4, checkpoint::InitStyle init,
+                              const std::string& name) {
     checkpoint::WriteOptions w;
     w.seed = 11;
     w.mxfp4 = mxfp4;
@@ -192,7 +194,10 @@ TEST_F(TpTiny, GreedyGenerationIsIdenticalFp32) {
     const auto r = TpRunner::open(dir, tp, tp_test_options(kernels::Precision::fp32));
     std::vector<int32_t> streamed;
     ModelRunner::GenerateStats st;
-    EXPECT_EQ(r->generate(prompt, 12, {}, [&](int32_t t) { streamed.push_back(t); }, &st), want) << "tp=" << tp;
+    EXPECT_EQ(r->generate(
+                  prompt, 12, {}, [&](int32_t t) { streamed.push_back(t); }, &st),
+              want)
+        << "tp=" << tp;
     EXPECT_EQ(streamed, want);
     EXPECT_EQ(st.generated_tokens, 12);
     EXPECT_EQ(st.prompt_tokens, 30);
@@ -251,12 +256,14 @@ TEST_F(TpTiny, ErrorsNameTheProblem) {
   const auto r = TpRunner::open(dir, 2, o);
   expect_error([&] { r->logits(std::vector<int32_t>{3, 1024}, 2); }, {"token id 1024", "[0, 1024)"});
   // A rank that fails releases the others; the runner then works on a fresh group.
-  expect_error([&] {
-    r->run([](int rank, const model::Model&, comm::Communicator& c) {
-      if (rank == 1) throw core::Error("rank 1 gives up");
-      c.barrier();
-    });
-  }, {"rank 1 gives up"});
+  expect_error(
+      [&] {
+        r->run([](int rank, const model::Model&, comm::Communicator& c) {
+          if (rank == 1) throw core::Error("rank 1 gives up");
+          c.barrier();
+        });
+      },
+      {"rank 1 gives up"});
   const auto tokens = random_tokens(12, 1024, 8);
   const auto plain = ModelRunner::open(dir, o);
   EXPECT_GE(compare(r->logits(tokens, 8), plain->logits(tokens, 8)).top1, 0.99);

@@ -32,9 +32,11 @@ class FakeKvStorage {
   using TokensOf = std::function<std::span<const int32_t>(RequestId)>;
 
   FakeKvStorage(const cache::CacheConfig& c, int32_t vocab)
-      : bs_(c.block_size), vocab_(vocab),
+      : bs_(c.block_size),
+        vocab_(vocab),
         pages_(static_cast<size_t>(c.num_blocks) * static_cast<size_t>(c.block_size), -1),
-        slots_(static_cast<size_t>(c.num_slots)), checkpoints_(static_cast<size_t>(c.num_checkpoints)) {}
+        slots_(static_cast<size_t>(c.num_slots)),
+        checkpoints_(static_cast<size_t>(c.num_checkpoints)) {}
 
   static uint64_t fold(uint64_t h, int32_t token) {
     h ^= static_cast<uint64_t>(static_cast<uint32_t>(token)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
@@ -87,7 +89,8 @@ class FakeKvStorage {
       K3_CHECK(static_cast<int64_t>(q.table.size()) * bs_ >= end, where(s) + "block table does not cover the step");
       const auto fed = out.tokens_of(s);
       for (int64_t k = 0; k < s.num_tokens; ++k)
-        K3_CHECK(fed[static_cast<size_t>(k)] == truth[static_cast<size_t>(s.start + k)], where(s) + "fed a wrong token");
+        K3_CHECK(fed[static_cast<size_t>(k)] == truth[static_cast<size_t>(s.start + k)],
+                 where(s) + "fed a wrong token");
       KdaState& st = slot(q.slot);
       K3_CHECK(st.num_tokens == s.start && st.hash == fold_all(truth.first(static_cast<size_t>(s.start))),
                where(s) + "KDA slot does not hold the request's first " + std::to_string(s.start) + " tokens (holds " +
@@ -95,7 +98,8 @@ class FakeKvStorage {
       uint64_t page_digest = 7;
       for (int64_t p = 0; p < s.start; ++p) {
         const int32_t got = page(q.table, p);
-        K3_CHECK(got == truth[static_cast<size_t>(p)], where(s) + "page holds a wrong token at position " + std::to_string(p));
+        K3_CHECK(got == truth[static_cast<size_t>(p)],
+                 where(s) + "page holds a wrong token at position " + std::to_string(p));
         page_digest = fold(page_digest, got);
       }
       for (int64_t p = s.start; p < end; ++p) {

@@ -90,16 +90,26 @@ struct Finished {
 };
 using RequestState = std::variant<Waiting, Prefilling, Decoding, Preempted, Finished>;
 
-template <class From, class To> inline constexpr bool kLegalTransition = false;
-template <> inline constexpr bool kLegalTransition<Waiting, Prefilling> = true;
-template <> inline constexpr bool kLegalTransition<Preempted, Prefilling> = true;
-template <> inline constexpr bool kLegalTransition<Prefilling, Decoding> = true;
-template <> inline constexpr bool kLegalTransition<Prefilling, Preempted> = true;
-template <> inline constexpr bool kLegalTransition<Decoding, Preempted> = true;
-template <> inline constexpr bool kLegalTransition<Waiting, Finished> = true;
-template <> inline constexpr bool kLegalTransition<Prefilling, Finished> = true;
-template <> inline constexpr bool kLegalTransition<Decoding, Finished> = true;
-template <> inline constexpr bool kLegalTransition<Preempted, Finished> = true;
+template <class From, class To>
+inline constexpr bool kLegalTransition = false;
+template <>
+inline constexpr bool kLegalTransition<Waiting, Prefilling> = true;
+template <>
+inline constexpr bool kLegalTransition<Preempted, Prefilling> = true;
+template <>
+inline constexpr bool kLegalTransition<Prefilling, Decoding> = true;
+template <>
+inline constexpr bool kLegalTransition<Prefilling, Preempted> = true;
+template <>
+inline constexpr bool kLegalTransition<Decoding, Preempted> = true;
+template <>
+inline constexpr bool kLegalTransition<Waiting, Finished> = true;
+template <>
+inline constexpr bool kLegalTransition<Prefilling, Finished> = true;
+template <>
+inline constexpr bool kLegalTransition<Decoding, Finished> = true;
+template <>
+inline constexpr bool kLegalTransition<Preempted, Finished> = true;
 
 const char* state_name(const RequestState& s);
 
@@ -121,7 +131,10 @@ class Request {
   void append_output(int32_t token);
 
   const RequestState& state() const { return state_; }
-  template <class S> bool is() const { return std::holds_alternative<S>(state_); }
+  template <class S>
+  bool is() const {
+    return std::holds_alternative<S>(state_);
+  }
   // The running part of a Prefilling or Decoding request; nullptr otherwise.
   Running* running();
   const Running* running() const;

@@ -32,11 +32,12 @@ Scheduler::Scheduler(const SchedulerConfig& config, const cache::CacheConfig& ca
 void Scheduler::add(RequestId id, RequestSpec spec, Clock::time_point arrival) {
   const auto n = static_cast<int64_t>(spec.prompt.size());
   K3_CHECK(n > 0, "request " + std::to_string(id) + ": the prompt is empty");
-  K3_CHECK(spec.max_tokens >= 1, "request " + std::to_string(id) + ": max_tokens must be >= 1, got " +
-                                     std::to_string(spec.max_tokens));
+  K3_CHECK(spec.max_tokens >= 1,
+           "request " + std::to_string(id) + ": max_tokens must be >= 1, got " + std::to_string(spec.max_tokens));
   K3_CHECK(n + spec.max_tokens <= config_.max_model_len,
            "request " + std::to_string(id) + ": prompt (" + std::to_string(n) + " tokens) + max_tokens (" +
-               std::to_string(spec.max_tokens) + ") exceeds max_model_len (" + std::to_string(config_.max_model_len) + ")");
+               std::to_string(spec.max_tokens) + ") exceeds max_model_len (" + std::to_string(config_.max_model_len) +
+               ")");
   K3_CHECK(!requests_.contains(id), "request " + std::to_string(id) + ": id already in use");
   auto req = std::make_unique<Request>(id, std::move(spec), cache_.config().block_size, arrival);
   waiting_.push_back(req.get());
@@ -237,7 +238,8 @@ void Scheduler::schedule(SchedulerOutput& out) {
     if (k > 0 && !cache_.reserve(r->running()->cache, start + 1 + k)) k = 0;
     const bool ok = reserve_or_preempt(*r, start + 1 + k, out);
     if (ok) {
-      emit(*r, start, start + 1, before, SlotInit::keep, -1, out, std::span<const int32_t>(r->drafts).first(static_cast<size_t>(k)));
+      emit(*r, start, start + 1, before, SlotInit::keep, -1, out,
+           std::span<const int32_t>(r->drafts).first(static_cast<size_t>(k)));
       budget -= 1 + k;
     }
     r->drafts.clear();
@@ -321,7 +323,8 @@ void Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> samp
     const ScheduledSequence& s = out.seqs[i];
     Request& r = *scheduled_[i];
     Running& run = *r.running();
-    K3_CHECK(run.num_computed == s.start, "Scheduler::update: request " + std::to_string(r.id()) + " moved since scheduling");
+    K3_CHECK(run.num_computed == s.start,
+             "Scheduler::update: request " + std::to_string(r.id()) + " moved since scheduling");
     const int32_t a = s.sample && !accepted.empty() ? accepted[next_seq] : 0;
     if (s.sample) ++next_seq;
     // A verify step computed its K+1 rows, but only the last token and the accepted drafts stay.
@@ -339,7 +342,8 @@ void Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> samp
       if (r.num_output() == 1) r.stats.first_token = Clock::now();
       const RequestSpec& spec = r.spec();
       const bool stop = (!spec.ignore_eos && token == spec.eos_token_id && token >= 0) ||
-                        std::find(spec.stop_token_ids.begin(), spec.stop_token_ids.end(), token) != spec.stop_token_ids.end();
+                        std::find(spec.stop_token_ids.begin(), spec.stop_token_ids.end(), token) !=
+                            spec.stop_token_ids.end();
       if (stop || r.num_output() >= spec.max_tokens || r.num_tokens() >= config_.max_model_len) {
         if (s.verify())  // register what was computed of the tokens kept, as a plain step does
           cache_.commit(run.cache, r.tokens(), r.block_hashes(), std::min(run.num_computed, r.num_tokens()));
@@ -399,7 +403,8 @@ std::string Scheduler::check() const {
     if (!run) return "request " + std::to_string(r->id()) + " is in the running list but " + state_name(r->state());
     if (static_cast<int64_t>(run->cache.blocks.size()) * bs < run->num_computed)
       return "request " + std::to_string(r->id()) + " has computed tokens beyond its pages";
-    if (run->num_computed >= r->num_tokens()) return "request " + std::to_string(r->id()) + " has nothing left to compute";
+    if (run->num_computed >= r->num_tokens())
+      return "request " + std::to_string(r->id()) + " has nothing left to compute";
     if (!in_flight_ && r->is<Decoding>() && run->num_computed != r->num_tokens() - 1)
       return "decoding request " + std::to_string(r->id()) + " is more than one token behind";
     if (!in_flight_ && run->cache.pending_checkpoint >= 0)

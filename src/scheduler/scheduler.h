@@ -30,11 +30,11 @@ namespace k3::scheduler {
 // Something that happened to a request in a step: a new token, a finish, or both.
 struct RequestEvent {
   RequestId id = 0;
-  int32_t token = -1;          // the new token; -1 when none (abort, error)
+  int32_t token = -1;  // the new token; -1 when none (abort, error)
   bool finished = false;
   FinishReason reason = FinishReason::stop;  // when finished
-  RequestStats stats;          // complete when finished; the first token's event has those known then
-  int32_t sample_index = -1;   // update(): the index of `token` in its `sampled` span (-1: none)
+  RequestStats stats;                        // complete when finished; the first token's event has those known then
+  int32_t sample_index = -1;                 // update(): the index of `token` in its `sampled` span (-1: none)
 };
 
 // Totals since start (the step loop's own counters; the engine publishes them).
@@ -109,11 +109,11 @@ class Scheduler {
   SchedulerConfig config_;
   cache::KvCacheManager cache_;
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
-  std::deque<Request*> waiting_;  // Waiting or Preempted, front first
-  std::vector<Request*> running_; // Prefilling or Decoding, in admission order
-  std::vector<Request*> scheduled_;  // the in-flight step's requests, parallel to out.seqs
-  std::vector<Request*> done_;       // finished during update, erased at its end
-  std::vector<Request*> candidates_; // schedule()'s scratch list
+  std::deque<Request*> waiting_;      // Waiting or Preempted, front first
+  std::vector<Request*> running_;     // Prefilling or Decoding, in admission order
+  std::vector<Request*> scheduled_;   // the in-flight step's requests, parallel to out.seqs
+  std::vector<Request*> done_;        // finished during update, erased at its end
+  std::vector<Request*> candidates_;  // schedule()'s scratch list
   uint64_t step_ = 0;
   bool in_flight_ = false;
   SchedulerCounters counters_;

@@ -9,12 +9,11 @@ void SchedulerConfig::validate(const cache::CacheConfig& c) const {
   c.validate();
   auto s = [](int64_t v) { return std::to_string(v); };
   K3_CHECK(max_num_seqs > 0, "scheduler: max_num_seqs must be > 0, got " + s(max_num_seqs));
-  K3_CHECK(max_num_seqs <= c.num_slots, "scheduler: max_num_seqs (" + s(max_num_seqs) + ") exceeds the KDA slots (" +
-                                            s(c.num_slots) + ")");
+  K3_CHECK(max_num_seqs <= c.num_slots,
+           "scheduler: max_num_seqs (" + s(max_num_seqs) + ") exceeds the KDA slots (" + s(c.num_slots) + ")");
   // Every running request may decode in the same step, so decodes never wait for budget.
-  K3_CHECK(max_num_batched_tokens >= max_num_seqs,
-           "scheduler: max_num_batched_tokens (" + s(max_num_batched_tokens) + ") must be >= max_num_seqs (" +
-               s(max_num_seqs) + ")");
+  K3_CHECK(max_num_batched_tokens >= max_num_seqs, "scheduler: max_num_batched_tokens (" + s(max_num_batched_tokens) +
+                                                       ") must be >= max_num_seqs (" + s(max_num_seqs) + ")");
   K3_CHECK(chunk_align_tokens >= 0 && chunk_align_tokens % c.block_size == 0,
            "scheduler: chunk_align_tokens (" + s(chunk_align_tokens) + ") must be 0 or a multiple of block_size (" +
                s(c.block_size) + ")");
@@ -24,8 +23,8 @@ void SchedulerConfig::validate(const cache::CacheConfig& c) const {
                " tokens) must be a multiple of chunk_align_tokens (" + s(align) + ")");
   // A chunk that does not finish its prompt ends on an alignment boundary, so one must fit.
   K3_CHECK(max_prefill_tokens_per_seq >= align, "scheduler: max_prefill_tokens_per_seq (" +
-                                                    s(max_prefill_tokens_per_seq) + ") must be >= the chunk alignment (" +
-                                                    s(align) + ")");
+                                                    s(max_prefill_tokens_per_seq) +
+                                                    ") must be >= the chunk alignment (" + s(align) + ")");
   K3_CHECK(max_num_batched_tokens >= align, "scheduler: max_num_batched_tokens (" + s(max_num_batched_tokens) +
                                                 ") must be >= the chunk alignment (" + s(align) + ")");
   K3_CHECK(max_partial_prefills > 0, "scheduler: max_partial_prefills must be > 0, got " + s(max_partial_prefills));
@@ -41,7 +40,8 @@ std::string describe(const SchedulerConfig& c) {
          " max_num_batched_tokens=" + std::to_string(c.max_num_batched_tokens) +
          " max_prefill_tokens_per_seq=" + std::to_string(c.max_prefill_tokens_per_seq) +
          " max_partial_prefills=" + std::to_string(c.max_partial_prefills) +
-         " max_model_len=" + std::to_string(c.max_model_len) + " chunk_align_tokens=" + std::to_string(c.chunk_align_tokens);
+         " max_model_len=" + std::to_string(c.max_model_len) +
+         " chunk_align_tokens=" + std::to_string(c.chunk_align_tokens);
 }
 
 }  // namespace k3::scheduler

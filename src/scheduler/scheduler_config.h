@@ -20,7 +20,9 @@ struct SchedulerConfig {
   // cache on, the checkpoint interval must be a multiple of it).
   int32_t chunk_align_tokens = 0;
 
-  int32_t chunk_align(const cache::CacheConfig& c) const { return chunk_align_tokens > 0 ? chunk_align_tokens : c.block_size; }
+  int32_t chunk_align(const cache::CacheConfig& c) const {
+    return chunk_align_tokens > 0 ? chunk_align_tokens : c.block_size;
+  }
 
   // Throws core::Error naming the field when a value is out of range or does not fit the
   // cache (slots for max_num_seqs, pages for one max_model_len request).

@@ -55,12 +55,12 @@ struct SchedulerOutput {
   std::vector<ScheduledSequence> seqs;  // decodes first, then prefills
   std::vector<int32_t> tokens;
   std::vector<int32_t> blocks;
-  std::vector<RequestId> preempted;     // lost their KV state this step (the engine drops it)
+  std::vector<RequestId> preempted;  // lost their KV state this step (the engine drops it)
   int32_t num_decodes = 0, num_prefills = 0;
-  int64_t num_tokens = 0;               // sum of seqs[i].num_tokens
-  int32_t num_samples = 0;              // seqs with sample = true
-  int32_t num_verifies = 0;             // seqs with num_drafts > 0
-  int64_t num_draft_tokens = 0;         // sum of num_drafts
+  int64_t num_tokens = 0;        // sum of seqs[i].num_tokens
+  int32_t num_samples = 0;       // seqs with sample = true
+  int32_t num_verifies = 0;      // seqs with num_drafts > 0
+  int64_t num_draft_tokens = 0;  // sum of num_drafts
 
   bool empty() const { return seqs.empty(); }
   std::span<const int32_t> tokens_of(const ScheduledSequence& s) const {

@@ -31,7 +31,9 @@ struct Workload {
 
 Workload make_workload(uint64_t seed, int n, int64_t max_model_len) {
   core::Rng rng(seed);
-  auto uniform_int = [&](int lo, int hi) { return lo + static_cast<int>(rng.next_u64() % static_cast<uint64_t>(hi - lo + 1)); };
+  auto uniform_int = [&](int lo, int hi) {
+    return lo + static_cast<int>(rng.next_u64() % static_cast<uint64_t>(hi - lo + 1));
+  };
   std::vector<std::vector<int32_t>> prefixes(6);
   for (auto& p : prefixes) {
     p.resize(static_cast<size_t>(uniform_int(8, 120)));

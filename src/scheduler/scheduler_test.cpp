@@ -2,6 +2,8 @@
 // boundaries, per-request cap, budget), decodes first, partial-prefill limit, prefix hits
 // restoring a checkpoint, finish reasons, abort in every state, preemption order and
 // recompute, failed steps, validation messages, and the lifecycle's legal transitions.
+#include "scheduler/scheduler.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -9,18 +11,17 @@
 
 #include "core/error.h"
 #include "scheduler/fake_kv_storage.h"
-#include "scheduler/scheduler.h"
 
 namespace k3::scheduler {
 namespace {
 
 static_assert(kLegalTransition<Waiting, Prefilling>);
 static_assert(kLegalTransition<Decoding, Preempted>);
-static_assert(!kLegalTransition<Finished, Prefilling>);   // a finished request never runs again
-static_assert(!kLegalTransition<Waiting, Decoding>);      // decoding needs a prefill first
-static_assert(!kLegalTransition<Decoding, Prefilling>);   // only through preemption
+static_assert(!kLegalTransition<Finished, Prefilling>);  // a finished request never runs again
+static_assert(!kLegalTransition<Waiting, Decoding>);     // decoding needs a prefill first
+static_assert(!kLegalTransition<Decoding, Prefilling>);  // only through preemption
 static_assert(!kLegalTransition<Preempted, Decoding>);
-static_assert(!kLegalTransition<Finished, Finished>);     // finishes exactly once
+static_assert(!kLegalTransition<Finished, Finished>);  // finishes exactly once
 
 cache::CacheConfig cache_config(int32_t blocks = 64, int32_t interval = 2) {
   cache::CacheConfig c;
@@ -62,7 +63,8 @@ struct Harness {
   void step() {
     sched.schedule(out);
     std::vector<int32_t> sampled;
-    kv.run_step(out, [&](RequestId id) { return sched.find(id)->tokens(); }, sampled);
+    kv.run_step(
+        out, [&](RequestId id) { return sched.find(id)->tokens(); }, sampled);
     for (auto& t : sampled)
       if (!forced.empty()) {
         t = forced.front();
@@ -220,7 +222,9 @@ TEST(Scheduler, StopTokenEosAndLengthExactly) {
     r.eos_token_id = 9;
     r.stop_token_ids = {11};
     h.sched.add(1, r);
-    h.forced = which == 0 ? std::vector<int32_t>{3, 9} : which == 1 ? std::vector<int32_t>{3, 4, 11} : std::vector<int32_t>{1, 2, 3, 4};
+    h.forced = which == 0   ? std::vector<int32_t>{3, 9}
+               : which == 1 ? std::vector<int32_t>{3, 4, 11}
+                            : std::vector<int32_t>{1, 2, 3, 4};
     while (h.sched.has_work()) h.step();
     ASSERT_TRUE(h.events.back().finished);
     EXPECT_EQ(h.events.back().reason, which == 2 ? FinishReason::length : FinishReason::stop);

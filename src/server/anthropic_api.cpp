@@ -65,9 +65,9 @@ class AnthropicFormatter final : public Formatter {
 
   std::string begin(Job& job) override {
     last_ = Clock::now();
-    Json message = {{"id", job.meta().id},        {"type", "message"},        {"role", "assistant"},
-                    {"model", job.meta().model},  {"content", Json::array()}, {"stop_reason", nullptr},
-                    {"stop_sequence", nullptr},   {"usage", usage(job)}};
+    Json message = {{"id", job.meta().id},       {"type", "message"},        {"role", "assistant"},
+                    {"model", job.meta().model}, {"content", Json::array()}, {"stop_reason", nullptr},
+                    {"stop_sequence", nullptr},  {"usage", usage(job)}};
     return sse_event("message_start", {{"type", "message_start"}, {"message", message}}) + ping();
   }
 
@@ -79,7 +79,7 @@ class AnthropicFormatter final : public Formatter {
       thinking_ += d.reasoning;
       if (show_thinking_) out += block_delta({{"type", "thinking_delta"}, {"thinking", d.reasoning}});
     }
-    for (const ToolCallPiece& piece : d.tool_call_pieces)  // before the text: that text is the call's own
+    for (const ToolCallPiece& piece : d.tool_call_pieces)            // before the text: that text is the call's own
       if (piece.failed && open_ == Block::tool_use) out += close();  // a block cannot be taken back: it ends here
     if (!d.text.empty()) {
       out += open(Block::text, {{"type", "text"}, {"text", ""}});
@@ -122,7 +122,8 @@ class AnthropicFormatter final : public Formatter {
       content.push_back({{"type", "thinking"},
                          {"thinking", show_thinking_ ? r.reasoning : std::string()},
                          {"signature", thinking_signature(r.reasoning)}});
-    if (!r.text.empty() || (r.tool_calls.empty() && r.reasoning.empty())) content.push_back({{"type", "text"}, {"text", r.text}});
+    if (!r.text.empty() || (r.tool_calls.empty() && r.reasoning.empty()))
+      content.push_back({{"type", "text"}, {"text", r.text}});
     for (size_t k = 0; k < r.tool_calls.size(); ++k)
       content.push_back({{"type", "tool_use"},
                          {"id", r.tool_call_ids[k]},
@@ -147,7 +148,8 @@ class AnthropicFormatter final : public Formatter {
     if (kind == open_ && kind != Block::tool_use) return {};
     std::string out = close();
     open_ = kind;
-    return out + sse_event("content_block_start", {{"type", "content_block_start"}, {"index", index_}, {"content_block", block}});
+    return out + sse_event("content_block_start",
+                           {{"type", "content_block_start"}, {"index", index_}, {"content_block", block}});
   }
 
   std::string close() {

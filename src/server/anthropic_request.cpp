@@ -18,8 +18,8 @@ std::string block_type(const Json& block, const std::string& path) {
 }
 
 [[noreturn]] void text_only(const std::string& path, const std::string& type) {
-  throw bad_request("'" + path + "' is a " + type + " block: this model takes text only (no images or documents)",
-                    path, "unsupported_content");
+  throw bad_request("'" + path + "' is a " + type + " block: this model takes text only (no images or documents)", path,
+                    "unsupported_content");
 }
 
 std::string text_of(const Json& block, const std::string& path) {
@@ -31,7 +31,8 @@ std::string text_of(const Json& block, const std::string& path) {
 // A string, or text blocks joined (system prompts and tool results).
 std::string joined_text(const Json& v, const std::string& path, std::vector<std::string>* tool_refs) {
   if (v.is_string()) return v.get<std::string>();
-  if (!v.is_array()) throw bad_request("'" + path + "' must be a string or an array of text blocks", path, "invalid_type");
+  if (!v.is_array())
+    throw bad_request("'" + path + "' must be a string or an array of text blocks", path, "invalid_type");
   std::string out;
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string type = block_type(v[i], at(path, i));
@@ -62,7 +63,8 @@ void add_user_content(const Json& content, const std::string& path, ToolTable& t
     out.push_back({{"role", "user"}, {"content", content}});
     return;
   }
-  if (!content.is_array()) throw bad_request("'" + path + "' must be a string or an array of blocks", path, "invalid_type");
+  if (!content.is_array())
+    throw bad_request("'" + path + "' must be a string or an array of blocks", path, "invalid_type");
   Json text = Json::array();
   auto flush = [&] {
     if (!text.empty()) out.push_back({{"role", "user"}, {"content", text}});
@@ -83,7 +85,8 @@ void add_user_content(const Json& content, const std::string& path, ToolTable& t
                                : std::string();
       if (b.contains("is_error") && !b["is_error"].is_null() && !b["is_error"].is_boolean())
         throw bad_request("'" + p + ".is_error' must be a boolean", p + ".is_error", "invalid_type");
-      if (b.contains("is_error") && b["is_error"].is_boolean() && b["is_error"].get<bool>()) result = "Error: " + result;
+      if (b.contains("is_error") && b["is_error"].is_boolean() && b["is_error"].get<bool>())
+        result = "Error: " + result;
       out.push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
       Json newly = Json::array();
       for (const std::string& name : refs) {
@@ -111,7 +114,8 @@ void add_assistant_content(const Json& content, const std::string& path, Json& o
     out.push_back(std::move(m));
     return;
   }
-  if (!content.is_array()) throw bad_request("'" + path + "' must be a string or an array of blocks", path, "invalid_type");
+  if (!content.is_array())
+    throw bad_request("'" + path + "' must be a string or an array of blocks", path, "invalid_type");
   std::string text, thinking;
   Json calls = Json::array();
   for (size_t i = 0; i < content.size(); ++i) {
@@ -126,17 +130,21 @@ void add_assistant_content(const Json& content, const std::string& path, Json& o
     } else if (type == "redacted_thinking") {
       // Encrypted by whoever made it: nothing here can read it, and nothing of ours made it.
     } else if (type == "tool_use") {
-      if (!b.contains("id") || !b["id"].is_string()) throw bad_request("'" + p + ".id' must be a string", p + ".id", "missing");
+      if (!b.contains("id") || !b["id"].is_string())
+        throw bad_request("'" + p + ".id' must be a string", p + ".id", "missing");
       if (!b.contains("name") || !b["name"].is_string())
         throw bad_request("'" + p + ".name' must be a string", p + ".name", "missing");
       const Json input = b.contains("input") && !b["input"].is_null() ? b["input"] : Json::object();
       if (!input.is_object()) throw bad_request("'" + p + ".input' must be an object", p + ".input", "invalid_type");
-      calls.push_back({{"id", b["id"]}, {"type", "function"}, {"function", {{"name", b["name"]}, {"arguments", input}}}});
+      calls.push_back(
+          {{"id", b["id"]}, {"type", "function"}, {"function", {{"name", b["name"]}, {"arguments", input}}}});
     } else if (type == "image" || type == "document") {
       text_only(p, type);
     } else {
-      throw bad_request("'" + p + ".type' must be text, thinking, redacted_thinking or tool_use in an assistant "
-                        "message, got '" + type + "'",
+      throw bad_request("'" + p +
+                            ".type' must be text, thinking, redacted_thinking or tool_use in an assistant "
+                            "message, got '" +
+                            type + "'",
                         p + ".type");
     }
   }
@@ -150,19 +158,23 @@ void add_assistant_content(const Json& content, const std::string& path, Json& o
 // server tools (a "type" other than custom) are left out.
 Json read_tools(const Json& tools, ToolTable& table, std::vector<std::string>& skipped,
                 std::vector<std::string>* ignored) {
-  if (!tools.is_array()) throw bad_request("'tools' must be an array, got " + json_type_name(tools), "tools", "invalid_type");
+  if (!tools.is_array())
+    throw bad_request("'tools' must be an array, got " + json_type_name(tools), "tools", "invalid_type");
   Json out = Json::array();
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string p = at("tools", i);
     if (!tools[i].is_object()) throw bad_request("'" + p + "' must be an object", p, "invalid_type");
     const std::string type = string_or(tools[i], "type", "custom", p);
-    const std::string name = tools[i].contains("name") && tools[i]["name"].is_string() ? tools[i]["name"].get<std::string>() : "";
+    const std::string name = tools[i].contains("name") && tools[i]["name"].is_string()
+                                 ? tools[i]["name"].get<std::string>()
+                                 : "";
     if (type != "custom") {
       skipped.push_back(name.empty() ? type : name + " (" + type + ")");
       continue;
     }
-    const JsonFields t(tools[i], {"type", "name", "description", "input_schema", "cache_control", "defer_loading",
-                                  "strict", "input_examples", "eager_input_streaming"},
+    const JsonFields t(tools[i],
+                       {"type", "name", "description", "input_schema", "cache_control", "defer_loading", "strict",
+                        "input_examples", "eager_input_streaming"},
                        p + ".", ignored);
     if (name.empty()) throw bad_request("'" + p + ".name' must be a non-empty string", p + ".name", "missing");
     const Json* schema = t.get("input_schema");
@@ -227,9 +239,10 @@ std::string effort_for_budget(int64_t budget) {
 }  // namespace
 
 MessagesRequest parse_messages_request(const Json& body, const ParseContext& ctx, bool count_tokens) {
-  const JsonFields f(body, {"model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k",
-                            "stop_sequences", "stream", "metadata", "tools", "tool_choice", "thinking",
-                            "output_config", "context_management", "service_tier", "mcp_servers", "container"},
+  const JsonFields f(body,
+                     {"model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences",
+                      "stream", "metadata", "tools", "tool_choice", "thinking", "output_config", "context_management",
+                      "service_tier", "mcp_servers", "container"},
                      {}, ctx.ignored_fields);
   MessagesRequest r;
   GenerationParams& p = r.params;
@@ -239,8 +252,8 @@ MessagesRequest parse_messages_request(const Json& body, const ParseContext& ctx
   if (f.has("mcp_servers") && !f.get("mcp_servers")->empty())
     throw bad_request("'mcp_servers' is not supported: this server cannot reach MCP servers", "mcp_servers",
                       "unsupported_value");
-  if (f.has("container")) throw bad_request("'container' is not supported: no code execution here", "container",
-                                            "unsupported_value");
+  if (f.has("container"))
+    throw bad_request("'container' is not supported: no code execution here", "container", "unsupported_value");
   f.string("service_tier");
   if (const Json* m = f.get("metadata"); m && !m->is_object())
     throw bad_request("'metadata' must be an object", "metadata", "invalid_type");
@@ -276,8 +289,8 @@ MessagesRequest parse_messages_request(const Json& body, const ParseContext& ctx
     const auto type = tf.string("type");
     if (type == "enabled") {
       const auto budget = tf.integer("budget_tokens", 1024, ctx.max_model_len);
-      if (!budget) throw bad_request("'thinking.budget_tokens' is required (at least 1024)", "thinking.budget_tokens",
-                                     "missing");
+      if (!budget)
+        throw bad_request("'thinking.budget_tokens' is required (at least 1024)", "thinking.budget_tokens", "missing");
       if (max_tokens && *budget >= *max_tokens)
         throw bad_request("'max_tokens' must be greater than 'thinking.budget_tokens'", "max_tokens");
       options.thinking = true;
@@ -304,7 +317,8 @@ MessagesRequest parse_messages_request(const Json& body, const ParseContext& ctx
       const JsonFields ff(*format, {"type", "schema"}, "output_config.format.");
       if (ff.string("type") != "json_schema")
         throw bad_request("'output_config.format.type' must be json_schema", "output_config.format.type");
-      options.response_format = {{"type", "json_schema"}, {"json_schema", {{"schema", ff.get("schema") ? *ff.get("schema") : Json::object()}}}};
+      options.response_format = {{"type", "json_schema"},
+                                 {"json_schema", {{"schema", ff.get("schema") ? *ff.get("schema") : Json::object()}}}};
     }
   }
 
@@ -337,7 +351,8 @@ MessagesRequest parse_messages_request(const Json& body, const ParseContext& ctx
       throw bad_request("'" + path + ".role' must be user or assistant", path + ".role");
     }
   }
-  if (const Json* cm = f.get("context_management")) clear_thinking(messages, thinking_turns_kept(*cm, ctx.ignored_fields));
+  if (const Json* cm = f.get("context_management"))
+    clear_thinking(messages, thinking_turns_kept(*cm, ctx.ignored_fields));
 
   std::string choice = "auto", forced;
   bool parallel = true;
@@ -349,8 +364,8 @@ MessagesRequest parse_messages_request(const Json& body, const ParseContext& ctx
     else if (type == "none") choice = "none";
     else if (type == "tool") {
       const auto name = c.string("name");
-      if (!name || name->empty()) throw bad_request("'tool_choice.name' is required for type tool", "tool_choice.name",
-                                                    "missing");
+      if (!name || name->empty())
+        throw bad_request("'tool_choice.name' is required for type tool", "tool_choice.name", "missing");
       choice = "named", forced = *name;
     } else {
       throw bad_request("'tool_choice.type' must be auto, any, tool or none", "tool_choice.type");

@@ -1,6 +1,5 @@
 // server/api_server.cpp: ApiServer: the httplib server, its routes, the plain endpoints and
 // the lifecycle (start, drain, stop).
-#include "core/log.h"
 #include "server/api_server.h"
 
 #include <sys/socket.h>
@@ -10,6 +9,7 @@
 #include <ctime>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "server/openai_format.h"
 #include "server/server_impl.h"
 #include "tokenizer/utf8.h"
@@ -106,8 +106,7 @@ void ApiServer::Impl::note_ignored_fields(const char* api, const std::vector<std
     if (ignored_logged.size() < 4096 && ignored_logged.insert(std::string(api) + " " + field).second)
       fresh += (fresh.empty() ? "" : ", ") + field;
   }
-  if (!fresh.empty())
-    log::warn(std::string(api) + " request fields accepted with no effect here: " + fresh);
+  if (!fresh.empty()) log::warn(std::string(api) + " request fields accepted with no effect here: " + fresh);
 }
 
 std::shared_ptr<void> ApiServer::Impl::track(const std::shared_ptr<Generation>& g) {
@@ -166,7 +165,9 @@ void ApiServer::Impl::handle_models(httplib::Response& res) {
 
 void ApiServer::Impl::handle_model(const std::string& id, httplib::Response& res) {
   for (const std::string& name : config.served_model_names)
-    if (name == id) return res.set_content(dump_json(model_entry(name, created, config.model_root, max_model_len)), "application/json");
+    if (name == id)
+      return res.set_content(dump_json(model_entry(name, created, config.model_root, max_model_len)),
+                             "application/json");
   throw ApiError(404, "The model '" + id + "' does not exist", "model", "model_not_found");
 }
 
@@ -212,9 +213,10 @@ void ApiServer::Impl::install_routes() {
     if (same_key(request_key(req), config.api_key)) return httplib::Server::HandlerResponse::Unhandled;
     // (counted by the error handler, which sees every reply of 400 and up, this one too)
     reply_error(res,
-                ApiError(401, req.has_header("Authorization") || req.has_header("x-api-key")
-                                  ? "invalid API key"
-                                  : "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+                ApiError(401,
+                         req.has_header("Authorization") || req.has_header("x-api-key")
+                             ? "invalid API key"
+                             : "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
                          {}, "invalid_api_key"),
                 shape_for(req.path));
     return httplib::Server::HandlerResponse::Handled;
@@ -229,10 +231,12 @@ void ApiServer::Impl::install_routes() {
     guarded(res, [&] { handle_responses(req, res); });
   });
   http.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] { handle_messages(req, res); }, ErrorShape::anthropic);
+    guarded(
+        res, [&] { handle_messages(req, res); }, ErrorShape::anthropic);
   });
   http.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(res, [&] { handle_count_tokens(req, res); }, ErrorShape::anthropic);
+    guarded(
+        res, [&] { handle_count_tokens(req, res); }, ErrorShape::anthropic);
   });
   http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] { handle_tokenize(req, res); });
@@ -240,9 +244,8 @@ void ApiServer::Impl::install_routes() {
   http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] { handle_detokenize(req, res); });
   });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    guarded(res, [&] { handle_models(res); });
-  });
+  http.Get("/v1/models",
+           [this](const httplib::Request&, httplib::Response& res) { guarded(res, [&] { handle_models(res); }); });
   http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(res, [&] { handle_model(req.matches[1].str(), res); });
   });
@@ -261,20 +264,23 @@ void ApiServer::Impl::install_routes() {
 
   // Errors httplib produces itself (no route, body over the limit, a malformed request line)
   // have an empty body: give them OpenAI's shape. Every error reply is counted.
-  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
-    metrics->count_http_error(res.status);
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    std::string message;
-    switch (res.status) {
-      case 404: message = "no route for " + req.method + " " + req.path; break;
-      case 413: message = "the request body is larger than " + std::to_string(config.max_body_bytes) + " bytes"; break;
-      case 400: message = "malformed HTTP request"; break;
-      default: message = "HTTP error " + std::to_string(res.status); break;
-    }
-    reply_error(res, ApiError(res.status, message, {}, res.status == 413 ? "request_too_large" : ""),
-                shape_for(req.path));
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+  http.set_error_handler(
+      httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
+        metrics->count_http_error(res.status);
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        std::string message;
+        switch (res.status) {
+          case 404: message = "no route for " + req.method + " " + req.path; break;
+          case 413:
+            message = "the request body is larger than " + std::to_string(config.max_body_bytes) + " bytes";
+            break;
+          case 400: message = "malformed HTTP request"; break;
+          default: message = "HTTP error " + std::to_string(res.status); break;
+        }
+        reply_error(res, ApiError(res.status, message, {}, res.status == 413 ? "request_too_large" : ""),
+                    shape_for(req.path));
+        return httplib::Server::HandlerResponse::Handled;
+      }));
   http.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr) {
     reply_error(res, ApiError(500, "internal error", {}, "internal_error"), shape_for(req.path));
   });

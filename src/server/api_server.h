@@ -30,15 +30,15 @@ namespace k3::server {
 
 struct ServerConfig {
   std::string host = "127.0.0.1";
-  int port = 8000;                  // 0: any free port (tests); start() returns the one bound
+  int port = 8000;                                            // 0: any free port (tests); start() returns the one bound
   std::vector<std::string> served_model_names = {"k3-tiny"};  // ids clients may use; the first is the main one
-  std::string api_key;              // non-empty: required on every API route
-  std::string model_root;           // shown in /v1/models
-  int http_threads = 256;           // connections served at once: streams + idle keep-alives
-  size_t max_body_bytes = 8u << 20;  // larger bodies get 413
-  int keep_alive_seconds = 5;       // an idle keep-alive connection holds a thread this long
-  int read_timeout_seconds = 30;    // a client stalling mid-request is dropped after this
-  int write_timeout_seconds = 30;   // a client not reading its stream is dropped after this
+  std::string api_key;                                        // non-empty: required on every API route
+  std::string model_root;                                     // shown in /v1/models
+  int http_threads = 256;                                     // connections served at once: streams + idle keep-alives
+  size_t max_body_bytes = 8u << 20;                           // larger bodies get 413
+  int keep_alive_seconds = 5;                                 // an idle keep-alive connection holds a thread this long
+  int read_timeout_seconds = 30;                              // a client stalling mid-request is dropped after this
+  int write_timeout_seconds = 30;                             // a client not reading its stream is dropped after this
   int max_n = 16;
   int max_prompts = 64;
   int64_t default_chat_max_tokens = 0;  // 0: fill the context (OpenAI, vLLM)

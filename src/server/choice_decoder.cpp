@@ -94,8 +94,9 @@ void ChoiceDecoder::feed_parser(std::string_view text, ChoiceDelta& d, bool fina
         break;
       case Kind::tool_call:
         if (index < calls_.size() && calls_[index] == CallState::refused) {
-          refuse_call(ev, "tool call " + std::to_string(ev.call.index) + " ('" + ev.call.name +
-                              "') is not allowed by tool_choice / parallel_tool_calls",
+          refuse_call(ev,
+                      "tool call " + std::to_string(ev.call.index) + " ('" + ev.call.name +
+                          "') is not allowed by tool_choice / parallel_tool_calls",
                       d);
           break;
         }

@@ -40,8 +40,8 @@ struct ToolCallPiece {
 };
 
 struct ChoiceDelta {
-  std::string text;       // completions: text; chat: content
-  std::string reasoning;  // chat: the think channel
+  std::string text;                                   // completions: text; chat: content
+  std::string reasoning;                              // chat: the think channel
   std::vector<ToolCallPiece> tool_call_pieces;        // calls as they are generated
   std::vector<tokenizer::ParsedToolCall> tool_calls;  // complete calls, arguments valid JSON
   std::vector<TokenLogprob> logprobs;                 // the tokens this delta consumed (when asked)

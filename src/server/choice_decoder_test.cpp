@@ -3,11 +3,12 @@
 // argument fragments that concatenate to the complete call's arguments), and the ToolPolicy of
 // tool_choice / parallel_tool_calls: a refused call's text becomes content (never dropped), the
 // one call parallel_tool_calls=false allows ends the choice early.
+#include "server/choice_decoder.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 
-#include "server/choice_decoder.h"
 #include "server/server_test_util.h"
 
 namespace k3::server {

@@ -33,7 +33,8 @@ class OpenAIFormatter final : public Formatter {
     Json delta = Json::object();
     if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
     if (!d.text.empty()) delta["content"] = d.text;
-    if (std::any_of(d.tool_call_pieces.begin(), d.tool_call_pieces.end(), [](const ToolCallPiece& p) { return !p.failed; })) {
+    if (std::any_of(d.tool_call_pieces.begin(), d.tool_call_pieces.end(),
+                    [](const ToolCallPiece& p) { return !p.failed; })) {
       // OpenAI's streamed tool calls: the first piece of a call has its id, type and name,
       // later pieces only the next fragment of function.arguments.
       Json calls = Json::array();

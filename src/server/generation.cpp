@@ -63,7 +63,8 @@ struct Generation::Shared {
   }
 };
 
-Generation::Generation(engine::Engine& engine, std::shared_ptr<Metrics> metrics) : engine_(engine), shared_(std::make_shared<Shared>()) {
+Generation::Generation(engine::Engine& engine, std::shared_ptr<Metrics> metrics)
+    : engine_(engine), shared_(std::make_shared<Shared>()) {
   shared_->metrics = std::move(metrics);
 }
 

@@ -165,8 +165,8 @@ std::optional<double> JsonFields::number(std::string_view key, double lo, double
       if (s.back() == '.') s.pop_back();
       return s;
     };
-    throw bad_request("'" + name(key) + "' must be in " + (lo_open ? "(" : "[") + fmt(lo) + ", " + fmt(hi) +
-                          "], got " + json_excerpt(*v),
+    throw bad_request("'" + name(key) + "' must be in " + (lo_open ? "(" : "[") + fmt(lo) + ", " + fmt(hi) + "], got " +
+                          json_excerpt(*v),
                       name(key));
   }
   return x;

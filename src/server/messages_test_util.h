@@ -100,8 +100,10 @@ inline Json fold(const std::vector<Event>& evs) {
       EXPECT_EQ(e.data["index"].get<size_t>() + 1, msg["content"].size()) << "a delta for a block not open";
       Json& b = msg["content"].back();
       const Json& d = e.data["delta"];
-      if (d["type"] == "thinking_delta") b["thinking"] = b["thinking"].get<std::string>() + d["thinking"].get<std::string>();
-      if (d["type"] == "signature_delta") b["signature"] = b["signature"].get<std::string>() + d["signature"].get<std::string>();
+      if (d["type"] == "thinking_delta")
+        b["thinking"] = b["thinking"].get<std::string>() + d["thinking"].get<std::string>();
+      if (d["type"] == "signature_delta")
+        b["signature"] = b["signature"].get<std::string>() + d["signature"].get<std::string>();
       if (d["type"] == "text_delta") b["text"] = b["text"].get<std::string>() + d["text"].get<std::string>();
       if (d["type"] == "input_json_delta") partial.back() += d["partial_json"].get<std::string>();
     } else if (e.name == "content_block_stop") {

@@ -72,15 +72,16 @@ void histogram_lines(std::string& out, const std::string& name, const std::strin
 // Bucket bounds (seconds) from vLLM's, so quantiles line up with vLLM dashboards.
 const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
                                           1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
-const std::vector<double> kItlBuckets = {0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,  0.3,  0.4,  0.5,
-                                         0.75, 1.0,   2.5,  5.0,   7.5,  10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kItlBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                         0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
 // vLLM's request_latency_buckets: e2e, queue, prefill, decode and inference time.
-const std::vector<double> kE2eBuckets = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,    10.0,  15.0,  20.0,
+const std::vector<double> kE2eBuckets = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
                                          30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 const std::vector<double> kNBuckets = {1, 2, 5, 10, 20};
 // vllm:iteration_tokens_total's bounds, all powers of two (EngineStats::step_tokens_log2 folds into them).
 constexpr int64_t kStepTokenBounds[] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
-static_assert(std::ranges::all_of(kStepTokenBounds, [](int64_t b) { return std::has_single_bit(static_cast<uint64_t>(b)); }));
+static_assert(std::ranges::all_of(kStepTokenBounds,
+                                  [](int64_t b) { return std::has_single_bit(static_cast<uint64_t>(b)); }));
 static_assert(std::bit_width(uint64_t{16384}) - 1 == engine::EngineStats::kStepTokenBuckets - 2,
               "the engine's last bounded bucket (2^14 tokens) is vLLM's last bound; the one after holds the rest");
 
@@ -247,8 +248,8 @@ std::string Metrics::render(const engine::EngineStats& s) const {
   sample(out, "vllm:num_requests_running", labels_, s.running);
   family(out, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.");
   sample(out, "vllm:num_requests_waiting", labels_, s.waiting);
-  const double kv_usage =
-      s.cache.blocks_total > 0 ? static_cast<double>(s.cache.blocks_in_use) / s.cache.blocks_total : 0.0;
+  const double kv_usage = s.cache.blocks_total > 0 ? static_cast<double>(s.cache.blocks_in_use) / s.cache.blocks_total
+                                                   : 0.0;
   family(out, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.");
   sample(out, "vllm:kv_cache_usage_perc", labels_, kv_usage);
   // vLLM's name before 0.9; its published dashboard still queries it.
@@ -277,8 +278,8 @@ std::string Metrics::render(const engine::EngineStats& s) const {
     sample(out, "vllm:spec_decode_num_accepted_tokens_total", labels_, static_cast<double>(s.spec_num_accepted_tokens));
     family(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "Accepted tokens per draft position.");
     for (size_t i = 0; i < s.spec_accepted_per_pos.size(); ++i)
-      sample(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", labels_ + ",position=\"" + std::to_string(i) + "\"",
-             static_cast<double>(s.spec_accepted_per_pos[i]));
+      sample(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+             labels_ + ",position=\"" + std::to_string(i) + "\"", static_cast<double>(s.spec_accepted_per_pos[i]));
     // Synthetic acceptance (benchmarks) is forced, not measured: say so on the page.
     family(out, "k3serve:spec_decode_synthetic", "gauge",
            "1 when acceptance is SYNTHETIC (forced acceptance length; outputs are not the model's distribution).");
@@ -287,7 +288,8 @@ std::string Metrics::render(const engine::EngineStats& s) const {
   }
   family(out, "k3serve:model_steps_total", "counter",
          "Model steps by the path that ran them (decode_backend latency_specialized: fused or standard).");
-  sample(out, "k3serve:model_steps_total", labels_ + ",path=\"fused\"", static_cast<double>(s.decode_paths.fused_steps));
+  sample(out, "k3serve:model_steps_total", labels_ + ",path=\"fused\"",
+         static_cast<double>(s.decode_paths.fused_steps));
   sample(out, "k3serve:model_steps_total", labels_ + ",path=\"standard\"",
          static_cast<double>(s.decode_paths.standard_steps));
   family(out, "k3serve:decode_fallbacks_total", "counter",
@@ -299,7 +301,8 @@ std::string Metrics::render(const engine::EngineStats& s) const {
     std::lock_guard lock(mu_);
     family(out, "vllm:request_success_total", "counter", "Count of finished requests, by finish reason.");
     for (const auto& [reason, n] : finished_)
-      sample(out, "vllm:request_success_total", labels_ + ",finished_reason=\"" + reason + "\"", static_cast<double>(n));
+      sample(out, "vllm:request_success_total", labels_ + ",finished_reason=\"" + reason + "\"",
+             static_cast<double>(n));
     family(out, "k3serve:client_disconnects_total", "counter", "Requests aborted because the client went away.");
     sample(out, "k3serve:client_disconnects_total", labels_, static_cast<double>(disconnects_));
     family(out, "k3serve:tool_call_parse_errors_total", "counter",
@@ -337,7 +340,8 @@ std::string Metrics::render(const engine::EngineStats& s) const {
   e2e_.render("vllm:e2e_request_latency_seconds", labels_, out);
   family(out, "vllm:request_queue_time_seconds", "histogram", "Histogram of time spent in WAITING phase for request.");
   queue_.render("vllm:request_queue_time_seconds", labels_, out);
-  family(out, "vllm:request_prefill_time_seconds", "histogram", "Histogram of time spent in PREFILL phase for request.");
+  family(out, "vllm:request_prefill_time_seconds", "histogram",
+         "Histogram of time spent in PREFILL phase for request.");
   prefill_.render("vllm:request_prefill_time_seconds", labels_, out);
   family(out, "vllm:request_decode_time_seconds", "histogram", "Histogram of time spent in DECODE phase for request.");
   decode_.render("vllm:request_decode_time_seconds", labels_, out);

@@ -95,10 +95,10 @@ class Metrics {
   Histogram queue_, prefill_, decode_, inference_, tpot_request_;
   Histogram prompt_tokens_, generation_tokens_, max_tokens_param_, n_param_, max_generation_tokens_;
   mutable std::mutex mu_;
-  std::map<std::string, int64_t> finished_;  // finished_reason -> count
-  std::map<int, int64_t> http_errors_;       // status -> count
-  std::map<std::string, int64_t, std::less<>> api_requests_;                   // api -> count
-  std::map<std::pair<std::string, std::string>, int64_t> ignored_fields_;      // (api, field) -> count
+  std::map<std::string, int64_t> finished_;                                // finished_reason -> count
+  std::map<int, int64_t> http_errors_;                                     // status -> count
+  std::map<std::string, int64_t, std::less<>> api_requests_;               // api -> count
+  std::map<std::pair<std::string, std::string>, int64_t> ignored_fields_;  // (api, field) -> count
   size_t named_ignored_fields_ = 0;  // entries of ignored_fields_ other than field="other"
   int64_t disconnects_ = 0, tool_parse_errors_ = 0;
 };

@@ -3,6 +3,8 @@
 // buckets with sum and count, the per-request histograms' values, counters read from the
 // engine's stats, the engine's tokens per step folded into vLLM's buckets, requests per API and
 // ignored fields (bounded), label escaping; and one run through a real Engine and Generation.
+#include "server/metrics.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -12,7 +14,6 @@
 
 #include "engine/fake_executor.h"
 #include "server/generation.h"
-#include "server/metrics.h"
 
 namespace k3::server {
 namespace {
@@ -115,7 +116,8 @@ TEST(Metrics, PageHasVllmNamesTypesAndEngineCounters) {
   EXPECT_TRUE(has_line(page, "vllm:time_to_first_token_seconds_count" + l + " 1.0"));
   EXPECT_TRUE(has_line(page, "vllm:inter_token_latency_seconds_count" + l + " 1.0"));
   EXPECT_TRUE(has_line(page, "vllm:e2e_request_latency_seconds_count" + l + " 1.0"));
-  EXPECT_TRUE(has_line(page, "vllm:request_success_total{engine=\"0\",model_name=\"k3-tiny\",finished_reason=\"length\"} 1.0"));
+  EXPECT_TRUE(
+      has_line(page, "vllm:request_success_total{engine=\"0\",model_name=\"k3-tiny\",finished_reason=\"length\"} 1.0"));
   EXPECT_TRUE(has_line(page, "k3serve:http_errors_total{engine=\"0\",model_name=\"k3-tiny\",status=\"400\"} 1.0"));
   // Every sample line belongs to a family declared with # TYPE.
   size_t pos = 0;
@@ -356,7 +358,8 @@ TEST(Metrics, IgnoredFieldsAreCountedPerApiAndField) {
 // counted as field="other" on their api, and long names are cut at a UTF-8 boundary.
 TEST(Metrics, IgnoredFieldsAreBounded) {
   Metrics m = make_metrics();
-  for (size_t i = 0; i < Metrics::kMaxIgnoredFields; ++i) m.count_ignored_field("responses", std::string("f").append(std::to_string(i)));
+  for (size_t i = 0; i < Metrics::kMaxIgnoredFields; ++i)
+    m.count_ignored_field("responses", std::string("f").append(std::to_string(i)));
   m.count_ignored_field("responses", "one_too_many");
   m.count_ignored_field("messages", "another");
   m.count_ignored_field("messages", "and_another");

@@ -124,11 +124,10 @@ Json completion_chunk(const ResponseMeta& m, int index, const std::string& text,
           {"object", "text_completion"},
           {"created", m.created},
           {"model", m.model},
-          {"choices",
-           Json::array({{{"index", index},
-                         {"text", text},
-                         {"logprobs", logprobs},
-                         {"finish_reason", finish_reason_json(finish_reason)}}})}};
+          {"choices", Json::array({{{"index", index},
+                                    {"text", text},
+                                    {"logprobs", logprobs},
+                                    {"finish_reason", finish_reason_json(finish_reason)}}})}};
 }
 
 Json chat_chunk(const ResponseMeta& m, int index, const Json& delta, const Json& logprobs,
@@ -137,11 +136,10 @@ Json chat_chunk(const ResponseMeta& m, int index, const Json& delta, const Json&
           {"object", "chat.completion.chunk"},
           {"created", m.created},
           {"model", m.model},
-          {"choices",
-           Json::array({{{"index", index},
-                         {"delta", delta},
-                         {"logprobs", logprobs},
-                         {"finish_reason", finish_reason_json(finish_reason)}}})}};
+          {"choices", Json::array({{{"index", index},
+                                    {"delta", delta},
+                                    {"logprobs", logprobs},
+                                    {"finish_reason", finish_reason_json(finish_reason)}}})}};
 }
 
 Json usage_chunk(const ResponseMeta& m, bool chat, const Usage& u) {
@@ -153,8 +151,8 @@ Json usage_chunk(const ResponseMeta& m, bool chat, const Usage& u) {
           {"usage", usage_json(u)}};
 }
 
-Json completion_response(const tokenizer::Tokenizer& tok, const ResponseMeta& m, const std::vector<ChoiceResult>& choices,
-                         bool logprobs, const Usage& u) {
+Json completion_response(const tokenizer::Tokenizer& tok, const ResponseMeta& m,
+                         const std::vector<ChoiceResult>& choices, bool logprobs, const Usage& u) {
   Json list = Json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     int64_t offset = 0;
@@ -163,8 +161,8 @@ Json completion_response(const tokenizer::Tokenizer& tok, const ResponseMeta& m,
                     {"logprobs", logprobs ? completion_logprobs(tok, choices[i].logprobs, offset) : Json(nullptr)},
                     {"finish_reason", finish_reason_json(choices[i].finish_reason)}});
   }
-  return {{"id", m.id},         {"object", "text_completion"}, {"created", m.created},
-          {"model", m.model},   {"choices", list},             {"usage", usage_json(u)}};
+  return {{"id", m.id},      {"object", "text_completion"}, {"created", m.created}, {"model", m.model},
+          {"choices", list}, {"usage", usage_json(u)}};
 }
 
 Json chat_response(const tokenizer::Tokenizer& tok, const ResponseMeta& m, const std::vector<ChoiceResult>& choices,
@@ -177,7 +175,8 @@ Json chat_response(const tokenizer::Tokenizer& tok, const ResponseMeta& m, const
     if (!c.reasoning.empty()) message["reasoning_content"] = c.reasoning;
     if (!c.tool_calls.empty()) {
       Json calls = Json::array();
-      for (size_t k = 0; k < c.tool_calls.size(); ++k) calls.push_back(tool_call_json(c.tool_calls[k], c.tool_call_ids[k], false));
+      for (size_t k = 0; k < c.tool_calls.size(); ++k)
+        calls.push_back(tool_call_json(c.tool_calls[k], c.tool_call_ids[k], false));
       message["tool_calls"] = calls;
     }
     list.push_back({{"index", i},
@@ -185,8 +184,8 @@ Json chat_response(const tokenizer::Tokenizer& tok, const ResponseMeta& m, const
                     {"logprobs", logprobs ? Json{{"content", chat_logprobs_content(tok, c.logprobs)}} : Json(nullptr)},
                     {"finish_reason", finish_reason_json(c.finish_reason)}});
   }
-  return {{"id", m.id},       {"object", "chat.completion"}, {"created", m.created},
-          {"model", m.model}, {"choices", list},             {"usage", usage_json(u)}};
+  return {{"id", m.id},      {"object", "chat.completion"}, {"created", m.created}, {"model", m.model},
+          {"choices", list}, {"usage", usage_json(u)}};
 }
 
 }  // namespace k3::server

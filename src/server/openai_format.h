@@ -56,8 +56,8 @@ Json chat_chunk(const ResponseMeta& m, int index, const Json& delta, const Json&
                 const std::string& finish_reason);
 Json usage_chunk(const ResponseMeta& m, bool chat, const Usage& u);
 
-Json completion_response(const tokenizer::Tokenizer& tok, const ResponseMeta& m, const std::vector<ChoiceResult>& choices,
-                         bool logprobs, const Usage& u);
+Json completion_response(const tokenizer::Tokenizer& tok, const ResponseMeta& m,
+                         const std::vector<ChoiceResult>& choices, bool logprobs, const Usage& u);
 Json chat_response(const tokenizer::Tokenizer& tok, const ResponseMeta& m, const std::vector<ChoiceResult>& choices,
                    bool logprobs, const Usage& u);
 

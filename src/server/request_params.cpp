@@ -19,11 +19,30 @@ constexpr size_t kMaxLogitBias = 1024;
 
 // Fields both endpoints read (read_common), plus the endpoint's own.
 std::vector<std::string_view> with_common_fields(std::initializer_list<std::string_view> own) {
-  std::vector<std::string_view> known = {"model", "max_tokens", "temperature", "top_p", "n", "stream",
-                                         "stream_options", "stop", "presence_penalty", "frequency_penalty",
-                                         "logit_bias", "seed", "user", "top_k", "min_p", "repetition_penalty",
-                                         "stop_token_ids", "ignore_eos", "skip_special_tokens", "metadata", "store",
-                                         "service_tier", "prompt_cache_key", "safety_identifier"};
+  std::vector<std::string_view> known = {"model",
+                                         "max_tokens",
+                                         "temperature",
+                                         "top_p",
+                                         "n",
+                                         "stream",
+                                         "stream_options",
+                                         "stop",
+                                         "presence_penalty",
+                                         "frequency_penalty",
+                                         "logit_bias",
+                                         "seed",
+                                         "user",
+                                         "top_k",
+                                         "min_p",
+                                         "repetition_penalty",
+                                         "stop_token_ids",
+                                         "ignore_eos",
+                                         "skip_special_tokens",
+                                         "metadata",
+                                         "store",
+                                         "service_tier",
+                                         "prompt_cache_key",
+                                         "safety_identifier"};
   known.insert(known.end(), own.begin(), own.end());
   return known;
 }
@@ -72,7 +91,8 @@ uint64_t read_seed(const Json& v) {
 std::vector<std::string> read_stop(const Json& v, const ParseContext& ctx) {
   std::vector<std::string> stop;
   auto add = [&](const Json& s, const std::string& field) {
-    if (!s.is_string()) throw bad_request("'" + field + "' must be a string, got " + json_excerpt(s), field, "invalid_type");
+    if (!s.is_string())
+      throw bad_request("'" + field + "' must be a string, got " + json_excerpt(s), field, "invalid_type");
     std::string text = s.get<std::string>();
     if (text.empty()) throw bad_request("'" + field + "' is an empty stop string", field);
     if (text.size() > kMaxStopBytes)
@@ -88,7 +108,8 @@ std::vector<std::string> read_stop(const Json& v, const ParseContext& ctx) {
                         "stop");
     for (size_t i = 0; i < v.size(); ++i) add(v[i], "stop[" + std::to_string(i) + "]");
   } else {
-    throw bad_request("'stop' must be a string or an array of strings, got " + json_type_name(v), "stop", "invalid_type");
+    throw bad_request("'stop' must be a string or an array of strings, got " + json_type_name(v), "stop",
+                      "invalid_type");
   }
   return stop;
 }
@@ -108,7 +129,8 @@ std::vector<std::pair<int32_t, float>> read_logit_bias(const Json& v, const Pars
     for (char c : key) digits &= c >= '0' && c <= '9';
     const int64_t id = digits ? std::stoll(key) : -1;
     if (id < 0 || id >= ctx.vocab_size)
-      throw bad_request("'logit_bias' key '" + key + "' is not a token id in [0, " + std::to_string(ctx.vocab_size) + ")",
+      throw bad_request("'logit_bias' key '" + key + "' is not a token id in [0, " + std::to_string(ctx.vocab_size) +
+                            ")",
                         "logit_bias");
     if (!bias.is_number() || !std::isfinite(bias.get<double>()) ||
         std::fabs(bias.get<double>()) > static_cast<double>(runner::kMaxLogitBias))
@@ -147,15 +169,15 @@ void read_common(const JsonFields& f, const ParseContext& ctx, GenerationParams&
       throw bad_request("'stop_token_ids' must be an array of token ids, got " + json_type_name(*v), "stop_token_ids",
                         "invalid_type");
     if (v->size() > kMaxStopTokenIds)
-      throw bad_request("'stop_token_ids' has more than " + std::to_string(kMaxStopTokenIds) + " ids", "stop_token_ids");
+      throw bad_request("'stop_token_ids' has more than " + std::to_string(kMaxStopTokenIds) + " ids",
+                        "stop_token_ids");
     p.base.stop_token_ids = token_ids(*v, "stop_token_ids", ctx);
   }
   p.base.ignore_eos = f.boolean("ignore_eos").value_or(false);
   p.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
   p.stream = f.boolean("stream").value_or(false);
   if (const Json* v = f.get("stream_options")) {
-    if (!p.stream)
-      throw bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options");
+    if (!p.stream) throw bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options");
     const JsonFields so(*v, {"include_usage"}, "stream_options.");
     p.include_usage = so.boolean("include_usage").value_or(false);
   }
@@ -173,9 +195,9 @@ void check_context(const GenerationParams& p, const char* prompt_field) {
                             " tokens (at least one token must be left for the completion)",
                         prompt_field, "context_length_exceeded");
     if (p.max_tokens > 0 && len + p.max_tokens > p.max_model_len)
-      throw bad_request("This model's maximum context length is " + std::to_string(p.max_model_len) +
-                            " tokens, but " + std::to_string(len + p.max_tokens) + " were requested (" +
-                            std::to_string(len) + " in the " + prompt_field + ", " + std::to_string(p.max_tokens) +
+      throw bad_request("This model's maximum context length is " + std::to_string(p.max_model_len) + " tokens, but " +
+                            std::to_string(len + p.max_tokens) + " were requested (" + std::to_string(len) +
+                            " in the " + prompt_field + ", " + std::to_string(p.max_tokens) +
                             " in the completion); reduce the " + prompt_field + " or '" + p.max_tokens_field + "'",
                         p.max_tokens_field, "context_length_exceeded");
   }
@@ -198,9 +220,11 @@ std::vector<std::vector<int32_t>> read_prompts(const Json& v, const ParseContext
     return prompts;
   }
   if (!v.is_array() || v.empty())
-    throw bad_request("'prompt' must be a string, an array of token ids, an array of strings or an array of token-id "
-                      "arrays, got " + (v.is_array() ? std::string("an empty array") : json_type_name(v)),
-                      "prompt", "invalid_type");
+    throw bad_request(
+        "'prompt' must be a string, an array of token ids, an array of strings or an array of token-id "
+        "arrays, got " +
+            (v.is_array() ? std::string("an empty array") : json_type_name(v)),
+        "prompt", "invalid_type");
   if (v[0].is_number()) return {token_ids(v, "prompt", ctx)};
   if (v.size() > static_cast<size_t>(ctx.max_prompts))
     throw bad_request("'prompt' has " + std::to_string(v.size()) + " prompts; at most " +
@@ -221,8 +245,9 @@ void check_unsupported_completion_fields(const JsonFields& f, const GenerationPa
   if (f.boolean("echo").value_or(false))
     throw bad_request("'echo' = true is not supported by this server", "echo", "unsupported_value");
   if (auto best_of = f.integer("best_of", 1, 1 << 20); best_of && *best_of != p.n)
-    throw bad_request("'best_of' must equal 'n' (" + std::to_string(p.n) + "): choosing the best of several samples "
-                      "is not supported",
+    throw bad_request("'best_of' must equal 'n' (" + std::to_string(p.n) +
+                          "): choosing the best of several samples "
+                          "is not supported",
                       "best_of", "unsupported_value");
   if (auto suffix = f.string("suffix"); suffix && !suffix->empty())
     throw bad_request("'suffix' (insertion) is not supported by this server", "suffix", "unsupported_value");
@@ -239,7 +264,8 @@ std::string chat_error_param(const std::string& what) {
 }
 
 void read_tools(const Json& tools, std::vector<std::string>* ignored) {
-  if (!tools.is_array()) throw bad_request("'tools' must be an array, got " + json_type_name(tools), "tools", "invalid_type");
+  if (!tools.is_array())
+    throw bad_request("'tools' must be an array, got " + json_type_name(tools), "tools", "invalid_type");
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string path = "tools[" + std::to_string(i) + "].";
     const JsonFields t(tools[i], {"type", "function"}, path, ignored);
@@ -299,9 +325,10 @@ GenerationParams parse_completion_request(const Json& body, const ParseContext& 
 }
 
 GenerationParams parse_chat_request(const Json& body, const ParseContext& ctx) {
-  const JsonFields f(body, with_common_fields({"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
-                            "tool_choice", "parallel_tool_calls", "response_format", "reasoning_effort",
-                            "chat_template_kwargs"}),
+  const JsonFields f(body,
+                     with_common_fields({"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
+                                         "tool_choice", "parallel_tool_calls", "response_format", "reasoning_effort",
+                                         "chat_template_kwargs"}),
                      {}, ctx.ignored_fields);
   GenerationParams p;
   p.chat = true;
@@ -366,8 +393,8 @@ GenerationParams parse_chat_request(const Json& body, const ParseContext& ctx) {
     } else {
       choice = tc->get<std::string>();
       if (choice != "auto" && choice != "required" && choice != "none")
-        throw bad_request("'tool_choice' must be \"auto\", \"required\", \"none\" or a named function, got '" +
-                              choice + "'",
+        throw bad_request("'tool_choice' must be \"auto\", \"required\", \"none\" or a named function, got '" + choice +
+                              "'",
                           "tool_choice");
     }
   }
@@ -458,10 +485,12 @@ TokenizeParams parse_tokenize_request(const Json& body, const ParseContext& ctx)
   TokenizeParams t;
   t.return_token_strs = f.boolean("return_token_strs").value_or(false);
   const bool has_prompt = f.has("prompt"), has_messages = f.has("messages");
-  if (has_prompt == has_messages) throw bad_request("give exactly one of 'prompt' and 'messages'", has_prompt ? "messages" : "prompt");
+  if (has_prompt == has_messages)
+    throw bad_request("give exactly one of 'prompt' and 'messages'", has_prompt ? "messages" : "prompt");
   if (has_prompt) {
     if (f.has("tools") || f.has("add_generation_prompt") || f.has("chat_template_kwargs"))
-      throw bad_request("'tools', 'add_generation_prompt' and 'chat_template_kwargs' apply to 'messages' only", "prompt");
+      throw bad_request("'tools', 'add_generation_prompt' and 'chat_template_kwargs' apply to 'messages' only",
+                        "prompt");
     // K3's tokenizer adds no BOS/EOS of its own, so add_special_tokens changes nothing; it is
     // type-checked and accepted for vLLM clients.
     f.boolean("add_special_tokens");
@@ -469,7 +498,8 @@ TokenizeParams parse_tokenize_request(const Json& body, const ParseContext& ctx)
     t.tokens = encode_text(ctx, *prompt, "prompt");
     return t;
   }
-  if (f.has("add_special_tokens")) throw bad_request("'add_special_tokens' applies to 'prompt' only", "add_special_tokens");
+  if (f.has("add_special_tokens"))
+    throw bad_request("'add_special_tokens' applies to 'prompt' only", "add_special_tokens");
   tokenizer::ChatOptions options;
   options.add_generation_prompt = f.boolean("add_generation_prompt").value_or(true);
   if (const Json* kw = f.get("chat_template_kwargs")) {

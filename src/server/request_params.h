@@ -29,15 +29,15 @@ namespace k3::server {
 
 struct ParseContext {
   const tokenizer::Tokenizer* tokenizer = nullptr;
-  std::vector<std::string> served_models;  // the model ids this server answers to (first: the main one)
-  int32_t vocab_size = 0;         // the model's
-  int64_t max_model_len = 0;      // prompt + completion tokens of one request
-  int max_n = 16;                 // choices per prompt
-  int max_prompts = 64;           // prompts per completions request
-  int max_stop = 16;              // stop strings per request
-  int64_t default_completion_max_tokens = 16;  // OpenAI's documented default for /v1/completions
-  int64_t default_chat_max_tokens = 0;         // 0: whatever the context has left (OpenAI, vLLM)
-  uint64_t random_seed = 0;       // the base seed when the request names none
+  std::vector<std::string> served_models;              // the model ids this server answers to (first: the main one)
+  int32_t vocab_size = 0;                              // the model's
+  int64_t max_model_len = 0;                           // prompt + completion tokens of one request
+  int max_n = 16;                                      // choices per prompt
+  int max_prompts = 64;                                // prompts per completions request
+  int max_stop = 16;                                   // stop strings per request
+  int64_t default_completion_max_tokens = 16;          // OpenAI's documented default for /v1/completions
+  int64_t default_chat_max_tokens = 0;                 // 0: whatever the context has left (OpenAI, vLLM)
+  uint64_t random_seed = 0;                            // the base seed when the request names none
   std::vector<std::string>* ignored_fields = nullptr;  // unknown fields go here (null: they are a 400)
 };
 
@@ -46,20 +46,20 @@ std::string resolve_model(const std::string& name, const ParseContext& ctx);
 
 struct GenerationParams {
   bool chat = false;
-  std::string model;  // the served name the request asked for (echoed in replies)
+  std::string model;                          // the served name the request asked for (echoed in replies)
   std::vector<std::vector<int32_t>> prompts;  // completions: one per prompt; chat: exactly one
   int n = 1;
   // The template every choice starts from: sampling (seed = the base seed), stop ids,
   // ignore_eos. max_tokens is resolved per prompt (max_tokens_for).
   engine::GenerateRequest base;
-  int64_t max_tokens = 0;          // as requested; 0: the endpoint's default
+  int64_t max_tokens = 0;                       // as requested; 0: the endpoint's default
   std::string max_tokens_field = "max_tokens";  // its name in the API (Responses: max_output_tokens)
-  int64_t default_max_tokens = 0;  // 0: all the context has left after the prompt
+  int64_t default_max_tokens = 0;               // 0: all the context has left after the prompt
   int64_t max_model_len = 0;
   std::vector<std::string> stop;
   bool stream = false;
-  bool include_usage = false;   // stream_options.include_usage
-  bool logprobs = false;        // return logprobs (completions: logprobs >= 0; chat: logprobs true)
+  bool include_usage = false;  // stream_options.include_usage
+  bool logprobs = false;       // return logprobs (completions: logprobs >= 0; chat: logprobs true)
   bool skip_special_tokens = true;
   // chat only
   tokenizer::Channel start_channel = tokenizer::Channel::response;

@@ -2,9 +2,10 @@
 // of bad field answered with the right status and the field's name: unknown fields, wrong
 // types, out-of-range values, unsupported OpenAI options, another model's name, prompts and
 // completions that do not fit the context, malformed chat messages and tools.
+#include "server/request_params.h"
+
 #include <gtest/gtest.h>
 
-#include "server/request_params.h"
 #include "server/server_test_util.h"
 
 namespace k3::server {
@@ -121,8 +122,8 @@ TEST_F(RequestParams, LogprobsWithoutTopEntriesStillAskForTheSampledTokensLogpro
 TEST_F(RequestParams, DefaultsNullsAndIntegralFloats) {
   // null means "not given"; 2.0 is an integer; the completions default is 16 tokens, the chat
   // default whatever the context has left; without a seed the server's random one is used.
-  const GenerationParams p =
-      parse_completion_request(completion_body({{"temperature", nullptr}, {"stop", nullptr}, {"n", 2.0}}), ctx());
+  const GenerationParams p = parse_completion_request(
+      completion_body({{"temperature", nullptr}, {"stop", nullptr}, {"n", 2.0}}), ctx());
   EXPECT_EQ(p.n, 2);
   EXPECT_EQ(p.choice(0).max_tokens, 16);
   EXPECT_EQ(p.choice(0).sampling.temperature, 0.0f);
@@ -131,16 +132,17 @@ TEST_F(RequestParams, DefaultsNullsAndIntegralFloats) {
   const GenerationParams c = parse_chat_request(chat_body(), ctx());
   EXPECT_EQ(c.choice(0).max_tokens, 512 - static_cast<int64_t>(c.prompts[0].size()));
   EXPECT_EQ(c.start_channel, tokenizer::Channel::think);
-  const GenerationParams nothink =
-      parse_chat_request(chat_body({{"chat_template_kwargs", {{"thinking", false}}}, {"max_completion_tokens", 5}}), ctx());
+  const GenerationParams nothink = parse_chat_request(
+      chat_body({{"chat_template_kwargs", {{"thinking", false}}}, {"max_completion_tokens", 5}}), ctx());
   EXPECT_EQ(nothink.start_channel, tokenizer::Channel::response);
   EXPECT_EQ(nothink.choice(0).max_tokens, 5);
 }
 
 TEST_F(RequestParams, ChatPromptIsTheK3Rendering) {
-  const Json messages = Json::array({{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi"}}});
-  const Json tools = Json::array({{{"type", "function"},
-                                   {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}}});
+  const Json messages = Json::array(
+      {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi"}}});
+  const Json tools = Json::array(
+      {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}}});
   const GenerationParams p = parse_chat_request(chat_body({{"messages", messages}, {"tools", tools}}), ctx());
   tokenizer::ChatOptions o;
   EXPECT_EQ(p.prompts[0], tokenizer::encode_chat(*tok_, messages, tools, o));
@@ -194,8 +196,9 @@ TEST_F(RequestParams, OutOfRangeValuesAreNamed) {
   expect_error(false, completion_body({{"stop_token_ids", Json::array({1024})}}), 400, "stop_token_ids");
   expect_error(false, completion_body({{"prompt", Json::array({1, 2, 5000})}}), 400, "prompt");
   expect_error(false, completion_body({{"stop", ""}}), 400, "stop");
-  expect_error(false, completion_body({{"stop", Json::array({"1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11",
-                                                              "12", "13", "14", "15", "16", "17"})}}),
+  expect_error(false,
+               completion_body({{"stop", Json::array({"1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12",
+                                                      "13", "14", "15", "16", "17"})}}),
                400, "stop");
   expect_error(false, completion_body({{"stream_options", {{"include_usage", true}}}}), 400, "stream_options");
 }
@@ -224,16 +227,18 @@ TEST_F(RequestParams, UnsupportedOptionsAreRefusedNotIgnored) {
   expect_error(true, chat_body({{"response_format", {{"type", "yaml"}}}}), 400, "response_format.type");
   // Harmless values of the same fields pass.
   EXPECT_NO_THROW(parse_completion_request(completion_body({{"echo", false}, {"best_of", 1}, {"suffix", ""}}), ctx()));
-  EXPECT_NO_THROW(parse_chat_request(chat_body({{"parallel_tool_calls", true}, {"tool_choice", "auto"},
+  EXPECT_NO_THROW(parse_chat_request(chat_body({{"parallel_tool_calls", true},
+                                                {"tool_choice", "auto"},
                                                 {"response_format", {{"type", "json_object"}}}}),
                                      ctx()));
 }
 
 TEST_F(RequestParams, ToolChoiceAndParallelCallsBecomeTheToolPolicy) {
-  const Json tools = Json::array({{{"type", "function"}, {"function", {{"name", "f"}}}},
-                                  {{"type", "function"}, {"function", {{"name", "g"}}}}});
+  const Json tools = Json::array(
+      {{{"type", "function"}, {"function", {{"name", "f"}}}}, {{"type", "function"}, {"function", {{"name", "g"}}}}});
   GenerationParams named = parse_chat_request(
-      chat_body({{"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}},
+      chat_body({{"tools", tools},
+                 {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}},
                  {"parallel_tool_calls", false}}),
       ctx());
   EXPECT_TRUE(named.tool_policy.allowed);
@@ -252,12 +257,17 @@ TEST_F(RequestParams, FieldsWithNoEffectAreAcceptedAndUnknownOnesCollected) {
   std::vector<std::string> ignored;
   ParseContext c = ctx();
   c.ignored_fields = &ignored;
-  EXPECT_NO_THROW(parse_chat_request(
-      chat_body({{"user", "u1"}, {"metadata", {{"k", "v"}}}, {"store", false}, {"service_tier", "auto"},
-                 {"prompt_cache_key", "abc"}, {"safety_identifier", "s"},
-                 {"client_metadata", {{"x", 1}}}, {"messages", Json::array({{{"role", "developer"}, {"content", "Be brief."}},
-                                                                            {{"role", "user"}, {"content", "Hi"}}})}}),
-      c));
+  EXPECT_NO_THROW(
+      parse_chat_request(chat_body({{"user", "u1"},
+                                    {"metadata", {{"k", "v"}}},
+                                    {"store", false},
+                                    {"service_tier", "auto"},
+                                    {"prompt_cache_key", "abc"},
+                                    {"safety_identifier", "s"},
+                                    {"client_metadata", {{"x", 1}}},
+                                    {"messages", Json::array({{{"role", "developer"}, {"content", "Be brief."}},
+                                                              {{"role", "user"}, {"content", "Hi"}}})}}),
+                         c));
   EXPECT_EQ(ignored, std::vector<std::string>{"client_metadata"});
   // Without a collector (strict objects) an unknown field is still a 400 naming it.
   expect_error(true, chat_body({{"client_metadata", 1}}), 400, "client_metadata", "unknown_parameter");
@@ -273,8 +283,9 @@ TEST_F(RequestParams, MalformedMessagesAndToolsNameThePath) {
   expect_error(true, chat_body({{"messages", Json::array({{{"content", "no role"}}})}}), 400, "messages[0].role");
   expect_error(true, chat_body({{"messages", Json::array({{{"role", "wizard"}, {"content", "x"}}})}}), 400,
                "messages[0].role");
-  expect_error(true, chat_body({{"tools", Json::array({{{"type", "function"}, {"function", {{"description", "x"}}}}})}}),
-               400, "tools[0].function.name");
+  expect_error(true,
+               chat_body({{"tools", Json::array({{{"type", "function"}, {"function", {{"description", "x"}}}}})}}), 400,
+               "tools[0].function.name");
   expect_error(true, chat_body({{"tools", Json::array({{{"type", "retrieval"}}})}}), 400, "tools[0].type");
   expect_error(true, chat_body({{"messages", Json::array()}}), 400, "messages");
 }

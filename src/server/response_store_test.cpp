@@ -13,7 +13,7 @@ TEST(ResponseStore, KeepsTheMostRecentlyUsedUpToItsCapacity) {
   ResponseStore store(2);
   store.put("a", conversation("A"));
   store.put("b", conversation("B"));
-  ASSERT_TRUE(store.get("a"));  // a is now the most recently used
+  ASSERT_TRUE(store.get("a"));        // a is now the most recently used
   store.put("c", conversation("C"));  // evicts b, the least recently used
   EXPECT_EQ(store.size(), 2u);
   EXPECT_FALSE(store.get("b"));

@@ -26,7 +26,8 @@ class ResponsesFormatter final : public Formatter {
 
   std::string begin(Job& job) override {
     std::string out = event("response.created", {{"response", response(job, "in_progress")}});
-    return out + event("response.in_progress", {{"response", response(job, "in_progress")}});  // sequenced: numbers in order
+    return out +
+           event("response.in_progress", {{"response", response(job, "in_progress")}});  // sequenced: numbers in order
   }
 
   std::string delta(Job& job, int c, const ChoiceDelta& d) override {
@@ -44,7 +45,7 @@ class ResponsesFormatter final : public Formatter {
     }
     for (const ToolCallPiece& piece : d.tool_call_pieces)
       if (piece.failed && open_ == Kind::function_call) {  // before the text: that text is the call's own
-        items_.back()["status"] = "incomplete";  // done as incomplete, left out of the output and the store
+        items_.back()["status"] = "incomplete";            // done as incomplete, left out of the output and the store
         failed_.push_back(items_.size() - 1);
         out += close_item();
       }
@@ -125,15 +126,21 @@ class ResponsesFormatter final : public Formatter {
     std::string out = close_item();
     Json item;
     if (kind == Kind::reasoning) {
-      item = {{"id", random_id("rs_")}, {"type", "reasoning"}, {"summary", Json::array()},
+      item = {{"id", random_id("rs_")},
+              {"type", "reasoning"},
+              {"summary", Json::array()},
               {"content", Json::array({{{"type", "reasoning_text"}, {"text", ""}}})}};
       if (r_.summary) item["summary"].push_back({{"type", "summary_text"}, {"text", ""}});
     } else if (kind == Kind::message) {
-      item = {{"id", random_id("msg_")}, {"type", "message"}, {"status", "in_progress"}, {"role", "assistant"},
+      item = {{"id", random_id("msg_")},
+              {"type", "message"},
+              {"status", "in_progress"},
+              {"role", "assistant"},
               {"content", Json::array({{{"type", "output_text"}, {"text", ""}, {"annotations", Json::array()}}})}};
     } else {
-      item = {{"id", random_id("fc_")}, {"type", "function_call"}, {"status", "in_progress"},
-              {"call_id", job.call_id(c, piece.index)}, {"name", piece.name}, {"arguments", ""}};
+      item = {{"id", random_id("fc_")},  {"type", "function_call"},
+              {"status", "in_progress"}, {"call_id", job.call_id(c, piece.index)},
+              {"name", piece.name},      {"arguments", ""}};
       if (auto ns = r_.tool_namespace.find(piece.name); ns != r_.tool_namespace.end()) item["namespace"] = ns->second;
     }
     items_.push_back(item);
@@ -145,7 +152,8 @@ class ResponsesFormatter final : public Formatter {
     if (kind != Kind::function_call)  // the SDKs add deltas to a part they were told of
       out += event("response.content_part.added", at_part({{"part", item["content"][0]}}));
     if (kind == Kind::reasoning && r_.summary)
-      out += event("response.reasoning_summary_part.added", at_item({{"summary_index", 0}, {"part", item["summary"][0]}}));
+      out += event("response.reasoning_summary_part.added",
+                   at_item({{"summary_index", 0}, {"part", item["summary"][0]}}));
     return out;
   }
 
@@ -155,16 +163,20 @@ class ResponsesFormatter final : public Formatter {
     std::string out;
     if (open_ == Kind::message) {
       item["status"] = "completed";
-      out += event("response.output_text.done", at_part({{"text", item["content"][0]["text"]}, {"logprobs", Json::array()}}));
+      out += event("response.output_text.done",
+                   at_part({{"text", item["content"][0]["text"]}, {"logprobs", Json::array()}}));
       out += event("response.content_part.done", at_part({{"part", item["content"][0]}}));
     } else if (open_ == Kind::reasoning) {
       out += event("response.reasoning_text.done", at_part({{"text", item["content"][0]["text"]}}));
       out += event("response.content_part.done", at_part({{"part", item["content"][0]}}));
       if (r_.summary) {
-        out += event("response.reasoning_summary_text.done", at_item({{"summary_index", 0}, {"text", item["summary"][0]["text"]}}));
-        out += event("response.reasoning_summary_part.done", at_item({{"summary_index", 0}, {"part", item["summary"][0]}}));
+        out += event("response.reasoning_summary_text.done",
+                     at_item({{"summary_index", 0}, {"text", item["summary"][0]["text"]}}));
+        out += event("response.reasoning_summary_part.done",
+                     at_item({{"summary_index", 0}, {"part", item["summary"][0]}}));
       }
-      if (r_.encrypted_reasoning) item["encrypted_content"] = seal_reasoning(item["content"][0]["text"].get<std::string>());
+      if (r_.encrypted_reasoning)
+        item["encrypted_content"] = seal_reasoning(item["content"][0]["text"].get<std::string>());
     } else {
       if (item["status"] != "incomplete") item["status"] = "completed";
       out += event("response.function_call_arguments.done",
@@ -218,8 +230,9 @@ class ResponsesFormatter final : public Formatter {
         turn["content"] = turn["content"].get<std::string>() + item["content"][0]["text"].get<std::string>();
       else {
         if (!turn.contains("tool_calls")) turn["tool_calls"] = Json::array();
-        turn["tool_calls"].push_back(
-            {{"id", item["call_id"]}, {"type", "function"}, {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}});
+        turn["tool_calls"].push_back({{"id", item["call_id"]},
+                                      {"type", "function"},
+                                      {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}});
       }
     }
     conversation.push_back(std::move(turn));

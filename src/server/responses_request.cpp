@@ -20,7 +20,8 @@ std::string required_string(const Json& obj, const char* key, const std::string&
 // Text of a message's content: a string or parts (input_text / output_text / text / refusal).
 std::string content_text(const Json& content, const std::string& path) {
   if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) throw bad_request("'" + path + "' must be a string or an array of parts", path, "invalid_type");
+  if (!content.is_array())
+    throw bad_request("'" + path + "' must be a string or an array of parts", path, "invalid_type");
   std::string out;
   for (size_t i = 0; i < content.size(); ++i) {
     const std::string p = at(path, i);
@@ -105,10 +106,12 @@ void add_items(const Json& input, Json& messages) {
       flush();
       const std::string call_id = required_string(item, "call_id", p);
       if (!item.contains("output")) throw bad_request("'" + p + ".output' is required", p + ".output", "missing");
-      messages.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", content_text(item["output"], p + ".output")}});
+      messages.push_back(
+          {{"role", "tool"}, {"tool_call_id", call_id}, {"content", content_text(item["output"], p + ".output")}});
     } else {
-      throw bad_request("'" + p + ".type' '" + type + "' is not supported: give message, reasoning, function_call or "
-                        "function_call_output items",
+      throw bad_request("'" + p + ".type' '" + type +
+                            "' is not supported: give message, reasoning, function_call or "
+                            "function_call_output items",
                         p + ".type", "unsupported_value");
     }
   }
@@ -118,7 +121,8 @@ void add_items(const Json& input, Json& messages) {
 Json function_tool(const Json& t, const std::string& path, std::vector<std::string>* ignored) {
   const JsonFields f(t, {"type", "name", "description", "parameters", "strict"}, path + ".", ignored);
   const auto name = f.string("name");
-  if (!name || name->empty()) throw bad_request("'" + path + ".name' must be a non-empty string", path + ".name", "missing");
+  if (!name || name->empty())
+    throw bad_request("'" + path + ".name' must be a non-empty string", path + ".name", "missing");
   Json fn = {{"name", *name}};
   if (auto d = f.string("description")) fn["description"] = *d;
   if (const Json* params = f.get("parameters")) {
@@ -162,14 +166,39 @@ Json read_tools(const Json& tools, ResponsesRequest& r, std::vector<std::string>
 
 }  // namespace
 
-std::string seal_reasoning(const std::string& text) { return std::string(kSealPrefix) + tokenizer::base64_encode(text); }
+std::string seal_reasoning(const std::string& text) {
+  return std::string(kSealPrefix) + tokenizer::base64_encode(text);
+}
 
 ResponsesRequest parse_responses_request(const Json& body, const ParseContext& ctx, ResponseStore& store) {
-  const JsonFields f(body, {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "reasoning",
-                            "max_output_tokens", "temperature", "top_p", "text", "store", "previous_response_id",
-                            "include", "prompt_cache_key", "stream", "metadata", "user", "service_tier", "truncation",
-                            "background", "conversation", "prompt", "safety_identifier", "top_logprobs",
-                            "max_tool_calls", "stream_options"},
+  const JsonFields f(body,
+                     {"model",
+                      "input",
+                      "instructions",
+                      "tools",
+                      "tool_choice",
+                      "parallel_tool_calls",
+                      "reasoning",
+                      "max_output_tokens",
+                      "temperature",
+                      "top_p",
+                      "text",
+                      "store",
+                      "previous_response_id",
+                      "include",
+                      "prompt_cache_key",
+                      "stream",
+                      "metadata",
+                      "user",
+                      "service_tier",
+                      "truncation",
+                      "background",
+                      "conversation",
+                      "prompt",
+                      "safety_identifier",
+                      "top_logprobs",
+                      "max_tool_calls",
+                      "stream_options"},
                      {}, ctx.ignored_fields);
   ResponsesRequest r;
   GenerationParams& p = r.params;
@@ -188,7 +217,8 @@ ResponsesRequest parse_responses_request(const Json& body, const ParseContext& c
     throw bad_request("'truncation' must be disabled or auto", "truncation");
   if (const Json* inc = f.get("include")) {
     if (!inc->is_array()) throw bad_request("'include' must be an array of strings", "include", "invalid_type");
-    for (const Json& v : *inc) r.encrypted_reasoning |= v.is_string() && v.get<std::string>() == "reasoning.encrypted_content";
+    for (const Json& v : *inc)
+      r.encrypted_reasoning |= v.is_string() && v.get<std::string>() == "reasoning.encrypted_content";
   }
   r.store = f.boolean("store").value_or(true);
   f.integer("max_tool_calls", 1, 1 << 20);
@@ -214,7 +244,8 @@ ResponsesRequest parse_responses_request(const Json& body, const ParseContext& c
       else if (*effort == "minimal" || *effort == "low") options.thinking_effort = "low";
       else if (*effort == "medium" || *effort == "high") options.thinking_effort = *effort;
       else if (*effort == "xhigh") options.thinking_effort = "max";
-      else throw bad_request("'reasoning.effort' must be none, minimal, low, medium, high or xhigh", "reasoning.effort");
+      else
+        throw bad_request("'reasoning.effort' must be none, minimal, low, medium, high or xhigh", "reasoning.effort");
       reasoning_echo["effort"] = *effort;
     }
     for (const char* key : {"summary", "generate_summary"})
@@ -288,7 +319,8 @@ ResponsesRequest parse_responses_request(const Json& body, const ParseContext& c
   else throw bad_request("'input' must be a string or an array of items", "input", "invalid_type");
   for (Json& m : fresh) r.history.push_back(std::move(m));
   const auto instructions = f.string("instructions");
-  if (instructions && !instructions->empty()) r.chat.messages.push_back({{"role", "system"}, {"content", *instructions}});
+  if (instructions && !instructions->empty())
+    r.chat.messages.push_back({{"role", "system"}, {"content", *instructions}});
   for (const Json& m : r.history) r.chat.messages.push_back(m);
   if (r.chat.messages.empty()) throw bad_request("'input' is empty", "input");
   set_chat_prompt(p, r.chat, ctx, "input");

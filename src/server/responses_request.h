@@ -36,7 +36,7 @@ struct ResponsesRequest {
   std::vector<std::string> warnings;
   std::map<std::string, std::string> tool_namespace;  // function name -> its namespace
   bool store = true;
-  bool summary = false;            // reasoning.summary asked for
+  bool summary = false;              // reasoning.summary asked for
   bool encrypted_reasoning = false;  // include has reasoning.encrypted_content
 };
 

@@ -49,7 +49,8 @@ struct Reply {
   Json json() const { return Json::parse(body); }
 };
 
-Reply send(int port, const std::string& method, const std::string& path, const Json& body, const httplib::Headers& headers) {
+Reply send(int port, const std::string& method, const std::string& path, const Json& body,
+           const httplib::Headers& headers) {
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(60, 0);
   auto res = method == "GET" ? cli.Get(path, headers) : cli.Post(path, headers, dump_json(body), "application/json");
@@ -67,7 +68,8 @@ std::vector<Route> routes(const std::string& model = "k3-tiny") {
   const Json user = Json::array({{{"role", "user"}, {"content", "SCRIPT_CHAT hi"}}});
   return {{"/v1/chat/completions", {{"model", model}, {"messages", user}, {"max_tokens", 4}}},
           {"/v1/completions", {{"model", model}, {"prompt", "SCRIPT_STORY"}, {"max_tokens", 4}}},
-          {"/v1/responses", {{"model", model}, {"input", "SCRIPT_CHAT hi"}, {"max_output_tokens", 4}, {"temperature", 0}}},
+          {"/v1/responses",
+           {{"model", model}, {"input", "SCRIPT_CHAT hi"}, {"max_output_tokens", 4}, {"temperature", 0}}},
           {"/v1/messages", {{"model", model}, {"messages", user}, {"max_tokens", 4}}, true},
           {"/v1/messages?beta=true", {{"model", model}, {"messages", user}, {"max_tokens", 4}}, true},
           {"/v1/messages/count_tokens", {{"model", model}, {"messages", user}}, true},
@@ -106,10 +108,13 @@ TEST(ServerAuth, MissingOrWrongKeyIs401InEachApisShape) {
   const int port = keyed_server().port;
   for (const Route& route : routes()) {
     expect_401(send(port, "POST", route.path, route.body, {}), route, "missing API key");
-    expect_401(send(port, "POST", route.path, route.body, {{"Authorization", "Bearer wrong"}}), route, "invalid API key");
+    expect_401(send(port, "POST", route.path, route.body, {{"Authorization", "Bearer wrong"}}), route,
+               "invalid API key");
     expect_401(send(port, "POST", route.path, route.body, {{"x-api-key", "wrong"}}), route, "invalid API key");
-    expect_401(send(port, "POST", route.path, route.body, {{"Authorization", "Bearer sekrit2"}}), route, "invalid API key");
-    expect_401(send(port, "POST", route.path, route.body, {{"Authorization", "Basic sekrit"}}), route, "invalid API key");
+    expect_401(send(port, "POST", route.path, route.body, {{"Authorization", "Bearer sekrit2"}}), route,
+               "invalid API key");
+    expect_401(send(port, "POST", route.path, route.body, {{"Authorization", "Basic sekrit"}}), route,
+               "invalid API key");
     expect_401(send(port, "POST", route.path, route.body, {{"Authorization", "Bearer "}}), route, "invalid API key");
   }
   // The key is checked before the body is read: a bad body without the key is a 401, not a 400.
@@ -121,12 +126,15 @@ TEST(ServerAuth, MissingOrWrongKeyIs401InEachApisShape) {
 TEST(ServerAuth, RightKeyServes) {
   const int port = keyed_server().port;
   for (const Route& route : routes())
-    for (const httplib::Headers& h : {httplib::Headers{{"Authorization", "Bearer sekrit"}}, httplib::Headers{{"x-api-key", "sekrit"}}}) {
+    for (const httplib::Headers& h :
+         {httplib::Headers{{"Authorization", "Bearer sekrit"}}, httplib::Headers{{"x-api-key", "sekrit"}}}) {
       const Reply r = send(port, "POST", route.path, route.body, h);
       EXPECT_EQ(r.status, 200) << route.path << " " << h.begin()->first << ": " << r.body;
     }
   // A wrong Authorization does not hide a right x-api-key (Anthropic's clients send both).
-  EXPECT_EQ(send(port, "POST", "/v1/messages", routes()[3].body, {{"Authorization", "Basic x"}, {"x-api-key", "sekrit"}}).status,
+  EXPECT_EQ(send(port, "POST", "/v1/messages", routes()[3].body,
+                 {{"Authorization", "Basic x"}, {"x-api-key", "sekrit"}})
+                .status,
             200);
   EXPECT_EQ(send(port, "GET", "/v1/models", nullptr, {{"x-api-key", "sekrit"}}).status, 200);
   // Errors past the key keep their own status.

@@ -16,8 +16,8 @@ using testing::stream_chunks;
 
 Json chat(const std::string& user, Json extra = Json::object()) {
   Json b = {{"model", "k3-tiny"},
-            {"messages", Json::array({{{"role", "system"}, {"content", "You are terse."}},
-                                      {{"role", "user"}, {"content", user}}})},
+            {"messages",
+             Json::array({{{"role", "system"}, {"content", "You are terse."}}, {{"role", "user"}, {"content", user}}})},
             {"max_tokens", 200}};
   for (auto& [k, v] : extra.items()) b[k] = v;
   return b;
@@ -98,11 +98,13 @@ TEST(ServerChat, ReasoningAndContentStreaming) {
   EXPECT_EQ(f.finish, "stop");
   EXPECT_TRUE(f.tool_calls.empty());
   EXPECT_EQ(chunks.back()["usage"]["completion_tokens"],
-            post(scripted_server().port, "/v1/chat/completions", chat("SCRIPT_CHAT hello")).json()["usage"]["completion_tokens"]);
+            post(scripted_server().port, "/v1/chat/completions", chat("SCRIPT_CHAT hello"))
+                .json()["usage"]["completion_tokens"]);
 }
 
 TEST(ServerChat, ToolCallsNonStreaming) {
-  const auto r = post(scripted_server().port, "/v1/chat/completions", chat("SCRIPT_TOOLS weather?", {{"tools", kTools}}));
+  const auto r = post(scripted_server().port, "/v1/chat/completions",
+                      chat("SCRIPT_TOOLS weather?", {{"tools", kTools}}));
   ASSERT_EQ(r.status, 200) << r.body;
   const Json j = r.json();
   const Json& msg = j["choices"][0]["message"];
@@ -158,7 +160,8 @@ TEST(ServerChat, MalformedToolCallReachesTheClientAsContentAndIsCounted) {
     return at == std::string::npos ? -1.0 : std::stod(page.substr(at + key.size()));
   };
   const double before = errors();
-  const Json j = post(scripted_server().port, "/v1/chat/completions", chat("SCRIPT_BADTOOL", {{"tools", kTools}})).json();
+  const Json j =
+      post(scripted_server().port, "/v1/chat/completions", chat("SCRIPT_BADTOOL", {{"tools", kTools}})).json();
   const Json& msg = j["choices"][0]["message"];
   EXPECT_EQ(msg["content"],
             "Calling.<|open|>call tool=\"f\" index=\"1\"<|sep|><|open|>argument key=\"n\" type=\"number\"<|sep|>"
@@ -178,7 +181,8 @@ TEST(ServerChat, ToolCallArgumentsStreamInFragments) {
     for (const Json& t : c["choices"][0]["delta"].value("tool_calls", Json::array()))
       fragments += t["index"] == 0 && !t["function"].value("arguments", std::string()).empty();
   EXPECT_GE(fragments, 3);  // {"city":" / Paris... / ","days":3 / }
-  const Json j = post(scripted_server().port, "/v1/chat/completions", chat("SCRIPT_TOOLS weather?", {{"tools", kTools}})).json();
+  const Json j =
+      post(scripted_server().port, "/v1/chat/completions", chat("SCRIPT_TOOLS weather?", {{"tools", kTools}})).json();
   const Folded f = fold(stream_chunks(r));
   EXPECT_EQ(f.tool_calls[0]["arguments"], j["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]);
   EXPECT_EQ(f.tool_calls[1]["arguments"], j["choices"][0]["message"]["tool_calls"][1]["function"]["arguments"]);
@@ -203,7 +207,8 @@ TEST(ServerChat, CallFailingAfterItBeganFollowsAsContent) {
 TEST(ServerChat, StopStringsApplyToContentOnly) {
   // "I greet" is in the reasoning and must not stop it; "help you" spans tokens of the content.
   const Json j = post(scripted_server().port, "/v1/chat/completions",
-                      chat("SCRIPT_CHAT hello", {{"stop", Json::array({"help you", "I greet"})}})).json();
+                      chat("SCRIPT_CHAT hello", {{"stop", Json::array({"help you", "I greet"})}}))
+                     .json();
   EXPECT_EQ(j["choices"][0]["message"]["reasoning_content"], "The user greets me; I greet back.");
   EXPECT_EQ(j["choices"][0]["message"]["content"], "Hello! How can I ");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
@@ -249,22 +254,21 @@ TEST(ServerChat, MultibyteStopStringSplitAcrossTokens) {
   EXPECT_EQ(j["choices"][0]["message"]["content"], text.substr(0, at));
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   EXPECT_LT(j["usage"]["completion_tokens"].get<size_t>(), ids.size());  // ended at the match, not at eos
-  const Folded f = fold(stream_chunks(post(scripted_server().port, "/v1/chat/completions",
-                                           chat("SCRIPT_UTF8", {{"stop", Json::array({stop})},
-                                                                {"chat_template_kwargs", no_thinking},
-                                                                {"stream", true}}))));
+  const Folded f = fold(stream_chunks(post(
+      scripted_server().port, "/v1/chat/completions",
+      chat("SCRIPT_UTF8", {{"stop", Json::array({stop})}, {"chat_template_kwargs", no_thinking}, {"stream", true}}))));
   EXPECT_EQ(f.content, text.substr(0, at));  // nothing of 東 (held while 京 was awaited) leaked
   EXPECT_EQ(f.finish, "stop");
 
   // "🚀 now" matches up to the space and "cafè" shares é's first byte (C3): neither completes.
   for (const char* never : {"🚀 now", "cafè"}) {
     const Json n = post(scripted_server().port, "/v1/chat/completions",
-                        chat("SCRIPT_UTF8", {{"stop", never}, {"chat_template_kwargs", no_thinking}})).json();
+                        chat("SCRIPT_UTF8", {{"stop", never}, {"chat_template_kwargs", no_thinking}}))
+                       .json();
     EXPECT_EQ(n["choices"][0]["message"]["content"], text) << never;
-    const Folded g = fold(stream_chunks(post(scripted_server().port, "/v1/chat/completions",
-                                             chat("SCRIPT_UTF8", {{"stop", never},
-                                                                  {"chat_template_kwargs", no_thinking},
-                                                                  {"stream", true}}))));
+    const Folded g = fold(stream_chunks(
+        post(scripted_server().port, "/v1/chat/completions",
+             chat("SCRIPT_UTF8", {{"stop", never}, {"chat_template_kwargs", no_thinking}, {"stream", true}}))));
     EXPECT_EQ(g.content, text) << never;
     EXPECT_EQ(g.finish, "stop") << never;  // the script's eos
   }
@@ -272,7 +276,8 @@ TEST(ServerChat, MultibyteStopStringSplitAcrossTokens) {
 
 TEST(ServerChat, LogprobsShape) {
   const Json j = post(scripted_server().port, "/v1/chat/completions",
-                      chat("SCRIPT_CHAT hello", {{"logprobs", true}, {"top_logprobs", 2}})).json();
+                      chat("SCRIPT_CHAT hello", {{"logprobs", true}, {"top_logprobs", 2}}))
+                     .json();
   const Json& content = j["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), j["usage"]["completion_tokens"].get<size_t>());
   for (const Json& e : content) {
@@ -292,7 +297,8 @@ TEST(ServerChat, LogprobsShape) {
 }
 
 TEST(ServerChat, SeveralChoicesStream) {
-  const auto r = post(scripted_server().port, "/v1/chat/completions", chat("SCRIPT_CHAT hi", {{"n", 3}, {"stream", true}}));
+  const auto r = post(scripted_server().port, "/v1/chat/completions",
+                      chat("SCRIPT_CHAT hi", {{"n", 3}, {"stream", true}}));
   std::map<int, std::string> content, finish;
   for (const Json& c : stream_chunks(r))
     for (const Json& ch : c["choices"]) {
@@ -318,7 +324,8 @@ TEST(ServerChat, RealModelEndToEnd) {
   const std::string finish = j["choices"][0]["finish_reason"];
   EXPECT_TRUE(finish == "stop" || finish == "length" || finish == "tool_calls") << finish;
   const auto s = post(m.port, "/v1/chat/completions",
-                      chat("Hello there", {{"max_tokens", 12}, {"stream", true}, {"chat_template_kwargs", {{"thinking", false}}}}));
+                      chat("Hello there",
+                           {{"max_tokens", 12}, {"stream", true}, {"chat_template_kwargs", {{"thinking", false}}}}));
   ASSERT_EQ(s.status, 200);
   EXPECT_FALSE(fold(stream_chunks(s)).finish.empty());
 }

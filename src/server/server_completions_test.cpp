@@ -24,8 +24,7 @@ std::string script_text(const std::string& trigger, bool drop_eos = true) {
   return {};
 }
 int64_t script_tokens(const std::string& trigger) {
-  return static_cast<int64_t>(
-      testing::encode_script(*scripted_server().tok, script_text(trigger, false)).size());
+  return static_cast<int64_t>(testing::encode_script(*scripted_server().tok, script_text(trigger, false)).size());
 }
 
 Json completion(Json extra) {
@@ -110,8 +109,8 @@ TEST(ServerCompletions, StreamEqualsNonStreamAndEndsWithUsageAndDone) {
 
 double finished_count(const std::string& reason) {
   const std::string page = testing::get(scripted_server().port, "/metrics").body;
-  const std::string key =
-      "vllm:request_success_total{engine=\"0\",model_name=\"k3-tiny\",finished_reason=\"" + reason + "\"} ";
+  const std::string key = "vllm:request_success_total{engine=\"0\",model_name=\"k3-tiny\",finished_reason=\"" + reason +
+                          "\"} ";
   const size_t at = page.find(key);
   return at == std::string::npos ? -1.0 : std::stod(page.substr(at + key.size()));
 }
@@ -133,7 +132,8 @@ TEST(ServerCompletions, StopStringSpanningTokensIsTrimmedAndNeverStreamed) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   EXPECT_LT(j["usage"]["completion_tokens"].get<int64_t>(), script_tokens("SCRIPT_STORY"));
 
-  const auto rs = post(scripted_server().port, "/v1/completions", completion({{"stop", Json::array({stop})}, {"stream", true}}));
+  const auto rs = post(scripted_server().port, "/v1/completions",
+                       completion({{"stop", Json::array({stop})}, {"stream", true}}));
   const Streamed s = fold(stream_chunks(rs));
   EXPECT_EQ(s.text.at(0), expected);
   EXPECT_EQ(s.finish.at(0), "stop");
@@ -141,7 +141,8 @@ TEST(ServerCompletions, StopStringSpanningTokensIsTrimmedAndNeverStreamed) {
 
   // Earliest of several; a stop string whose prefix occurs but which never completes changes nothing.
   const Json several = post(scripted_server().port, "/v1/completions",
-                            completion({{"stop", Json::array({"the story", "It served"})}})).json();
+                            completion({{"stop", Json::array({"the story", "It served"})}}))
+                           .json();
   EXPECT_EQ(several["choices"][0]["text"], story.substr(0, story.find("It served")));
   const Json never = post(scripted_server().port, "/v1/completions", completion({{"stop", "the endX"}})).json();
   EXPECT_EQ(never["choices"][0]["text"], story);
@@ -153,8 +154,9 @@ TEST(ServerCompletions, StopStringSpanningTokensIsTrimmedAndNeverStreamed) {
 }
 
 TEST(ServerCompletions, SeveralChoicesAndBatchedPrompts) {
-  const auto r = post(scripted_server().port, "/v1/completions",
-                      completion({{"prompt", Json::array({"SCRIPT_STORY", "something else"})}, {"n", 2}, {"max_tokens", 30}}));
+  const auto r = post(
+      scripted_server().port, "/v1/completions",
+      completion({{"prompt", Json::array({"SCRIPT_STORY", "something else"})}, {"n", 2}, {"max_tokens", 30}}));
   ASSERT_EQ(r.status, 200) << r.body;
   const Json j = r.json();
   ASSERT_EQ(j["choices"].size(), 4u);
@@ -168,14 +170,16 @@ TEST(ServerCompletions, SeveralChoicesAndBatchedPrompts) {
   const auto& tok = *scripted_server().tok;
   EXPECT_EQ(j["usage"]["prompt_tokens"], tok.encode("SCRIPT_STORY").size() + tok.encode("something else").size());
 
-  const Streamed s = fold(stream_chunks(post(scripted_server().port, "/v1/completions",
-                                             completion({{"n", 3}, {"stream", true}, {"max_tokens", 10}}))));
+  const Streamed s = fold(stream_chunks(
+      post(scripted_server().port, "/v1/completions", completion({{"n", 3}, {"stream", true}, {"max_tokens", 10}}))));
   ASSERT_EQ(s.finish.size(), 3u);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(s.text.at(i), j["choices"][0]["text"].get<std::string>().substr(0, s.text.at(i).size()));
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(s.text.at(i), j["choices"][0]["text"].get<std::string>().substr(0, s.text.at(i).size()));
 }
 
 TEST(ServerCompletions, LegacyLogprobsShape) {
-  const Json j = post(scripted_server().port, "/v1/completions", completion({{"logprobs", 2}, {"max_tokens", 12}})).json();
+  const Json j =
+      post(scripted_server().port, "/v1/completions", completion({{"logprobs", 2}, {"max_tokens", 12}})).json();
   const Json& lp = j["choices"][0]["logprobs"];
   ASSERT_TRUE(lp.is_object()) << j.dump();
   for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) ASSERT_EQ(lp[k].size(), 12u) << k;
@@ -204,7 +208,8 @@ TEST(ServerCompletions, Utf8SplitAcrossTokensArrivesWhole) {
   const Json j = post(scripted_server().port, "/v1/completions", completion({{"prompt", "SCRIPT_UTF8"}})).json();
   EXPECT_EQ(j["choices"][0]["text"], expected);
   // Every chunk parses (valid UTF-8) and they add up to the same text.
-  const auto r = post(scripted_server().port, "/v1/completions", completion({{"prompt", "SCRIPT_UTF8"}, {"stream", true}}));
+  const auto r = post(scripted_server().port, "/v1/completions",
+                      completion({{"prompt", "SCRIPT_UTF8"}, {"stream", true}}));
   EXPECT_EQ(fold(stream_chunks(r)).text.at(0), expected);
 }
 
@@ -226,11 +231,15 @@ TEST(ServerCompletions, RealModelSeedsLogitBiasAndStopTokenIds) {
 
   const int32_t x = m.tokenizer().encode("x")[0];
   const Json forced = post(m.port, "/v1/completions",
-                           Json{{"prompt", "abc"}, {"max_tokens", 5}, {"logit_bias", {{std::to_string(x), 100}}}}).json();
+                           Json{{"prompt", "abc"}, {"max_tokens", 5}, {"logit_bias", {{std::to_string(x), 100}}}})
+                          .json();
   EXPECT_EQ(forced["choices"][0]["text"], "xxxxx");
   const Json stopped = post(m.port, "/v1/completions",
-                            Json{{"prompt", "abc"}, {"max_tokens", 5}, {"logit_bias", {{std::to_string(x), 100}}},
-                                 {"stop_token_ids", Json::array({x})}}).json();
+                            Json{{"prompt", "abc"},
+                                 {"max_tokens", 5},
+                                 {"logit_bias", {{std::to_string(x), 100}}},
+                                 {"stop_token_ids", Json::array({x})}})
+                           .json();
   EXPECT_EQ(stopped["choices"][0]["text"], "");  // the stop token's text is not part of the output
   EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(stopped["usage"]["completion_tokens"], 1);

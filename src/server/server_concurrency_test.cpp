@@ -189,9 +189,9 @@ TEST(ServerConcurrency, ClientThatLeavesDuringPrefillLeavesNothingBehind) {
       const int64_t max_tokens = 512 - prompt_tokens;  // the rest of the context, ~110 tokens
       bool no_token_yet = false;
       {
-        RawClient client(m.port, "/v1/completions",
-                         dump_json(Json{{"prompt", prompt}, {"max_tokens", max_tokens}, {"ignore_eos", true},
-                                        {"stream", stream}}));
+        RawClient client(
+            m.port, "/v1/completions",
+            dump_json(Json{{"prompt", prompt}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"stream", stream}}));
         ASSERT_TRUE(client.sent());
         ASSERT_TRUE(eventually("the engine receiving the request",
                                [&] { return m.engine().stats().submitted > before.submitted; }));
@@ -212,7 +212,8 @@ TEST(ServerConcurrency, ClientThatLeavesDuringPrefillLeavesNothingBehind) {
     }
     RecordProperty(stream ? "attempts_streaming" : "attempts_non_streaming", attempt - 1);
     EXPECT_TRUE(left_during_prefill) << "in 5 attempts the client never left between its request's admission and "
-                                        "its first token:" << attempts;
+                                        "its first token:"
+                                     << attempts;
   }
 }
 

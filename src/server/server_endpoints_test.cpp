@@ -49,7 +49,8 @@ TEST(ServerEndpoints, MetricsNamesPresentAndCountsMove) {
   const int64_t prompt_len = static_cast<int64_t>(model_server().tokenizer().encode("count me").size());
   EXPECT_EQ(metric(after, "vllm:prompt_tokens_total" + l) - metric(before.body, "vllm:prompt_tokens_total" + l),
             static_cast<double>(prompt_len));
-  EXPECT_EQ(metric(after, "vllm:generation_tokens_total" + l) - metric(before.body, "vllm:generation_tokens_total" + l), 6);
+  EXPECT_EQ(metric(after, "vllm:generation_tokens_total" + l) - metric(before.body, "vllm:generation_tokens_total" + l),
+            6);
   EXPECT_EQ(metric(after, "vllm:time_to_first_token_seconds_count" + l) -
                 metric(before.body, "vllm:time_to_first_token_seconds_count" + l),
             1);
@@ -59,7 +60,8 @@ TEST(ServerEndpoints, MetricsNamesPresentAndCountsMove) {
   EXPECT_EQ(metric(after, "vllm:e2e_request_latency_seconds_count" + l) -
                 metric(before.body, "vllm:e2e_request_latency_seconds_count" + l),
             1);
-  const std::string length = "vllm:request_success_total{engine=\"0\",model_name=\"k3-tiny\",finished_reason=\"length\"}";
+  const std::string length =
+      "vllm:request_success_total{engine=\"0\",model_name=\"k3-tiny\",finished_reason=\"length\"}";
   EXPECT_EQ(metric(after, length) - metric(before.body, length), 1);
   EXPECT_EQ(metric(after, "vllm:num_requests_running" + l), 0);
 }

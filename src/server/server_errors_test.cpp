@@ -44,21 +44,24 @@ TEST(ServerErrors, MalformedBodies) {
   // object's unknown key is still named.
   auto ignored = [&] {
     const std::string page = get(port, "/metrics").body;
-    const std::string key = "k3serve:ignored_request_fields_total{engine=\"0\",model_name=\"k3-tiny\","
-                            "api=\"completions\",field=\"frobnicate\"} ";
+    const std::string key =
+        "k3serve:ignored_request_fields_total{engine=\"0\",model_name=\"k3-tiny\","
+        "api=\"completions\",field=\"frobnicate\"} ";
     const size_t at = page.find(key);
     return at == std::string::npos ? 0.0 : std::stod(page.substr(at + key.size()));
   };
   const double before = ignored();
   EXPECT_EQ(post(port, "/v1/completions", Json{{"prompt", "x"}, {"max_tokens", 1}, {"frobnicate", 1}}).status, 200);
   EXPECT_EQ(ignored(), before + 1);
-  const Json e = expect_error(post(port, "/v1/completions", Json{{"prompt", "x"}, {"stream", true},
-                                                                 {"stream_options", {{"frobnicate", 1}}}}),
+  const Json e = expect_error(post(port, "/v1/completions",
+                                   Json{{"prompt", "x"}, {"stream", true}, {"stream_options", {{"frobnicate", 1}}}}),
                               400, "stream_options.frobnicate");
   EXPECT_EQ(e["error"]["type"], "invalid_request_error");
   expect_error(post(port, "/v1/completions", Json{{"prompt", "x"}, {"temperature", "warm"}}), 400, "temperature");
-  expect_error(post(port, "/v1/chat/completions", Json{{"messages", Json::array({{{"role", "user"}}})}, {"n", 99}}), 400, "n");
-  expect_error(post(port, "/v1/chat/completions", Json{{"messages", Json::array({{{"role", "bot"}, {"content", "x"}}})}}),
+  expect_error(post(port, "/v1/chat/completions", Json{{"messages", Json::array({{{"role", "user"}}})}, {"n", 99}}),
+               400, "n");
+  expect_error(post(port, "/v1/chat/completions",
+                    Json{{"messages", Json::array({{{"role", "bot"}, {"content", "x"}}})}}),
                400, "messages[0].role");
 }
 

@@ -71,9 +71,9 @@ struct ApiServer::Impl {
 
   void install_routes();
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat);
-  void handle_messages(const httplib::Request& req, httplib::Response& res);        // anthropic_api.cpp
-  void handle_count_tokens(const httplib::Request& req, httplib::Response& res);    // anthropic_api.cpp
-  void handle_responses(const httplib::Request& req, httplib::Response& res);       // responses_api.cpp
+  void handle_messages(const httplib::Request& req, httplib::Response& res);      // anthropic_api.cpp
+  void handle_count_tokens(const httplib::Request& req, httplib::Response& res);  // anthropic_api.cpp
+  void handle_responses(const httplib::Request& req, httplib::Response& res);     // responses_api.cpp
   void handle_models(httplib::Response& res);
   void handle_model(const std::string& id, httplib::Response& res);  // GET /v1/models/{id}
   void handle_tokenize(const httplib::Request& req, httplib::Response& res);

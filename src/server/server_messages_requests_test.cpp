@@ -12,13 +12,17 @@ using namespace messages_test;
 // ---- requests as Claude Code sends them ----
 
 Json claude_code_body(bool stream) {
-  Json b = body("SCRIPT_CHAT hello", {{"thinking", kThinking}, {"tools", kTools}, {"stream", stream}, {"max_tokens", 50}});
-  b["system"] = Json::array({{{"type", "text"}, {"text", "You are Claude Code."}, {"cache_control", {{"type", "ephemeral"}}}},
-                             {{"type", "text"}, {"text", " Be brief."}}});
+  Json b = body("SCRIPT_CHAT hello",
+                {{"thinking", kThinking}, {"tools", kTools}, {"stream", stream}, {"max_tokens", 50}});
+  b["system"] = Json::array(
+      {{{"type", "text"}, {"text", "You are Claude Code."}, {"cache_control", {{"type", "ephemeral"}}}},
+       {{"type", "text"}, {"text", " Be brief."}}});
   b["messages"] = Json::array(
-      {{{"role", "user"}, {"content", Json::array({{{"type", "text"}, {"text", "first"}, {"cache_control", {{"type", "ephemeral"}}}}})}},
-       {{"role", "assistant"}, {"content", Json::array({{{"type", "thinking"}, {"thinking", "hmm"}, {"signature", "x"}},
-                                                        {{"type", "text"}, {"text", "ok"}}})}},
+      {{{"role", "user"},
+        {"content", Json::array({{{"type", "text"}, {"text", "first"}, {"cache_control", {{"type", "ephemeral"}}}}})}},
+       {{"role", "assistant"},
+        {"content", Json::array({{{"type", "thinking"}, {"thinking", "hmm"}, {"signature", "x"}},
+                                 {{"type", "text"}, {"text", "ok"}}})}},
        {{"role", "system"}, {"content", "The user switched directories."}},
        {{"role", "user"}, {"content", Json::array({{{"type", "text"}, {"text", "SCRIPT_CHAT hello"}}})}}});
   b["metadata"] = {{"user_id", "user_abc_account_123_session_456"}};
@@ -56,7 +60,8 @@ TEST(ServerMessages, SystemBlocksAndMidConversationSystemMessages) {
   EXPECT_GT(count_tokens(joined), count_tokens(body("hi")));
   Json mid = joined;
   mid["messages"].push_back({{"role", "assistant"}, {"content", "ok"}});
-  mid["messages"].push_back({{"role", "system"}, {"content", Json::array({{{"type", "text"}, {"text", "Note: cwd changed."}}})}});
+  mid["messages"].push_back(
+      {{"role", "system"}, {"content", Json::array({{{"type", "text"}, {"text", "Note: cwd changed."}}})}});
   mid["messages"].push_back({{"role", "user"}, {"content", "again"}});
   Json without = mid;
   without["messages"].erase(2);
@@ -72,9 +77,11 @@ TEST(ServerMessages, DeferredToolsWaitForAToolReference) {
   Json conversation = Json::array(
       {{{"role", "user"}, {"content", "find the docs"}},
        {{"role", "assistant"},
-        {"content", Json::array({{{"type", "tool_use"}, {"id", "toolu_1"}, {"name", "get_time"}, {"input", Json::object()}}})}},
+        {"content",
+         Json::array({{{"type", "tool_use"}, {"id", "toolu_1"}, {"name", "get_time"}, {"input", Json::object()}}})}},
        {{"role", "user"},
-        {"content", Json::array({{{"type", "tool_result"}, {"tool_use_id", "toolu_1"},
+        {"content", Json::array({{{"type", "tool_result"},
+                                  {"tool_use_id", "toolu_1"},
                                   {"content", Json::array({{{"type", "text"}, {"text", "found one tool"}}})}}})}}});
   Json base = body("x", {{"tools", kTools}, {"messages", conversation}, {"max_tokens", 20}});
   Json with_deferred = base;
@@ -98,7 +105,8 @@ TEST(ServerMessages, ContextManagementClearsOldThinking) {
       b["messages"].push_back({{"role", "user"}, {"content", "question " + std::to_string(t)}});
       b["messages"].push_back(
           {{"role", "assistant"},
-           {"content", Json::array({{{"type", "thinking"}, {"thinking", "a long line of thought number " + std::to_string(t)},
+           {"content", Json::array({{{"type", "thinking"},
+                                     {"thinking", "a long line of thought number " + std::to_string(t)},
                                      {"signature", "s"}},
                                     {{"type", "text"}, {"text", "answer"}}})}});
     }
@@ -108,13 +116,16 @@ TEST(ServerMessages, ContextManagementClearsOldThinking) {
   };
   const int64_t all = turns({{"type", "clear_thinking_20251015"}, {"keep", "all"}});
   EXPECT_EQ(all, turns(nullptr));
-  const int64_t two = turns({{"type", "clear_thinking_20251015"}, {"keep", {{"type", "thinking_turns"}, {"value", 2}}}});
-  const int64_t one = turns({{"type", "clear_thinking_20251015"}, {"keep", {{"type", "thinking_turns"}, {"value", 1}}}});
+  const int64_t two = turns(
+      {{"type", "clear_thinking_20251015"}, {"keep", {{"type", "thinking_turns"}, {"value", 2}}}});
+  const int64_t one = turns(
+      {{"type", "clear_thinking_20251015"}, {"keep", {{"type", "thinking_turns"}, {"value", 1}}}});
   EXPECT_LT(two, all);
   EXPECT_LT(one, two);
   EXPECT_EQ(turns({{"type", "clear_thinking_20251015"}}), one);  // Anthropic's default keeps one
-  const Reply other = call("/v1/messages/count_tokens",
-                           body("x", {{"context_management", {{"edits", Json::array({{{"type", "clear_tool_uses_20250919"}}})}}}}));
+  const Reply other = call(
+      "/v1/messages/count_tokens",
+      body("x", {{"context_management", {{"edits", Json::array({{{"type", "clear_tool_uses_20250919"}}})}}}}));
   EXPECT_EQ(other.status, 400) << other.body;
 }
 
@@ -231,7 +242,6 @@ TEST(ServerMessages, ErrorsInAnthropicsShape) {
   EXPECT_EQ(testing::get(scripted_server().port, "/health").status, 200);
 }
 
-
 // Sampling defaults are the API's: temperature 1 when the request names none.
 TEST(ServerMessages, TemperatureDefaultsToOne) {
   ParseContext ctx;
@@ -239,20 +249,22 @@ TEST(ServerMessages, TemperatureDefaultsToOne) {
   ctx.served_models = {"k3-tiny"};
   ctx.vocab_size = 1024;
   ctx.max_model_len = 4096;
-  Json b = {{"model", "k3-tiny"}, {"max_tokens", 4}, {"messages", Json::array({{{"role", "user"}, {"content", "hi"}}})}};
+  Json b = {
+      {"model", "k3-tiny"}, {"max_tokens", 4}, {"messages", Json::array({{{"role", "user"}, {"content", "hi"}}})}};
   EXPECT_EQ(parse_messages_request(b, ctx, false).params.base.sampling.temperature, 1.0f);
   b["temperature"] = 0.25;
   EXPECT_EQ(parse_messages_request(b, ctx, false).params.base.sampling.temperature, 0.25f);
 }
-
 
 // A slow step (a long prefill) leaves the stream silent: pings keep it alive, each named.
 TEST(ServerMessages, PingsWhileTheModelIsSilent) {
   ServerConfig config = testing::test_server_config();
   config.stream_ping_interval = std::chrono::milliseconds(40);
   testing::ScriptedServer slow(std::chrono::milliseconds(150), config);
-  const Json b = {{"model", "k3-tiny"},   {"max_tokens", 3},
-                  {"temperature", 0},     {"stream", true},
+  const Json b = {{"model", "k3-tiny"},
+                  {"max_tokens", 3},
+                  {"temperature", 0},
+                  {"stream", true},
                   {"messages", Json::array({{{"role", "user"}, {"content", "SCRIPT_STORY"}}})}};
   const testing::Reply r = testing::post(slow.port, "/v1/messages", b);
   ASSERT_EQ(r.status, 200) << r.body;

@@ -42,7 +42,8 @@ TEST(ServerMessages, ThinkingIsOffByDefault) {
 }
 
 TEST(ServerMessages, ToolUseReply) {
-  const Json j = call("/v1/messages", body("SCRIPT_TOOLS weather?", {{"tools", kTools}, {"thinking", kThinking}})).json();
+  const Json j =
+      call("/v1/messages", body("SCRIPT_TOOLS weather?", {{"tools", kTools}, {"thinking", kThinking}})).json();
   ASSERT_EQ(j["content"].size(), 3u) << j.dump();
   EXPECT_EQ(j["content"][0]["type"], "thinking");
   EXPECT_EQ(j["content"][0]["thinking"], "I need the weather.");
@@ -64,7 +65,9 @@ TEST(ServerMessages, ToolUseReply) {
   next["messages"].push_back(
       {{"role", "user"},
        {"content", Json::array({{{"type", "tool_result"}, {"tool_use_id", a["id"]}, {"content", "sunny"}},
-                                {{"type", "tool_result"}, {"tool_use_id", b["id"]}, {"is_error", true},
+                                {{"type", "tool_result"},
+                                 {"tool_use_id", b["id"]},
+                                 {"is_error", true},
                                  {"content", Json::array({{{"type", "text"}, {"text", "no clock"}}})}}})}});
   const Reply again = call("/v1/messages", next);
   EXPECT_EQ(again.status, 200) << again.body;
@@ -75,14 +78,17 @@ TEST(ServerMessages, MaxTokensAndStopSequence) {
   const Json cut = call("/v1/messages", body("SCRIPT_STORY", {{"max_tokens", 5}})).json();
   EXPECT_EQ(cut["stop_reason"], "max_tokens");
   EXPECT_EQ(cut["usage"]["output_tokens"], 5);
-  const Json stop = call("/v1/messages", body("SCRIPT_CHAT hello", {{"thinking", kThinking},
-                                                                    {"stop_sequences", Json::array({"nope", "help you"})}}))
+  const Json stop = call("/v1/messages",
+                         body("SCRIPT_CHAT hello",
+                              {{"thinking", kThinking}, {"stop_sequences", Json::array({"nope", "help you"})}}))
                         .json();
   EXPECT_EQ(stop["content"][1]["text"], "Hello! How can I ");
   EXPECT_EQ(stop["stop_reason"], "stop_sequence");
   EXPECT_EQ(stop["stop_sequence"], "help you");
-  const auto evs = events(call("/v1/messages", body("SCRIPT_CHAT hello", {{"thinking", kThinking}, {"stream", true},
-                                                                          {"stop_sequences", Json::array({"help you"})}})));
+  const auto evs = events(
+      call("/v1/messages",
+           body("SCRIPT_CHAT hello",
+                {{"thinking", kThinking}, {"stream", true}, {"stop_sequences", Json::array({"help you"})}})));
   const Json folded = fold(evs);
   EXPECT_EQ(folded["stop_reason"], "stop_sequence");
   EXPECT_EQ(folded["stop_sequence"], "help you");
@@ -158,12 +164,11 @@ TEST(ServerMessages, GoldenStreamWithThinking) {
   Json sb = b;
   sb["stream"] = true;
   const auto evs = events(call("/v1/messages", sb));
-  EXPECT_EQ(shape(evs), (std::vector<std::string>{
-                            "message_start", "ping",
-                            "content_block_start@0 thinking", "content_block_delta@0 thinking_delta +",
-                            "content_block_delta@0 signature_delta", "content_block_stop@0",
-                            "content_block_start@1 text", "content_block_delta@1 text_delta +", "content_block_stop@1",
-                            "message_delta", "message_stop"}));
+  EXPECT_EQ(shape(evs), (std::vector<std::string>{"message_start", "ping", "content_block_start@0 thinking",
+                                                  "content_block_delta@0 thinking_delta +",
+                                                  "content_block_delta@0 signature_delta", "content_block_stop@0",
+                                                  "content_block_start@1 text", "content_block_delta@1 text_delta +",
+                                                  "content_block_stop@1", "message_delta", "message_stop"}));
   const Json& start = evs[0].data["message"];
   EXPECT_TRUE(start["content"].empty());
   EXPECT_TRUE(start["stop_reason"].is_null());
@@ -185,15 +190,12 @@ TEST(ServerMessages, GoldenStreamWithToolUse) {
   Json sb = b;
   sb["stream"] = true;
   const auto evs = events(call("/v1/messages", sb));
-  EXPECT_EQ(shape(evs), (std::vector<std::string>{
-                            "message_start", "ping",
-                            "content_block_start@0 thinking", "content_block_delta@0 thinking_delta +",
-                            "content_block_delta@0 signature_delta", "content_block_stop@0",
-                            "content_block_start@1 tool_use", "content_block_delta@1 input_json_delta +",
-                            "content_block_stop@1",
-                            "content_block_start@2 tool_use", "content_block_delta@2 input_json_delta",
-                            "content_block_stop@2",
-                            "message_delta", "message_stop"}));
+  EXPECT_EQ(shape(evs),
+            (std::vector<std::string>{
+                "message_start", "ping", "content_block_start@0 thinking", "content_block_delta@0 thinking_delta +",
+                "content_block_delta@0 signature_delta", "content_block_stop@0", "content_block_start@1 tool_use",
+                "content_block_delta@1 input_json_delta +", "content_block_stop@1", "content_block_start@2 tool_use",
+                "content_block_delta@2 input_json_delta", "content_block_stop@2", "message_delta", "message_stop"}));
   for (const Event& e : evs)
     if (e.name == "content_block_start" && e.data["content_block"]["type"] == "tool_use") {
       EXPECT_TRUE(e.data["content_block"]["id"].get<std::string>().starts_with("toolu_"));
@@ -208,7 +210,8 @@ TEST(ServerMessages, GoldenStreamWithToolUse) {
 // ---- tool_choice ----
 
 Json tools_body(Json tool_choice, bool stream = false) {
-  return body("SCRIPT_TOOLS weather?", {{"tools", kTools}, {"thinking", kThinking}, {"tool_choice", tool_choice}, {"stream", stream}});
+  return body("SCRIPT_TOOLS weather?",
+              {{"tools", kTools}, {"thinking", kThinking}, {"tool_choice", tool_choice}, {"stream", stream}});
 }
 
 TEST(ServerMessages, ToolChoiceAnyAndAuto) {
@@ -217,7 +220,8 @@ TEST(ServerMessages, ToolChoiceAnyAndAuto) {
     EXPECT_EQ(block_types(j), (std::vector<std::string>{"thinking", "tool_use", "tool_use"})) << tc.dump();
     EXPECT_EQ(j["stop_reason"], "tool_use");
   }
-  EXPECT_GT(count_tokens(tools_body({{"type", "any"}})), count_tokens(tools_body({{"type", "auto"}})));  // "MUST call tools"
+  EXPECT_GT(count_tokens(tools_body({{"type", "any"}})),
+            count_tokens(tools_body({{"type", "auto"}})));  // "MUST call tools"
 }
 
 TEST(ServerMessages, ToolChoiceNamedRefusesTheOtherCall) {

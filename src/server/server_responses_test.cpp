@@ -49,7 +49,8 @@ const Json kTools = Json::array(
     {{{"type", "function"},
       {"name", "get_weather"},
       {"description", "Weather for a city"},
-      {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}, {"days", {{"type", "number"}}}}}}}},
+      {"parameters",
+       {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}, {"days", {{"type", "number"}}}}}}}},
      {{"type", "function"}, {"name", "get_time"}, {"parameters", {{"type", "object"}}}}});
 // The same tools as chat completions declares them.
 Json chat_tools() {
@@ -69,7 +70,8 @@ std::string script(const std::string& trigger) {
 }
 
 Json message(const std::string& role, const std::string& text) {
-  return {{"type", "message"}, {"role", role},
+  return {{"type", "message"},
+          {"role", role},
           {"content", Json::array({{{"type", role == "assistant" ? "output_text" : "input_text"}, {"text", text}}})}};
 }
 
@@ -106,7 +108,7 @@ std::vector<std::string> shape(const std::vector<Event>& evs) {
 // to the final item, which are the final output but for malformed calls (done as incomplete).
 // Returns the final response (response.completed / .incomplete).
 Json check_stream(const std::vector<Event>& evs) {
-  std::vector<Json> items;  // as output_item.added announced them
+  std::vector<Json> items;        // as output_item.added announced them
   std::vector<std::string> text;  // per item: its deltas joined (reasoning, output text or arguments)
   bool open = false;
   for (const Event& e : evs) {
@@ -194,10 +196,12 @@ TEST(ServerResponses, StringInputReply) {
   EXPECT_TRUE(msg["id"].get<std::string>().starts_with("msg_"));
   EXPECT_EQ(msg["role"], "assistant");
   EXPECT_EQ(msg["status"], "completed");
-  EXPECT_EQ(msg["content"], Json::array({{{"type", "output_text"}, {"text", "Hello! How can I help you today?"},
+  EXPECT_EQ(msg["content"], Json::array({{{"type", "output_text"},
+                                          {"text", "Hello! How can I help you today?"},
                                           {"annotations", Json::array()}}}));
   const Json& u = j["usage"];
-  const auto script_len = static_cast<int64_t>(testing::encode_script(*scripted_server().tok, script("SCRIPT_CHAT")).size());
+  const auto script_len = static_cast<int64_t>(
+      testing::encode_script(*scripted_server().tok, script("SCRIPT_CHAT")).size());
   EXPECT_EQ(u["output_tokens"], script_len);
   EXPECT_GT(u["output_tokens_details"]["reasoning_tokens"].get<int64_t>(), 3);
   EXPECT_LT(u["output_tokens_details"]["reasoning_tokens"].get<int64_t>(), script_len);
@@ -211,11 +215,18 @@ TEST(ServerResponses, StringInputReply) {
 // Items render the prompt the equivalent chat request renders.
 TEST(ServerResponses, ItemInputIsTheChatConversation) {
   const Json items = Json::array(
-      {message("developer", "Be terse."), message("system", "Tools are slow."), message("user", "weather in Paris?"),
-       {{"type", "reasoning"}, {"id", "rs_1"}, {"summary", Json::array()},
+      {message("developer", "Be terse."),
+       message("system", "Tools are slow."),
+       message("user", "weather in Paris?"),
+       {{"type", "reasoning"},
+        {"id", "rs_1"},
+        {"summary", Json::array()},
         {"content", Json::array({{{"type", "reasoning_text"}, {"text", "Call the tool."}}})}},
        message("assistant", "Checking."),
-       {{"type", "function_call"}, {"call_id", "call_1"}, {"name", "get_weather"}, {"arguments", "{\"city\":\"Paris\"}"}},
+       {{"type", "function_call"},
+        {"call_id", "call_1"},
+        {"name", "get_weather"},
+        {"arguments", "{\"city\":\"Paris\"}"}},
        {{"type", "function_call_output"}, {"call_id", "call_1"}, {"output", "sunny"}},
        {{"role", "user"}, {"content", "SCRIPT_CHAT thanks"}}});  // a bare {role, content} is a message
   const Json chat = {
@@ -227,9 +238,13 @@ TEST(ServerResponses, ItemInputIsTheChatConversation) {
                     {{"role", "developer"}, {"content", "Be terse."}},
                     {{"role", "system"}, {"content", "Tools are slow."}},
                     {{"role", "user"}, {"content", "weather in Paris?"}},
-                    {{"role", "assistant"}, {"content", "Checking."}, {"reasoning_content", "Call the tool."},
-                     {"tool_calls", Json::array({{{"id", "call_1"}, {"type", "function"},
-                                                  {"function", {{"name", "get_weather"}, {"arguments", "{\"city\":\"Paris\"}"}}}}})}},
+                    {{"role", "assistant"},
+                     {"content", "Checking."},
+                     {"reasoning_content", "Call the tool."},
+                     {"tool_calls",
+                      Json::array({{{"id", "call_1"},
+                                    {"type", "function"},
+                                    {"function", {{"name", "get_weather"}, {"arguments", "{\"city\":\"Paris\"}"}}}}})}},
                     {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}},
                     {{"role", "user"}, {"content", "SCRIPT_CHAT thanks"}}})}};
   const Reply c = call("/v1/chat/completions", chat);
@@ -243,12 +258,14 @@ TEST(ServerResponses, ItemInputIsTheChatConversation) {
 }
 
 TEST(ServerResponses, ReasoningSummaryAndEncryptedContent) {
-  const Json with_summary = respond(body("SCRIPT_CHAT hello", {{"reasoning", {{"effort", "high"}, {"summary", "auto"}}}}));
+  const Json with_summary = respond(
+      body("SCRIPT_CHAT hello", {{"reasoning", {{"effort", "high"}, {"summary", "auto"}}}}));
   EXPECT_EQ(with_summary["output"][0]["summary"],
             Json::array({{{"type", "summary_text"}, {"text", "The user greets me; I greet back."}}}));
   EXPECT_EQ(with_summary["reasoning"], (Json{{"effort", "high"}, {"summary", "auto"}}));
 
-  const Json sealed = respond(body("SCRIPT_CHAT hello", {{"store", false}, {"include", Json::array({"reasoning.encrypted_content"})}}));
+  const Json sealed = respond(
+      body("SCRIPT_CHAT hello", {{"store", false}, {"include", Json::array({"reasoning.encrypted_content"})}}));
   const Json& rs = sealed["output"][0];
   ASSERT_TRUE(rs.contains("encrypted_content")) << sealed.dump();
   const std::string blob = rs["encrypted_content"];
@@ -263,20 +280,26 @@ TEST(ServerResponses, ReasoningSummaryAndEncryptedContent) {
     return input_tokens(body(items));
   };
   const int64_t from_blob = next({{"type", "reasoning"}, {"summary", Json::array()}, {"encrypted_content", blob}});
-  const int64_t from_text = next({{"type", "reasoning"}, {"summary", Json::array()},
-                                  {"content", Json::array({{{"type", "reasoning_text"}, {"text", "The user greets me; I greet back."}}})}});
+  const int64_t from_text = next(
+      {{"type", "reasoning"},
+       {"summary", Json::array()},
+       {"content", Json::array({{{"type", "reasoning_text"}, {"text", "The user greets me; I greet back."}}})}});
   EXPECT_EQ(from_blob, from_text);
   EXPECT_GT(from_text, next(nullptr));
   // Another server's encrypted reasoning cannot be read: it renders as none.
-  EXPECT_EQ(next({{"type", "reasoning"}, {"summary", Json::array()}, {"encrypted_content", "gAAAAB-opaque"}}), next(nullptr));
+  EXPECT_EQ(next({{"type", "reasoning"}, {"summary", Json::array()}, {"encrypted_content", "gAAAAB-opaque"}}),
+            next(nullptr));
 }
 
 TEST(ServerResponses, FunctionCallsMatchTheChatApi) {
   const Json j = respond(body("SCRIPT_TOOLS weather?", {{"tools", kTools}}));
   ASSERT_EQ(j["output"].size(), 3u) << j.dump();
   EXPECT_EQ(j["output"][0]["type"], "reasoning");
-  const Reply c = call("/v1/chat/completions", {{"model", "k3-tiny"}, {"max_tokens", 140}, {"tools", chat_tools()},
-                                                {"messages", Json::array({{{"role", "user"}, {"content", "SCRIPT_TOOLS weather?"}}})}});
+  const Reply c = call("/v1/chat/completions",
+                       {{"model", "k3-tiny"},
+                        {"max_tokens", 140},
+                        {"tools", chat_tools()},
+                        {"messages", Json::array({{{"role", "user"}, {"content", "SCRIPT_TOOLS weather?"}}})}});
   ASSERT_EQ(c.status, 200) << c.body;
   const Json chat_reply = c.json();
   const Json& chat_calls = chat_reply["choices"][0]["message"]["tool_calls"];
@@ -301,7 +324,8 @@ TEST(ServerResponses, MaxOutputTokensMakesItIncomplete) {
   EXPECT_EQ(j["status"], "incomplete");
   EXPECT_EQ(j["incomplete_details"], (Json{{"reason", "max_output_tokens"}}));
   EXPECT_EQ(j["usage"]["output_tokens"], 5);
-  const auto evs = events(call("/v1/responses", body("SCRIPT_CHAT hello", {{"max_output_tokens", 5}, {"stream", true}})));
+  const auto evs = events(
+      call("/v1/responses", body("SCRIPT_CHAT hello", {{"max_output_tokens", 5}, {"stream", true}})));
   EXPECT_EQ(evs.back().name, "response.incomplete");
   const Json last = check_stream(evs);
   EXPECT_EQ(last["status"], "incomplete");
@@ -312,13 +336,12 @@ TEST(ServerResponses, MaxOutputTokensMakesItIncomplete) {
 
 TEST(ServerResponses, GoldenStreamChat) {
   const auto evs = events(call("/v1/responses", body("SCRIPT_CHAT hello", {{"stream", true}})));
-  EXPECT_EQ(shape(evs), (std::vector<std::string>{
-                            "created", "in_progress",
-                            "output_item.added@0 reasoning", "content_part.added@0", "reasoning_text.delta@0 +",
-                            "reasoning_text.done@0", "content_part.done@0", "output_item.done@0 reasoning",
-                            "output_item.added@1 message", "content_part.added@1", "output_text.delta@1 +",
-                            "output_text.done@1", "content_part.done@1", "output_item.done@1 message",
-                            "completed"}));
+  EXPECT_EQ(shape(evs),
+            (std::vector<std::string>{"created", "in_progress", "output_item.added@0 reasoning", "content_part.added@0",
+                                      "reasoning_text.delta@0 +", "reasoning_text.done@0", "content_part.done@0",
+                                      "output_item.done@0 reasoning", "output_item.added@1 message",
+                                      "content_part.added@1", "output_text.delta@1 +", "output_text.done@1",
+                                      "content_part.done@1", "output_item.done@1 message", "completed"}));
   const Json done = check_stream(evs);
   const Json reply = respond(body("SCRIPT_CHAT hello"));
   EXPECT_EQ(without_ids(done["output"]), without_ids(reply["output"]));
@@ -328,15 +351,14 @@ TEST(ServerResponses, GoldenStreamChat) {
 
 TEST(ServerResponses, GoldenStreamToolCalls) {
   const auto evs = events(call("/v1/responses", body("SCRIPT_TOOLS weather?", {{"tools", kTools}, {"stream", true}})));
-  EXPECT_EQ(shape(evs), (std::vector<std::string>{
-                            "created", "in_progress",
-                            "output_item.added@0 reasoning", "content_part.added@0", "reasoning_text.delta@0 +",
-                            "reasoning_text.done@0", "content_part.done@0", "output_item.done@0 reasoning",
-                            "output_item.added@1 function_call", "function_call_arguments.delta@1 +",
-                            "function_call_arguments.done@1", "output_item.done@1 function_call",
-                            "output_item.added@2 function_call", "function_call_arguments.delta@2",
-                            "function_call_arguments.done@2", "output_item.done@2 function_call",
-                            "completed"}));
+  EXPECT_EQ(shape(evs),
+            (std::vector<std::string>{"created", "in_progress", "output_item.added@0 reasoning", "content_part.added@0",
+                                      "reasoning_text.delta@0 +", "reasoning_text.done@0", "content_part.done@0",
+                                      "output_item.done@0 reasoning", "output_item.added@1 function_call",
+                                      "function_call_arguments.delta@1 +", "function_call_arguments.done@1",
+                                      "output_item.done@1 function_call", "output_item.added@2 function_call",
+                                      "function_call_arguments.delta@2", "function_call_arguments.done@2",
+                                      "output_item.done@2 function_call", "completed"}));
   for (const Event& e : evs)
     if (e.name == "response.output_item.added" && e.data["item"]["type"] == "function_call") {
       EXPECT_EQ(e.data["item"]["arguments"], "");  // they come as deltas
@@ -348,7 +370,8 @@ TEST(ServerResponses, GoldenStreamToolCalls) {
 }
 
 TEST(ServerResponses, StreamWithSummaryAndEncryptedReasoning) {
-  const Json extra = {{"reasoning", {{"summary", "detailed"}}}, {"include", Json::array({"reasoning.encrypted_content"})}};
+  const Json extra = {{"reasoning", {{"summary", "detailed"}}},
+                      {"include", Json::array({"reasoning.encrypted_content"})}};
   Json sb = body("SCRIPT_CHAT hello", extra);
   sb["stream"] = true;
   const auto evs = events(call("/v1/responses", sb));
@@ -374,7 +397,8 @@ TEST(ServerResponses, MalformedCallIsText) {
 // A call begins to stream with its first checked argument, so one whose first argument is
 // malformed never shows: the stream's final output is the reply's.
 TEST(ServerResponses, MalformedCallStreamsAsTheReplyDoes) {
-  const Json done = check_stream(events(call("/v1/responses", body("SCRIPT_BADTOOL", {{"tools", kTools}, {"stream", true}}))));
+  const Json done = check_stream(
+      events(call("/v1/responses", body("SCRIPT_BADTOOL", {{"tools", kTools}, {"stream", true}}))));
   EXPECT_EQ(without_ids(done["output"]), without_ids(respond(body("SCRIPT_BADTOOL", {{"tools", kTools}}))["output"]));
 }
 
@@ -418,11 +442,14 @@ TEST(ServerResponses, HostedToolsAreLeftOutWithAWarning) {
   ASSERT_TRUE(j.contains("warnings")) << j.dump();
   ASSERT_EQ(j["warnings"].size(), 1u);
   EXPECT_NE(j["warnings"][0].get<std::string>().find("web_search"), std::string::npos) << j["warnings"];
-  EXPECT_EQ(input_tokens(body("SCRIPT_CHAT hello", {{"tools", tools}})), input_tokens(body("SCRIPT_CHAT hello", {{"tools", kTools}})));
+  EXPECT_EQ(input_tokens(body("SCRIPT_CHAT hello", {{"tools", tools}})),
+            input_tokens(body("SCRIPT_CHAT hello", {{"tools", kTools}})));
 }
 
 TEST(ServerResponses, NamespaceToolsAreFlattened) {
-  const Json tools = Json::array({{{"type", "namespace"}, {"name", "weather_service"}, {"description", "Weather"},
+  const Json tools = Json::array({{{"type", "namespace"},
+                                   {"name", "weather_service"},
+                                   {"description", "Weather"},
                                    {"tools", Json::array({kTools[0]})}},
                                   kTools[1]});
   EXPECT_EQ(input_tokens(body("SCRIPT_TOOLS weather?", {{"tools", tools}})),
@@ -432,7 +459,8 @@ TEST(ServerResponses, NamespaceToolsAreFlattened) {
   EXPECT_EQ(j["output"][1]["name"], "get_weather");
   EXPECT_EQ(j["output"][1]["namespace"], "weather_service");
   EXPECT_FALSE(j["output"][2].contains("namespace"));
-  const Json done = check_stream(events(call("/v1/responses", body("SCRIPT_TOOLS weather?", {{"tools", tools}, {"stream", true}}))));
+  const Json done = check_stream(
+      events(call("/v1/responses", body("SCRIPT_TOOLS weather?", {{"tools", tools}, {"stream", true}}))));
   EXPECT_EQ(done["output"][1]["namespace"], "weather_service");
 }
 
@@ -467,11 +495,17 @@ TEST(ServerResponses, UnstoredResponseIsUnknown) {
 // ---- fields ----
 
 TEST(ServerResponses, FieldsAcceptedAndRefused) {
-  EXPECT_EQ(call("/v1/responses", body("SCRIPT_CHAT hello", {{"client_metadata", {{"origin", "codex"}}}, {"max_output_tokens", 3}})).status,
+  EXPECT_EQ(call("/v1/responses",
+                 body("SCRIPT_CHAT hello", {{"client_metadata", {{"origin", "codex"}}}, {"max_output_tokens", 3}}))
+                .status,
             200);
-  EXPECT_EQ(call("/v1/responses", body("SCRIPT_CHAT hello", {{"prompt_cache_key", "k"}, {"store", true}, {"truncation", "auto"},
-                                                              {"metadata", {{"a", "b"}}}, {"parallel_tool_calls", false},
-                                                              {"tool_choice", "auto"}, {"max_output_tokens", 3}}))
+  EXPECT_EQ(call("/v1/responses", body("SCRIPT_CHAT hello", {{"prompt_cache_key", "k"},
+                                                             {"store", true},
+                                                             {"truncation", "auto"},
+                                                             {"metadata", {{"a", "b"}}},
+                                                             {"parallel_tool_calls", false},
+                                                             {"tool_choice", "auto"},
+                                                             {"max_output_tokens", 3}}))
                 .status,
             200);
   auto expect_400 = [](const Json& b, const std::string& param) {
@@ -483,10 +517,13 @@ TEST(ServerResponses, FieldsAcceptedAndRefused) {
     EXPECT_NE(r.body.find(param), std::string::npos) << r.body;
   };
   expect_400(body("x", {{"background", true}}), "background");
-  expect_400(body(Json::array({{{"type", "message"}, {"role", "user"},
-                                {"content", Json::array({{{"type", "input_text"}, {"text", "what is this?"}},
-                                                         {{"type", "input_image"}, {"image_url", "data:image/png;base64,iVBO"}}})}}})),
-             "input[0].content[1]");
+  expect_400(
+      body(Json::array(
+          {{{"type", "message"},
+            {"role", "user"},
+            {"content", Json::array({{{"type", "input_text"}, {"text", "what is this?"}},
+                                     {{"type", "input_image"}, {"image_url", "data:image/png;base64,iVBO"}}})}}})),
+      "input[0].content[1]");
   expect_400(body("x", {{"reasoning", {{"effort", "extreme"}}}}), "reasoning.effort");
   expect_400(body("x", {{"tool_choice", "required"}}), "tool_choice");  // no tools to call
   expect_400(body(Json::array({{{"type", "web_search_call"}}})), "input[0].type");

@@ -103,9 +103,8 @@ inline const std::filesystem::path& tiny_model_dir() {
     tokenizer::write_tiny_tokenizer(config::builtin_config("k3-tiny").vocab_size, d);
     std::atexit([] {
       std::error_code ec;
-      std::filesystem::remove_all(std::filesystem::temp_directory_path() /
-                                      ("k3-server-test-" + std::to_string(::getpid())),
-                                  ec);
+      std::filesystem::remove_all(
+          std::filesystem::temp_directory_path() / ("k3-server-test-" + std::to_string(::getpid())), ec);
     });
     return d;
   }();
@@ -165,21 +164,23 @@ inline const std::vector<std::pair<std::string, std::string>>& script_texts() {
       {"SCRIPT_CHAT", "The user greets me; I greet back." K3_C "think" K3_S K3_O "response" K3_S
                       "Hello! How can I help you today?" K3_C "response" K3_S K3_C "message" K3_S K3_E},
       // Chat: reasoning, then two tool calls.
-      {"SCRIPT_TOOLS", "I need the weather." K3_C "think" K3_S K3_O "response" K3_S K3_C "response" K3_S K3_O
-                       "tools" K3_S K3_O "call tool=\"get_weather\" index=\"1\"" K3_S K3_O
-                       "argument key=\"city\" type=\"string\"" K3_S "Paris" K3_C "argument" K3_S K3_O
-                       "argument key=\"days\" type=\"number\"" K3_S "3" K3_C "argument" K3_S K3_C "call" K3_S K3_O
-                       "call tool=\"get_time\" index=\"2\"" K3_S K3_O "json type=\"object\"" K3_S
-                       "{\"tz\": \"CET\"}" K3_C "json" K3_S K3_C "call" K3_S K3_C "tools" K3_S K3_C "message" K3_S K3_E},
+      {"SCRIPT_TOOLS",
+       "I need the weather." K3_C "think" K3_S K3_O "response" K3_S K3_C "response" K3_S K3_O "tools" K3_S K3_O
+       "call tool=\"get_weather\" index=\"1\"" K3_S K3_O "argument key=\"city\" type=\"string\"" K3_S "Paris" K3_C
+       "argument" K3_S K3_O "argument key=\"days\" type=\"number\"" K3_S "3" K3_C "argument" K3_S K3_C "call" K3_S K3_O
+       "call tool=\"get_time\" index=\"2\"" K3_S K3_O "json type=\"object\"" K3_S "{\"tz\": \"CET\"}" K3_C
+       "json" K3_S K3_C "call" K3_S K3_C "tools" K3_S K3_C "message" K3_S K3_E},
       // Chat: a malformed call (a number that is not one) among good text.
-      {"SCRIPT_BADTOOL", "Hmm." K3_C "think" K3_S K3_O "response" K3_S "Calling." K3_C "response" K3_S K3_O "tools" K3_S
-                         K3_O "call tool=\"f\" index=\"1\"" K3_S K3_O "argument key=\"n\" type=\"number\"" K3_S
-                         "12abc" K3_C "argument" K3_S K3_C "call" K3_S K3_C "tools" K3_S K3_C "message" K3_S K3_E},
+      {"SCRIPT_BADTOOL",
+       "Hmm." K3_C "think" K3_S K3_O "response" K3_S "Calling." K3_C "response" K3_S K3_O "tools" K3_S K3_O
+       "call tool=\"f\" index=\"1\"" K3_S K3_O "argument key=\"n\" type=\"number\"" K3_S "12abc" K3_C
+       "argument" K3_S K3_C "call" K3_S K3_C "tools" K3_S K3_C "message" K3_S K3_E},
       // Chat: a call whose first argument is fine and whose second is malformed (it began to stream).
-      {"SCRIPT_LATEBADTOOL", "Hmm." K3_C "think" K3_S K3_O "response" K3_S "Writing." K3_C "response" K3_S K3_O "tools"
-                             K3_S K3_O "call tool=\"f\" index=\"1\"" K3_S K3_O "argument key=\"path\" type=\"string\""
-                             K3_S "a.txt" K3_C "argument" K3_S K3_O "argument key=\"n\" type=\"number\"" K3_S "12abc" K3_C
-                             "argument" K3_S K3_C "call" K3_S K3_C "tools" K3_S K3_C "message" K3_S K3_E},
+      {"SCRIPT_LATEBADTOOL",
+       "Hmm." K3_C "think" K3_S K3_O "response" K3_S "Writing." K3_C "response" K3_S K3_O "tools" K3_S K3_O
+       "call tool=\"f\" index=\"1\"" K3_S K3_O "argument key=\"path\" type=\"string\"" K3_S "a.txt" K3_C
+       "argument" K3_S K3_O "argument key=\"n\" type=\"number\"" K3_S "12abc" K3_C "argument" K3_S K3_C "call" K3_S K3_C
+       "tools" K3_S K3_C "message" K3_S K3_E},
       // UTF-8 that the tiny vocabulary must split inside characters.
       {"SCRIPT_UTF8", "naïve café — 東京 🚀 done." K3_E},
   };
@@ -215,8 +216,8 @@ struct ScriptedServer {
     c.scheduler.max_num_batched_tokens = 2048;
     c.scheduler.max_model_len = 512;
     c.eos_token_id = *tok->special_id(tokenizer::k3_tokens::kEndOfMsg);
-    engine = std::make_unique<engine::Engine>(
-        c, std::make_unique<ScriptedExecutor>(*tok, 1024, std::move(scripts), std::move(fallback), step_delay));
+    engine = std::make_unique<engine::Engine>(c, std::make_unique<ScriptedExecutor>(*tok, 1024, std::move(scripts),
+                                                                                    std::move(fallback), step_delay));
     engine->start();
     http = std::make_unique<ApiServer>(std::move(config), *engine, *tok);
     port = http->start();
@@ -235,7 +236,7 @@ inline ScriptedServer& scripted_server() {
 // ---- HTTP helpers ----
 
 struct Reply {
-  int status = 0;   // 0: no HTTP response (connection failed or cancelled)
+  int status = 0;  // 0: no HTTP response (connection failed or cancelled)
   std::string body;
   std::string content_type;
   Json json() const { return Json::parse(body); }
@@ -265,7 +266,9 @@ inline Reply send(int port, const std::string& method, const std::string& path, 
   return r;
 }
 
-inline Reply post(int port, const std::string& path, const Json& body) { return send(port, "POST", path, dump_json(body)); }
+inline Reply post(int port, const std::string& path, const Json& body) {
+  return send(port, "POST", path, dump_json(body));
+}
 inline Reply get(int port, const std::string& path) { return send(port, "GET", path); }
 
 // The "data:" payloads of an SSE body, in order ("[DONE]" included).
@@ -320,9 +323,9 @@ inline std::vector<Json> stream_chunks(const Reply& r) {
 // `body` after 1-3 random edits: flipped bytes, truncations, spliced odd values, values
 // replaced after a colon (fuzzing the request parsers).
 inline std::string mutated_body(std::string body, core::Rng& rng) {
-  static const std::vector<std::string> splices = {"null", "-1", "1e309", "\"\"", "[]", "{}", "true",
-                                                   "99999999999999999999", "\"\\u0000\"", "[[[[]]]]", "0.5",
-                                                   "\"\\ud800\""};
+  static const std::vector<std::string> splices = {"null",        "-1",       "1e309", "\"\"",
+                                                   "[]",          "{}",       "true",  "99999999999999999999",
+                                                   "\"\\u0000\"", "[[[[]]]]", "0.5",   "\"\\ud800\""};
   const int edits = 1 + static_cast<int>(rng.next_u64() % 3);
   for (int e = 0; e < edits && !body.empty(); ++e) {
     const size_t at = rng.next_u64() % body.size();

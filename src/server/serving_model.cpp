@@ -2,9 +2,9 @@
 #include "server/serving_model.h"
 
 #include "core/error.h"
+#include "draft/dspark_drafter.h"
 #include "engine/model_executor.h"
 #include "engine/tp_executor.h"
-#include "draft/dspark_drafter.h"
 
 namespace k3::server {
 
@@ -13,7 +13,8 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
   if (!std::filesystem::exists(o.model_dir / "config.json"))
     throw core::Error("no model at " + o.model_dir.string() +
                       " (config.json is missing); scripts/setup.sh writes the bundled one, or run "
-                      "k3serve make-checkpoint --config k3-tiny --seed 0 --out " + o.model_dir.string());
+                      "k3serve make-checkpoint --config k3-tiny --seed 0 --out " +
+                      o.model_dir.string());
   if (!std::filesystem::exists(o.model_dir / "tiktoken.model"))
     throw core::Error("model folder " + o.model_dir.string() +
                       " has no tokenizer (tiktoken.model + tokenizer_config.json); serving needs one "
@@ -44,39 +45,39 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
   const int32_t kda_chunk = std::max(config.kda.chunk_size, 1);
   const int32_t align = (kda_chunk + base.block_size - 1) / base.block_size * base.block_size;
   base.checkpoint_interval_blocks = align / base.block_size;
-  ec.cache = engine::size_model_cache(rank_config, o.kv_cache, base, o.kv_cache_bytes, o.enable_prefix_cache ? 0.2 : 0.0,
-                                      o.max_model_len, dcp);
+  ec.cache = engine::size_model_cache(rank_config, o.kv_cache, base, o.kv_cache_bytes,
+                                      o.enable_prefix_cache ? 0.2 : 0.0, o.max_model_len, dcp);
   // eos: the config's eos_token_id (K3's and k3-tiny's name "<|end_of_msg|>").
   engine::apply_model_defaults(config, ec.scheduler, ec.cache, &ec.eos_token_id);
   ec.speculative = o.speculative;
   std::unique_ptr<engine::Executor> executor;
   if (s->runner_)
-    executor = std::make_unique<engine::ModelExecutor>(s->runner_->model(), ec.cache, o.kv_cache, ec.scheduler.max_model_len);
+    executor = std::make_unique<engine::ModelExecutor>(s->runner_->model(), ec.cache, o.kv_cache,
+                                                       ec.scheduler.max_model_len);
   else
     executor = std::make_unique<engine::TpExecutor>(*s->tp_runner_, ec.cache, o.kv_cache, ec.scheduler.max_model_len);
   std::unique_ptr<spec::Drafter> drafter;  // null: made from ec.speculative (ngram, synthetic) or none
   if (o.speculative.method == spec::SpecMethod::dspark) {
-    K3_CHECK(s->runner_ != nullptr, "--speculative-method dspark with --tp is not supported yet (the CPU draft model reads "
-                                    "the target's whole embedding)");
+    K3_CHECK(s->runner_ != nullptr,
+             "--speculative-method dspark with --tp is not supported yet (the CPU draft model reads "
+             "the target's whole embedding)");
     drafter = draft::load_dspark_drafter(o.draft_model_dir, config, s->runner_->host_weights(), s->runner_->registry());
   }
   s->engine_ = std::make_unique<engine::Engine>(ec, std::move(executor), std::move(drafter));
 
-  s->description_ = "model: " + o.model_dir.string() + " (vocab " + std::to_string(config.vocab_size) + ", " +
-                    std::to_string(config.num_hidden_layers) + " layers" +
-                    (o.tp > 1 ? ", tensor parallel over " + std::to_string(o.tp) + " ranks" : std::string()) +
-                    (o.model.expert_parallel ? ", expert parallel: each rank holds " +
-                                                   std::to_string(config.moe.num_experts / o.tp) + " of the " +
-                                                   std::to_string(config.moe.num_experts) + " routed experts, whole"
-                                             : std::string()) +
-                    (dcp > 1 ? ", decode context parallel: each rank holds 1/" + std::to_string(dcp) + " of every MLA cache"
-                             : std::string()) +
-                    ")\n" +
-                    "tokenizer: " + std::to_string(s->tokenizer_->num_ranks()) + " ranks, " +
-                    std::to_string(s->tokenizer_->specials().size()) + " special tokens, eos id " +
-                    std::to_string(ec.eos_token_id) + "\n" + "scheduler: " + scheduler::describe(ec.scheduler) +
-                    "\n" + "cache: " + cache::describe(ec.cache) + "\n" +
-                    "speculative: " + spec::describe(ec.speculative) + "\n";
+  s->description_ =
+      "model: " + o.model_dir.string() + " (vocab " + std::to_string(config.vocab_size) + ", " +
+      std::to_string(config.num_hidden_layers) + " layers" +
+      (o.tp > 1 ? ", tensor parallel over " + std::to_string(o.tp) + " ranks" : std::string()) +
+      (o.model.expert_parallel ? ", expert parallel: each rank holds " + std::to_string(config.moe.num_experts / o.tp) +
+                                     " of the " + std::to_string(config.moe.num_experts) + " routed experts, whole"
+                               : std::string()) +
+      (dcp > 1 ? ", decode context parallel: each rank holds 1/" + std::to_string(dcp) + " of every MLA cache"
+               : std::string()) +
+      ")\n" + "tokenizer: " + std::to_string(s->tokenizer_->num_ranks()) + " ranks, " +
+      std::to_string(s->tokenizer_->specials().size()) + " special tokens, eos id " + std::to_string(ec.eos_token_id) +
+      "\n" + "scheduler: " + scheduler::describe(ec.scheduler) + "\n" + "cache: " + cache::describe(ec.cache) + "\n" +
+      "speculative: " + spec::describe(ec.speculative) + "\n";
   return s;
 }
 

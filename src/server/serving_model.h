@@ -21,15 +21,16 @@ struct ServingOptions {
   std::filesystem::path model_dir;
   model::ModelOptions model;
   model::KvCacheDtype kv_cache = model::KvCacheDtype::bf16;
-  int64_t max_model_len = 65536;        // prompt + completion tokens of one request
-  int32_t max_num_seqs = 64;            // requests running at once (= KDA state slots)
+  int64_t max_model_len = 65536;  // prompt + completion tokens of one request
+  int32_t max_num_seqs = 64;      // requests running at once (= KDA state slots)
   int32_t max_num_batched_tokens = 2048;
-  int32_t block_size = 16;  // tokens per MLA page (a scheduler block: block_size * model.dcp tokens)
+  int32_t block_size = 16;               // tokens per MLA page (a scheduler block: block_size * model.dcp tokens)
   int64_t kv_cache_bytes = 256ll << 20;  // MLA pages + KDA slots + prefix checkpoints
   bool enable_prefix_cache = true;
   int tp = 1;  // tensor-parallel ranks (runner::TpRunner; with model.device cuda: GPUs 0..tp-1)
   spec::SpeculativeConfig speculative;
-  std::filesystem::path draft_model_dir;  // speculative.method dspark: the draft checkpoint folder  // speculative decoding (ngram | synthetic); off by default
+  std::filesystem::path
+      draft_model_dir;  // speculative.method dspark: the draft checkpoint folder  // speculative decoding (ngram | synthetic); off by default
   checkpoint::LoadProgressFn load_progress;  // optional: sees the weights being read in
 };
 
@@ -46,8 +47,8 @@ class ServingModel {
   const std::string& description() const { return description_; }
 
  private:
-  std::unique_ptr<runner::ModelRunner> runner_;   // tp == 1
-  std::unique_ptr<runner::TpRunner> tp_runner_;   // tp > 1
+  std::unique_ptr<runner::ModelRunner> runner_;  // tp == 1
+  std::unique_ptr<runner::TpRunner> tp_runner_;  // tp > 1
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<engine::Engine> engine_;
   std::string description_;

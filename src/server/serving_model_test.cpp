@@ -3,7 +3,6 @@
 // the server), the load progress callback sees every weight byte read in, and --tp 2 (also with
 // --decode-context-parallel-size 2) serves the same greedy tokens as one rank (fp32).
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <filesystem>

@@ -1,10 +1,11 @@
 // server/stop_matcher_test.cpp: stop strings over streamed text: a match spanning any split of
 // the text, held-back prefixes released when they turn out not to match, the earliest match
 // winning, nothing after a match, and UTF-8 never split by what is held.
+#include "server/stop_matcher.h"
+
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
-#include "server/stop_matcher.h"
 
 namespace k3::server {
 namespace {

@@ -36,9 +36,8 @@ void accept_point_mass(runner::Sampler& sampler, std::span<const float> rows, in
 }
 
 void accept_synthetic(runner::Sampler& sampler, std::span<const float> rows, int32_t vocab,
-                      std::span<const int32_t> prompt, std::span<const int32_t> output,
-                      std::span<const int32_t> drafts, int32_t acceptance_length, Verified& result,
-                      std::vector<int32_t>& scratch) {
+                      std::span<const int32_t> prompt, std::span<const int32_t> output, std::span<const int32_t> drafts,
+                      int32_t acceptance_length, Verified& result, std::vector<int32_t>& scratch) {
   check_rows(rows, vocab, drafts.size(), "accept_synthetic");
   K3_CHECK(acceptance_length >= 1, "accept_synthetic: acceptance_length must be >= 1");
   const auto n = std::min<size_t>(static_cast<size_t>(acceptance_length - 1), drafts.size());
@@ -57,11 +56,12 @@ void accept_synthetic(runner::Sampler& sampler, std::span<const float> rows, int
 RejectionOutcome rejection_step(std::span<const float> p, std::span<const float> q, int32_t draft, double u_accept,
                                 double u_residual) {
   const size_t vocab = p.size();
-  K3_CHECK(vocab > 0 && (q.empty() || q.size() == vocab),
-           "rejection_step: p has " + std::to_string(vocab) + " entries and q " + std::to_string(q.size()) +
-               " (q must be empty for a point mass, or match p)");
-  K3_CHECK(draft >= 0 && static_cast<size_t>(draft) < vocab,
-           "rejection_step: draft " + std::to_string(draft) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  K3_CHECK(vocab > 0 && (q.empty() || q.size() == vocab), "rejection_step: p has " + std::to_string(vocab) +
+                                                              " entries and q " + std::to_string(q.size()) +
+                                                              " (q must be empty for a point mass, or match p)");
+  K3_CHECK(draft >= 0 && static_cast<size_t>(draft) < vocab, "rejection_step: draft " + std::to_string(draft) +
+                                                                 " is outside the vocabulary [0, " +
+                                                                 std::to_string(vocab) + ")");
   const auto d = static_cast<size_t>(draft);
   const double qd = q.empty() ? 1.0 : q[d];
   K3_CHECK(qd > 0.0, "rejection_step: the draft distribution gives its own draft probability 0");

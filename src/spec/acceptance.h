@@ -45,9 +45,8 @@ void accept_point_mass(runner::Sampler& sampler, std::span<const float> rows, in
 // SYNTHETIC: the first min(acceptance_length - 1, k) drafts are accepted whatever the target says
 // (their SampleResult carries only the token), then row n is sampled.
 void accept_synthetic(runner::Sampler& sampler, std::span<const float> rows, int32_t vocab,
-                      std::span<const int32_t> prompt, std::span<const int32_t> output,
-                      std::span<const int32_t> drafts, int32_t acceptance_length, Verified& result,
-                      std::vector<int32_t>& scratch);
+                      std::span<const int32_t> prompt, std::span<const int32_t> output, std::span<const int32_t> drafts,
+                      int32_t acceptance_length, Verified& result, std::vector<int32_t>& scratch);
 
 // One position of general rejection sampling. p, q: probabilities [vocab] (q empty: point mass at
 // `draft`). Accept when u_accept < min(1, p(d) / q(d)); else the token is the inverse CDF at

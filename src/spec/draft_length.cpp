@@ -10,7 +10,8 @@ void SpecCounters::record(int32_t proposed, int32_t accepted) {
   ++num_drafts;
   num_draft_tokens += proposed;
   num_accepted_tokens += accepted;
-  if (accepted_per_pos.size() < static_cast<size_t>(proposed)) accepted_per_pos.resize(static_cast<size_t>(proposed), 0);
+  if (accepted_per_pos.size() < static_cast<size_t>(proposed))
+    accepted_per_pos.resize(static_cast<size_t>(proposed), 0);
   for (int32_t i = 0; i < accepted; ++i) ++accepted_per_pos[static_cast<size_t>(i)];
 }
 

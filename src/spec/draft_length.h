@@ -27,9 +27,9 @@ namespace k3::spec {
 
 // Counters of verify steps (the engine's, per request and in total).
 struct SpecCounters {
-  int64_t num_drafts = 0;           // verify steps with at least one draft
-  int64_t num_draft_tokens = 0;     // drafts verified
-  int64_t num_accepted_tokens = 0;  // drafts accepted
+  int64_t num_drafts = 0;                 // verify steps with at least one draft
+  int64_t num_draft_tokens = 0;           // drafts verified
+  int64_t num_accepted_tokens = 0;        // drafts accepted
   std::vector<int64_t> accepted_per_pos;  // [K]: position i (0-based) accepted this many times
   void record(int32_t proposed, int32_t accepted);
   // Mean tokens per verify step (accepted + 1); 0 before the first.
@@ -57,10 +57,10 @@ class DraftLengthController {
   static constexpr double kPauseBelowRate = 0.1;
   static constexpr int32_t kFirstPause = 8, kMaxPause = 64;
   struct State {
-    int32_t length;                // 0 while paused
+    int32_t length;  // 0 while paused
     double rate = 1.0;
-    int32_t pause_left = 0;        // plain-decode steps left before the probe
-    int32_t pause = kFirstPause;   // length of the next pause
+    int32_t pause_left = 0;       // plain-decode steps left before the probe
+    int32_t pause = kFirstPause;  // length of the next pause
   };
   int32_t max_;
   bool adaptive_;

@@ -14,7 +14,6 @@
 //     decodes, the kept rows of verify steps), equal to a plain forward's AttnRes mixtures;
 //   - synthetic mode accepts exactly AL - 1 drafts per step and says so in the stats.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,7 +36,8 @@ using Outputs = std::map<std::vector<int32_t>, std::vector<int32_t>>;  // prompt
 // Proposes the plain run's next tokens (perfect) or those plus one (always wrong).
 class OracleDrafter final : public spec::Drafter {
  public:
-  OracleDrafter(const Outputs& expected, bool wrong, int32_t vocab) : expected_(expected), wrong_(wrong), vocab_(vocab) {}
+  OracleDrafter(const Outputs& expected, bool wrong, int32_t vocab)
+      : expected_(expected), wrong_(wrong), vocab_(vocab) {}
   std::string name() const override { return wrong_ ? "wrong" : "oracle"; }
   void propose(std::span<const spec::DraftQuery> batch, std::span<spec::Draft> out) override {
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -183,7 +183,8 @@ bool bits_equal(const core::TensorView& a, const core::TensorView& b) {
 }
 bool rows_equal(const core::Tensor& a, int64_t ra, const core::Tensor& b, int64_t rb) {
   const int64_t v = a.dim(1);
-  return std::memcmp(a.data<const float>() + ra * v, b.data<const float>() + rb * v, static_cast<size_t>(v) * sizeof(float)) == 0;
+  return std::memcmp(a.data<const float>() + ra * v, b.data<const float>() + rb * v,
+                     static_cast<size_t>(v) * sizeof(float)) == 0;
 }
 
 TEST_P(EngineSpec, KdaReplayEqualsTokenByTokenDecodeBitForBit) {
@@ -216,12 +217,14 @@ TEST_P(EngineSpec, KdaReplayEqualsTokenByTokenDecodeBitForBit) {
   model::SequenceInput vin{drafts, &b, model::StepKind::decode, /*verify=*/true};
   const core::Tensor verify_logits = m.forward(kv, std::span(&vin, 1), model::LogitRows::verify, nullptr, &capture);
   ASSERT_EQ(verify_logits.dim(0), 5);
-  for (int i = 0; i < 3; ++i) EXPECT_TRUE(rows_equal(verify_logits, i, decode_logits[static_cast<size_t>(i)], 0)) << "row " << i;
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(rows_equal(verify_logits, i, decode_logits[static_cast<size_t>(i)], 0)) << "row " << i;
   size_t at = 0;
   for (int l = 0; l < m.config().num_hidden_layers; ++l)
     if (m.config().attn_kind(l) == config::AttnKind::kda) {
       EXPECT_TRUE(bits_equal(kv.kda_state(l, 1), before[at++].view())) << "verify changed the KDA state of layer " << l;
-      EXPECT_TRUE(bits_equal(kv.conv_state(l, 1), before[at++].view())) << "verify changed the conv state of layer " << l;
+      EXPECT_TRUE(bits_equal(kv.conv_state(l, 1), before[at++].view()))
+          << "verify changed the conv state of layer " << l;
     }
   // Accept 2 drafts: rows d0, d1, d2 are replayed into the slot.
   m.commit_verified(kv, capture, std::vector<int32_t>{3});
@@ -309,7 +312,8 @@ TEST_P(EngineSpec, DraftsThatNeverMatchStopCostingVerifySteps) {
   const std::vector<std::vector<GenerateRequest>> waves = {{request(tokens(21, 17), 80)}};
   auto plain = make_engine(config());
   const Outputs expected = run_waves(*plain, waves);
-  auto e = make_engine(spec_config(4), std::make_unique<OracleDrafter>(expected, true, runner_->model().config().vocab_size));
+  auto e = make_engine(spec_config(4),
+                       std::make_unique<OracleDrafter>(expected, true, runner_->model().config().vocab_size));
   EXPECT_EQ(run_waves(*e, waves), expected);
   const EngineStats s = e->stats();
   EXPECT_EQ(s.spec_num_accepted_tokens, 0);
@@ -344,7 +348,8 @@ TEST_P(EngineSpec, PreemptionAndAbortBetweenVerifyStepsLeakNothing) {
   const Outputs expected = run_waves(*roomy, waves);
   const int32_t vocab = runner_->model().config().vocab_size;
   // 20 pages of 16 for four requests growing to 90 tokens (6 pages each): preemption.
-  auto tight = make_engine(spec_config(4, spec::SpecMethod::ngram, 20), std::make_unique<OracleDrafter>(expected, false, vocab));
+  auto tight = make_engine(spec_config(4, spec::SpecMethod::ngram, 20),
+                           std::make_unique<OracleDrafter>(expected, false, vocab));
   EXPECT_EQ(run_waves(*tight, waves), expected);
   EXPECT_GT(tight->stats().preemptions, 0);
   EXPECT_GT(tight->stats().spec_num_accepted_tokens, 0);
@@ -383,7 +388,8 @@ TEST_P(EngineSpec, StopTokenAndMaxTokensCutAnAcceptedRun) {
   auto capped = e->submit(request(prompt, 7));  // max_tokens 7: drafts are capped to fit
   e->run_until_idle();
   TokenEvent last;
-  EXPECT_EQ(output(*sub.stream, &last), std::vector<int32_t>(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(f) + 1));
+  EXPECT_EQ(output(*sub.stream, &last),
+            std::vector<int32_t>(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(f) + 1));
   EXPECT_EQ(last.reason, FinishReason::stop);
   EXPECT_EQ(last.stats.output_tokens, static_cast<int64_t>(f) + 1);
   EXPECT_GT(last.stats.spec_accepted_tokens, 0);
@@ -445,7 +451,8 @@ class TapDrafter final : public spec::Drafter {
 };
 
 TEST_P(EngineSpec, DrafterObservesTheCommittedTapRows) {
-  const std::vector<std::vector<GenerateRequest>> waves = {{request(repetitive(60, 70), 20), request(tokens(61, 9), 12)}};
+  const std::vector<std::vector<GenerateRequest>> waves = {
+      {request(repetitive(60, 70), 20), request(tokens(61, 9), 12)}};
   auto plain = make_engine(config());
   const Outputs expected = run_waves(*plain, waves);
   auto drafter = std::make_unique<TapDrafter>(expected, runner_->model().config().vocab_size);
@@ -480,8 +487,7 @@ TEST_P(EngineSpec, DrafterObservesTheCommittedTapRows) {
     const model::TraceFn trace = [&](std::string_view name, int layer, const core::TensorView& v) {
       if (name != "attn_res.mix" || (layer != 1 && layer != 3)) return;
       const int64_t col = layer == 1 ? 0 : H;
-      for (int64_t r = 0; r < T; ++r)
-        std::copy_n(v.as<const float>() + r * H, H, want.data() + r * 2 * H + col);
+      for (int64_t r = 0; r < T; ++r) std::copy_n(v.as<const float>() + r * H, H, want.data() + r * 2 * H + col);
     };
     const model::SequenceInput in{committed, &st, model::StepKind::prefill};
     m.forward(kv, std::span(&in, 1), model::LogitRows::all, &trace);

@@ -33,11 +33,12 @@ std::vector<int32_t> following(std::span<const int32_t> t, int64_t end, int32_t 
 }  // namespace
 
 NgramDrafter::NgramDrafter(int32_t min_n, int32_t max_n) : min_n_(min_n), max_n_(max_n) {
-  K3_CHECK(min_n >= 1 && max_n >= min_n, "NgramDrafter: need 1 <= min_n <= max_n, got " + std::to_string(min_n) + ".." +
-                                             std::to_string(max_n));
+  K3_CHECK(min_n >= 1 && max_n >= min_n,
+           "NgramDrafter: need 1 <= min_n <= max_n, got " + std::to_string(min_n) + ".." + std::to_string(max_n));
 }
 
-std::vector<int32_t> NgramDrafter::lookup(std::span<const int32_t> t, int32_t min_n, int32_t max_n, int32_t max_drafts) {
+std::vector<int32_t> NgramDrafter::lookup(std::span<const int32_t> t, int32_t min_n, int32_t max_n,
+                                          int32_t max_drafts) {
   const auto N = static_cast<int64_t>(t.size());
   if (max_drafts <= 0) return {};
   // One backward scan: for each earlier end e (e <= N-1, so a token follows it), the length of
@@ -47,7 +48,8 @@ std::vector<int32_t> NgramDrafter::lookup(std::span<const int32_t> t, int32_t mi
   int64_t best_end = -1;
   for (int64_t e = N - 1; e >= min_n; --e) {
     int32_t len = 0;
-    while (len < max_n && e - len - 1 >= 0 && t[static_cast<size_t>(e - len - 1)] == t[static_cast<size_t>(N - len - 1)])
+    while (len < max_n && e - len - 1 >= 0 &&
+           t[static_cast<size_t>(e - len - 1)] == t[static_cast<size_t>(N - len - 1)])
       ++len;
     if (len >= min_n && len > best_len) {
       best_len = len;
@@ -60,8 +62,8 @@ std::vector<int32_t> NgramDrafter::lookup(std::span<const int32_t> t, int32_t mi
 
 void NgramDrafter::extend(Index& ix, std::span<const int32_t> prefix) const {
   // Every n-gram ending at e <= ix.tokens.size() is indexed; index the ends up to prefix.size().
-  const bool continues =
-      !ix.latest.empty() && ix.tokens.size() <= prefix.size() && std::equal(ix.tokens.begin(), ix.tokens.end(), prefix.begin());
+  const bool continues = !ix.latest.empty() && ix.tokens.size() <= prefix.size() &&
+                         std::equal(ix.tokens.begin(), ix.tokens.end(), prefix.begin());
   if (!continues) {
     ix.tokens.clear();
     ix.latest.assign(static_cast<size_t>(max_n_ - min_n_ + 1), {});

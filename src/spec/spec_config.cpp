@@ -20,7 +20,8 @@ const char* to_string(SpecMethod m) {
 SpecMethod parse_spec_method(std::string_view name) {
   for (SpecMethod m : {SpecMethod::none, SpecMethod::ngram, SpecMethod::synthetic, SpecMethod::dspark})
     if (name == to_string(m)) return m;
-  throw core::Error("speculative method must be one of none, ngram, synthetic, dspark; got '" + std::string(name) + "'");
+  throw core::Error("speculative method must be one of none, ngram, synthetic, dspark; got '" + std::string(name) +
+                    "'");
 }
 
 void SpeculativeConfig::validate() const {
@@ -41,12 +42,14 @@ void SpeculativeConfig::validate() const {
 
 std::string describe(const SpeculativeConfig& c) {
   if (!c.enabled()) return "speculative decoding off";
-  std::string s = std::string("speculative method ") + to_string(c.method) + ", K = " +
-                  std::to_string(c.num_speculative_tokens) + (c.adaptive ? " (adaptive)" : "");
-  if (c.method == SpecMethod::ngram) s += ", n-grams " + std::to_string(c.ngram_max) + ".." + std::to_string(c.ngram_min);
+  std::string s = std::string("speculative method ") + to_string(c.method) +
+                  ", K = " + std::to_string(c.num_speculative_tokens) + (c.adaptive ? " (adaptive)" : "");
+  if (c.method == SpecMethod::ngram)
+    s += ", n-grams " + std::to_string(c.ngram_max) + ".." + std::to_string(c.ngram_min);
   if (c.method == SpecMethod::synthetic)
     s += ", SYNTHETIC acceptance length " +
-         std::to_string(c.synthetic_acceptance_length > 0 ? c.synthetic_acceptance_length : c.num_speculative_tokens + 1) +
+         std::to_string(c.synthetic_acceptance_length > 0 ? c.synthetic_acceptance_length
+                                                          : c.num_speculative_tokens + 1) +
          " (outputs are not the model's distribution)";
   return s;
 }
@@ -56,12 +59,13 @@ std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& c) {
   switch (c.method) {
     case SpecMethod::ngram: return std::make_unique<NgramDrafter>(c.ngram_min, c.ngram_max);
     case SpecMethod::synthetic:
-      return std::make_unique<SyntheticDrafter>(
-          c.synthetic_acceptance_length > 0 ? c.synthetic_acceptance_length : c.num_speculative_tokens + 1);
+      return std::make_unique<SyntheticDrafter>(c.synthetic_acceptance_length > 0 ? c.synthetic_acceptance_length
+                                                                                  : c.num_speculative_tokens + 1);
     case SpecMethod::none: throw core::Error("make_drafter: speculative method is none");
     case SpecMethod::dspark:
-      throw core::Error("make_drafter: the dspark drafter needs the target model; build it with src/draft/ and pass it "
-                        "to the Engine");
+      throw core::Error(
+          "make_drafter: the dspark drafter needs the target model; build it with src/draft/ and pass it "
+          "to the Engine");
   }
   return nullptr;
 }

@@ -105,7 +105,8 @@ std::vector<float> peaked_rows(const std::vector<int32_t>& argmax, int32_t V) {
   std::vector<float> rows(argmax.size() * static_cast<size_t>(V));
   for (size_t j = 0; j < argmax.size(); ++j)
     for (int32_t v = 0; v < V; ++v)
-      rows[j * static_cast<size_t>(V) + static_cast<size_t>(v)] = v == argmax[j] ? 3.0f : -0.1f * static_cast<float>(v % 7);
+      rows[j * static_cast<size_t>(V) + static_cast<size_t>(v)] = v == argmax[j] ? 3.0f
+                                                                                 : -0.1f * static_cast<float>(v % 7);
   return rows;
 }
 
@@ -144,9 +145,9 @@ TEST(Acceptance, PenaltiesSeeTheAcceptedDrafts) {
   p.presence_penalty = 2.0f;
   runner::Sampler s(p, V);
   std::vector<float> rows(2 * V, 0.0f);
-  rows[5] = 3.0f;            // row 0: 5
-  rows[V + 5] = 3.0f;        // row 1: 5 (before the penalty) ...
-  rows[V + 6] = 2.0f;        // ... 6 after it (3 - 2 = 1 < 2)
+  rows[5] = 3.0f;      // row 0: 5
+  rows[V + 5] = 3.0f;  // row 1: 5 (before the penalty) ...
+  rows[V + 6] = 2.0f;  // ... 6 after it (3 - 2 = 1 < 2)
   std::vector<int32_t> scratch;
   Verified v;
   accept_point_mass(s, rows, V, std::vector<int32_t>{1}, std::vector<int32_t>{}, std::vector<int32_t>{5}, v, scratch);
@@ -170,8 +171,9 @@ TEST(Acceptance, SampledTokensEqualPlainSamplingWithTheSameSeed) {
     std::vector<int32_t> drafts(static_cast<size_t>(k));
     runner::Sampler plain(p, V);
     for (int j = 0; j < k; ++j)  // plausible drafts: often what plain sampling picks
-      drafts[static_cast<size_t>(j)] = rng.uniform() < 0.7 ? plain.sample(std::span(rows).subspan(static_cast<size_t>(j) * V, V), {}, {}).token
-                                                           : static_cast<int32_t>(rng.next_u64() % V);
+      drafts[static_cast<size_t>(j)] =
+          rng.uniform() < 0.7 ? plain.sample(std::span(rows).subspan(static_cast<size_t>(j) * V, V), {}, {}).token
+                              : static_cast<int32_t>(rng.next_u64() % V);
     runner::Sampler a(p, V), b(p, V);
     std::vector<int32_t> scratch;
     Verified v;
@@ -179,7 +181,8 @@ TEST(Acceptance, SampledTokensEqualPlainSamplingWithTheSameSeed) {
     for (size_t j = 0; j < v.tokens.size(); ++j)
       EXPECT_EQ(v.tokens[j].token, b.sample(std::span(rows).subspan(j * V, V), {}, {}).token);
     // The Rngs are in step: the next draws agree too.
-    for (int j = 0; j < 3; ++j) EXPECT_EQ(a.sample(std::span(rows).first(V), {}, {}).token, b.sample(std::span(rows).first(V), {}, {}).token);
+    for (int j = 0; j < 3; ++j)
+      EXPECT_EQ(a.sample(std::span(rows).first(V), {}, {}).token, b.sample(std::span(rows).first(V), {}, {}).token);
   }
 }
 
@@ -194,7 +197,7 @@ TEST(Acceptance, SyntheticAcceptsExactlyAlMinusOne) {
   ASSERT_EQ(v.tokens.size(), 3u);
   EXPECT_EQ(v.tokens[0].token, 9);
   EXPECT_EQ(v.tokens[1].token, 9);
-  EXPECT_EQ(v.tokens[2].token, 3);  // the target's token at row 2
+  EXPECT_EQ(v.tokens[2].token, 3);                                                      // the target's token at row 2
   accept_synthetic(s, peaked_rows({1, 2, 3, 4}, V), V, {}, {}, drafts, 9, v, scratch);  // AL > k+1: all
   EXPECT_EQ(v.num_accepted, 3);
   EXPECT_EQ(v.tokens.back().token, 4);
@@ -202,7 +205,8 @@ TEST(Acceptance, SyntheticAcceptsExactlyAlMinusOne) {
 
 // The distribution rejection_step produces, integrated over a stratified N x N grid of
 // (u_accept, u_residual): each cell's outcome is weighted 1/N^2.
-std::vector<double> outcome_distribution(const std::vector<float>& p, const std::vector<float>& q, int32_t draft, int N) {
+std::vector<double> outcome_distribution(const std::vector<float>& p, const std::vector<float>& q, int32_t draft,
+                                         int N) {
   std::vector<double> dist(p.size(), 0.0);
   for (int i = 0; i < N; ++i)
     for (int j = 0; j < N; ++j) {
@@ -230,8 +234,8 @@ TEST(RejectionStep, PointMassAndGeneralQGiveExactlyP) {
   }
   for (size_t i = 0; i < p.size(); ++i) EXPECT_NEAR(mix[i], p[i], 4.0 / N) << "token " << i;
   // Accept probability exactly min(1, p/q) at the boundary.
-  EXPECT_TRUE(rejection_step(p, q, 1, 0.999, 0.5).accepted);        // p/q = 4 >= 1: always
-  EXPECT_TRUE(rejection_step(p, q, 0, 0.333, 0.5).accepted);        // p/q = 1/3
+  EXPECT_TRUE(rejection_step(p, q, 1, 0.999, 0.5).accepted);  // p/q = 4 >= 1: always
+  EXPECT_TRUE(rejection_step(p, q, 0, 0.333, 0.5).accepted);  // p/q = 1/3
   EXPECT_FALSE(rejection_step(p, q, 0, 0.334, 0.5).accepted);
   EXPECT_THROW(rejection_step(p, q, 7, 0.1, 0.1), core::Error);
   EXPECT_THROW(rejection_step(p, std::vector<float>{1.0f}, 0, 0.1, 0.1), core::Error);

@@ -6,8 +6,8 @@
 namespace k3::spec {
 
 SyntheticDrafter::SyntheticDrafter(int32_t acceptance_length) : acceptance_length_(acceptance_length) {
-  K3_CHECK(acceptance_length >= 1, "SyntheticDrafter: acceptance_length must be >= 1, got " +
-                                       std::to_string(acceptance_length));
+  K3_CHECK(acceptance_length >= 1,
+           "SyntheticDrafter: acceptance_length must be >= 1, got " + std::to_string(acceptance_length));
 }
 
 void SyntheticDrafter::propose(std::span<const DraftQuery> batch, std::span<Draft> out) {

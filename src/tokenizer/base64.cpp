@@ -49,10 +49,8 @@ std::string base64_encode(std::string_view bytes) {
   for (size_t i = 0; i < bytes.size(); i += 3) {
     const size_t n = bytes.size() - i < 3 ? bytes.size() - i : 3;
     uint32_t acc = 0;
-    for (size_t k = 0; k < 3; ++k)
-      acc = (acc << 8) | (k < n ? static_cast<unsigned char>(bytes[i + k]) : 0u);
-    for (size_t k = 0; k < 4; ++k)
-      out.push_back(k <= n ? kAlphabet[(acc >> (18 - 6 * k)) & 0x3F] : '=');
+    for (size_t k = 0; k < 3; ++k) acc = (acc << 8) | (k < n ? static_cast<unsigned char>(bytes[i + k]) : 0u);
+    for (size_t k = 0; k < 4; ++k) out.push_back(k <= n ? kAlphabet[(acc >> (18 - 6 * k)) & 0x3F] : '=');
   }
   return out;
 }

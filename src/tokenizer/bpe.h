@@ -28,9 +28,9 @@ class RankTable {
   };
   void grow();
   void place(const Slot& slot, uint32_t long_offset);
-  std::string long_bytes_;               // keys longer than 8 bytes
-  std::vector<Slot> slots_;              // power-of-two size
-  std::vector<uint32_t> long_offset_;    // [slot] offset in long_bytes_ (long keys only)
+  std::string long_bytes_;             // keys longer than 8 bytes
+  std::vector<Slot> slots_;            // power-of-two size
+  std::vector<uint32_t> long_offset_;  // [slot] offset in long_bytes_ (long keys only)
   size_t size_ = 0;
 };
 

@@ -1,9 +1,10 @@
 // tokenizer/bpe_test.cpp: the rank table, and the two byte-pair merge strategies (linear scan,
 // heap) agreeing with each other and with a naive reference merge on odd-length pieces.
+#include "tokenizer/bpe.h"
+
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
-#include "tokenizer/bpe.h"
 #include "tokenizer/tiny_tokenizer.h"
 
 namespace k3::tokenizer {

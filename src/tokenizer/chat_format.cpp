@@ -117,7 +117,7 @@ void render_content(Builder& b, const json& message, const std::string& path) {
 struct ToolCall {
   std::optional<std::string> id;
   std::string name;
-  json arguments = json::object();  // typed arguments, rendered one <argument> each
+  json arguments = json::object();        // typed arguments, rendered one <argument> each
   std::optional<std::string> json_block;  // arguments text that is not JSON, rendered as is
 };
 
@@ -180,7 +180,8 @@ void render_tool_declare(Builder& b, const json& tools, bool dynamic) {
     b.system_message("tool-declare",
                      "## New Tools Available\nThe system dynamically extends the toolset via lazy-loading.\n"
                      "You have access to all existing and extended tools.\n"
-                     "Here are the specs for the extended tools.\n\n```json\n" + schema + "\n```");
+                     "Here are the specs for the extended tools.\n\n```json\n" +
+                         schema + "\n```");
   } else {
     b.system_message("tool-declare",
                      "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n" + schema + "\n```");
@@ -223,7 +224,7 @@ void render_assistant(Builder& b, const json& m, const std::vector<ToolCall>& ca
 struct Message {
   const json* src;
   std::string path, role;
-  std::vector<ToolCall> calls;     // assistant
+  std::vector<ToolCall> calls;      // assistant
   std::optional<std::string> tool;  // tool: name from "tool" / "name" or the matched call
   bool has_tool_key = false;        // tool: "tool" present (it wins over "name", even if null)
 };
@@ -311,7 +312,8 @@ std::vector<ChatSegment> render_chat_segments(const json& messages, const json& 
     b.system_message("thinking-effort",
                      "`thinking_effort` guides on how much to think in your thinking channel (not including the "
                      "response channel), supported values include `low`, `medium`, `high`, and `max`.\n"
-                     "Now the system is invoked with `thinking_effort=" + effort + "`.");
+                     "Now the system is invoked with `thinking_effort=" +
+                         effort + "`.");
 
   const std::vector<ToolCall>* prior_calls = nullptr;
   size_t tool_index = 0;
@@ -338,8 +340,9 @@ std::vector<ChatSegment> render_chat_segments(const json& messages, const json& 
       std::optional<std::string> name = msg.tool;
       if (!name && prior_calls && tool_index <= prior_calls->size()) name = (*prior_calls)[tool_index - 1].name;
       if (!name)
-        bad(msg.path, "is a tool result with no resolvable tool name: give \"tool_call_id\" of an earlier call, "
-                      "or \"name\"");
+        bad(msg.path,
+            "is a tool result with no resolvable tool name: give \"tool_call_id\" of an earlier call, "
+            "or \"name\"");
       b.open("message", {{"role", "tool"}, {"tool", *name}, {"index", std::to_string(tool_index)}});
       render_content(b, m, msg.path);
       b.close("message");
@@ -356,8 +359,7 @@ std::vector<ChatSegment> render_chat_segments(const json& messages, const json& 
     std::string body = "The system is invoked with ";
     if (!options.forced_tool.empty())
       body += "`tool_choice=" + options.forced_tool + "`.\nYou MUST call the tool `" + options.forced_tool + "`";
-    else
-      body += "`parallel_tool_calls=false`.\nYou MUST NOT call more than one tool";
+    else body += "`parallel_tool_calls=false`.\nYou MUST NOT call more than one tool";
     if (!options.forced_tool.empty() && !options.parallel_tool_calls) body += ", exactly once,";
     b.system_message("tool-choice", body + " in the next message.");
   }

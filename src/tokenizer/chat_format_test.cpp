@@ -2,10 +2,11 @@
 // Kimi-K3 chat template (llama.cpp models/templates/Kimi-K3.jinja), applied by hand to each sample
 // conversation; see docs/validation/chat_template.md for the source, the template variables used
 // and how each expected string was produced. Plus segment boundaries, ids, and bad input.
+#include "tokenizer/chat_format.h"
+
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "tokenizer/chat_format.h"
 #include "tokenizer/k3_tokens.h"
 #include "tokenizer/tokenizer_test_util.h"
 
@@ -19,6 +20,9 @@ using json = nlohmann::ordered_json;
 #define C "<|close|>"
 #define S "<|sep|>"
 #define E "<|end_of_msg|>"
+// The expected texts are laid out one message per line out of these markers; clang-format would
+// reflow them into one run.
+// clang-format off
 
 std::string render(const char* messages, const char* tools, ChatOptions opt) {
   return render_chat(json::parse(messages), tools ? json::parse(tools) : json(), opt);
@@ -281,3 +285,4 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace k3::tokenizer
+// clang-format on

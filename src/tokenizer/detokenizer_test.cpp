@@ -1,9 +1,10 @@
 // tokenizer/detokenizer_test.cpp: the incremental detokenizer never emits broken UTF-8, holds at
 // most an incomplete character, and its output joined equals the one-shot decode.
+#include "tokenizer/detokenizer.h"
+
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "tokenizer/detokenizer.h"
 #include "tokenizer/k3_tokens.h"
 #include "tokenizer/tokenizer_test_util.h"
 #include "tokenizer/utf8.h"
@@ -43,8 +44,8 @@ TEST(IncrementalDetokenizer, RandomStreamsMatchOneShotDecode) {
     for (size_t i = 0; i < n; ++i) {
       const uint64_t r = rng.next_u64();
       // Mostly single bytes (>= 0x80 half the time, to split characters), some merges and specials.
-      ids.push_back(r % 4 == 0 ? static_cast<int32_t>(256 + r % 512)
-                    : r % 4 == 1 ? static_cast<int32_t>(0x80 + r % 0x80)
+      ids.push_back(r % 4 == 0    ? static_cast<int32_t>(256 + r % 512)
+                    : r % 4 == 1  ? static_cast<int32_t>(0x80 + r % 0x80)
                     : r % 16 == 2 ? tok.special_id_or_throw(k3_tokens::kSep)
                                   : static_cast<int32_t>(r % 256));
     }

@@ -45,8 +45,7 @@ std::map<std::string, std::vector<Case>> read_test_plans(const fs::path& file) {
     if (l1 == std::string::npos || l2 == std::string::npos) continue;
     const std::string name = record.substr(0, l1), sample = record.substr(l1 + 1, l2 - l1 - 1),
                       encoded = record.substr(l2 + 1);
-    if (name.rfind("EncodingName: ", 0) != 0 || sample.rfind("Sample: ", 0) != 0 ||
-        encoded.rfind("Encoded: ", 0) != 0)
+    if (name.rfind("EncodingName: ", 0) != 0 || sample.rfind("Sample: ", 0) != 0 || encoded.rfind("Encoded: ", 0) != 0)
       continue;
     Case c{sample.substr(8), nlohmann::json::parse(encoded.substr(9)).get<std::vector<int32_t>>()};
     plans[name.substr(14)].push_back(std::move(c));
@@ -63,12 +62,19 @@ struct Encoding {
 
 std::vector<Encoding> encodings() {
   return {
-      {"cl100k_base", "cl100k_base.tiktoken", patterns::kCl100k,
-       {{"<|endoftext|>", 100257}, {"<|fim_prefix|>", 100258}, {"<|fim_middle|>", 100259},
-        {"<|fim_suffix|>", 100260}, {"<|endofprompt|>", 100276}}},
+      {"cl100k_base",
+       "cl100k_base.tiktoken",
+       patterns::kCl100k,
+       {{"<|endoftext|>", 100257},
+        {"<|fim_prefix|>", 100258},
+        {"<|fim_middle|>", 100259},
+        {"<|fim_suffix|>", 100260},
+        {"<|endofprompt|>", 100276}}},
       {"o200k_base", "o200k_base.tiktoken", patterns::kO200k, {{"<|endoftext|>", 199999}, {"<|endofprompt|>", 200018}}},
       {"p50k_base", "p50k_base.tiktoken", patterns::kR50k, {{"<|endoftext|>", 50256}}},
-      {"p50k_edit", "p50k_base.tiktoken", patterns::kR50k,
+      {"p50k_edit",
+       "p50k_base.tiktoken",
+       patterns::kR50k,
        {{"<|endoftext|>", 50256}, {"<|fim_prefix|>", 50281}, {"<|fim_middle|>", 50282}, {"<|fim_suffix|>", 50283}}},
       {"r50k_base", "r50k_base.tiktoken", patterns::kR50k, {{"<|endoftext|>", 50256}}},
   };

@@ -137,7 +137,8 @@ void OutputParser::stream_string_value(std::vector<OutputEvent>& events, bool fi
   size_t end = value_.size();
   if (!final) {  // hold back a character whose bytes have not all arrived
     size_t lead = end;
-    while (lead > value_streamed_ && end - lead < 4 && (static_cast<unsigned char>(value_[lead - 1]) & 0xC0) == 0x80) --lead;
+    while (lead > value_streamed_ && end - lead < 4 && (static_cast<unsigned char>(value_[lead - 1]) & 0xC0) == 0x80)
+      --lead;
     if (lead > value_streamed_) {
       const auto b = static_cast<unsigned char>(value_[lead - 1]);
       const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
@@ -200,7 +201,8 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
   if (!before.empty()) {
     if (in_channel || state_ == State::between) {
       events.push_back({state_ == State::think ? OutputEvent::Kind::reasoning : OutputEvent::Kind::content,
-                        std::string(before), {}});
+                        std::string(before),
+                        {}});
     } else if (state_ == State::argument || state_ == State::json) {
       value_ += before;
       if (state_ == State::argument && arg_type_ == "string") stream_string_value(events, false);
@@ -210,7 +212,8 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
         if (!call_failed_) call_failed_ = true, error_ = what + " inside the call";
       } else {
         events.push_back({OutputEvent::Kind::error,
-                          what + (state_ == State::tools ? " in the tools block" : " after the message closed"), {}});
+                          what + (state_ == State::tools ? " in the tools block" : " after the message closed"),
+                          {}});
       }
     }
     if (in_call()) call_raw_ += before;
@@ -353,8 +356,7 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
       consume();
       events.push_back({OutputEvent::Kind::error, "unexpected " + marker + " after the message closed", {}});
       return true;
-    case State::done:
-      break;
+    case State::done: break;
   }
   return false;
 }

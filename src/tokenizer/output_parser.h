@@ -28,8 +28,8 @@ struct ParsedToolCall {
 
 struct OutputEvent {
   enum class Kind : uint8_t {
-    reasoning,        // text: a piece of the think channel
-    content,          // text: a piece of the response channel
+    reasoning,            // text: a piece of the think channel
+    content,              // text: a piece of the response channel
     tool_call_begin,      // call.index and call.name known (arguments still streaming)
     tool_call_arguments,  // text: the next piece of call.index's arguments JSON, as generated:
                           // the pieces of a call that completes concatenate to its arguments
@@ -74,8 +74,8 @@ class OutputParser {
   ParsedToolCall call_;
   std::vector<std::pair<std::string, std::string>> args_;  // (key, JSON value) of the open call
   std::string arg_key_, arg_type_, value_;
-  std::string call_raw_;        // the open call's text so far
-  size_t value_streamed_ = 0;   // bytes of value_ already streamed (string values)
+  std::string call_raw_;         // the open call's text so far
+  size_t value_streamed_ = 0;    // bytes of value_ already streamed (string values)
   bool arguments_open_ = false;  // "{" of the open call's arguments has been streamed
   bool has_json_block_ = false;
   std::string error_;

@@ -20,6 +20,9 @@ using json = nlohmann::ordered_json;
 #define C "<|close|>"
 #define S "<|sep|>"
 #define E "<|end_of_msg|>"
+// The expected texts are laid out one message per line out of these markers; clang-format would
+// reflow them into one run.
+// clang-format off
 
 static_assert(k3_tokens::kOpen == O && k3_tokens::kClose == C && k3_tokens::kSep == S && k3_tokens::kEndOfMsg == E);
 
@@ -319,3 +322,4 @@ TEST(OutputParserStream, CallAfterAnUnclosedThinkChannel) {
 
 }  // namespace
 }  // namespace k3::tokenizer
+// clang-format on

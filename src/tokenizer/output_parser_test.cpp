@@ -1,11 +1,12 @@
 // tokenizer/output_parser_test.cpp: parsing K3 assistant output (think / response channels,
 // typed tool calls, json blocks) at once and streamed in any chunking, round trips through the
 // chat renderer, and malformed calls reported as errors instead of calls.
+#include "tokenizer/output_parser.h"
+
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
 #include "tokenizer/chat_format.h"
-#include "tokenizer/output_parser.h"
 
 namespace k3::tokenizer {
 namespace {
@@ -16,6 +17,9 @@ using json = nlohmann::ordered_json;
 #define C "<|close|>"
 #define S "<|sep|>"
 #define E "<|end_of_msg|>"
+// The expected texts are laid out one message per line out of these markers; clang-format would
+// reflow them into one run.
+// clang-format off
 
 // Streams `text` in chunks of the given sizes (cycled) and folds the events like parse_output.
 ParsedOutput parse_streamed(std::string_view text, Channel start, const std::vector<size_t>& sizes) {
@@ -215,3 +219,4 @@ TEST(OutputParser, RandomGarbageNeverCrashesAndNeverLeaksMarkers) {
 
 }  // namespace
 }  // namespace k3::tokenizer
+// clang-format on

@@ -18,9 +18,8 @@ constexpr std::string_view kWhiteSpace =
     R"(\x{9}-\x{d}\x{20}\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000})";
 
 constexpr std::array<std::string_view, 38> kGeneralCategories = {
-    "L",  "Lu", "Ll", "Lt", "Lm", "Lo", "M",  "Mn", "Mc", "Me", "N",  "Nd", "Nl",
-    "No", "P",  "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "S",  "Sm", "Sc", "Sk",
-    "So", "Z",  "Zs", "Zl", "Zp", "C",  "Cc", "Cf", "Cs", "Co", "Cn", "Any"};
+    "L",  "Lu", "Ll", "Lt", "Lm", "Lo", "M",  "Mn", "Mc", "Me", "N",  "Nd", "Nl", "No", "P",  "Pc", "Pd", "Ps", "Pe",
+    "Pi", "Pf", "Po", "S",  "Sm", "Sc", "Sk", "So", "Z",  "Zs", "Zl", "Zp", "C",  "Cc", "Cf", "Cs", "Co", "Cn", "Any"};
 
 [[noreturn]] void unsupported(std::string_view pattern, size_t at, std::string_view what) {
   throw core::Error("split pattern: " + std::string(what) + " at offset " + std::to_string(at) +
@@ -170,8 +169,8 @@ Pretokenizer::Pretokenizer(std::string_view pattern)
                               PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
   if (!code_->code)
     throw core::Error("split pattern does not compile: " + pcre2_message(error) + " at offset " +
-                      std::to_string(offset) + " of the PCRE2 form '" + pcre2_pattern_ +
-                      "' (published form: '" + pattern_ + "')");
+                      std::to_string(offset) + " of the PCRE2 form '" + pcre2_pattern_ + "' (published form: '" +
+                      pattern_ + "')");
   jit_ = pcre2_jit_compile(code_->code, PCRE2_JIT_COMPLETE) == 0;
 }
 

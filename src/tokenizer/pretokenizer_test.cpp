@@ -1,9 +1,10 @@
 // tokenizer/pretokenizer_test.cpp: the tiktoken -> PCRE2 pattern translation and the split
 // itself (the Kimi pattern on mixed-script text, very long runs, unmatched input, bad patterns).
+#include "tokenizer/pretokenizer.h"
+
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "tokenizer/pretokenizer.h"
 #include "tokenizer/split_patterns.h"
 
 namespace k3::tokenizer {
@@ -12,7 +13,8 @@ namespace {
 using Pieces = std::vector<std::string>;
 
 TEST(PatternTranslation, RewritesOnlyWhatDiffers) {
-  const std::string ws = R"(\x{9}-\x{d}\x{20}\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000})";
+  const std::string ws =
+      R"(\x{9}-\x{d}\x{20}\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000})";
   EXPECT_EQ(translate_pattern_for_pcre2(R"(\s+(?!\S))"), "[" + ws + "]+(?![^" + ws + "])");
   EXPECT_EQ(translate_pattern_for_pcre2(R"([^\s\p{L}\p{N}])"), "[^" + ws + R"(\p{L}\p{N}])");
   EXPECT_EQ(translate_pattern_for_pcre2(R"([\p{Han}]+)"), R"([\p{sc:Han}]+)");

@@ -68,9 +68,7 @@ void dump(const nlohmann::ordered_json& v, bool compact, std::string& out) {
       out += ']';
       return;
     }
-    case T::number_float:
-      out += py_float(v.get<double>());
-      return;
+    case T::number_float: out += py_float(v.get<double>()); return;
     default:  // strings (escapes: \" \\ \b \f \n \r \t, \u00XX for other controls), ints, bools, null
       out += v.dump();
       return;

@@ -76,9 +76,8 @@ std::vector<std::pair<std::vector<int32_t>, int64_t>> training_words() {
 }  // namespace
 
 TinyVocab build_tiny_vocab(int32_t vocab_size) {
-  K3_CHECK(vocab_size >= kMinTinyVocab, "tiny tokenizer: vocab_size " + std::to_string(vocab_size) +
-                                            " is below " + std::to_string(kMinTinyVocab) +
-                                            " (256 byte tokens + 256 special slots)");
+  K3_CHECK(vocab_size >= kMinTinyVocab, "tiny tokenizer: vocab_size " + std::to_string(vocab_size) + " is below " +
+                                            std::to_string(kMinTinyVocab) + " (256 byte tokens + 256 special slots)");
   TinyVocab vocab;
   vocab.first_special = vocab_size - Tokenizer::kReservedSpecialSlots;
   std::vector<std::string> tokens;  // bytes by rank
@@ -148,8 +147,8 @@ bool write_tiny_tokenizer(int32_t vocab_size, const fs::path& dir) {
   for (const auto& [bytes, rank] : vocab.ranks) model += base64_encode(bytes) + " " + std::to_string(rank) + "\n";
   nlohmann::ordered_json added = nlohmann::ordered_json::object();
   for (const SpecialToken& s : vocab.specials)
-    added[std::to_string(s.id)] = {{"content", s.text}, {"lstrip", false}, {"normalized", false},
-                                   {"rstrip", false}, {"single_word", false}, {"special", s.special}};
+    added[std::to_string(s.id)] = {{"content", s.text}, {"lstrip", false},      {"normalized", false},
+                                   {"rstrip", false},   {"single_word", false}, {"special", s.special}};
   const nlohmann::ordered_json config = {
       {"added_tokens_decoder", added},
       {"bos_token", k3_tokens::kBos},

@@ -17,8 +17,8 @@ inline constexpr int32_t kMinTinyVocab = 256 + Tokenizer::kReservedSpecialSlots;
 
 struct TinyVocab {
   std::vector<std::pair<std::string, int32_t>> ranks;  // ids 0 .. vocab_size - 257
-  std::vector<SpecialToken> specials;                   // the named K3 slots (k3_tokens.h)
-  int32_t first_special = 0;                            // = vocab_size - 256
+  std::vector<SpecialToken> specials;                  // the named K3 slots (k3_tokens.h)
+  int32_t first_special = 0;                           // = vocab_size - 256
 };
 
 // vocab_size ids: 256 single bytes (rank = byte value), then merges learned by byte-pair

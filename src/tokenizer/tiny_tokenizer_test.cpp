@@ -6,8 +6,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/error.h"
 #include "config/k3_config.h"
+#include "core/error.h"
 #include "tokenizer/k3_tokens.h"
 #include "tokenizer/tokenizer_test_util.h"
 

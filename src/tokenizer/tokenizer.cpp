@@ -42,8 +42,8 @@ Tokenizer::Tokenizer(std::vector<std::pair<std::string, int32_t>> ranks, std::ve
   for (const auto& [bytes, rank] : ranks) {
     K3_CHECK(!bytes.empty(), "tokenizer: rank " + std::to_string(rank) + " has empty token bytes");
     place(rank, bytes, 1, "rank " + std::to_string(rank));
-    K3_CHECK(table_.add(bytes, rank), "tokenizer: rank " + std::to_string(rank) +
-                                          " repeats the token bytes of rank " + std::to_string(table_.find(bytes)));
+    K3_CHECK(table_.add(bytes, rank), "tokenizer: rank " + std::to_string(rank) + " repeats the token bytes of rank " +
+                                          std::to_string(table_.find(bytes)));
     if (bytes.size() == 1) byte_rank_[static_cast<unsigned char>(bytes[0])] = rank;
   }
   for (int b = 0; b < 256; ++b)
@@ -53,7 +53,8 @@ Tokenizer::Tokenizer(std::vector<std::pair<std::string, int32_t>> ranks, std::ve
   for (const SpecialToken& s : specials) {
     K3_CHECK(!s.text.empty(), "tokenizer: special token id " + std::to_string(s.id) + " has empty text");
     K3_CHECK(seen.emplace(s.text, s.id).second, "tokenizer: special token '" + s.text + "' has two ids (" +
-                                                    std::to_string(seen[s.text]) + " and " + std::to_string(s.id) + ")");
+                                                    std::to_string(seen[s.text]) + " and " + std::to_string(s.id) +
+                                                    ")");
     place(s.id, s.text, s.special ? 3 : 2, "special token '" + s.text + "'");
     special_first_byte_[static_cast<unsigned char>(s.text[0])] = true;
   }
@@ -113,8 +114,7 @@ void Tokenizer::encode_append(std::string_view text, Specials specials, std::vec
   const size_t bad = utf8::first_invalid(text);
   if (bad != utf8::kValid)
     throw core::Error("tokenizer: input text is not valid UTF-8 (ill-formed byte " +
-                      hex_byte(static_cast<unsigned char>(text[bad])) + " at byte offset " +
-                      std::to_string(bad) + ")");
+                      hex_byte(static_cast<unsigned char>(text[bad])) + " at byte offset " + std::to_string(bad) + ")");
   if (!options_.kimi_chunking) return encode_chunk(text, specials, out);
   // Kimi: 400k-character chunks; inside each, a slice is cut where a run of same-class
   // (whitespace or not) characters would exceed 25k characters. Slices are encoded apart.

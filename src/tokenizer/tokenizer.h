@@ -63,8 +63,8 @@ class Tokenizer {
   std::string decode_bytes(std::span<const int32_t> ids, bool skip_special = false) const;
   std::string_view token_bytes(int32_t id) const;  // throws for an unknown id
 
-  bool is_special(int32_t id) const;          // any special-token id (flag or not)
-  bool is_skippable(int32_t id) const;        // special with special == true
+  bool is_special(int32_t id) const;    // any special-token id (flag or not)
+  bool is_skippable(int32_t id) const;  // special with special == true
   std::optional<int32_t> special_id(std::string_view text) const;
   int32_t special_id_or_throw(std::string_view text) const;
   const std::vector<SpecialToken>& specials() const { return specials_; }
@@ -91,9 +91,9 @@ class Tokenizer {
   struct Span {
     uint32_t offset, length;  // in token_bytes_; length UINT32_MAX: unused id
   };
-  std::string token_bytes_;           // all tokens' bytes
-  std::vector<Span> spans_;           // [vocab_size]
-  std::vector<uint8_t> token_kind_;   // [vocab_size] 0 unused, 1 rank, 2 special, 3 skippable special
+  std::string token_bytes_;          // all tokens' bytes
+  std::vector<Span> spans_;          // [vocab_size]
+  std::vector<uint8_t> token_kind_;  // [vocab_size] 0 unused, 1 rank, 2 special, 3 skippable special
 };
 
 }  // namespace k3::tokenizer

@@ -62,7 +62,8 @@ std::vector<std::pair<std::string, int32_t>> Tokenizer::read_tiktoken_file(const
              "tokenizer: " + where + "'" + std::string(b64.substr(0, 80)) + "' is not valid base64 token bytes");
     K3_CHECK(!rank_text.empty() && rank_text.size() <= 10 &&
                  rank_text.find_first_not_of("0123456789") == std::string_view::npos,
-             "tokenizer: " + where + "rank '" + std::string(rank_text.substr(0, 20)) + "' is not a non-negative integer");
+             "tokenizer: " + where + "rank '" + std::string(rank_text.substr(0, 20)) +
+                 "' is not a non-negative integer");
     const long long rank = std::stoll(std::string(rank_text));
     K3_CHECK(rank < INT32_MAX / 2, "tokenizer: " + where + "rank " + std::string(rank_text) + " is too large");
     const auto r = static_cast<int32_t>(rank);
@@ -70,8 +71,8 @@ std::vector<std::pair<std::string, int32_t>> Tokenizer::read_tiktoken_file(const
     K3_CHECK(rank_new, "tokenizer: " + where + "duplicate rank " + std::to_string(r) + " (first on line " +
                            std::to_string(rank_it->second) + ")");
     const auto [bytes_it, bytes_new] = line_of_bytes.emplace(*bytes, line_no);
-    K3_CHECK(bytes_new, "tokenizer: " + where + "token bytes duplicate those of line " +
-                            std::to_string(bytes_it->second));
+    K3_CHECK(bytes_new,
+             "tokenizer: " + where + "token bytes duplicate those of line " + std::to_string(bytes_it->second));
     ranks.emplace_back(std::move(*bytes), r);
   }
   K3_CHECK(!ranks.empty(), "tokenizer: " + file.string() + " has no ranks");
@@ -128,8 +129,8 @@ Tokenizer Tokenizer::load_k3(const fs::path& dir) {
     const std::string content = token_content(config, key, config_file);
     if (content.empty()) return std::nullopt;
     const auto id = tok.special_id(content);
-    K3_CHECK(id.has_value(), "tokenizer: " + config_file.string() + ": " + key + " '" + content +
-                                 "' is not one of the added tokens");
+    K3_CHECK(id.has_value(),
+             "tokenizer: " + config_file.string() + ": " + key + " '" + content + "' is not one of the added tokens");
     return id;
   };
   tok.bos_id = resolve("bos_token");

@@ -53,7 +53,8 @@ TEST(Tokenizer, SpecialTokensOnlyWhenAllowed) {
   EXPECT_EQ(std::count(mixed.begin(), mixed.end(), open), 1);
   EXPECT_EQ(std::count(mixed.begin(), mixed.end(), sep), 1);
   // The text between specials is split on its own: "message" is encoded as if alone.
-  EXPECT_EQ(mixed, concat(concat(concat(concat(tok.encode("a"), {open}), tok.encode("message")), {sep}), tok.encode("b")));
+  EXPECT_EQ(mixed,
+            concat(concat(concat(concat(tok.encode("a"), {open}), tok.encode("message")), {sep}), tok.encode("b")));
   EXPECT_EQ(tok.decode(mixed), "a<|open|>message<|sep|>b");
   EXPECT_EQ(tok.decode(mixed, /*skip_special=*/true), "amessageb");
   // Reserved slots have names and ids too.
@@ -163,11 +164,14 @@ std::vector<BadFolder> bad_folders() {
       {"sparse_ranks", good + "YWJjZGVmZw== 5000\n", cfg, "ranks must be dense"},
       {"config_not_json", good, "{\"added_tokens_decoder\": ", "is not valid JSON"},
       {"id_not_number", good, R"({"added_tokens_decoder": {"x": {"content": "a"}}})", "the key must be a token id"},
-      {"id_in_ranks", good, R"({"added_tokens_decoder": {"5": {"content": "a"}}})", "outside the special range 768..1023"},
+      {"id_in_ranks", good, R"({"added_tokens_decoder": {"5": {"content": "a"}}})",
+       "outside the special range 768..1023"},
       {"id_past_slots", good, R"({"added_tokens_decoder": {"1024": {"content": "a"}}})", "outside the special range"},
       {"no_content", good, R"({"added_tokens_decoder": {"770": {"special": true}}})", "non-empty string \"content\""},
-      {"bad_special", good, R"({"added_tokens_decoder": {"770": {"content": "a", "special": 1}}})", "special must be true or false"},
-      {"dup_content", good, R"({"added_tokens_decoder": {"770": {"content": "a"}, "771": {"content": "a"}}})", "has two ids"},
+      {"bad_special", good, R"({"added_tokens_decoder": {"770": {"content": "a", "special": 1}}})",
+       "special must be true or false"},
+      {"dup_content", good, R"({"added_tokens_decoder": {"770": {"content": "a"}, "771": {"content": "a"}}})",
+       "has two ids"},
       {"bos_unknown", good, R"({"bos_token": "[NOPE]"})", "bos_token '[NOPE]' is not one of the added tokens"},
       {"bos_type", good, R"({"bos_token": 5})", "\"bos_token\" must be a string"},
   };

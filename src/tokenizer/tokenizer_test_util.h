@@ -44,8 +44,9 @@ class TempDir {
 // Random text of `chars` characters drawn from ASCII words, punctuation, whitespace, accented
 // Latin, CJK, emoji and K3 marker look-alikes.
 inline std::string random_text(core::Rng& rng, size_t chars) {
-  static const char* const kAtoms[] = {"a", "e", "t", "the", " ", " ", "\n", "\t", "  ", "!", ",", ".", "'s",
-                                       "7", "42", "é", "ß", "Ж", "中", "文", "、", "🌍", "👋", "<|open|>",
+  static const char* const kAtoms[] = {"a",  "e",  "t",     "the",  " ",     " ",      "\n",     "\t",
+                                       "  ", "!",  ",",     ".",    "'s",    "7",      "42",     "é",
+                                       "ß",  "Ж",  "中",    "文",   "、",    "🌍",      "👋",      "<|open|>",
                                        "<|", "|>", "[BOS]", "\r\n", "Hello", "\u00a0", "\u3000", "x"};
   std::string s;
   for (size_t i = 0; i < chars; ++i) s += kAtoms[rng.next_u64() % (sizeof kAtoms / sizeof kAtoms[0])];

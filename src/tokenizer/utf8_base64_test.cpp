@@ -20,24 +20,28 @@ const std::string kFFFD = "\xEF\xBF\xBD";
 TEST(Utf8, WellFormedness) {
   EXPECT_TRUE(utf8::is_valid(""));
   EXPECT_TRUE(utf8::is_valid("plain ascii"));
-  EXPECT_TRUE(utf8::is_valid("é中🌍\xF4\x8F\xBF\xBF"));        // up to U+10FFFF
-  EXPECT_EQ(utf8::first_invalid("ab\xC0\xAF"), 2u);             // overlong '/'
-  EXPECT_EQ(utf8::first_invalid("\xE0\x80\xAF"), 0u);           // overlong 3-byte
-  EXPECT_EQ(utf8::first_invalid("x\xED\xA0\x80"), 1u);          // surrogate U+D800
-  EXPECT_EQ(utf8::first_invalid("\xF4\x90\x80\x80"), 0u);       // above U+10FFFF
-  EXPECT_EQ(utf8::first_invalid("ok\xE4\xB8"), 2u);             // truncated
-  EXPECT_EQ(utf8::first_invalid("\x80"), 0u);                   // lone continuation
+  EXPECT_TRUE(utf8::is_valid("é中🌍\xF4\x8F\xBF\xBF"));     // up to U+10FFFF
+  EXPECT_EQ(utf8::first_invalid("ab\xC0\xAF"), 2u);        // overlong '/'
+  EXPECT_EQ(utf8::first_invalid("\xE0\x80\xAF"), 0u);      // overlong 3-byte
+  EXPECT_EQ(utf8::first_invalid("x\xED\xA0\x80"), 1u);     // surrogate U+D800
+  EXPECT_EQ(utf8::first_invalid("\xF4\x90\x80\x80"), 0u);  // above U+10FFFF
+  EXPECT_EQ(utf8::first_invalid("ok\xE4\xB8"), 2u);        // truncated
+  EXPECT_EQ(utf8::first_invalid("\x80"), 0u);              // lone continuation
   EXPECT_EQ(utf8::first_invalid("\xFF"), 0u);
 }
 
 TEST(Utf8, ReplacementFollowsMaximalSubparts) {
   // Expected strings are Python 3's b"...".decode("utf-8", "replace").
-  EXPECT_EQ(replaced("\xE1\x80" "A"), kFFFD + "A");                 // lead + good continuation, then A
-  EXPECT_EQ(replaced("\xF0\x80\x80"), kFFFD + kFFFD + kFFFD);       // F0 needs 90..BF next
-  EXPECT_EQ(replaced("\xED\xA0\x80"), kFFFD + kFFFD + kFFFD);       // surrogate
+  EXPECT_EQ(replaced("\xE1\x80"
+                     "A"),
+            kFFFD + "A");                                      // lead + good continuation, then A
+  EXPECT_EQ(replaced("\xF0\x80\x80"), kFFFD + kFFFD + kFFFD);  // F0 needs 90..BF next
+  EXPECT_EQ(replaced("\xED\xA0\x80"), kFFFD + kFFFD + kFFFD);  // surrogate
   EXPECT_EQ(replaced("\xC0\xAF"), kFFFD + kFFFD);
-  EXPECT_EQ(replaced("a\xE2\x82"), "a" + kFFFD);                    // truncated at the end: one
-  EXPECT_EQ(replaced("\xF0\x9F\x8C" "x\xF0\x9F\x8C\x8D"), kFFFD + "x🌍");
+  EXPECT_EQ(replaced("a\xE2\x82"), "a" + kFFFD);  // truncated at the end: one
+  EXPECT_EQ(replaced("\xF0\x9F\x8C"
+                     "x\xF0\x9F\x8C\x8D"),
+            kFFFD + "x🌍");
 }
 
 TEST(Utf8, IncompleteTailWaitsUnlessFinal) {
@@ -50,8 +54,8 @@ TEST(Utf8, IncompleteTailWaitsUnlessFinal) {
 }
 
 TEST(Utf8, PythonIsSpace) {
-  for (char32_t c : {U'\t', U'\n', U'\v', U'\f', U'\r', U'\x1c', U'\x1f', U' ', U'\x85', U'\xa0', U'\u1680',
-                     U'\u2000', U'\u200a', U'\u2028', U'\u2029', U'\u202f', U'\u205f', U'\u3000'})
+  for (char32_t c : {U'\t', U'\n', U'\v', U'\f', U'\r', U'\x1c', U'\x1f', U' ', U'\x85', U'\xa0', U'\u1680', U'\u2000',
+                     U'\u200a', U'\u2028', U'\u2029', U'\u202f', U'\u205f', U'\u3000'})
     EXPECT_TRUE(utf8::is_python_space(c)) << static_cast<uint32_t>(c);
   for (char32_t c : {U'a', U'0', U'\u200b', U'\u180e', U'\ufeff', U'_', U'\x1b'})
     EXPECT_FALSE(utf8::is_python_space(c)) << static_cast<uint32_t>(c);

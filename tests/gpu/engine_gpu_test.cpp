@@ -175,11 +175,15 @@ TEST(EngineGpu, TensorParallelServesTheOracleTokensFp32) {
     if (graph_replays) *graph_replays = static_cast<engine::TpExecutor*>(raw)->rank(0).graph_replays();
     return out;
   };
-  auto cpu = runner::ModelRunner::open(dir, gpu_test::options(core::Device::cpu, kernels::Precision::fp32), model::KvCacheDtype::bf16);
-  const auto want = serve(std::make_unique<engine::ModelExecutor>(cpu->model(), c.cache, model::KvCacheDtype::bf16), nullptr);
-  auto ranks = runner::TpRunner::open(dir, 2, gpu_test::options(core::Device::cuda, kernels::Precision::fp32), model::KvCacheDtype::bf16);
+  auto cpu = runner::ModelRunner::open(dir, gpu_test::options(core::Device::cpu, kernels::Precision::fp32),
+                                       model::KvCacheDtype::bf16);
+  const auto want = serve(std::make_unique<engine::ModelExecutor>(cpu->model(), c.cache, model::KvCacheDtype::bf16),
+                          nullptr);
+  auto ranks = runner::TpRunner::open(dir, 2, gpu_test::options(core::Device::cuda, kernels::Precision::fp32),
+                                      model::KvCacheDtype::bf16);
   int64_t replays = 0;
-  const auto got = serve(std::make_unique<engine::TpExecutor>(*ranks, c.cache, model::KvCacheDtype::bf16, c.scheduler.max_model_len),
+  const auto got = serve(std::make_unique<engine::TpExecutor>(*ranks, c.cache, model::KvCacheDtype::bf16,
+                                                              c.scheduler.max_model_len),
                          &replays);
   EXPECT_EQ(got, want);
   EXPECT_GT(replays, 10) << "TP decode steps should replay CUDA graphs on every rank";

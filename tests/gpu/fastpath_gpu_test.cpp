@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "gpu_test_util.h"
 #include "model/decode_graphs.h"
 #include "model/local_cache.h"
-#include "gpu_test_util.h"
 
 namespace k3 {
 namespace {
@@ -39,7 +39,8 @@ TEST(FastPathGpu, FusedKernelsRunAndGreedyFp32EqualsTheStandardPath) {
     w.mxfp4 = c.mxfp4;
     const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
     auto standard = open(dir, core::Device::cuda, kernels::Precision::fp32, model::DecodeBackend::standard, c.kv);
-    auto fused = open(dir, core::Device::cuda, kernels::Precision::fp32, model::DecodeBackend::latency_specialized, c.kv);
+    auto fused = open(dir, core::Device::cuda, kernels::Precision::fp32, model::DecodeBackend::latency_specialized,
+                      c.kv);
     auto oracle = open(dir, core::Device::cpu, kernels::Precision::fp32, model::DecodeBackend::standard, c.kv);
     std::string plans;
     fused->set_explain([&](const std::string& s) { plans += s; });
@@ -52,8 +53,8 @@ TEST(FastPathGpu, FusedKernelsRunAndGreedyFp32EqualsTheStandardPath) {
     const auto at = plans.find("first decode step, 1 row: decode path latency_specialized (fused)");
     ASSERT_NE(at, std::string::npos) << plans;
     const std::string plan = plans.substr(at);
-    for (const char* op : {"kda_decode -> cuda/", "mla_decode -> cuda/", "multi_linear -> cuda/", "attn_res_bank -> cuda/",
-                           "attn_res_merge -> cuda/", "moe_tail_combine -> cuda/"})
+    for (const char* op : {"kda_decode -> cuda/", "mla_decode -> cuda/", "multi_linear -> cuda/",
+                           "attn_res_bank -> cuda/", "attn_res_merge -> cuda/", "moe_tail_combine -> cuda/"})
       EXPECT_NE(plan.find(op), std::string::npos) << op << "\n" << plan;
     EXPECT_EQ(plan.find("not used"), std::string::npos) << plan;  // no fused op fell back to standard ops
     EXPECT_EQ(plan.find("/reference"), std::string::npos) << plan;
@@ -75,7 +76,8 @@ TEST(FastPathGpu, VerifyAndCommitGraphsEqualEagerStepsFp32) {
   w.init = checkpoint::InitStyle::sensitive;
   w.mxfp4 = true;
   const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
-  for (const model::DecodeBackend backend : {model::DecodeBackend::standard, model::DecodeBackend::latency_specialized}) {
+  for (const model::DecodeBackend backend :
+       {model::DecodeBackend::standard, model::DecodeBackend::latency_specialized}) {
     auto r = open(dir, core::Device::cuda, kernels::Precision::fp32, backend, model::KvCacheDtype::bf16);
     const model::Model& m = r->model();
     SCOPED_TRACE(backend == model::DecodeBackend::standard ? "standard" : "latency_specialized");
@@ -139,7 +141,8 @@ TEST(FastPathGpu, Bf16DecodeLogitsAreAsCloseToTheOracleAsTheStandardPath) {
     const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
     const auto bf16 = kernels::Precision::bf16;
     auto standard = open(dir, core::Device::cuda, bf16, model::DecodeBackend::standard, model::KvCacheDtype::bf16);
-    auto fused = open(dir, core::Device::cuda, bf16, model::DecodeBackend::latency_specialized, model::KvCacheDtype::bf16);
+    auto fused = open(dir, core::Device::cuda, bf16, model::DecodeBackend::latency_specialized,
+                      model::KvCacheDtype::bf16);
     auto oracle = open(dir, core::Device::cpu, bf16, model::DecodeBackend::standard, model::KvCacheDtype::bf16);
     const auto tokens = random_tokens(260, fused->config().vocab_size, 12);
     const auto decode_rows = [&](runner::ModelRunner& r) {  // rows 100..259: one decode step each
@@ -149,15 +152,19 @@ TEST(FastPathGpu, Bf16DecodeLogitsAreAsCloseToTheOracleAsTheStandardPath) {
     EXPECT_EQ(fused->model().decode_path_counters().fused_steps, 160);
     const auto std_vs_cpu = testing::compare(want, cpu), fused_vs_cpu = testing::compare(got, cpu),
                fused_vs_std = testing::compare(got, want);
-    const auto [agree_cpu, decided_cpu] = gpu_test::decided_top1_agreement(got, cpu, 0.02f * static_cast<float>(std_vs_cpu.scale));
-    const auto [agree_std, decided_std] = gpu_test::decided_top1_agreement(got, want, 0.02f * static_cast<float>(std_vs_cpu.scale));
-    const double rel_std = gpu_test::rel_l2(want, cpu), rel_fused = gpu_test::rel_l2(got, cpu), rel_pair = gpu_test::rel_l2(got, want);
-    std::printf("bf16 decode logits (160 rows): standard vs CPU rel_l2 %.4g min cosine %.6f top-1 %.4f; fused vs CPU "
-                "rel_l2 %.4g min cosine %.6f top-1 %.4f (%.4f of %lld decided); fused vs standard rel_l2 %.4g min "
-                "cosine %.6f top-1 %.4f (%.4f of %lld decided)\n",
-                rel_std, std_vs_cpu.cosine, std_vs_cpu.top1_agreement, rel_fused, fused_vs_cpu.cosine,
-                fused_vs_cpu.top1_agreement, agree_cpu, static_cast<long long>(decided_cpu), rel_pair,
-                fused_vs_std.cosine, fused_vs_std.top1_agreement, agree_std, static_cast<long long>(decided_std));
+    const auto [agree_cpu,
+                decided_cpu] = gpu_test::decided_top1_agreement(got, cpu, 0.02f * static_cast<float>(std_vs_cpu.scale));
+    const auto [agree_std, decided_std] = gpu_test::decided_top1_agreement(
+        got, want, 0.02f * static_cast<float>(std_vs_cpu.scale));
+    const double rel_std = gpu_test::rel_l2(want, cpu), rel_fused = gpu_test::rel_l2(got, cpu),
+                 rel_pair = gpu_test::rel_l2(got, want);
+    std::printf(
+        "bf16 decode logits (160 rows): standard vs CPU rel_l2 %.4g min cosine %.6f top-1 %.4f; fused vs CPU "
+        "rel_l2 %.4g min cosine %.6f top-1 %.4f (%.4f of %lld decided); fused vs standard rel_l2 %.4g min "
+        "cosine %.6f top-1 %.4f (%.4f of %lld decided)\n",
+        rel_std, std_vs_cpu.cosine, std_vs_cpu.top1_agreement, rel_fused, fused_vs_cpu.cosine,
+        fused_vs_cpu.top1_agreement, agree_cpu, static_cast<long long>(decided_cpu), rel_pair, fused_vs_std.cosine,
+        fused_vs_std.top1_agreement, agree_std, static_cast<long long>(decided_std));
     EXPECT_GE(fused_vs_cpu.cosine, 0.97);
     EXPECT_LT(rel_fused, 0.06);
     EXPECT_LE(rel_fused, 2 * rel_std + 0.005) << "the fused path adds error beyond the standard GPU path's own";

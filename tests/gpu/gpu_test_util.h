@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -29,10 +29,10 @@ inline std::string no_gpu_reason() {
 #endif
 }
 
-#define K3_REQUIRE_GPU()                                                     \
-  do {                                                                       \
+#define K3_REQUIRE_GPU()                                                       \
+  do {                                                                         \
     if (const std::string why = ::k3::gpu_test::no_gpu_reason(); !why.empty()) \
-      GTEST_SKIP() << "GPU test skipped: " << why;                           \
+      GTEST_SKIP() << "GPU test skipped: " << why;                             \
   } while (0)
 
 inline int usable_gpus() {
@@ -43,10 +43,10 @@ inline int usable_gpus() {
 #endif
 }
 
-#define K3_REQUIRE_GPUS(n)                                                                           \
-  do {                                                                                               \
-    K3_REQUIRE_GPU();                                                                                \
-    if (::k3::gpu_test::usable_gpus() < (n))                                                                     \
+#define K3_REQUIRE_GPUS(n)                                                                                          \
+  do {                                                                                                              \
+    K3_REQUIRE_GPU();                                                                                               \
+    if (::k3::gpu_test::usable_gpus() < (n))                                                                        \
       GTEST_SKIP() << "GPU test skipped: needs " << (n) << " GPUs, " << ::k3::gpu_test::usable_gpus() << " usable"; \
   } while (0)
 
@@ -85,7 +85,8 @@ inline double rel_l2(const core::Tensor& got, const core::Tensor& want) {
   return std::sqrt(num / den);
 }
 
-inline std::pair<double, int64_t> decided_top1_agreement(const core::Tensor& got, const core::Tensor& want, float margin) {
+inline std::pair<double, int64_t> decided_top1_agreement(const core::Tensor& got, const core::Tensor& want,
+                                                         float margin) {
   const int64_t rows = want.dim(0), cols = want.dim(1);
   int64_t decided = 0, agree = 0;
   for (int64_t r = 0; r < rows; ++r) {

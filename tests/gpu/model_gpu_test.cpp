@@ -59,10 +59,11 @@ TEST_P(ModelGpu, LogitsMatchOracleBf16) {
   const testing::Diff d = compare(got, want);
   const auto [decided_agree, decided] = decided_top1_agreement(got, want, 0.02f * static_cast<float>(d.scale));
   const double rel_l2 = gpu_test::rel_l2(got, want);
-  std::printf("[%s] bf16 logits: rel_l2 %.4g, max_abs %.4g (scale %.4g), min row cosine %.6f, top-1 agreement %.4f "
-              "(all %lld rows), %.4f (%lld decided rows)\n",
-              GetParam().name, rel_l2, d.max_abs, d.scale, d.cosine, d.top1_agreement,
-              static_cast<long long>(want.dim(0)), decided_agree, static_cast<long long>(decided));
+  std::printf(
+      "[%s] bf16 logits: rel_l2 %.4g, max_abs %.4g (scale %.4g), min row cosine %.6f, top-1 agreement %.4f "
+      "(all %lld rows), %.4f (%lld decided rows)\n",
+      GetParam().name, rel_l2, d.max_abs, d.scale, d.cosine, d.top1_agreement, static_cast<long long>(want.dim(0)),
+      decided_agree, static_cast<long long>(decided));
   EXPECT_GE(decided_agree, 0.99);
   EXPECT_GE(decided, want.dim(0) / 2) << "too few decided rows for the agreement to mean anything";
   EXPECT_GE(d.top1_agreement, 0.95);
@@ -204,8 +205,8 @@ TEST(ModelGpuTrace, IntermediatesTrackTheOracleBf16) {
     std::printf("trace %-16s rel_l2 %.3e  rows off by > 2%%: %lld of %lld\n", got[i].first.c_str(), rel,
                 static_cast<long long>(off_rows), static_cast<long long>(rows));
     const std::string& name = got[i].first;
-    const bool before_first_router = name.find("@0") != std::string::npos || name == "embed@-1" ||
-                                     name == "kda.o@1" || name == "kda.gated@1" || name == "attn.out@1";
+    const bool before_first_router = name.find("@0") != std::string::npos || name == "embed@-1" || name == "kda.o@1" ||
+                                     name == "kda.gated@1" || name == "attn.out@1";
     if (before_first_router) {
       EXPECT_LT(rel, 1e-2) << name << ": no routing yet, only rounding noise";
       EXPECT_EQ(off_rows, 0) << name;

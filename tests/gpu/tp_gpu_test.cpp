@@ -16,7 +16,6 @@
 #include "gpu_test_util.h"
 #include "runner/tp_runner.h"
 
-
 namespace k3 {
 namespace {
 
@@ -52,8 +51,10 @@ TEST_F(TpGpu, Fp32LogitsMatchCpuTpGroup) {
   K3_REQUIRE_GPUS(2);
   for (int tp : tp_sizes()) {
     const auto dir = checkpoint(tp, /*mxfp4=*/true);
-    auto cpu = runner::TpRunner::open(dir, tp, options(core::Device::cpu, kernels::Precision::fp32), KvCacheDtype::bf16);
-    auto gpu = runner::TpRunner::open(dir, tp, options(core::Device::cuda, kernels::Precision::fp32), KvCacheDtype::bf16);
+    auto cpu = runner::TpRunner::open(dir, tp, options(core::Device::cpu, kernels::Precision::fp32),
+                                      KvCacheDtype::bf16);
+    auto gpu = runner::TpRunner::open(dir, tp, options(core::Device::cuda, kernels::Precision::fp32),
+                                      KvCacheDtype::bf16);
     const auto tokens = random_tokens(100, cpu->config().vocab_size, 3);
     const core::Tensor want = cpu->logits(tokens, 60), got = gpu->logits(tokens, 60);
     const testing::Diff d = testing::compare(got, want);
@@ -71,7 +72,8 @@ TEST_F(TpGpu, Fp32GreedyMatchesCpuTp1) {
   for (int tp : tp_sizes()) {
     const auto dir = checkpoint(tp, /*mxfp4=*/true);
     auto cpu = runner::ModelRunner::open(dir, options(core::Device::cpu, kernels::Precision::fp32), KvCacheDtype::bf16);
-    auto gpu = runner::TpRunner::open(dir, tp, options(core::Device::cuda, kernels::Precision::fp32), KvCacheDtype::bf16);
+    auto gpu = runner::TpRunner::open(dir, tp, options(core::Device::cuda, kernels::Precision::fp32),
+                                      KvCacheDtype::bf16);
     const auto prompt = random_tokens(29, cpu->config().vocab_size, 8);
     runner::SamplingParams greedy;
     const auto want = cpu->generate(prompt, 120, greedy);
@@ -118,8 +120,10 @@ TEST_F(TpGpu, DcpFp32LogitsMatchCpuDcpGroup) {
   K3_REQUIRE_GPUS(2);
   for (int tp : tp_sizes()) {
     const auto dir = checkpoint(tp, /*mxfp4=*/true);
-    auto cpu = runner::TpRunner::open(dir, tp, dcp_options(core::Device::cpu, kernels::Precision::fp32, tp), KvCacheDtype::bf16);
-    auto gpu = runner::TpRunner::open(dir, tp, dcp_options(core::Device::cuda, kernels::Precision::fp32, tp), KvCacheDtype::bf16);
+    auto cpu = runner::TpRunner::open(dir, tp, dcp_options(core::Device::cpu, kernels::Precision::fp32, tp),
+                                      KvCacheDtype::bf16);
+    auto gpu = runner::TpRunner::open(dir, tp, dcp_options(core::Device::cuda, kernels::Precision::fp32, tp),
+                                      KvCacheDtype::bf16);
     ASSERT_EQ(gpu->dcp(), tp);
     const auto tokens = random_tokens(97, cpu->config().vocab_size, 5);
     const core::Tensor want = cpu->logits(tokens, 57), got = gpu->logits(tokens, 57);
@@ -137,7 +141,8 @@ TEST_F(TpGpu, DcpFp32GreedyMatchesCpuTp1) {
   for (int tp : tp_sizes()) {
     const auto dir = checkpoint(tp, /*mxfp4=*/true);
     auto cpu = runner::ModelRunner::open(dir, options(core::Device::cpu, kernels::Precision::fp32), KvCacheDtype::bf16);
-    auto gpu = runner::TpRunner::open(dir, tp, dcp_options(core::Device::cuda, kernels::Precision::fp32, tp), KvCacheDtype::bf16);
+    auto gpu = runner::TpRunner::open(dir, tp, dcp_options(core::Device::cuda, kernels::Precision::fp32, tp),
+                                      KvCacheDtype::bf16);
     const auto prompt = random_tokens(37, cpu->config().vocab_size, 9);
     runner::SamplingParams greedy;
     EXPECT_EQ(gpu->generate(prompt, 120, greedy), cpu->generate(prompt, 120, greedy)) << "tp " << tp;
@@ -148,7 +153,8 @@ TEST_F(TpGpu, DcpBf16LogitsCloseToTp1) {
   K3_REQUIRE_GPUS(2);
   for (int tp : tp_sizes()) {
     const auto dir = checkpoint(tp, /*mxfp4=*/true);
-    auto one = runner::ModelRunner::open(dir, options(core::Device::cuda, kernels::Precision::bf16), KvCacheDtype::fp8_e4m3);
+    auto one = runner::ModelRunner::open(dir, options(core::Device::cuda, kernels::Precision::bf16),
+                                         KvCacheDtype::fp8_e4m3);
     auto many = runner::TpRunner::open(dir, tp, dcp_options(core::Device::cuda, kernels::Precision::bf16, tp),
                                        KvCacheDtype::fp8_e4m3);
     const auto tokens = random_tokens(160, one->config().vocab_size, 23);
@@ -179,8 +185,10 @@ TEST_F(TpGpu, EpFp32LogitsMatchCpuEpGroup) {
   K3_REQUIRE_GPUS(2);
   for (int tp : tp_sizes()) {
     const auto dir = checkpoint(tp, /*mxfp4=*/true);
-    auto cpu = runner::TpRunner::open(dir, tp, ep_options(core::Device::cpu, kernels::Precision::fp32), KvCacheDtype::bf16);
-    auto gpu = runner::TpRunner::open(dir, tp, ep_options(core::Device::cuda, kernels::Precision::fp32), KvCacheDtype::bf16);
+    auto cpu = runner::TpRunner::open(dir, tp, ep_options(core::Device::cpu, kernels::Precision::fp32),
+                                      KvCacheDtype::bf16);
+    auto gpu = runner::TpRunner::open(dir, tp, ep_options(core::Device::cuda, kernels::Precision::fp32),
+                                      KvCacheDtype::bf16);
     ASSERT_TRUE(gpu->expert_parallel());
     const auto tokens = random_tokens(100, cpu->config().vocab_size, 13);
     const core::Tensor want = cpu->logits(tokens, 60), got = gpu->logits(tokens, 60);
@@ -198,7 +206,8 @@ TEST_F(TpGpu, EpFp32GreedyMatchesCpuTp1) {
   for (int tp : tp_sizes()) {
     const auto dir = checkpoint(tp, /*mxfp4=*/true);
     auto cpu = runner::ModelRunner::open(dir, options(core::Device::cpu, kernels::Precision::fp32), KvCacheDtype::bf16);
-    auto gpu = runner::TpRunner::open(dir, tp, ep_options(core::Device::cuda, kernels::Precision::fp32), KvCacheDtype::bf16);
+    auto gpu = runner::TpRunner::open(dir, tp, ep_options(core::Device::cuda, kernels::Precision::fp32),
+                                      KvCacheDtype::bf16);
     const auto prompt = random_tokens(31, cpu->config().vocab_size, 14);
     runner::SamplingParams greedy;
     EXPECT_EQ(gpu->generate(prompt, 120, greedy), cpu->generate(prompt, 120, greedy)) << "tp " << tp;
@@ -209,7 +218,8 @@ TEST_F(TpGpu, EpBf16LogitsCloseToTp1) {
   K3_REQUIRE_GPUS(2);
   for (int tp : tp_sizes()) {
     const auto dir = checkpoint(tp, /*mxfp4=*/true);
-    auto one = runner::ModelRunner::open(dir, options(core::Device::cuda, kernels::Precision::bf16), KvCacheDtype::fp8_e4m3);
+    auto one = runner::ModelRunner::open(dir, options(core::Device::cuda, kernels::Precision::bf16),
+                                         KvCacheDtype::fp8_e4m3);
     auto many = runner::TpRunner::open(dir, tp, ep_options(core::Device::cuda, kernels::Precision::bf16),
                                        KvCacheDtype::fp8_e4m3);
     const auto tokens = random_tokens(160, one->config().vocab_size, 25);

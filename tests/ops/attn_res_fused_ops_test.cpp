@@ -53,8 +53,7 @@ std::vector<Tensor> random_bank(core::Rng& rng, Mode mode, int n, int64_t T, int
 // Row block m of an [M, T, W] tensor as a [T, W] view.
 TensorView slice(const Tensor& t, int64_t m) {
   const int64_t T = t.dim(1), W = t.dim(2);
-  return TensorView::contiguous(static_cast<char*>(t.view().data) + m * T * W * 4, DType::f32, {T, W},
-                                t.view().device);
+  return TensorView::contiguous(static_cast<char*>(t.view().data) + m * T * W * 4, DType::f32, {T, W}, t.view().device);
 }
 
 struct BankOut {
@@ -118,11 +117,11 @@ TEST(OpsTp8, AttnResBank) {
 
 struct MergeCase {
   int64_t T, D;
-  int n;              // bank rows (0: no bank part)
-  bool with_a;        // a sublayer output to add
-  bool restart;       // P_new = a
-  bool alias;         // P_new written in place (over P_old, or over a on a restart)
-  bool with_h;        // mixed_out requested
+  int n;         // bank rows (0: no bank part)
+  bool with_a;   // a sublayer output to add
+  bool restart;  // P_new = a
+  bool alias;    // P_new written in place (over P_old, or over a on a restart)
+  bool with_h;   // mixed_out requested
   kernels::RmsNormStyle style;
   const char* impl = nullptr;  // the CUDA strategy the registry must select (nullptr: any cuda_*)
 };
@@ -144,8 +143,7 @@ struct MergeOut {
 // `force_impl`: run that device strategy directly (it must support the args) instead of the
 // registry's choice.
 MergeOut run_merge(Device* dev, Mode mode, const MergeCase& c, const Tensor& p_old, const Tensor& a,
-                   const BankOut* bank, int m, const Mix& mix, const Tensor& norm_w,
-                   const char* force_impl = nullptr) {
+                   const BankOut* bank, int m, const Mix& mix, const Tensor& norm_w, const char* force_impl = nullptr) {
   const auto act = [&](const Tensor& t) { return dev ? dev->act(t, mode) : copy(t); };
   const auto up = [&](const Tensor& t) { return dev ? dev->upload(t) : t; };
   const auto out = [&]() { return dev ? dev->poisoned(act_dtype(mode), {c.T, c.D}) : nan_tensor({c.T, c.D}); };
@@ -226,7 +224,8 @@ void check_merge(Device* dev, Mode mode, const MergeCase& c, uint64_t seed) {
   const MergeOut want = run_merge(nullptr, mode, c, in.p_old, in.a, in.bank(), 1, in.mixes[1], in.norm_w);
   const MergeOut got = run_merge(dev, mode, c, in.p_old, in.a, in.bank(), 1, in.mixes[1], in.norm_w);
   const std::string shape = shape_str({c.T, c.D, c.n});
-  const std::string tag = std::string(c.with_a ? (c.restart ? "restart" : "add") : "no_a") + (c.alias ? "_inplace" : "");
+  const std::string tag = std::string(c.with_a ? (c.restart ? "restart" : "add") : "no_a") +
+                          (c.alias ? "_inplace" : "");
   // P_new is one IEEE add (or a copy) of the same values: exact on every backend.
   expect_close("attn_res_merge", shape, mode, "prefix_" + tag, got.prefix, want.prefix, Tol{0.0, 1.0 - 1e-12});
   if (c.with_h) expect_close("attn_res_merge", shape, mode, "h_" + tag, got.mixed, want.mixed, tol_reduction(mode));
@@ -247,7 +246,8 @@ TEST(OpsOdd, AttnResMerge) {
           ++i;
         }
   for (Mode m : kModes)  // no sublayer output: layer 0's attention side, the final Mix
-    for (int n : {0, 9}) check_merge(dev, m, {17, 136, n, false, false, n == 9, true, RmsNormStyle::moonshot}, 3900 + n);
+    for (int n : {0, 9})
+      check_merge(dev, m, {17, 136, n, false, false, n == 9, true, RmsNormStyle::moonshot}, 3900 + n);
 }
 TEST(OpsTp8, AttnResMerge) {
   K3_REQUIRE_CUDA(dev);
@@ -298,7 +298,7 @@ TEST(OpsTp8, AttnResMergeClusterForm) {
       for (bool restart : {false, true})
         check_merge(dev, m, {T, 7168, 9, true, restart, !restart, true, RmsNormStyle::moonshot, kCluster},
                     7000 + 2 * T + restart);
-    check_merge(dev, m, {1, 7168, 0, true, false, true, false, RmsNormStyle::moonshot, kCluster}, 7100);  // empty bank
+    check_merge(dev, m, {1, 7168, 0, true, false, true, false, RmsNormStyle::moonshot, kCluster}, 7100);   // empty bank
     check_merge(dev, m, {1, 7168, 1, false, false, false, true, RmsNormStyle::moonshot, kCluster}, 7101);  // no a
     check_merge(dev, m, {33, 7168, 9, true, false, true, true, RmsNormStyle::moonshot, kRowwise}, 7102);
   }

@@ -171,8 +171,8 @@ void check_mix(Device* dev, Mode mode, int64_t T, int64_t D, int n, bool alias, 
   const kernels::AttnResMixArgs args{dviews, dq.view(), dn.view(), out.view(), 1e-5f, precision(mode)};
   expect_device_impl(dev->registry().attn_res_mix, args, dev);
   dev->registry().attn_res_mix.run(args, dev->kind());
-  expect_close("attn_res_mix", shape_str({T, D, n}), mode, alias ? "out_inplace" : "out",
-               dev->to_host_f32(out.view()), want, tol_reduction(mode));
+  expect_close("attn_res_mix", shape_str({T, D, n}), mode, alias ? "out_inplace" : "out", dev->to_host_f32(out.view()),
+               want, tol_reduction(mode));
 }
 
 TEST(OpsOdd, AttnResMix) {

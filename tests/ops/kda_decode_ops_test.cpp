@@ -139,8 +139,7 @@ void check_decode(Device* dev, Mode mode, const DecodeCase& c, const std::vector
   };
 
   // CPU reference (the oracle).
-  Tensor want = nan_tensor({T, P}), want_trace = nan_tensor({T, P}), want_conv = copy(conv0),
-         want_state = copy(state0);
+  Tensor want = nan_tensor({T, P}), want_trace = nan_tensor({T, P}), want_conv = copy(conv0), want_state = copy(state0);
   cpu_registry().kda_decode.run(make_args(proj, f_b, q_conv, k_conv, v_conv, want_conv, a_log, dt_bias, want_state,
                                           o_norm, want, want_trace, batch.host()),
                                 core::Device::cpu);
@@ -168,8 +167,8 @@ void check_decode(Device* dev, Mode mode, const DecodeCase& c, const std::vector
     if (impl.device != dev->kind()) continue;
     const Tensor dconv = dev->upload(conv0, act_dtype(mode)), dstate = dev->upload(state0);
     const Tensor out = dev->poisoned(act_dtype(mode), {T, P}), trace = dev->poisoned(act_dtype(mode), {T, P});
-    const kernels::KdaDecodeArgs args =
-        make_args(dproj, dfb, dqc, dkc, dvc, dconv, dal, ddt, dstate, don, out, trace, dseqs);
+    const kernels::KdaDecodeArgs args = make_args(dproj, dfb, dqc, dkc, dvc, dconv, dal, ddt, dstate, don, out, trace,
+                                                  dseqs);
     if (!selection_checked) {
       selection_checked = true;
       expect_device_impl(table, args, dev);
@@ -215,7 +214,7 @@ TEST(OpsOdd, KdaDecode) {
       check_decode(dev, m, {2, 54, 97, 3, no_commit, true}, {2, 1, 8}, {5, 0, 70}, seed++);
       check_decode(dev, m, {5, 97, 17, 4, no_commit}, repeat(1, 17), {7}, seed++);
       check_decode(dev, m, {1, 128, 97, 4, no_commit, true}, {1, 4}, {0, 3}, seed++);  // unaligned f_b rows
-      check_decode(dev, m, {2, 32, 64, 2, no_commit}, {1, 2}, {4, 1}, seed++);          // K = 2, vector f_b
+      check_decode(dev, m, {2, 32, 64, 2, no_commit}, {1, 2}, {4, 1}, seed++);         // K = 2, vector f_b
     }
 }
 
@@ -232,8 +231,8 @@ TEST(OpsTp8, KdaDecode) {
   for (Mode m : kModes) {
     check_decode(dev, m, {12, 128, 128, 4, false}, repeat(1, 64), {8191}, seed++, kHeadCta);  // decode step of 64
     check_decode(dev, m, {12, 128, 128, 4, false}, {1}, {511}, seed++, kSplit);               // batch 1
-    check_decode(dev, m, {12, 128, 128, 4, true}, repeat(4, 8), {100}, seed++);     // verify, K = 3 drafts
-    check_decode(dev, m, {12, 128, 128, 4, false}, repeat(4, 8), {100}, seed++);    // the same rows committed
+    check_decode(dev, m, {12, 128, 128, 4, true}, repeat(4, 8), {100}, seed++);               // verify, K = 3 drafts
+    check_decode(dev, m, {12, 128, 128, 4, false}, repeat(4, 8), {100}, seed++);              // the same rows committed
     check_decode(dev, m, {12, 128, 128, 4, true, true}, {1, 8, 1}, {0, 7, 300}, seed++, kSplit);
   }
 }
@@ -246,13 +245,13 @@ TEST(OpsTp8, KdaDecodeVSplit) {
   K3_REQUIRE_CUDA(dev);
   uint64_t seed = 9500;
   for (Mode m : kModes) {
-    check_decode(dev, m, {12, 128, 128, 4, false}, {1}, {0}, seed++, kSplit);                 // fresh slot
-    check_decode(dev, m, {12, 128, 128, 4, true}, {4}, {63}, seed++, kSplit);                 // verify 4 rows
-    check_decode(dev, m, {12, 128, 128, 4, false}, {4}, {63}, seed++, kSplit);                // committed
-    check_decode(dev, m, {12, 128, 128, 4, false}, {1, 1}, {5, 900}, seed++, kSplit);         // batch 2
-    check_decode(dev, m, {12, 128, 128, 4, false}, repeat(1, 3), {40, 0, 7}, seed++, kSplit); // batch 3: 4 slices
-    check_decode(dev, m, {12, 128, 128, 4, true}, {2, 5, 1}, {3, 9, 0}, seed++, kSplit);      // batch 3 verify
-    check_decode(dev, m, {12, 128, 128, 4, false}, repeat(1, 17), {31}, seed++, kHeadCta);    // batch 17: no split
+    check_decode(dev, m, {12, 128, 128, 4, false}, {1}, {0}, seed++, kSplit);                  // fresh slot
+    check_decode(dev, m, {12, 128, 128, 4, true}, {4}, {63}, seed++, kSplit);                  // verify 4 rows
+    check_decode(dev, m, {12, 128, 128, 4, false}, {4}, {63}, seed++, kSplit);                 // committed
+    check_decode(dev, m, {12, 128, 128, 4, false}, {1, 1}, {5, 900}, seed++, kSplit);          // batch 2
+    check_decode(dev, m, {12, 128, 128, 4, false}, repeat(1, 3), {40, 0, 7}, seed++, kSplit);  // batch 3: 4 slices
+    check_decode(dev, m, {12, 128, 128, 4, true}, {2, 5, 1}, {3, 9, 0}, seed++, kSplit);       // batch 3 verify
+    check_decode(dev, m, {12, 128, 128, 4, false}, repeat(1, 17), {31}, seed++, kHeadCta);     // batch 17: no split
     check_decode(dev, m, {1, 128, 128, 4, false}, {1}, {12}, seed++, kSplit);
     check_decode(dev, m, {1, 128, 128, 4, false}, repeat(1, 17), {12, 0}, seed++, kSplit);
     check_decode(dev, m, {1, 128, 128, 4, true}, {3, 1, 6}, {2, 0, 50}, seed++, kSplit);

@@ -87,9 +87,9 @@ std::vector<int64_t> repeat(int64_t rows, int n) { return std::vector<int64_t>(s
 // passes its [num_slots, 3, P, K-1] conv storage; host or device alike.
 TensorView pool_part(const Tensor& storage, int64_t i) {
   const TensorView s = storage.view();
-  TensorView v = TensorView::contiguous(
-      static_cast<char*>(s.data) + i * s.strides[1] * static_cast<int64_t>(core::dtype_size(s.dtype)), s.dtype,
-      {s.dim(0), s.dim(2), s.dim(3)}, s.device);
+  TensorView v = TensorView::contiguous(static_cast<char*>(s.data) +
+                                            i * s.strides[1] * static_cast<int64_t>(core::dtype_size(s.dtype)),
+                                        s.dtype, {s.dim(0), s.dim(2), s.dim(3)}, s.device);
   v.strides = {s.strides[0], s.strides[2], s.strides[3], 0};
   return v;
 }
@@ -128,8 +128,8 @@ TEST(OpsOdd, KdaConv) {
   for (Mode m : kModes) {
     for (int64_t T : {1, 2, 17, 97}) check_conv(dev, m, {T}, 97, 4, 1, seed++);
     check_conv(dev, m, {1, 3, 17, 64}, 97, 4, 1, seed++);
-    check_conv(dev, m, repeat(1, 5), 33, 4, 1, seed++);       // a decode step
-    check_conv(dev, m, {2, 1, 54}, 19, 3, 3, seed++);         // strided pool, K = 3 (a state of 2)
+    check_conv(dev, m, repeat(1, 5), 33, 4, 1, seed++);  // a decode step
+    check_conv(dev, m, {2, 1, 54}, 19, 3, 3, seed++);    // strided pool, K = 3 (a state of 2)
   }
 }
 TEST(OpsTp8, KdaConv) {
@@ -138,7 +138,7 @@ TEST(OpsTp8, KdaConv) {
   for (Mode m : kModes) {
     check_conv(dev, m, repeat(1, 64), 3 * 1536, 4, 1, seed++);  // decode of 64, q/k/v fused
     check_conv(dev, m, {1, 8, 64}, 3 * 1536, 4, 1, seed++);
-    check_conv(dev, m, repeat(1, 64), 1536, 4, 3, seed++);      // one of q/k/v over the model's storage
+    check_conv(dev, m, repeat(1, 64), 1536, 4, 3, seed++);  // one of q/k/v over the model's storage
     check_conv(dev, m, {4, 64, 1}, 1536, 4, 3, seed++);
   }
 }
@@ -167,15 +167,15 @@ void check_kda(Device* dev, Mode mode, bool chunked, const std::vector<int64_t>&
   const Precision p = precision(mode);
   auto& cpu_table = chunked ? cpu_registry().kda_chunked : cpu_registry().kda_recurrent;
   Tensor want = nan_tensor({T, P}), want_pool = copy(in.pool0);
-  cpu_table.run({in.q.view(), in.k.view(), in.v.view(), in.f.view(), in.b.view(), in.a_log.view(),
-                 in.dt_bias.view(), want_pool.view(), want.view(), H, D, -5.0f, chunk, p, batch.host()},
+  cpu_table.run({in.q.view(), in.k.view(), in.v.view(), in.f.view(), in.b.view(), in.a_log.view(), in.dt_bias.view(),
+                 want_pool.view(), want.view(), H, D, -5.0f, chunk, p, batch.host()},
                 core::Device::cpu);
   Tensor dq = dev->act(in.q, mode), dk = dev->act(in.k, mode), dv = dev->act(in.v, mode), df = dev->act(in.f, mode);
   Tensor db = dev->act(in.b, mode), d_alog = dev->upload(in.a_log), d_dt = dev->upload(in.dt_bias);
   Tensor dpool = dev->upload(in.pool0), out = dev->poisoned(act_dtype(mode), {T, P});
-  const kernels::KdaAttentionArgs args{dq.view(),   dk.view(),    dv.view(),  df.view(), db.view(),
-                                       d_alog.view(), d_dt.view(), dpool.view(), out.view(), H,
-                                       D,             -5.0f,       chunk,        p,          batch.device()};
+  const kernels::KdaAttentionArgs args{
+      dq.view(), dk.view(), dv.view(), df.view(), db.view(), d_alog.view(), d_dt.view(), dpool.view(), out.view(),
+      H,         D,         -5.0f,     chunk,     p,         batch.device()};
   auto& table = chunked ? dev->registry().kda_chunked : dev->registry().kda_recurrent;
   expect_device_impl(table, args, dev);
   table.run(args, dev->kind());

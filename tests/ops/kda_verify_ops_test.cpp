@@ -59,7 +59,8 @@ void check_conv_verify(Device* dev, Mode mode, int seqs, int rows, int64_t C, ui
   const std::string shape = shape_str({T, C, K}) + " verify " + std::to_string(seqs) + "x" + std::to_string(rows);
   expect_close("kda_conv", shape, mode, "out", dev->to_host_f32(out.view()), want, tol_elementwise(mode));
   // The pool is exactly what it was (the CPU reference left it so too).
-  expect_close("kda_conv", shape, mode, "state untouched", dev->to_host_f32(dpool.view()), to_f32(pool0), Tol{0.0, 1 - 1e-12});
+  expect_close("kda_conv", shape, mode, "state untouched", dev->to_host_f32(dpool.view()), to_f32(pool0),
+               Tol{0.0, 1 - 1e-12});
   expect_close("kda_conv", shape, mode, "cpu state untouched", want_pool, to_f32(pool0), Tol{0.0, 1 - 1e-12});
 }
 
@@ -73,21 +74,24 @@ void check_recurrent_verify(Device* dev, Mode mode, int seqs, int rows, int H, i
   const Tensor pool0 = random_act(rng, {N, H, D, D}, Mode::fp32, 0.0, 0.5);
   const Precision p = precision(mode);
   Tensor want = nan_tensor({T, P}), want_pool = copy(pool0);
-  kernels::KdaAttentionArgs ref{q.view(), k.view(), v.view(), f.view(), b.view(), a_log.view(), dt.view(),
-                                want_pool.view(), want.view(), H, D, -5.0f, 64, p, batch.make(false)};
+  kernels::KdaAttentionArgs ref{q.view(),         k.view(),    v.view(), f.view(), b.view(), a_log.view(), dt.view(),
+                                want_pool.view(), want.view(), H,        D,        -5.0f,    64,           p,
+                                batch.make(false)};
   ref.no_commit = true;
   cpu_registry().kda_recurrent.run(ref, core::Device::cpu);
   Tensor dq = dev->act(q, mode), dk = dev->act(k, mode), dv = dev->act(v, mode), df = dev->act(f, mode);
   Tensor db = dev->act(b, mode), d_alog = dev->upload(a_log), d_dt = dev->upload(dt), dpool = dev->upload(pool0);
   Tensor out = dev->poisoned(act_dtype(mode), {T, P});
-  kernels::KdaAttentionArgs args{dq.view(), dk.view(), dv.view(), df.view(), db.view(), d_alog.view(), d_dt.view(),
-                                 dpool.view(), out.view(), H, D, -5.0f, 64, p, batch.make(true)};
+  kernels::KdaAttentionArgs args{
+      dq.view(), dk.view(), dv.view(), df.view(), db.view(), d_alog.view(),   d_dt.view(), dpool.view(), out.view(),
+      H,         D,         -5.0f,     64,        p,         batch.make(true)};
   args.no_commit = true;
   expect_device_impl(dev->registry().kda_recurrent, args, dev);
   dev->registry().kda_recurrent.run(args, dev->kind());
   const std::string shape = shape_str({T, H, D}) + " verify " + std::to_string(seqs) + "x" + std::to_string(rows);
   expect_close("kda_recurrent", shape, mode, "out", dev->to_host_f32(out.view()), want, tol_attention(mode));
-  expect_close("kda_recurrent", shape, mode, "state untouched", dev->to_host_f32(dpool.view()), pool0, Tol{0.0, 1 - 1e-12});
+  expect_close("kda_recurrent", shape, mode, "state untouched", dev->to_host_f32(dpool.view()), pool0,
+               Tol{0.0, 1 - 1e-12});
   // The chunked form refuses no_commit on the device as on the CPU.
   EXPECT_THROW(dev->registry().kda_chunked.select(args, dev->kind()), core::Error);
 }
@@ -106,7 +110,7 @@ TEST(OpsTp8, KdaVerifyNoCommit) {
   K3_REQUIRE_CUDA(dev);
   uint64_t seed = 7950;
   for (Mode m : kModes) {
-    check_conv_verify(dev, m, 64, 4, 1536, seed++);   // 64 requests x (K = 3) + 1 rows
+    check_conv_verify(dev, m, 64, 4, 1536, seed++);  // 64 requests x (K = 3) + 1 rows
     check_recurrent_verify(dev, m, 64, 4, 12, 128, seed++);
     check_recurrent_verify(dev, m, 8, 8, 12, 128, seed++);  // K = 7
   }

@@ -36,8 +36,8 @@ TensorView slice(const Tensor& t, int64_t cols, bool strided) {
 
 struct LinearCase {
   int64_t T, in, out;
-  bool logits = false;   // round_output = false, f32 out (router, lm_head)
-  bool strided = false;  // x and out are column slices of wider tensors
+  bool logits = false;      // round_output = false, f32 out (router, lm_head)
+  bool strided = false;     // x and out are column slices of wider tensors
   std::string expect_impl;  // when set, the implementation that must be selected
 };
 
@@ -98,13 +98,14 @@ TEST(OpsTp8, Linear) {
     bool logits;
   };
   // Spec §11, per GPU at TP8 (bf16 weights).
-  const Tp8Shape shapes[] = {
-      {"kda.qkvg", 6144, 7168, false}, {"kda.f_a", 128, 7168, false},  {"kda.f_b", 1536, 128, false},
-      {"kda.b", 12, 7168, false},      {"attn.o_proj", 7168, 1536, false}, {"mla.q_a", 1536, 7168, false},
-      {"mla.kv_a", 576, 7168, false},  {"mla.q_b", 2304, 1536, false}, {"mla.g", 1536, 7168, false},
-      {"moe.router", 896, 7168, true}, {"moe.down", 3584, 7168, false}, {"moe.up", 7168, 3584, false},
-      {"shared.gate_up", 1536, 7168, false}, {"shared.down", 7168, 768, false},
-      {"dense0.gate", 4224, 7168, false}, {"lm_head", 20480, 7168, true}};
+  const Tp8Shape shapes[] = {{"kda.qkvg", 6144, 7168, false},       {"kda.f_a", 128, 7168, false},
+                             {"kda.f_b", 1536, 128, false},         {"kda.b", 12, 7168, false},
+                             {"attn.o_proj", 7168, 1536, false},    {"mla.q_a", 1536, 7168, false},
+                             {"mla.kv_a", 576, 7168, false},        {"mla.q_b", 2304, 1536, false},
+                             {"mla.g", 1536, 7168, false},          {"moe.router", 896, 7168, true},
+                             {"moe.down", 3584, 7168, false},       {"moe.up", 7168, 3584, false},
+                             {"shared.gate_up", 1536, 7168, false}, {"shared.down", 7168, 768, false},
+                             {"dense0.gate", 4224, 7168, false},    {"lm_head", 20480, 7168, true}};
   for (const Tp8Shape& s : shapes) {
     SCOPED_TRACE(s.name);
     const kernels::LinearWeight w = make_weight(rng, WKind::bf16, s.out, s.in);
@@ -116,7 +117,8 @@ TEST(OpsTp8, Linear) {
     }
   }
   // MXFP4 weights at expert shapes (the rowdot path's MXFP4 decode), f32 weights through cuBLASLt.
-  const kernels::LinearWeight w13 = make_weight(rng, WKind::mxfp4, 384, 3584), w2 = make_weight(rng, WKind::mxfp4, 3584, 384);
+  const kernels::LinearWeight w13 = make_weight(rng, WKind::mxfp4, 384, 3584),
+                              w2 = make_weight(rng, WKind::mxfp4, 3584, 384);
   const kernels::LinearWeight wf = make_weight(rng, WKind::f32, 1536, 7168);
   for (Mode m : kModes)
     for (int64_t T : {1, 8}) {

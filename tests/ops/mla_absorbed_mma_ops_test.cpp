@@ -180,8 +180,11 @@ void check_absorbed(Device* dev, Mode mode, Dims d, const std::vector<SeqShape>&
   const Tensor drb = dev->upload(rb), dnr = dev->upload(nr), dpos = dev->upload(pos), dbt = dev->upload(bt);
   const kernels::LinearWeight dkv_b = dev->upload(kv_b);
   Tensor out = dev->poisoned(act_dtype(mode), {R, W});
-  const kernels::MlaAttentionArgs args{dq.view(), dpages.view(), batch.seqs(drb, dnr, dpos, dbt), k_scale, &dkv_b,
-                                       out.view(), d.heads, d.nope, d.rope, d.v, d.kv_lora, scale, p};
+  const kernels::MlaAttentionArgs args{dq.view(), dpages.view(), batch.seqs(drb, dnr, dpos, dbt),
+                                       k_scale,   &dkv_b,        out.view(),
+                                       d.heads,   d.nope,        d.rope,
+                                       d.v,       d.kv_lora,     scale,
+                                       p};
   auto& table = dev->registry().mla_absorbed;
   expect_device_impl(table, args, dev);
   ASSERT_EQ(table.select(args, dev->kind()).name, want_impl);
@@ -196,13 +199,12 @@ void check_absorbed(Device* dev, Mode mode, Dims d, const std::vector<SeqShape>&
   table.run(args, dev->kind());
   const Tensor got = dev->to_host_f32(out.view());
   for (int64_t c = 0; c < W; ++c) ASSERT_TRUE(std::isnan(got.data<const float>()[c])) << "unowned row written";
-  expect_close("mla_absorbed", shape_of(seqs, bs, d.heads), mode, "cache_" + cache + "_" + want_impl,
-               rows_from(got, 1), rows_from(want, 1), tol_attention(mode));
+  expect_close("mla_absorbed", shape_of(seqs, bs, d.heads), mode, "cache_" + cache + "_" + want_impl, rows_from(got, 1),
+               rows_from(want, 1), tol_attention(mode));
 }
 
 // Positions 0, 17, 97 and 3001, each with 1 row and with 3 verify rows.
-const std::vector<SeqShape> kPositions = {{1, 1},  {3, 3},   {18, 1},   {20, 3},
-                                          {98, 1}, {100, 3}, {3002, 1}, {3004, 3}};
+const std::vector<SeqShape> kPositions = {{1, 1}, {3, 3}, {18, 1}, {20, 3}, {98, 1}, {100, 3}, {3002, 1}, {3004, 3}};
 
 // Sequences of contexts in [lo, hi] with one row each; the first has hi positions (and 4 verify rows
 // when `verify`).
@@ -333,13 +335,13 @@ TEST(OpsGraph, MlaAbsorbedMmaReplaysForNewPositionsAndTables) {
   };
   const auto args_of = [&](const TensorView& q, const TensorView& pages, const kernels::SeqBatch& seqs,
                            const kernels::LinearWeight* w, const TensorView& out) {
-    return kernels::MlaAttentionArgs{q, pages, seqs, k_scale, w, out, d.heads, d.nope, d.rope, d.v, d.kv_lora,
-                                     scale, Precision::bf16};
+    return kernels::MlaAttentionArgs{q,   pages,     seqs,  k_scale,        w, out, d.heads, d.nope, d.rope,
+                                     d.v, d.kv_lora, scale, Precision::bf16};
   };
   const kernels::MlaAttentionArgs step = args_of(dq.view(), dpages.view(), seqs_of(dtables), &dkv_b, dout.view());
   ASSERT_EQ(reg.mla_absorbed.select(step, core::Device::cuda).name, kMma);
-  backends::cuda::Graph graph =
-      backends::cuda::Graph::capture(*ctx, [&] { reg.mla_absorbed.run(step, core::Device::cuda); });
+  backends::cuda::Graph graph = backends::cuda::Graph::capture(*ctx,
+                                                               [&] { reg.mla_absorbed.run(step, core::Device::cuda); });
 
   for (int replay = 0; replay < 3; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));

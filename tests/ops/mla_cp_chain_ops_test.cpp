@@ -67,8 +67,8 @@ void check_chain(Device* dev, Mode mode, const Dims& d, int cp, const std::vecto
     dkv[r] = dev->upload(weight_rows(kv_b, r * H * (d.nope + d.v), H * (d.nope + d.v)));
     const Tensor dq = dev->act(columns(q, r * qw, qw), mode);
     Tensor qc = dev->poisoned(DType::f32, {R, H, E});
-    const kernels::MlaQAbsorbArgs a{dq.view(), rows_only.seqs(rows, 0), &dkv[r], qc.view(), d.heads, d.nope, d.rope,
-                                    d.v, d.kv_lora, p};
+    const kernels::MlaQAbsorbArgs a{
+        dq.view(), rows_only.seqs(rows, 0), &dkv[r], qc.view(), d.heads, d.nope, d.rope, d.v, d.kv_lora, p};
     ASSERT_EQ(dev->registry().mla_q_absorb.select(a, dev->kind()).name, kQAbsorb);
     dev->registry().mla_q_absorb.run(a, dev->kind());
     const Tensor h = dev->to_host_f32(qc.view());
@@ -89,8 +89,9 @@ void check_chain(Device* dev, Mode mode, const Dims& d, int cp, const std::vecto
     const Tensor dpages = device_pages(dev, local, kind);
     o_part[r] = dev->poisoned(DType::f32, {cp, R, H, L});
     Tensor lse = dev->poisoned(DType::f32, {cp, R, H});
-    kernels::MlaPartialAttentionArgs a{dqc.view(), dpages.view(), dt.seqs(rows, local.max_tokens), k_scale,
-                                       o_part[r].view(), lse.view(), cp, r, scale};
+    kernels::MlaPartialAttentionArgs a{
+        dqc.view(), dpages.view(), dt.seqs(rows, local.max_tokens), k_scale, o_part[r].view(), lse.view(), cp,
+        r,          scale};
     if (mma) a.precision = p;
     ASSERT_EQ(dev->registry().mla_partial_attention.select(a, dev->kind()).name, mma ? kPartialMma : kPartial);
     dev->registry().mla_partial_attention.run(a, dev->kind());
@@ -117,15 +118,16 @@ void check_chain(Device* dev, Mode mode, const Dims& d, int cp, const std::vecto
     // 4. W_UV on the owner of heads g * H ..
     const Tensor d_lat = dev->upload(o_lat);
     Tensor out = dev->poisoned(act_dtype(mode), {R, vw});
-    const kernels::MlaWUvArgs a{d_lat.view(), rows_only.seqs(rows, 0), &dkv[g], {}, out.view(), d.heads, d.nope, d.v,
-                                d.kv_lora, p};
+    const kernels::MlaWUvArgs a{
+        d_lat.view(), rows_only.seqs(rows, 0), &dkv[g], {}, out.view(), d.heads, d.nope, d.v, d.kv_lora, p};
     ASSERT_EQ(dev->registry().mla_w_uv.select(a, dev->kind()).name, kWUv);
     dev->registry().mla_w_uv.run(a, dev->kind());
     const Tensor got = dev->to_host_f32(out.view());
     expect_row0_nan(got, R, "chain out");
-    expect_close("mla_cp_chain", "cp" + std::to_string(cp) + " rank" + std::to_string(g) + " H" + std::to_string(H) +
-                 " bs" + std::to_string(bs), mode, "cache_" + kind, owned_rows(got, R),
-                 owned_rows(columns(want, g * vw, vw), R), tol_attention(mode));
+    expect_close(
+        "mla_cp_chain",
+        "cp" + std::to_string(cp) + " rank" + std::to_string(g) + " H" + std::to_string(H) + " bs" + std::to_string(bs),
+        mode, "cache_" + kind, owned_rows(got, R), owned_rows(columns(want, g * vw, vw), R), tol_attention(mode));
   }
 }
 
@@ -181,12 +183,13 @@ void check_cp1_bitwise(Device* dev, Mode mode, const Dims& d, const std::vector<
   kernels::Registry& reg = dev->registry();
 
   Tensor want = dev->poisoned(act_dtype(mode), {R, H * d.v});
-  const kernels::MlaAttentionArgs absorbed{dq.view(), dpages.view(), sb, k_scale, &dkv_b, want.view(), d.heads, d.nope,
-                                           d.rope, d.v, d.kv_lora, scale, p};
+  const kernels::MlaAttentionArgs absorbed{
+      dq.view(), dpages.view(), sb, k_scale, &dkv_b, want.view(), d.heads, d.nope, d.rope, d.v, d.kv_lora, scale, p};
   // The CUDA-core strategy whose kernels the DCP ops share (a higher-priority tensor-core strategy may
   // be the one select() picks for some of these calls).
   const auto& impls = reg.mla_absorbed.impls();
-  const auto split_kv = std::find_if(impls.begin(), impls.end(), [](const auto& i) { return i.name == "cuda_split_kv"; });
+  const auto split_kv = std::find_if(impls.begin(), impls.end(),
+                                     [](const auto& i) { return i.name == "cuda_split_kv"; });
   ASSERT_NE(split_kv, impls.end());
   ASSERT_TRUE(kernels::mla_attention_check(absorbed).is_ok());
   ASSERT_TRUE(split_kv->supports(absorbed).is_ok()) << split_kv->supports(absorbed).reason();
@@ -197,7 +200,8 @@ void check_cp1_bitwise(Device* dev, Mode mode, const Dims& d, const std::vector<
   const auto as = [](const Tensor& t, Shape shape) {
     return TensorView::contiguous(t.view().data, t.dtype(), shape, t.view().device);
   };
-  reg.mla_q_absorb.run({dq.view(), sb, &dkv_b, as(qc, {R, H, E}), d.heads, d.nope, d.rope, d.v, d.kv_lora, p}, dev->kind());
+  reg.mla_q_absorb.run({dq.view(), sb, &dkv_b, as(qc, {R, H, E}), d.heads, d.nope, d.rope, d.v, d.kv_lora, p},
+                       dev->kind());
   reg.mla_partial_attention.run({qc.view(), dpages.view(), sb, k_scale, o_part.view(), lse.view(), 1, 0, scale},
                                 dev->kind());
   reg.mla_lse_rescale.run({o_part.view(), as(lse, {1, 1, R, H}), sb, 0}, dev->kind());

@@ -31,8 +31,9 @@ void check_q_absorb(Device* dev, Mode mode, const Dims& d, const std::vector<Seq
   const int64_t R = rows.total, H = d.heads, E = d.kv_lora + d.rope;
   const Tensor q = random_act(rng, {R, H * (d.nope + d.rope)}, mode);
   kernels::LinearWeight kv_b;
-  kv_b.weight = w_dtype == DType::bf16 ? random_bf16_weight(rng, H * (d.nope + d.v), d.kv_lora)
-                                       : random_uniform_f32(rng, {H * (d.nope + d.v), d.kv_lora}, 1.0 / std::sqrt(d.kv_lora));
+  kv_b.weight = w_dtype == DType::bf16
+                    ? random_bf16_weight(rng, H * (d.nope + d.v), d.kv_lora)
+                    : random_uniform_f32(rng, {H * (d.nope + d.v), d.kv_lora}, 1.0 / std::sqrt(d.kv_lora));
   const Tables cpu(rows, Tensor(), nullptr);
   Tensor want = nan_tensor({R, H, E});
   cpu_registry().mla_q_absorb.run({q.view(), cpu.seqs(rows, 0), &kv_b, want.view(), d.heads, d.nope, d.rope, d.v,
@@ -42,17 +43,17 @@ void check_q_absorb(Device* dev, Mode mode, const Dims& d, const std::vector<Seq
   const Tensor dq = dev->act(q, mode);
   const kernels::LinearWeight dkv_b = dev->upload(kv_b);
   Tensor qc = dev->poisoned(DType::f32, {R, H, E});
-  const kernels::MlaQAbsorbArgs args{dq.view(), dt.seqs(rows, 0), &dkv_b, qc.view(), d.heads, d.nope, d.rope, d.v,
-                                     d.kv_lora, precision(mode)};
+  const kernels::MlaQAbsorbArgs args{dq.view(), dt.seqs(rows, 0), &dkv_b, qc.view(), d.heads,
+                                     d.nope,    d.rope,           d.v,    d.kv_lora, precision(mode)};
   expect_device_impl(dev->registry().mla_q_absorb, args, dev);
   ASSERT_EQ(dev->registry().mla_q_absorb.select(args, dev->kind()).name, kQAbsorb);
   dev->registry().mla_q_absorb.run(args, dev->kind());
   const Tensor got = dev->to_host_f32(qc.view());
   expect_row0_nan(got, R, "mla_q_absorb qc");
-  expect_close("mla_q_absorb", shape_str({R, H, d.nope, d.kv_lora}), mode, "kv_b_" + std::string(core::dtype_name(w_dtype)),
-               owned_rows(got, R), owned_rows(want, R), tol_reduction(mode));
+  expect_close("mla_q_absorb", shape_str({R, H, d.nope, d.kv_lora}), mode,
+               "kv_b_" + std::string(core::dtype_name(w_dtype)), owned_rows(got, R), owned_rows(want, R),
+               tol_reduction(mode));
 }
-
 
 TEST(OpsOdd, MlaCpQAbsorb) {
   K3_REQUIRE_CUDA(dev);
@@ -111,8 +112,8 @@ void check_partial(Device* dev, const Dims& d, int G, int rank, const std::vecto
   const Tables dt(rows, cache.block_table, dev);
   const Tensor dqc = dev->upload(qc), dpages = device_pages(dev, cache, kind);
   Tensor o_part = dev->poisoned(DType::f32, {G, R, H, L}), lse = dev->poisoned(DType::f32, {G, R, H});
-  kernels::MlaPartialAttentionArgs args{dqc.view(), dpages.view(), dt.seqs(rows, cache.max_tokens), k_scale,
-                                        o_part.view(), lse.view(), cp, rank, scale};
+  kernels::MlaPartialAttentionArgs args{
+      dqc.view(), dpages.view(), dt.seqs(rows, cache.max_tokens), k_scale, o_part.view(), lse.view(), cp, rank, scale};
   args.precision = run.precision;
   auto& table = dev->registry().mla_partial_attention;
   expect_device_impl(table, args, dev);
@@ -146,8 +147,8 @@ void check_partial(Device* dev, const Dims& d, int G, int rank, const std::vecto
     const Tensor o2h = dev->to_host_f32(o2.view()), lse2h = dev->to_host_f32(lse2.view());
     EXPECT_EQ(std::memcmp(o2h.data<const float>(), got_o.data<const float>(), static_cast<size_t>(got_o.nbytes())), 0)
         << "o_part differs between two runs";
-    EXPECT_EQ(std::memcmp(lse2h.data<const float>(), got_lse.data<const float>(), static_cast<size_t>(got_lse.nbytes())),
-              0)
+    EXPECT_EQ(
+        std::memcmp(lse2h.data<const float>(), got_lse.data<const float>(), static_cast<size_t>(got_lse.nbytes())), 0)
         << "lse differs between two runs";
   }
   const Tensor go = owned_rows_g(got_o, G, R, "o_part"), wo = owned_rows_g(want_o, G, R, "o_part (cpu)");

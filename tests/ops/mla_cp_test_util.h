@@ -65,8 +65,8 @@ struct Cache {
   int64_t max_tokens = 0;
 };
 // c_n[s] [n_s, L] and k_pe[s] [n_s, rope]: sequence s's cache entries in local order.
-inline Cache build_cache(const std::vector<Tensor>& c_n, const std::vector<Tensor>& k_pe, int64_t bs, const std::string& kind,
-                  float k_scale, core::Rng& rng) {
+inline Cache build_cache(const std::vector<Tensor>& c_n, const std::vector<Tensor>& k_pe, int64_t bs,
+                         const std::string& kind, float k_scale, core::Rng& rng) {
   const auto S = static_cast<int64_t>(c_n.size());
   const int64_t L = c_n[0].dim(1), rope = k_pe[0].dim(1);
   int64_t blocks = 0, n_max = 0;
@@ -89,10 +89,8 @@ inline Cache build_cache(const std::vector<Tensor>& c_n, const std::vector<Tenso
   }
   const bool fp8 = kind == "fp8";
   c.pages = Tensor::zeros(fp8 ? DType::f8_e4m3 : DType::f32, {num_blocks, bs, L + rope});
-  if (fp8)
-    std::memset(c.pages.data<uint8_t>(), 0x7f, static_cast<size_t>(c.pages.numel()));
-  else
-    std::fill(c.pages.span<float>().begin(), c.pages.span<float>().end(), std::numeric_limits<float>::quiet_NaN());
+  if (fp8) std::memset(c.pages.data<uint8_t>(), 0x7f, static_cast<size_t>(c.pages.numel()));
+  else std::fill(c.pages.span<float>().begin(), c.pages.span<float>().end(), std::numeric_limits<float>::quiet_NaN());
   const auto n = static_cast<int64_t>(rows.size());
   Tensor all_c = f32_tensor({n, L}), all_pe = f32_tensor({n, rope});
   int64_t at = 0;
@@ -111,7 +109,8 @@ inline Cache build_cache(const std::vector<Tensor>& c_n, const std::vector<Tenso
 inline Tensor take_local(const Tensor& t, int cp, int rank) {
   const int64_t n = local_count(t.dim(0), cp, rank), W = t.dim(1);
   Tensor out = f32_tensor({n, W});
-  for (int64_t j = 0; j < n; ++j) std::copy_n(t.data<const float>() + (j * cp + rank) * W, W, out.data<float>() + j * W);
+  for (int64_t j = 0; j < n; ++j)
+    std::copy_n(t.data<const float>() + (j * cp + rank) * W, W, out.data<float>() + j * W);
   return out;
 }
 // The device copy of a CPU cache's pages ("bf16": real bf16 pages, else the same bytes).
@@ -158,7 +157,8 @@ inline Tensor owned_rows_g(const Tensor& t, int64_t G, int64_t R, const char* wh
   Tensor out = f32_tensor({G * (R - 1) * inner});
   for (int64_t g = 0; g < G; ++g) {
     const float* src = t.data<const float>() + g * R * inner;
-    for (int64_t i = 0; i < inner; ++i) EXPECT_TRUE(std::isnan(src[i])) << what << ": row 0 of owner " << g << " written";
+    for (int64_t i = 0; i < inner; ++i)
+      EXPECT_TRUE(std::isnan(src[i])) << what << ": row 0 of owner " << g << " written";
     std::copy_n(src + inner, (R - 1) * inner, out.data<float>() + g * (R - 1) * inner);
   }
   return out;
@@ -167,7 +167,6 @@ inline void expect_row0_nan(const Tensor& t, int64_t R, const char* what) {
   const int64_t inner = t.numel() / R;
   for (int64_t i = 0; i < inner; ++i) ASSERT_TRUE(std::isnan(t.data<const float>()[i])) << what << ": row 0 written";
 }
-
 
 // Five sequences at global positions 0 / 17 / 54 / 97 / 0 with 1 or 3 rows (verify rows).
 inline const std::vector<Seq> kOddBatch = {{0, 1}, {17, 3}, {54, 1}, {97, 3}, {0, 3}};

@@ -175,15 +175,14 @@ TEST(OpsOdd, MlaCpWUv) {
     DType w;
   };
   const Case cases[] = {
-      {{1, 17, 13, 37}, DType::bf16},   // odd kv_lora: scalar path
-      {{3, 17, 7, 54}, DType::bf16},    // v < 8: warps without a W_UV row; 54 % 8 != 0: scalar
-      {{3, 17, 13, 60}, DType::bf16},   // 60 % 8 != 0: scalar for bf16 ...
-      {{5, 17, 9, 60}, DType::f32},     // ... but 16-byte loads for f32 (60 % 4 == 0); v 9: a partial row block
-      {{3, 17, 13, 64}, DType::bf16},   // 16-byte loads, 8 of 32 lanes busy
-      {{2, 17, 17, 64}, DType::f32},
-      {{2, 11, 11, 8}, DType::bf16},    // one chunk per row
-      {{1, 17, 9, 511}, DType::bf16},   // scalar at 16 values per lane
-      {{1, 17, 9, 512}, DType::f32},    // 16-byte loads at the kv_lora limit
+      {{1, 17, 13, 37}, DType::bf16},  // odd kv_lora: scalar path
+      {{3, 17, 7, 54}, DType::bf16},   // v < 8: warps without a W_UV row; 54 % 8 != 0: scalar
+      {{3, 17, 13, 60}, DType::bf16},  // 60 % 8 != 0: scalar for bf16 ...
+      {{5, 17, 9, 60}, DType::f32},    // ... but 16-byte loads for f32 (60 % 4 == 0); v 9: a partial row block
+      {{3, 17, 13, 64}, DType::bf16},  // 16-byte loads, 8 of 32 lanes busy
+      {{2, 17, 17, 64}, DType::f32},  {{2, 11, 11, 8}, DType::bf16},  // one chunk per row
+      {{1, 17, 9, 511}, DType::bf16},                                 // scalar at 16 values per lane
+      {{1, 17, 9, 512}, DType::f32},                                  // 16-byte loads at the kv_lora limit
   };
   uint64_t seed = 9500;
   for (Mode m : kModes)

@@ -58,14 +58,15 @@ struct Layout {
     for (const SeqShape& s : seqs) {
       blocks += (s.S + bs - 1) / bs;
       tokens += s.S;
-      max_rows = std::max(max_rows, static_cast<int>(s.T) + 1);   // slack row slots exit at once
-      max_tokens = std::max(max_tokens, s.S + 3);                 // slack positions
+      max_rows = std::max(max_rows, static_cast<int>(s.T) + 1);  // slack row slots exit at once
+      max_tokens = std::max(max_tokens, s.S + 3);                // slack positions
     }
     max_blocks = (max_tokens + bs - 1) / bs;
     num_blocks = blocks + 2;
     std::vector<int32_t> pool(static_cast<size_t>(num_blocks));
     for (int64_t i = 0; i < num_blocks; ++i) pool[i] = static_cast<int32_t>(i);
-    for (int64_t i = num_blocks - 1; i > 0; --i) std::swap(pool[i], pool[rng.next_u64() % static_cast<uint64_t>(i + 1)]);
+    for (int64_t i = num_blocks - 1; i > 0; --i)
+      std::swap(pool[i], pool[rng.next_u64() % static_cast<uint64_t>(i + 1)]);
     table.assign(static_cast<size_t>(n * max_blocks), -1);
     begins.resize(seqs.size());
     for (int64_t k = n - 1; k >= 0; --k) {
@@ -137,7 +138,8 @@ void check_decode(Device* dev, Mode mode, Dims d, const std::vector<SeqShape>& s
   const int64_t H = d.heads, L = d.kv_lora, E = L + d.rope, R = lay.rows, W = H * d.v;
   const Tensor q = random_act(rng, {R, H * (d.nope + d.rope)}, mode);
   const Tensor gate = random_act(rng, {R, W}, mode, 0.0, 2.0);
-  const Tensor c_n = random_act(rng, {lay.tokens, L}, Mode::bf16), k_pe = random_act(rng, {lay.tokens, d.rope}, Mode::bf16);
+  const Tensor c_n = random_act(rng, {lay.tokens, L}, Mode::bf16),
+               k_pe = random_act(rng, {lay.tokens, d.rope}, Mode::bf16);
   const Tensor cache_rows = i32_host(lay.cache_rows, {lay.tokens});
   kernels::LinearWeight kv_b;
   kv_b.weight = kv_b_f32 ? random_uniform_f32(rng, {H * (d.nope + d.v), L}, 1.0 / std::sqrt(static_cast<double>(L)))
@@ -202,7 +204,9 @@ void check_decode(Device* dev, Mode mode, Dims d, const std::vector<SeqShape>& s
     }
   }
   const std::string what = "cache_" + cache + (gated ? "_gate" : "_nogate") +
-                           (how == Out::workspace ? "_ws" : how == Out::in_place ? "_inplace" : "");
+                           (how == Out::workspace  ? "_ws"
+                            : how == Out::in_place ? "_inplace"
+                                                   : "");
   expect_close("mla_decode", shape_of(seqs, bs, d.heads), mode, what, rows_from(got, 1), rows_from(want, 1),
                tol_attention(mode));
 }
@@ -356,7 +360,6 @@ TEST(OpsTp8, MlaDecodeMmaLongContextSplits) {
                  true, Out::workspace, ++seed, split_len);
   }
 }
-
 
 // ---------------------------------------------------------------- combine_w_uv_gate's clusters
 

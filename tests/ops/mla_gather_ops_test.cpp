@@ -23,7 +23,8 @@ constexpr const char* kGather = "cuda_warp_copy";
 Tensor random_bytes(DType dtype, Shape shape, uint64_t seed) {
   Tensor t = Tensor::zeros(dtype, shape);
   core::Rng rng(seed);
-  for (uint8_t& b : std::span(t.data<uint8_t>(), static_cast<size_t>(t.nbytes()))) b = static_cast<uint8_t>(rng.next_u64());
+  for (uint8_t& b : std::span(t.data<uint8_t>(), static_cast<size_t>(t.nbytes())))
+    b = static_cast<uint8_t>(rng.next_u64());
   return t;
 }
 Tensor filled(DType dtype, Shape shape, uint8_t byte) {
@@ -55,13 +56,15 @@ void expect_gather_matches(Device* dev, const Tensor& src_t, const TensorView& s
   const Tensor rows_h = i32_host(rows);
   Tensor want = copy(dst_t);
   TensorView want_v = dst;
-  want_v.data = static_cast<char*>(want.view().data) + (static_cast<const char*>(dst.data) - static_cast<const char*>(dst_t.view().data));
+  want_v.data = static_cast<char*>(want.view().data) +
+                (static_cast<const char*>(dst.data) - static_cast<const char*>(dst_t.view().data));
   cpu_registry().mla_cache_gather.run({src, rows_h.view(), want_v}, core::Device::cpu);
 
   const Tensor src_d = dev->upload(src_t), rows_d = dev->upload(rows_h), dst_d = dev->upload(dst_t);
   const auto on_device = [](const Tensor& whole_d, const Tensor& whole, const TensorView& part) {
     TensorView v = part;
-    v.data = static_cast<char*>(whole_d.view().data) + (static_cast<const char*>(part.data) - static_cast<const char*>(whole.view().data));
+    v.data = static_cast<char*>(whole_d.view().data) +
+             (static_cast<const char*>(part.data) - static_cast<const char*>(whole.view().data));
     v.device = core::Device::cuda;
     return v;
   };
@@ -79,8 +82,8 @@ TEST(MlaCacheGatherOps, OddShapesEveryWordSizeStridedPagesAndSkippedRows) {
   K3_REQUIRE_CUDA(dev);
   uint64_t seed = 1;
   // (dtype, width): fp8 13 -> 1-byte words, f32 13 -> 4-byte, bf16 24 -> 16-byte, fp8 576 -> 16-byte.
-  const std::vector<std::pair<DType, int64_t>> cases = {
-      {DType::f8_e4m3, 13}, {DType::f32, 13}, {DType::bf16, 24}, {DType::bf16, 11}, {DType::f8_e4m3, 576}, {DType::f32, 576}};
+  const std::vector<std::pair<DType, int64_t>> cases = {{DType::f8_e4m3, 13}, {DType::f32, 13},      {DType::bf16, 24},
+                                                        {DType::bf16, 11},    {DType::f8_e4m3, 576}, {DType::f32, 576}};
   for (const auto& [dtype, width] : cases)
     for (bool strided : {false, true}) {
       const int64_t bs = 7, blocks = 5, extra = strided ? 1 : 0;
@@ -102,7 +105,8 @@ TEST(MlaCacheGatherOps, OddShapesEveryWordSizeStridedPagesAndSkippedRows) {
 }
 
 // The DCP prefill gather at real shapes, on the device.
-void expect_dcp_gather(Device* dev, DType dtype, const std::vector<int64_t>& tokens, int cp, int64_t bs, uint64_t seed) {
+void expect_dcp_gather(Device* dev, DType dtype, const std::vector<int64_t>& tokens, int cp, int64_t bs,
+                       uint64_t seed) {
   SCOPED_TRACE(std::string(core::dtype_name(dtype)) + " cp " + std::to_string(cp) + " bs " + std::to_string(bs));
   const int64_t width = 576;
   const size_t row_bytes = width * core::dtype_size(dtype);
@@ -140,8 +144,8 @@ void expect_dcp_gather(Device* dev, DType dtype, const std::vector<int64_t>& tok
   const Tensor gathered = dev->poisoned(dtype, {cp * slots, 1, width});
   for (int r = 0; r < cp; ++r) {
     const Tensor src = dev->upload(pages[r]), rows = dev->upload(i32_host(plans[r].pack_rows));
-    const TensorView part = TensorView::contiguous(static_cast<char*>(gathered.view().data) + r * slots * row_bytes, dtype,
-                                                   {slots, 1, width}, core::Device::cuda);
+    const TensorView part = TensorView::contiguous(static_cast<char*>(gathered.view().data) + r * slots * row_bytes,
+                                                   dtype, {slots, 1, width}, core::Device::cuda);
     const kernels::MlaCacheGatherArgs a{src.view(), rows.view(), part};
     EXPECT_EQ(op.select(a, core::Device::cuda).name, kGather);
     op.run(a, core::Device::cuda);
@@ -154,8 +158,8 @@ void expect_dcp_gather(Device* dev, DType dtype, const std::vector<int64_t>& tok
   for (size_t s = 0; s < tokens.size(); ++s) {
     const int32_t* table = plan.block_table.data() + s * plan.table_width;
     for (int64_t q = 0; q < tokens[s]; ++q)
-      ASSERT_EQ(std::memcmp(row_ptr(got.view(), int64_t{table[q / bs]} * bs + q % bs), row_ptr(whole.view(), base[s] + q),
-                            row_bytes),
+      ASSERT_EQ(std::memcmp(row_ptr(got.view(), int64_t{table[q / bs]} * bs + q % bs),
+                            row_ptr(whole.view(), base[s] + q), row_bytes),
                 0)
           << "sequence " << s << " position " << q;
   }

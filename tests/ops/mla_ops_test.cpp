@@ -87,9 +87,7 @@ struct Layout {
   Tensor row_begin() const { return i32_host(begins, {static_cast<int64_t>(begins.size())}); }
   Tensor num_rows() const { return i32_host(counts, {static_cast<int64_t>(counts.size())}); }
   Tensor position() const { return i32_host(positions, {static_cast<int64_t>(positions.size())}); }
-  Tensor block_table() const {
-    return i32_host(table, {static_cast<int64_t>(begins.size()), max_blocks});
-  }
+  Tensor block_table() const { return i32_host(table, {static_cast<int64_t>(begins.size()), max_blocks}); }
   kernels::SeqBatch seqs(const Tensor& rb, const Tensor& nr, const Tensor& pos, const Tensor& bt) const {
     kernels::SeqBatch b;
     b.row_begin = rb.view();
@@ -125,7 +123,8 @@ void check_mla(Device* dev, Mode mode, bool absorbed, MlaDims d, const std::vect
   const Layout lay(seqs, bs, /*row_slack=*/1, /*token_slack=*/3, rng);
   const int64_t H = d.heads, L = d.kv_lora, E = d.kv_lora + d.rope, R = lay.rows;
   const Tensor q = random_act(rng, {R, H * (d.nope + d.rope)}, mode);
-  const Tensor c_n = random_act(rng, {lay.tokens, L}, Mode::bf16), k_pe = random_act(rng, {lay.tokens, d.rope}, Mode::bf16);
+  const Tensor c_n = random_act(rng, {lay.tokens, L}, Mode::bf16),
+               k_pe = random_act(rng, {lay.tokens, d.rope}, Mode::bf16);
   const Tensor cache_rows = i32_host(lay.cache_rows, {lay.tokens});
   kernels::LinearWeight kv_b;
   kv_b.weight = random_bf16_weight(rng, H * (d.nope + d.v), L);
@@ -150,8 +149,11 @@ void check_mla(Device* dev, Mode mode, bool absorbed, MlaDims d, const std::vect
   const Tensor drb = dev->upload(rb), dnr = dev->upload(nr), dpos = dev->upload(pos), dbt = dev->upload(bt);
   const kernels::LinearWeight dkv_b = dev->upload(kv_b);
   Tensor out = dev->poisoned(act_dtype(mode), {R, H * d.v});
-  const kernels::MlaAttentionArgs args{dq.view(), dpages.view(), lay.seqs(drb, dnr, dpos, dbt), k_scale, &dkv_b,
-                                       out.view(), d.heads, d.nope, d.rope, d.v, d.kv_lora, scale, p};
+  const kernels::MlaAttentionArgs args{dq.view(), dpages.view(), lay.seqs(drb, dnr, dpos, dbt),
+                                       k_scale,   &dkv_b,        out.view(),
+                                       d.heads,   d.nope,        d.rope,
+                                       d.v,       d.kv_lora,     scale,
+                                       p};
   auto& table = absorbed ? dev->registry().mla_absorbed : dev->registry().mla_naive;
   expect_device_impl(table, args, dev);
   if (want_impl != nullptr) {
@@ -330,7 +332,6 @@ TEST(OpsTp8, MlaCacheWrite) {
     }
 }
 
-
 // ---------------------------------------------------------------- CUDA-graph replay
 
 #ifdef K3_HAVE_CUDA
@@ -366,7 +367,8 @@ TEST(OpsGraph, MlaDecodeStepReplaysForNewPositionsAndTables) {
   // Fixed device buffers the graph reads: inputs, cache rows and tables (row_begin, num_rows,
   // position, block_table in one i32 buffer), and the output.
   const Tensor dq = backends::cuda::empty(pool, DType::bf16, {R, qw});
-  const Tensor dc = backends::cuda::empty(pool, DType::bf16, {R, L}), dpe = backends::cuda::empty(pool, DType::bf16, {R, d.rope});
+  const Tensor dc = backends::cuda::empty(pool, DType::bf16, {R, L}),
+               dpe = backends::cuda::empty(pool, DType::bf16, {R, d.rope});
   const Tensor drows = backends::cuda::empty(pool, DType::i32, {R});
   const Tensor dtables = backends::cuda::empty(pool, DType::i32, {3 * nseq + nseq * max_blocks});
   const Tensor dout = backends::cuda::empty(pool, DType::bf16, {R, H * d.v});
@@ -386,8 +388,8 @@ TEST(OpsGraph, MlaDecodeStepReplaysForNewPositionsAndTables) {
   };
   const auto attention_args = [&](const TensorView& q, const TensorView& pages, const kernels::SeqBatch& seqs,
                                   const kernels::LinearWeight* w, const TensorView& out) {
-    return kernels::MlaAttentionArgs{q, pages, seqs, k_scale, w, out, d.heads, d.nope, d.rope, d.v, d.kv_lora,
-                                     scale, Precision::bf16};
+    return kernels::MlaAttentionArgs{q,   pages,     seqs,  k_scale,        w, out, d.heads, d.nope, d.rope,
+                                     d.v, d.kv_lora, scale, Precision::bf16};
   };
 
   // Sequences: their pages (from a shuffled pool) and lengths; a prefix written before the capture.
@@ -403,7 +405,8 @@ TEST(OpsGraph, MlaDecodeStepReplaysForNewPositionsAndTables) {
   };
   const auto write_both = [&](const Tensor& c, const Tensor& pe, const std::vector<int32_t>& rows) {
     const Tensor h_rows = i32_host(rows, {static_cast<int64_t>(rows.size())});
-    cpu_registry().mla_cache_write.run({c.view(), pe.view(), cpu_pages.view(), h_rows.view(), k_scale}, core::Device::cpu);
+    cpu_registry().mla_cache_write.run({c.view(), pe.view(), cpu_pages.view(), h_rows.view(), k_scale},
+                                       core::Device::cpu);
     const Tensor d_c = backends::cuda::upload(c.view(), DType::bf16, pool, stream);
     const Tensor d_pe = backends::cuda::upload(pe.view(), DType::bf16, pool, stream);
     const Tensor d_rows = backends::cuda::upload(h_rows.view(), pool, stream);
@@ -421,7 +424,8 @@ TEST(OpsGraph, MlaDecodeStepReplaysForNewPositionsAndTables) {
   }
 
   const kernels::MlaCacheWriteArgs write_args{dc.view(), dpe.view(), dpages.view(), drows.view(), k_scale};
-  const kernels::MlaAttentionArgs step_args = attention_args(dq.view(), dpages.view(), seqs_of(dtables), &dkv_b, dout.view());
+  const kernels::MlaAttentionArgs step_args = attention_args(dq.view(), dpages.view(), seqs_of(dtables), &dkv_b,
+                                                             dout.view());
   backends::cuda::Graph graph = backends::cuda::Graph::capture(*ctx, [&] {
     reg.mla_cache_write.run(write_args, core::Device::cuda);
     reg.mla_absorbed.run(step_args, core::Device::cuda);
@@ -464,14 +468,16 @@ TEST(OpsGraph, MlaDecodeStepReplaysForNewPositionsAndTables) {
     const Tensor got = backends::cuda::download_f32(dout.view(), stream);
 
     // The CPU reference on the same state.
-    cpu_registry().mla_cache_write.run({c.view(), pe.view(), cpu_pages.view(), h_rows.view(), k_scale}, core::Device::cpu);
+    cpu_registry().mla_cache_write.run({c.view(), pe.view(), cpu_pages.view(), h_rows.view(), k_scale},
+                                       core::Device::cpu);
     Tensor want = nan_tensor({R, H * d.v});
     cpu_registry().mla_absorbed.run(attention_args(q.view(), cpu_pages.view(), seqs_of(h_tables), &kv_b, want.view()),
                                     core::Device::cpu);
     // Rows [next_row, R) are the step's; rows before it belong to no sequence and stay NaN.
-    for (int64_t i = 0; i < next_row * H * d.v; ++i) ASSERT_TRUE(std::isnan(got.data<const float>()[i])) << "step " << step;
-    expect_close("mla_absorbed", "graph step " + std::to_string(step), Mode::bf16, "cache_fp8", rows_from(got, next_row),
-                 rows_from(want, next_row), tol_attention(Mode::bf16));
+    for (int64_t i = 0; i < next_row * H * d.v; ++i)
+      ASSERT_TRUE(std::isnan(got.data<const float>()[i])) << "step " << step;
+    expect_close("mla_absorbed", "graph step " + std::to_string(step), Mode::bf16, "cache_fp8",
+                 rows_from(got, next_row), rows_from(want, next_row), tol_attention(Mode::bf16));
   }
 }
 #endif

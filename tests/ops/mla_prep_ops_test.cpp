@@ -62,7 +62,8 @@ CacheRows cache_rows(core::Rng& rng, int64_t T, int64_t bs) {
   out.num_blocks = blocks + 2;
   std::vector<int32_t> pool(static_cast<size_t>(out.num_blocks));
   for (int64_t i = 0; i < out.num_blocks; ++i) pool[i] = static_cast<int32_t>(i);
-  for (int64_t i = out.num_blocks - 1; i > 0; --i) std::swap(pool[i], pool[rng.next_u64() % static_cast<uint64_t>(i + 1)]);
+  for (int64_t i = out.num_blocks - 1; i > 0; --i)
+    std::swap(pool[i], pool[rng.next_u64() % static_cast<uint64_t>(i + 1)]);
   size_t next = 0;
   for (size_t s = 0; s < lens.size(); ++s) {
     std::vector<int32_t> table;
@@ -84,13 +85,15 @@ bool rows_vec8(const TensorView& v) {
 
 void check_prep(Device* dev, Mode mode, const PrepCase& c, uint64_t seed) {
   SCOPED_TRACE(c.name + " T " + std::to_string(c.T) + " " + mode_name(mode) + " " +
-               std::string(core::dtype_name(c.cache)) + (c.style == kernels::RmsNormStyle::moonshot ? " moonshot" : " fused"));
+               std::string(core::dtype_name(c.cache)) +
+               (c.style == kernels::RmsNormStyle::moonshot ? " moonshot" : " fused"));
   core::Rng rng(seed);
   const Precision p = precision(mode);
   const int64_t pad = 2 * c.offset, E = c.kv_lora + c.rope;
   const Tensor q_a = random_act(rng, {c.T, c.q_lora + pad}, mode);
   Tensor kv = random_act(rng, {c.T, E + pad}, mode, 0.0, 3.0);
-  for (int64_t t = 0; t < c.T; t += 3) kv.data<float>()[t * (E + pad) + c.offset + c.kv_lora] = 1000.5f;  // fp8 saturates
+  for (int64_t t = 0; t < c.T; t += 3)
+    kv.data<float>()[t * (E + pad) + c.offset + c.kv_lora] = 1000.5f;  // fp8 saturates
   if (mode == Mode::bf16)
     for (int64_t i = 0; i < kv.view().numel(); ++i) kv.data<float>()[i] = core::bf16_round(kv.data<float>()[i]);
   Tensor q_norm = Tensor::zeros(DType::bf16, {c.q_lora}), kv_norm = Tensor::zeros(DType::f32, {c.kv_lora});
@@ -122,8 +125,9 @@ void check_prep(Device* dev, Mode mode, const PrepCase& c, uint64_t seed) {
   const DType cpu_cache = c.cache == DType::f8_e4m3 ? DType::f8_e4m3 : DType::f32;
   Tensor want_q = nan_tensor({c.T, c.q_lora + pad});
   Tensor want_pages = Tensor::zeros(cpu_cache, {lay.num_blocks, c.bs, E});
-  cpu_registry().mla_prep.run(args_for(columns(q_a, c.offset, c.q_lora), q_norm.view(), columns(want_q, c.offset, c.q_lora),
-                                       columns(kv, c.offset, E), kv_norm.view(), want_pages.view(), rows.view()),
+  cpu_registry().mla_prep.run(args_for(columns(q_a, c.offset, c.q_lora), q_norm.view(),
+                                       columns(want_q, c.offset, c.q_lora), columns(kv, c.offset, E), kv_norm.view(),
+                                       want_pages.view(), rows.view()),
                               core::Device::cpu);
 
   // Device: NaN-poisoned q_a_out buffer and pages.
@@ -131,8 +135,9 @@ void check_prep(Device* dev, Mode mode, const PrepCase& c, uint64_t seed) {
   const Tensor dqn = dev->upload(q_norm), dkn = dev->upload(kv_norm);
   const Tensor dq_out = dev->poisoned(act_dtype(mode), {c.T, c.q_lora + pad});
   const Tensor dpages = dev->poisoned(c.cache, {lay.num_blocks, c.bs, E});
-  const kernels::MlaPrepArgs args = args_for(columns(dq, c.offset, c.q_lora), dqn.view(), columns(dq_out, c.offset, c.q_lora),
-                                             columns(dkv, c.offset, E), dkn.view(), dpages.view(), drows.view());
+  const kernels::MlaPrepArgs args = args_for(columns(dq, c.offset, c.q_lora), dqn.view(),
+                                             columns(dq_out, c.offset, c.q_lora), columns(dkv, c.offset, E), dkn.view(),
+                                             dpages.view(), drows.view());
   expect_device_impl(dev->registry().mla_prep, args, dev);
   EXPECT_EQ(dev->registry().mla_prep.select(args, dev->kind()).name, "cuda_rowwise");
   dev->registry().mla_prep.run(args, dev->kind());
@@ -145,13 +150,14 @@ void check_prep(Device* dev, Mode mode, const PrepCase& c, uint64_t seed) {
   int64_t stray = 0;
   for (int64_t t = 0; t < c.T; ++t)
     for (int64_t col = 0; col < c.q_lora + pad; ++col)
-      if ((col < c.offset || col >= c.offset + c.q_lora) && !std::isnan(got_q_all.data<float>()[t * (c.q_lora + pad) + col]))
+      if ((col < c.offset || col >= c.offset + c.q_lora) &&
+          !std::isnan(got_q_all.data<float>()[t * (c.q_lora + pad) + col]))
         ++stray;
   EXPECT_EQ(stray, 0) << "elements written outside q_a_out";
 
   // The cache: named rows against the CPU (c_n at rmsnorm's tolerance, k_pe exact), every other row NaN.
-  const Tensor got_pages =
-      dev->to_host_f32(TensorView::contiguous(dpages.view().data, c.cache, {capacity, E}, dpages.view().device));
+  const Tensor got_pages = dev->to_host_f32(
+      TensorView::contiguous(dpages.view().data, c.cache, {capacity, E}, dpages.view().device));
   const Tensor want_f = to_f32(want_pages);
   std::vector<bool> named(static_cast<size_t>(capacity), false);
   for (int32_t r : lay.rows)
@@ -193,17 +199,20 @@ void check_prep(Device* dev, Mode mode, const PrepCase& c, uint64_t seed) {
   const Tensor host_c = copy_rows(columns(kv, c.offset, c.kv_lora));
   const Tensor host_pe = copy_rows(columns(kv, c.offset + c.kv_lora, c.rope));
   const Tensor dc = dev->act(host_c, mode), dpe = dev->act(host_pe, mode);
-  const Tensor std_q = dev->poisoned(act_dtype(mode), {c.T, c.q_lora}), std_cn = dev->poisoned(act_dtype(mode), {c.T, c.kv_lora});
+  const Tensor std_q = dev->poisoned(act_dtype(mode), {c.T, c.q_lora}),
+               std_cn = dev->poisoned(act_dtype(mode), {c.T, c.kv_lora});
   const Tensor std_pages = dev->poisoned(c.cache, {lay.num_blocks, c.bs, E});
   const kernels::RmsNormArgs norm_q{args.q_a, dqn.view(), std_q.view(), 1e-6f, c.style, p};
   const kernels::RmsNormArgs norm_c{dc.view(), dkn.view(), std_cn.view(), 1e-6f, c.style, p};
   dev->registry().rmsnorm.run(norm_q, dev->kind());
   dev->registry().rmsnorm.run(norm_c, dev->kind());
-  dev->registry().mla_cache_write.run({std_cn.view(), dpe.view(), std_pages.view(), drows.view(), c.k_scale}, dev->kind());
+  dev->registry().mla_cache_write.run({std_cn.view(), dpe.view(), std_pages.view(), drows.view(), c.k_scale},
+                                      dev->kind());
   // The vector-width choices of mla_prep (kernels/mla/cuda_mla_prep.cu) and rmsnorm (kernels/norm/cuda.cu).
   const bool prep_vec = rows_vec8(args.q_a) && rows_vec8(args.q_a_out) && aligned16(dqn.view().data) &&
                         rows_vec8(args.kv) && c.kv_lora % 8 == 0 && aligned16(dkn.view().data) &&
-                        aligned16(dpages.view().data) && (E * static_cast<int64_t>(core::dtype_size(c.cache))) % 16 == 0;
+                        aligned16(dpages.view().data) &&
+                        (E * static_cast<int64_t>(core::dtype_size(c.cache))) % 16 == 0;
   const bool std_q_vec = rows_vec8(args.q_a) && rows_vec8(std_q.view()) && aligned16(dqn.view().data);
   const bool std_c_vec = rows_vec8(dc.view()) && rows_vec8(std_cn.view()) && aligned16(dkn.view().data);
   if (prep_vec == std_q_vec) {
@@ -223,7 +232,8 @@ void check_prep(Device* dev, Mode mode, const PrepCase& c, uint64_t seed) {
       return dev->to_host(TensorView::contiguous(pages.view().data, c.cache, {capacity, E}, pages.view().device));
     };
     const Tensor a = raw(std_pages), b = raw(dpages);
-    EXPECT_EQ(std::memcmp(a.data<void>(), b.data<void>(), static_cast<size_t>(capacity * E) * core::dtype_size(c.cache)), 0)
+    EXPECT_EQ(
+        std::memcmp(a.data<void>(), b.data<void>(), static_cast<size_t>(capacity * E) * core::dtype_size(c.cache)), 0)
         << "pages differ from the device's rmsnorm + mla_cache_write (same vector width)";
   }
 }

@@ -47,8 +47,9 @@ void check_ep_case(Device* dev, const ExpertsMode& mode, const Experts& ex, cons
   const auto part = [&](const std::vector<kernels::LinearWeight>& w) {
     return std::span<const kernels::LinearWeight>(w).subspan(static_cast<size_t>(begin), static_cast<size_t>(held));
   };
-  kernels::MoeExpertsArgs cpu{z.view(), ids.view(), weights.view(), part(ex.w1), part(ex.w3), part(ex.w2),
-                              TensorView{}, 4.0f, 25.0f, mode.precision, /*round_output=*/false};
+  kernels::MoeExpertsArgs cpu{z.view(),    ids.view(),     weights.view(),        part(ex.w1),
+                              part(ex.w3), part(ex.w2),    TensorView{},          4.0f,
+                              25.0f,       mode.precision, /*round_output=*/false};
   cpu.expert_begin = begin, cpu.num_experts = E, cpu.whole_experts = true;
   Tensor want = nan_tensor({T, L});
   cpu.out = want.view();
@@ -62,15 +63,17 @@ void check_ep_case(Device* dev, const ExpertsMode& mode, const Experts& ex, cons
   }
   Tensor dz = dev->act(z, mode.act), d_ids = dev->upload(bad_ids), d_w = dev->upload(weights);
   Tensor out = dev->poisoned(DType::f32, {T, L + c.out_pad});
-  kernels::MoeExpertsArgs args{dz.view(), d_ids.view(), d_w.view(), part(ex.dw1), part(ex.dw3), part(ex.dw2),
-                               column_block(out, 0, L), 4.0f, 25.0f, mode.precision, false};
+  kernels::MoeExpertsArgs args{
+      dz.view(), d_ids.view(), d_w.view(),     part(ex.dw1), part(ex.dw3), part(ex.dw2), column_block(out, 0, L),
+      4.0f,      25.0f,        mode.precision, false};
   args.expert_begin = begin, args.num_experts = E, args.whole_experts = true;
   const std::string shape = shape_str({T, E, k, L, I});
   const std::string where = shape + " " + mode.name + " rank " + std::to_string(c.rank) + "/" + std::to_string(c.ep);
   if (expect_selected) {
     ASSERT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, expected_moe_impl(dev, args, impl)) << where;
   }
-  const auto& named = moe_impl_named(dev, expected_moe_impl(dev, args, impl));  // the MXFP4 forms run where they take it
+  const auto& named = moe_impl_named(dev,
+                                     expected_moe_impl(dev, args, impl));  // the MXFP4 forms run where they take it
   const core::Status s = named.supports(args);
   ASSERT_TRUE(s) << where << ": " << s.reason();
   named.run(args);
@@ -111,7 +114,9 @@ void check_ep_case(Device* dev, const ExpertsMode& mode, const Experts& ex, cons
 }
 
 // The ranks the odd-shape tests take of an ep-way split: first, one inside, last.
-std::vector<int> some_ranks(int ep) { return ep <= 2 ? std::vector<int>{0, ep - 1} : std::vector<int>{0, ep / 2, ep - 1}; }
+std::vector<int> some_ranks(int ep) {
+  return ep <= 2 ? std::vector<int>{0, ep - 1} : std::vector<int>{0, ep / 2, ep - 1};
+}
 
 // The MXFP4 strategies at odd widths (L 96 = 3 chunks, I 160 = 5 chunks), 24 experts split 2, 4 and
 // 8 ways (12, 6, 3 per rank), k 3 and 16: the GEMV at 1..16 tokens, the grouped kernels (bf16) at
@@ -155,8 +160,8 @@ TEST(OpsOdd, MoeExpertsEpBadIdsAndStridedOut) {
   for (int rank : {0, 3}) {
     for (const ExpertsMode& gm : kExpertsModes) {
       check_ep_case(dev, gm, ex, {5, 3, rank, 4, 7}, ++seed, kGemv, bad);
-      check_ep_case(dev, gm, ex, {5, 3, rank, 4, 7}, ++seed, kRowdot, bad);     // route form
-      check_ep_case(dev, gm, ex, {120, 3, rank, 4, 7}, ++seed, kRowdot, bad);   // sorted form (360 routes)
+      check_ep_case(dev, gm, ex, {5, 3, rank, 4, 7}, ++seed, kRowdot, bad);    // route form
+      check_ep_case(dev, gm, ex, {120, 3, rank, 4, 7}, ++seed, kRowdot, bad);  // sorted form (360 routes)
     }
     check_ep_case(dev, kExpertsModes[0], ex, {5, 3, rank, 4, 7}, ++seed, kGrouped, bad);
     check_ep_case(dev, kExpertsModes[0], ex, {40, 3, rank, 4, 7}, ++seed, kGrouped, bad);
@@ -193,8 +198,8 @@ TEST(OpsTp8, MoeExpertsEp8Top16Of896) {
     std::vector<Tensor> got;
     for (int run = 0; run < 3; ++run) {
       Tensor out = dev->poisoned(DType::f32, {64, 3584});
-      kernels::MoeExpertsArgs a{dz.view(), d_ids.view(), d_w.view(), part(ex.dw1), part(ex.dw3), part(ex.dw2),
-                                out.view(), 4.0f, 25.0f, Precision::bf16, false};
+      kernels::MoeExpertsArgs a{dz.view(),  d_ids.view(), d_w.view(), part(ex.dw1),    part(ex.dw3), part(ex.dw2),
+                                out.view(), 4.0f,         25.0f,      Precision::bf16, false};
       a.expert_begin = 112, a.num_experts = 896, a.whole_experts = true;
       moe_impl_named(dev, impl).run(a);
       got.push_back(dev->to_host(out.view()));

@@ -75,8 +75,8 @@ void fixed_routes(core::Rng& rng, int64_t T, int64_t E, int64_t k, int64_t step,
 
 // Runs the GEMV (asserting it is the strategy picked) and the CPU reference on the same inputs.
 // NaN entries must match exactly (same positions); the rest is compared within tolerance.
-void check(Device* dev, const ExpertsMode& gm, const ScaledExperts& ex, int64_t T, int64_t k, int64_t step, uint64_t seed,
-           const std::string& what) {
+void check(Device* dev, const ExpertsMode& gm, const ScaledExperts& ex, int64_t T, int64_t k, int64_t step,
+           uint64_t seed, const std::string& what) {
   core::Rng rng(seed);
   const int64_t L = ex.L();
   const Tensor z = random_act(rng, {T, L}, gm.act, 0.0, 2.0);
@@ -88,8 +88,8 @@ void check(Device* dev, const ExpertsMode& gm, const ScaledExperts& ex, int64_t 
                                  core::Device::cpu);
   Tensor dz = dev->upload(z, act_dtype(gm.act)), d_ids = dev->upload(ids), d_w = dev->upload(weights);
   Tensor out = dev->poisoned(act_dtype(gm.act), {T, L});
-  const kernels::MoeExpertsArgs args{dz.view(), d_ids.view(), d_w.view(), ex.dw1, ex.dw3, ex.dw2,
-                                     out.view(), 4.0f, 25.0f, gm.precision};
+  const kernels::MoeExpertsArgs args{dz.view(), d_ids.view(), d_w.view(), ex.dw1, ex.dw3,
+                                     ex.dw2,    out.view(),   4.0f,       25.0f,  gm.precision};
   const std::string shape = shape_str({T, ex.E(), k, L, ex.I()});
   ASSERT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, kGemv)
       << shape << " " << gm.name << " " << what;
@@ -121,10 +121,10 @@ TEST(OpsOdd, MoeExpertsGemvScaleLoadsWordAndByte) {
     const char* what;
   };
   const Case cases[] = {
-      {256, 128, {false, false, false}, "words_both"},     // 8 and 4 chunks per scale row
-      {256, 96, {false, false, false}, "words_gu_bytes_dn"},  // down rows of 3 chunks
+      {256, 128, {false, false, false}, "words_both"},         // 8 and 4 chunks per scale row
+      {256, 96, {false, false, false}, "words_gu_bytes_dn"},   // down rows of 3 chunks
       {224, 128, {false, false, false}, "bytes_gu_words_dn"},  // gate/up rows of 7 chunks
-      {256, 128, {true, false, false}, "odd_w1"},           // w1 scales 1 byte off: gate/up bytewise
+      {256, 128, {true, false, false}, "odd_w1"},              // w1 scales 1 byte off: gate/up bytewise
       {256, 128, {false, true, true}, "odd_w3_w2"},
   };
   uint64_t seed = 9100;

@@ -49,7 +49,7 @@ TEST(OpsTp8, MoeExpertsGroupedMxfp4Top16Of896) {
   uint64_t seed = 9100;
   for (int64_t T : {1, 8, 16, 17, 33, 64}) check_grouped(dev, ex, {T, 16}, ++seed, run_for(T));
   check_grouped(dev, ex, {32, 16, false, 0, 7168}, ++seed, RunAs::selected);  // [T, L | hidden] partial sums
-  check_grouped(dev, ex, {17, 16, true, 8, 3}, ++seed, RunAs::selected);     // strided z and out rows
+  check_grouped(dev, ex, {17, 16, true, 8, 3}, ++seed, RunAs::selected);      // strided z and out rows
 }
 
 // Odd widths (L = 96 is 3 chunks: one step, lane 3 idle, the second slice idle; 2080 is 65 chunks;
@@ -148,8 +148,8 @@ TEST(OpsTp8, MoeExpertsGroupedBitwiseRunToRunAndAcrossBatches) {
     std::vector<Tensor> got;
     for (int64_t rows : {T, T, T, int64_t{17}}) {
       Tensor out = dev->poisoned(DType::bf16, {rows, L});
-      const kernels::MoeExpertsArgs args{first_rows(dz, rows), first_rows(d_ids, rows), first_rows(d_w, rows),
-                                         ex->dw1, ex->dw3, ex->dw2, out.view()};
+      const kernels::MoeExpertsArgs args{
+          first_rows(dz, rows), first_rows(d_ids, rows), first_rows(d_w, rows), ex->dw1, ex->dw3, ex->dw2, out.view()};
       ASSERT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, kGrouped) << "T " << rows;
       dev->registry().moe_experts.run(args, dev->kind());
       got.push_back(dev->to_host(out.view()));
@@ -169,10 +169,9 @@ TEST(OpsOdd, MoeExpertsGroupedRefusalsTakeRowdot) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(10300);
   const Experts ex(dev, rng, 12, 12, 96, 64);
-  const auto args_for = [&](const Tensor& dz, const Tensor& d_ids, const Tensor& d_w, const Tensor& out,
-                            Precision p) {
-    return kernels::MoeExpertsArgs{dz.view(), d_ids.view(), d_w.view(), ex.dw1, ex.dw3, ex.dw2, out.view(),
-                                   4.0f, 25.0f, p};
+  const auto args_for = [&](const Tensor& dz, const Tensor& d_ids, const Tensor& d_w, const Tensor& out, Precision p) {
+    return kernels::MoeExpertsArgs{dz.view(), d_ids.view(), d_w.view(), ex.dw1, ex.dw3,
+                                   ex.dw2,    out.view(),   4.0f,       25.0f,  p};
   };
   for (int64_t T : {17, 64}) {
     const Tensor z = random_act(rng, {T, 96}, Mode::fp32);
@@ -185,7 +184,8 @@ TEST(OpsOdd, MoeExpertsGroupedRefusalsTakeRowdot) {
       const core::Status s = moe_impl_named(dev, kGrouped).supports(args);
       ASSERT_FALSE(s) << "f32 activations were taken";
       EXPECT_NE(s.reason().find("bf16"), std::string::npos) << s.reason();
-      EXPECT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, expected_moe_impl(dev, args, kRowdot)) << "T " << T;
+      EXPECT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, expected_moe_impl(dev, args, kRowdot))
+          << "T " << T;
     }
   }
   // 65 tokens and misaligned z rows, through the harness's comparison on the rowdot strategy.

@@ -145,13 +145,12 @@ void check_experts(Device* dev, Mode mode, const Experts& ex, int64_t T, int64_t
   random_routes(rng, T, E, k, ids, weights);
   const Precision p = precision(mode);
   Tensor want = nan_tensor({T, L});
-  cpu_registry().moe_experts.run({z.view(), ids.view(), weights.view(), ex.w1, ex.w3, ex.w2, want.view(), 4.0f,
-                                  25.0f, p},
-                                 core::Device::cpu);
+  cpu_registry().moe_experts.run(
+      {z.view(), ids.view(), weights.view(), ex.w1, ex.w3, ex.w2, want.view(), 4.0f, 25.0f, p}, core::Device::cpu);
   Tensor dz = dev->act(z, mode), d_ids = dev->upload(ids), d_w = dev->upload(weights);
   Tensor out = dev->poisoned(act_dtype(mode), {T, L});
-  const kernels::MoeExpertsArgs args{dz.view(), d_ids.view(), d_w.view(), ex.dw1, ex.dw3, ex.dw2,
-                                     out.view(), 4.0f, 25.0f, p};
+  const kernels::MoeExpertsArgs args{dz.view(), d_ids.view(), d_w.view(), ex.dw1, ex.dw3,
+                                     ex.dw2,    out.view(),   4.0f,       25.0f,  p};
   expect_device_impl(dev->registry().moe_experts, args, dev);
   dev->registry().moe_experts.run(args, dev->kind());
   expect_close("moe_experts", shape_str({T, E, k, L, ex.w1[0].out_features()}), mode, what,
@@ -235,7 +234,6 @@ constexpr const char* kGemv = "cuda_expert_gemv";
 constexpr const char* kRowdot = "cuda_expert_rowdot";
 constexpr const char* kGrouped = "cuda_expert_grouped";  // bf16, MXFP4, 1..64 tokens (moe_grouped_ops_test.cpp)
 
-
 // Odd widths the MXFP4 layout allows (multiples of 32 that leave lanes, steps and warp slices
 // idle: L = 96 is 3 chunks, 2080 is 65, I = 32 is one chunk, 160 is five), every batch 1..16 the
 // GEMV takes, k = 1, 3, 16, in all three modes.
@@ -294,7 +292,8 @@ TEST(OpsOdd, MoeExpertsGemvBadIdGivesANanRow) {
     for (bool round_output : {true, false}) {
       check_experts_case(dev, gm, ex, {3, 2, round_output}, ++seed, kGemv, {{1, 0, -1}});
       check_experts_case(dev, gm, ex, {1, 3, round_output}, ++seed, kGemv, {{0, 2, 9}});
-      check_experts_case(dev, gm, ex, {16, 4, round_output, 0, 2}, ++seed, kGemv, {{0, 3, -1}, {7, 0, 9}, {15, 1, 100}});
+      check_experts_case(dev, gm, ex, {16, 4, round_output, 0, 2}, ++seed, kGemv,
+                         {{0, 3, -1}, {7, 0, 9}, {15, 1, 100}});
     }
 }
 
@@ -329,7 +328,8 @@ TEST(OpsTp8, MoeExpertsGemvMxfp4Top16) {
   for (int64_t T : {1, 8, 16}) check_experts_case(dev, kExpertsModes[0], ex, {T, 16}, ++seed, kGemv);
   for (int64_t T : {1, 8}) check_experts_case(dev, kExpertsModes[1], ex, {T, 16}, ++seed, kGemv);
   check_experts_case(dev, kExpertsModes[2], ex, {1, 16}, ++seed, kGemv);
-  check_experts_case(dev, kExpertsModes[0], ex, {8, 16, false, 0, 7168}, ++seed, kGemv);  // [T, L | hidden] partial sums
+  check_experts_case(dev, kExpertsModes[0], ex, {8, 16, false, 0, 7168}, ++seed,
+                     kGemv);  // [T, L | hidden] partial sums
   check_experts_case(dev, kExpertsModes[0], ex, {17, 16}, ++seed, kGrouped);
 }
 

@@ -104,14 +104,14 @@ void check_tail(Device* dev, Mode mode, const TailWeights& w, const TailCase& c,
 
   // CPU oracle.
   Tensor want = nan_tensor({c.T, width});
-  cpu_registry().moe_tail_combine.run(
-      tail_args(c, mode, in.u, w.norm, &w.up, in.gate, in.up, &w.down, columns(want, c.offset, c.hidden)),
-      core::Device::cpu);
+  cpu_registry().moe_tail_combine.run(tail_args(c, mode, in.u, w.norm, &w.up, in.gate, in.up, &w.down,
+                                                columns(want, c.offset, c.hidden)),
+                                      core::Device::cpu);
 
   // Device, NaN-poisoned out.
   const Tensor dout = dev->poisoned(act_dtype(mode), {c.T, width});
-  const kernels::MoeTailCombineArgs args =
-      tail_args(c, mode, in.du, in.dnorm, &in.d_up, in.dgate, in.dup, &in.d_down, columns(dout, c.offset, c.hidden));
+  const kernels::MoeTailCombineArgs args = tail_args(c, mode, in.du, in.dnorm, &in.d_up, in.dgate, in.dup, &in.d_down,
+                                                     columns(dout, c.offset, c.hidden));
   expect_device_impl(dev->registry().moe_tail_combine, args, dev);
   EXPECT_EQ(dev->registry().moe_tail_combine.select(args, dev->kind()).name, expect_impl);
   dev->registry().moe_tail_combine.run(args, dev->kind());
@@ -140,7 +140,8 @@ const kernels::OpImpl<kernels::MoeTailCombineArgs>& tail_impl(Device* dev, const
 void check_one_launch_equals_two_launch(Device* dev, const TailWeights& w, const TailCase& c, uint64_t seed) {
   SCOPED_TRACE(c.name + " T " + std::to_string(c.T) + " one launch vs two");
   const TailInputs in(dev, Mode::bf16, w, c, seed);
-  const Tensor out_one = dev->poisoned(DType::bf16, {c.T, c.hidden}), out_two = dev->poisoned(DType::bf16, {c.T, c.hidden});
+  const Tensor out_one = dev->poisoned(DType::bf16, {c.T, c.hidden}),
+               out_two = dev->poisoned(DType::bf16, {c.T, c.hidden});
   const auto args_for = [&](const Tensor& out) {
     return tail_args(c, Mode::bf16, in.du, in.dnorm, &in.d_up, in.dgate, in.dup, &in.d_down, out.view());
   };
@@ -216,7 +217,8 @@ TEST(OpsOdd, MoeTailCombine) {
   }
   // Shared memory too small for one launch: at L = SI = 32768 one row's x (131 KB) and the staging area
   // (SI x 2 + L x 2 = 131 KB) exceed 227 KB; at L = SI = 8192 (33 KB + 33 KB) they fit.
-  for (const auto& [L, impl] : std::vector<std::pair<int64_t, const char*>>{{32768, kTwoLaunchMma}, {8192, kOneLaunch}}) {
+  for (const auto& [L, impl] :
+       std::vector<std::pair<int64_t, const char*>>{{32768, kTwoLaunchMma}, {8192, kOneLaunch}}) {
     TailCase c{"smem_L" + std::to_string(L), 1, L, L, 33};
     const TailWeights w = make_weights(rng, c);
     check_tail(dev, Mode::bf16, w, c, impl, ++seed);

@@ -62,8 +62,16 @@ void check_experts_case(Device* dev, const ExpertsMode& mode, const Experts& ex,
   const Tensor z_full = random_act(rng, {T, L + c.z_pad}, mode.act, 0.0, 2.0);
   Tensor ids, weights;
   random_routes(rng, T, E, k, ids, weights);
-  kernels::MoeExpertsArgs cpu{column_block(z_full, 0, L), ids.view(), weights.view(), ex.w1, ex.w3, ex.w2,
-                              TensorView{}, 4.0f, 25.0f, mode.precision};
+  kernels::MoeExpertsArgs cpu{column_block(z_full, 0, L),
+                              ids.view(),
+                              weights.view(),
+                              ex.w1,
+                              ex.w3,
+                              ex.w2,
+                              TensorView{},
+                              4.0f,
+                              25.0f,
+                              mode.precision};
   cpu.round_output = c.round_output;
   Tensor want = nan_tensor({T, L});
   cpu.out = want.view();
@@ -78,11 +86,12 @@ void check_experts_case(Device* dev, const ExpertsMode& mode, const Experts& ex,
   const DType out_dtype = c.round_output ? act_dtype(mode.act) : DType::f32;
   Tensor dz = dev->upload(z_full, act_dtype(mode.act)), d_ids = dev->upload(bad_ids), d_w = dev->upload(weights);
   Tensor out = dev->poisoned(out_dtype, {T, L + c.out_pad});
-  kernels::MoeExpertsArgs args{column_block(dz, 0, L), d_ids.view(), d_w.view(), ex.dw1, ex.dw3, ex.dw2,
-                               column_block(out, 0, L), 4.0f, 25.0f, mode.precision};
+  kernels::MoeExpertsArgs args{column_block(dz, 0, L),  d_ids.view(), d_w.view(), ex.dw1,        ex.dw3, ex.dw2,
+                               column_block(out, 0, L), 4.0f,         25.0f,      mode.precision};
   args.round_output = c.round_output;
   const std::string shape = shape_str({T, E, k, L, I});
-  const std::string where = shape + " " + mode.name + (c.round_output ? "" : " partial") + " z_pad " + std::to_string(c.z_pad);
+  const std::string where = shape + " " + mode.name + (c.round_output ? "" : " partial") + " z_pad " +
+                            std::to_string(c.z_pad);
   if (how == RunAs::selected) {
     ASSERT_EQ(dev->registry().moe_experts.select(args, dev->kind()).name, expected_moe_impl(dev, args, impl)) << where;
     dev->registry().moe_experts.run(args, dev->kind());
@@ -96,7 +105,8 @@ void check_experts_case(Device* dev, const ExpertsMode& mode, const Experts& ex,
   Tensor got = copy_rows(column_block(got_full, 0, L));
   int64_t pad_written = 0;
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t l = L; l < L + c.out_pad; ++l) pad_written += !std::isnan(got_full.data<float>()[t * (L + c.out_pad) + l]);
+    for (int64_t l = L; l < L + c.out_pad; ++l)
+      pad_written += !std::isnan(got_full.data<float>()[t * (L + c.out_pad) + l]);
   EXPECT_EQ(pad_written, 0) << shape << ": out columns beside the op's view were written";
   for (int64_t t = 0; t < T; ++t) {
     if (!bad_token[static_cast<size_t>(t)]) continue;

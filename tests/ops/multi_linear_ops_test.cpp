@@ -18,10 +18,8 @@ enum class WKind { bf16, f32 };
 
 kernels::LinearWeight make_weight(core::Rng& rng, WKind kind, int64_t out, int64_t in) {
   kernels::LinearWeight w;
-  if (kind == WKind::bf16)
-    w.weight = random_bf16_weight(rng, out, in);
-  else
-    w.weight = random_uniform_f32(rng, {out, in}, 1.0 / std::sqrt(static_cast<double>(in)));
+  if (kind == WKind::bf16) w.weight = random_bf16_weight(rng, out, in);
+  else w.weight = random_uniform_f32(rng, {out, in}, 1.0 / std::sqrt(static_cast<double>(in)));
   return w;
 }
 
@@ -50,8 +48,8 @@ struct MultiCase {
 // and around them): rounded outputs in the activation buffer, logits in an f32 buffer.
 constexpr int64_t kGap = 8;
 
-void check_multi(Device* dev, Mode mode, const std::vector<kernels::LinearWeight>& ws,
-                 const std::vector<OutCase>& outs, const MultiCase& c, uint64_t seed) {
+void check_multi(Device* dev, Mode mode, const std::vector<kernels::LinearWeight>& ws, const std::vector<OutCase>& outs,
+                 const MultiCase& c, uint64_t seed) {
   SCOPED_TRACE(c.name + " T " + std::to_string(c.T) + " " + mode_name(mode));
   core::Rng rng(seed);
   const Precision p = precision(mode);
@@ -203,7 +201,11 @@ TEST(OpsTp8, MultiLinear) {
   // Spec §11 / §14.2, one TP8 rank, bf16 weights.
   const Group groups[] = {
       {"kda.q_k_v_g_fa_b",
-       {{1536, WKind::bf16}, {1536, WKind::bf16}, {1536, WKind::bf16}, {1536, WKind::bf16}, {128, WKind::bf16},
+       {{1536, WKind::bf16},
+        {1536, WKind::bf16},
+        {1536, WKind::bf16},
+        {1536, WKind::bf16},
+        {128, WKind::bf16},
         {12, WKind::bf16}}},
       {"mla.qa_kva_g", {{1536, WKind::bf16}, {576, WKind::bf16}, {1536, WKind::bf16}}},
       {"moe.router_down_sgate_sup",

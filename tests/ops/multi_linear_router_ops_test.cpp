@@ -25,8 +25,8 @@ struct FrontCase {
 };
 
 void check_front(Device* dev, const FrontCase& c, uint64_t seed) {
-  SCOPED_TRACE(c.name + " T " + std::to_string(c.T) + " E " + std::to_string(c.E) + " k " + std::to_string(c.k) +
-               " " + mode_name(c.mode));
+  SCOPED_TRACE(c.name + " T " + std::to_string(c.T) + " E " + std::to_string(c.E) + " k " + std::to_string(c.k) + " " +
+               mode_name(c.mode));
   core::Rng rng(seed);
   const Precision p = precision(c.mode);
   const kernels::LinearWeight w_router{random_bf16_weight(rng, c.E, c.in), {}};
@@ -66,8 +66,7 @@ void check_front(Device* dev, const FrontCase& c, uint64_t seed) {
   EXPECT_EQ(std::memcmp(got_ids.data<const int32_t>(), exp_ids.data<const int32_t>(), bytes), 0) << "ids";
   EXPECT_EQ(std::memcmp(got_w.data<const float>(), exp_w.data<const float>(), bytes), 0) << "weights";
   EXPECT_EQ(std::memcmp(ids1.data<const int32_t>(), got_ids.data<const int32_t>(), bytes), 0) << "ids, second call";
-  EXPECT_EQ(std::memcmp(weights1.data<const float>(), got_w.data<const float>(), bytes), 0)
-      << "weights, second call";
+  EXPECT_EQ(std::memcmp(weights1.data<const float>(), got_w.data<const float>(), bytes), 0) << "weights, second call";
   for (int64_t i = 0; i < c.T * c.k; ++i) {
     const int32_t id = got_ids.data<const int32_t>()[i];
     ASSERT_TRUE(id >= 0 && id < c.E) << "route " << i << " id " << id;
@@ -105,8 +104,7 @@ TEST(OpsOdd, MultiLinearRouterEpilogue) {
     for (int64_t T : {1, 3, 8})
       check_front(dev, {"odd", T, 96, s.E, s.k, {54, 5}, Mode::bf16, "cuda_multi_mma", T == 1 ? 1 : 2}, seed++);
   // Beyond the ranking selection (1100 experts, k 40): the radix form after the GEMM, at any T.
-  for (int64_t T : {1, 5})
-    check_front(dev, {"wide", T, 96, 1100, 40, {54}, Mode::bf16, "cuda_multi_mma", 2}, seed++);
+  for (int64_t T : {1, 5}) check_front(dev, {"wide", T, 96, 1100, 40, {54}, Mode::bf16, "cuda_multi_mma", 2}, seed++);
   // Odd in: the row-dot GEMM, then the router kernel.
   check_front(dev, {"odd_in", 3, 97, 37, 5, {54}, Mode::bf16, "cuda_multi_rowdot", 2}, seed++);
 }

@@ -68,7 +68,8 @@ Tensor copy_rows(const TensorView& v) {
   if (v.is_contiguous()) return Tensor::copy_of(v);
   Tensor out = f32_tensor(v.shape);
   for (int64_t r = 0; r < v.dim(0); ++r)
-    for (int64_t c = 0; c < v.dim(1); ++c) out.data<float>()[r * v.dim(1) + c] = v.as<const float>()[r * v.strides[0] + c];
+    for (int64_t c = 0; c < v.dim(1); ++c)
+      out.data<float>()[r * v.dim(1) + c] = v.as<const float>()[r * v.strides[0] + c];
   return out;
 }
 
@@ -130,10 +131,17 @@ void expect_close(const std::string& op, const std::string& shape, Mode mode, co
               mode_name(mode), what.c_str(), m.rel_err, m.cosine, m.max_abs, pass ? "ok" : "FAIL");
   {
     std::lock_guard<std::mutex> lk(g_report_mu);
-    report_rows().push_back({{"op", op}, {"shape", shape}, {"mode", mode_name(mode)}, {"what", what},
-                             {"rel_err", m.finite ? m.rel_err : -1.0}, {"cosine", m.cosine},
-                             {"max_abs", m.finite ? m.max_abs : -1.0}, {"finite", m.finite},
-                             {"tol_rel", tol.rel}, {"tol_min_cos", tol.min_cos}, {"pass", pass}});
+    report_rows().push_back({{"op", op},
+                             {"shape", shape},
+                             {"mode", mode_name(mode)},
+                             {"what", what},
+                             {"rel_err", m.finite ? m.rel_err : -1.0},
+                             {"cosine", m.cosine},
+                             {"max_abs", m.finite ? m.max_abs : -1.0},
+                             {"finite", m.finite},
+                             {"tol_rel", tol.rel},
+                             {"tol_min_cos", tol.min_cos},
+                             {"pass", pass}});
   }
   EXPECT_TRUE(m.finite) << op << " " << shape << " " << mode_name(mode) << " " << what
                         << ": non-finite values (an output left unwritten stays NaN)";
@@ -195,8 +203,8 @@ void expect_same_bytes(const std::string& what, const std::vector<Tensor>& got, 
                 static_cast<long long>(g.numel()), static_cast<long long>(differ), static_cast<long long>(nan_got),
                 static_cast<long long>(nan_want), differ == 0 ? "ok" : "FAIL");
     EXPECT_EQ(differ, 0) << what << " buffer " << b << " (" << core::dtype_name(g.dtype()) << " " << g.shape().str()
-                         << "): " << differ << " elements differ from the plain run, the first at " << first
-                         << "; NaN " << nan_got << " here, " << nan_want
+                         << "): " << differ << " elements differ from the plain run, the first at " << first << "; NaN "
+                         << nan_got << " here, " << nan_want
                          << " in the plain run (NaN here: a kernel read an input before its pdl_wait(), or "
                             "stored an output before it)";
   }

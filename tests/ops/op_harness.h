@@ -117,11 +117,11 @@ class Device {
 kernels::Registry& cpu_registry();
 
 // Skips the current test when there is no CUDA device, with the reason; else sets `dev`.
-#define K3_REQUIRE_CUDA(dev)                                                 \
-  std::string k3_why_;                                                      \
-  ::k3::ops_test::Device* dev = ::k3::ops_test::Device::cuda(&k3_why_);      \
-  if (dev == nullptr) {                                                     \
-    GTEST_SKIP() << "no CUDA backend to test: " << k3_why_;                 \
+#define K3_REQUIRE_CUDA(dev)                                            \
+  std::string k3_why_;                                                  \
+  ::k3::ops_test::Device* dev = ::k3::ops_test::Device::cuda(&k3_why_); \
+  if (dev == nullptr) {                                                 \
+    GTEST_SKIP() << "no CUDA backend to test: " << k3_why_;             \
   }
 
 // Asserts that `table` selects an implementation of `dev`'s backend for `args` (not the CPU).
@@ -165,8 +165,7 @@ class StagedOp {
   virtual std::vector<Tensor> run_after_slow_producer(const std::function<void()>& op) = 0;
   // The slow form (NaN fills, producer, op) captured once as a CUDA graph, replayed `replays` times:
   // the bytes after each replay.
-  virtual std::vector<std::vector<Tensor>> replay_after_slow_producer(const std::function<void()>& op,
-                                                                      int replays) = 0;
+  virtual std::vector<std::vector<Tensor>> replay_after_slow_producer(const std::function<void()>& op, int replays) = 0;
 };
 
 // When the producer ended and when a dependent probe kernel started and left its pdl_wait() (globaltimer
@@ -192,11 +191,11 @@ class PdlDevice : public Device {
 void expect_same_bytes(const std::string& what, const std::vector<Tensor>& got, const std::vector<Tensor>& want);
 
 // Skips the current test when there is no CUDA device, with the reason; else sets `dev` (a PdlDevice*).
-#define K3_REQUIRE_PDL_CUDA(dev)                                              \
-  std::string k3_pdl_why_;                                                   \
+#define K3_REQUIRE_PDL_CUDA(dev)                                                  \
+  std::string k3_pdl_why_;                                                        \
   ::k3::ops_test::PdlDevice* dev = ::k3::ops_test::PdlDevice::cuda(&k3_pdl_why_); \
-  if (dev == nullptr) {                                                      \
-    GTEST_SKIP() << "no CUDA backend to test: " << k3_pdl_why_;              \
+  if (dev == nullptr) {                                                           \
+    GTEST_SKIP() << "no CUDA backend to test: " << k3_pdl_why_;                   \
   }
 
 }  // namespace k3::ops_test

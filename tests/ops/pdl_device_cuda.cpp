@@ -53,7 +53,8 @@ class CudaStagedOp final : public StagedOp {
     for (size_t i = 0; i < buffers_.inputs.size(); ++i)
       K3_CUDA_CHECK(cudaMemcpyAsync(buffers_.inputs[i].data, stash_[i].view().data, bytes_of(buffers_.inputs[i]),
                                     cudaMemcpyDeviceToDevice, stream()));
-    for (const TensorView& out : buffers_.outputs) K3_CUDA_CHECK(cudaMemsetAsync(out.data, 0xff, bytes_of(out), stream()));
+    for (const TensorView& out : buffers_.outputs)
+      K3_CUDA_CHECK(cudaMemsetAsync(out.data, 0xff, bytes_of(out), stream()));
     op();
     return snapshot();
   }

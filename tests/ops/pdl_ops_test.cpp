@@ -34,8 +34,8 @@ namespace {
 
 // Runs `op` plain and behind the slow producer (and, with `graph`, as two replays of a captured slow
 // form) and expects the same bytes every time; the plain run must have written something finite.
-void expect_pdl_safe(PdlDevice* dev, const std::string& what, const OpBuffers& buffers,
-                     const std::function<void()>& op, bool graph = false) {
+void expect_pdl_safe(PdlDevice* dev, const std::string& what, const OpBuffers& buffers, const std::function<void()>& op,
+                     bool graph = false) {
   SCOPED_TRACE(what);
   const std::unique_ptr<StagedOp> staged = dev->stage(buffers);
   const std::vector<Tensor> plain = staged->run_plain(op);
@@ -48,7 +48,8 @@ void expect_pdl_safe(PdlDevice* dev, const std::string& what, const OpBuffers& b
   expect_same_bytes(what + " slow", staged->run_after_slow_producer(op), plain);
   if (graph) {
     const std::vector<std::vector<Tensor>> replays = staged->replay_after_slow_producer(op, 2);
-    for (size_t r = 0; r < replays.size(); ++r) expect_same_bytes(what + " graph " + std::to_string(r), replays[r], plain);
+    for (size_t r = 0; r < replays.size(); ++r)
+      expect_same_bytes(what + " graph " + std::to_string(r), replays[r], plain);
   }
 }
 
@@ -109,8 +110,9 @@ void pdl_multi_linear(PdlDevice* dev, Mode mode, int64_t T, int64_t in, const st
     c0 += outs[i] + 3;
   }
   ASSERT_EQ(dev->registry().multi_linear.select(args, dev->kind()).name, expect);
-  expect_pdl_safe(dev, std::string("multi_linear ") + expect + " " + mode_name(mode) + " T" + std::to_string(T) +
-                           " in" + std::to_string(in),
+  expect_pdl_safe(dev,
+                  std::string("multi_linear ") + expect + " " + mode_name(mode) + " T" + std::to_string(T) + " in" +
+                      std::to_string(in),
                   {{x.view()}, {y.view(), logits.view()}},
                   [&] { dev->registry().multi_linear.run(args, dev->kind()); });
 }
@@ -136,7 +138,8 @@ void pdl_moe_front(PdlDevice* dev, int64_t T, const char* expect, uint64_t seed)
   const int64_t in = 7168, E = 896, k = 16;
   const std::vector<int64_t> outs = {E, 3584, 768, 768};
   std::vector<kernels::LinearWeight> ws(outs.size());
-  for (size_t i = 0; i < outs.size(); ++i) ws[i] = dev->upload(kernels::LinearWeight{random_bf16_weight(rng, outs[i], in), {}});
+  for (size_t i = 0; i < outs.size(); ++i)
+    ws[i] = dev->upload(kernels::LinearWeight{random_bf16_weight(rng, outs[i], in), {}});
   const Tensor x = dev->act(random_act(rng, {T, in}, Mode::bf16), Mode::bf16);
   const Tensor bias = dev->upload(random_uniform_f32(rng, {E}, 0.05));
   const Tensor logits = dev->poisoned(DType::f32, {T, E}), y = dev->poisoned(DType::bf16, {T, 3584 + 768 + 768});
@@ -147,9 +150,10 @@ void pdl_moe_front(PdlDevice* dev, int64_t T, const char* expect, uint64_t seed)
   args.add(&ws[3], cols(y, 3584 + 768, 768));
   args.router = {0, bias.view(), ids.view(), weights.view(), true, 2.5f};
   ASSERT_EQ(dev->registry().multi_linear.select(args, dev->kind()).name, expect);
-  expect_pdl_safe(dev, std::string("moe front + router ") + expect + " T" + std::to_string(T),
-                  {{x.view(), bias.view()}, {logits.view(), y.view(), ids.view(), weights.view()}},
-                  [&] { dev->registry().multi_linear.run(args, dev->kind()); }, /*graph=*/true);
+  expect_pdl_safe(
+      dev, std::string("moe front + router ") + expect + " T" + std::to_string(T),
+      {{x.view(), bias.view()}, {logits.view(), y.view(), ids.view(), weights.view()}},
+      [&] { dev->registry().multi_linear.run(args, dev->kind()); }, /*graph=*/true);
 }
 
 TEST(OpsPdl, MultiLinearRouterEpilogue) {
@@ -201,8 +205,8 @@ TEST(OpsPdl, AttnResMerge) {
     pdl_merge(dev, m, 1, 7168, false, "cuda_merge_cluster", seed++);
     pdl_merge(dev, m, 5, 7168, true, "cuda_merge_cluster", seed++);
     pdl_merge(dev, m, 33, 7168, false, "cuda_merge_rowwise", seed++);
-    pdl_merge(dev, m, 3, 97, true, "cuda_merge_cluster", seed++);  // odd hidden: the scalar path over 4 CTAs
-    pdl_merge(dev, m, 2, 17, false, "cuda_merge_rowwise", seed++); // too narrow to split: one CTA a row
+    pdl_merge(dev, m, 3, 97, true, "cuda_merge_cluster", seed++);   // odd hidden: the scalar path over 4 CTAs
+    pdl_merge(dev, m, 2, 17, false, "cuda_merge_rowwise", seed++);  // too narrow to split: one CTA a row
   }
 }
 
@@ -220,8 +224,7 @@ void pdl_bank(PdlDevice* dev, Mode mode, int64_t T, int64_t D, int n, int M, uin
   const Tensor acc = dev->poisoned(DType::f32, {M, T, D}), stats = dev->poisoned(DType::f32, {M, T, 2});
   const kernels::AttnResBankArgs a{rv, qv, nv, acc.view(), stats.view(), 1e-5f, precision(mode)};
   ASSERT_EQ(dev->registry().attn_res_bank.select(a, dev->kind()).name, "cuda_bank_per_mix");
-  expect_pdl_safe(dev,
-                  std::string("attn_res_bank ") + mode_name(mode) + " " + shape_str({T, D, n, M}),
+  expect_pdl_safe(dev, std::string("attn_res_bank ") + mode_name(mode) + " " + shape_str({T, D, n, M}),
                   {rv, {acc.view(), stats.view()}}, [&] { dev->registry().attn_res_bank.run(a, dev->kind()); });
 }
 
@@ -282,12 +285,13 @@ void pdl_kda(PdlDevice* dev, Mode mode, int H, const std::vector<int64_t>& rows,
   a.seqs.num_seqs = static_cast<int>(S), a.seqs.max_rows = max_rows;
   for (int64_t s = 0; s < S; ++s) a.seqs.max_tokens = std::max<int64_t>(a.seqs.max_tokens, position[s] + rows[s]);
   ASSERT_EQ(dev->registry().kda_decode.select(a, dev->kind()).name, expect);
-  expect_pdl_safe(dev,
-                  std::string("kda_decode ") + expect + " " + mode_name(mode) + " H" + std::to_string(H) + " seqs " +
-                      std::to_string(S) + " rows " + std::to_string(T) + (no_commit ? " verify" : ""),
-                  {{proj.view(), conv.view(), state.view(), rb.view(), nr.view(), pos.view(), sl.view()},
-                   {out.view(), trace.view()}},
-                  [&] { dev->registry().kda_decode.run(a, dev->kind()); }, graph);
+  expect_pdl_safe(
+      dev,
+      std::string("kda_decode ") + expect + " " + mode_name(mode) + " H" + std::to_string(H) + " seqs " +
+          std::to_string(S) + " rows " + std::to_string(T) + (no_commit ? " verify" : ""),
+      {{proj.view(), conv.view(), state.view(), rb.view(), nr.view(), pos.view(), sl.view()},
+       {out.view(), trace.view()}},
+      [&] { dev->registry().kda_decode.run(a, dev->kind()); }, graph);
 }
 
 // The V-split cluster form while 8 (or 4) slices x 12 heads x sequences fit twice on the SMs (batch 1-5 on
@@ -295,9 +299,9 @@ void pdl_kda(PdlDevice* dev, Mode mode, int H, const std::vector<int64_t>& rows,
 TEST(OpsPdl, KdaDecode) {
   K3_REQUIRE_PDL_CUDA(dev);
   for (Mode m : kModes) {
-    pdl_kda(dev, m, 12, {1}, false, "cuda_vsplit_cluster", 34000);                 // batch 1: 8 slices
-    pdl_kda(dev, m, 12, {1, 1, 1}, false, "cuda_vsplit_cluster", 34001);           // batch 3: 4 slices
-    pdl_kda(dev, m, 12, {4, 2}, true, "cuda_vsplit_cluster", 34002);               // verify rows, no commit
+    pdl_kda(dev, m, 12, {1}, false, "cuda_vsplit_cluster", 34000);                   // batch 1: 8 slices
+    pdl_kda(dev, m, 12, {1, 1, 1}, false, "cuda_vsplit_cluster", 34001);             // batch 3: 4 slices
+    pdl_kda(dev, m, 12, {4, 2}, true, "cuda_vsplit_cluster", 34002);                 // verify rows, no commit
     pdl_kda(dev, m, 12, std::vector<int64_t>(8, 1), false, "cuda_head_cta", 34003);  // batch 8
   }
 }
@@ -323,7 +327,8 @@ struct MlaLayout {
     num_blocks = blocks + 2;
     std::vector<int32_t> pool(static_cast<size_t>(num_blocks));
     std::iota(pool.begin(), pool.end(), 0);
-    for (int64_t i = num_blocks - 1; i > 0; --i) std::swap(pool[i], pool[rng.next_u64() % static_cast<uint64_t>(i + 1)]);
+    for (int64_t i = num_blocks - 1; i > 0; --i)
+      std::swap(pool[i], pool[rng.next_u64() % static_cast<uint64_t>(i + 1)]);
     table.assign(static_cast<size_t>(n * max_blocks), -1);
     size_t next = 0;
     for (int64_t k = 0; k < n; ++k) {
@@ -333,7 +338,8 @@ struct MlaLayout {
       positions.push_back(static_cast<int32_t>(S - T));
       rows += T;
       for (int64_t b = 0; b * bs < S; ++b) table[k * max_blocks + b] = pool[next++];
-      for (int64_t j = 0; j < S; ++j) cache_rows.push_back(static_cast<int32_t>(table[k * max_blocks + j / bs] * bs + j % bs));
+      for (int64_t j = 0; j < S; ++j)
+        cache_rows.push_back(static_cast<int32_t>(table[k * max_blocks + j / bs] * bs + j % bs));
     }
   }
 };
@@ -350,7 +356,8 @@ void pdl_mla(PdlDevice* dev, Mode mode, const std::string& cache, const std::vec
   const bool fp8 = cache == "fp8";
   Tensor host_pages = Tensor::zeros(fp8 ? DType::f8_e4m3 : DType::f32, {lay.num_blocks, bs, E});
   {
-    const Tensor c_n = random_act(rng, {lay.tokens, L}, Mode::bf16), k_pe = random_act(rng, {lay.tokens, rope}, Mode::bf16);
+    const Tensor c_n = random_act(rng, {lay.tokens, L}, Mode::bf16),
+                 k_pe = random_act(rng, {lay.tokens, rope}, Mode::bf16);
     const Tensor rows = i32_host(lay.cache_rows, {lay.tokens});
     cpu_registry().mla_cache_write.run({c_n.view(), k_pe.view(), host_pages.view(), rows.view(), k_scale},
                                        core::Device::cpu);
@@ -368,7 +375,8 @@ void pdl_mla(PdlDevice* dev, Mode mode, const std::string& cache, const std::vec
   kernels::MlaDecodeArgs a;
   a.q = q.view();
   a.pages = pages.view();
-  a.seqs.row_begin = rb.view(), a.seqs.num_rows = nr.view(), a.seqs.position = pos.view(), a.seqs.block_table = bt.view();
+  a.seqs.row_begin = rb.view(), a.seqs.num_rows = nr.view(), a.seqs.position = pos.view(),
+  a.seqs.block_table = bt.view();
   a.seqs.num_seqs = static_cast<int>(n), a.seqs.max_rows = lay.max_rows, a.seqs.max_tokens = lay.max_tokens;
   a.k_scale = k_scale;
   a.kv_b = &dkv_b;
@@ -385,9 +393,9 @@ void pdl_mla(PdlDevice* dev, Mode mode, const std::string& cache, const std::vec
     what += '/';
     what += std::to_string(T);
   }
-  expect_pdl_safe(dev, what,
-                  {{q.view(), gate.view(), pages.view(), rb.view(), nr.view(), pos.view(), bt.view()}, {out.view()}},
-                  [&] { dev->registry().mla_decode.run(a, dev->kind()); }, graph);
+  expect_pdl_safe(
+      dev, what, {{q.view(), gate.view(), pages.view(), rb.view(), nr.view(), pos.view(), bt.view()}, {out.view()}},
+      [&] { dev->registry().mla_decode.run(a, dev->kind()); }, graph);
 }
 
 TEST(OpsPdl, MlaDecode) {
@@ -440,7 +448,7 @@ TEST(OpsPdl, MoeTailCombine) {
   pdl_tail(dev, Mode::fp32, 2, 3584, 768, 7168, true, "cuda_tail_rowdot", 36001);
   pdl_tail(dev, Mode::bf16, 1, 96, 40, 97, true, "cuda_tail_one_launch", 36006);  // odd hidden: a short tile
   pdl_tail(dev, Mode::bf16, 3, 96, 40, 97, true, "cuda_tail_mma", 36002);
-  pdl_tail(dev, Mode::bf16, 9, 96, 40, 97, false, "cuda_tail_mma", 36003);   // no shared experts, 2 n8 tiles
+  pdl_tail(dev, Mode::bf16, 9, 96, 40, 97, false, "cuda_tail_mma", 36003);    // no shared experts, 2 n8 tiles
   pdl_tail(dev, Mode::fp32, 3, 97, 17, 54, true, "cuda_tail_rowdot", 36004);  // odd widths
 }
 

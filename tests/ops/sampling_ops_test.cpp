@@ -74,7 +74,8 @@ void expect_same_logprobs(const Outputs& o, const std::vector<SampleRowParams>& 
     for (int64_t j = 0; j < N; ++j) {
       ASSERT_EQ(d[kernels::kOutTopIds + j], c[kernels::kOutTopIds + j]) << where << " top " << j;
       EXPECT_TRUE(close_logprob(d[kernels::kOutTopIds + N + j], c[kernels::kOutTopIds + N + j]))
-          << where << " top " << j << ": " << d[kernels::kOutTopIds + N + j] << " vs " << c[kernels::kOutTopIds + N + j];
+          << where << " top " << j << ": " << d[kernels::kOutTopIds + N + j] << " vs "
+          << c[kernels::kOutTopIds + N + j];
     }
   }
 }
@@ -98,7 +99,8 @@ bool at_a_boundary(const float* x, int64_t V, const SampleRowParams& p, int32_t 
   int64_t keep = 0;
   while (keep < k && prob[order[keep]] >= p.min_p) ++keep;
   // A min-p comparison near its threshold at the edge explains anything.
-  if (keep < k && std::fabs(prob[order[keep]] - p.min_p) <= 4e-7 * std::max(1.0, static_cast<double>(p.min_p))) return true;
+  if (keep < k && std::fabs(prob[order[keep]] - p.min_p) <= 4e-7 * std::max(1.0, static_cast<double>(p.min_p)))
+    return true;
   if (keep > 0 && std::fabs(prob[order[keep - 1]] - p.min_p) <= 4e-7) return true;
   if (p.top_p < 1.0f) {
     const double target = static_cast<double>(p.top_p) * mass;

@@ -100,14 +100,14 @@ TEST(OpsOdd, MoeExpertsUnroundedPartialIntoPackedColumns) {
         for (int32_t& id : ids.span<int32_t>()) id = static_cast<int32_t>(rng.next_u64() % E);
         for (float& w : weights.span<float>()) w = static_cast<float>(rng.uniform(0.1, 0.6));
         Tensor want = nan_tensor({T, L});
-        kernels::MoeExpertsArgs cpu{z.view(), ids.view(), weights.view(), w1, w3, w2, want.view(), 4.0f, 25.0f,
-                                    precision(m)};
+        kernels::MoeExpertsArgs cpu{z.view(), ids.view(),  weights.view(), w1,    w3,
+                                    w2,       want.view(), 4.0f,           25.0f, precision(m)};
         cpu.round_output = false;
         cpu_registry().moe_experts.run(cpu, core::Device::cpu);
         Tensor dz = dev->act(z, m), d_ids = dev->upload(ids), d_w = dev->upload(weights);
         Tensor packed = dev->poisoned(DType::f32, {T, L + H});  // [T, L | hidden] f32 partial sums
-        kernels::MoeExpertsArgs args{dz.view(), d_ids.view(), d_w.view(), d1, d3, d2, columns(packed, 0, L), 4.0f,
-                                     25.0f, precision(m)};
+        kernels::MoeExpertsArgs args{dz.view(), d_ids.view(),          d_w.view(), d1,    d3,
+                                     d2,        columns(packed, 0, L), 4.0f,       25.0f, precision(m)};
         args.round_output = false;
         expect_device_impl(dev->registry().moe_experts, args, dev);
         dev->registry().moe_experts.run(args, dev->kind());

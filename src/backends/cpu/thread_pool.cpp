@@ -24,8 +24,7 @@ ThreadPool::~ThreadPool() {
 // which the outer call holds (a worker calling back into its own pool would deadlock).
 static thread_local bool t_inside_job = false;
 
-static void run_part(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int parts,
-                     int part) {
+static void run_part(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int parts, int part) {
   const int64_t begin = n * part / parts, end = n * (part + 1) / parts;
   if (begin < end) fn(begin, end);
 }
@@ -63,8 +62,7 @@ void ThreadPool::worker_loop(int id) {
   }
 }
 
-void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
-                              int64_t min_per_task) {
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_per_task) {
   if (n <= 0) return;
   ++calls_;
   const int parts = static_cast<int>(std::min<int64_t>(size(), n / std::max<int64_t>(1, min_per_task)));

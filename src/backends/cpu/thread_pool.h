@@ -6,8 +6,8 @@
 #pragma once
 #include <atomic>
 #include <condition_variable>
-#include <exception>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -25,8 +25,7 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()) + 1; }
   // Calls fn(begin, end) over [0, n) in contiguous chunks; returns when all are done.
   // Small n (below min_per_task * 2) runs inline.
-  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
-                    int64_t min_per_task = 1);
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_per_task = 1);
 
   // parallel_for calls made on this pool so far (n > 0), inline ones included: tests use it to
   // prove which pool an op ran on.

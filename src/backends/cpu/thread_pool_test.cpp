@@ -3,6 +3,8 @@
 // from worker threads) do not deadlock; the pool survives many back-to-back jobs.
 #include "backends/cpu/thread_pool.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <atomic>
 #include <mutex>
@@ -11,8 +13,6 @@
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace k3::backends::cpu {
 namespace {
@@ -125,8 +125,7 @@ TEST(ThreadPool, ExceptionsPropagateAndPoolStaysUsable) {
     for (auto& v : visits) ASSERT_EQ(v.load(), 1);
   }
   ThreadPool inline_pool(1);
-  EXPECT_THROW(inline_pool.parallel_for(5, [](int64_t, int64_t) { throw std::logic_error("x"); }),
-               std::logic_error);
+  EXPECT_THROW(inline_pool.parallel_for(5, [](int64_t, int64_t) { throw std::logic_error("x"); }), std::logic_error);
 }
 
 TEST(ThreadPool, NestedCallsRunInlineWithoutDeadlock) {

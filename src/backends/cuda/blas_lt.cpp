@@ -14,8 +14,8 @@
 namespace k3::backends::cuda {
 
 void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
-  throw core::Error("cuBLASLt error at " + std::string(file) + ":" + std::to_string(line) + ": " +
-                    expr + ": " + cublasLtGetStatusName(st) + " (" + cublasLtGetStatusString(st) + ")");
+  throw core::Error("cuBLASLt error at " + std::string(file) + ":" + std::to_string(line) + ": " + expr + ": " +
+                    cublasLtGetStatusName(st) + " (" + cublasLtGetStatusString(st) + ")");
 }
 
 namespace {
@@ -51,12 +51,19 @@ BlasLt::~BlasLt() {
 
 BlasLt::Plan& BlasLt::plan_for(const GemmArgs& a) {
   K3_CHECK(a.tokens > 0 && a.in > 0 && a.out > 0, "BlasLt: T, in and out must be positive");
-  K3_CHECK(a.x_ld >= a.in && a.w_ld >= a.in && a.y_ld >= a.out,
-           "BlasLt: row strides must be at least the row widths");
-  K3_CHECK(!(a.in_type == GemmType::f32 && a.out_type == GemmType::bf16),
-           "BlasLt: f32 inputs give f32 outputs only");
-  const Key key{static_cast<int>(a.in_type), static_cast<int>(a.out_type), a.tokens, a.in, a.out,
-                a.x_ld, a.w_ld, a.y_ld, alignment(a.x), alignment(a.w), alignment(a.y)};
+  K3_CHECK(a.x_ld >= a.in && a.w_ld >= a.in && a.y_ld >= a.out, "BlasLt: row strides must be at least the row widths");
+  K3_CHECK(!(a.in_type == GemmType::f32 && a.out_type == GemmType::bf16), "BlasLt: f32 inputs give f32 outputs only");
+  const Key key{static_cast<int>(a.in_type),
+                static_cast<int>(a.out_type),
+                a.tokens,
+                a.in,
+                a.out,
+                a.x_ld,
+                a.w_ld,
+                a.y_ld,
+                alignment(a.x),
+                alignment(a.w),
+                alignment(a.y)};
   auto [it, inserted] = plans_.try_emplace(key);
   Plan& p = it->second;
   if (!inserted) return p;
@@ -75,23 +82,22 @@ BlasLt::Plan& BlasLt::plan_for(const GemmArgs& a) {
   cublasLtMatmulPreference_t pref = nullptr;
   K3_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t ws = workspace_bytes_;
-  const uint32_t align_w = static_cast<uint32_t>(std::get<9>(key)),
-                 align_x = static_cast<uint32_t>(std::get<8>(key)),
+  const uint32_t align_w = static_cast<uint32_t>(std::get<9>(key)), align_x = static_cast<uint32_t>(std::get<8>(key)),
                  align_y = static_cast<uint32_t>(std::get<10>(key));
-  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                           sizeof(ws));
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                              &align_w, sizeof(align_w));
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_w,
+                                              sizeof(align_w));
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                              &align_x, sizeof(align_x));
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_x,
+                                              sizeof(align_x));
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                              &align_y, sizeof(align_y));
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_y,
+                                              sizeof(align_y));
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                              &align_y, sizeof(align_y));
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_y,
+                                              sizeof(align_y));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
@@ -113,12 +119,12 @@ bool BlasLt::supports(const GemmArgs& a) {
 void BlasLt::gemm(const GemmArgs& a, cudaStream_t stream) {
   std::lock_guard<std::mutex> lk(mu_);
   Plan& p = plan_for(a);
-  K3_CHECK(p.ok, "BlasLt: cuBLASLt has no algorithm for y[" + std::to_string(a.tokens) + ", " +
-                     std::to_string(a.out) + "] = x[" + std::to_string(a.tokens) + ", " +
-                     std::to_string(a.in) + "] W^T with these strides/alignments");
+  K3_CHECK(p.ok, "BlasLt: cuBLASLt has no algorithm for y[" + std::to_string(a.tokens) + ", " + std::to_string(a.out) +
+                     "] = x[" + std::to_string(a.tokens) + ", " + std::to_string(a.in) +
+                     "] W^T with these strides/alignments");
   const float alpha = 1.0f, beta = 0.0f;  // beta = 0: y is not read (it may hold NaN poison)
-  K3_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &alpha, a.w, p.a, a.x, p.b, &beta, a.y, p.c, a.y,
-                                 p.c, &p.algo, workspace_, workspace_bytes_, stream));
+  K3_CUBLAS_CHECK(cublasLtMatmul(handle_, p.op, &alpha, a.w, p.a, a.x, p.b, &beta, a.y, p.c, a.y, p.c, &p.algo,
+                                 workspace_, workspace_bytes_, stream));
 }
 
 }  // namespace k3::backends::cuda

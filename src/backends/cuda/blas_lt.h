@@ -28,11 +28,11 @@ enum class GemmType : uint8_t { bf16, f32 };
 
 struct GemmArgs {
   int64_t tokens = 0, in = 0, out = 0;  // T, in, out
-  const void* x = nullptr;  // [T, in], row stride x_ld elements
+  const void* x = nullptr;              // [T, in], row stride x_ld elements
   int64_t x_ld = 0;
   const void* w = nullptr;  // [out, in], row stride w_ld elements
   int64_t w_ld = 0;
-  void* y = nullptr;        // [T, out], row stride y_ld elements
+  void* y = nullptr;  // [T, out], row stride y_ld elements
   int64_t y_ld = 0;
   GemmType in_type = GemmType::bf16;   // x and W
   GemmType out_type = GemmType::bf16;  // y (bf16 only with bf16 inputs)

@@ -12,19 +12,17 @@ namespace k3::backends::cuda {
 
 }  // namespace k3::backends::cuda
 
-#define K3_CUDA_CHECK(expr)                                                        \
-  do {                                                                             \
-    const cudaError_t k3_cuda_err_ = (expr);                                       \
-    if (k3_cuda_err_ != cudaSuccess)                                               \
-      ::k3::backends::cuda::throw_cuda_error(k3_cuda_err_, #expr, __FILE__, __LINE__); \
+#define K3_CUDA_CHECK(expr)                                                                                           \
+  do {                                                                                                                \
+    const cudaError_t k3_cuda_err_ = (expr);                                                                          \
+    if (k3_cuda_err_ != cudaSuccess) ::k3::backends::cuda::throw_cuda_error(k3_cuda_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // After a kernel<<<...>>> launch: reports a bad launch configuration (and any earlier
 // asynchronous fault that is still pending), naming the kernel.
-#define K3_CUDA_CHECK_LAUNCH(kernel_name)                                          \
-  do {                                                                             \
-    const cudaError_t k3_cuda_err_ = cudaGetLastError();                           \
-    if (k3_cuda_err_ != cudaSuccess)                                               \
-      ::k3::backends::cuda::throw_cuda_error(k3_cuda_err_, "launch of " kernel_name, __FILE__, \
-                                             __LINE__);                           \
+#define K3_CUDA_CHECK_LAUNCH(kernel_name)                                                                 \
+  do {                                                                                                    \
+    const cudaError_t k3_cuda_err_ = cudaGetLastError();                                                  \
+    if (k3_cuda_err_ != cudaSuccess)                                                                      \
+      ::k3::backends::cuda::throw_cuda_error(k3_cuda_err_, "launch of " kernel_name, __FILE__, __LINE__); \
   } while (0)

@@ -16,8 +16,7 @@ int set_device(int device) {
 }  // namespace
 
 // set_device runs first (info_ is the first member), so the stream, pool and handle belong to it.
-Context::Context(int device)
-    : info_(device_info(set_device(device))), pool_(DevicePool::create(device)) {
+Context::Context(int device) : info_(device_info(set_device(device))), pool_(DevicePool::create(device)) {
   // Outside the pool: the pool's statistics and graph ownership stay about tensors.
   void* p = nullptr;
   K3_CUDA_CHECK(cudaMalloc(&p, kTickets * sizeof(uint32_t)));
@@ -50,8 +49,8 @@ const void* Context::device_table(std::span<const uint64_t> words) {
   t.hash = h;
   t.words.assign(words.begin(), words.end());
   t.device = pool_->allocate_shared(words.size() * sizeof(uint64_t));
-  K3_CUDA_CHECK(cudaMemcpyAsync(t.device.get(), t.words.data(), words.size() * sizeof(uint64_t),
-                                cudaMemcpyHostToDevice, stream()));
+  K3_CUDA_CHECK(cudaMemcpyAsync(t.device.get(), t.words.data(), words.size() * sizeof(uint64_t), cudaMemcpyHostToDevice,
+                                stream()));
   // The host copy must stay valid until the copy ran: t.words lives in the cache; a table evicted
   // later is freed in stream order (its device block is reused only by later work).
   tables_.push_front(std::move(t));

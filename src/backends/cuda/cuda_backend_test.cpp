@@ -36,10 +36,10 @@ TEST(CudaCheck, DeviceCountNeverThrows) {
   }
 }
 
-#define K3_REQUIRE_GPU()                                                  \
-  std::string why_;                                                       \
-  if (device_count(&why_) == 0) {                                         \
-    GTEST_SKIP() << "no CUDA device: " << why_;                           \
+#define K3_REQUIRE_GPU()                        \
+  std::string why_;                             \
+  if (device_count(&why_) == 0) {               \
+    GTEST_SKIP() << "no CUDA device: " << why_; \
   }
 
 TEST(DevicePool, ReusesFreedBlocksAndCountsBytes) {
@@ -82,10 +82,13 @@ TEST(BlasLt, Bf16GemmMatchesAPlainSum) {
   K3_REQUIRE_GPU();
   auto ctx = Context::create(0);
   const int64_t T = 3, in = 64, out = 5;
-  core::Tensor x = core::Tensor::zeros(core::DType::bf16, {T, in}), w = core::Tensor::zeros(core::DType::bf16, {out, in});
+  core::Tensor x = core::Tensor::zeros(core::DType::bf16, {T, in}),
+               w = core::Tensor::zeros(core::DType::bf16, {out, in});
   for (int64_t i = 0; i < T * in; ++i) x.data<uint16_t>()[i] = core::f32_to_bf16_bits(static_cast<float>(i % 7) - 3.0f);
-  for (int64_t i = 0; i < out * in; ++i) w.data<uint16_t>()[i] = core::f32_to_bf16_bits(static_cast<float>(i % 5) * 0.25f);
-  const core::Tensor dx = upload(x.view(), ctx->pool(), ctx->stream()), dw = upload(w.view(), ctx->pool(), ctx->stream());
+  for (int64_t i = 0; i < out * in; ++i)
+    w.data<uint16_t>()[i] = core::f32_to_bf16_bits(static_cast<float>(i % 5) * 0.25f);
+  const core::Tensor dx = upload(x.view(), ctx->pool(), ctx->stream()),
+                     dw = upload(w.view(), ctx->pool(), ctx->stream());
   const core::Tensor dy = empty_poisoned(ctx->pool(), core::DType::f32, {T, out}, ctx->stream());
   GemmArgs g;
   g.tokens = T, g.in = in, g.out = out;

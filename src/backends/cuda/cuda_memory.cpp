@@ -27,9 +27,7 @@ class CudaMemory final : public core::DeviceMemory {
  public:
   explicit CudaMemory(std::shared_ptr<Context> ctx) : ctx_(std::move(ctx)) {}
   core::Device device() const override { return core::Device::cuda; }
-  core::Tensor empty(core::DType dtype, core::Shape shape) override {
-    return cuda::empty(ctx_->pool(), dtype, shape);
-  }
+  core::Tensor empty(core::DType dtype, core::Shape shape) override { return cuda::empty(ctx_->pool(), dtype, shape); }
   void fill_bytes(const core::TensorView& dst, uint8_t byte) override {
     K3_CHECK(dst.device == core::Device::cuda, "fill_bytes: view is not on the CUDA device");
     if (dst.numel() == 0) return;
@@ -52,12 +50,9 @@ class CudaMemory final : public core::DeviceMemory {
     // A contiguous rank-2 view on one side and a strided one on the other: copy row by row.
     const size_t rows = std::max(d.rows, s.rows), bytes = std::min(d.bytes, s.bytes);
     const size_t dp = d.rows == rows ? d.pitch : bytes, sp = s.rows == rows ? s.pitch : bytes;
-    K3_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, dp, src.data, sp, bytes, rows, cudaMemcpyDeviceToDevice,
-                                    ctx_->stream()));
+    K3_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, dp, src.data, sp, bytes, rows, cudaMemcpyDeviceToDevice, ctx_->stream()));
   }
-  core::Tensor download_f32(const core::TensorView& src) override {
-    return cuda::download_f32(src, ctx_->stream());
-  }
+  core::Tensor download_f32(const core::TensorView& src) override { return cuda::download_f32(src, ctx_->stream()); }
   void synchronize() override { K3_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream())); }
   void mark() override {
     cudaEvent_t e = nullptr;

@@ -12,8 +12,8 @@ int device_count(std::string* why) {
   const cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // clear it: the caller carries on without CUDA
-    if (why) *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + " (" +
-                    cudaGetErrorString(err) + ")";
+    if (why)
+      *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
     return 0;
   }
   if (n == 0 && why) *why = "cudaGetDeviceCount reports 0 CUDA devices";

@@ -71,8 +71,8 @@ core::Tensor upload(const core::TensorView& host, core::DType as, DevicePool& po
                                   cudaMemcpyHostToDevice, stream));
   } else {
     K3_CHECK(host.dtype == core::DType::f32 && as == core::DType::bf16,
-             "upload: the only conversion is f32 -> bf16, asked " + std::string(core::dtype_name(host.dtype)) +
-                 " -> " + std::string(core::dtype_name(as)));
+             "upload: the only conversion is f32 -> bf16, asked " + std::string(core::dtype_name(host.dtype)) + " -> " +
+                 std::string(core::dtype_name(as)));
     std::vector<uint16_t> bits(static_cast<size_t>(host.numel()));
     const float* src = host.as<const float>();
     for (size_t i = 0; i < bits.size(); ++i) bits[i] = core::f32_to_bf16_bits(src[i]);

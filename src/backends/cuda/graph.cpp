@@ -23,8 +23,7 @@ std::string end_capture_problem(cudaError_t err) {
              ", or a call failed during the capture and its error was ignored";
     case cudaErrorStreamCaptureUnjoined:
       return "work forked onto another stream during the capture was not joined back to the capturing stream";
-    case cudaErrorStreamCaptureWrongThread:
-      return "the capture was ended on another thread than the one that began it";
+    case cudaErrorStreamCaptureWrongThread: return "the capture was ended on another thread than the one that began it";
     default:
       return std::string("cudaStreamEndCapture failed: ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
              ")";

@@ -36,10 +36,10 @@ namespace k3::backends::cuda {
 
 // Nodes of a captured graph by type (child graphs counted through).
 struct GraphNodeCounts {
-  size_t kernels = 0;   // kernel launches, ours and cuBLASLt's
-  size_t memcpys = 0;   // cudaMemcpy*Async nodes
-  size_t memsets = 0;   // cudaMemset*Async nodes
-  size_t other = 0;     // host, event, empty, allocation ... nodes
+  size_t kernels = 0;  // kernel launches, ours and cuBLASLt's
+  size_t memcpys = 0;  // cudaMemcpy*Async nodes
+  size_t memsets = 0;  // cudaMemset*Async nodes
+  size_t other = 0;    // host, event, empty, allocation ... nodes
   size_t total() const { return kernels + memcpys + memsets + other; }
 };
 

@@ -4,6 +4,8 @@
 // and come back when the graph dies; illegal calls during a capture become core::Error and leave
 // the stream and pool usable. Device cases skip without a GPU (the pool-only rules still need one
 // for cudaMalloc).
+#include "backends/cuda/graph.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,15 +16,14 @@
 #include "backends/cuda/context.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/device_tensor.h"
-#include "backends/cuda/graph.h"
 
 namespace k3::backends::cuda {
 namespace {
 
-#define K3_REQUIRE_GPU()                                                  \
-  std::string why_;                                                       \
-  if (device_count(&why_) == 0) {                                         \
-    GTEST_SKIP() << "no CUDA device: " << why_;                           \
+#define K3_REQUIRE_GPU()                        \
+  std::string why_;                             \
+  if (device_count(&why_) == 0) {               \
+    GTEST_SKIP() << "no CUDA device: " << why_; \
   }
 
 // y[T, n] = x[T, n] · W[n, n]^T in f32 (exact here: small integers times powers of two).
@@ -68,8 +69,8 @@ TEST(Graph, CaptureRunsNothingAndTwoReplaysGiveTheRightValuesAndNodeCounts) {
     inside = tmp.get();
     for (int i = 0; i < 2; ++i) {
       ctx->blas().gemm(square_gemm(dx.view().data, dw.view().data, tmp.get(), T, n), s);
-      K3_CUDA_CHECK(cudaMemcpyAsync(dx.view().data, tmp.get(), static_cast<size_t>(dx.nbytes()),
-                                    cudaMemcpyDeviceToDevice, s));
+      K3_CUDA_CHECK(
+          cudaMemcpyAsync(dx.view().data, tmp.get(), static_cast<size_t>(dx.nbytes()), cudaMemcpyDeviceToDevice, s));
     }
     K3_CUDA_CHECK(cudaMemsetAsync(mark.view().data, 0x2a, 77, s));
   });  // tmp was freed inside the capture: the graph keeps its block
@@ -148,16 +149,20 @@ TEST(Graph, IllegalCallsDuringCaptureBecomeErrorsAndLeaveStreamAndPoolUsable) {
   // Synchronizing the capturing stream, checked: the body's own error, with the hint.
   expect_capture_error([&] { K3_CUDA_CHECK(cudaStreamSynchronize(s)); }, "StreamCapture");
   // The same with the error ignored: the capture is invalidated.
-  expect_capture_error([&] {
-    (void)cudaStreamSynchronize(s);
-    K3_CUDA_CHECK(cudaMemsetAsync(ctx->scratch(512).get(), 0, 512, s));
-  }, "capture");
+  expect_capture_error(
+      [&] {
+        (void)cudaStreamSynchronize(s);
+        K3_CUDA_CHECK(cudaMemsetAsync(ctx->scratch(512).get(), 0, 512, s));
+      },
+      "capture");
   // A raw cudaMalloc (not the pool) is unsafe on the capturing thread.
-  expect_capture_error([&] {
-    void* p = nullptr;
-    K3_CUDA_CHECK(cudaMalloc(&p, 1 << 20));
-    (void)cudaFree(p);
-  }, "StreamCapture");
+  expect_capture_error(
+      [&] {
+        void* p = nullptr;
+        K3_CUDA_CHECK(cudaMalloc(&p, 1 << 20));
+        (void)cudaFree(p);
+      },
+      "StreamCapture");
   // A plain exception keeps its message; a nested capture is refused.
   expect_capture_error([&] { throw core::Error("boom from the body"); }, "boom from the body");
   expect_capture_error([&] { (void)Graph::capture(*ctx, [] {}); }, "already capturing");

@@ -135,8 +135,9 @@ std::shared_ptr<void> DevicePool::allocate_shared(size_t bytes) {
 
 void DevicePool::release_cached() {
   std::lock_guard<std::mutex> lk(mu_);
-  K3_CHECK(capturing_ == 0, "DevicePool::release_cached: not allowed during a CUDA graph capture (cudaFree would "
-                            "invalidate it)");
+  K3_CHECK(capturing_ == 0,
+           "DevicePool::release_cached: not allowed during a CUDA graph capture (cudaFree would "
+           "invalidate it)");
   release_cached_locked();
 }
 

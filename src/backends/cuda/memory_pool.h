@@ -31,11 +31,11 @@
 namespace k3::backends::cuda {
 
 struct PoolStats {
-  size_t in_use_bytes = 0;    // handed out, not yet returned (graph-owned ones included)
-  size_t cached_bytes = 0;    // returned, kept for reuse by anyone (the shared cache)
+  size_t in_use_bytes = 0;  // handed out, not yet returned (graph-owned ones included)
+  size_t cached_bytes = 0;  // returned, kept for reuse by anyone (the shared cache)
   size_t peak_in_use_bytes = 0;
-  size_t cuda_mallocs = 0;    // cudaMalloc calls so far (cache misses)
-  size_t graph_cached_bytes = 0;  // returned blocks held back for live graphs (reused only by them)
+  size_t cuda_mallocs = 0;              // cudaMalloc calls so far (cache misses)
+  size_t graph_cached_bytes = 0;        // returned blocks held back for live graphs (reused only by them)
   size_t graph_owned_in_use_bytes = 0;  // handed-out blocks owned by a live graph
 };
 

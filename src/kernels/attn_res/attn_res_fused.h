@@ -76,8 +76,8 @@ struct AttnResBankArgs {
                                               // stride, any row stride): R_0..R_{n-1} in bank order
   std::span<const core::TensorView> queries;  // M views (1 <= M <= 32), bf16/f32 [D] or [1, D]: mix m's res_proj.weight
   std::span<const core::TensorView> norms;    // M views, bf16/f32 [D]: mix m's res_norm.weight
-  core::TensorView acc;    // f32 [M, T, D] contiguous (f32 also on CUDA in bf16 mode):
-                           //   acc[m, t, h] = sum_j expf(s_{m,j} - max_{m}) R_j[t, h] (j in order)
+  core::TensorView acc;                       // f32 [M, T, D] contiguous (f32 also on CUDA in bf16 mode):
+                                              //   acc[m, t, h] = sum_j expf(s_{m,j} - max_{m}) R_j[t, h] (j in order)
   core::TensorView stats;  // f32 [M, T, 2] contiguous: (max_j s_{m,j}, sum_j expf(s_{m,j} - max)) per (m, t)
   float eps = 1e-5f;       // the Mix eps (rms_norm_eps)
   Precision precision = Precision::bf16;  // dtype rule only (bf16 CUDA rows need bf16); nothing is rounded

@@ -107,8 +107,8 @@ TEST(AttnResBank, MatchesTheDirectComputationAtK3Shapes) {
 
 // One sublayer tail, standard (add, attn_res_mix, rmsnorm through the registry) and fused (bank
 // over 3 mixes, this one in the middle, then merge), compared: P_new bit for bit, h and x close.
-void merge_case(int n, int64_t T, int64_t D, bool with_a, bool restart, bool alias, Precision p,
-                RmsNormStyle style, MergeTally& tally) {
+void merge_case(int n, int64_t T, int64_t D, bool with_a, bool restart, bool alias, Precision p, RmsNormStyle style,
+                MergeTally& tally) {
   SCOPED_TRACE("n=" + std::to_string(n) + " T=" + std::to_string(T) + " D=" + std::to_string(D) +
                " a=" + std::to_string(with_a) + " restart=" + std::to_string(restart) +
                " alias=" + std::to_string(alias) + (p == Precision::bf16 ? " bf16" : " fp32"));
@@ -123,8 +123,8 @@ void merge_case(int n, int64_t T, int64_t D, bool with_a, bool restart, bool ali
 
   const Standard want = run_standard(reference_registry(), bank, p_old, with_a ? &a : nullptr, restart, w, norm_w,
                                      style, p);
-  Fused got = run_fused(reference_registry(), bank, mixes, 1, p_old, with_a ? &a : nullptr, restart, w, norm_w,
-                        style, p, alias);
+  Fused got = run_fused(reference_registry(), bank, mixes, 1, p_old, with_a ? &a : nullptr, restart, w, norm_w, style,
+                        p, alias);
   expect_bits_equal(got.prefix, want.prefix, "P_new");
   tally.add(got.mixed, want.mixed, p, "h");
   tally.add(got.normed, want.normed, p, "x");
@@ -146,7 +146,8 @@ TEST(AttnResMerge, EqualsAddMixRmsnormOnOddAndK3Shapes) {
           }
   // Without a sublayer output: layer 0's attention side (empty bank) and the final Mix (a bank).
   for (const Precision p : {Precision::fp32, Precision::bf16})
-    for (const int n : {0, 9}) merge_case(n, 5, 97, /*with_a=*/false, false, cases++ % 2 == 1, p, RmsNormStyle::moonshot, tally);
+    for (const int n : {0, 9})
+      merge_case(n, 5, 97, /*with_a=*/false, false, cases++ % 2 == 1, p, RmsNormStyle::moonshot, tally);
   tally.expect_within_contract();
   std::printf("[attn_res_merge] %d cases; %s\n", cases, tally.summary().c_str());
 }

@@ -106,8 +106,8 @@ __device__ __forceinline__ void softmax_alpha(int n, int chunks, int64_t D, floa
 
 // out = round(sum_j alpha_j R_j) in source order on this thread's N columns from h.
 template <class T, int N>
-__device__ __forceinline__ void mix_columns(const Sources<T>& src, const float* alpha, int64_t D, int64_t t,
-                                            int64_t h, T* out, int64_t out_ld, bool round) {
+__device__ __forceinline__ void mix_columns(const Sources<T>& src, const float* alpha, int64_t D, int64_t t, int64_t h,
+                                            T* out, int64_t out_ld, bool round) {
   if (h >= D) return;
   float acc[N], r[N];
   load_act_n<N>(src.data[0] + t * src.ld[0] + h, r);
@@ -127,10 +127,9 @@ __device__ __forceinline__ void mix_columns(const Sources<T>& src, const float* 
 // Cluster form, grid (chunks, T), one cluster of `chunks` blocks per token: partials in each
 // block's shared memory, read by every block of the cluster in rank (= chunk) order.
 template <class T, int N>
-__global__ void __launch_bounds__(kClusterThreads) mix_cluster_kernel(Sources<T> src, const void* query,
-                                                                     bool query_bf16, const void* norm,
-                                                                     bool norm_bf16, int64_t D, float eps, T* out,
-                                                                     int64_t out_ld, bool round) {
+__global__ void __launch_bounds__(kClusterThreads)
+    mix_cluster_kernel(Sources<T> src, const void* query, bool query_bf16, const void* norm, bool norm_bf16, int64_t D,
+                       float eps, T* out, int64_t out_ld, bool round) {
   namespace cg = cooperative_groups;
   __shared__ float2 part[kMaxSources];
   __shared__ float alpha[kMaxSources];
@@ -139,8 +138,9 @@ __global__ void __launch_bounds__(kClusterThreads) mix_cluster_kernel(Sources<T>
   block_partials<T, N, kClusterThreads>(src, query, query_bf16, norm, norm_bf16, D, t, chunk, part);
   cluster.sync();  // every block's partials are written
   if (threadIdx.x < 32)
-    softmax_alpha(src.n, static_cast<int>(gridDim.x), D, eps,
-                  [&](int c, int j) { return cluster.map_shared_rank(part, static_cast<unsigned>(c))[j]; }, alpha);
+    softmax_alpha(
+        src.n, static_cast<int>(gridDim.x), D, eps,
+        [&](int c, int j) { return cluster.map_shared_rank(part, static_cast<unsigned>(c))[j]; }, alpha);
   cluster.sync();  // no block leaves while another still reads its partials; alpha is visible
   mix_columns<T, N>(src, alpha, D, t, (chunk * kClusterThreads + threadIdx.x) * N, out, out_ld, round);
 }
@@ -148,9 +148,9 @@ __global__ void __launch_bounds__(kClusterThreads) mix_cluster_kernel(Sources<T>
 // Two-pass form (more than kMaxCluster chunks or 65535 tokens), grid (T, chunks). Pass 1: part[(t *
 // chunks + chunk) * n + j] = source j's partials over the block's columns.
 template <class T, int N>
-__global__ void __launch_bounds__(kChunkThreads) mix_partials_kernel(Sources<T> src, const void* query,
-                                                                    bool query_bf16, const void* norm,
-                                                                    bool norm_bf16, int64_t D, float2* part) {
+__global__ void __launch_bounds__(kChunkThreads)
+    mix_partials_kernel(Sources<T> src, const void* query, bool query_bf16, const void* norm, bool norm_bf16, int64_t D,
+                        float2* part) {
   const int64_t t = blockIdx.x, chunk = blockIdx.y;
   block_partials<T, N, kChunkThreads>(src, query, query_bf16, norm, norm_bf16, D, t, chunk,
                                       part + (t * gridDim.y + chunk) * src.n);
@@ -158,16 +158,17 @@ __global__ void __launch_bounds__(kChunkThreads) mix_partials_kernel(Sources<T> 
 
 // Pass 2: warp 0 turns the partials into alpha, then every thread mixes its N columns.
 template <class T, int N>
-__global__ void __launch_bounds__(kChunkThreads) mix_apply_kernel(Sources<T> src, const float2* part, int64_t D,
-                                                                 float eps, T* out, int64_t out_ld, bool round) {
+__global__ void __launch_bounds__(kChunkThreads)
+    mix_apply_kernel(Sources<T> src, const float2* part, int64_t D, float eps, T* out, int64_t out_ld, bool round) {
   __shared__ float alpha[kMaxSources];
   const int64_t t = blockIdx.x;
   const int n = src.n, chunks = static_cast<int>(gridDim.y);
   if (threadIdx.x < 32)
-    softmax_alpha(n, chunks, D, eps, [&](int c, int j) { return part[(t * chunks + c) * n + j]; }, alpha);
+    softmax_alpha(
+        n, chunks, D, eps, [&](int c, int j) { return part[(t * chunks + c) * n + j]; }, alpha);
   __syncthreads();
-  mix_columns<T, N>(src, alpha, D, t, (static_cast<int64_t>(blockIdx.y) * kChunkThreads + threadIdx.x) * N, out,
-                    out_ld, round);
+  mix_columns<T, N>(src, alpha, D, t, (static_cast<int64_t>(blockIdx.y) * kChunkThreads + threadIdx.x) * N, out, out_ld,
+                    round);
 }
 
 core::Status mix_supports(const CudaOps& ops, const AttnResMixArgs& a) {
@@ -220,13 +221,11 @@ void register_attn_res_cuda(AttnResOps& r, const CudaOps& ops) {
                attr[0].val.clusterDim.z = 1;
                cfg.attrs = attr;
                cfg.numAttrs = 1;
-               K3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, src, a.query.data, q_bf16, a.norm.data, n_bf16, D,
-                                                a.eps, a.out.as<E>(), a.out.strides[0], round));
+               K3_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, src, a.query.data, q_bf16, a.norm.data, n_bf16, D, a.eps,
+                                                a.out.as<E>(), a.out.strides[0], round));
              };
-             if (vec)
-               launch(mix_cluster_kernel<E, 8>);
-             else
-               launch(mix_cluster_kernel<E, 1>);
+             if (vec) launch(mix_cluster_kernel<E, 8>);
+             else launch(mix_cluster_kernel<E, 1>);
              return;
            }
            const unsigned chunks = grid_for(D, kChunkThreads * N);
@@ -234,16 +233,14 @@ void register_attn_res_cuda(AttnResOps& r, const CudaOps& ops) {
            const dim3 grid(static_cast<unsigned>(T), chunks);  // T in x: no 65535 limit
            const auto launch = [&](auto partials, auto apply) {
              partials<<<grid, kChunkThreads, 0, stream>>>(src, a.query.data, q_bf16, a.norm.data, n_bf16, D,
-                                                           static_cast<float2*>(part.get()));
+                                                          static_cast<float2*>(part.get()));
              K3_CUDA_CHECK_LAUNCH("mix_partials_kernel");
              apply<<<grid, kChunkThreads, 0, stream>>>(src, static_cast<const float2*>(part.get()), D, a.eps,
                                                        a.out.as<E>(), a.out.strides[0], round);
              K3_CUDA_CHECK_LAUNCH("mix_apply_kernel");
            };
-           if (vec)
-             launch(mix_partials_kernel<E, 8>, mix_apply_kernel<E, 8>);
-           else
-             launch(mix_partials_kernel<E, 1>, mix_apply_kernel<E, 1>);
+           if (vec) launch(mix_partials_kernel<E, 8>, mix_apply_kernel<E, 8>);
+           else launch(mix_partials_kernel<E, 1>, mix_apply_kernel<E, 1>);
          });
        }});
 }

@@ -31,7 +31,7 @@ using namespace attn_res_fused_detail;
 
 namespace {
 
-constexpr int kThreads = 256;          // bank_kernel
+constexpr int kThreads = 256;  // bank_kernel
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxMergeThreads = 1024;  // merge_kernel: one N-vector per thread up to D = 8192
 constexpr int kMaxRows = kAttnResFusedMaxBankRows;
@@ -41,18 +41,18 @@ constexpr int kMaxMixes = kAttnResFusedMaxMixes;
 
 template <class T>
 struct BankParams {
-  const T* rows[kMaxRows];          // bank row j: act [T, D], row t at rows[j] + t * ld[j]
+  const T* rows[kMaxRows];  // bank row j: act [T, D], row t at rows[j] + t * ld[j]
   int64_t ld[kMaxRows];
-  int n;                            // bank rows
-  const void* query[kMaxMixes];     // mix m: bf16/f32 [D]
-  const void* norm[kMaxMixes];      // mix m: bf16/f32 [D]
+  int n;                         // bank rows
+  const void* query[kMaxMixes];  // mix m: bf16/f32 [D]
+  const void* norm[kMaxMixes];   // mix m: bf16/f32 [D]
   bool query_bf16[kMaxMixes];
   bool norm_bf16[kMaxMixes];
-  float* acc;                       // f32 [M, T, D] contiguous
-  float* stats;                     // f32 [M, T, 2] contiguous
-  int64_t tokens, D;                // T, hidden
-  int mixes;                        // M
-  int mixes_per_cta;                // G: CTA (t, g) runs mixes g*G .. min(M, (g+1)*G) - 1
+  float* acc;         // f32 [M, T, D] contiguous
+  float* stats;       // f32 [M, T, 2] contiguous
+  int64_t tokens, D;  // T, hidden
+  int mixes;          // M
+  int mixes_per_cta;  // G: CTA (t, g) runs mixes g*G .. min(M, (g+1)*G) - 1
   float eps;
 };
 
@@ -157,8 +157,7 @@ __global__ void __launch_bounds__(kThreads) bank_kernel(const BankParams<T> p) {
     prefetch_l2_within(q ? p.query[m] : p.norm[m], static_cast<uint64_t>(p.D) * (is_bf16 ? 2 : 4));
   }
   pdl_wait();
-  for (int m = m_begin; m < m_end; ++m)
-    bank_one_mix<T, N>(p, static_cast<int64_t>(blockIdx.x), m, red, score);
+  for (int m = m_begin; m < m_end; ++m) bank_one_mix<T, N>(p, static_cast<int64_t>(blockIdx.x), m, red, score);
 }
 
 core::Status bank_supports(const CudaOps& ops, const AttnResBankArgs& a) {
@@ -342,10 +341,8 @@ void merge_run(const CudaOps& ops, const AttnResMergeArgs& a) {
                        p);
       K3_CUDA_CHECK_LAUNCH("attn_res_merge_kernel");
     };
-    if (vec)
-      launch(merge_kernel<E, 8>);
-    else
-      launch(merge_kernel<E, 1>);
+    if (vec) launch(merge_kernel<E, 8>);
+    else launch(merge_kernel<E, 1>);
   });
 }
 

@@ -45,8 +45,8 @@ namespace cg = cooperative_groups;
 
 constexpr int kClusterMaxThreads = 256;  // one N-vector per thread: V_cta <= 256
 constexpr int kClusterMaxWarps = kClusterMaxThreads / 32;
-constexpr int kClusterMaxSize = 8;       // the portable cluster size limit
-constexpr int kClusterMinVectors = 32;   // S = ceil(V / 32) up to 8: every CTA gets a warp's worth
+constexpr int kClusterMaxSize = 8;      // the portable cluster size limit
+constexpr int kClusterMinVectors = 32;  // S = ceil(V / 32) up to 8: every CTA gets a warp's worth
 // Rows above this take the one-CTA form. At S = 8, 32 rows are 256 CTAs of 128 threads: two per
 // SM of an H200's 132, i.e. ~2 waves of SMs (several such CTAs fit per SM at once); with more
 // rows the one-CTA form's T CTAs (896 threads each) already spread over most SMs.
@@ -54,9 +54,9 @@ constexpr int64_t kGridYMax = 65535;  // rows: grid y
 
 // Cluster shape for T rows of D columns; fails with the reason when the form does not apply.
 struct ClusterShape {
-  int size = 0;              // S: CTAs per row (2..8)
-  int vectors_per_cta = 0;   // V_cta
-  int threads = 0;           // V_cta rounded up to a warp multiple
+  int size = 0;             // S: CTAs per row (2..8)
+  int vectors_per_cta = 0;  // V_cta
+  int threads = 0;          // V_cta rounded up to a warp multiple
 };
 core::Status cluster_shape(int64_t T, int64_t D, bool vec, ClusterShape* shape) {
   if (T > kGridYMax)
@@ -262,10 +262,8 @@ void merge_cluster_run(const CudaOps& ops, const AttnResMergeArgs& a) {
                        dim3(static_cast<unsigned>(shape.size), 1, 1), p, shape.vectors_per_cta);
       K3_CUDA_CHECK_LAUNCH("attn_res_merge_cluster_kernel");
     };
-    if (vec)
-      launch(merge_cluster_kernel<E, 8>);
-    else
-      launch(merge_cluster_kernel<E, 1>);
+    if (vec) launch(merge_cluster_kernel<E, 8>);
+    else launch(merge_cluster_kernel<E, 1>);
   });
 }
 

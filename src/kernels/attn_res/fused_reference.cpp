@@ -32,13 +32,14 @@ bool is_act_rows(const core::TensorView& v, int64_t T, int64_t D) {
 }
 // An f32 [T, W] matrix with unit inner stride (bank partials, stats).
 bool is_f32_rows(const core::TensorView& v, int64_t T, int64_t W) {
-  return v.dtype == core::DType::f32 && v.rank() == 2 && v.dim(0) == T && v.dim(1) == W && (W <= 1 || v.strides[1] == 1) &&
-         rows_apart(v, T, W);
+  return v.dtype == core::DType::f32 && v.rank() == 2 && v.dim(0) == T && v.dim(1) == W &&
+         (W <= 1 || v.strides[1] == 1) && rows_apart(v, T, W);
 }
 // A weight vector of D entries, bf16/f32, stored [D] or [1, D] (res_proj.weight is [1, D]).
 bool is_weight_vector(const core::TensorView& v, int64_t D, bool allow_row) {
   const bool dtype_ok = v.dtype == core::DType::bf16 || v.dtype == core::DType::f32;
-  const bool shape_ok = (v.rank() == 1 && v.dim(0) == D) || (allow_row && v.rank() == 2 && v.dim(0) == 1 && v.dim(1) == D);
+  const bool shape_ok = (v.rank() == 1 && v.dim(0) == D) ||
+                        (allow_row && v.rank() == 2 && v.dim(0) == 1 && v.dim(1) == D);
   return v.data != nullptr && dtype_ok && shape_ok && v.is_contiguous();
 }
 
@@ -100,12 +101,13 @@ core::Status attn_res_bank_check(const AttnResBankArgs& a) {
   if (D < 1) return core::Status::fail("bank rows must have D >= 1 columns, got " + describe(first));
   for (size_t j = 1; j < n; ++j)
     if (!is_act_rows(a.bank[j], T, D) || a.bank[j].dtype != first.dtype)
-      return core::Status::fail("bank[" + std::to_string(j) + "] must be " + std::string(core::dtype_name(first.dtype)) +
-                                " " + td_str(T, D) + " like bank[0], got " + describe(a.bank[j]));
+      return core::Status::fail("bank[" + std::to_string(j) + "] must be " +
+                                std::string(core::dtype_name(first.dtype)) + " " + td_str(T, D) +
+                                " like bank[0], got " + describe(a.bank[j]));
   for (size_t m = 0; m < M; ++m) {
     if (!is_weight_vector(a.queries[m], D, true))
-      return core::Status::fail("queries[" + std::to_string(m) + "] must be bf16/f32 [" + std::to_string(D) + "] or [1, " +
-                                std::to_string(D) + "], got " + describe(a.queries[m]));
+      return core::Status::fail("queries[" + std::to_string(m) + "] must be bf16/f32 [" + std::to_string(D) +
+                                "] or [1, " + std::to_string(D) + "], got " + describe(a.queries[m]));
     if (!is_weight_vector(a.norms[m], D, false))
       return core::Status::fail("norms[" + std::to_string(m) + "] must be bf16/f32 [" + std::to_string(D) + "], got " +
                                 describe(a.norms[m]));
@@ -113,8 +115,8 @@ core::Status attn_res_bank_check(const AttnResBankArgs& a) {
   const auto Ms = static_cast<int64_t>(M);
   if (a.acc.dtype != core::DType::f32 || a.acc.rank() != 3 || !(a.acc.shape == core::Shape{Ms, T, D}) ||
       !a.acc.is_contiguous() || (a.acc.numel() > 0 && a.acc.data == nullptr))
-    return core::Status::fail("acc must be contiguous f32 " + core::Shape{Ms, T, D}.str() + " (f32 on every device), got " +
-                              describe(a.acc));
+    return core::Status::fail("acc must be contiguous f32 " + core::Shape{Ms, T, D}.str() +
+                              " (f32 on every device), got " + describe(a.acc));
   if (a.stats.dtype != core::DType::f32 || a.stats.rank() != 3 || !(a.stats.shape == core::Shape{Ms, T, 2}) ||
       !a.stats.is_contiguous() || (a.stats.numel() > 0 && a.stats.data == nullptr))
     return core::Status::fail("stats must be contiguous f32 " + core::Shape{Ms, T, 2}.str() + ", got " +
@@ -178,7 +180,8 @@ core::Status attn_res_merge_check(const AttnResMergeArgs& a) {
   };
   const bool has_a = !absent(a.sublayer_out);
   if (has_a && !act_ok(a.sublayer_out))
-    return core::Status::fail("sublayer_out must be absent or " + act + " like prefix, got " + describe(a.sublayer_out));
+    return core::Status::fail("sublayer_out must be absent or " + act + " like prefix, got " +
+                              describe(a.sublayer_out));
   if (a.restart && !has_a) return core::Status::fail("restart needs sublayer_out (P_new = a), but it is absent");
   const bool has_bank = !absent(a.bank_acc);
   if (has_bank != !absent(a.bank_stats))

@@ -46,10 +46,8 @@ inline std::vector<Tensor> random_rows(core::Rng& rng, int n, int64_t T, int64_t
 inline void fill(Tensor& t, core::Rng& rng, double mean, double std) {
   for (int64_t i = 0; i < t.numel(); ++i) {
     const float x = static_cast<float>(mean + std * rng.normal());
-    if (t.dtype() == DType::bf16)
-      t.data<uint16_t>()[i] = core::f32_to_bf16_bits(x);
-    else
-      t.data<float>()[i] = x;
+    if (t.dtype() == DType::bf16) t.data<uint16_t>()[i] = core::f32_to_bf16_bits(x);
+    else t.data<float>()[i] = x;
   }
 }
 
@@ -217,7 +215,7 @@ inline StreamResult run_stream(const Registry& r, int layers, int64_t T, int64_t
   StreamResult out;
   std::vector<Tensor> bank;
   Tensor prefix = copy_of(embed);
-  Tensor acc, stats;            // fused: the bank part of every mix of the current bank
+  Tensor acc, stats;  // fused: the bank part of every mix of the current bank
   std::vector<int> slot(static_cast<size_t>(mixes), -1);
   int acc_bank = -1;
   for (int i = 0; i < mixes; ++i) {

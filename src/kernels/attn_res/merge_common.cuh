@@ -23,29 +23,29 @@ inline bool absent(const core::TensorView& v) { return v.data == nullptr && v.ra
 
 template <class T>
 struct MergeParams {
-  const T* prefix;        // act [T, D]: P_old
+  const T* prefix;  // act [T, D]: P_old
   int64_t prefix_ld;
-  const T* sub;           // act [T, D]: a, or null
+  const T* sub;  // act [T, D]: a, or null
   int64_t sub_ld;
-  bool restart;           // P_new = a
-  const float* acc;       // f32 [T, D]: bank partials, or null (empty bank)
+  bool restart;      // P_new = a
+  const float* acc;  // f32 [T, D]: bank partials, or null (empty bank)
   int64_t acc_ld;
-  const float* stats;     // f32 [T, 2]: (max_b, sum_b)
+  const float* stats;  // f32 [T, 2]: (max_b, sum_b)
   int64_t stats_ld;
-  const void* query;      // bf16/f32 [D]
-  const void* norm;       // bf16/f32 [D]
-  const void* weight;     // bf16/f32 [D]: the RMSNorm weight
+  const void* query;   // bf16/f32 [D]
+  const void* norm;    // bf16/f32 [D]
+  const void* weight;  // bf16/f32 [D]: the RMSNorm weight
   bool query_bf16, norm_bf16, weight_bf16;
-  T* prefix_out;          // act [T, D]: P_new, or null (may equal prefix or sub)
+  T* prefix_out;  // act [T, D]: P_new, or null (may equal prefix or sub)
   int64_t prefix_out_ld;
-  T* mixed_out;           // act [T, D]: h, or null
+  T* mixed_out;  // act [T, D]: h, or null
   int64_t mixed_ld;
-  T* normed_out;          // act [T, D]: x
+  T* normed_out;  // act [T, D]: x
   int64_t normed_ld;
   int64_t D;
   float mix_eps, rms_eps;
-  bool moonshot;          // round x_hat before the weight (with `round`)
-  bool round;             // Precision::bf16
+  bool moonshot;  // round x_hat before the weight (with `round`)
+  bool round;     // Precision::bf16
 };
 
 // Whether every row and vector of the call can be read 8 elements (16 bytes) at a time: N = 8,

@@ -26,31 +26,26 @@ std::vector<Tensor> random_sources(int n, int64_t T, int64_t D, uint64_t seed) {
   std::vector<Tensor> src;
   for (int j = 0; j < n; ++j) {
     Tensor s = Tensor::zeros(DType::f32, {T, D});
-    for (float& v : s.span<float>())
-      v = core::bf16_round(static_cast<float>(rng.normal() * 0.5 * (j + 1)));
+    for (float& v : s.span<float>()) v = core::bf16_round(static_cast<float>(rng.normal() * 0.5 * (j + 1)));
     src.push_back(s);
   }
   return src;
 }
 
 // A vector of D values mean + std * N(0,1) stored in dt with shape [D] (or [1, D] if as_row).
-Tensor random_vec(DType dt, int64_t D, double mean, double std, uint64_t seed,
-                  bool as_row = false) {
+Tensor random_vec(DType dt, int64_t D, double mean, double std, uint64_t seed, bool as_row = false) {
   core::Rng rng(seed);
   Tensor v = as_row ? Tensor::zeros(dt, {1, D}) : Tensor::zeros(dt, {D});
   for (int64_t h = 0; h < D; ++h) {
     const float x = static_cast<float>(mean + std * rng.normal());
-    if (dt == DType::bf16)
-      v.data<uint16_t>()[h] = core::f32_to_bf16_bits(x);
-    else
-      v.data<float>()[h] = x;
+    if (dt == DType::bf16) v.data<uint16_t>()[h] = core::f32_to_bf16_bits(x);
+    else v.data<float>()[h] = x;
   }
   return v;
 }
 
 float at(const Tensor& v, int64_t h) {
-  return v.dtype() == DType::bf16 ? core::bf16_bits_to_f32(v.data<uint16_t>()[h])
-                                  : v.data<float>()[h];
+  return v.dtype() == DType::bf16 ? core::bf16_bits_to_f32(v.data<uint16_t>()[h]) : v.data<float>()[h];
 }
 
 // Query scaled so the scores are O(1..3): softmax far from uniform but not one-hot (spec §14.3).
@@ -70,8 +65,7 @@ Tensor run(const std::vector<Tensor>& src, const Tensor& q, const Tensor& nw, Pr
 }
 
 // Spec §3.1 in double precision for token t: the alphas.
-std::vector<double> naive_alpha(const std::vector<Tensor>& src, const Tensor& q, const Tensor& nw,
-                                int64_t t) {
+std::vector<double> naive_alpha(const std::vector<Tensor>& src, const Tensor& q, const Tensor& nw, int64_t t) {
   const int64_t D = src[0].dim(1);
   std::vector<double> s;
   for (const Tensor& r : src) {
@@ -91,8 +85,8 @@ std::vector<double> naive_alpha(const std::vector<Tensor>& src, const Tensor& q,
 }
 
 // Checks out against sum_j alpha_j R_j (double alphas); returns the largest alpha seen.
-double check_against_naive(const std::vector<Tensor>& src, const Tensor& q, const Tensor& nw,
-                           const Tensor& out, Precision p) {
+double check_against_naive(const std::vector<Tensor>& src, const Tensor& q, const Tensor& nw, const Tensor& out,
+                           Precision p) {
   const int64_t T = src[0].dim(0), D = src[0].dim(1);
   double max_alpha = 0.0;
   for (int64_t t = 0; t < T; ++t) {
@@ -155,8 +149,7 @@ TEST(AttnResMix, OneSourceIsTheSourceExactly) {
     Tensor nw = random_vec(DType::f32, 257, 1.0, 0.5, 7);
     Tensor out = run(src, q, nw, p);
     for (int64_t i = 0; i < src[0].numel(); ++i)
-      ASSERT_EQ(std::bit_cast<uint32_t>(out.data<float>()[i]),
-                std::bit_cast<uint32_t>(src[0].data<float>()[i]));
+      ASSERT_EQ(std::bit_cast<uint32_t>(out.data<float>()[i]), std::bit_cast<uint32_t>(src[0].data<float>()[i]));
   }
 }
 
@@ -171,8 +164,7 @@ TEST(AttnResMix, NormWeightEntersTheScoreOnly) {
   // Changing the norm weight changes the alphas, so the output moves...
   double max_diff = 0.0;
   for (int64_t i = 0; i < T * D; ++i)
-    max_diff =
-        std::max(max_diff, std::fabs(double(out_a.data<float>()[i]) - out_b.data<float>()[i]));
+    max_diff = std::max(max_diff, std::fabs(double(out_a.data<float>()[i]) - out_b.data<float>()[i]));
   EXPECT_GT(max_diff, 0.1);
   // ...but both stay convex combinations of the RAW sources (never normalised outputs).
   check_against_naive(src, q, norm_a, out_a, Precision::fp32);
@@ -205,8 +197,7 @@ TEST(AttnResMix, OutputMayAliasThePrefix) {
   AttnResMixArgs a{views, q.view(), nw.view(), src[2].view()};
   ASSERT_TRUE(attn_res_mix_check(a));
   attn_res_mix_reference(a);
-  for (int64_t i = 0; i < src[2].numel(); ++i)
-    ASSERT_EQ(src[2].data<float>()[i], want.data<float>()[i]);
+  for (int64_t i = 0; i < src[2].numel(); ++i) ASSERT_EQ(src[2].data<float>()[i], want.data<float>()[i]);
 }
 
 TEST(AttnResMix, BadArgumentsFail) {

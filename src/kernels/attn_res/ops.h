@@ -13,13 +13,15 @@ namespace k3::kernels {
 struct AttnResOps {
   OpTable<AttnResMixArgs> attn_res_mix{"attn_res_mix", attn_res_mix_check};
   OpTable<AttnResBankArgs> attn_res_bank{"attn_res_bank", attn_res_bank_check};
-  OpTable<AttnResMergeArgs> attn_res_merge{"attn_res_merge", attn_res_merge_check,
-                                          {"rows", [](const AttnResMergeArgs& a) { return a.prefix.dim(0); }}};
+  OpTable<AttnResMergeArgs> attn_res_merge{
+      "attn_res_merge", attn_res_merge_check, {"rows", [](const AttnResMergeArgs& a) { return a.prefix.dim(0); }}};
 
   // Calls fn(table) for every op table of the family.
   template <class Fn>
   void for_each(Fn&& fn) {
-    fn(attn_res_mix); fn(attn_res_bank); fn(attn_res_merge);
+    fn(attn_res_mix);
+    fn(attn_res_bank);
+    fn(attn_res_merge);
   }
   // The CPU reference of every op (ops.cpp).
   void register_reference(const CpuOps& cpu);

@@ -19,20 +19,16 @@ namespace k3::kernels {
 
 namespace {
 
-std::string describe(const core::TensorView& v) {
-  return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str();
-}
+std::string describe(const core::TensorView& v) { return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str(); }
 
 bool is_f32_matrix(const core::TensorView& v, int64_t rows, int64_t cols) {  // or bf16 on CUDA
-  return is_activation_dtype(v) && v.rank() == 2 && v.strides[1] == 1 && v.dim(0) == rows &&
-         v.dim(1) == cols;
+  return is_activation_dtype(v) && v.rank() == 2 && v.strides[1] == 1 && v.dim(0) == rows && v.dim(1) == cols;
 }
 
 // A weight vector of D entries, stored [D] or [1, D] (res_proj.weight is [1, D]).
 bool is_weight_vector(const core::TensorView& v, int64_t D) {
   const bool dtype_ok = v.dtype == core::DType::bf16 || v.dtype == core::DType::f32;
-  const bool shape_ok =
-      (v.rank() == 1 && v.dim(0) == D) || (v.rank() == 2 && v.dim(0) == 1 && v.dim(1) == D);
+  const bool shape_ok = (v.rank() == 1 && v.dim(0) == D) || (v.rank() == 2 && v.dim(0) == 1 && v.dim(1) == D);
   return dtype_ok && shape_ok && v.is_contiguous();
 }
 
@@ -48,16 +44,14 @@ core::Status attn_res_mix_check(const AttnResMixArgs& a) {
   const std::string td = core::Shape{T, D}.str();
   for (size_t j = 1; j < a.sources.size(); ++j)
     if (!is_f32_matrix(a.sources[j], T, D))
-      return core::Status::fail(std::string("sources[") + std::to_string(j) + "] must be f32 " +
-                                td + " like sources[0], got " + describe(a.sources[j]));
+      return core::Status::fail(std::string("sources[") + std::to_string(j) + "] must be f32 " + td +
+                                " like sources[0], got " + describe(a.sources[j]));
   if (!is_weight_vector(a.query, D))
-    return core::Status::fail("query must be bf16/f32 [" + std::to_string(D) + "] or [1, " +
-                              std::to_string(D) + "], got " + describe(a.query));
+    return core::Status::fail("query must be bf16/f32 [" + std::to_string(D) + "] or [1, " + std::to_string(D) +
+                              "], got " + describe(a.query));
   if (!is_weight_vector(a.norm, D))
-    return core::Status::fail("norm must be bf16/f32 [" + std::to_string(D) + "], got " +
-                              describe(a.norm));
-  if (!is_f32_matrix(a.out, T, D))
-    return core::Status::fail("out must be f32 " + td + ", got " + describe(a.out));
+    return core::Status::fail("norm must be bf16/f32 [" + std::to_string(D) + "], got " + describe(a.norm));
+  if (!is_f32_matrix(a.out, T, D)) return core::Status::fail("out must be f32 " + td + ", got " + describe(a.out));
   if (!(a.eps >= 0.0f)) return core::Status::fail("eps must be >= 0, got " + std::to_string(a.eps));
   return core::Status::ok();
 }
@@ -72,8 +66,7 @@ void attn_res_mix_reference(const AttnResMixArgs& a, backends::cpu::ThreadPool* 
     std::vector<const float*> rows(n);
     std::vector<float> alpha(n);
     for (int64_t t = t0; t < t1; ++t) {
-      for (size_t j = 0; j < n; ++j)
-        rows[j] = a.sources[j].as<const float>() + t * a.sources[j].strides[0];
+      for (size_t j = 0; j < n; ++j) rows[j] = a.sources[j].as<const float>() + t * a.sources[j].strides[0];
       // Scores of the RMS-normalised sources (no weight in the norm; the weight is in c).
       for (size_t j = 0; j < n; ++j) {
         const float* r = rows[j];
@@ -102,8 +95,7 @@ void attn_res_mix_reference(const AttnResMixArgs& a, backends::cpu::ThreadPool* 
     }
   };
   const int64_t work_per_token = std::max<int64_t>(1, static_cast<int64_t>(n) * D);
-  backends::cpu::parallel_for(pool, 
-      T, mix_tokens, std::max<int64_t>(1, (int64_t{1} << 15) / work_per_token));
+  backends::cpu::parallel_for(pool, T, mix_tokens, std::max<int64_t>(1, (int64_t{1} << 15) / work_per_token));
 }
 
 }  // namespace k3::kernels

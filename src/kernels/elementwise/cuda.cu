@@ -29,8 +29,8 @@ __global__ void sigmoid_gate_kernel(const T* x, const T* g, T* out, int64_t n, b
 
 // One thread per element of [T, D]; x f32 and out with row strides x_ld / out_ld.
 template <class T>
-__global__ void to_activation_kernel(const float* x, int64_t x_ld, T* out, int64_t out_ld, int64_t rows,
-                                     int64_t cols, bool round) {
+__global__ void to_activation_kernel(const float* x, int64_t x_ld, T* out, int64_t out_ld, int64_t rows, int64_t cols,
+                                     bool round) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * cols) return;
   const int64_t r = i / cols, c = i % cols;
@@ -39,8 +39,8 @@ __global__ void to_activation_kernel(const float* x, int64_t x_ld, T* out, int64
 
 core::Status supports3(const CudaOps& ops, const char* an, const core::TensorView& a, const char* bn,
                        const core::TensorView& b, const core::TensorView& out, Precision p) {
-  return all_of({ops.usable(), on_cuda({{an, &a}, {bn, &b}, {"out", &out}}),
-                 same_act({{an, &a}, {bn, &b}, {"out", &out}}, p)});
+  return all_of(
+      {ops.usable(), on_cuda({{an, &a}, {bn, &b}, {"out", &out}}), same_act({{an, &a}, {bn, &b}, {"out", &out}}, p)});
 }
 
 }  // namespace
@@ -58,22 +58,22 @@ void register_elementwise_cuda(ElementwiseOps& r, const CudaOps& ops) {
                  K3_CUDA_CHECK_LAUNCH("add_kernel");
                });
              }});
-  r.to_activation.add(
-      {"cuda_elementwise", core::Device::cuda,
-       [ops](const ToActivationArgs& a) {
-         return all_of({ops.usable(), on_cuda({{"x", &a.x}, {"out", &a.out}}), same_act({{"out", &a.out}}, a.precision)});
-       },
-       [ops](const ToActivationArgs& a) {
-         const int64_t rows = a.x.dim(0), cols = a.x.dim(1), n = rows * cols;
-         if (n == 0) return;
-         with_act(a.out.dtype, [&](auto tag) {
-           using T = typename decltype(tag)::type;
-           to_activation_kernel<T><<<grid_for(n, kThreads), kThreads, 0, ops.ctx->stream()>>>(
-               a.x.as<const float>(), a.x.strides[0], a.out.as<T>(), a.out.strides[0], rows, cols,
-               a.precision == Precision::bf16);
-           K3_CUDA_CHECK_LAUNCH("to_activation_kernel");
-         });
-       }});
+  r.to_activation.add({"cuda_elementwise", core::Device::cuda,
+                       [ops](const ToActivationArgs& a) {
+                         return all_of({ops.usable(), on_cuda({{"x", &a.x}, {"out", &a.out}}),
+                                        same_act({{"out", &a.out}}, a.precision)});
+                       },
+                       [ops](const ToActivationArgs& a) {
+                         const int64_t rows = a.x.dim(0), cols = a.x.dim(1), n = rows * cols;
+                         if (n == 0) return;
+                         with_act(a.out.dtype, [&](auto tag) {
+                           using T = typename decltype(tag)::type;
+                           to_activation_kernel<T><<<grid_for(n, kThreads), kThreads, 0, ops.ctx->stream()>>>(
+                               a.x.as<const float>(), a.x.strides[0], a.out.as<T>(), a.out.strides[0], rows, cols,
+                               a.precision == Precision::bf16);
+                           K3_CUDA_CHECK_LAUNCH("to_activation_kernel");
+                         });
+                       }});
   r.sigmoid_gate.add(
       {"cuda_elementwise", core::Device::cuda,
        [ops](const SigmoidGateArgs& a) { return supports3(ops, "x", a.x, "gate", a.gate, a.out, a.precision); },

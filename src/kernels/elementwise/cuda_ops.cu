@@ -4,8 +4,6 @@
 
 namespace k3::kernels {
 
-void ElementwiseOps::register_cuda(const CudaOps& cuda) {
-  register_elementwise_cuda(*this, cuda);
-}
+void ElementwiseOps::register_cuda(const CudaOps& cuda) { register_elementwise_cuda(*this, cuda); }
 
 }  // namespace k3::kernels

@@ -16,7 +16,9 @@ struct ElementwiseOps {
   // Calls fn(table) for every op table of the family.
   template <class Fn>
   void for_each(Fn&& fn) {
-    fn(add); fn(sigmoid_gate); fn(to_activation);
+    fn(add);
+    fn(sigmoid_gate);
+    fn(to_activation);
   }
   // The CPU reference of every op (ops.cpp).
   void register_reference(const CpuOps& cpu);

@@ -13,8 +13,7 @@ core::Status same_2d_f32(const char* op, const char* an, const core::TensorView&
     if (!is_activation_dtype(*v) || !v->is_contiguous())
       return core::Status::fail(p + name + " must be a contiguous f32 (or bf16 on CUDA) tensor");
     if (!(v->shape == a.shape))
-      return core::Status::fail(p + name + " has shape " + v->shape.str() + ", expected " +
-                                a.shape.str());
+      return core::Status::fail(p + name + " has shape " + v->shape.str() + ", expected " + a.shape.str());
   }
   return core::Status::ok();
 }
@@ -50,8 +49,8 @@ core::Status to_activation_check(const ToActivationArgs& a) {
                               std::string(core::dtype_name(a.x.dtype)) + " " + a.x.shape.str());
   if (!is_activation_dtype(a.out) || !rows_ok(a.out) || !(a.out.shape == a.x.shape))
     return core::Status::fail("to_activation: out must be an f32 (or bf16 on CUDA) " + a.x.shape.str() +
-                              " tensor with contiguous rows like x, got " +
-                              std::string(core::dtype_name(a.out.dtype)) + " " + a.out.shape.str());
+                              " tensor with contiguous rows like x, got " + std::string(core::dtype_name(a.out.dtype)) +
+                              " " + a.out.shape.str());
   return core::Status::ok();
 }
 

@@ -35,27 +35,25 @@ __global__ void embedding_kernel(const int32_t* ids, const TableT* table, int64_
 }  // namespace
 
 void register_embedding_cuda(EmbeddingOps& r, const CudaOps& ops) {
-  r.embedding.add(
-      {"cuda_gather", core::Device::cuda,
-       [ops](const EmbeddingArgs& a) {
-         return all_of({ops.usable(), on_cuda({{"ids", &a.ids}, {"table", &a.table}, {"out", &a.out}})});
-       },
-       [ops](const EmbeddingArgs& a) {
-         const int64_t T = a.ids.dim(0), V = a.table.dim(0), D = a.table.dim(1);
-         const int64_t vocab = a.vocab_size == 0 ? V : a.vocab_size;
-         if (T == 0) return;
-         with_act(a.table.dtype, [&](auto tt) {
-           using TableT = typename decltype(tt)::type;
-           with_act(a.out.dtype, [&](auto ot) {
-             using OutT = typename decltype(ot)::type;
-             embedding_kernel<TableT, OutT><<<static_cast<unsigned>(T), kThreads, 0, ops.ctx->stream()>>>(
-                 a.ids.as<const int32_t>(), a.table.as<const TableT>(), a.table.strides[0], V, D, a.vocab_begin, vocab,
-                 a.out.as<OutT>(),
-                 T > 1 ? a.out.strides[0] : D);
-             K3_CUDA_CHECK_LAUNCH("embedding_kernel");
-           });
-         });
-       }});
+  r.embedding.add({"cuda_gather", core::Device::cuda,
+                   [ops](const EmbeddingArgs& a) {
+                     return all_of({ops.usable(), on_cuda({{"ids", &a.ids}, {"table", &a.table}, {"out", &a.out}})});
+                   },
+                   [ops](const EmbeddingArgs& a) {
+                     const int64_t T = a.ids.dim(0), V = a.table.dim(0), D = a.table.dim(1);
+                     const int64_t vocab = a.vocab_size == 0 ? V : a.vocab_size;
+                     if (T == 0) return;
+                     with_act(a.table.dtype, [&](auto tt) {
+                       using TableT = typename decltype(tt)::type;
+                       with_act(a.out.dtype, [&](auto ot) {
+                         using OutT = typename decltype(ot)::type;
+                         embedding_kernel<TableT, OutT><<<static_cast<unsigned>(T), kThreads, 0, ops.ctx->stream()>>>(
+                             a.ids.as<const int32_t>(), a.table.as<const TableT>(), a.table.strides[0], V, D,
+                             a.vocab_begin, vocab, a.out.as<OutT>(), T > 1 ? a.out.strides[0] : D);
+                         K3_CUDA_CHECK_LAUNCH("embedding_kernel");
+                       });
+                     });
+                   }});
 }
 
 }  // namespace k3::kernels

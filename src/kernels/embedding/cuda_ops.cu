@@ -4,8 +4,6 @@
 
 namespace k3::kernels {
 
-void EmbeddingOps::register_cuda(const CudaOps& cuda) {
-  register_embedding_cuda(*this, cuda);
-}
+void EmbeddingOps::register_cuda(const CudaOps& cuda) { register_embedding_cuda(*this, cuda); }
 
 }  // namespace k3::kernels

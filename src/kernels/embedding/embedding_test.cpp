@@ -24,10 +24,8 @@ Tensor random_table(DType dt, int64_t V, int64_t D, uint64_t seed) {
   Tensor t = Tensor::zeros(dt, {V, D});
   for (int64_t i = 0; i < V * D; ++i) {
     const float v = static_cast<float>(rng.normal());
-    if (dt == DType::bf16)
-      t.data<uint16_t>()[i] = core::f32_to_bf16_bits(v);
-    else
-      t.data<float>()[i] = v;
+    if (dt == DType::bf16) t.data<uint16_t>()[i] = core::f32_to_bf16_bits(v);
+    else t.data<float>()[i] = v;
   }
   return t;
 }
@@ -47,8 +45,7 @@ Tensor poisoned(int64_t T, int64_t D) {
 
 float table_at(const Tensor& table, int64_t r, int64_t c) {
   const int64_t i = r * table.dim(1) + c;
-  return table.dtype() == DType::bf16 ? core::bf16_bits_to_f32(table.data<uint16_t>()[i])
-                                      : table.data<float>()[i];
+  return table.dtype() == DType::bf16 ? core::bf16_bits_to_f32(table.data<uint16_t>()[i]) : table.data<float>()[i];
 }
 
 TEST(Embedding, CopiesRowsExactlyOnOddShapes) {
@@ -65,8 +62,7 @@ TEST(Embedding, CopiesRowsExactlyOnOddShapes) {
         for (int64_t t = 0; t < T; ++t)
           for (int64_t d = 0; d < D; ++d) {
             const float want = table_at(table, ids.data<int32_t>()[t], d);
-            ASSERT_EQ(std::bit_cast<uint32_t>(out.data<float>()[t * D + d]),
-                      std::bit_cast<uint32_t>(want))
+            ASSERT_EQ(std::bit_cast<uint32_t>(out.data<float>()[t * D + d]), std::bit_cast<uint32_t>(want))
                 << "t=" << t << " d=" << d;
           }
       }
@@ -87,8 +83,7 @@ TEST(Embedding, K3HiddenWidthWithBoundaryIds) {
   ASSERT_TRUE(embedding_check(a));
   embedding_reference(a);
   for (int64_t t = 0; t < 3; ++t)
-    for (int64_t d = 0; d < D; ++d)
-      ASSERT_EQ(out.data<float>()[t * D + d], table_at(table, ids.data<int32_t>()[t], d));
+    for (int64_t d = 0; d < D; ++d) ASSERT_EQ(out.data<float>()[t * D + d], table_at(table, ids.data<int32_t>()[t], d));
 }
 
 TEST(Embedding, OutOfRangeIdFailsNamingIdAndVocab) {
@@ -132,7 +127,7 @@ TEST(Embedding, VocabSlicesGiveTheirRowsAndZerosElsewhere) {
       const int64_t V = 8 * 13, D = 33, slice = V / n;
       Tensor table = random_table(DType::bf16, V, D, 100 + n + T);
       Tensor ids = random_ids(T, V, 5 * T + n);
-      ids.data<int32_t>()[0] = static_cast<int32_t>(V - 1);  // the last row of the last slice
+      ids.data<int32_t>()[0] = static_cast<int32_t>(V - 1);             // the last row of the last slice
       if (T > 1) ids.data<int32_t>()[1] = static_cast<int32_t>(slice);  // the first row of slice 1
       Tensor sum = Tensor::zeros(DType::f32, {T, D});
       for (int r = 0; r < n; ++r) {

@@ -3,8 +3,6 @@
 
 namespace k3::kernels {
 
-void EmbeddingOps::register_reference(const CpuOps& cpu) {
-  add_reference(embedding, cpu, embedding_reference);
-}
+void EmbeddingOps::register_reference(const CpuOps& cpu) { add_reference(embedding, cpu, embedding_reference); }
 
 }  // namespace k3::kernels

@@ -21,7 +21,9 @@ using namespace kda_test;
 const std::vector<SeqSpec> kMixed = {{4, 17, 5, 70}, {0, 3, 0, 5}, {86, 1, 3, 13}, {21, 64, 6, 0}};
 constexpr int kMixedRows = 87, kPoolSlots = 7;
 
-void run_form(bool chunked, const KdaAttentionArgs& a) { chunked ? kda_chunked_reference(a) : kda_recurrent_reference(a); }
+void run_form(bool chunked, const KdaAttentionArgs& a) {
+  chunked ? kda_chunked_reference(a) : kda_recurrent_reference(a);
+}
 
 void expect_batched_equals_per_sequence(bool chunked, int H, int D, int chunk, Precision p, uint64_t seed) {
   const AttnInputs in = AttnInputs::random(seed, kMixedRows, H, D, p);
@@ -117,7 +119,8 @@ TEST(KdaBatch, ChunkedGridFollowsAbsolutePositions) {
       }
       // The grid really moves with position: the rows from 37 on claiming position 0 lay their
       // chunks from row 37, and the (fp32) state differs from the call at position 37.
-      Tensor s_at = copy(in.state0), s_zero = copy(in.state0), o1 = poisoned({37, H * D}), o2 = poisoned({T - 37, H * D});
+      Tensor s_at = copy(in.state0), s_zero = copy(in.state0), o1 = poisoned({37, H * D}),
+             o2 = poisoned({T - 37, H * D});
       pieces(s_at, {37});
       kda_chunked_reference(in.args(s_zero, o1, p, chunk, 0, 37));
       KdaAttentionArgs second = in.args(s_zero, o2, p, chunk, 37, T - 37);
@@ -177,8 +180,8 @@ TEST(KdaBatch, AttentionCheckNamesTheBadSequenceTable) {
   EXPECT_TRUE(has(reason({{0, 3, 1, 0}, {5, 6, 2, 0}}, none), "seqs.row_begin[1] = 5"));
   EXPECT_TRUE(has(reason({{0, 5, 1, 0}, {4, 2, 2, 0}}, none), "overlap"));
   EXPECT_TRUE(has(reason({{0, 3, 1, -2}}, none), "seqs.position[0] = -2"));
-  EXPECT_TRUE(has(reason({{0, 3, 1, 0}}, [](KdaAttentionArgs& a) { a.seqs.position = TensorView{}; }),
-                  "seqs.position"));
+  EXPECT_TRUE(
+      has(reason({{0, 3, 1, 0}}, [](KdaAttentionArgs& a) { a.seqs.position = TensorView{}; }), "seqs.position"));
   EXPECT_TRUE(has(reason({{0, 3, 1, 0}}, [](KdaAttentionArgs& a) { a.seqs.max_rows = 1; }), "seqs.num_rows[0] = 3"));
   // Tables on another device than the activations (the view only claims CUDA; nothing is read).
   EXPECT_TRUE(has(reason({{0, 3, 1, 0}}, [](KdaAttentionArgs& a) { a.seqs.slot.device = core::Device::cuda; }),

@@ -38,12 +38,12 @@ namespace {
 // Scratch for one head's chunk; sized once per task for the largest chunk.
 struct ChunkWorkspace {
   int cap = 0, D = 0;
-  std::vector<float> q, k, v, g, beta;   // [n, D] prepared inputs (beta [n])
-  std::vector<float> decay_from_start;   // [n, D] e^{G_r}
-  std::vector<float> decay_to_end;       // [n, D] e^{G_{n-1} - G_j}
-  std::vector<float> L, Aqk;             // [n, n] row-major
-  std::vector<float> W, U, Vt;           // [n, D]
-  std::vector<float> segment, decay;     // [D] running segment sum and its exp
+  std::vector<float> q, k, v, g, beta;  // [n, D] prepared inputs (beta [n])
+  std::vector<float> decay_from_start;  // [n, D] e^{G_r}
+  std::vector<float> decay_to_end;      // [n, D] e^{G_{n-1} - G_j}
+  std::vector<float> L, Aqk;            // [n, n] row-major
+  std::vector<float> W, U, Vt;          // [n, D]
+  std::vector<float> segment, decay;    // [D] running segment sum and its exp
 
   ChunkWorkspace(int cap_, int D_) : cap(cap_), D(D_) {
     const size_t nd = static_cast<size_t>(cap) * D, nn = static_cast<size_t>(cap) * cap;

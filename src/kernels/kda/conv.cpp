@@ -47,8 +47,8 @@ void kda_conv_reference(const KdaConvArgs& a, backends::cpu::ThreadPool* pool) {
   const float* weight = a.weight.as<const float>();
   // Channels are independent, and so are sequences: each task takes a channel range and walks
   // every sequence's rows in token order (one parallel_for however many sequences).
-  backends::cpu::parallel_for(pool, 
-      C,
+  backends::cpu::parallel_for(
+      pool, C,
       [&](int64_t c_begin, int64_t c_end) {
         std::vector<float> window(static_cast<size_t>(K));  // x_{t-K+1} .. x_t of one channel
         for (const kda_detail::HostSeq& sq : seqs) {

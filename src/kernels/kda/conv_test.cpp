@@ -22,8 +22,8 @@ struct ConvCase {
 
 ConvCase random_conv(uint64_t seed, int T, int C, int K, Precision p) {
   core::Rng rng(seed);
-  ConvCase cc{random(rng, {T, C}, 0.0, 1.0, p), random(rng, {C, K}, 0.0, 0.6), random(rng, {C, K - 1}, 0.0, 1.0, p), T,
-              C, K};
+  ConvCase cc{
+      random(rng, {T, C}, 0.0, 1.0, p), random(rng, {C, K}, 0.0, 0.6), random(rng, {C, K - 1}, 0.0, 1.0, p), T, C, K};
   return cc;
 }
 
@@ -40,8 +40,10 @@ KdaConvArgs conv_args(const TensorView& x, const Tensor& w, const Tensor& state,
 }
 
 TEST(KdaConv, MatchesNaiveOnOddShapes) {
-  struct Shape3 { int T, C, K; };
-  const Shape3 shapes[] = {{1, 1, 4}, {17, 17, 4}, {54, 97, 4}, {97, 33, 4}, {150, 5, 4},
+  struct Shape3 {
+    int T, C, K;
+  };
+  const Shape3 shapes[] = {{1, 1, 4},  {17, 17, 4}, {54, 97, 4}, {97, 33, 4}, {150, 5, 4},
                            {17, 9, 2}, {54, 7, 3},  {20, 13, 5}, {5, 3, 1}};
   uint64_t seed = 1;
   for (Precision p : {Precision::fp32, Precision::bf16}) {
@@ -55,7 +57,8 @@ TEST(KdaConv, MatchesNaiveOnOddShapes) {
       kda_conv_reference(conv_args(cc.x.view(), cc.w, cc.state, out.view(), p));
       if (p == Precision::fp32) {
         EXPECT_LT(rel_err(out.span<float>(), ref), 1e-6);
-        for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(out.span<float>()[i], ref[i], 1e-5 * (1 + std::abs(ref[i])));
+        for (size_t i = 0; i < ref.size(); ++i)
+          ASSERT_NEAR(out.span<float>()[i], ref[i], 1e-5 * (1 + std::abs(ref[i])));
       } else {
         EXPECT_TRUE(bf16_close(out.span<float>(), ref));
       }
@@ -113,7 +116,8 @@ TEST(KdaConv, SplitCallsEqualOneCall) {
       kda_conv_reference(conv_args(rows(cc.x.view(), 0, split), cc.w, state, rows(out.view(), 0, split), p));
       // The rest one token at a time for the first few (decode), then the remainder at once.
       int t = split;
-      for (; t < split + 3; ++t) kda_conv_reference(conv_args(rows(cc.x.view(), t, 1), cc.w, state, rows(out.view(), t, 1), p));
+      for (; t < split + 3; ++t)
+        kda_conv_reference(conv_args(rows(cc.x.view(), t, 1), cc.w, state, rows(out.view(), t, 1), p));
       kda_conv_reference(conv_args(rows(cc.x.view(), t, T - t), cc.w, state, rows(out.view(), t, T - t), p));
       EXPECT_TRUE(bits_equal(out.span<float>(), full_out.span<float>()));
       EXPECT_TRUE(bits_equal(state.span<float>(), full_state.span<float>()));
@@ -165,7 +169,8 @@ TEST(KdaConv, RealTp8ShardPrefillThenDecode) {
 // unused slots and the gap row stay untouched.
 TEST(KdaConv, BatchedEqualsOneCallPerSequence) {
   const int C = 37, K = 4, N = 7;
-  const std::vector<SeqSpec> specs = {{4, 17, 5, 0}, {0, 3, 0, 0}, {86, 1, 3, 0}, {21, 64, 6, 0}};  // row 3 and 85: gaps
+  const std::vector<SeqSpec> specs = {
+      {4, 17, 5, 0}, {0, 3, 0, 0}, {86, 1, 3, 0}, {21, 64, 6, 0}};  // row 3 and 85: gaps
   const int T = 87;
   for (Precision p : {Precision::fp32, Precision::bf16}) {
     SCOPED_TRACE(p == Precision::bf16 ? "bf16" : "fp32");
@@ -187,7 +192,8 @@ TEST(KdaConv, BatchedEqualsOneCallPerSequence) {
       EXPECT_TRUE(bits_equal(o.span<float>(), out.span<float>().subspan(sp.row_begin * C, sp.num_rows * C)));
       EXPECT_TRUE(bits_equal(state.span<float>(), slot_span(pool, sp.slot)));
     }
-    for (int64_t free_slot : {1, 2, 4}) EXPECT_TRUE(bits_equal(slot_span(pool, free_slot), slot_span(pool0, free_slot)));
+    for (int64_t free_slot : {1, 2, 4})
+      EXPECT_TRUE(bits_equal(slot_span(pool, free_slot), slot_span(pool0, free_slot)));
     for (int64_t gap : {3, 85})
       for (int c = 0; c < C; ++c) EXPECT_TRUE(std::isnan(out.data<float>()[gap * C + c]));
   }
@@ -246,19 +252,19 @@ TEST(KdaConv, CheckNamesTheBadSequenceTable) {
     return ::testing::AssertionResult(r.find(what) != std::string::npos) << r;
   };
   EXPECT_EQ(reason({{0, 3, 1}, {3, 7, 0}}, none), "ok");
-  EXPECT_EQ(reason({}, none), "ok");  // nothing to do
-  EXPECT_TRUE(has(reason({{0, 3, 4}}, none), "seqs.slot[0] = 4"));           // slot past the pool
+  EXPECT_EQ(reason({}, none), "ok");                                // nothing to do
+  EXPECT_TRUE(has(reason({{0, 3, 4}}, none), "seqs.slot[0] = 4"));  // slot past the pool
   EXPECT_TRUE(has(reason({{0, 3, -1}}, none), "seqs.slot[0] = -1"));
-  EXPECT_TRUE(has(reason({{0, 3, 2}, {3, 2, 2}}, none), "share a slot"));     // two sequences, one slot
+  EXPECT_TRUE(has(reason({{0, 3, 2}, {3, 2, 2}}, none), "share a slot"));           // two sequences, one slot
   EXPECT_TRUE(has(reason({{0, 3, 0}, {8, 3, 1}}, none), "seqs.row_begin[1] = 8"));  // rows 8..10 past T
   EXPECT_TRUE(has(reason({{-1, 3, 0}}, none), "seqs.row_begin[0] = -1"));
-  EXPECT_TRUE(has(reason({{0, 4, 0}, {3, 2, 1}}, none), "overlap"));          // rows 0..3 and 3..4
+  EXPECT_TRUE(has(reason({{0, 4, 0}, {3, 2, 1}}, none), "overlap"));  // rows 0..3 and 3..4
   EXPECT_TRUE(has(reason({{0, 3, 0}}, [](KdaConvArgs& a) { a.seqs.max_rows = 2; }), "seqs.num_rows[0] = 3"));
   EXPECT_TRUE(has(reason({{0, 0, 0}}, [](KdaConvArgs& a) { a.seqs.max_rows = 3; }), "seqs.num_rows[0] = 0"));
   Tensor f32_slots = f32({1}), long_rows = Tensor::zeros(core::DType::i32, {2});
   EXPECT_TRUE(has(reason({{0, 3, 0}}, [&](KdaConvArgs& a) { a.seqs.slot = f32_slots.view(); }), "seqs.slot must be"));
-  EXPECT_TRUE(has(reason({{0, 3, 0}}, [&](KdaConvArgs& a) { a.seqs.num_rows = long_rows.view(); }),
-                  "seqs.num_rows must be"));
+  EXPECT_TRUE(
+      has(reason({{0, 3, 0}}, [&](KdaConvArgs& a) { a.seqs.num_rows = long_rows.view(); }), "seqs.num_rows must be"));
   EXPECT_TRUE(has(reason({{0, 3, 0}}, [&](KdaConvArgs& a) { a.seqs.row_begin = TensorView{}; }), "seqs.row_begin"));
   EXPECT_TRUE(has(reason({{0, 3, 0}}, [&](KdaConvArgs& a) { a.seqs.max_rows = 0; }), "seqs.max_rows"));
   // A pool whose slot stride is shorter than a slot: slots would overlap.

@@ -34,15 +34,15 @@ constexpr int kMaxChunk = 64;
 struct ChunkSmem {
   int C, D, DP;
   __host__ __device__ ChunkSmem(int c, int d) : C(c), D(d), DP(d + 1) {}
-  __host__ __device__ int q() const { return 0; }                // [C][DP] q, then e^{G}.q
-  __host__ __device__ int k() const { return C * DP; }           // [C][DP] k, then e^{G_n - G}.k
-  __host__ __device__ int g() const { return 2 * C * DP; }       // [C][DP] g, then G (cumsum)
-  __host__ __device__ int w() const { return 3 * C * DP; }       // [C][DP] W
-  __host__ __device__ int l() const { return 4 * C * DP; }       // [C][C]  L
-  __host__ __device__ int a() const { return 4 * C * DP + C * C; }  // [C][C] Aqk
+  __host__ __device__ int q() const { return 0; }                       // [C][DP] q, then e^{G}.q
+  __host__ __device__ int k() const { return C * DP; }                  // [C][DP] k, then e^{G_n - G}.k
+  __host__ __device__ int g() const { return 2 * C * DP; }              // [C][DP] g, then G (cumsum)
+  __host__ __device__ int w() const { return 3 * C * DP; }              // [C][DP] W
+  __host__ __device__ int l() const { return 4 * C * DP; }              // [C][C]  L
+  __host__ __device__ int a() const { return 4 * C * DP + C * C; }      // [C][C] Aqk
   __host__ __device__ int u() const { return 4 * C * DP + 2 * C * C; }  // [C][kRows] U, then Vt
-  __host__ __device__ int s() const { return u() + C * kRows; }  // [kRows][DP] the block's state rows
-  __host__ __device__ int beta() const { return s() + kRows * DP; }  // [C]
+  __host__ __device__ int s() const { return u() + C * kRows; }         // [kRows][DP] the block's state rows
+  __host__ __device__ int beta() const { return s() + kRows * DP; }     // [C]
   __host__ __device__ int total() const { return beta() + C; }
 };
 
@@ -192,7 +192,8 @@ void register_kda_chunked_cuda(KdaOps& r, const CudaOps& ops) {
       {"cuda_chunked", core::Device::cuda,
        [ops](const KdaAttentionArgs& a) {
          if (auto s = kda_supports(ops, a); !s) return s;
-         if (a.no_commit) return core::Status::fail("no_commit is not supported by the chunked form (use kda_recurrent)");
+         if (a.no_commit)
+           return core::Status::fail("no_commit is not supported by the chunked form (use kda_recurrent)");
          const int C = device_chunk(ops, a);
          if (ChunkSmem(C, a.head_dim).total() * sizeof(float) > ops.ctx->smem_optin())
            return core::Status::fail("not enough shared memory for head_dim " + std::to_string(a.head_dim));

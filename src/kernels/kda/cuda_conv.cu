@@ -21,8 +21,8 @@ constexpr int kMaxWidth = 8;
 template <class T, class S>
 __global__ void __launch_bounds__(kThreads)
     conv_kernel(const T* x, int64_t x_ld, const float* weight, S* state, int64_t slot_stride, T* out, int64_t out_ld,
-                int64_t C, int K, const int32_t* row_begin, const int32_t* num_rows, const int32_t* slots,
-                int max_rows, bool round, bool commit) {
+                int64_t C, int K, const int32_t* row_begin, const int32_t* num_rows, const int32_t* slots, int max_rows,
+                bool round, bool commit) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int s = blockIdx.y;
@@ -71,7 +71,8 @@ void register_kda_conv_cuda(KdaOps& r, const CudaOps& ops) {
              !s)
            return s;
          if (a.seqs.num_seqs > 0)  // (an empty batch may leave its tables unset)
-           if (auto s = on_cuda({{"seqs.row_begin", &a.seqs.row_begin}, {"seqs.num_rows", &a.seqs.num_rows},
+           if (auto s = on_cuda({{"seqs.row_begin", &a.seqs.row_begin},
+                                 {"seqs.num_rows", &a.seqs.num_rows},
                                  {"seqs.slot", &a.seqs.slot}});
                !s)
              return s;

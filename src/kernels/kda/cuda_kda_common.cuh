@@ -25,11 +25,11 @@ struct KdaParams {
   T* out;
   int64_t out_ld;
   const int32_t *row_begin, *num_rows, *slot, *position;  // SeqBatch tables (device)
-  int max_rows;          // SeqBatch::max_rows: num_rows are clamped to it
+  int max_rows;                                           // SeqBatch::max_rows: num_rows are clamped to it
   int H, D;
   float lower_bound, q_scale;
-  bool round;            // bf16 rounding of o (Precision::bf16)
-  bool commit;           // store the final state (false: KdaAttentionArgs::no_commit, recurrent only)
+  bool round;   // bf16 rounding of o (Precision::bf16)
+  bool commit;  // store the final state (false: KdaAttentionArgs::no_commit, recurrent only)
 };
 
 template <class T>
@@ -85,13 +85,22 @@ __device__ __forceinline__ float kda_gate(float f, float dt_bias, float a_log, f
 
 inline core::Status kda_supports(const CudaOps& ops, const KdaAttentionArgs& a) {
   if (auto s = ops.usable(); !s) return s;
-  if (auto s = on_cuda({{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"f", &a.f}, {"b", &a.b}, {"a_log", &a.a_log},
-                        {"dt_bias", &a.dt_bias}, {"state", &a.state}, {"out", &a.out}});
+  if (auto s = on_cuda({{"q", &a.q},
+                        {"k", &a.k},
+                        {"v", &a.v},
+                        {"f", &a.f},
+                        {"b", &a.b},
+                        {"a_log", &a.a_log},
+                        {"dt_bias", &a.dt_bias},
+                        {"state", &a.state},
+                        {"out", &a.out}});
       !s)
     return s;
   if (a.seqs.num_seqs > 0)  // (an empty batch may leave its tables unset)
-    if (auto s = on_cuda({{"seqs.row_begin", &a.seqs.row_begin}, {"seqs.num_rows", &a.seqs.num_rows},
-                          {"seqs.slot", &a.seqs.slot}, {"seqs.position", &a.seqs.position}});
+    if (auto s = on_cuda({{"seqs.row_begin", &a.seqs.row_begin},
+                          {"seqs.num_rows", &a.seqs.num_rows},
+                          {"seqs.slot", &a.seqs.slot},
+                          {"seqs.position", &a.seqs.position}});
         !s)
       return s;
   if (auto s = same_act({{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"f", &a.f}, {"b", &a.b}, {"out", &a.out}},
@@ -104,8 +113,7 @@ inline core::Status kda_supports(const CudaOps& ops, const KdaAttentionArgs& a) 
   // Blocks split a head's state rows, so one block may write o while another still reads the same
   // token's q, k or f: those aliases (allowed on the CPU) are refused here.
   for (const auto& [name, v] : {Named{"q", &a.q}, Named{"k", &a.k}, Named{"f", &a.f}})
-    if (overlaps(a.out, *v))
-      return core::Status::fail(std::string("out must not alias ") + name + " on CUDA");
+    if (overlaps(a.out, *v)) return core::Status::fail(std::string("out must not alias ") + name + " on CUDA");
   if (a.head_dim > kKdaMaxHeadDim)
     return core::Status::fail("head_dim " + std::to_string(a.head_dim) + " is above the CUDA limit " +
                               std::to_string(kKdaMaxHeadDim));

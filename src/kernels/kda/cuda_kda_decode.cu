@@ -26,6 +26,7 @@
 // only; 393 KB for all 12 heads at K3 TP8), then waits before it reads a step table, the conv window,
 // the state or an activation, and before any store.
 #include "kernels/kda/cuda_kda_decode.cuh"
+
 #include "kernels/kda/ops.h"
 
 namespace k3::kernels {
@@ -176,8 +177,8 @@ __global__ void __launch_bounds__(kThreads) kda_decode_kernel(DecodeParams<T, S>
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int k = 16 * i + 4 * sub + e;
-        s[i][e] += u * k_s[k];     // write
-        o += s[i][e] * q_s[k];     // output
+        s[i][e] += u * k_s[k];  // write
+        o += s[i][e] * q_s[k];  // output
       }
     o += __shfl_xor_sync(kFullMask, o, 1);
     o += __shfl_xor_sync(kFullMask, o, 2);
@@ -229,28 +230,46 @@ __global__ void __launch_bounds__(kThreads) kda_decode_kernel(DecodeParams<T, S>
 
 core::Status kda_decode_supports(const CudaOps& ops, const KdaDecodeArgs& a) {
   if (auto s = ops.usable(); !s) return s;
-  if (auto s = on_cuda({{"q_in", &a.q_in}, {"k_in", &a.k_in}, {"v_in", &a.v_in}, {"g", &a.g}, {"f_a", &a.f_a},
-                        {"b", &a.b}, {"q_conv", &a.q_conv}, {"k_conv", &a.k_conv}, {"v_conv", &a.v_conv},
-                        {"conv_state", &a.conv_state}, {"a_log", &a.a_log}, {"dt_bias", &a.dt_bias},
-                        {"state", &a.state}, {"o_norm", &a.o_norm}, {"out", &a.out}});
+  if (auto s = on_cuda({{"q_in", &a.q_in},
+                        {"k_in", &a.k_in},
+                        {"v_in", &a.v_in},
+                        {"g", &a.g},
+                        {"f_a", &a.f_a},
+                        {"b", &a.b},
+                        {"q_conv", &a.q_conv},
+                        {"k_conv", &a.k_conv},
+                        {"v_conv", &a.v_conv},
+                        {"conv_state", &a.conv_state},
+                        {"a_log", &a.a_log},
+                        {"dt_bias", &a.dt_bias},
+                        {"state", &a.state},
+                        {"o_norm", &a.o_norm},
+                        {"out", &a.out}});
       !s)
     return s;
   if (a.o_trace.data != nullptr)
     if (auto s = on_cuda({{"o_trace", &a.o_trace}}); !s) return s;
   if (auto s = weight_on_cuda(*a.f_b, "f_b"); !s) return s;
   if (a.seqs.num_seqs > 0)  // (an empty batch may leave its tables unset)
-    if (auto s = on_cuda({{"seqs.row_begin", &a.seqs.row_begin}, {"seqs.num_rows", &a.seqs.num_rows},
-                          {"seqs.slot", &a.seqs.slot}, {"seqs.position", &a.seqs.position}});
+    if (auto s = on_cuda({{"seqs.row_begin", &a.seqs.row_begin},
+                          {"seqs.num_rows", &a.seqs.num_rows},
+                          {"seqs.slot", &a.seqs.slot},
+                          {"seqs.position", &a.seqs.position}});
         !s)
       return s;
-  if (auto s = same_act({{"q_in", &a.q_in}, {"k_in", &a.k_in}, {"v_in", &a.v_in}, {"g", &a.g}, {"f_a", &a.f_a},
-                         {"b", &a.b}, {"out", &a.out}},
+  if (auto s = same_act({{"q_in", &a.q_in},
+                         {"k_in", &a.k_in},
+                         {"v_in", &a.v_in},
+                         {"g", &a.g},
+                         {"f_a", &a.f_a},
+                         {"b", &a.b},
+                         {"out", &a.out}},
                         a.precision);
       !s)
     return s;
   if (a.o_trace.data != nullptr && a.o_trace.dtype != a.out.dtype)
-    return core::Status::fail("o_trace must have out's dtype " + std::string(core::dtype_name(a.out.dtype)) +
-                              ", got " + describe(a.o_trace));
+    return core::Status::fail("o_trace must have out's dtype " + std::string(core::dtype_name(a.out.dtype)) + ", got " +
+                              describe(a.o_trace));
   // A bf16 conv pool rounds the conv window; in fp32 mode the CPU oracle keeps it f32.
   if (a.precision == Precision::fp32 && a.conv_state.dtype != core::DType::f32)
     return core::Status::fail("fp32 mode needs an f32 conv_state (the oracle keeps the conv window unrounded), got " +

@@ -24,32 +24,32 @@ template <class T, class S>
 struct DecodeParams {
   const T *q_in, *k_in, *v_in, *g, *f_a, *b;
   int64_t q_ld, k_ld, v_ld, g_ld, f_a_ld, b_ld;
-  const void* f_b;        // [P, R] bf16 or f32, row r at f_b + r * f_b_ld
+  const void* f_b;  // [P, R] bf16 or f32, row r at f_b + r * f_b_ld
   int64_t f_b_ld;
   bool f_b_bf16;
-  bool f_b_vec;           // R % 8 == 0 and every row 16-byte aligned: 8-element vector loads
+  bool f_b_vec;  // R % 8 == 0 and every row 16-byte aligned: 8-element vector loads
   int R;
   const float *q_conv, *k_conv, *v_conv;  // [P, K] each
   int K;
   S* conv_state;
   int64_t conv_slot_stride, conv_part_stride;  // elements: slot to slot, q part to k part
-  const float* a_log;     // [>= H]
-  const float* dt_bias;   // [P]
+  const float* a_log;                          // [>= H]
+  const float* dt_bias;                        // [P]
   float* state;
   int64_t slot_stride;
-  bool state_vec4;        // state rows may be read as float4
-  const void* o_norm;     // [D] bf16 or f32
+  bool state_vec4;     // state rows may be read as float4
+  const void* o_norm;  // [D] bf16 or f32
   bool o_norm_bf16;
   T* out;
   int64_t out_ld;
-  T* o_trace;             // nullptr: not written
+  T* o_trace;  // nullptr: not written
   int64_t o_trace_ld;
   const int32_t *row_begin, *num_rows, *slot;  // SeqBatch tables (device)
   int max_rows;
   int H, D;
   float lower_bound, q_scale, eps;
-  bool round;             // Precision::bf16: round f, q~/k~/v~, o, out
-  bool commit;            // !no_commit: store both states
+  bool round;   // Precision::bf16: round f, q~/k~/v~, o, out
+  bool commit;  // !no_commit: store both states
 };
 
 // Everything both strategies need of the arguments (devices, dtypes, the limits above).

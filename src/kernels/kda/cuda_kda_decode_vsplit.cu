@@ -30,27 +30,27 @@ constexpr int kSplitThreads = 256;
 template <class T, class S, int NS>
 __global__ void __launch_bounds__(kSplitThreads, 2) kda_decode_split_kernel(DecodeParams<T, S> p) {
   namespace cg = cooperative_groups;
-  constexpr int kRows = kMaxD / NS;                 // value rows (and channels) per CTA at most
-  constexpr int kTpr = kSplitThreads / kRows;       // threads per state row / per decay logit (2 NS)
-  constexpr int kChunks = kMaxD / (4 * kTpr);       // float4 chunks of a row per thread
-  constexpr int kFbCached = 8 / NS;                 // f_b chunks of 8 in registers: all of R = 128
+  constexpr int kRows = kMaxD / NS;            // value rows (and channels) per CTA at most
+  constexpr int kTpr = kSplitThreads / kRows;  // threads per state row / per decay logit (2 NS)
+  constexpr int kChunks = kMaxD / (4 * kTpr);  // float4 chunks of a row per thread
+  constexpr int kFbCached = 8 / NS;            // f_b chunks of 8 in registers: all of R = 128
   static_assert(NS == 4 || NS == 8);
   static_assert(3 * kRows <= kSplitThreads && kTpr <= 32 && kChunks * 4 * kTpr == kMaxD);
   __shared__ float fa_s[kMaxFaWidth];
   // This CTA's slice, read by the whole cluster: conv outputs q~, k~ (rounded) and alpha.
   __shared__ float own_q_s[kRows], own_k_s[kRows], own_alpha_s[kRows];
-  __shared__ float own_v_s[kRows];                  // v~ of this CTA's value rows (local only)
+  __shared__ float own_v_s[kRows];                            // v~ of this CTA's value rows (local only)
   __shared__ float qf_s[kMaxD], kf_s[kMaxD], alpha_s[kMaxD];  // gathered over the cluster, 0 past D
   __shared__ float q_s[kMaxD], k_s[kMaxD], o_s[kRows];
-  __shared__ float norm_s[2], beta_s, osq_s;       // osq_s: sum of o^2 over this CTA's rows (cluster-read)
+  __shared__ float norm_s[2], beta_s, osq_s;  // osq_s: sum of o^2 over this CTA's rows (cluster-read)
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());  // = blockIdx.x % NS (cluster dims (NS, 1, 1))
   const int h = blockIdx.x / NS, seq = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int D = p.D, K = p.K;
-  const int W = (D + NS - 1) / NS;                  // <= kRows since D <= kMaxD
+  const int W = (D + NS - 1) / NS;  // <= kRows since D <= kMaxD
   const int j0 = rank * W;
-  const int own = max(0, min(W, D - j0));           // trailing ranks of a small D may own nothing
+  const int own = max(0, min(W, D - j0));  // trailing ranks of a small D may own nothing
   const int64_t c0 = static_cast<int64_t>(h) * D;
 
   // PDL: trigger; before the wait only weights (conv taps and f_b rows into registers, a_log).
@@ -76,7 +76,8 @@ __global__ void __launch_bounds__(kSplitThreads, 2) kda_decode_split_kernel(Deco
       load_vec_n<8>(p.f_b, p.f_b_bf16, w_row + jj, wc[c]);  // R % 8 == 0: all 8 in range
     } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) wc[c][e] = row_ok && jj + e < p.R ? load_vec(p.f_b, p.f_b_bf16, w_row + jj + e) : 0.0f;
+      for (int e = 0; e < 8; ++e)
+        wc[c][e] = row_ok && jj + e < p.R ? load_vec(p.f_b, p.f_b_bf16, w_row + jj + e) : 0.0f;
     }
   }
   const float a_log = p.a_log[h];
@@ -208,8 +209,8 @@ __global__ void __launch_bounds__(kSplitThreads, 2) kda_decode_split_kernel(Deco
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int k = 4 * kTpr * i + 4 * sub + e;
-        s[i][e] += u * k_s[k];     // write
-        o += s[i][e] * q_s[k];     // output
+        s[i][e] += u * k_s[k];  // write
+        o += s[i][e] * q_s[k];  // output
       }
 #pragma unroll
     for (int m = 1; m < kTpr; m <<= 1) o += __shfl_xor_sync(kFullMask, o, m);
@@ -244,7 +245,7 @@ __global__ void __launch_bounds__(kSplitThreads, 2) kda_decode_split_kernel(Deco
     // were gathered by every CTA before this row's second cluster.sync, and osq_s is written
     // again only after the next row's first cluster.sync, which waits for every CTA's step 8.
   }
-  cluster.sync();  // no CTA leaves while another still reads its osq_s
+  cluster.sync();         // no CTA leaves while another still reads its osq_s
   if (!p.commit) return;  // speculative verify: both slots keep their committed states
 
   if (conv_on) {
@@ -278,7 +279,8 @@ core::Status kda_decode_split_supports(const CudaOps& ops, const KdaDecodeArgs& 
   if (auto s = kda_decode_supports(ops, a); !s) return s;
   if (ops.ctx->info().cc_major < 9)
     return core::Status::fail("thread-block clusters need compute capability 9.0, got " +
-                              std::to_string(ops.ctx->info().cc_major) + "." + std::to_string(ops.ctx->info().cc_minor));
+                              std::to_string(ops.ctx->info().cc_major) + "." +
+                              std::to_string(ops.ctx->info().cc_minor));
   return core::Status::ok();
 }
 
@@ -304,10 +306,8 @@ void register_kda_decode_vsplit(KdaOps& r, const CudaOps& ops) {
                         using E = typename decltype(act)::type;
                         with_act(a.conv_state.dtype, [&](auto st) {
                           using S = typename decltype(st)::type;
-                          if (ns == 8)
-                            launch_split<E, S, 8>(ops, a);
-                          else
-                            launch_split<E, S, 4>(ops, a);
+                          if (ns == 8) launch_split<E, S, 8>(ops, a);
+                          else launch_split<E, S, 4>(ops, a);
                         });
                       });
                     }});

@@ -18,10 +18,9 @@ constexpr int kMaxWarps = 16;  // heads of a token in parallel (one warp each; m
 
 // N elements per access: 8 (16-byte vectors) when rows and weight are aligned, else 1.
 template <class T, int N>
-__global__ void __launch_bounds__(kMaxWarps * 32) output_gate_kernel(const T* o, int64_t o_ld, const T* gate,
-                                                                     int64_t gate_ld, const void* w, bool w_bf16,
-                                                                     T* out, int64_t out_ld, int H, int D, float eps,
-                                                                     bool round) {
+__global__ void __launch_bounds__(kMaxWarps * 32)
+    output_gate_kernel(const T* o, int64_t o_ld, const T* gate, int64_t gate_ld, const void* w, bool w_bf16, T* out,
+                       int64_t out_ld, int H, int D, float eps, bool round) {
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int h = warp; h < H; h += warps) {
@@ -55,8 +54,7 @@ void register_kda_output_gate_cuda(KdaOps& r, const CudaOps& ops) {
   r.kda_output_gate.add(
       {"cuda_warp_per_head", core::Device::cuda,
        [ops](const KdaOutputGateArgs& a) {
-         return all_of({ops.usable(),
-                        on_cuda({{"o", &a.o}, {"gate", &a.gate}, {"norm_w", &a.norm_w}, {"out", &a.out}}),
+         return all_of({ops.usable(), on_cuda({{"o", &a.o}, {"gate", &a.gate}, {"norm_w", &a.norm_w}, {"out", &a.out}}),
                         same_act({{"o", &a.o}, {"gate", &a.gate}, {"out", &a.out}}, a.precision)});
        },
        [ops](const KdaOutputGateArgs& a) {
@@ -70,14 +68,12 @@ void register_kda_output_gate_cuda(KdaOps& r, const CudaOps& ops) {
            const auto launch = [&](auto kernel) {
              kernel<<<static_cast<unsigned>(T), threads, 0, ops.ctx->stream()>>>(
                  a.o.as<const E>(), a.o.strides[0], a.gate.as<const E>(), a.gate.strides[0], a.norm_w.data,
-                 a.norm_w.dtype == core::DType::bf16, a.out.as<E>(), a.out.strides[0], a.num_heads, a.head_dim,
-                 a.eps, a.precision == Precision::bf16);
+                 a.norm_w.dtype == core::DType::bf16, a.out.as<E>(), a.out.strides[0], a.num_heads, a.head_dim, a.eps,
+                 a.precision == Precision::bf16);
              K3_CUDA_CHECK_LAUNCH("output_gate_kernel");
            };
-           if (vec)
-             launch(output_gate_kernel<E, 8>);
-           else
-             launch(output_gate_kernel<E, 1>);
+           if (vec) launch(output_gate_kernel<E, 8>);
+           else launch(output_gate_kernel<E, 1>);
          });
        }});
 }

@@ -61,8 +61,8 @@ __global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(KdaParams<T> p)
     if (tid < kKdaMaxHeadDim) {
       q_s[tid] = ch ? qi / q_norm * p.q_scale : 0.0f;
       k_s[tid] = ch ? ki / k_norm : 0.0f;
-      alpha_s[tid] =
-          ch ? expf(kda_gate(to_f32(p.f[t * p.f_ld + c0 + tid]), p.dt_bias[c0 + tid], a_log, p.lower_bound)) : 0.0f;
+      alpha_s[tid] = ch ? expf(kda_gate(to_f32(p.f[t * p.f_ld + c0 + tid]), p.dt_bias[c0 + tid], a_log, p.lower_bound))
+                        : 0.0f;
     }
     if (tid < kRows) {
       const int vv = blockIdx.y * kRows + tid;
@@ -77,8 +77,8 @@ __global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(KdaParams<T> p)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int k = 16 * i + 4 * sub + e;
-        s[i][e] *= alpha_s[k];    // 1. decay (k >= D: alpha 0, entry stays 0)
-        read += s[i][e] * k_s[k]; // 2. read
+        s[i][e] *= alpha_s[k];     // 1. decay (k >= D: alpha 0, entry stays 0)
+        read += s[i][e] * k_s[k];  // 2. read
       }
     read += __shfl_xor_sync(kFullMask, read, 1);
     read += __shfl_xor_sync(kFullMask, read, 2);
@@ -89,8 +89,8 @@ __global__ void __launch_bounds__(kThreads) kda_recurrent_kernel(KdaParams<T> p)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int k = 16 * i + 4 * sub + e;
-        s[i][e] += u * k_s[k];    // 4. write
-        o += s[i][e] * q_s[k];    // 5. output (post-update state)
+        s[i][e] += u * k_s[k];  // 4. write
+        o += s[i][e] * q_s[k];  // 5. output (post-update state)
       }
     o += __shfl_xor_sync(kFullMask, o, 1);
     o += __shfl_xor_sync(kFullMask, o, 2);

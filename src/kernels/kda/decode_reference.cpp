@@ -10,8 +10,8 @@
 #include <string>
 #include <utility>
 
-#include "kernels/kda/kda.h"
 #include "kernels/kda/gate.h"
+#include "kernels/kda/kda.h"
 #include "kernels/kda/kda_check.h"
 #include "kernels/kda/kda_decode.h"
 #include "kernels/linear/linear.h"
@@ -107,8 +107,7 @@ core::Status kda_decode_check(const KdaDecodeArgs& a) {
     if (auto s = check_conv_weight(*w, name, P, K); !s) return s;
   if (!is_activation_dtype(a.conv_state))
     return core::Status::fail("conv_state must be F32 (or BF16 on CUDA), got " + describe(a.conv_state));
-  if (auto s = kda_detail::expect_pool(a.conv_state, "conv_state", {3, P, K - 1}, " (q/k/v, P, K-1)"); !s)
-    return s;
+  if (auto s = kda_detail::expect_pool(a.conv_state, "conv_state", {3, P, K - 1}, " (q/k/v, P, K-1)"); !s) return s;
 
   // Per-head parameters and the recurrent state pool.
   if (auto s = expect_f32(a.a_log, "a_log"); !s) return s;
@@ -133,11 +132,20 @@ core::Status kda_decode_check(const KdaDecodeArgs& a) {
 
   // One device for everything the op touches.
   const core::Device dev = a.q_in.device;
-  const std::pair<const core::TensorView*, const char*> on_device[] = {
-      {&a.k_in, "k_in"},       {&a.v_in, "v_in"},     {&a.g, "g"},           {&a.f_a, "f_a"},
-      {&a.b, "b"},             {&a.q_conv, "q_conv"}, {&a.k_conv, "k_conv"}, {&a.v_conv, "v_conv"},
-      {&a.conv_state, "conv_state"}, {&a.a_log, "a_log"}, {&a.dt_bias, "dt_bias"}, {&a.state, "state"},
-      {&a.o_norm, "o_norm"},   {&a.out, "out"}};
+  const std::pair<const core::TensorView*, const char*> on_device[] = {{&a.k_in, "k_in"},
+                                                                       {&a.v_in, "v_in"},
+                                                                       {&a.g, "g"},
+                                                                       {&a.f_a, "f_a"},
+                                                                       {&a.b, "b"},
+                                                                       {&a.q_conv, "q_conv"},
+                                                                       {&a.k_conv, "k_conv"},
+                                                                       {&a.v_conv, "v_conv"},
+                                                                       {&a.conv_state, "conv_state"},
+                                                                       {&a.a_log, "a_log"},
+                                                                       {&a.dt_bias, "dt_bias"},
+                                                                       {&a.state, "state"},
+                                                                       {&a.o_norm, "o_norm"},
+                                                                       {&a.out, "out"}};
   for (const auto& [view, name] : on_device)
     if (view->numel() > 0 && view->device != dev)
       return core::Status::fail(std::string(name) + " must be on the device of q_in (" +
@@ -180,14 +188,14 @@ void kda_decode_reference(const KdaDecodeArgs& a, backends::cpu::ThreadPool* poo
   }
 
   // The delta rule (recurrent form, as the standard path runs decode and verify sequences).
-  KdaAttentionArgs r{q.view(), k.view(), v.view(), f.view(), a.b, a.a_log, a.dt_bias, a.state, o.view(),
-                     a.num_heads, a.head_dim, a.lower_bound, /*chunk_size=*/64, a.precision, a.seqs};
+  KdaAttentionArgs r{q.view(),   k.view(),      v.view(),          f.view(),    a.b,
+                     a.a_log,    a.dt_bias,     a.state,           o.view(),    a.num_heads,
+                     a.head_dim, a.lower_bound, /*chunk_size=*/64, a.precision, a.seqs};
   r.no_commit = a.no_commit;
   kda_recurrent_reference(r, pool);
 
   // Output norm and gate over every row (rows of no sequence hold o = 0 and are dropped below).
-  kda_output_gate_reference(
-      {o.view(), a.g, a.o_norm, y.view(), a.num_heads, a.head_dim, a.rms_eps, a.precision}, pool);
+  kda_output_gate_reference({o.view(), a.g, a.o_norm, y.view(), a.num_heads, a.head_dim, a.rms_eps, a.precision}, pool);
 
   // Only the sequences' rows reach out (and o_trace).
   for (const kda_detail::HostSeq& s : kda_detail::host_seqs(a.seqs, false))

@@ -1,10 +1,11 @@
 // kernels/kda/gate.cpp: KDA attention argument check and the per-token front (spec §5.3-5.4)
 // shared by the recurrent and chunked forms.
+#include "kernels/kda/gate.h"
+
 #include <cmath>
 #include <string>
 #include <utility>
 
-#include "kernels/kda/gate.h"
 #include "kernels/kda/kda_check.h"
 
 namespace k3::kernels {
@@ -14,8 +15,7 @@ core::Status kda_attention_check(const KdaAttentionArgs& a) {
   using kda_detail::expect_f32;
   if (a.num_heads <= 0) return core::Status::fail("num_heads must be positive, got " + std::to_string(a.num_heads));
   if (a.head_dim <= 0) return core::Status::fail("head_dim must be positive, got " + std::to_string(a.head_dim));
-  if (a.chunk_size <= 0)
-    return core::Status::fail("chunk_size must be positive, got " + std::to_string(a.chunk_size));
+  if (a.chunk_size <= 0) return core::Status::fail("chunk_size must be positive, got " + std::to_string(a.chunk_size));
   if (!(a.lower_bound < 0.0f) || !std::isfinite(a.lower_bound))
     return core::Status::fail("lower_bound must be finite and negative (the decay bound), got " +
                               std::to_string(a.lower_bound));
@@ -30,12 +30,12 @@ core::Status kda_attention_check(const KdaAttentionArgs& a) {
   if (auto s = expect_activation(a.b, "b", T, H, " (T, num_heads)"); !s) return s;
   if (auto s = expect_f32(a.a_log, "a_log"); !s) return s;
   if (a.a_log.rank() != 1 || a.a_log.dim(0) < H || !a.a_log.is_contiguous())
-    return core::Status::fail("a_log must be a contiguous rank-1 vector of at least num_heads = " +
-                              std::to_string(H) + " entries, got " + a.a_log.shape.str());
+    return core::Status::fail("a_log must be a contiguous rank-1 vector of at least num_heads = " + std::to_string(H) +
+                              " entries, got " + a.a_log.shape.str());
   if (auto s = expect_f32(a.dt_bias, "dt_bias"); !s) return s;
   if (a.dt_bias.rank() != 1 || a.dt_bias.dim(0) != P || !a.dt_bias.is_contiguous())
-    return core::Status::fail("dt_bias must be contiguous [" + std::to_string(P) +
-                              "] (num_heads*head_dim), got " + a.dt_bias.shape.str());
+    return core::Status::fail("dt_bias must be contiguous [" + std::to_string(P) + "] (num_heads*head_dim), got " +
+                              a.dt_bias.shape.str());
   if (auto s = expect_f32(a.state, "state"); !s) return s;
   if (auto s = kda_detail::expect_pool(a.state, "state", {H, D, D}, " (num_heads, V=head_dim, K=head_dim)"); !s)
     return s;
@@ -53,8 +53,8 @@ void kda_l2_normalize(const float* x, int n, float scale, float* out) {
   for (int i = 0; i < n; ++i) out[i] = x[i] / norm * scale;
 }
 
-void kda_prepare_token(const KdaAttentionArgs& a, int64_t t, int h, float* q, float* k, float* v,
-                       float* g, float* beta) {
+void kda_prepare_token(const KdaAttentionArgs& a, int64_t t, int h, float* q, float* k, float* v, float* g,
+                       float* beta) {
   const int D = a.head_dim;
   const int64_t c0 = static_cast<int64_t>(h) * D;  // head-major channels: h*D + i
   // The q scale D^-1/2 is applied after the L2 norm (spec §5.3).

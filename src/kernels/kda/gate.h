@@ -29,18 +29,14 @@ inline float kda_gate(float f, float dt_bias, float a_log, float lower_bound) {
 }
 
 // Row t of an activation [T, X] whose inner stride is 1 (checked by the *_check functions).
-inline const float* row_f32(const core::TensorView& v, int64_t t) {
-  return v.as<const float>() + t * v.strides[0];
-}
-inline float* row_f32_mut(const core::TensorView& v, int64_t t) {
-  return v.as<float>() + t * v.strides[0];
-}
+inline const float* row_f32(const core::TensorView& v, int64_t t) { return v.as<const float>() + t * v.strides[0]; }
+inline float* row_f32_mut(const core::TensorView& v, int64_t t) { return v.as<float>() + t * v.strides[0]; }
 
 // One token of one head, prepared for the delta rule (all fp32, D = head_dim entries each):
 //   q = q~ / sqrt(sum q~^2 + 1e-6) * D^-1/2,  k = k~ / sqrt(sum k~^2 + 1e-6),  v = v~,
 //   g[i] = kda_gate(f[h,i], dt_bias[h,i], A_log[h], lower_bound),  *beta = sigmoid(b[h]).
-void kda_prepare_token(const KdaAttentionArgs& a, int64_t t, int h, float* q, float* k, float* v,
-                       float* g, float* beta);
+void kda_prepare_token(const KdaAttentionArgs& a, int64_t t, int h, float* q, float* k, float* v, float* g,
+                       float* beta);
 
 // Returns out[i] = x[i] / sqrt(sum x^2 + 1e-6) * scale over n entries (sum sequential in fp32).
 void kda_l2_normalize(const float* x, int n, float scale, float* out);

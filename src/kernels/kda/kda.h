@@ -34,9 +34,9 @@ struct KdaConvArgs {
   // first. Each slot's [C, K-1] is contiguous; the slot stride (strides[0]) is free, so index i of
   // the model's [num_slots, 3, P, K-1] storage (strides {3*P*(K-1), K-1, 1}) is a valid pool.
   core::TensorView state;
-  core::TensorView out;     // f32 [T, C] = round(SiLU(sum_i w[c,i] x_{t-K+1+i}[c]))
+  core::TensorView out;  // f32 [T, C] = round(SiLU(sum_i w[c,i] x_{t-K+1+i}[c]))
   Precision precision = Precision::bf16;
-  SeqBatch seqs;            // the sequences: rows and state slot of each
+  SeqBatch seqs;  // the sequences: rows and state slot of each
   // Speculative verify (spec §5.9 (b)): read each slot's committed state and compute every row's
   // output, but leave the slots exactly as they were (the accepted rows are replayed later with
   // no_commit = false). Off: the normal rolling update.
@@ -73,12 +73,12 @@ struct KdaAttentionArgs {
   // f32 [num_slots, H, V=D, K=D] in/out pool, V-major: S[slot][h][v][k]. Each slot's [H, D, D] is
   // contiguous; the slot stride (strides[0]) is free.
   core::TensorView state;
-  core::TensorView out;      // f32 [T, H*D] o (an activation: rounded in bf16 mode)
+  core::TensorView out;  // f32 [T, H*D] o (an activation: rounded in bf16 mode)
   int num_heads = 0, head_dim = 0;
-  float lower_bound = -5.0f; // gate_lower_bound: g in (lower_bound, 0); must be negative
-  int chunk_size = 64;       // kda_chunked only; any positive size
+  float lower_bound = -5.0f;  // gate_lower_bound: g in (lower_bound, 0); must be negative
+  int chunk_size = 64;        // kda_chunked only; any positive size
   Precision precision = Precision::bf16;
-  SeqBatch seqs;             // the sequences: rows, state slot and position of each
+  SeqBatch seqs;  // the sequences: rows, state slot and position of each
   // Speculative verify (spec §5.9 (b)), kda_recurrent only (kda_chunked refuses it): each sequence
   // starts from its committed slot state and computes every row's output on a private copy, and
   // the slots are left unchanged. Off: the state after the last row is stored back.

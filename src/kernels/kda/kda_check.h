@@ -20,15 +20,14 @@ inline std::string describe(const core::TensorView& v) {
 
 inline core::Status expect_f32(const core::TensorView& v, const char* name) {
   if (v.data == nullptr && v.numel() != 0) return core::Status::fail(std::string(name) + " is not set");
-  if (v.dtype != core::DType::f32)
-    return core::Status::fail(std::string(name) + " must be F32, got " + describe(v));
+  if (v.dtype != core::DType::f32) return core::Status::fail(std::string(name) + " must be F32, got " + describe(v));
   return core::Status::ok();
 }
 
 // An activation [rows, cols] in f32 (or bf16 on CUDA, kernels/common.h) whose rows may be strided
 // but whose columns are contiguous. `meaning` says what the dims are, e.g. " (T, num_heads*head_dim)".
-inline core::Status expect_activation(const core::TensorView& v, const char* name, int64_t rows,
-                                      int64_t cols, const std::string& meaning) {
+inline core::Status expect_activation(const core::TensorView& v, const char* name, int64_t rows, int64_t cols,
+                                      const std::string& meaning) {
   if (v.data == nullptr && v.numel() != 0) return core::Status::fail(std::string(name) + " is not set");
   if (!is_activation_dtype(v))
     return core::Status::fail(std::string(name) + " must be F32 (or BF16 on CUDA), got " + describe(v));
@@ -101,8 +100,7 @@ inline std::vector<HostSeq> host_seqs(const SeqBatch& b, bool with_position) {
 // are checked too (see kda.h); on CUDA they are device memory and are not read here.
 inline core::Status check_seq_batch(const SeqBatch& b, int64_t T, int64_t num_slots, core::Device device,
                                     bool need_position) {
-  if (b.num_seqs < 0)
-    return core::Status::fail("seqs.num_seqs must be >= 0, got " + std::to_string(b.num_seqs));
+  if (b.num_seqs < 0) return core::Status::fail("seqs.num_seqs must be >= 0, got " + std::to_string(b.num_seqs));
   if (b.num_seqs > 0 && b.max_rows < 1)
     return core::Status::fail("seqs.max_rows must be >= 1 (a bound on every num_rows), got " +
                               std::to_string(b.max_rows));
@@ -111,7 +109,8 @@ inline core::Status check_seq_batch(const SeqBatch& b, int64_t T, int64_t num_sl
     const core::TensorView* v;
     const char* name;
   };
-  std::vector<Table> tables = {{&b.row_begin, "seqs.row_begin"}, {&b.num_rows, "seqs.num_rows"}, {&b.slot, "seqs.slot"}};
+  std::vector<Table> tables = {
+      {&b.row_begin, "seqs.row_begin"}, {&b.num_rows, "seqs.num_rows"}, {&b.slot, "seqs.slot"}};
   if (need_position) tables.push_back({&b.position, "seqs.position"});
   for (const Table& t : tables) {
     const core::TensorView& v = *t.v;
@@ -135,8 +134,8 @@ inline core::Status check_seq_batch(const SeqBatch& b, int64_t T, int64_t num_sl
     at += std::to_string(s);
     at += "] = ";
     if (q.num_rows < 1 || q.num_rows > b.max_rows)
-      return core::Status::fail("seqs.num_rows" + at + std::to_string(q.num_rows) + " is outside [1, max_rows = " +
-                                std::to_string(b.max_rows) + "]");
+      return core::Status::fail("seqs.num_rows" + at + std::to_string(q.num_rows) +
+                                " is outside [1, max_rows = " + std::to_string(b.max_rows) + "]");
     if (q.row_begin < 0 || q.row_begin + q.num_rows > T)
       return core::Status::fail("seqs.row_begin" + at + std::to_string(q.row_begin) + " with num_rows " +
                                 std::to_string(q.num_rows) + " is outside the T = " + std::to_string(T) +

@@ -80,22 +80,22 @@ struct KdaDecodeArgs {
   // [num_slots, 3, P, K-1], part 0 q, 1 k, 2 v; per slot and channel the last K-1 pre-conv inputs,
   // oldest first (bf16 values in bf16 mode). Each slot contiguous; the slot stride is free.
   core::TensorView conv_state;
-  core::TensorView a_log;             // f32 [>= H]; only the first H entries are used
-  core::TensorView dt_bias;           // f32 [P]
+  core::TensorView a_log;    // f32 [>= H]; only the first H entries are used
+  core::TensorView dt_bias;  // f32 [P]
   // f32 [num_slots, H, V=D, K=D] in/out, V-major: S[slot][h][v][k]; each slot contiguous, slot
   // stride free (kv.kda_states(layer)). Always fp32.
   core::TensorView state;
-  core::TensorView o_norm;            // f32 or bf16 [D] o_norm.weight (shared by all heads)
-  core::TensorView out;               // f32 [T, P] y = round(rmsnorm(o_h) * o_norm * sigmoid(g_h)): o_proj's input
+  core::TensorView o_norm;  // f32 or bf16 [D] o_norm.weight (shared by all heads)
+  core::TensorView out;     // f32 [T, P] y = round(rmsnorm(o_h) * o_norm * sigmoid(g_h)): o_proj's input
   // Optional (data == nullptr: not written): f32 [T, P] receives o (the delta-rule output, rounded
   // as the standard path's "kda.o" intermediate), for layer-by-layer diffs.
   core::TensorView o_trace;
-  int num_heads = 0, head_dim = 0;    // H, D
-  float lower_bound = -5.0f;          // gate_lower_bound (negative)
-  float rms_eps = 1e-5f;              // rms_norm_eps of the o_norm RMSNorm
+  int num_heads = 0, head_dim = 0;  // H, D
+  float lower_bound = -5.0f;        // gate_lower_bound (negative)
+  float rms_eps = 1e-5f;            // rms_norm_eps of the o_norm RMSNorm
   Precision precision = Precision::bf16;
-  SeqBatch seqs;                      // row_begin, num_rows, slot, position (all four required)
-  bool no_commit = false;             // speculative verify: compute outputs, leave both pools untouched
+  SeqBatch seqs;           // row_begin, num_rows, slot, position (all four required)
+  bool no_commit = false;  // speculative verify: compute outputs, leave both pools untouched
 };
 
 core::Status kda_decode_check(const KdaDecodeArgs& a);

@@ -6,6 +6,8 @@
 // mid-stream, multi-row verify sequences) and at one TP8 rank's K3 shapes; no_commit leaves both
 // pools byte-identical; verify then replay of the accepted prefix equals decoding row by row; bad
 // arguments fail with messages naming them.
+#include "kernels/kda/kda_decode.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +19,6 @@
 
 #include "core/bf16.h"
 #include "kernels/kda/kda_test_util.h"
-#include "kernels/kda/kda_decode.h"
 #include "kernels/registry.h"
 
 namespace k3::kernels {
@@ -135,8 +136,7 @@ TensorView conv_weight(const Tensor& w) {
 
 // The standard path's op sequence over `seqs` (model/layers/kda.cpp attention(), decode and verify
 // branches): y [T, P] and o [T, P] (poisoned where no sequence writes).
-void run_standard(const Layer& L, Pool& conv, Pool& state, const SeqBatch& seqs, bool no_commit, Tensor& y,
-                  Tensor& o) {
+void run_standard(const Layer& L, Pool& conv, Pool& state, const SeqBatch& seqs, bool no_commit, Tensor& y, Tensor& o) {
   Registry& reg = reference_registry();
   const int64_t T = L.T, P = L.P;
   Tensor f = poisoned({T, P}), q = poisoned({T, P}), k = poisoned({T, P}), v = poisoned({T, P});
@@ -151,8 +151,9 @@ void run_standard(const Layer& L, Pool& conv, Pool& state, const SeqBatch& seqs,
     reg.kda_conv.run(c, core::Device::cpu);
   }
   o = poisoned({T, P});
-  KdaAttentionArgs r{q.view(), k.view(), v.view(), f.view(), L.b(), L.a_log.view(), L.dt_bias.view(),
-                     state.view, o.view(), L.s.H, L.s.D, -5.0f, 64, L.p, seqs};
+  KdaAttentionArgs r{
+      q.view(), k.view(), v.view(), f.view(), L.b(), L.a_log.view(), L.dt_bias.view(), state.view, o.view(), L.s.H,
+      L.s.D,    -5.0f,    64,       L.p,      seqs};
   r.no_commit = no_commit;
   reg.kda_recurrent.run(r, core::Device::cpu);
   y = poisoned({T, P});
@@ -161,7 +162,8 @@ void run_standard(const Layer& L, Pool& conv, Pool& state, const SeqBatch& seqs,
 
 bool rows_bits_equal(const Tensor& a, const Tensor& b, int64_t t) {
   const int64_t P = a.dim(1);
-  return bits_equal({a.data<float>() + t * P, static_cast<size_t>(P)}, {b.data<float>() + t * P, static_cast<size_t>(P)});
+  return bits_equal({a.data<float>() + t * P, static_cast<size_t>(P)},
+                    {b.data<float>() + t * P, static_cast<size_t>(P)});
 }
 bool row_all_nan(const Tensor& a, int64_t t) {
   for (int64_t c = 0; c < a.dim(1); ++c)
@@ -230,12 +232,12 @@ TEST(KdaDecode, EqualsStandardSequenceAtOddShapes) {
       // Four sequences (decode 1 row, verify 3 and 5 rows, decode 1 row) in shuffled slots of a
       // 6-slot pool, one new (position 0, zero state), one row between them covered by none.
       int64_t T = 0;
-      const std::vector<SeqSpec> specs =
-          layout({{0, 1, 4, 9}, {0, 3, 1, 0}, {0, 5, 5, 33}, {0, 1, 0, 1000}}, /*gap=*/2, &T);
+      const std::vector<SeqSpec> specs = layout({{0, 1, 4, 9}, {0, 3, 1, 0}, {0, 5, 5, 33}, {0, 1, 0, 1000}}, /*gap=*/2,
+                                                &T);
       ++seed;
       Layer L(seed, sh, T, 6, p, /*bf16_weights=*/seed % 2 == 0, /*conv_rank3=*/seed % 3 == 0);
       zero_slot(L.conv, 1), zero_slot(L.state, 1);  // the position-0 sequence starts from nothing
-      std::string what = "H";  // (built in steps: GCC 12 warns falsely on "H" + std::to_string)
+      std::string what = "H";                       // (built in steps: GCC 12 warns falsely on "H" + std::to_string)
       what += std::to_string(sh.H);
       what += " D" + std::to_string(sh.D);
       what += " R" + std::to_string(sh.R);

@@ -210,8 +210,7 @@ inline std::vector<double> naive_conv(const std::vector<float>& x, const std::ve
       for (int i = 0; i < K; ++i) sum += static_cast<double>(w[static_cast<size_t>(c) * K + i]) * xs[t + i];
       out[static_cast<size_t>(t) * C + c] = sum * sigmoid_d(sum);
     }
-    for (int i = 0; i < K - 1; ++i)
-      state[static_cast<size_t>(c) * (K - 1) + i] = xs[xs.size() - (K - 1) + i];
+    for (int i = 0; i < K - 1; ++i) state[static_cast<size_t>(c) * (K - 1) + i] = xs[xs.size() - (K - 1) + i];
   }
   return out;
 }
@@ -285,7 +284,8 @@ inline ::testing::AssertionResult bf16_close(std::span<const float> a, std::span
   double max_ref = 0;
   for (double r : ref) max_ref = std::max(max_ref, std::abs(r));
   for (size_t i = 0; i < ref.size(); ++i) {
-    if (core::bf16_round(a[i]) != a[i]) return ::testing::AssertionFailure() << "element " << i << " = " << a[i] << " is not bf16";
+    if (core::bf16_round(a[i]) != a[i])
+      return ::testing::AssertionFailure() << "element " << i << " = " << a[i] << " is not bf16";
     const double tol = std::abs(ref[i]) * (1.0 / 256) * 1.001 + max_ref * 1e-5;
     if (!(std::abs(a[i] - ref[i]) <= tol))
       return ::testing::AssertionFailure() << "element " << i << ": " << a[i] << " vs " << ref[i];

@@ -15,15 +15,19 @@ struct KdaOps {
   OpTable<KdaAttentionArgs> kda_recurrent{"kda_recurrent", kda_attention_check};
   OpTable<KdaAttentionArgs> kda_chunked{"kda_chunked", kda_attention_check};
   OpTable<KdaOutputGateArgs> kda_output_gate{"kda_output_gate", kda_output_gate_check};
-  OpTable<KdaDecodeArgs> kda_decode{"kda_decode", kda_decode_check,
-                                    {"head_seqs", [](const KdaDecodeArgs& a) {
-                                       return int64_t{a.num_heads} * a.seqs.num_seqs;  // head x sequence pairs
-                                     }}};
+  OpTable<KdaDecodeArgs> kda_decode{"kda_decode", kda_decode_check, {"head_seqs", [](const KdaDecodeArgs& a) {
+                                                                       return int64_t{a.num_heads} *
+                                                                              a.seqs.num_seqs;  // head x sequence pairs
+                                                                     }}};
 
   // Calls fn(table) for every op table of the family.
   template <class Fn>
   void for_each(Fn&& fn) {
-    fn(kda_conv); fn(kda_recurrent); fn(kda_chunked); fn(kda_output_gate); fn(kda_decode);
+    fn(kda_conv);
+    fn(kda_recurrent);
+    fn(kda_chunked);
+    fn(kda_output_gate);
+    fn(kda_decode);
   }
   // The CPU reference of every op (ops.cpp).
   void register_reference(const CpuOps& cpu);

@@ -32,8 +32,8 @@ core::Status kda_output_gate_check(const KdaOutputGateArgs& a) {
   if (a.norm_w.dtype != core::DType::f32 && a.norm_w.dtype != core::DType::bf16)
     return core::Status::fail("norm_w must be F32 or BF16, got " + describe(a.norm_w));
   if (a.norm_w.rank() != 1 || a.norm_w.dim(0) != D || !a.norm_w.is_contiguous())
-    return core::Status::fail("norm_w must be contiguous [" + std::to_string(D) + "] (head_dim, shared by all heads), got " +
-                              describe(a.norm_w));
+    return core::Status::fail("norm_w must be contiguous [" + std::to_string(D) +
+                              "] (head_dim, shared by all heads), got " + describe(a.norm_w));
   return core::Status::ok();
 }
 

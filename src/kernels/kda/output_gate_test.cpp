@@ -48,7 +48,9 @@ Tensor to_bf16(Tensor& w) {
 }
 
 TEST(KdaOutputGate, MatchesNaiveOnOddShapes) {
-  struct Case { int T, H, D; };
+  struct Case {
+    int T, H, D;
+  };
   const Case cases[] = {{1, 1, 32}, {17, 3, 32}, {54, 2, 128}, {97, 4, 32}, {150, 1, 128}};
   uint64_t seed = 300;
   for (Precision p : {Precision::fp32, Precision::bf16}) {
@@ -58,8 +60,8 @@ TEST(KdaOutputGate, MatchesNaiveOnOddShapes) {
                      (p == Precision::bf16 ? " bf16" : " fp32") + (bf16_weight ? " bf16 weight" : ""));
         GateCase g = random_gate(seed++, c.T, c.H, c.D, p);
         Tensor w_bf16 = bf16_weight ? to_bf16(g.w) : Tensor();
-        const std::vector<double> ref =
-            naive_output_gate(to_vec(g.o), to_vec(g.gate), to_vec(g.w), c.T, c.H, c.D, 1e-5);
+        const std::vector<double> ref = naive_output_gate(to_vec(g.o), to_vec(g.gate), to_vec(g.w), c.T, c.H, c.D,
+                                                          1e-5);
         Tensor out = poisoned({c.T, static_cast<int64_t>(c.H) * c.D});
         kda_output_gate_reference(gate_args(g, bf16_weight ? w_bf16.view() : g.w.view(), out, p));
         if (p == Precision::fp32) {
@@ -83,10 +85,8 @@ TEST(KdaOutputGate, NormIsPerHead) {
   for (int t = 0; t < 17; ++t)
     for (int c = 0; c < 96; ++c) {
       const float a = out0.data<float>()[t * 96 + c], b = out1.data<float>()[t * 96 + c];
-      if (c >= 32 && c < 64)
-        EXPECT_NEAR(a, b, 1e-3 * std::abs(a) + 1e-6);
-      else
-        EXPECT_EQ(a, b);
+      if (c >= 32 && c < 64) EXPECT_NEAR(a, b, 1e-3 * std::abs(a) + 1e-6);
+      else EXPECT_EQ(a, b);
     }
 }
 

@@ -45,14 +45,14 @@ void kda_recurrent_reference(const KdaAttentionArgs& a, backends::cpu::ThreadPoo
         float* o = kda_detail::row_f32_mut(a.out, t) + h * D;
         for (int vi = 0; vi < D; ++vi) {
           float* row = S + static_cast<int64_t>(vi) * D;
-          for (int ki = 0; ki < D; ++ki) row[ki] *= alpha[ki];                 // 1. decay
+          for (int ki = 0; ki < D; ++ki) row[ki] *= alpha[ki];  // 1. decay
           float read = 0.0f;
-          for (int ki = 0; ki < D; ++ki) read += row[ki] * k[ki];              // 2. read
-          const float u_v = beta * (v[vi] - read);                             // 3. delta
-          for (int ki = 0; ki < D; ++ki) row[ki] += u_v * k[ki];               // 4. write
+          for (int ki = 0; ki < D; ++ki) read += row[ki] * k[ki];  // 2. read
+          const float u_v = beta * (v[vi] - read);                 // 3. delta
+          for (int ki = 0; ki < D; ++ki) row[ki] += u_v * k[ki];   // 4. write
           float out = 0.0f;
-          for (int ki = 0; ki < D; ++ki) out += row[ki] * q[ki];               // 5. output
-          o[vi] = round_act(out, a.precision);  // o is an activation: rounded in bf16 mode
+          for (int ki = 0; ki < D; ++ki) out += row[ki] * q[ki];  // 5. output
+          o[vi] = round_act(out, a.precision);                    // o is an activation: rounded in bf16 mode
         }
       }
     }

@@ -25,7 +25,9 @@ Tensor recurrent(const AttnInputs& in, const Tensor& state, Precision p, int64_t
 }
 
 TEST(KdaRecurrent, MatchesNaiveOnOddShapes) {
-  struct Case { int T, H, D; };
+  struct Case {
+    int T, H, D;
+  };
   const Case cases[] = {{1, 1, 32}, {17, 3, 32}, {54, 2, 128}, {97, 4, 32}, {150, 1, 128}, {150, 4, 32}};
   uint64_t seed = 100;
   for (Precision p : {Precision::fp32, Precision::bf16}) {
@@ -37,10 +39,8 @@ TEST(KdaRecurrent, MatchesNaiveOnOddShapes) {
       const std::vector<double> ref = naive_recurrent(in, S);
       Tensor state = copy(in.state0);
       Tensor out = recurrent(in, state, p);
-      if (p == Precision::fp32)
-        EXPECT_LT(rel_err(out.span<float>(), ref), 1e-5);
-      else
-        EXPECT_TRUE(bf16_close(out.span<float>(), ref));
+      if (p == Precision::fp32) EXPECT_LT(rel_err(out.span<float>(), ref), 1e-5);
+      else EXPECT_TRUE(bf16_close(out.span<float>(), ref));
       EXPECT_LT(rel_err(state.span<float>(), S), 1e-5);  // the state is fp32 in both modes
     }
   }
@@ -80,11 +80,11 @@ TEST(KdaRecurrent, HandComputedTwoByTwo) {
     const float a0 = std::exp(-5.0f * (1.0f / (1.0f + std::exp(-(A * (f[0] + 0.5f))))));
     const float a1 = std::exp(-5.0f * (1.0f / (1.0f + std::exp(-(A * (f[1] + -0.25f))))));
     const float beta = 1.0f / (1.0f + std::exp(-in.b.data<float>()[t]));
-    s00 *= a0, s01 *= a1, s10 *= a0, s11 *= a1;                 // 1. decay along the key axis
+    s00 *= a0, s01 *= a1, s10 *= a0, s11 *= a1;                      // 1. decay along the key axis
     const float r0 = s00 * k0 + s01 * k1, r1 = s10 * k0 + s11 * k1;  // 2. read
     const float u0 = beta * (v[0] - r0), u1 = beta * (v[1] - r1);    // 3. delta
     s00 += u0 * k0, s01 += u0 * k1, s10 += u1 * k0, s11 += u1 * k1;  // 4. write
-    expect_o.push_back(s00 * q0 + s01 * q1);                     // 5. output, post-update state
+    expect_o.push_back(s00 * q0 + s01 * q1);                         // 5. output, post-update state
     expect_o.push_back(s10 * q0 + s11 * q1);
   }
   Tensor state = copy(in.state0);
@@ -140,7 +140,8 @@ TEST(KdaRecurrent, ALogIsPerHeadAndOnlyTheFirstHEntriesMatter) {
     for (int h = 0; h < H; ++h) {
       bool same = true;
       for (int t = 0; t < T; ++t)
-        for (int i = 0; i < D; ++i) same &= o2.data<float>()[(t * H + h) * D + i] == o0.data<float>()[(t * H + h) * D + i];
+        for (int i = 0; i < D; ++i)
+          same &= o2.data<float>()[(t * H + h) * D + i] == o0.data<float>()[(t * H + h) * D + i];
       const std::span<const float> st2(s2.data<float>() + h * D * D, D * D), st0(s0.data<float>() + h * D * D, D * D);
       EXPECT_EQ(same, h != 1) << "head " << h;
       EXPECT_EQ(bits_equal(st2, st0), h != 1) << "head " << h;
@@ -258,7 +259,8 @@ TEST(KdaAttentionCheck, NamesTheBadArgument) {
   };
   auto names = [&](auto mutate, const std::string& what) { return reason(mutate).find(what) != std::string::npos; };
   EXPECT_EQ(reason([](KdaAttentionArgs&) {}), "ok");
-  Tensor short_a_log = f32({1}), bad_state = f32({2, 8, 4}), bad_b = f32({5, 3}), bad_dt = f32({8}), bad_v = f32({4, 16});
+  Tensor short_a_log = f32({1}), bad_state = f32({2, 8, 4}), bad_b = f32({5, 3}), bad_dt = f32({8}),
+         bad_v = f32({4, 16});
   Tensor bf16_k = Tensor::zeros(core::DType::bf16, {5, 16});
   EXPECT_TRUE(names([&](KdaAttentionArgs& a) { a.a_log = short_a_log.view(); }, "a_log"));
   EXPECT_TRUE(names([&](KdaAttentionArgs& a) { a.state = bad_state.view(); }, "state"));

@@ -52,8 +52,8 @@ core::Status cublaslt_supports(const CudaOps& ops, const LinearArgs& a) {
   if (a.w->weight.dtype() != a.x.dtype)
     return core::Status::fail("cuBLASLt needs x and W of one dtype, got x " + describe(a.x) + ", W " +
                               describe(a.w->weight.view()));
-  if (a.x.dtype == core::DType::f32 && (a.out.dtype != core::DType::f32 ||
-                                        (a.round_output && a.precision == Precision::bf16)))
+  if (a.x.dtype == core::DType::f32 &&
+      (a.out.dtype != core::DType::f32 || (a.round_output && a.precision == Precision::bf16)))
     return core::Status::fail("f32 GEMMs write unrounded f32 (Precision::fp32 or logits only)");
   if (a.x.dtype == core::DType::bf16 && a.out.dtype == core::DType::f32 && a.round_output)
     return core::Status::fail("bf16 GEMMs round only into a bf16 out; got f32 out with round_output");
@@ -88,11 +88,9 @@ core::Status linear_cublaslt_supports(const CudaOps& ops, const LinearArgs& a) {
 void linear_cublaslt_run(const CudaOps& ops, const LinearArgs& a) { cublaslt_run(ops, a); }
 
 void register_linear_cuda(LinearOps& r, const CudaOps& ops) {
-  r.linear.add({"cuda_cublaslt", core::Device::cuda,
-                [ops](const LinearArgs& a) { return cublaslt_supports(ops, a); },
+  r.linear.add({"cuda_cublaslt", core::Device::cuda, [ops](const LinearArgs& a) { return cublaslt_supports(ops, a); },
                 [ops](const LinearArgs& a) { cublaslt_run(ops, a); }});
-  r.linear.add({"cuda_rowdot", core::Device::cuda,
-                [ops](const LinearArgs& a) { return common_supports(ops, a); },
+  r.linear.add({"cuda_rowdot", core::Device::cuda, [ops](const LinearArgs& a) { return common_supports(ops, a); },
                 [ops](const LinearArgs& a) { rowdot_run(ops, a); }});
 }
 

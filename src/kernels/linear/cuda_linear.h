@@ -2,8 +2,8 @@
 // run several linears (kernels/multi_linear at more rows than its one-launch kernel pays for).
 // CUDA builds only (kernels/op_table.h's CudaOps).
 #pragma once
-#include "kernels/op_table.h"
 #include "kernels/linear/linear.h"
+#include "kernels/op_table.h"
 
 namespace k3::kernels {
 

@@ -4,8 +4,6 @@
 
 namespace k3::kernels {
 
-void LinearOps::register_cuda(const CudaOps& cuda) {
-  register_linear_cuda(*this, cuda);
-}
+void LinearOps::register_cuda(const CudaOps& cuda) { register_linear_cuda(*this, cuda); }
 
 }  // namespace k3::kernels

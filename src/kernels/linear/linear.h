@@ -6,9 +6,9 @@
 namespace k3::kernels {
 
 struct LinearArgs {
-  core::TensorView x;              // f32 [T, in]
-  const LinearWeight* w = nullptr; // [out, in], bf16 / f32 / MXFP4
-  core::TensorView out;            // f32 [T, out]
+  core::TensorView x;               // f32 [T, in]
+  const LinearWeight* w = nullptr;  // [out, in], bf16 / f32 / MXFP4
+  core::TensorView out;             // f32 [T, out]
   // true: round the fp32 sum once to bf16 in bf16 mode (every projection);
   // false: keep fp32 (router logits and lm_head logits).
   bool round_output = true;

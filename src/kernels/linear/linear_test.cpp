@@ -37,8 +37,7 @@ Tensor x_tensor(int64_t T, int64_t in, uint64_t seed) {
 }
 
 // Dense weight in bf16 (values rounded) or f32; `values` receives what the weight decodes to.
-LinearWeight dense_weight(DType dt, int64_t out, int64_t in, uint64_t seed,
-                          std::vector<float>* values) {
+LinearWeight dense_weight(DType dt, int64_t out, int64_t in, uint64_t seed, std::vector<float>* values) {
   *values = random_matrix(out, in, 1.0 / std::sqrt(static_cast<double>(in)), seed);
   LinearWeight w;
   w.weight = Tensor::zeros(dt, {out, in});
@@ -55,8 +54,7 @@ LinearWeight dense_weight(DType dt, int64_t out, int64_t in, uint64_t seed,
 
 // MXFP4 weight quantized from random values; `values` receives the dequantized weights.
 LinearWeight mxfp4_weight(int64_t out, int64_t in, uint64_t seed, std::vector<float>* values) {
-  const std::vector<float> src =
-      random_matrix(out, in, 1.0 / std::sqrt(static_cast<double>(in)), seed);
+  const std::vector<float> src = random_matrix(out, in, 1.0 / std::sqrt(static_cast<double>(in)), seed);
   LinearWeight w;
   w.weight = Tensor::zeros(DType::u8, {out, in / 2});
   w.scale = Tensor::zeros(DType::u8, {out, in / 32});
@@ -93,8 +91,7 @@ std::vector<float> naive_float(const Tensor& x, const std::vector<float>& w, int
 }
 
 // Exact-ish value and the magnitude sum used for the rigorous fp32 error bound.
-void naive_double(const Tensor& x, const std::vector<float>& w, int64_t t, int64_t o, double* value,
-                  double* abs_sum) {
+void naive_double(const Tensor& x, const std::vector<float>& w, int64_t t, int64_t o, double* value, double* abs_sum) {
   const int64_t in = x.dim(1);
   double v = 0.0, s = 0.0;
   for (int64_t i = 0; i < in; ++i) {
@@ -154,8 +151,7 @@ TEST(Linear, K3Tp8ShardShape) {
   Tensor x = x_tensor(9, 7168, 78);
   const std::vector<float> want = naive_float(x, values, 1536);
   Tensor y = run(x, w, true, Precision::bf16);
-  for (int64_t i = 0; i < 9 * 1536; ++i)
-    ASSERT_EQ(y.data<float>()[i], core::bf16_round(want[i])) << i;
+  for (int64_t i = 0; i < 9 * 1536; ++i) ASSERT_EQ(y.data<float>()[i], core::bf16_round(want[i])) << i;
   Tensor y32 = run(x, w, true, Precision::fp32);
   for (int64_t i = 0; i < 9 * 1536; ++i) ASSERT_EQ(y32.data<float>()[i], want[i]) << i;
 }
@@ -176,8 +172,7 @@ TEST(Linear, Mxfp4EqualsDequantizedBf16Weights) {
       Tensor a = run(x, w4, true, p);
       Tensor b = run(x, wbf, true, p);
       for (int64_t i = 0; i < T * 384; ++i)
-        ASSERT_EQ(std::bit_cast<uint32_t>(a.data<float>()[i]),
-                  std::bit_cast<uint32_t>(b.data<float>()[i]));
+        ASSERT_EQ(std::bit_cast<uint32_t>(a.data<float>()[i]), std::bit_cast<uint32_t>(b.data<float>()[i]));
     }
   }
 }
@@ -190,8 +185,7 @@ TEST(Linear, StridedRowsOfInputAndOutput) {
   Tensor xc = x_tensor(T, in, 4);
   Tensor xwide = Tensor::zeros(DType::f32, {T, in + pad});
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < in; ++i)
-      xwide.data<float>()[t * (in + pad) + pad + i] = xc.data<float>()[t * in + i];
+    for (int64_t i = 0; i < in; ++i) xwide.data<float>()[t * (in + pad) + pad + i] = xc.data<float>()[t * in + i];
   Tensor ywide = Tensor::zeros(DType::f32, {T, out + pad});
   for (float& v : ywide.span<float>()) v = kNaN;
   core::TensorView xv = xwide.view(), yv = ywide.view();
@@ -205,8 +199,7 @@ TEST(Linear, StridedRowsOfInputAndOutput) {
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t o = 0; o < out; ++o)
       ASSERT_EQ(ywide.data<float>()[t * (out + pad) + o], want.data<float>()[t * out + o]);
-    for (int64_t o = out; o < out + pad; ++o)
-      ASSERT_TRUE(std::isnan(ywide.data<float>()[t * (out + pad) + o]));
+    for (int64_t o = out; o < out + pad; ++o) ASSERT_TRUE(std::isnan(ywide.data<float>()[t * (out + pad) + o]));
   }
 }
 

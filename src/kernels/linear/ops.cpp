@@ -3,8 +3,6 @@
 
 namespace k3::kernels {
 
-void LinearOps::register_reference(const CpuOps& cpu) {
-  add_reference(linear, cpu, linear_reference);
-}
+void LinearOps::register_reference(const CpuOps& cpu) { add_reference(linear, cpu, linear_reference); }
 
 }  // namespace k3::kernels

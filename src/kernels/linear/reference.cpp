@@ -29,8 +29,7 @@ typedef float Lanes4 __attribute__((vector_size(4 * sizeof(float))));
 // y_rows[k][r] = sum_i x_k[i] * wt[i][r] for NT tokens, sequential over i in every lane.
 // wt is the row group transposed: wt[i * 8 + r] = W[o0 + r][i].
 template <int NT>
-void dot_row_group(const float* wt, int64_t in, const float* const* xs,
-                   float (*y_rows)[kRowGroup]) {
+void dot_row_group(const float* wt, int64_t in, const float* const* xs, float (*y_rows)[kRowGroup]) {
   Lanes4 lo[NT] = {}, hi[NT] = {};
   for (int64_t i = 0; i < in; ++i) {
     Lanes4 w_lo, w_hi;
@@ -48,31 +47,25 @@ void dot_row_group(const float* wt, int64_t in, const float* const* xs,
   }
 }
 
-std::string describe(const core::TensorView& v) {
-  return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str();
-}
+std::string describe(const core::TensorView& v) { return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str(); }
 
 core::Status check_weight(const LinearWeight& w) {
   const core::TensorView& wv = w.weight.view();
   if (!w.weight.defined() || wv.rank() != 2 || !wv.is_contiguous())
-    return core::Status::fail("w.weight must be a contiguous rank-2 [out, in] tensor, got " +
-                              describe(wv));
+    return core::Status::fail("w.weight must be a contiguous rank-2 [out, in] tensor, got " + describe(wv));
   if (!w.is_mxfp4()) {
     if (wv.dtype != core::DType::bf16 && wv.dtype != core::DType::f32)
-      return core::Status::fail("w.weight must be bf16 or f32 (or u8 with an MXFP4 scale), got " +
-                                describe(wv));
+      return core::Status::fail("w.weight must be bf16 or f32 (or u8 with an MXFP4 scale), got " + describe(wv));
     return core::Status::ok();
   }
   const core::TensorView& sv = w.scale.view();
   if (wv.dtype != core::DType::u8)
-    return core::Status::fail("MXFP4 w.weight must be u8 [out, in/2] packed codes, got " +
-                              describe(wv));
+    return core::Status::fail("MXFP4 w.weight must be u8 [out, in/2] packed codes, got " + describe(wv));
   const int64_t in = w.in_features();
-  if (sv.dtype != core::DType::u8 || sv.rank() != 2 || !sv.is_contiguous() ||
-      sv.dim(0) != wv.dim(0) || sv.dim(1) * 32 != in)
-    return core::Status::fail("MXFP4 w.scale must be u8 [out, in/32] = [" +
-                              std::to_string(wv.dim(0)) + ", " + std::to_string(in / 32) +
-                              "] (in = " + std::to_string(in) + ", a multiple of 32), got " +
+  if (sv.dtype != core::DType::u8 || sv.rank() != 2 || !sv.is_contiguous() || sv.dim(0) != wv.dim(0) ||
+      sv.dim(1) * 32 != in)
+    return core::Status::fail("MXFP4 w.scale must be u8 [out, in/32] = [" + std::to_string(wv.dim(0)) + ", " +
+                              std::to_string(in / 32) + "] (in = " + std::to_string(in) + ", a multiple of 32), got " +
                               describe(sv));
   return core::Status::ok();
 }
@@ -85,11 +78,10 @@ core::Status linear_check(const LinearArgs& a) {
   const int64_t in = a.w->in_features(), out = a.w->out_features();
   if (!is_activation_dtype(a.x) || a.x.rank() != 2 || a.x.strides[1] != 1 || a.x.dim(1) != in)
     return core::Status::fail("x must be f32 (or bf16 on CUDA) [T, " + std::to_string(in) +
-                              "] with contiguous rows (in = w's input width), got " +
-                              describe(a.x));
+                              "] with contiguous rows (in = w's input width), got " + describe(a.x));
   const int64_t T = a.x.dim(0);
-  if (!is_activation_dtype(a.out) || a.out.rank() != 2 || a.out.strides[1] != 1 ||
-      a.out.dim(0) != T || a.out.dim(1) != out)
+  if (!is_activation_dtype(a.out) || a.out.rank() != 2 || a.out.strides[1] != 1 || a.out.dim(0) != T ||
+      a.out.dim(1) != out)
     return core::Status::fail("out must be f32 (or bf16 on CUDA) [" + std::to_string(T) + ", " + std::to_string(out) +
                               "], got " + describe(a.out));
   if (T > 0 && a.out.data == a.x.data) return core::Status::fail("out must not alias x");
@@ -123,18 +115,10 @@ void linear_reference(const LinearArgs& a, backends::cpu::ThreadPool* pool) {
         for (int64_t k = 0; k < nt; ++k) xs[k] = x + (t0 + k) * x_stride;
         float sums[kTokenGroup][kRowGroup];
         switch (nt) {
-          case 4:
-            dot_row_group<4>(wt.data(), in, xs, sums);
-            break;
-          case 3:
-            dot_row_group<3>(wt.data(), in, xs, sums);
-            break;
-          case 2:
-            dot_row_group<2>(wt.data(), in, xs, sums);
-            break;
-          default:
-            dot_row_group<1>(wt.data(), in, xs, sums);
-            break;
+          case 4: dot_row_group<4>(wt.data(), in, xs, sums); break;
+          case 3: dot_row_group<3>(wt.data(), in, xs, sums); break;
+          case 2: dot_row_group<2>(wt.data(), in, xs, sums); break;
+          default: dot_row_group<1>(wt.data(), in, xs, sums); break;
         }
         for (int64_t k = 0; k < nt; ++k)
           for (int64_t r = 0; r < rows; ++r)

@@ -81,10 +81,11 @@ void mla_absorbed_reference(const MlaAttentionArgs& a, backends::cpu::ThreadPool
   // contiguous cache gives); heads are independent and each writes only its own output columns.
   for (int s = 0; s < a.seqs.num_seqs; ++s) {
     const mla_detail::SeqRef seq = mla_detail::seq_ref(a.seqs, s);
-    const mla_detail::DequantCache cache =
-        mla_detail::dequantize_sequence(a.pages, seq.block_table, seq.end(), a.k_scale, a.kv_lora, a.qk_rope);
+    const mla_detail::DequantCache cache = mla_detail::dequantize_sequence(a.pages, seq.block_table, seq.end(),
+                                                                           a.k_scale, a.kv_lora, a.qk_rope);
     backends::cpu::parallel_for(pool, a.num_heads, [&](int64_t begin, int64_t end) {
-      for (int64_t h = begin; h < end; ++h) absorbed_head(a, seq, cache, weights[static_cast<size_t>(h)], static_cast<int>(h));
+      for (int64_t h = begin; h < end; ++h)
+        absorbed_head(a, seq, cache, weights[static_cast<size_t>(h)], static_cast<int>(h));
     });
   }
 }

@@ -56,8 +56,7 @@ std::string seq_batch_problem(const SeqBatch& b, int64_t T, const core::TensorVi
       return std::string(name) + " must be a dense i32 [num_seqs = " + S + "] tensor on " +
              std::string(core::device_name(device)) + ", got " + describe(*v);
   const core::TensorView& bt = b.block_table;
-  if (!is_rows(bt) || bt.dtype != core::DType::i32 || bt.dim(0) != b.num_seqs || bt.dim(1) < 1 ||
-      bt.device != device)
+  if (!is_rows(bt) || bt.dtype != core::DType::i32 || bt.dim(0) != b.num_seqs || bt.dim(1) < 1 || bt.device != device)
     return "seqs.block_table must be i32 [num_seqs = " + S + ", max_blocks >= 1] with unit inner stride on " +
            std::string(core::device_name(device)) + ", got " + describe(bt);
   const int64_t block_size = pages.dim(1), num_blocks = pages.dim(0), max_blocks = bt.dim(1);
@@ -72,8 +71,8 @@ std::string seq_batch_problem(const SeqBatch& b, int64_t T, const core::TensorVi
     const SeqRef r = seq_ref(b, s);
     const std::string at = "[" + std::to_string(s) + "]";
     if (r.num_rows < 1 || r.num_rows > b.max_rows)
-      return "seqs.num_rows" + at + " = " + std::to_string(r.num_rows) + " is outside [1, max_rows = " +
-             std::to_string(b.max_rows) + "]";
+      return "seqs.num_rows" + at + " = " + std::to_string(r.num_rows) +
+             " is outside [1, max_rows = " + std::to_string(b.max_rows) + "]";
     if (r.row_begin < 0 || r.row_begin + r.num_rows > T)
       return "seqs.row_begin" + at + " = " + std::to_string(r.row_begin) + " with " + std::to_string(r.num_rows) +
              " rows is outside the " + std::to_string(T) + " rows of q";
@@ -100,8 +99,7 @@ HeadWeights load_head_weights(const MlaAttentionArgs& a, int h) {
   w.w_uk.resize(static_cast<size_t>(a.qk_nope * L));
   w.w_uv.resize(static_cast<size_t>(a.v_head_dim * L));
   for (int64_t d = 0; d < a.qk_nope; ++d) a.kv_b->load_row(first + d, w.w_uk.data() + d * L);
-  for (int64_t e = 0; e < a.v_head_dim; ++e)
-    a.kv_b->load_row(first + a.qk_nope + e, w.w_uv.data() + e * L);
+  for (int64_t e = 0; e < a.v_head_dim; ++e) a.kv_b->load_row(first + a.qk_nope + e, w.w_uv.data() + e * L);
   return w;
 }
 
@@ -133,19 +131,17 @@ core::Status mla_attention_check(const MlaAttentionArgs& a) {
   const auto fail = [](const std::string& why) { return core::Status::fail("mla_attention: " + why); };
   if (a.num_heads < 1 || a.qk_nope < 1 || a.qk_rope < 1 || a.v_head_dim < 1 || a.kv_lora < 1)
     return fail("num_heads, qk_nope, qk_rope, v_head_dim and kv_lora must all be >= 1, got " +
-                std::to_string(a.num_heads) + ", " + std::to_string(a.qk_nope) + ", " +
-                std::to_string(a.qk_rope) + ", " + std::to_string(a.v_head_dim) + ", " +
-                std::to_string(a.kv_lora));
+                std::to_string(a.num_heads) + ", " + std::to_string(a.qk_nope) + ", " + std::to_string(a.qk_rope) +
+                ", " + std::to_string(a.v_head_dim) + ", " + std::to_string(a.kv_lora));
   if (!(std::isfinite(a.scale) && a.scale > 0.0f))
-    return fail("scale must be finite and > 0 (normally (qk_nope + qk_rope)^-1/2), got " +
-                std::to_string(a.scale));
+    return fail("scale must be finite and > 0 (normally (qk_nope + qk_rope)^-1/2), got " + std::to_string(a.scale));
   if (!(std::isfinite(a.k_scale) && a.k_scale > 0.0f))
     return fail("k_scale must be finite and > 0, got " + std::to_string(a.k_scale));
   const int64_t H = a.num_heads, q_width = H * (a.qk_nope + a.qk_rope);
   const int64_t entry = a.kv_lora + a.qk_rope, out_width = H * a.v_head_dim;
   if (!is_rows(a.q) || !is_activation_dtype(a.q) || a.q.dim(1) != q_width)
-    return fail("q must be f32 (or bf16 on CUDA) [T, num_heads * (qk_nope + qk_rope)] = [T, " + std::to_string(q_width) +
-                "] with unit inner stride, got " + describe(a.q));
+    return fail("q must be f32 (or bf16 on CUDA) [T, num_heads * (qk_nope + qk_rope)] = [T, " +
+                std::to_string(q_width) + "] with unit inner stride, got " + describe(a.q));
   const int64_t T = a.q.dim(0);
   if (a.pages.dtype != core::DType::f32 && a.pages.dtype != core::DType::f8_e4m3 &&
       !(a.pages.dtype == core::DType::bf16 && a.pages.device == core::Device::cuda))
@@ -153,13 +149,11 @@ core::Status mla_attention_check(const MlaAttentionArgs& a) {
   if (!mla_detail::is_pages(a.pages) || a.pages.dim(2) != entry || a.pages.dim(0) < 1 || a.pages.dim(1) < 1)
     return fail("pages must be [num_blocks >= 1, block_size >= 1, kv_lora + qk_rope = " + std::to_string(entry) +
                 "] with dense rows, got " + describe(a.pages));
-  if (a.kv_b == nullptr || !a.kv_b->weight.defined())
-    return fail("kv_b is missing");
+  if (a.kv_b == nullptr || !a.kv_b->weight.defined()) return fail("kv_b is missing");
   const int64_t kv_b_rows = H * (a.qk_nope + a.v_head_dim);
   const core::TensorView& w = a.kv_b->weight.view();
   if (a.kv_b->is_mxfp4() || (w.dtype != core::DType::bf16 && w.dtype != core::DType::f32))
-    return fail("kv_b must be a dense bf16 or f32 weight, got " + describe(w) +
-                (a.kv_b->is_mxfp4() ? " (MXFP4)" : ""));
+    return fail("kv_b must be a dense bf16 or f32 weight, got " + describe(w) + (a.kv_b->is_mxfp4() ? " (MXFP4)" : ""));
   if (w.rank() != 2 || w.dim(0) != kv_b_rows || w.dim(1) != a.kv_lora || !w.is_contiguous())
     return fail("kv_b must be contiguous [num_heads * (qk_nope + v_head_dim), kv_lora] = [" +
                 std::to_string(kv_b_rows) + ", " + std::to_string(a.kv_lora) + "], got " + describe(w));
@@ -168,8 +162,7 @@ core::Status mla_attention_check(const MlaAttentionArgs& a) {
                 std::to_string(out_width) + "] with unit inner stride, got " + describe(a.out));
   if (a.pages.device != a.q.device || a.out.device != a.q.device || w.device != a.q.device)
     return fail("q, pages, kv_b and out must be on one device");
-  if (std::string why = mla_detail::seq_batch_problem(a.seqs, T, a.pages, a.q.device); !why.empty())
-    return fail(why);
+  if (std::string why = mla_detail::seq_batch_problem(a.seqs, T, a.pages, a.q.device); !why.empty()) return fail(why);
   return core::Status::ok();
 }
 

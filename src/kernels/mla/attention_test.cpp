@@ -54,8 +54,8 @@ TEST(MlaAttention, FormsAgreeWithEachOtherAndTheOracleInFp32) {
       for (core::DType cache_dtype : {kF32, kFp8}) {
         const core::DType w_dtype = (seed & 1) ? kBf16 : kF32;
         const MlaProblem p(dims, S, T, cache_dtype, w_dtype, cache_dtype == kFp8 ? 0.37f : 1.0f, ++seed);
-        SCOPED_TRACE(testing::Message() << "H " << dims.heads << " nope " << dims.nope << " S " << S << " T "
-                                        << T << " cache " << core::dtype_name(cache_dtype));
+        SCOPED_TRACE(testing::Message() << "H " << dims.heads << " nope " << dims.nope << " S " << S << " T " << T
+                                        << " cache " << core::dtype_name(cache_dtype));
         const core::Tensor naive = p.run(kNaive, Precision::fp32);
         const core::Tensor absorbed = p.run(kAbsorbed, Precision::fp32);
         const std::vector<double> oracle = p.oracle(p.default_scale());
@@ -71,8 +71,8 @@ TEST(MlaAttention, FormsAgreeWithinBf16ToleranceAndRoundTheirOutputs) {
     for (auto [S, T] : sweep())
       for (core::DType cache_dtype : {kF32, kFp8}) {
         const MlaProblem p(dims, S, T, cache_dtype, kBf16, cache_dtype == kFp8 ? 0.37f : 1.0f, ++seed);
-        SCOPED_TRACE(testing::Message() << "H " << dims.heads << " nope " << dims.nope << " S " << S << " T "
-                                        << T << " cache " << core::dtype_name(cache_dtype));
+        SCOPED_TRACE(testing::Message() << "H " << dims.heads << " nope " << dims.nope << " S " << S << " T " << T
+                                        << " cache " << core::dtype_name(cache_dtype));
         const core::Tensor naive = p.run(kNaive, Precision::bf16);
         const core::Tensor absorbed = p.run(kAbsorbed, Precision::bf16);
         const std::vector<double> oracle = p.oracle(p.default_scale());
@@ -193,8 +193,9 @@ TEST(MlaAttention, StridedRowViews) {
     ASSERT_TRUE(mla_attention_check(a).is_ok()) << mla_attention_check(a).reason();
     mla_test::run_op(op, a);
     for (int64_t t = 0; t < T; ++t) {
-      EXPECT_EQ(std::memcmp(out_wide.data<float>() + t * (ow + pad), expected.data<float>() + t * ow,
-                            sizeof(float) * ow), 0) << "row " << t;
+      EXPECT_EQ(
+          std::memcmp(out_wide.data<float>() + t * (ow + pad), expected.data<float>() + t * ow, sizeof(float) * ow), 0)
+          << "row " << t;
       for (int64_t c = ow; c < ow + pad; ++c) EXPECT_TRUE(std::isnan(out_wide.data<float>()[t * (ow + pad) + c]));
     }
   }

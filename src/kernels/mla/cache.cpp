@@ -22,8 +22,9 @@ using mla_detail::describe;
 
 core::Status mla_cache_write_check(const MlaCacheWriteArgs& a) {
   if (!mla_detail::is_rows(a.c_n) || !is_activation_dtype(a.c_n) || a.c_n.dim(1) < 1)
-    return core::Status::fail("mla_cache_write: c_n must be f32 (or bf16 on CUDA) [T, kv_lora] with unit inner stride, got " +
-                              describe(a.c_n));
+    return core::Status::fail(
+        "mla_cache_write: c_n must be f32 (or bf16 on CUDA) [T, kv_lora] with unit inner stride, got " +
+        describe(a.c_n));
   const int64_t T = a.c_n.dim(0), kv_lora = a.c_n.dim(1);
   if (!mla_detail::is_rows(a.k_pe) || !is_activation_dtype(a.k_pe) || a.k_pe.dim(0) != T)
     return core::Status::fail("mla_cache_write: k_pe must be f32 (or bf16 on CUDA) [T=" + std::to_string(T) +
@@ -32,19 +33,18 @@ core::Status mla_cache_write_check(const MlaCacheWriteArgs& a) {
   // bf16 caches live on CUDA (the CPU stores bf16 values in an f32 cache).
   if (a.dst.dtype != core::DType::f32 && a.dst.dtype != core::DType::f8_e4m3 &&
       !(a.dst.dtype == core::DType::bf16 && a.dst.device == core::Device::cuda))
-    return core::Status::fail("mla_cache_write: dst must be f32 or f8_e4m3 (or bf16 on CUDA), got " +
-                              describe(a.dst));
+    return core::Status::fail("mla_cache_write: dst must be f32 or f8_e4m3 (or bf16 on CUDA), got " + describe(a.dst));
   if (!mla_detail::is_pages(a.dst) || a.dst.dim(2) != width || a.dst.dim(0) < 1 || a.dst.dim(1) < 1)
-    return core::Status::fail("mla_cache_write: dst must be pages [num_blocks >= 1, block_size >= 1, kv_lora + rope = " +
-                              std::to_string(width) + "] with dense rows, got " + describe(a.dst));
+    return core::Status::fail(
+        "mla_cache_write: dst must be pages [num_blocks >= 1, block_size >= 1, kv_lora + rope = " +
+        std::to_string(width) + "] with dense rows, got " + describe(a.dst));
   const core::TensorView& rows = a.cache_rows;
   if (!rows.defined() || rows.rank() != 1 || rows.dtype != core::DType::i32 || rows.dim(0) != T ||
       (T > 1 && rows.strides[0] != 1))
     return core::Status::fail("mla_cache_write: cache_rows must be a dense i32 [T = " + std::to_string(T) +
                               "] tensor, got " + describe(rows));
   if (!(std::isfinite(a.k_scale) && a.k_scale > 0.0f))
-    return core::Status::fail("mla_cache_write: k_scale must be finite and > 0, got " +
-                              std::to_string(a.k_scale));
+    return core::Status::fail("mla_cache_write: k_scale must be finite and > 0, got " + std::to_string(a.k_scale));
   if (a.k_pe.device != a.c_n.device || a.dst.device != a.c_n.device || (T > 0 && rows.device != a.c_n.device))
     return core::Status::fail("mla_cache_write: c_n, k_pe, dst and cache_rows must be on one device");
   if (a.c_n.device != core::Device::cpu) return core::Status::ok();  // device rows: unchecked (see mla.h)
@@ -54,9 +54,9 @@ core::Status mla_cache_write_check(const MlaCacheWriteArgs& a) {
   for (int64_t t = 0; t < T; ++t) {
     const int32_t r = rows.as<const int32_t>()[t];
     if (r < -1 || r >= capacity)
-      return core::Status::fail("mla_cache_write: cache_rows[" + std::to_string(t) + "] = " + std::to_string(r) +
-                                " is not -1 or a cache row in [0, num_blocks * block_size = " +
-                                std::to_string(capacity) + ")");
+      return core::Status::fail(
+          "mla_cache_write: cache_rows[" + std::to_string(t) + "] = " + std::to_string(r) +
+          " is not -1 or a cache row in [0, num_blocks * block_size = " + std::to_string(capacity) + ")");
     if (r >= 0) seen.push_back(r);
   }
   std::sort(seen.begin(), seen.end());
@@ -105,12 +105,14 @@ core::Status mla_cache_gather_check(const MlaCacheGatherArgs& a) {
     return v.dtype == core::DType::f32 || v.dtype == core::DType::bf16 || v.dtype == core::DType::f8_e4m3;
   };
   if (!mla_detail::is_pages(a.src) || !cache_dtype(a.src) || a.src.dim(0) < 1 || a.src.dim(1) < 1 || a.src.dim(2) < 1)
-    return core::Status::fail("mla_cache_gather: src must be f32, bf16 or f8_e4m3 pages [num_blocks >= 1, block_size >= 1, "
-                              "width >= 1] with dense rows, got " + describe(a.src));
+    return core::Status::fail(
+        "mla_cache_gather: src must be f32, bf16 or f8_e4m3 pages [num_blocks >= 1, block_size >= 1, "
+        "width >= 1] with dense rows, got " +
+        describe(a.src));
   if (!mla_detail::is_pages(a.dst) || a.dst.dtype != a.src.dtype || a.dst.dim(2) != a.src.dim(2))
-    return core::Status::fail("mla_cache_gather: dst must be pages [num_blocks, block_size, width = " +
-                              std::to_string(a.src.dim(2)) + "] of src's dtype with dense rows, got " + describe(a.dst) +
-                              " (src " + describe(a.src) + ")");
+    return core::Status::fail(
+        "mla_cache_gather: dst must be pages [num_blocks, block_size, width = " + std::to_string(a.src.dim(2)) +
+        "] of src's dtype with dense rows, got " + describe(a.dst) + " (src " + describe(a.src) + ")");
   const int64_t N = a.dst.dim(0) * a.dst.dim(1);
   const core::TensorView& rows = a.src_rows;
   if (!rows.defined() || rows.rank() != 1 || rows.dtype != core::DType::i32 || rows.dim(0) != N ||
@@ -127,9 +129,9 @@ core::Status mla_cache_gather_check(const MlaCacheGatherArgs& a) {
   for (int64_t i = 0; i < N; ++i) {
     const int32_t r = rows.as<const int32_t>()[i];
     if (r < -1 || r >= capacity)
-      return core::Status::fail("mla_cache_gather: src_rows[" + std::to_string(i) + "] = " + std::to_string(r) +
-                                " is not -1 or a cache row of src in [0, num_blocks * block_size = " +
-                                std::to_string(capacity) + ")");
+      return core::Status::fail(
+          "mla_cache_gather: src_rows[" + std::to_string(i) + "] = " + std::to_string(r) +
+          " is not -1 or a cache row of src in [0, num_blocks * block_size = " + std::to_string(capacity) + ")");
   }
   return core::Status::ok();
 }
@@ -173,15 +175,15 @@ MlaGatherPlan mla_gather_plan(std::span<const int64_t> tokens, std::span<const s
       const auto page = static_cast<size_t>(j / block_size);
       K3_CHECK(page < local_tables[s].size(), "mla_gather_plan: sequence " + std::to_string(s) +
                                                   "'s block table does not cover local position " + std::to_string(j));
-      plan.pack_rows[static_cast<size_t>(offset[s] + j)] =
-          static_cast<int32_t>(local_tables[s][page] * block_size + j % block_size);
+      plan.pack_rows[static_cast<size_t>(offset[s] + j)] = static_cast<int32_t>(local_tables[s][page] * block_size +
+                                                                                j % block_size);
     }
     for (int64_t p = 0; p < n; ++p)
-      plan.place_rows[static_cast<size_t>(first_block[s] * block_size + p)] =
-          static_cast<int32_t>((p % cp) * plan.slots + offset[s] + p / cp);
+      plan.place_rows[static_cast<size_t>(first_block[s] * block_size + p)] = static_cast<int32_t>(
+          (p % cp) * plan.slots + offset[s] + p / cp);
     for (int64_t b = 0; b < (n + block_size - 1) / block_size; ++b)
-      plan.block_table[s * static_cast<size_t>(plan.table_width) + static_cast<size_t>(b)] =
-          static_cast<int32_t>(first_block[s] + b);
+      plan.block_table[s * static_cast<size_t>(plan.table_width) + static_cast<size_t>(b)] = static_cast<int32_t>(
+          first_block[s] + b);
   }
   return plan;
 }
@@ -194,8 +196,7 @@ namespace {
 struct Fp8Table {
   float value[256];
   explicit Fp8Table(float k_scale) {
-    for (int code = 0; code < 256; ++code)
-      value[code] = core::fp8_e4m3_to_f32(static_cast<uint8_t>(code)) * k_scale;
+    for (int code = 0; code < 256; ++code) value[code] = core::fp8_e4m3_to_f32(static_cast<uint8_t>(code)) * k_scale;
   }
 };
 

@@ -25,8 +25,7 @@ struct Entries {
 
 Entries random_entries(int64_t T, int64_t kv_lora, int64_t rope, double std, uint64_t seed) {
   core::Rng rng(seed);
-  Entries e{core::Tensor::zeros(core::DType::f32, {T, kv_lora}),
-            core::Tensor::zeros(core::DType::f32, {T, rope})};
+  Entries e{core::Tensor::zeros(core::DType::f32, {T, kv_lora}), core::Tensor::zeros(core::DType::f32, {T, rope})};
   for (float& x : e.c_n.span<float>()) x = static_cast<float>(rng.normal(0.0, std));
   for (float& x : e.k_pe.span<float>()) x = static_cast<float>(rng.normal(0.0, std));
   return e;
@@ -50,7 +49,8 @@ struct Layout {
     num_blocks = blocks + 3;
     table = mla_test::shuffled_ids(num_blocks, rng);
     table.resize(static_cast<size_t>(blocks));
-    for (int64_t j = 0; j < T; ++j) rows.push_back(table[j / bs] * static_cast<int32_t>(bs) + static_cast<int32_t>(j % bs));
+    for (int64_t j = 0; j < T; ++j)
+      rows.push_back(table[j / bs] * static_cast<int32_t>(bs) + static_cast<int32_t>(j % bs));
   }
 };
 
@@ -75,8 +75,8 @@ std::vector<int64_t> position_of_row(const Layout& l, int64_t capacity) {
 }
 
 TEST(MlaCache, F32StoresValuesAsGivenInItsRowsOnly) {
-  for (auto [T, kv_lora, rope, bs] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{17, 37, 9, 5}, {3, 512, 64, 16},
-                                      {40, 54, 64, 7}}) {
+  for (auto [T, kv_lora, rope, bs] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{17, 37, 9, 5}, {3, 512, 64, 16}, {40, 54, 64, 7}}) {
     const Entries e = random_entries(T, kv_lora, rope, 1.0, 11 + T);
     const int64_t width = kv_lora + rope;
     const Layout l(T, bs, 90 + T);
@@ -128,8 +128,7 @@ TEST(MlaCache, Fp8StoresScaledCodesAndReadsBackTimesKScale) {
       ASSERT_EQ(back, core::fp8_e4m3_to_f32(code) * k_scale);
       // E4M3 keeps 3 mantissa bits: round-to-nearest error <= 2^-4 relative (normal range),
       // <= half the 2^-9 subnormal step (times k_scale) below it.
-      EXPECT_LE(std::fabs(back - x), std::max(0x1p-4f * std::fabs(x), 0x1p-10f * k_scale) * 1.0001f)
-          << "x " << x;
+      EXPECT_LE(std::fabs(back - x), std::max(0x1p-4f * std::fabs(x), 0x1p-10f * k_scale) * 1.0001f) << "x " << x;
     }
   EXPECT_GT(differs_from_unscaled, T * width / 2) << "k_scale seems ignored";
 }
@@ -145,10 +144,8 @@ TEST(MlaCache, RowsInAnyOrderAndPaddingRowsSkipped) {
     const auto it = std::find(rows.begin(), rows.end(), static_cast<int32_t>(r));
     for (int64_t i = 0; i < width; ++i) {
       const float got = pages.data<float>()[r * width + i];
-      if (it == rows.end())
-        ASSERT_TRUE(std::isnan(got)) << "cache row " << r;
-      else
-        ASSERT_EQ(got, entry_value(e, it - rows.begin(), i)) << "cache row " << r << " col " << i;
+      if (it == rows.end()) ASSERT_TRUE(std::isnan(got)) << "cache row " << r;
+      else ASSERT_EQ(got, entry_value(e, it - rows.begin(), i)) << "cache row " << r << " col " << i;
     }
   }
 }
@@ -157,11 +154,19 @@ TEST(MlaCache, Fp8SaturatesAtMaxTimesKScale) {
   const float k_scale = 2.5f, inf = std::numeric_limits<float>::infinity();
   const float limit = core::kFp8E4m3Max * k_scale;  // 1120
   // Inputs and the values they must read back as.
-  const std::vector<std::pair<float, float>> cases = {
-      {limit, limit},          {-limit, -limit},       {limit * 1.01f, limit}, {-limit * 1.5f, -limit},
-      {1e6f, limit},           {-1e30f, -limit},       {inf, limit},           {-inf, -limit},
-      {416.0f * k_scale, 416.0f * k_scale},            {0.0f, 0.0f},           {k_scale, k_scale},
-      {0x1p-9f * k_scale, 0x1p-9f * k_scale}};  // the smallest subnormal survives
+  const std::vector<std::pair<float, float>> cases = {{limit, limit},
+                                                      {-limit, -limit},
+                                                      {limit * 1.01f, limit},
+                                                      {-limit * 1.5f, -limit},
+                                                      {1e6f, limit},
+                                                      {-1e30f, -limit},
+                                                      {inf, limit},
+                                                      {-inf, -limit},
+                                                      {416.0f * k_scale, 416.0f * k_scale},
+                                                      {0.0f, 0.0f},
+                                                      {k_scale, k_scale},
+                                                      {0x1p-9f * k_scale,
+                                                       0x1p-9f * k_scale}};  // the smallest subnormal survives
   const int64_t kv_lora = 7, rope = static_cast<int64_t>(cases.size()) - kv_lora;
   Entries e{core::Tensor::zeros(core::DType::f32, {1, kv_lora}), core::Tensor::zeros(core::DType::f32, {1, rope})};
   for (int64_t i = 0; i < kv_lora + rope; ++i)

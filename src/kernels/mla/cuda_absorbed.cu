@@ -60,15 +60,15 @@ void absorbed_run(const CudaOps& ops, const MlaAttentionArgs& a) {
     using CacheT = std::remove_cv_t<std::remove_pointer_t<decltype(pages)>>;
     const size_t smem = split_smem_bytes<CacheT>(L + rope, plan.group_heads);
     allow_smem(split_kv_kernel<CacheT, false>, smem);
-    split_kv_kernel<CacheT, false><<<dim3(splits, static_cast<unsigned>(Q), plan.groups), kThreads, smem, stream>>>(
-        p, pages);
+    split_kv_kernel<CacheT, false>
+        <<<dim3(splits, static_cast<unsigned>(Q), plan.groups), kThreads, smem, stream>>>(p, pages);
     K3_CUDA_CHECK_LAUNCH("split_kv_kernel");
   });
   const size_t combine_smem = static_cast<size_t>(padded_floats(splits)) * sizeof(float);
   allow_smem(combine_kernel<false>, combine_smem);
-  combine_kernel<false><<<dim3(static_cast<unsigned>(Q * H), grid_for(L, kCombineCols)), kThreads, combine_smem,
-                          stream>>>(sq, p.part_o, p.part_m, p.part_l, H, splits, split_len, o_lat, L, round,
-                                    CpLayout{}, nullptr);
+  combine_kernel<false>
+      <<<dim3(static_cast<unsigned>(Q * H), grid_for(L, kCombineCols)), kThreads, combine_smem, stream>>>(
+          sq, p.part_o, p.part_m, p.part_l, H, splits, split_len, o_lat, L, round, CpLayout{}, nullptr);
   K3_CUDA_CHECK_LAUNCH("combine_kernel");
   launch_w_uv(sq, Q, *a.kv_b, o_lat, a.out, H, nope, vd, L, round, stream);
 }

@@ -28,8 +28,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxGroupHeads = 8;  // heads per block (one warp each in the softmax step)
 constexpr int kTile = 64;          // positions per tile
 constexpr int kLatPerThread = kMlaMaxLatent / kThreads;
-constexpr int kQaChunks = 8;       // q_absorb: column chunks per block (64 columns of 8)
-constexpr int kCombineCols = 64;   // combine: latent columns per block
+constexpr int kQaChunks = 8;      // q_absorb: column chunks per block (64 columns of 8)
+constexpr int kCombineCols = 64;  // combine: latent columns per block
 
 // DCP addressing of the kCp kernels: qc [G][T][H][E], o_part [G][T][H][L] and lse [G][T][H], where
 // T = rows and H = owner_heads; the kernels' head index hh runs over all G * H heads.
@@ -50,10 +50,8 @@ __device__ __forceinline__ int64_t cp_visible(const CpLayout& c, int64_t P) {
 // N consecutive entries of row r of a dense (f32 / bf16) weight from column c.
 template <WFmt F, int N>
 __device__ __forceinline__ void load_w_n(const WeightRef& w, int64_t r, int64_t c, float (&v)[N]) {
-  if constexpr (F == WFmt::bf16)
-    load_act_n<N>(static_cast<const bf16*>(w.data) + r * w.ld + c, v);
-  else
-    load_act_n<N>(static_cast<const float*>(w.data) + r * w.ld + c, v);
+  if constexpr (F == WFmt::bf16) load_act_n<N>(static_cast<const bf16*>(w.data) + r * w.ld + c, v);
+  else load_act_n<N>(static_cast<const float*>(w.data) + r * w.ld + c, v);
 }
 
 // Grid (query slot qi, head, column block): a block owns kQaChunks chunks of N columns of q_lat; its
@@ -61,21 +59,21 @@ __device__ __forceinline__ void load_w_n(const WeightRef& w, int64_t r, int64_t 
 // loads in flight and many blocks share the weight reads; the groups' partial sums are then
 // added in group order. Output row: slot qi, or activation row t when kOutByRow.
 template <class T, WFmt F, int N, bool kOutByRow>
-__global__ void __launch_bounds__(kThreads) q_absorb_kernel(SeqTables sq, const T* q, int64_t q_ld, WeightRef kv_b,
-                                                            float* qc, int H, int nope, int rope, int vd, int L,
-                                                            int groups, bool round) {
+__global__ void __launch_bounds__(kThreads)
+    q_absorb_kernel(SeqTables sq, const T* q, int64_t q_ld, WeightRef kv_b, float* qc, int H, int nope, int rope,
+                    int vd, int L, int groups, bool round) {
   extern __shared__ float sm[];
   float* qn = sm;                          // [padded_floats(nope)], zeros past nope
   float* part = sm + padded_floats(nope);  // [groups][kQaChunks * N]
   const int64_t qi = blockIdx.x;
   const int seq = static_cast<int>(qi / sq.max_rows), i_row = static_cast<int>(qi % sq.max_rows);
-  if (i_row >= sq.num_rows[seq]) return;  // the whole block: an unused row slot
+  if (i_row >= sq.num_rows[seq]) return;                              // the whole block: an unused row slot
   const int64_t t = static_cast<int64_t>(sq.row_begin[seq]) + i_row;  // q row
   const int h = blockIdx.y;
   const int c_begin = blockIdx.z * kQaChunks, chunks = min(kQaChunks, L / N - c_begin);
   const T* qh = q + t * q_ld + static_cast<int64_t>(h) * (nope + rope);
   for (int d = threadIdx.x; d < padded_floats(nope); d += blockDim.x) qn[d] = d < nope ? to_f32(qh[d]) : 0.0f;
-  __syncthreads();  // qn complete before any group reads it
+  __syncthreads();                                             // qn complete before any group reads it
   const int64_t row0 = static_cast<int64_t>(h) * (nope + vd);  // W_UK[h] = kv_b rows row0 .. row0+nope
   for (int e = threadIdx.x; e < chunks * groups; e += blockDim.x) {
     const int c = e % chunks, g = e / chunks;
@@ -104,14 +102,14 @@ __global__ void __launch_bounds__(kThreads) q_absorb_kernel(SeqTables sq, const 
 struct SplitParams {
   SeqTables sq;
   PagesRef pg;
-  const float* qc;     // [Q][H][L + rope] by slot (Q = num_seqs * max_rows); kCp: [G][T][H / G][E] by row
+  const float* qc;  // [Q][H][L + rope] by slot (Q = num_seqs * max_rows); kCp: [G][T][H / G][E] by row
   float k_scale, scale;
-  float* part_o;       // [Q][H][splits][L]
-  float* part_m;       // [Q][H][splits]
-  float* part_l;       // [Q][H][splits]
+  float* part_o;                                   // [Q][H][splits][L]
+  float* part_m;                                   // [Q][H][splits]
+  float* part_l;                                   // [Q][H][splits]
   int H, L, rope, group_heads, splits, split_len;  // H: every head the kernel serves (kCp: G * owner_heads)
-  bool vec_copy;       // cache rows can be staged with 16-byte copies
-  CpLayout cp;         // kCp only
+  bool vec_copy;                                   // cache rows can be staged with 16-byte copies
+  CpLayout cp;                                     // kCp only
 };
 
 // Shared memory of split_kv_kernel: the staged tile [kTile][E] of raw cache elements (first, so it
@@ -143,9 +141,9 @@ template <class CacheT, bool kCp>
 __global__ void __launch_bounds__(kThreads) split_kv_kernel(SplitParams p, const CacheT* pages) {
   extern __shared__ float4 sm4[];
   const int E = p.L + p.rope, G = p.group_heads;
-  CacheT* tile = reinterpret_cast<CacheT*>(sm4);  // [kTile][E]
+  CacheT* tile = reinterpret_cast<CacheT*>(sm4);                                                     // [kTile][E]
   float* qs = reinterpret_cast<float*>(reinterpret_cast<char*>(sm4) + split_tile_bytes<CacheT>(E));  // [G][E]
-  float* sc = qs + G * E;                                                                             // [G][kTile]
+  float* sc = qs + G * E;                                                                            // [G][kTile]
   __shared__ float m_run[kMaxGroupHeads], l_run[kMaxGroupHeads], factor[kMaxGroupHeads];
   __shared__ int64_t row_off[kTile];  // element offset of each staged position's cache row
   const int split = blockIdx.x, h0 = blockIdx.z * G;
@@ -153,10 +151,8 @@ __global__ void __launch_bounds__(kThreads) split_kv_kernel(SplitParams p, const
   const int seq = static_cast<int>(qi / p.sq.max_rows), i_row = static_cast<int>(qi % p.sq.max_rows);
   if (i_row >= p.sq.num_rows[seq]) return;  // the whole block: an unused row slot
   int64_t visible;                          // positions 0 .. visible-1 (local ones for kCp)
-  if constexpr (kCp)
-    visible = cp_visible(p.cp, static_cast<int64_t>(p.sq.position[seq]) + i_row);
-  else
-    visible = static_cast<int64_t>(p.sq.position[seq]) + i_row + 1;  // positions 0 .. position + i
+  if constexpr (kCp) visible = cp_visible(p.cp, static_cast<int64_t>(p.sq.position[seq]) + i_row);
+  else visible = static_cast<int64_t>(p.sq.position[seq]) + i_row + 1;  // positions 0 .. position + i
   const int64_t j_begin = static_cast<int64_t>(split) * p.split_len;
   if (j_begin >= visible) return;  // the whole block: nothing to attend to in this split
   const int64_t j_end = j_begin + p.split_len < visible ? j_begin + p.split_len : visible;
@@ -165,8 +161,7 @@ __global__ void __launch_bounds__(kThreads) split_kv_kernel(SplitParams p, const
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if constexpr (kCp) {
     const int64_t t = static_cast<int64_t>(p.sq.row_begin[seq]) + i_row;
-    for (int e = tid; e < hg * E; e += blockDim.x)
-      qs[e] = p.qc[cp_row(p.cp, h0 + e / E, t) * E + e % E];
+    for (int e = tid; e < hg * E; e += blockDim.x) qs[e] = p.qc[cp_row(p.cp, h0 + e / E, t) * E + e % E];
   } else {
     for (int e = tid; e < hg * E; e += blockDim.x)
       qs[e] = p.qc[(qi * p.H + h0 + e / E) * static_cast<int64_t>(E) + e % E];
@@ -182,8 +177,8 @@ __global__ void __launch_bounds__(kThreads) split_kv_kernel(SplitParams p, const
       const int per_row = E * static_cast<int>(sizeof(CacheT)) / 16;
       for (int e = tid; e < n * per_row; e += blockDim.x) {
         const int jj = e / per_row, c = e % per_row;
-        reinterpret_cast<uint4*>(tile + static_cast<int64_t>(jj) * E)[c] =
-            reinterpret_cast<const uint4*>(pages + row_off[jj])[c];
+        reinterpret_cast<uint4*>(tile + static_cast<int64_t>(jj) *
+                                            E)[c] = reinterpret_cast<const uint4*>(pages + row_off[jj])[c];
       }
     } else {
       for (int e = tid; e < n * E; e += blockDim.x) tile[e] = pages[row_off[e / E] + e % E];
@@ -225,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) split_kv_kernel(SplitParams p, const
       }
     }
     __syncthreads();  // e^{s-m} in sc and factor[] published to every thread
-    // o += p c_n: threads over latent dims, every head of the group.
+                      // o += p c_n: threads over latent dims, every head of the group.
 #pragma unroll
     for (int u = 0; u < kLatPerThread; ++u) {
       const int i = tid + u * kThreads;
@@ -265,9 +260,9 @@ __global__ void __launch_bounds__(kThreads) split_kv_kernel(SplitParams p, const
 // Absorbed form: out = o_lat [Q][H][L] by slot, lse unused. kCp: out = o_part [G][T][H][L] by row,
 // lse[G][T][H] = M + log(Z); a row that sees no local position gets o = 0 and lse = -inf.
 template <bool kCp>
-__global__ void __launch_bounds__(kThreads) combine_kernel(SeqTables sq, const float* part_o, const float* part_m,
-                                                           const float* part_l, int H, int splits, int split_len,
-                                                           float* out, int L, bool round, CpLayout cp, float* lse) {
+__global__ void __launch_bounds__(kThreads)
+    combine_kernel(SeqTables sq, const float* part_o, const float* part_m, const float* part_l, int H, int splits,
+                   int split_len, float* out, int L, bool round, CpLayout cp, float* lse) {
   extern __shared__ float weight[];  // [padded_floats(splits)], zeros past the used splits
   __shared__ float red[32];
   __shared__ float partial[kThreads];
@@ -329,9 +324,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(SeqTables sq, const f
 // out[t][h*vd + e] = round(W_UV[h][e] . o_lat[qi][h]) for the q row t of query slot qi: a warp
 // segment per weight row, rows of all heads spread over the grid (grid: rows / segments, Q).
 template <class T, WFmt F, bool VEC>
-__global__ void __launch_bounds__(kRowdotThreads) w_uv_kernel(SeqTables sq, WeightRef kv_b, const float* o_lat, T* out,
-                                                              int64_t out_ld, int H, int nope, int vd, int L,
-                                                              int width, bool round) {
+__global__ void __launch_bounds__(kRowdotThreads)
+    w_uv_kernel(SeqTables sq, WeightRef kv_b, const float* o_lat, T* out, int64_t out_ld, int H, int nope, int vd,
+                int L, int width, bool round) {
   const int64_t qi = blockIdx.y;
   const int seq = static_cast<int>(qi / sq.max_rows), i_row = static_cast<int>(qi % sq.max_rows);
   if (i_row >= sq.num_rows[seq]) return;  // the whole block: an unused row slot
@@ -342,8 +337,8 @@ __global__ void __launch_bounds__(kRowdotThreads) w_uv_kernel(SeqTables sq, Weig
   const int h = row_ok ? static_cast<int>(r / vd) : 0, e = row_ok ? static_cast<int>(r % vd) : 0;
   const float* x[1] = {o_lat + (qi * H + h) * static_cast<int64_t>(L)};
   float acc[1];
-  segment_row_dot<F, VEC, float, 1>(kv_b, static_cast<int64_t>(h) * (nope + vd) + nope + e, L, x, 1, sub, width,
-                                    row_ok, acc);
+  segment_row_dot<F, VEC, float, 1>(kv_b, static_cast<int64_t>(h) * (nope + vd) + nope + e, L, x, 1, sub, width, row_ok,
+                                    acc);
   if (row_ok && sub == 0) store_act(out + t * out_ld + r, acc[0], round);
 }
 
@@ -357,11 +352,13 @@ inline void launch_q_absorb(const SeqTables& sq, int64_t Q, const core::TensorVi
                             float* qc, int H, int nope, int rope, int vd, int L, bool round, cudaStream_t stream) {
   const WeightRef w = weight_ref(kv_b);
   const int n8 = (L % 8 == 0 && aligned16(w.data) &&
-                  (static_cast<size_t>(w.ld) * core::dtype_size(kv_b.weight.dtype())) % 16 == 0) ? 8 : 1;
+                  (static_cast<size_t>(w.ld) * core::dtype_size(kv_b.weight.dtype())) % 16 == 0)
+                     ? 8
+                     : 1;
   const int chunks = L / n8, col_blocks = (chunks + kQaChunks - 1) / kQaChunks;
   const int d_groups = std::clamp(kThreads / std::min(chunks, kQaChunks), 1, std::max(1, nope));
-  const size_t qa_smem =
-      (static_cast<size_t>(padded_floats(nope)) + static_cast<size_t>(d_groups) * kQaChunks * n8) * sizeof(float);
+  const size_t qa_smem = (static_cast<size_t>(padded_floats(nope)) + static_cast<size_t>(d_groups) * kQaChunks * n8) *
+                         sizeof(float);
   with_act(q.dtype, [&](auto tag) {
     using E = typename decltype(tag)::type;
     with_wfmt(weight_format(kv_b), [&](auto fc) {
@@ -373,10 +370,8 @@ inline void launch_q_absorb(const SeqTables& sq, int64_t Q, const core::TensorVi
               sq, q.as<const E>(), q.strides[0], w, qc, H, nope, rope, vd, L, d_groups, round);
           K3_CUDA_CHECK_LAUNCH("q_absorb_kernel");
         };
-        if (n8 == 8)
-          launch_qa(q_absorb_kernel<E, FC, 8, kOutByRow>);
-        else
-          launch_qa(q_absorb_kernel<E, FC, 1, kOutByRow>);
+        if (n8 == 8) launch_qa(q_absorb_kernel<E, FC, 8, kOutByRow>);
+        else launch_qa(q_absorb_kernel<E, FC, 1, kOutByRow>);
       }
     });
   });
@@ -394,14 +389,12 @@ inline void launch_w_uv(const SeqTables& sq, int64_t Q, const LinearWeight& kv_b
         const bool vec = vector_ok(FC, w, L, o_lat, L, sizeof(float));
         const auto launch_uv = [&](auto kernel, int width) {
           const dim3 grid(grid_for(static_cast<int64_t>(H) * vd, kRowdotThreads / width), static_cast<unsigned>(Q));
-          kernel<<<grid, kRowdotThreads, 0, stream>>>(sq, w, o_lat, out.as<E>(), out.strides[0], H, nope, vd, L,
-                                                      width, round);
+          kernel<<<grid, kRowdotThreads, 0, stream>>>(sq, w, o_lat, out.as<E>(), out.strides[0], H, nope, vd, L, width,
+                                                      round);
           K3_CUDA_CHECK_LAUNCH("w_uv_kernel");
         };
-        if (vec)
-          launch_uv(w_uv_kernel<E, FC, true>, segment_width<FC, true>(L));
-        else
-          launch_uv(w_uv_kernel<E, FC, false>, segment_width<FC, false>(L));
+        if (vec) launch_uv(w_uv_kernel<E, FC, true>, segment_width<FC, true>(L));
+        else launch_uv(w_uv_kernel<E, FC, false>, segment_width<FC, false>(L));
       }
     });
   });

@@ -51,7 +51,8 @@ __global__ void cache_gather_kernel(const char* src, PagesRef sp, int64_t src_ca
   const int64_t r = src_rows[i];
   if (r < 0 || r >= src_capacity) return;
   // PagesRef strides are in bytes here (the kernel sees the caches as bytes).
-  const auto* from = reinterpret_cast<const Unit*>(src + (r / sp.block_size) * sp.page_ld + (r % sp.block_size) * sp.row_ld);
+  const auto* from = reinterpret_cast<const Unit*>(src + (r / sp.block_size) * sp.page_ld +
+                                                   (r % sp.block_size) * sp.row_ld);
   auto* to = reinterpret_cast<Unit*>(dst + (i / dp.block_size) * dp.page_ld + (i % dp.block_size) * dp.row_ld);
   for (int64_t u = threadIdx.x % 32; u < units; u += 32) to[u] = from[u];
 }
@@ -72,8 +73,7 @@ void register_mla_cache_cuda(MlaOps& r, const CudaOps& ops) {
       {"cuda_elementwise", core::Device::cuda,
        [ops](const MlaCacheWriteArgs& a) {
          if (auto s = ops.usable(); !s) return s;
-         if (auto s = on_cuda({{"c_n", &a.c_n}, {"k_pe", &a.k_pe}, {"dst", &a.dst}, {"cache_rows", &a.cache_rows}});
-             !s)
+         if (auto s = on_cuda({{"c_n", &a.c_n}, {"k_pe", &a.k_pe}, {"dst", &a.dst}, {"cache_rows", &a.cache_rows}}); !s)
            return s;
          if (a.c_n.dtype != a.k_pe.dtype)
            return core::Status::fail("c_n and k_pe must share one dtype, got " + describe(a.c_n) + " and " +
@@ -92,12 +92,9 @@ void register_mla_cache_cuda(MlaOps& r, const CudaOps& ops) {
                  a.cache_rows.as<const int32_t>(), dst, pages_ref(a.dst), capacity, L, rope, a.k_scale);
              K3_CUDA_CHECK_LAUNCH("cache_write_kernel");
            };
-           if (a.dst.dtype == core::DType::f8_e4m3)
-             launch(a.dst.as<uint8_t>());
-           else if (a.dst.dtype == core::DType::bf16)
-             launch(a.dst.as<bf16>());
-           else
-             launch(a.dst.as<float>());
+           if (a.dst.dtype == core::DType::f8_e4m3) launch(a.dst.as<uint8_t>());
+           else if (a.dst.dtype == core::DType::bf16) launch(a.dst.as<bf16>());
+           else launch(a.dst.as<float>());
          });
        }});
   r.mla_cache_gather.add(
@@ -122,12 +119,9 @@ void register_mla_cache_cuda(MlaOps& r, const CudaOps& ops) {
                a.dst.as<char>(), dp, n, row_bytes / static_cast<int64_t>(sizeof(Unit)));
            K3_CUDA_CHECK_LAUNCH("cache_gather_kernel");
          };
-         if (align % 16 == 0)
-           launch(uint4{});
-         else if (align % 4 == 0)
-           launch(uint32_t{});
-         else
-           launch(uint8_t{});
+         if (align % 16 == 0) launch(uint4{});
+         else if (align % 4 == 0) launch(uint32_t{});
+         else launch(uint8_t{});
        }});
 }
 

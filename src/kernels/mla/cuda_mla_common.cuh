@@ -73,27 +73,26 @@ __device__ __forceinline__ float cache_value(const CacheT* c, int64_t ld, int64_
 // Calls fn(const CacheT*) with the pages' element type.
 template <class Fn>
 void with_cache(const core::TensorView& pages, Fn&& fn) {
-  if (pages.dtype == core::DType::f8_e4m3)
-    fn(pages.as<const uint8_t>());
-  else if (pages.dtype == core::DType::bf16)
-    fn(pages.as<const bf16>());
-  else
-    fn(pages.as<const float>());
+  if (pages.dtype == core::DType::f8_e4m3) fn(pages.as<const uint8_t>());
+  else if (pages.dtype == core::DType::bf16) fn(pages.as<const bf16>());
+  else fn(pages.as<const float>());
 }
 
 // Dynamic shared vectors are padded to whole 16-byte groups (zeros past the end): the compiler may
 // read an unrolled loop's tail with one vector load (seen as out-of-bounds reads by memcheck).
 __host__ __device__ constexpr int padded_floats(int n) { return (n + 3) / 4 * 4; }
 
-constexpr int kMlaMaxLatent = 512;  // kv_lora limit of the absorbed kernels (K3: 512)
-constexpr int kMlaMaxV = 256;       // v_head_dim limit of the naive kernel (K3: 128)
+constexpr int kMlaMaxLatent = 512;     // kv_lora limit of the absorbed kernels (K3: 512)
+constexpr int kMlaMaxV = 256;          // v_head_dim limit of the naive kernel (K3: 128)
 constexpr int64_t kMaxGridYZ = 65535;  // CUDA limit of gridDim.y and gridDim.z
 
 // A batch's four step tables (row_begin, num_rows, position, block_table) are on the device (none when
 // the batch has no sequences).
 inline core::Status seq_tables_on_cuda(const SeqBatch& b) {
   if (b.num_seqs == 0) return core::Status::ok();
-  return on_cuda({{"seqs.row_begin", &b.row_begin}, {"seqs.num_rows", &b.num_rows}, {"seqs.position", &b.position},
+  return on_cuda({{"seqs.row_begin", &b.row_begin},
+                  {"seqs.num_rows", &b.num_rows},
+                  {"seqs.position", &b.position},
                   {"seqs.block_table", &b.block_table}});
 }
 

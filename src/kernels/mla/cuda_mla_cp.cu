@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kRowThreads) lse_rescale_kernel(SeqTables sq, 
   const int64_t t = static_cast<int64_t>(sq.row_begin[seq]) + i_row;
   const int g = blockIdx.y / H, h = blockIdx.y % H;
   const int64_t at = (static_cast<int64_t>(g) * T + t) * H + h;  // [G, T, H] index
-  const int64_t per_rank = static_cast<int64_t>(G) * T * H;     // lse_all[r] is [G, T, H]
+  const int64_t per_rank = static_cast<int64_t>(G) * T * H;      // lse_all[r] is [G, T, H]
   float m = lse_all[at];
   for (int r = 1; r < cp; ++r) m = fmaxf(m, lse_all[r * per_rank + at]);
   float w = 0.0f;
@@ -63,9 +63,9 @@ __global__ void __launch_bounds__(kRowThreads) lse_rescale_kernel(SeqTables sq, 
 // ---------------------------------------------------------------- step 4: W_UV and the gate
 
 constexpr int kUvThreads = 256;
-constexpr int kUvRows = kUvThreads / 32;        // W_UV rows per CTA (a warp each)
-constexpr int kUvSlots = 8;                     // query slots per CTA
-constexpr int kUvValues = kMlaMaxLatent / 32;   // W_UV values a lane keeps in registers (16)
+constexpr int kUvRows = kUvThreads / 32;       // W_UV rows per CTA (a warp each)
+constexpr int kUvSlots = 8;                    // query slots per CTA
+constexpr int kUvValues = kMlaMaxLatent / 32;  // W_UV values a lane keeps in registers (16)
 
 // Grid (H * row_blocks, ceil(Q / kUvSlots)), kUvThreads threads: warp k of CTA x owns W_UV row
 // e = (x % row_blocks) * kUvRows + k of head h = x / row_blocks (none when e >= v) and runs it against the
@@ -78,10 +78,9 @@ constexpr int kUvValues = kMlaMaxLatent / 32;   // W_UV values a lane keeps in r
 // PDL (kernels/cuda_common.cuh): triggers at the top, loads its W_UV row (a weight) before pdl_wait(); the
 // step tables, o_lat (the reduce-scatter's output) and the gate are read, and out written, only after it.
 template <class T, WFmt F, bool VEC>
-__global__ void __launch_bounds__(kUvThreads) w_uv_gate_rows_kernel(SeqTables sq, WeightRef kv_b, const float* o_lat,
-                                                                    const T* gate, int64_t gate_ld, T* out,
-                                                                    int64_t out_ld, int H, int nope, int vd, int L,
-                                                                    int row_blocks, bool round) {
+__global__ void __launch_bounds__(kUvThreads)
+    w_uv_gate_rows_kernel(SeqTables sq, WeightRef kv_b, const float* o_lat, const T* gate, int64_t gate_ld, T* out,
+                          int64_t out_ld, int H, int nope, int vd, int L, int row_blocks, bool round) {
   constexpr int N = chunk_elems<F, VEC>();
   constexpr int kChunks = kUvValues / N;
   extern __shared__ float4 uv_sm4[];
@@ -120,7 +119,7 @@ __global__ void __launch_bounds__(kUvThreads) w_uv_gate_rows_kernel(SeqTables sq
     const int s = x / Lp, i = x % Lp;
     ol[x] = t_row[s] >= 0 && i < L ? round_if(o_lat[(t_row[s] * H + h) * L + i], round) : 0.0f;
   }
-  __syncthreads();  // ol ready
+  __syncthreads();      // ol ready
   if (e >= vd) return;  // after the last barrier: a warp with no W_UV row
   const int64_t col = static_cast<int64_t>(h) * vd + e;
   for (int s = 0; s < kUvSlots; ++s) {
@@ -201,15 +200,16 @@ void partial_attention_run(const CudaOps& ops, const MlaPartialAttentionArgs& a)
     using CacheT = std::remove_cv_t<std::remove_pointer_t<decltype(pages)>>;
     const size_t smem = split_smem_bytes<CacheT>(E, plan.group_heads);
     allow_smem(split_kv_kernel<CacheT, true>, smem);
-    split_kv_kernel<CacheT, true><<<dim3(plan.splits, static_cast<unsigned>(Q), plan.groups), kThreads, smem,
-                                     stream>>>(p, pages);
+    split_kv_kernel<CacheT, true>
+        <<<dim3(plan.splits, static_cast<unsigned>(Q), plan.groups), kThreads, smem, stream>>>(p, pages);
     K3_CUDA_CHECK_LAUNCH("mla_partial_attention split_kv_kernel");
   });
   const size_t combine_smem = static_cast<size_t>(padded_floats(plan.splits)) * sizeof(float);
   allow_smem(combine_kernel<true>, combine_smem);
-  combine_kernel<true><<<dim3(static_cast<unsigned>(Q * heads), grid_for(L, kCombineCols)), kThreads, combine_smem,
-                         stream>>>(sq, p.part_o, p.part_m, p.part_l, heads, plan.splits, plan.split_len,
-                                   a.o_part.as<float>(), L, /*round=*/false, p.cp, a.lse.as<float>());
+  combine_kernel<true>
+      <<<dim3(static_cast<unsigned>(Q * heads), grid_for(L, kCombineCols)), kThreads, combine_smem, stream>>>(
+          sq, p.part_o, p.part_m, p.part_l, heads, plan.splits, plan.split_len, a.o_part.as<float>(), L,
+          /*round=*/false, p.cp, a.lse.as<float>());
   K3_CUDA_CHECK_LAUNCH("mla_partial_attention combine_kernel");
 }
 
@@ -254,10 +254,8 @@ void w_uv_run(const CudaOps& ops, const MlaWUvArgs& a) {
                            L, row_blocks, round);
           K3_CUDA_CHECK_LAUNCH("mla_w_uv w_uv_gate_rows_kernel");
         };
-        if (vec)
-          launch(w_uv_gate_rows_kernel<T, FC, true>);
-        else
-          launch(w_uv_gate_rows_kernel<T, FC, false>);
+        if (vec) launch(w_uv_gate_rows_kernel<T, FC, true>);
+        else launch(w_uv_gate_rows_kernel<T, FC, false>);
       }
     });
   });
@@ -357,8 +355,7 @@ void register_mla_cp_cuda(MlaOps& r, const CudaOps& ops) {
   r.mla_lse_rescale.add({"cuda_lse_rescale", core::Device::cuda,
                          [ops](const MlaLseRescaleArgs& a) { return lse_rescale_supports(ops, a); },
                          [ops](const MlaLseRescaleArgs& a) { lse_rescale_run(ops, a); }});
-  r.mla_w_uv.add({"cuda_w_uv_rowdot", core::Device::cuda,
-                  [ops](const MlaWUvArgs& a) { return w_uv_supports(ops, a); },
+  r.mla_w_uv.add({"cuda_w_uv_rowdot", core::Device::cuda, [ops](const MlaWUvArgs& a) { return w_uv_supports(ops, a); },
                   [ops](const MlaWUvArgs& a) { w_uv_run(ops, a); }});
 }
 

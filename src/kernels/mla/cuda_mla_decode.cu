@@ -8,10 +8,11 @@
 //            over the E-wide entry; online softmax: a warp per head; P.V: a thread per 4 latent dims x
 //            every other head. Writes unnormalised o [kv_lora] and (m, l) per head and split.
 // fp32 on CUDA cores: 12 x (576 + 512) FMA per position, every operand from shared memory (issue-bound).
+#include "kernels/mla/cuda_mla_decode.cuh"
+
 #include <algorithm>
 #include <string>
 
-#include "kernels/mla/cuda_mla_decode.cuh"
 #include "kernels/mla/ops.h"
 
 namespace k3::kernels {
@@ -22,27 +23,26 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTile = 32;          // positions per staged tile (= warp size: the softmax step's lanes)
+constexpr int kTile = 32;                   // positions per staged tile (= warp size: the softmax step's lanes)
 constexpr int kMaxHeads = kDecodeMaxHeads;  // 4 head quads for the scores, 8 heads per thread in P.V
-constexpr int kPvGroups = 128;     // P.V: float4 column groups (4 * 128 = 512 = kMlaMaxLatent)
+constexpr int kPvGroups = 128;              // P.V: float4 column groups (4 * 128 = 512 = kMlaMaxLatent)
 static_assert(kTile == 32 && kMlaDecodeTile % kTile == 0 && 4 * kPvGroups == kMlaMaxLatent && kMaxHeads == 16);
 static_assert(kThreads == 4 * (kTile / 2) * (kMaxHeads / 4) && kThreads == 2 * kPvGroups);
-
 
 struct SplitParams {
   SeqTables sq;
   PagesRef pg;
-  const float* qc;   // [Q][H][E]
-  float* part_o;     // [Q][H][splits][L]
-  float* part_m;     // [Q][H][splits]
-  float* part_l;     // [Q][H][splits]
+  const float* qc;  // [Q][H][E]
+  float* part_o;    // [Q][H][splits][L]
+  float* part_m;    // [Q][H][splits]
+  float* part_l;    // [Q][H][splits]
   float k_scale, scale;
   int H, L, rope;
-  int E4;            // E = L + rope rounded up to a multiple of 4 (zeros past E in the tile and Qc)
-  int ld;            // tile row stride in floats: E4 or E4 + 4, so ld / 4 is odd (conflict-free float4 rows)
+  int E4;  // E = L + rope rounded up to a multiple of 4 (zeros past E in the tile and Qc)
+  int ld;  // tile row stride in floats: E4 or E4 + 4, so ld / 4 is odd (conflict-free float4 rows)
   int splits;
   int64_t split_len;
-  bool vec4;         // the cache can be read 4 elements at a time (E % 4 == 0, rows aligned)
+  bool vec4;  // the cache can be read 4 elements at a time (E % 4 == 0, rows aligned)
 };
 
 inline int split_ld(int E4) { return (E4 / 4) % 2 == 1 ? E4 : E4 + 4; }
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads) split_kv_kernel(SplitParams p, const
   pdl_launch_dependents();
   pdl_wait();
   int seq, i_row;
-  if (!slot_used(p.sq, qi, seq, i_row)) return;  // the whole block: an unused slot
+  if (!slot_used(p.sq, qi, seq, i_row)) return;                                  // the whole block: an unused slot
   const int64_t visible = static_cast<int64_t>(p.sq.position[seq]) + i_row + 1;  // positions 0 .. position + i
   const int64_t j_begin = static_cast<int64_t>(split) * p.split_len;
   if (j_begin >= visible) return;  // the whole block: nothing visible in this split
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) split_kv_kernel(SplitParams p, const
         }
       }
     }
-    __syncthreads();  // scores ready
+    __syncthreads();                          // scores ready
     for (int h = warp; h < H; h += kWarps) {  // online softmax: a warp per head, a lane per position
       const float x = lane < n ? sc[h * kTile + lane] : -INFINITY;
       const float m_new = fmaxf(m_run[h], warp_max(x));

@@ -61,7 +61,7 @@ void launch_split_kv_mma(const CudaOps& ops, const MlaDecodeArgs& a, const Decod
 struct PartialMmaPlan {
   int64_t Q = 0;
   int heads = 0, groups = 0, group_heads = 0;
-  int L = 0, E = 0;         // kv_lora, kv_lora + rope
+  int L = 0, E = 0;  // kv_lora, kv_lora + rope
   int splits = 0;
   int64_t split_len = 0;    // LOCAL positions per split: a multiple of kMlaDecodeMmaStage (64)
   float* part_o = nullptr;  // [Q][heads][splits][L]: unnormalised partial o (k_scale applied)

@@ -48,8 +48,8 @@
 #include <string>
 
 #include "kernels/mla/cuda_absorbed_kernels.cuh"
-#include "kernels/mla/mla_cp.h"
 #include "kernels/mla/cuda_mla_decode.cuh"
+#include "kernels/mla/mla_cp.h"
 
 namespace k3::kernels {
 
@@ -57,23 +57,23 @@ using namespace cuda_detail;
 
 namespace {
 
-constexpr int kThreads = 256;                   // 8 warps
+constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = kThreads / 32;
-constexpr int kStagePos = kMlaDecodeMmaStage;   // positions per cp.async stage (64)
+constexpr int kStagePos = kMlaDecodeMmaStage;  // positions per cp.async stage (64)
 constexpr int kStages = 2;
-constexpr int kHeadsPad = 16;                   // M of every mma: heads padded with zero rows
-constexpr int kKQuarters = 4;                   // scores: warp w & 3 owns a quarter of the k-steps
-constexpr int kPosHalf = kStagePos / 2;         // scores: warp w >> 2 owns 32 positions (4 n-tiles)
-constexpr int kMaxE = 576;                      // entry width limit: 36 k-steps
+constexpr int kHeadsPad = 16;            // M of every mma: heads padded with zero rows
+constexpr int kKQuarters = 4;            // scores: warp w & 3 owns a quarter of the k-steps
+constexpr int kPosHalf = kStagePos / 2;  // scores: warp w >> 2 owns 32 positions (4 n-tiles)
+constexpr int kMaxE = 576;               // entry width limit: 36 k-steps
 constexpr int kMaxKsPerWarp = (kMaxE / 16 + kKQuarters - 1) / kKQuarters;  // 9 Qc fragments in registers
-constexpr int kPvCols = 64;                     // P.V: latent columns per warp (8 n-tiles of 8)
+constexpr int kPvCols = 64;  // P.V: latent columns per warp (8 n-tiles of 8)
 constexpr int kPvTiles = kPvCols / 8;
-constexpr int kRedLd = kStagePos + 8;           // f32 row stride of the partial scores (conflict-free float2)
-constexpr int kPLd = kStagePos + 8;             // 16-bit row stride of P (conflict-free 32-bit A loads)
+constexpr int kRedLd = kStagePos + 8;  // f32 row stride of the partial scores (conflict-free float2)
+constexpr int kPLd = kStagePos + 8;    // 16-bit row stride of P (conflict-free 32-bit A loads)
 static_assert(kThreads == 32 * kKQuarters * 2 && kStagePos == 64);
 static_assert(kThreads == kHeadsPad * (kStagePos / 4));  // softmax: 16 threads per head, 4 positions each
 static_assert(kWarps * kPvCols == kMlaMaxLatent && kHeadsPad == kDecodeMaxHeads);
-static_assert(kThreads / 4 == kStagePos);               // loader: 4 threads per staged position
+static_assert(kThreads / 4 == kStagePos);  // loader: 4 threads per staged position
 
 // ---------------------------------------------------------------- device helpers
 
@@ -192,20 +192,20 @@ __device__ __forceinline__ uint32_t pack_p(float lo, float hi, float2& rounded) 
 struct MmaParams {
   SeqTables sq;
   PagesRef pg;
-  const float* qc;     // [Q][H][E]: bf16 values (kCp: [G][T][H / G][E] by activation row, cp below)
-  float* part_o;       // [Q][H][splits][L]
-  float* part_m;       // [Q][H][splits]
-  float* part_l;       // [Q][H][splits]
-  float score_scale;   // scale * k_scale (fp8) or scale
-  float o_scale;       // k_scale (fp8) or 1
-  int H, L, E;         // H: every head the kernel serves (kCp: G * owner heads, in head groups)
-  int ks_total;        // E / 16 k-steps
-  int row_bytes;       // E * sizeof(cache element): bytes staged per position (a multiple of 16)
-  int stride;          // shared row stride in bytes (mma_row_stride)
+  const float* qc;    // [Q][H][E]: bf16 values (kCp: [G][T][H / G][E] by activation row, cp below)
+  float* part_o;      // [Q][H][splits][L]
+  float* part_m;      // [Q][H][splits]
+  float* part_l;      // [Q][H][splits]
+  float score_scale;  // scale * k_scale (fp8) or scale
+  float o_scale;      // k_scale (fp8) or 1
+  int H, L, E;        // H: every head the kernel serves (kCp: G * owner heads, in head groups)
+  int ks_total;       // E / 16 k-steps
+  int row_bytes;      // E * sizeof(cache element): bytes staged per position (a multiple of 16)
+  int stride;         // shared row stride in bytes (mma_row_stride)
   int splits;
   int64_t split_len;
-  bool vec_out;        // part_o is 16-byte aligned (float4 stores)
-  int group_heads;     // kCp: heads per CTA (<= 16): blockIdx.z owns heads group_heads * z .. (the last group may be short)
+  bool vec_out;     // part_o is 16-byte aligned (float4 stores)
+  int group_heads;  // kCp: heads per CTA (<= 16): blockIdx.z owns heads group_heads * z .. (the last group may be short)
   absorbed::CpLayout cp;  // kCp: qc's [G][T][H / G] row layout and the rank's LOCAL positions (j * cp + rank <= P)
 };
 
@@ -226,25 +226,24 @@ inline size_t mma_smem_bytes(int stride) {
 template <class CacheT, bool kCp>
 __global__ void __launch_bounds__(kThreads, 2) split_kv_mma_kernel(MmaParams p, const CacheT* pages) {
   extern __shared__ uint4 mma_sm4[];
-  uint8_t* stages = reinterpret_cast<uint8_t*>(mma_sm4);                          // [kStages][kStagePos][stride]
-  float* red = reinterpret_cast<float*>(stages + kStages * kStagePos * p.stride);  // [kKQuarters][16][kRedLd]
+  uint8_t* stages = reinterpret_cast<uint8_t*>(mma_sm4);                              // [kStages][kStagePos][stride]
+  float* red = reinterpret_cast<float*>(stages + kStages * kStagePos * p.stride);     // [kKQuarters][16][kRedLd]
   uint16_t* pm = reinterpret_cast<uint16_t*>(red + kKQuarters * kHeadsPad * kRedLd);  // [16][kPLd]: P bits
-  float* factor = reinterpret_cast<float*>(pm + kHeadsPad * kPLd);                 // [16]
+  float* factor = reinterpret_cast<float*>(pm + kHeadsPad * kPLd);                    // [16]
   const int split = blockIdx.x;
   const int64_t qi = blockIdx.y;
   const int h0 = kCp ? static_cast<int>(blockIdx.z) * p.group_heads : 0;  // first head of this CTA
-  const int nh = kCp ? min(p.group_heads, p.H - h0) : p.H;                 // heads of this CTA (<= 16)
+  const int nh = kCp ? min(p.group_heads, p.H - h0) : p.H;                // heads of this CTA (<= 16)
   // PDL (kernels/cuda_common.cuh): no weights; the cache (the step's cache write), Qc and the tables are
   // the step's, so the wait comes first, before any early exit.
   pdl_launch_dependents();
   pdl_wait();
   int seq, i_row;
   if (!slot_used(p.sq, qi, seq, i_row)) return;  // the whole block: an unused slot
-  int64_t visible;  // (local) positions 0 .. visible - 1
+  int64_t visible;                               // (local) positions 0 .. visible - 1
   if constexpr (kCp)
     visible = absorbed::cp_visible(p.cp, static_cast<int64_t>(p.sq.position[seq]) + i_row);  // may be 0
-  else
-    visible = static_cast<int64_t>(p.sq.position[seq]) + i_row + 1;  // positions 0 .. position + i
+  else visible = static_cast<int64_t>(p.sq.position[seq]) + i_row + 1;  // positions 0 .. position + i
   const int64_t j_begin = static_cast<int64_t>(split) * p.split_len;
   if (j_begin >= visible) return;  // the whole block: nothing visible in this split (combine skips it)
   const int64_t j_end = j_begin + p.split_len < visible ? j_begin + p.split_len : visible;
@@ -401,10 +400,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_kv_mma_kernel(MmaParams p, 
       for (int kk = 0; kk < kStagePos / 16; ++kk) {
         if (16 * kk < n) {  // warp-uniform
           const uint16_t* prow = pm + g * kPLd + 16 * kk + 2 * t;
-          const uint32_t a[4] = {*reinterpret_cast<const uint32_t*>(prow),                 // head g, positions 2t, 2t+1
-                                 *reinterpret_cast<const uint32_t*>(prow + 8 * kPLd),      // head g + 8
-                                 *reinterpret_cast<const uint32_t*>(prow + 8),             // head g, positions 2t+8, +9
-                                 *reinterpret_cast<const uint32_t*>(prow + 8 * kPLd + 8)}; // head g + 8
+          const uint32_t a[4] = {*reinterpret_cast<const uint32_t*>(prow),             // head g, positions 2t, 2t+1
+                                 *reinterpret_cast<const uint32_t*>(prow + 8 * kPLd),  // head g + 8
+                                 *reinterpret_cast<const uint32_t*>(prow + 8),         // head g, positions 2t+8, +9
+                                 *reinterpret_cast<const uint32_t*>(prow + 8 * kPLd + 8)};  // head g + 8
           const uint8_t* row = st + (16 * kk + 2 * t) * p.stride + (pv_col0 + 8 * g) * static_cast<int>(sizeof(CacheT));
           pv_step(acc, a, reinterpret_cast<const CacheT*>(row), p.stride);
         }
@@ -497,8 +496,8 @@ void launch_mma(const CudaOps& ops, const core::TensorView& pages, const MmaPara
   const size_t smem = mma_smem_bytes(p.stride);
   if (pages.dtype == core::DType::f8_e4m3) {
     allow_smem(split_kv_mma_kernel<uint8_t, kCp>, smem);
-    launch_dependent(split_kv_mma_kernel<uint8_t, kCp>, grid, dim3(kThreads), smem, ops.ctx->stream(), dim3(1, 1, 1),
-                     p, pages.as<const uint8_t>());
+    launch_dependent(split_kv_mma_kernel<uint8_t, kCp>, grid, dim3(kThreads), smem, ops.ctx->stream(), dim3(1, 1, 1), p,
+                     pages.as<const uint8_t>());
   } else {
     allow_smem(split_kv_mma_kernel<bf16, kCp>, smem);
     launch_dependent(split_kv_mma_kernel<bf16, kCp>, grid, dim3(kThreads), smem, ops.ctx->stream(), dim3(1, 1, 1), p,
@@ -533,8 +532,9 @@ void launch_split_kv_mma(const CudaOps& ops, const MlaDecodeArgs& a, const Decod
 core::Status partial_split_kv_mma_supports(const CudaOps& ops, const MlaPartialAttentionArgs& a) {
   const auto no = [](const std::string& why) { return core::Status::fail("tensor-core partial split_kv: " + why); };
   if (a.precision != Precision::bf16)
-    return no("needs bf16-valued qc (precision bf16: mla_q_absorb's bf16 mode), got precision fp32 (fp32 runs on "
-              "cuda_partial_splitkv)");
+    return no(
+        "needs bf16-valued qc (precision bf16: mla_q_absorb's bf16 mode), got precision fp32 (fp32 runs on "
+        "cuda_partial_splitkv)");
   if (!mma_cache_dtype(a.pages.dtype))
     return no("needs an f8_e4m3 or bf16 cache (exact as bf16 mma operands), got " +
               std::string(core::dtype_name(a.pages.dtype)) + " pages");
@@ -543,8 +543,8 @@ core::Status partial_split_kv_mma_supports(const CudaOps& ops, const MlaPartialA
 }
 
 void launch_partial_split_kv_mma(const CudaOps& ops, const MlaPartialAttentionArgs& a, const PartialMmaPlan& plan) {
-  MmaParams p = mma_params(a.pages, a.seqs, a.scale, a.k_scale, plan.heads, plan.L, plan.E, plan.splits,
-                           plan.split_len, plan.part_o, plan.part_m, plan.part_l);
+  MmaParams p = mma_params(a.pages, a.seqs, a.scale, a.k_scale, plan.heads, plan.L, plan.E, plan.splits, plan.split_len,
+                           plan.part_o, plan.part_m, plan.part_l);
   p.qc = a.qc.as<const float>();
   p.group_heads = plan.group_heads;
   p.cp.rows = a.qc.dim(1);

@@ -36,32 +36,32 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kQaThreads = 128;
-constexpr int kQaCols = 32;                                 // q_lat columns per CTA (a lane each)
-constexpr int kQaGroups = kQaThreads / kQaCols;             // the nope sum in 4 contiguous d ranges
-constexpr int kQaSlots = 16;                                // query slots per CTA
-constexpr int kQaMaxDPerGroup = kDecodeMaxNope / kQaGroups; // W_UK values a thread keeps in registers
-constexpr int kCgCluster = 8;                              // CTAs per (head, slot chunk): the portable limit
+constexpr int kQaCols = 32;                                  // q_lat columns per CTA (a lane each)
+constexpr int kQaGroups = kQaThreads / kQaCols;              // the nope sum in 4 contiguous d ranges
+constexpr int kQaSlots = 16;                                 // query slots per CTA
+constexpr int kQaMaxDPerGroup = kDecodeMaxNope / kQaGroups;  // W_UK values a thread keeps in registers
+constexpr int kCgCluster = 8;                                // CTAs per (head, slot chunk): the portable limit
 constexpr int kCgThreads = 256;
 constexpr int kCgWarps = kCgThreads / 32;
-constexpr int kCgSlots = kCgWarps;                          // query slots per cluster (a warp each for M and Z)
-constexpr int kCgMaxGroups = 16;                            // split groups of the combine sum
-constexpr int kCgRowsPerPass = 2;                           // W_UV rows a warp holds in registers at once
-constexpr int kUvGroups = kMlaMaxLatent / 256;              // 8-column groups per lane: columns 8 * (lane + 32 k) ..
+constexpr int kCgSlots = kCgWarps;              // query slots per cluster (a warp each for M and Z)
+constexpr int kCgMaxGroups = 16;                // split groups of the combine sum
+constexpr int kCgRowsPerPass = 2;               // W_UV rows a warp holds in registers at once
+constexpr int kUvGroups = kMlaMaxLatent / 256;  // 8-column groups per lane: columns 8 * (lane + 32 k) ..
 static_assert(kQaCols == 32 && kQaCols % 8 == 0 && kCgSlots == 8 && kUvGroups * 256 == kMlaMaxLatent);
 
 // ---------------------------------------------------------------- 1. q_absorb
 
 // vec: 8 consecutive kv_b elements can be read with 16-byte loads (L % 8 == 0, 16-byte aligned rows).
 template <class T, WFmt F>
-__global__ void __launch_bounds__(kQaThreads) q_absorb_kernel(SeqTables sq, const T* q, int64_t q_ld, WeightRef kv_b,
-                                                              float* qc, int H, int nope, int rope, int vd, int L,
-                                                              bool vec, bool round) {
+__global__ void __launch_bounds__(kQaThreads)
+    q_absorb_kernel(SeqTables sq, const T* q, int64_t q_ld, WeightRef kv_b, float* qc, int H, int nope, int rope,
+                    int vd, int L, bool vec, bool round) {
   extern __shared__ float4 qa_sm4[];
   const int nope_p = padded_floats(nope);
-  float* w_s = reinterpret_cast<float*>(qa_sm4);     // [nope][kQaCols]: W_UK[h][d][c0 + c], zeros past L
-  float* q_s = w_s + nope * kQaCols;                 // [kQaSlots][nope_p]: q_nope of the slots (zeros: unused)
-  float* red = q_s + kQaSlots * nope_p + 4;          // [kQaGroups][kQaSlots][kQaCols] (4 floats of slack above)
-  __shared__ int64_t t_row[kQaSlots];                // q row of each slot, -1 when unused
+  float* w_s = reinterpret_cast<float*>(qa_sm4);  // [nope][kQaCols]: W_UK[h][d][c0 + c], zeros past L
+  float* q_s = w_s + nope * kQaCols;              // [kQaSlots][nope_p]: q_nope of the slots (zeros: unused)
+  float* red = q_s + kQaSlots * nope_p + 4;       // [kQaGroups][kQaSlots][kQaCols] (4 floats of slack above)
+  __shared__ int64_t t_row[kQaSlots];             // q row of each slot, -1 when unused
   const int tid = threadIdx.x, h = blockIdx.x, c0 = blockIdx.y * kQaCols, E = L + rope;
   const int64_t Q = static_cast<int64_t>(sq.num_seqs) * sq.max_rows, qi0 = static_cast<int64_t>(blockIdx.z) * kQaSlots;
   const int64_t row0 = static_cast<int64_t>(h) * (nope + vd);  // W_UK[h] = kv_b rows row0 .. row0 + nope - 1
@@ -73,10 +73,8 @@ __global__ void __launch_bounds__(kQaThreads) q_absorb_kernel(SeqTables sq, cons
       const int d = e / (kQaCols / 8), part = e % (kQaCols / 8), c = c0 + 8 * part;
       float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (c < L) {  // L % 8 == 0: the 8 columns are all inside
-        if constexpr (F == WFmt::bf16)
-          load_act_n<8>(static_cast<const bf16*>(kv_b.data) + (row0 + d) * kv_b.ld + c, v);
-        else
-          load_act_n<8>(static_cast<const float*>(kv_b.data) + (row0 + d) * kv_b.ld + c, v);
+        if constexpr (F == WFmt::bf16) load_act_n<8>(static_cast<const bf16*>(kv_b.data) + (row0 + d) * kv_b.ld + c, v);
+        else load_act_n<8>(static_cast<const float*>(kv_b.data) + (row0 + d) * kv_b.ld + c, v);
       }
       float4* dst = reinterpret_cast<float4*>(w_s + d * kQaCols + 8 * part);
       dst[0] = make_float4(v[0], v[1], v[2], v[3]);
@@ -94,7 +92,7 @@ __global__ void __launch_bounds__(kQaThreads) q_absorb_kernel(SeqTables sq, cons
     int seq = 0, i_row = 0;
     t_row[tid] = qi < Q && slot_used(sq, qi, seq, i_row) ? static_cast<int64_t>(sq.row_begin[seq]) + i_row : -1;
   }
-  __syncthreads();  // t_row ready
+  __syncthreads();                                                 // t_row ready
   const int64_t q_col0 = static_cast<int64_t>(h) * (nope + rope);  // head h's q_nope, then its q_pe
   for (int e = tid; e < kQaSlots * nope; e += kQaThreads) {
     const int s = e / nope, d = e % nope;
@@ -129,8 +127,7 @@ __global__ void __launch_bounds__(kQaThreads) q_absorb_kernel(SeqTables sq, cons
   if (blockIdx.y == 0) {
     for (int e = tid; e < kQaSlots * rope; e += kQaThreads) {
       const int s = e / rope, r = e % rope;
-      if (t_row[s] >= 0)
-        qc[((qi0 + s) * H + h) * E + L + r] = to_f32(q[t_row[s] * q_ld + q_col0 + nope + r]);
+      if (t_row[s] >= 0) qc[((qi0 + s) * H + h) * E + L + r] = to_f32(q[t_row[s] * q_ld + q_col0 + nope + r]);
     }
   }
 }
@@ -141,23 +138,23 @@ __global__ void __launch_bounds__(kQaThreads) q_absorb_kernel(SeqTables sq, cons
 template <class T>
 struct CombineUvParams {
   SeqTables sq;
-  WeightRef kv_b;         // [H * (nope + vd), L]: W_UV[h] = rows h * (nope + vd) + nope .. + vd - 1
-  const float* part_o;    // [Q][H][splits][L]: split_kv's unnormalised partial o (k_scale applied)
-  const float* part_m;    // [Q][H][splits]: running max of the scaled scores
-  const float* part_l;    // [Q][H][splits]: sum of e^{s - m}
-  const T* gate;          // [T, H * vd] gate logits (row stride gate_ld), or nullptr: out = o
+  WeightRef kv_b;       // [H * (nope + vd), L]: W_UV[h] = rows h * (nope + vd) + nope .. + vd - 1
+  const float* part_o;  // [Q][H][splits][L]: split_kv's unnormalised partial o (k_scale applied)
+  const float* part_m;  // [Q][H][splits]: running max of the scaled scores
+  const float* part_l;  // [Q][H][splits]: sum of e^{s - m}
+  const T* gate;        // [T, H * vd] gate logits (row stride gate_ld), or nullptr: out = o
   int64_t gate_ld;
-  T* out;                 // [T, H * vd] (row stride out_ld); may be exactly the gate
+  T* out;  // [T, H * vd] (row stride out_ld); may be exactly the gate
   int64_t out_ld;
   int H, nope, vd, L;
-  int splits;             // splits per (slot, head) in the partials
-  int64_t split_len;      // positions per split (which splits of a slot are non-empty)
-  int groups;             // G = min(kCgMaxGroups, splits): split groups of the combine sum
-  int cols_per_rank;      // Lc = ceil(L / kCgCluster) rounded up to 4: rank r combines [r Lc, (r + 1) Lc) of [0, L)
-  int rows_per_rank;      // Vc = ceil(vd / kCgCluster): rank r computes W_UV rows [r Vc, (r + 1) Vc) of [0, vd)
-  bool w_vec;             // W_UV rows readable 8 elements at a time (L % 8 == 0, 16-byte aligned rows)
-  bool o_vec4;            // part_o rows readable 4 floats at a time (L % 4 == 0, part_o 16-byte aligned)
-  bool round;             // Precision::bf16: o_lat, o and the sigmoid are rounded to bf16
+  int splits;         // splits per (slot, head) in the partials
+  int64_t split_len;  // positions per split (which splits of a slot are non-empty)
+  int groups;         // G = min(kCgMaxGroups, splits): split groups of the combine sum
+  int cols_per_rank;  // Lc = ceil(L / kCgCluster) rounded up to 4: rank r combines [r Lc, (r + 1) Lc) of [0, L)
+  int rows_per_rank;  // Vc = ceil(vd / kCgCluster): rank r computes W_UV rows [r Vc, (r + 1) Vc) of [0, vd)
+  bool w_vec;         // W_UV rows readable 8 elements at a time (L % 8 == 0, 16-byte aligned rows)
+  bool o_vec4;        // part_o rows readable 4 floats at a time (L % 4 == 0, part_o 16-byte aligned)
+  bool round;         // Precision::bf16: o_lat, o and the sigmoid are rounded to bf16
 };
 
 // Dynamic shared memory of one CTA: o_lat [kCgSlots][Lp] (Lp = L rounded up to 8) and the split-group
@@ -179,10 +176,8 @@ __device__ __forceinline__ void load_w_uv_rows(WeightRef kv_b, int64_t row0, int
     for (int kg = 0; kg < kUvGroups; ++kg) {
       const int c = 8 * (lane + 32 * kg);
       if (j < count && vec && c < L) {
-        if constexpr (F == WFmt::bf16)
-          load_act_n<8>(static_cast<const bf16*>(kv_b.data) + r * kv_b.ld + c, w[j][kg]);
-        else
-          load_act_n<8>(static_cast<const float*>(kv_b.data) + r * kv_b.ld + c, w[j][kg]);
+        if constexpr (F == WFmt::bf16) load_act_n<8>(static_cast<const bf16*>(kv_b.data) + r * kv_b.ld + c, w[j][kg]);
+        else load_act_n<8>(static_cast<const float*>(kv_b.data) + r * kv_b.ld + c, w[j][kg]);
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) w[j][kg][i] = j < count && c + i < L ? weight_at<F>(kv_b, r, c + i) : 0.0f;
@@ -361,9 +356,10 @@ __global__ void __launch_bounds__(kCgThreads) combine_w_uv_gate_kernel(const Com
 core::Status decode_supports_common(const CudaOps& ops, const MlaDecodeArgs& a) {
   if (auto s = mla_supports(ops, mla_decode_attention_args(a, a.out)); !s) return s;
   if (ops.ctx->info().cc_major < 9)  // combine_w_uv_gate: thread-block clusters, distributed shared memory
-    return core::Status::fail("mla_decode's combine_w_uv_gate runs as a thread-block cluster: needs compute "
-                              "capability 9.0, got " + std::to_string(ops.ctx->info().cc_major) + "." +
-                              std::to_string(ops.ctx->info().cc_minor));
+    return core::Status::fail(
+        "mla_decode's combine_w_uv_gate runs as a thread-block cluster: needs compute "
+        "capability 9.0, got " +
+        std::to_string(ops.ctx->info().cc_major) + "." + std::to_string(ops.ctx->info().cc_minor));
   if (a.gate.data != nullptr) {
     if (auto s = on_cuda({{"gate", &a.gate}}); !s) return s;
     if (auto s = same_act({{"q", &a.q}, {"gate", &a.gate}}, a.precision); !s) return s;

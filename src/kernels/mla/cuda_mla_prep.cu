@@ -18,24 +18,24 @@ namespace {
 constexpr int kThreads = 256;  // the CUDA rmsnorm's block: the same sum order per row
 
 struct PrepParams {
-  const void* q_a = nullptr;      // [T, q_lora] activations, row t at q_a + t * q_a_ld
+  const void* q_a = nullptr;  // [T, q_lora] activations, row t at q_a + t * q_a_ld
   int64_t q_a_ld = 0;
-  const void* q_norm = nullptr;   // [q_lora] bf16 / f32
+  const void* q_norm = nullptr;  // [q_lora] bf16 / f32
   bool q_norm_bf16 = false;
-  void* q_out = nullptr;          // [T, q_lora] activations, row t at q_out + t * q_out_ld
+  void* q_out = nullptr;  // [T, q_lora] activations, row t at q_out + t * q_out_ld
   int64_t q_out_ld = 0;
-  const void* kv = nullptr;       // [T, width] activations, row t at kv + t * kv_ld
+  const void* kv = nullptr;  // [T, width] activations, row t at kv + t * kv_ld
   int64_t kv_ld = 0;
   const void* kv_norm = nullptr;  // [kv_lora] bf16 / f32
   bool kv_norm_bf16 = false;
-  void* pages = nullptr;          // [num_blocks, block_size, width] cache elements
+  void* pages = nullptr;  // [num_blocks, block_size, width] cache elements
   int64_t page_ld = 0, row_ld = 0, block_size = 1;
-  int64_t capacity = 0;           // num_blocks * block_size: cache rows outside [0, capacity) are skipped
-  const int32_t* cache_rows = nullptr;  // [T]
+  int64_t capacity = 0;                        // num_blocks * block_size: cache rows outside [0, capacity) are skipped
+  const int32_t* cache_rows = nullptr;         // [T]
   int64_t q_lora = 0, kv_lora = 0, width = 0;  // width = kv_lora + rope
   float eps = 1e-6f, k_scale = 1.0f;
   bool moonshot = true;
-  bool round = false;             // Precision::bf16: round every stored activation (bf16 storage always rounds)
+  bool round = false;  // Precision::bf16: round every stored activation (bf16 storage always rounds)
 };
 
 // 1 / sqrt(sum(x^2) / D + eps) of row x [D], every thread of the block getting the same value: the
@@ -55,7 +55,8 @@ __device__ __forceinline__ float row_inv_rms(const E* x, int64_t D, float eps, f
 
 // v = w * x_hat with x_hat = x * inv_rms (moonshot: rounded first), before the store's rounding.
 template <int N>
-__device__ __forceinline__ void normalise(float (&v)[N], const float (&w)[N], float inv_rms, bool moonshot, bool round) {
+__device__ __forceinline__ void normalise(float (&v)[N], const float (&w)[N], float inv_rms, bool moonshot,
+                                          bool round) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     float x_hat = v[i] * inv_rms;
@@ -145,69 +146,64 @@ bool pages_vec8(const core::TensorView& pages) {
 }  // namespace
 
 void register_mla_prep_cuda(MlaOps& r, const CudaOps& ops) {
-  r.mla_prep.add(
-      {"cuda_rowwise", core::Device::cuda,
-       [ops](const MlaPrepArgs& a) {
-         return all_of({ops.usable(),
-                        on_cuda({{"q_a", &a.q_a},
-                                 {"q_a_norm", &a.q_a_norm},
-                                 {"q_a_out", &a.q_a_out},
-                                 {"kv", &a.kv},
-                                 {"kv_a_norm", &a.kv_a_norm},
-                                 {"pages", &a.pages},
-                                 {"cache_rows", &a.cache_rows}}),
-                        same_act({{"q_a", &a.q_a}, {"q_a_out", &a.q_a_out}, {"kv", &a.kv}}, a.precision)});
-       },
-       [ops](const MlaPrepArgs& a) {
-         const int64_t T = a.q_a.dim(0);
-         if (T == 0) return;
-         PrepParams p;
-         p.q_a = a.q_a.data;
-         p.q_a_ld = a.q_a.strides[0];
-         p.q_norm = a.q_a_norm.data;
-         p.q_norm_bf16 = a.q_a_norm.dtype == core::DType::bf16;
-         p.q_out = a.q_a_out.data;
-         p.q_out_ld = a.q_a_out.strides[0];
-         p.kv = a.kv.data;
-         p.kv_ld = a.kv.strides[0];
-         p.kv_norm = a.kv_a_norm.data;
-         p.kv_norm_bf16 = a.kv_a_norm.dtype == core::DType::bf16;
-         p.pages = a.pages.data;
-         p.page_ld = a.pages.strides[0];
-         p.row_ld = a.pages.strides[1];
-         p.block_size = a.pages.dim(1);
-         p.capacity = a.pages.dim(0) * a.pages.dim(1);
-         p.cache_rows = a.cache_rows.as<const int32_t>();
-         p.q_lora = a.q_a.dim(1);
-         p.kv_lora = a.kv_a_norm.dim(0);
-         p.width = a.kv.dim(1);
-         p.eps = a.eps;
-         p.k_scale = a.k_scale;
-         p.moonshot = a.style == RmsNormStyle::moonshot;
-         p.round = a.precision == Precision::bf16;
-         // One vector width for both halves: every row, weight and page row aligned, every width a multiple
-         // of 8 (rows_vec8 checks q_lora and kv_lora + rope; kv_lora too, so that rope is one as well).
-         const bool vec = rows_vec8(a.q_a) && rows_vec8(a.q_a_out) && aligned16(a.q_a_norm.data) && rows_vec8(a.kv) &&
-                          p.kv_lora % 8 == 0 && aligned16(a.kv_a_norm.data) && pages_vec8(a.pages);
-         const dim3 grid(static_cast<unsigned>(T), 2), block(kThreads), no_cluster(1, 1, 1);
-         const cudaStream_t stream = ops.ctx->stream();
-         with_act(a.q_a.dtype, [&](auto tag) {
-           using E = typename decltype(tag)::type;
-           const auto launch = [&](auto cache_tag) {
-             using C = typename decltype(cache_tag)::type;
-             if (vec)
-               launch_dependent(mla_prep_kernel<E, C, 8>, grid, block, 0, stream, no_cluster, p);
-             else
-               launch_dependent(mla_prep_kernel<E, C, 1>, grid, block, 0, stream, no_cluster, p);
-           };
-           if (a.pages.dtype == core::DType::f8_e4m3)
-             launch(Tag<uint8_t>{});
-           else if (a.pages.dtype == core::DType::bf16)
-             launch(Tag<bf16>{});
-           else
-             launch(Tag<float>{});
-         });
-       }});
+  r.mla_prep.add({"cuda_rowwise", core::Device::cuda,
+                  [ops](const MlaPrepArgs& a) {
+                    return all_of({ops.usable(),
+                                   on_cuda({{"q_a", &a.q_a},
+                                            {"q_a_norm", &a.q_a_norm},
+                                            {"q_a_out", &a.q_a_out},
+                                            {"kv", &a.kv},
+                                            {"kv_a_norm", &a.kv_a_norm},
+                                            {"pages", &a.pages},
+                                            {"cache_rows", &a.cache_rows}}),
+                                   same_act({{"q_a", &a.q_a}, {"q_a_out", &a.q_a_out}, {"kv", &a.kv}}, a.precision)});
+                  },
+                  [ops](const MlaPrepArgs& a) {
+                    const int64_t T = a.q_a.dim(0);
+                    if (T == 0) return;
+                    PrepParams p;
+                    p.q_a = a.q_a.data;
+                    p.q_a_ld = a.q_a.strides[0];
+                    p.q_norm = a.q_a_norm.data;
+                    p.q_norm_bf16 = a.q_a_norm.dtype == core::DType::bf16;
+                    p.q_out = a.q_a_out.data;
+                    p.q_out_ld = a.q_a_out.strides[0];
+                    p.kv = a.kv.data;
+                    p.kv_ld = a.kv.strides[0];
+                    p.kv_norm = a.kv_a_norm.data;
+                    p.kv_norm_bf16 = a.kv_a_norm.dtype == core::DType::bf16;
+                    p.pages = a.pages.data;
+                    p.page_ld = a.pages.strides[0];
+                    p.row_ld = a.pages.strides[1];
+                    p.block_size = a.pages.dim(1);
+                    p.capacity = a.pages.dim(0) * a.pages.dim(1);
+                    p.cache_rows = a.cache_rows.as<const int32_t>();
+                    p.q_lora = a.q_a.dim(1);
+                    p.kv_lora = a.kv_a_norm.dim(0);
+                    p.width = a.kv.dim(1);
+                    p.eps = a.eps;
+                    p.k_scale = a.k_scale;
+                    p.moonshot = a.style == RmsNormStyle::moonshot;
+                    p.round = a.precision == Precision::bf16;
+                    // One vector width for both halves: every row, weight and page row aligned, every width a multiple
+                    // of 8 (rows_vec8 checks q_lora and kv_lora + rope; kv_lora too, so that rope is one as well).
+                    const bool vec = rows_vec8(a.q_a) && rows_vec8(a.q_a_out) && aligned16(a.q_a_norm.data) &&
+                                     rows_vec8(a.kv) && p.kv_lora % 8 == 0 && aligned16(a.kv_a_norm.data) &&
+                                     pages_vec8(a.pages);
+                    const dim3 grid(static_cast<unsigned>(T), 2), block(kThreads), no_cluster(1, 1, 1);
+                    const cudaStream_t stream = ops.ctx->stream();
+                    with_act(a.q_a.dtype, [&](auto tag) {
+                      using E = typename decltype(tag)::type;
+                      const auto launch = [&](auto cache_tag) {
+                        using C = typename decltype(cache_tag)::type;
+                        if (vec) launch_dependent(mla_prep_kernel<E, C, 8>, grid, block, 0, stream, no_cluster, p);
+                        else launch_dependent(mla_prep_kernel<E, C, 1>, grid, block, 0, stream, no_cluster, p);
+                      };
+                      if (a.pages.dtype == core::DType::f8_e4m3) launch(Tag<uint8_t>{});
+                      else if (a.pages.dtype == core::DType::bf16) launch(Tag<bf16>{});
+                      else launch(Tag<float>{});
+                    });
+                  }});
 }
 
 }  // namespace k3::kernels

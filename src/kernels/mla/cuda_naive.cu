@@ -36,10 +36,10 @@ __global__ void dequant_latent_kernel(SeqTables sq, const CacheT* pages, PagesRe
 
 // Grid (max_rows, H, num_seqs); kv is the sequence-major expansion of step 2.
 template <class T, class CacheT>
-__global__ void __launch_bounds__(kTile) naive_attention_kernel(SeqTables sq, const T* q, int64_t q_ld, const float* kv,
-                                                                const CacheT* pages, PagesRef pg, float k_scale,
-                                                                T* out, int64_t out_ld, int H, int nope, int rope,
-                                                                int vd, int L, float scale, bool round) {
+__global__ void __launch_bounds__(kTile)
+    naive_attention_kernel(SeqTables sq, const T* q, int64_t q_ld, const float* kv, const CacheT* pages, PagesRef pg,
+                           float k_scale, T* out, int64_t out_ld, int H, int nope, int rope, int vd, int L, float scale,
+                           bool round) {
   extern __shared__ float q_s[];  // [padded_floats(nope + rope)], zeros past the end
   __shared__ float p_s[kTile];
   __shared__ float red[32];

@@ -58,12 +58,13 @@
 //     address key = 16 kk + (lane & 7) + 8 ((lane >> 3) & 1), col = 16 vp + 8 (lane >> 4).
 // Shared rows are padded to 400 B (K) and 272 B (V): both 4 words mod 32, so the 8 rows of one 8x8 matrix
 // fall on 8 distinct 16-byte bank groups (conflict-free ldmatrix).
+#include "kernels/mla/cuda_naive_flash.cuh"
+
 #include <cmath>
 #include <string>
 
 #include "kernels/linear/cuda_linear.h"
 #include "kernels/mla/cuda_mla_common.cuh"
-#include "kernels/mla/cuda_naive_flash.cuh"
 #include "kernels/mla/ops.h"
 
 namespace k3::kernels {
@@ -97,20 +98,19 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&d)[4], uint32_t addr) {
   asm("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-               : "r"(addr)
-               : "memory");
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(addr)
+      : "memory");
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&d)[4], uint32_t addr) {
   asm("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-               : "r"(addr)
-               : "memory");
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(addr)
+      : "memory");
 }
 // c += A B (m16n8k16, bf16 in, fp32 accumulation).
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -136,12 +136,11 @@ __global__ void latent_bf16_kernel(SeqTables sq, const CacheT* pages, PagesRef p
   const int s = static_cast<int>(slot / sq.max_tokens);
   const int64_t j = slot % sq.max_tokens;
   const int64_t end = static_cast<int64_t>(sq.position[s]) + sq.num_rows[s];
-  const float v = j < end ? cache_elem(pages, position_offset(pg, sq.block_table + s * sq.bt_ld, j) + i, k_scale) : 0.0f;
+  const float v = j < end ? cache_elem(pages, position_offset(pg, sq.block_table + s * sq.bt_ld, j) + i, k_scale)
+                          : 0.0f;
   const bf16 b = __float2bfloat16_rn(v);
-  if (i < L)
-    latent[slot * L + i] = b;
-  else
-    k_pe[slot * rope + (i - L)] = b;
+  if (i < L) latent[slot * L + i] = b;
+  else k_pe[slot * rope + (i - L)] = b;
 }
 
 // ---------------------------------------------------------------- 3. flash attention
@@ -187,7 +186,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_kernel(FlashArgs f, const T
       const int r = c / k_chunks, ch = c % k_chunks;
       const int64_t j = j0 + r;
       const bool valid = j < kend;
-      const bf16* src = !valid ? f.kv
+      const bf16* src = !valid             ? f.kv
                         : ch < nope_chunks ? kv_head + j * kv_ld + ch * 8
                                            : pe_seq + j * f.rope + (ch - nope_chunks) * 8;
       cp_async16(smem_addr(ks + r * kKLd + ch * 8), src, valid);
@@ -229,7 +228,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_kernel(FlashArgs f, const T
 #pragma unroll
   for (int vn = 0; vn < kMaxVd / 8; ++vn) o[vn][0] = o[vn][1] = o[vn][2] = o[vn][3] = 0.0f;
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;  // l: this thread's columns only
-  const int mi = lane >> 3;  // the 8x8 matrix this lane addresses in ldmatrix.x4
+  const int mi = lane >> 3;                                        // the 8x8 matrix this lane addresses in ldmatrix.x4
 
   for (int kt = 0; kt < n_tiles; ++kt) {
     if (kt + 1 < n_tiles) {
@@ -247,7 +246,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_kernel(FlashArgs f, const T
       float sc[kKeys / 8][4];
 #pragma unroll
       for (int nt = 0; nt < kKeys / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-      // S = Q K^T over the qk dims (nope, then rope columns of the K row).
+        // S = Q K^T over the qk dims (nope, then rope columns of the K row).
 #pragma unroll
       for (int ks = 0; ks < kMaxQk / 16; ++ks) {
         if (ks < qk / 16) {
@@ -304,14 +303,15 @@ __global__ void __launch_bounds__(kWarps * 32) flash_kernel(FlashArgs f, const T
           pf[kk][2 * half] = *reinterpret_cast<const uint32_t*>(&pa);
           pf[kk][2 * half + 1] = *reinterpret_cast<const uint32_t*>(&pb);
         }
-      // O += P V.
+        // O += P V.
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk)
 #pragma unroll
         for (int vp = 0; vp < kMaxVd / 16; ++vp) {
           if (vp < f.vd / 16) {
             uint32_t b[4];
-            ldmatrix_x4_trans(b, smem_addr(vs_tile + (kk * 16 + (lane & 7) + 8 * (mi & 1)) * kVLd + vp * 16 + 8 * (mi >> 1)));
+            ldmatrix_x4_trans(
+                b, smem_addr(vs_tile + (kk * 16 + (lane & 7) + 8 * (mi & 1)) * kVLd + vp * 16 + 8 * (mi >> 1)));
             mma_bf16(o[2 * vp], pf[kk], b[0], b[1]);
             mma_bf16(o[2 * vp + 1], pf[kk], b[2], b[3]);
           }
@@ -365,8 +365,9 @@ core::Status flash_supports(const CudaOps& ops, const MlaAttentionArgs& a) {
   using core::Status;
   if (auto s = mla_supports(ops, a); !s) return s;
   if (a.precision != Precision::bf16)
-    return Status::fail("Precision::fp32 keeps f32 keys and values (bf16 tensor cores would round them): "
-                        "cuda_expand_online_softmax runs it");
+    return Status::fail(
+        "Precision::fp32 keeps f32 keys and values (bf16 tensor cores would round them): "
+        "cuda_expand_online_softmax runs it");
   const bool fp8 = a.pages.dtype == core::DType::f8_e4m3;
   if (!fp8 && a.pages.dtype != core::DType::bf16)
     return Status::fail("pages must be a bf16 or f8_e4m3 cache, got " + describe(a.pages));
@@ -386,8 +387,8 @@ core::Status flash_supports(const CudaOps& ops, const MlaAttentionArgs& a) {
   if (a.kv_lora <= 0 || a.kv_lora % 16)
     return Status::fail("kv_lora " + std::to_string(a.kv_lora) + " must be a positive multiple of 16");
   if (a.num_heads > kMaxGridYZ || a.seqs.num_seqs > kMaxGridYZ)
-    return Status::fail("num_heads " + std::to_string(a.num_heads) + " or num_seqs " +
-                        std::to_string(a.seqs.num_seqs) + " is above the CUDA grid limit " + std::to_string(kMaxGridYZ));
+    return Status::fail("num_heads " + std::to_string(a.num_heads) + " or num_seqs " + std::to_string(a.seqs.num_seqs) +
+                        " is above the CUDA grid limit " + std::to_string(kMaxGridYZ));
   const int64_t rows = static_cast<int64_t>(a.seqs.num_seqs) * a.seqs.max_tokens;
   if ((rows * (a.kv_lora + a.qk_rope) + 255) / 256 > int64_t{0x7fffffff})
     return Status::fail("num_seqs * max_tokens = " + std::to_string(rows) + " cache rows is above the grid limit");
@@ -443,12 +444,9 @@ void flash_run(const CudaOps& ops, const MlaAttentionArgs& a) {
     const E* q = a.q.as<const E>();
     E* out = a.out.as<E>();
     // 64-row tiles for prefill chunks; 16 / 32 rows when no sequence has more (short continuations).
-    if (sq.max_rows > 32)
-      launch_flash<4>(f, q, out, stream);
-    else if (sq.max_rows > 16)
-      launch_flash<2>(f, q, out, stream);
-    else
-      launch_flash<1>(f, q, out, stream);
+    if (sq.max_rows > 32) launch_flash<4>(f, q, out, stream);
+    else if (sq.max_rows > 16) launch_flash<2>(f, q, out, stream);
+    else launch_flash<1>(f, q, out, stream);
   });
 }
 

@@ -31,8 +31,8 @@
 #include <string>
 
 #include "kernels/mla/cuda_absorbed_kernels.cuh"
-#include "kernels/mla/mla_cp.h"
 #include "kernels/mla/cuda_mla_decode.cuh"
+#include "kernels/mla/mla_cp.h"
 #include "kernels/mla/ops.h"
 
 namespace k3::kernels {
@@ -56,8 +56,8 @@ PartialMmaPlan plan_of(const MlaPartialAttentionArgs& a) {
   p.E = static_cast<int>(a.qc.dim(3));
   const int64_t ctas_per_split = std::max<int64_t>(1, p.Q * p.groups);
   p.split_len = mla_decode_split_len(MlaDecodeSplitRule::tensor_core, ctas_per_split, a.seqs.max_tokens);
-  p.splits = static_cast<int>(mla_decode_num_splits(MlaDecodeSplitRule::tensor_core, ctas_per_split,
-                                                    a.seqs.max_tokens));
+  p.splits = static_cast<int>(
+      mla_decode_num_splits(MlaDecodeSplitRule::tensor_core, ctas_per_split, a.seqs.max_tokens));
   return p;
 }
 
@@ -72,8 +72,8 @@ core::Status partial_mma_supports(const CudaOps& ops, const MlaPartialAttentionA
   const int64_t groups = (heads + kMmaGroupHeads - 1) / kMmaGroupHeads;
   if (Q > kMaxGridYZ) return no("num_seqs * max_rows = " + str(Q) + " is above the CUDA grid limit " + str(kMaxGridYZ));
   if (groups > kMaxGridYZ)
-    return no("G * H = " + str(heads) + " heads make " + str(groups) + " head groups of <= 16, above the CUDA grid limit " +
-              str(kMaxGridYZ));
+    return no("G * H = " + str(heads) + " heads make " + str(groups) +
+              " head groups of <= 16, above the CUDA grid limit " + str(kMaxGridYZ));
   if (Q * heads > std::numeric_limits<int32_t>::max())
     return no("num_seqs * max_rows * G * H = " + str(Q * heads) + " is above the combine's grid limit 2^31 - 1");
   // combine_kernel takes split_len as an int; split_len <= max_tokens rounded up to 64.
@@ -87,8 +87,7 @@ core::Status partial_mma_supports(const CudaOps& ops, const MlaPartialAttentionA
 void partial_mma_run(const CudaOps& ops, const MlaPartialAttentionArgs& a) {
   if (a.seqs.num_seqs == 0) return;
   PartialMmaPlan plan = plan_of(a);
-  const size_t part_floats =
-      static_cast<size_t>(plan.Q) * plan.heads * plan.splits * (static_cast<size_t>(plan.L) + 2);
+  const size_t part_floats = static_cast<size_t>(plan.Q) * plan.heads * plan.splits * (static_cast<size_t>(plan.L) + 2);
   std::shared_ptr<void> scratch = ops.ctx->scratch(part_floats * sizeof(float));
   plan.part_o = static_cast<float*>(scratch.get());
   plan.part_m = plan.part_o + plan.Q * plan.heads * plan.splits * plan.L;

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "kernels/elementwise/elementwise.h"
-#include "kernels/mla/mla_internal.h"
 #include "kernels/mla/mla_decode.h"
+#include "kernels/mla/mla_internal.h"
 
 namespace k3::kernels {
 
@@ -109,8 +109,8 @@ core::Status mla_decode_check(const MlaDecodeArgs& a) {
   if (has(a.gate)) {
     if (!mla_detail::is_rows(a.gate) || a.gate.dtype != a.out.dtype || a.gate.dim(0) != T || a.gate.dim(1) != width)
       return fail("gate must be undefined (no gate) or " + std::string(core::dtype_name(a.out.dtype)) +
-                  " (out's dtype) [T, num_heads * v_head_dim] = [" + std::to_string(T) + ", " +
-                  std::to_string(width) + "] with unit inner stride, got " + mla_detail::describe(a.gate));
+                  " (out's dtype) [T, num_heads * v_head_dim] = [" + std::to_string(T) + ", " + std::to_string(width) +
+                  "] with unit inner stride, got " + mla_detail::describe(a.gate));
     if (a.gate.device != a.q.device) return fail("gate must be on q's device, got " + mla_detail::describe(a.gate));
     if (overlap(a.out, a.gate) && !same_view(a.out, a.gate))
       return fail("out overlaps gate without being the same view (only out == gate is allowed)");

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "backends/cpu/thread_pool.h"
-#include "kernels/mla/mla_internal.h"
 #include "kernels/mla/mla_decode.h"
+#include "kernels/mla/mla_internal.h"
 
 namespace k3::kernels {
 
@@ -103,8 +103,8 @@ void mla_decode_split_reference(const MlaDecodeArgs& a, int64_t split_len, backe
   const std::vector<mla_detail::HeadWeights> weights = mla_detail::load_all_head_weights(m, pool);
   for (int s = 0; s < a.seqs.num_seqs; ++s) {
     const mla_detail::SeqRef seq = mla_detail::seq_ref(a.seqs, s);
-    const mla_detail::DequantCache cache =
-        mla_detail::dequantize_sequence(a.pages, seq.block_table, seq.end(), a.k_scale, a.kv_lora, a.qk_rope);
+    const mla_detail::DequantCache cache = mla_detail::dequantize_sequence(a.pages, seq.block_table, seq.end(),
+                                                                           a.k_scale, a.kv_lora, a.qk_rope);
     backends::cpu::parallel_for(pool, a.num_heads, [&](int64_t begin, int64_t end) {
       for (int64_t h = begin; h < end; ++h)
         split_head(a, seq, cache, weights[static_cast<size_t>(h)], static_cast<int>(h), split_len);

@@ -23,7 +23,8 @@ namespace {
 core::Tensor random_pages(core::DType dtype, int64_t blocks, int64_t bs, int64_t width, uint64_t seed) {
   core::Tensor t = core::Tensor::zeros(dtype, {blocks, bs, width});
   core::Rng rng(seed);
-  for (uint8_t& b : std::span(t.data<uint8_t>(), static_cast<size_t>(t.nbytes()))) b = static_cast<uint8_t>(rng.next_u64());
+  for (uint8_t& b : std::span(t.data<uint8_t>(), static_cast<size_t>(t.nbytes())))
+    b = static_cast<uint8_t>(rng.next_u64());
   return t;
 }
 
@@ -66,17 +67,21 @@ TEST(MlaCacheGather, CheckNamesTheBadArgument) {
   const auto reason = [](const MlaCacheGatherArgs& a) { return mla_cache_gather_check(a).reason(); };
   EXPECT_TRUE(mla_cache_gather_check({src.view(), rows.view(), dst.view()}).is_ok());
   const core::Tensor i32_src = core::Tensor::zeros(core::DType::i32, {2, 4, 8});
-  EXPECT_NE(reason({i32_src.view(), rows.view(), dst.view()}).find("src must be f32, bf16 or f8_e4m3 pages"), std::string::npos);
+  EXPECT_NE(reason({i32_src.view(), rows.view(), dst.view()}).find("src must be f32, bf16 or f8_e4m3 pages"),
+            std::string::npos);
   const core::Tensor fp8_dst = filled_pages(core::DType::f8_e4m3, 1, 3, 8, 0);
-  EXPECT_NE(reason({src.view(), rows.view(), fp8_dst.view()}).find("dst must be pages [num_blocks, block_size, width = 8] of src's dtype"),
+  EXPECT_NE(reason({src.view(), rows.view(), fp8_dst.view()})
+                .find("dst must be pages [num_blocks, block_size, width = 8] of src's dtype"),
             std::string::npos);
   const core::Tensor wide = filled_pages(core::DType::f32, 1, 3, 9, 0);
   EXPECT_NE(reason({src.view(), rows.view(), wide.view()}).find("width = 8"), std::string::npos);
   const core::Tensor short_rows = mla_test::i32_tensor({0, 1});
-  EXPECT_NE(reason({src.view(), short_rows.view(), dst.view()}).find("src_rows must be a dense i32 [N = dst num_blocks * block_size = 3]"),
+  EXPECT_NE(reason({src.view(), short_rows.view(), dst.view()})
+                .find("src_rows must be a dense i32 [N = dst num_blocks * block_size = 3]"),
             std::string::npos);
   const core::Tensor bad_rows = mla_test::i32_tensor({0, 8, 1});
-  EXPECT_NE(reason({src.view(), bad_rows.view(), dst.view()}).find("src_rows[1] = 8 is not -1 or a cache row of src in [0, num_blocks * block_size = 8)"),
+  EXPECT_NE(reason({src.view(), bad_rows.view(), dst.view()})
+                .find("src_rows[1] = 8 is not -1 or a cache row of src in [0, num_blocks * block_size = 8)"),
             std::string::npos);
   const core::Tensor minus2 = mla_test::i32_tensor({0, -2, 1});
   EXPECT_NE(reason({src.view(), minus2.view(), dst.view()}).find("src_rows[1] = -2"), std::string::npos);
@@ -89,8 +94,8 @@ TEST(MlaCacheGather, CheckNamesTheBadArgument) {
 // (each sequence's positions in pages of bs through a shuffled table), every rank's split cache
 // (local position j of rank r = global position j * cp + r), then pack -> rank-major concatenation ->
 // place; the temporary cache must hold every position's bytes, and its block tables must find them.
-void expect_gather_reassembles(core::DType dtype, const std::vector<int64_t>& tokens, int cp, int64_t bs,
-                               int64_t width, uint64_t seed) {
+void expect_gather_reassembles(core::DType dtype, const std::vector<int64_t>& tokens, int cp, int64_t bs, int64_t width,
+                               uint64_t seed) {
   SCOPED_TRACE("dtype " + std::string(core::dtype_name(dtype)) + " cp " + std::to_string(cp) + " bs " +
                std::to_string(bs) + " width " + std::to_string(width));
   const size_t S = tokens.size(), row_bytes = width * core::dtype_size(dtype);
@@ -136,8 +141,8 @@ void expect_gather_reassembles(core::DType dtype, const std::vector<int64_t>& to
     ASSERT_EQ(plans[r].slots, slots);
     ASSERT_EQ(plans[r].place_rows, plans[0].place_rows);
     ASSERT_EQ(plans[r].block_table, plans[0].block_table);
-    const core::TensorView part = core::TensorView::contiguous(mla_detail::page_row_ptr(gathered.view(), r * slots), dtype,
-                                                               {slots, 1, width});
+    const core::TensorView part = core::TensorView::contiguous(mla_detail::page_row_ptr(gathered.view(), r * slots),
+                                                               dtype, {slots, 1, width});
     gather(rank_pages[r], plans[r].pack_rows, part);
   }
   const MlaGatherPlan& plan = plans[0];

@@ -75,14 +75,14 @@ MlaGatherPlan mla_gather_plan(std::span<const int64_t> tokens, std::span<const s
 // 0 .. position[s] + i, found through block_table[s]. Rows of q / out that belong to no sequence
 // are neither read nor written (a mixed batch runs its prefill and decode subsets as two calls).
 struct MlaAttentionArgs {
-  core::TensorView q;              // f32 [T, H * (nope + rope)]: per head nope then rope part
-  core::TensorView pages;          // f32 / f8_e4m3 (bf16 on CUDA) [num_blocks, block_size, kv_lora + rope]
-  SeqBatch seqs;                   // row_begin, num_rows, position, block_table (slot unused)
-  float k_scale = 1.0f;            // dequant: value = fp8 * k_scale
+  core::TensorView q;                  // f32 [T, H * (nope + rope)]: per head nope then rope part
+  core::TensorView pages;              // f32 / f8_e4m3 (bf16 on CUDA) [num_blocks, block_size, kv_lora + rope]
+  SeqBatch seqs;                       // row_begin, num_rows, position, block_table (slot unused)
+  float k_scale = 1.0f;                // dequant: value = fp8 * k_scale
   const LinearWeight* kv_b = nullptr;  // [H * (nope + v), kv_lora]: per head W_UK rows then W_UV rows
-  core::TensorView out;            // f32 [T, H * v] = round(o)
+  core::TensorView out;                // f32 [T, H * v] = round(o)
   int num_heads = 0, qk_nope = 0, qk_rope = 0, v_head_dim = 0, kv_lora = 0;
-  float scale = 0.0f;              // (nope + rope)^-1/2
+  float scale = 0.0f;  // (nope + rope)^-1/2
   Precision precision = Precision::bf16;
 };
 core::Status mla_attention_check(const MlaAttentionArgs& a);

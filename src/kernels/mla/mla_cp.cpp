@@ -5,6 +5,8 @@
 // d order, scores as one fp32 sum (latent dims, then rope), softmax with a sequential normaliser,
 // o = sum_j p_j c_n,j in j order, W_UV summed over kv_lora in index order. With cp = 1 the rescale
 // weight is exactly e^0 / e^0 = 1 and the four steps give mla_absorbed_reference's bytes.
+#include "kernels/mla/mla_cp.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "backends/cpu/thread_pool.h"
-#include "kernels/mla/mla_cp.h"
 #include "kernels/mla/mla_internal.h"
 
 namespace k3::kernels {
@@ -56,7 +57,7 @@ std::string seq_rows_problem(const SeqBatch& b, int64_t T, core::Device device) 
   if (b.num_seqs == 0) return "";
   if (b.max_rows < 1) return "seqs.max_rows must be >= 1, got " + str(b.max_rows);
   const std::pair<const char*, const core::TensorView*> vectors[] = {{"seqs.row_begin", &b.row_begin},
-                                                                      {"seqs.num_rows", &b.num_rows}};
+                                                                     {"seqs.num_rows", &b.num_rows}};
   for (const auto& [name, v] : vectors)
     if (!is_i32_vector(*v, b.num_seqs, device))
       return std::string(name) + " must be a dense i32 [num_seqs = " + S + "] tensor on " +
@@ -111,13 +112,13 @@ std::string cp_seq_batch_problem(const MlaPartialAttentionArgs& a, int64_t T) {
     if (r.position < 0) return "seqs.position" + at + " = " + str(r.position) + " is negative";
     const int64_t local_end = visible_local(r.end() - 1, a.cp_size, a.cp_rank);
     if (local_end > b.max_tokens)
-      return "seqs.position" + at + " = " + str(r.position) + " plus " + str(r.num_rows) + " rows reaches local position " +
-             str(local_end) + " of rank " + str(a.cp_rank) + " of " + str(a.cp_size) + ", outside max_tokens = " +
-             str(b.max_tokens);
+      return "seqs.position" + at + " = " + str(r.position) + " plus " + str(r.num_rows) +
+             " rows reaches local position " + str(local_end) + " of rank " + str(a.cp_rank) + " of " + str(a.cp_size) +
+             ", outside max_tokens = " + str(b.max_tokens);
     for (int64_t blk = 0; blk * block_size < local_end; ++blk)
       if (r.block_table[blk] < 0 || r.block_table[blk] >= num_blocks)
-        return "seqs.block_table" + at + "[" + str(blk) + "] = " + str(r.block_table[blk]) + " is not a page id in [0, " +
-               str(num_blocks) + ")";
+        return "seqs.block_table" + at + "[" + str(blk) + "] = " + str(r.block_table[blk]) +
+               " is not a page id in [0, " + str(num_blocks) + ")";
   }
   return "";
 }
@@ -137,7 +138,8 @@ std::string kv_b_problem(const LinearWeight* kv_b, int64_t H, int64_t nope, int6
 }
 
 // Per-head W_UK / W_UV slices through mla_detail::load_all_head_weights (it reads only kv_b and the dims).
-std::vector<mla_detail::HeadWeights> head_weights(const LinearWeight* kv_b, int H, int nope, int vd, int L, backends::cpu::ThreadPool* pool) {
+std::vector<mla_detail::HeadWeights> head_weights(const LinearWeight* kv_b, int H, int nope, int vd, int L,
+                                                  backends::cpu::ThreadPool* pool) {
   MlaAttentionArgs w;
   w.kv_b = kv_b;
   w.num_heads = H;
@@ -202,7 +204,8 @@ void mla_q_absorb_reference(const MlaQAbsorbArgs& a, backends::cpu::ThreadPool* 
   K3_CHECK(st.is_ok(), st.reason());
   K3_CHECK(a.q.device == core::Device::cpu, "mla_q_absorb_reference: tensors must be on the CPU");
   if (a.seqs.num_seqs == 0) return;
-  const std::vector<mla_detail::HeadWeights> w = head_weights(a.kv_b, a.num_heads, a.qk_nope, a.v_head_dim, a.kv_lora, pool);
+  const std::vector<mla_detail::HeadWeights> w = head_weights(a.kv_b, a.num_heads, a.qk_nope, a.v_head_dim, a.kv_lora,
+                                                              pool);
   const int64_t H = a.num_heads, L = a.kv_lora, nope = a.qk_nope, rope = a.qk_rope, E = L + rope;
   std::vector<int64_t> rows;
   for_each_row(a.seqs, [&](int64_t t) { rows.push_back(t); });
@@ -253,7 +256,8 @@ core::Status mla_partial_attention_check(const MlaPartialAttentionArgs& a) {
   if (!mla_detail::is_pages(a.pages) || a.pages.dim(2) != E || a.pages.dim(0) < 1 || a.pages.dim(1) < 1)
     return fail("pages must be [num_blocks >= 1, block_size >= 1, kv_lora + rope = " + str(E) +
                 "] with dense rows, got " + describe(a.pages));
-  if (a.pages.device != dev) return fail("qc, pages, o_part and lse must be on one device, pages is " + describe(a.pages));
+  if (a.pages.device != dev)
+    return fail("qc, pages, o_part and lse must be on one device, pages is " + describe(a.pages));
   if (std::string why = cp_seq_batch_problem(a, T); !why.empty()) return fail(why);
   return core::Status::ok();
 }
@@ -268,8 +272,8 @@ void mla_partial_attention_reference(const MlaPartialAttentionArgs& a, backends:
     const mla_detail::SeqRef seq = mla_detail::seq_ref(a.seqs, s);
     // This rank's local positions the sequence's last row sees (the others see a prefix of them).
     const int64_t local_end = visible_local(seq.end() - 1, a.cp_size, a.cp_rank);
-    const mla_detail::DequantCache cache =
-        mla_detail::dequantize_sequence(a.pages, seq.block_table, local_end, a.k_scale, L, rope);
+    const mla_detail::DequantCache cache = mla_detail::dequantize_sequence(a.pages, seq.block_table, local_end,
+                                                                           a.k_scale, L, rope);
     // (owner g, head h) pairs are independent: each writes its own o_part / lse entries.
     backends::cpu::parallel_for(pool, G * H, [&](int64_t begin, int64_t end) {
       std::vector<float> p(static_cast<size_t>(local_end));
@@ -318,8 +322,8 @@ void mla_partial_attention_reference(const MlaPartialAttentionArgs& a, backends:
 
 core::Status mla_lse_rescale_check(const MlaLseRescaleArgs& a) {
   const auto fail = [](const std::string& why) { return core::Status::fail("mla_lse_rescale: " + why); };
-  if (!a.o_part.defined() || a.o_part.rank() != 4 || a.o_part.dtype != core::DType::f32 ||
-      !a.o_part.is_contiguous() || a.o_part.numel() == 0)
+  if (!a.o_part.defined() || a.o_part.rank() != 4 || a.o_part.dtype != core::DType::f32 || !a.o_part.is_contiguous() ||
+      a.o_part.numel() == 0)
     return fail("o_part must be a contiguous, non-empty f32 [G, T, H, kv_lora] tensor, got " + describe(a.o_part));
   const int64_t G = a.o_part.dim(0), T = a.o_part.dim(1), H = a.o_part.dim(2);
   const core::Device dev = a.o_part.device;
@@ -379,8 +383,8 @@ core::Status mla_w_uv_check(const MlaWUvArgs& a) {
     return fail("out must be f32 (or bf16 on CUDA) [T, num_heads * v_head_dim] = [" + str(T) + ", " + str(out_width) +
                 "] with unit inner stride on " + std::string(core::device_name(dev)) + ", got " + describe(a.out));
   // o_lat (contiguous, checked above) as the [T, H * kv_lora] rows it spans, for the overlap test.
-  const core::TensorView o_lat_rows =
-      core::TensorView::contiguous(a.o_lat.data, core::DType::f32, {T, H * a.kv_lora}, dev);
+  const core::TensorView o_lat_rows = core::TensorView::contiguous(a.o_lat.data, core::DType::f32, {T, H * a.kv_lora},
+                                                                   dev);
   if (row_views_overlap(a.out, o_lat_rows)) return fail("out must not overlap o_lat");
   if (has_gate(a)) {
     if (!is_rows(a.gate) || a.gate.dtype != a.out.dtype || a.gate.dim(0) != T || a.gate.dim(1) != out_width)
@@ -404,7 +408,8 @@ void mla_w_uv_reference(const MlaWUvArgs& a, backends::cpu::ThreadPool* pool) {
   K3_CHECK(st.is_ok(), st.reason());
   K3_CHECK(a.o_lat.device == core::Device::cpu, "mla_w_uv_reference: tensors must be on the CPU");
   if (a.seqs.num_seqs == 0) return;
-  const std::vector<mla_detail::HeadWeights> w = head_weights(a.kv_b, a.num_heads, a.qk_nope, a.v_head_dim, a.kv_lora, pool);
+  const std::vector<mla_detail::HeadWeights> w = head_weights(a.kv_b, a.num_heads, a.qk_nope, a.v_head_dim, a.kv_lora,
+                                                              pool);
   const int64_t H = a.num_heads, L = a.kv_lora, vd = a.v_head_dim;
   const bool gated = has_gate(a);
   std::vector<int64_t> rows;

@@ -71,7 +71,7 @@ struct MlaPartialAttentionArgs {
   core::TensorView o_part;  // f32 [G, T, H, kv_lora]
   core::TensorView lse;     // f32 [G, T, H]
   int cp_size = 1, cp_rank = 0;
-  float scale = 0.0f;       // (nope + rope)^-1/2
+  float scale = 0.0f;                     // (nope + rope)^-1/2
   Precision precision = Precision::fp32;  // bf16: qc holds bf16 values (mla_q_absorb in bf16 mode), which lets
                                           // CUDA use tensor cores; fp32 (the safe default) keeps the fp32 path.
                                           // The CPU reference ignores it (o_part / lse are never rounded).

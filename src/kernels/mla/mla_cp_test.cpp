@@ -4,6 +4,8 @@
 // over the whole cache; rows at global position 0 (ranks > 0 see nothing) and verify rows included.
 // The checks reject bad shapes / dtypes naming the field. mla_w_uv with the output gate equals mla_w_uv
 // then the gate bit for bit, also when out is the gate view.
+#include "kernels/mla/mla_cp.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "core/bf16.h"
-#include "kernels/mla/mla_cp.h"
 #include "kernels/mla/mla_test_util.h"
 
 namespace k3::kernels {
@@ -63,10 +64,10 @@ struct CpGroup {
   const MlaDims d;
   int cp;
   int64_t Hr, bs, max_blocks = 0;
-  core::Tensor block_table;            // i32 [S, max_blocks]: LOCAL positions, every rank
-  std::vector<core::Tensor> pages;     // per rank
-  std::vector<LinearWeight> kv_b;      // per rank
-  std::vector<core::Tensor> q;         // per rank [rows, Hr * (nope + rope)]
+  core::Tensor block_table;         // i32 [S, max_blocks]: LOCAL positions, every rank
+  std::vector<core::Tensor> pages;  // per rank
+  std::vector<LinearWeight> kv_b;   // per rank
+  std::vector<core::Tensor> q;      // per rank [rows, Hr * (nope + rope)]
 
   CpGroup(const MlaBatch& b, int group, uint64_t seed)
       : batch(b), d(b.probs.front()->d), cp(group), Hr(d.heads / group), bs(b.block_size) {
@@ -84,7 +85,8 @@ struct CpGroup {
     std::vector<int32_t> table(static_cast<size_t>(n * max_blocks), -1);
     size_t next = 0;
     for (int64_t k = 0; k < n; ++k)
-      for (int64_t blk = 0; blk * bs < local_tokens(b.probs[k]->S, cp, 0); ++blk) table[k * max_blocks + blk] = pool[next++];
+      for (int64_t blk = 0; blk * bs < local_tokens(b.probs[k]->S, cp, 0); ++blk)
+        table[k * max_blocks + blk] = pool[next++];
     block_table = mla_test::i32_tensor(table, {n, max_blocks});
     const int64_t E = d.kv_lora + d.rope, qw = d.nope + d.rope;
     for (int r = 0; r < cp; ++r) {
@@ -95,9 +97,12 @@ struct CpGroup {
         const MlaProblem& p = *b.probs[k];
         for (int64_t pos = r; pos < p.S; pos += cp) {
           const int64_t local = pos / cp;
-          rows.push_back(table[k * max_blocks + local / bs] * static_cast<int32_t>(bs) + static_cast<int32_t>(local % bs));
-          c.insert(c.end(), p.c_n.data<const float>() + pos * d.kv_lora, p.c_n.data<const float>() + (pos + 1) * d.kv_lora);
-          pe.insert(pe.end(), p.k_pe.data<const float>() + pos * d.rope, p.k_pe.data<const float>() + (pos + 1) * d.rope);
+          rows.push_back(table[k * max_blocks + local / bs] * static_cast<int32_t>(bs) +
+                         static_cast<int32_t>(local % bs));
+          c.insert(c.end(), p.c_n.data<const float>() + pos * d.kv_lora,
+                   p.c_n.data<const float>() + (pos + 1) * d.kv_lora);
+          pe.insert(pe.end(), p.k_pe.data<const float>() + pos * d.rope,
+                    p.k_pe.data<const float>() + (pos + 1) * d.rope);
         }
       }
       if (!rows.empty()) {
@@ -263,7 +268,8 @@ TEST(MlaCp, OneRankIsTheAbsorbedForm) {
   for (const MlaDims& dims : {kOdd1, kOdd3})
     for (int64_t bs : {16, 7})
       for (core::DType dtype : {kF32, kFp8}) {
-        SCOPED_TRACE("H=" + std::to_string(dims.heads) + " bs=" + std::to_string(bs) + (dtype == kFp8 ? " fp8" : " f32"));
+        SCOPED_TRACE("H=" + std::to_string(dims.heads) + " bs=" + std::to_string(bs) +
+                     (dtype == kFp8 ? " fp8" : " f32"));
         expect_group_matches_absorbed(dims, {{1, 1}, {18, 1}, {55, 3}, {98, 1}}, 1, bs, dtype, seed += 10);
       }
 }
@@ -332,7 +338,8 @@ TEST(MlaCp, RanksWithoutVisibleTokensGetWeightZero) {
   MlaLseRescaleArgs a{f32_view(o0, {4, T, H, L}), f32_view(lse_all, {4, 4, T, H}), batch.seqs(), 0};
   mla_lse_rescale_reference(a);
   for (int64_t i = 0; i < L; ++i)
-    EXPECT_EQ(o0.data<const float>()[(0 * T + row0) * L + i], part.o_part[0].data<const float>()[(0 * T + row0) * L + i]);
+    EXPECT_EQ(o0.data<const float>()[(0 * T + row0) * L + i],
+              part.o_part[0].data<const float>()[(0 * T + row0) * L + i]);
 }
 
 // ---- (c) checks ----------------------------------------------------------------------------------
@@ -530,7 +537,7 @@ TEST(MlaCpWUvGate, OutMayBeTheGateView) {
     for (int64_t r = 0; r < c.batch.rows; ++r)
       for (int64_t col = 0; col < both.dim(1); ++col) {
         const int64_t i = r * both.dim(1) + col;
-        const float expect = owned[static_cast<size_t>(r)] ? want.data<const float>()[i]   // the gated output
+        const float expect = owned[static_cast<size_t>(r)] ? want.data<const float>()[i]     // the gated output
                                                            : c.gate.data<const float>()[i];  // untouched
         ASSERT_TRUE(same_bits(both.data<const float>()[i], expect)) << "row " << r << " col " << col;
       }

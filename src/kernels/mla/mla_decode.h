@@ -99,15 +99,15 @@ struct MlaDecodeArgs {
   SeqBatch seqs;                       // row_begin, num_rows, position, block_table (slot unused)
   float k_scale = 1.0f;                // dequant: value = fp8 * k_scale
   const LinearWeight* kv_b = nullptr;  // [H * (nope + v), kv_lora] bf16/f32: per head W_UK rows then W_UV rows
-  core::TensorView gate;               // f32 (bf16 on CUDA) [T, H * v] gate logits (rounded W_g x), or undefined: no gate
-  core::TensorView out;                // f32 (bf16 on CUDA) [T, H * v] = round(o * round(sigmoid(gate))) or round(o)
-  core::TensorView workspace;          // CUDA: f32 device [>= mla_decode_workspace_floats(*this)], or undefined:
-                                       //   the CUDA op takes scratch from its context's pool. The CPU ignores it.
+  core::TensorView gate;       // f32 (bf16 on CUDA) [T, H * v] gate logits (rounded W_g x), or undefined: no gate
+  core::TensorView out;        // f32 (bf16 on CUDA) [T, H * v] = round(o * round(sigmoid(gate))) or round(o)
+  core::TensorView workspace;  // CUDA: f32 device [>= mla_decode_workspace_floats(*this)], or undefined:
+                               //   the CUDA op takes scratch from its context's pool. The CPU ignores it.
   int num_heads = 0, qk_nope = 0, qk_rope = 0, v_head_dim = 0, kv_lora = 0;
-  float scale = 0.0f;                  // (nope + rope)^-1/2
+  float scale = 0.0f;  // (nope + rope)^-1/2
   Precision precision = Precision::bf16;
-  int64_t split_len = 0;               // > 0: positions per split (a multiple of kMlaDecodeTile) instead of
-                                       //   mla_decode_split_len's choice (benchmarks and tests; the CPU ignores it)
+  int64_t split_len = 0;  // > 0: positions per split (a multiple of kMlaDecodeTile) instead of
+                          //   mla_decode_split_len's choice (benchmarks and tests; the CPU ignores it)
 };
 
 // Which split_kv kernel an automatic split length is sized for (see "Splits" above).

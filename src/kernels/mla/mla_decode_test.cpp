@@ -3,6 +3,8 @@
 // without a gate, f32 and fp8 pages, batches of sequences with different positions, row counts and
 // shuffled block tables, odd dims and one TP8 rank's shapes), the split-KV algorithm of the CUDA kernel
 // against the direct form, the split sizing, and the argument checks.
+#include "kernels/mla/mla_decode.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,7 +16,6 @@
 
 #include "core/bf16.h"
 #include "core/rng.h"
-#include "kernels/mla/mla_decode.h"
 #include "kernels/registry.h"
 
 namespace k3::kernels {
@@ -83,7 +84,8 @@ struct Batch {
     const int64_t max_blocks = (max_tokens + bs - 1) / bs, num_blocks = blocks + 2;
     std::vector<int32_t> pool(static_cast<size_t>(num_blocks));
     for (int64_t i = 0; i < num_blocks; ++i) pool[i] = static_cast<int32_t>(i);
-    for (int64_t i = num_blocks - 1; i > 0; --i) std::swap(pool[i], pool[rng.next_u64() % static_cast<uint64_t>(i + 1)]);
+    for (int64_t i = num_blocks - 1; i > 0; --i)
+      std::swap(pool[i], pool[rng.next_u64() % static_cast<uint64_t>(i + 1)]);
     std::vector<int32_t> table(static_cast<size_t>(n * max_blocks), -1), begins(seqs.size()), counts, positions,
         cache_rows;
     int64_t next_row = 1;
@@ -108,12 +110,12 @@ struct Batch {
     gate = random_bf16_values(rng, {rows, H * d.v}, 2.0);
     kv_b.weight = Tensor::zeros(DType::bf16, {H * (d.nope + d.v), d.kv_lora});
     const double w_std = 1.0 / std::sqrt(static_cast<double>(d.kv_lora));
-    for (uint16_t& w : kv_b.weight.span<uint16_t>()) w = core::f32_to_bf16_bits(static_cast<float>(rng.normal(0.0, w_std)));
+    for (uint16_t& w : kv_b.weight.span<uint16_t>())
+      w = core::f32_to_bf16_bits(static_cast<float>(rng.normal(0.0, w_std)));
     pages = Tensor::zeros(cache, {num_blocks, bs, E});
     if (cache == DType::f32)
       std::fill(pages.span<float>().begin(), pages.span<float>().end(), std::numeric_limits<float>::quiet_NaN());
-    else
-      std::memset(pages.view().data, 0x7f, static_cast<size_t>(pages.nbytes()));  // the E4M3 NaN code
+    else std::memset(pages.view().data, 0x7f, static_cast<size_t>(pages.nbytes()));  // the E4M3 NaN code
     const Tensor c_n = random_bf16_values(rng, {tokens, d.kv_lora}), k_pe = random_bf16_values(rng, {tokens, d.rope});
     const Tensor rows_t = i32(cache_rows, {tokens});
     mla_cache_write_reference({c_n.view(), k_pe.view(), pages.view(), rows_t.view(), k_scale});
@@ -169,7 +171,8 @@ struct Batch {
 // Rows 1.. equal bit for bit; row 0 (no sequence) never written.
 void expect_bitwise(const Tensor& got, const Tensor& want, const std::string& what) {
   const int64_t W = got.dim(1);
-  for (int64_t c = 0; c < W; ++c) ASSERT_TRUE(std::isnan(got.data<const float>()[c])) << what << ": unowned row 0 written";
+  for (int64_t c = 0; c < W; ++c)
+    ASSERT_TRUE(std::isnan(got.data<const float>()[c])) << what << ": unowned row 0 written";
   for (int64_t i = W; i < got.numel(); ++i) {
     const float g = got.data<const float>()[i], w = want.data<const float>()[i];
     ASSERT_FALSE(std::isnan(w)) << what << ": the standard pair left element " << i << " unwritten";
@@ -262,10 +265,8 @@ TEST(MlaDecode, SplitKvEqualsDirectFormForEverySplitLength) {
         const std::string what = name_of(p, cache, true, 7) + " split_len " + std::to_string(split_len);
         // fp32: only the softmax summation order differs; bf16: a rounding point may flip one ulp
         // (2^-8 relative) and carry through W_UV and the gate.
-        if (p == Precision::fp32)
-          expect_close(got, want, 2e-5, 2e-5, what);
-        else
-          expect_close(got, want, 2e-2, 2e-2, what);
+        if (p == Precision::fp32) expect_close(got, want, 2e-5, 2e-5, what);
+        else expect_close(got, want, 2e-2, 2e-2, what);
       }
     }
   }
@@ -274,7 +275,8 @@ TEST(MlaDecode, SplitKvEqualsDirectFormForEverySplitLength) {
 TEST(MlaDecode, SplitKvTp8ShapesLongContext) {
   const Batch b(kTp8, {{1500, 1}, {700, 2}}, DType::f8_e4m3, 1.0f, 64, 600);
   const Tensor want = b.fused(false, Precision::fp32);
-  for (int64_t split_len : {int64_t{64}, int64_t{448}, mla_decode_split_len(MlaDecodeSplitRule::tensor_core, 4, b.max_tokens)}) {
+  for (int64_t split_len :
+       {int64_t{64}, int64_t{448}, mla_decode_split_len(MlaDecodeSplitRule::tensor_core, 4, b.max_tokens)}) {
     Tensor got = b.new_out();
     mla_decode_split_reference(b.args(got, false, Precision::fp32), split_len);
     expect_close(got, want, 2e-5, 2e-5, "tp8 split_len " + std::to_string(split_len));
@@ -290,8 +292,8 @@ TEST(MlaDecode, SplitSizingCoversTheContextInWholeTiles) {
         EXPECT_EQ(len % unit, 0) << Q << " " << tokens;  // whole tiles / stages
         EXPECT_EQ(len % kMlaDecodeTile, 0) << Q << " " << tokens;
         EXPECT_GE(len, unit);
-        EXPECT_GE(splits * len, tokens);             // every position is in a split
-        EXPECT_LT((splits - 1) * len, tokens);       // and no split is empty at max_tokens
+        EXPECT_GE(splits * len, tokens);        // every position is in a split
+        EXPECT_LT((splits - 1) * len, tokens);  // and no split is empty at max_tokens
         EXPECT_LE(Q * splits, std::max(Q, kMlaDecodeTargetCtas)) << Q << " " << tokens;  // one wave
         // Enough CTAs for the device (at least half the target), unless the context has fewer units.
         EXPECT_GE(Q * splits, std::min(kMlaDecodeTargetCtas, Q * ((tokens + unit - 1) / unit)) / 2)
@@ -318,8 +320,9 @@ TEST(MlaDecode, SplitSizingCoversTheContextInWholeTiles) {
   EXPECT_EQ(mla_decode_split_rule(bf16_q), MlaDecodeSplitRule::tensor_core);
   EXPECT_EQ(mla_decode_split_len(bf16_q), mla_decode_split_len(MlaDecodeSplitRule::tensor_core, Q, b.max_tokens));
   EXPECT_EQ(mla_decode_workspace_floats(a),
-            Q * kOdd.heads * E +
-                Q * kOdd.heads * mla_decode_num_splits(MlaDecodeSplitRule::cuda_core, Q, b.max_tokens) * (kOdd.kv_lora + 2));
+            Q * kOdd.heads * E + Q * kOdd.heads *
+                                     mla_decode_num_splits(MlaDecodeSplitRule::cuda_core, Q, b.max_tokens) *
+                                     (kOdd.kv_lora + 2));
   // An explicit split length replaces the choice, for the workspace too.
   MlaDecodeArgs fixed = a;
   fixed.split_len = 2 * kMlaDecodeTile;
@@ -333,7 +336,8 @@ TEST(MlaDecode, SplitSizingCoversTheContextInWholeTiles) {
     fixed.split_len = bad;
     const core::Status s = mla_decode_check(fixed);
     EXPECT_FALSE(s.is_ok()) << bad;
-    EXPECT_NE(s.reason().find("split_len must be 0 (automatic) or a positive multiple of"), std::string::npos) << s.reason();
+    EXPECT_NE(s.reason().find("split_len must be 0 (automatic) or a positive multiple of"), std::string::npos)
+        << s.reason();
   }
 }
 

@@ -40,7 +40,7 @@ inline char* page_row_ptr(const core::TensorView& pages, int64_t row) {
 // Sequence s of a CPU SeqBatch (tables already checked).
 struct SeqRef {
   int64_t row_begin = 0, num_rows = 0, position = 0;
-  const int32_t* block_table = nullptr;  // its row of the [S, max_blocks] table
+  const int32_t* block_table = nullptr;                // its row of the [S, max_blocks] table
   int64_t end() const { return position + num_rows; }  // cache positions it sees: 0 .. end-1
 };
 inline SeqRef seq_ref(const SeqBatch& b, int s) {
@@ -76,11 +76,7 @@ std::string describe(const core::TensorView& v);
 std::string seq_batch_problem(const SeqBatch& b, int64_t T, const core::TensorView& pages, core::Device device);
 
 // Row pointers into the [T, ...] f32 activations (innermost stride 1, row stride strides[0]).
-inline const float* row_ptr(const core::TensorView& v, int64_t r) {
-  return v.as<const float>() + r * v.strides[0];
-}
-inline float* mutable_row_ptr(const core::TensorView& v, int64_t r) {
-  return v.as<float>() + r * v.strides[0];
-}
+inline const float* row_ptr(const core::TensorView& v, int64_t r) { return v.as<const float>() + r * v.strides[0]; }
+inline float* mutable_row_ptr(const core::TensorView& v, int64_t r) { return v.as<float>() + r * v.strides[0]; }
 
 }  // namespace k3::kernels::mla_detail

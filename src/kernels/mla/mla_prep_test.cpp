@@ -42,10 +42,8 @@ Tensor random_norm(core::Rng& rng, int64_t n, DType dtype) {
   Tensor w = Tensor::zeros(dtype, {n});
   for (int64_t i = 0; i < n; ++i) {
     const auto v = static_cast<float>(rng.normal(1.0, 0.5));
-    if (dtype == DType::bf16)
-      w.data<uint16_t>()[i] = core::f32_to_bf16_bits(v);
-    else
-      w.data<float>()[i] = v;
+    if (dtype == DType::bf16) w.data<uint16_t>()[i] = core::f32_to_bf16_bits(v);
+    else w.data<float>()[i] = v;
   }
   return w;
 }
@@ -88,7 +86,8 @@ CacheLayout cache_layout(core::Rng& rng, int64_t T, int64_t bs) {
   lay.num_blocks = pages_needed + 2;  // two spare pages stay untouched
   std::vector<int32_t> pool(static_cast<size_t>(lay.num_blocks));
   for (int64_t i = 0; i < lay.num_blocks; ++i) pool[i] = static_cast<int32_t>(i);
-  for (int64_t i = lay.num_blocks - 1; i > 0; --i) std::swap(pool[i], pool[rng.next_u64() % static_cast<uint64_t>(i + 1)]);
+  for (int64_t i = lay.num_blocks - 1; i > 0; --i)
+    std::swap(pool[i], pool[rng.next_u64() % static_cast<uint64_t>(i + 1)]);
   size_t next = 0;
   for (size_t s = 0; s < seq_rows.size(); ++s) {
     std::vector<int32_t> table;

@@ -23,10 +23,8 @@ namespace k3::kernels::mla_test {
 // Runs a reference (its pool left null: inline) or any callable that takes the arguments only.
 template <class Fn, class Args>
 void run_op(Fn op, const Args& a) {
-  if constexpr (std::is_invocable_v<Fn, const Args&>)
-    op(a);
-  else
-    op(a, nullptr);
+  if constexpr (std::is_invocable_v<Fn, const Args&>) op(a);
+  else op(a, nullptr);
 }
 
 struct MlaDims {
@@ -53,8 +51,7 @@ inline core::Tensor poisoned_pages(core::DType dtype, int64_t num_blocks, int64_
   core::Tensor t = core::Tensor::zeros(dtype, {num_blocks, block_size, width});
   if (dtype == core::DType::f32)
     std::fill(t.span<float>().begin(), t.span<float>().end(), std::numeric_limits<float>::quiet_NaN());
-  else
-    std::memset(t.view().data, 0x7f, static_cast<size_t>(t.nbytes()));
+  else std::memset(t.view().data, 0x7f, static_cast<size_t>(t.nbytes()));
   return t;
 }
 
@@ -73,17 +70,17 @@ inline core::Tensor i32_tensor(const std::vector<int32_t>& v, core::Shape shape 
 struct MlaProblem {
   MlaDims d{};
   int64_t S = 0, T = 0, block_size = 0;
-  core::Tensor q;      // f32 [T, H*(nope+rope)]
-  core::Tensor c_n;    // f32 [S, kv_lora]  the values written into the cache
-  core::Tensor k_pe;   // f32 [S, rope]
-  core::Tensor pages;  // f32 or f8_e4m3 [num_blocks, block_size, kv_lora+rope]
+  core::Tensor q;                 // f32 [T, H*(nope+rope)]
+  core::Tensor c_n;               // f32 [S, kv_lora]  the values written into the cache
+  core::Tensor k_pe;              // f32 [S, rope]
+  core::Tensor pages;             // f32 or f8_e4m3 [num_blocks, block_size, kv_lora+rope]
   std::vector<int32_t> page_ids;  // the sequence's block table: page of position j = page_ids[j / block_size]
   core::Tensor row_begin, num_rows, position, block_table;  // i32 SeqBatch tables of the one sequence
   float k_scale = 1.0f;
-  LinearWeight kv_b;   // bf16 or f32 [H*(nope+v), kv_lora]
+  LinearWeight kv_b;  // bf16 or f32 [H*(nope+v), kv_lora]
 
-  MlaProblem(MlaDims dims, int64_t s, int64_t t, core::DType cache_dtype, core::DType kv_b_dtype,
-             float kscale, uint64_t seed, int64_t page_tokens = 16)
+  MlaProblem(MlaDims dims, int64_t s, int64_t t, core::DType cache_dtype, core::DType kv_b_dtype, float kscale,
+             uint64_t seed, int64_t page_tokens = 16)
       : d(dims), S(s), T(t), block_size(page_tokens), k_scale(kscale) {
     core::Rng rng(seed);
     const int64_t H = d.heads;
@@ -100,10 +97,8 @@ struct MlaProblem {
     kv_b.weight = core::Tensor::zeros(kv_b_dtype, {rows, d.kv_lora});
     for (int64_t i = 0; i < rows * d.kv_lora; ++i) {
       const float w = static_cast<float>(rng.normal(0.0, w_std));
-      if (kv_b_dtype == core::DType::bf16)
-        kv_b.weight.data<uint16_t>()[i] = core::f32_to_bf16_bits(w);
-      else
-        kv_b.weight.data<float>()[i] = w;
+      if (kv_b_dtype == core::DType::bf16) kv_b.weight.data<uint16_t>()[i] = core::f32_to_bf16_bits(w);
+      else kv_b.weight.data<float>()[i] = w;
     }
     // The page layout draws from its own stream, so the values above do not depend on it.
     core::Rng page_rng = rng.fork(0x9a6e);

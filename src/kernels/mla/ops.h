@@ -29,7 +29,16 @@ struct MlaOps {
   // Calls fn(table) for every op table of the family.
   template <class Fn>
   void for_each(Fn&& fn) {
-    fn(mla_cache_write); fn(mla_naive); fn(mla_absorbed); fn(mla_q_absorb); fn(mla_partial_attention); fn(mla_lse_rescale); fn(mla_w_uv); fn(mla_cache_gather); fn(mla_prep); fn(mla_decode);
+    fn(mla_cache_write);
+    fn(mla_naive);
+    fn(mla_absorbed);
+    fn(mla_q_absorb);
+    fn(mla_partial_attention);
+    fn(mla_lse_rescale);
+    fn(mla_w_uv);
+    fn(mla_cache_gather);
+    fn(mla_prep);
+    fn(mla_decode);
   }
   // The CPU reference of every op (ops.cpp).
   void register_reference(const CpuOps& cpu);

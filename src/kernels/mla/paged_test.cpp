@@ -56,8 +56,8 @@ TEST(MlaPaged, PageSizeAndPageIdsDoNotChangeResults) {
 // prefill from position 0) in ONE call, at page sizes 7, 16 and 64: each sequence's rows are the
 // bytes of its own call, rows that belong to no sequence stay NaN.
 TEST(MlaPaged, OneCallOverSeveralSequencesEqualsOneCallEach) {
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {40, 1}, {17, 4}, {97, 4}, {17, 17}, {60, 17},
-                                                           {5, 1}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},   {40, 1},  {17, 4}, {97, 4},
+                                                           {17, 17}, {60, 17}, {5, 1}};
   uint64_t seed = 1000;
   for (const MlaDims& dims : {kOddDims, kRope64Dims})
     for (core::DType cache_dtype : {kF32, kFp8}) {
@@ -71,9 +71,9 @@ TEST(MlaPaged, OneCallOverSeveralSequencesEqualsOneCallEach) {
         const MlaBatch batch(ptrs, bs, ++seed);
         for (Precision precision : {Precision::bf16, Precision::fp32})
           for (auto op : {kNaive, kAbsorbed}) {
-            SCOPED_TRACE(testing::Message() << "H " << dims.heads << " block " << bs << " cache "
-                                            << core::dtype_name(cache_dtype) << " "
-                                            << (op == kNaive ? "naive" : "absorbed"));
+            SCOPED_TRACE(testing::Message()
+                         << "H " << dims.heads << " block " << bs << " cache " << core::dtype_name(cache_dtype) << " "
+                         << (op == kNaive ? "naive" : "absorbed"));
             const core::Tensor out = batch.run(op, precision);
             for (size_t k = 0; k < probs.size(); ++k)
               EXPECT_TRUE(same_bytes(batch.rows_of(out, k), probs[k].run(op, precision)))

@@ -40,7 +40,8 @@ core::Status mla_prep_check(const MlaPrepArgs& a) {
     return core::Status::fail("q_a must be f32 (or bf16 on CUDA) [T, q_lora >= 1] with unit inner stride, got " +
                               describe_view(a.q_a));
   const int64_t T = a.q_a.dim(0), q_lora = a.q_a.dim(1);
-  if (!is_activation_rows(a.q_a, T, q_lora)) return core::Status::fail("q_a rows overlap (row stride < q_lora), got " + describe_view(a.q_a));
+  if (!is_activation_rows(a.q_a, T, q_lora))
+    return core::Status::fail("q_a rows overlap (row stride < q_lora), got " + describe_view(a.q_a));
   if (!is_norm_weight(a.q_a_norm, q_lora))
     return core::Status::fail("q_a_norm must be bf16 or f32 [" + std::to_string(q_lora) + "] (q_a's width), got " +
                               describe_view(a.q_a_norm));
@@ -51,9 +52,9 @@ core::Status mla_prep_check(const MlaPrepArgs& a) {
     return core::Status::fail("kv_a_norm must be bf16 or f32 [kv_lora >= 1], got " + describe_view(a.kv_a_norm));
   const int64_t kv_lora = a.kv_a_norm.dim(0);
   if (!a.kv.defined() || a.kv.rank() != 2 || a.kv.dim(1) <= kv_lora || !is_activation_rows(a.kv, T, a.kv.dim(1)))
-    return core::Status::fail("kv must be f32 (or bf16 on CUDA) [T = " + std::to_string(T) + ", kv_lora + rope] with kv_lora = " +
-                              std::to_string(kv_lora) + " (kv_a_norm's length), rope >= 1, unit inner stride, got " +
-                              describe_view(a.kv));
+    return core::Status::fail("kv must be f32 (or bf16 on CUDA) [T = " + std::to_string(T) +
+                              ", kv_lora + rope] with kv_lora = " + std::to_string(kv_lora) +
+                              " (kv_a_norm's length), rope >= 1, unit inner stride, got " + describe_view(a.kv));
   const int64_t width = a.kv.dim(1);
   if (!is_norm_weight(a.kv_a_norm, kv_lora))
     return core::Status::fail("kv_a_norm must be bf16 or f32 [" + std::to_string(kv_lora) + "] contiguous, got " +
@@ -61,11 +62,11 @@ core::Status mla_prep_check(const MlaPrepArgs& a) {
   if (a.pages.dtype != core::DType::f32 && a.pages.dtype != core::DType::f8_e4m3 &&
       !(a.pages.dtype == core::DType::bf16 && a.pages.device == core::Device::cuda))
     return core::Status::fail("pages must be f32 or f8_e4m3 (or bf16 on CUDA), got " + describe_view(a.pages));
-  if (!a.pages.defined() || a.pages.rank() != 3 || a.pages.dim(0) < 1 || a.pages.dim(1) < 1 || a.pages.dim(2) != width ||
-      a.pages.strides[2] != 1 || (a.pages.dim(1) > 1 && a.pages.strides[1] < width) ||
+  if (!a.pages.defined() || a.pages.rank() != 3 || a.pages.dim(0) < 1 || a.pages.dim(1) < 1 ||
+      a.pages.dim(2) != width || a.pages.strides[2] != 1 || (a.pages.dim(1) > 1 && a.pages.strides[1] < width) ||
       (a.pages.dim(0) > 1 && a.pages.strides[0] < (a.pages.dim(1) - 1) * a.pages.strides[1] + width))
-    return core::Status::fail("pages must be [num_blocks >= 1, block_size >= 1, kv_lora + rope = " + std::to_string(width) +
-                              "] with dense rows, got " + describe_view(a.pages));
+    return core::Status::fail("pages must be [num_blocks >= 1, block_size >= 1, kv_lora + rope = " +
+                              std::to_string(width) + "] with dense rows, got " + describe_view(a.pages));
   const core::TensorView& rows = a.cache_rows;
   if (!rows.defined() || rows.rank() != 1 || rows.dtype != core::DType::i32 || rows.dim(0) != T ||
       (T > 1 && rows.strides[0] != 1))

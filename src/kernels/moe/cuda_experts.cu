@@ -53,10 +53,9 @@ constexpr int kDownRows = 2;           // down-projection rows per warp segment
 // active[0 .. *n_active) = the experts with routes (in no particular order) and, when groups is set,
 // groups[g] = {active[g], its first index into order, its route count, 0}; bad[t] = 1 for a token
 // with an id outside [0, e_total). Routes to experts outside the held range are in no group. One block.
-__global__ void __launch_bounds__(kSortThreads) sort_routes_kernel(const int32_t* ids, int64_t ids_ld, int64_t T,
-                                                                   int k, int E, int e_begin, int e_total,
-                                                                   int* offsets, int* order, int* bad, int* active,
-                                                                   int* n_active, int4* groups) {
+__global__ void __launch_bounds__(kSortThreads)
+    sort_routes_kernel(const int32_t* ids, int64_t ids_ld, int64_t T, int k, int E, int e_begin, int e_total,
+                       int* offsets, int* order, int* bad, int* active, int* n_active, int4* groups) {
   __shared__ int cursor[kMaxExperts];
   __shared__ int warp_totals[32];
   __shared__ int active_count;
@@ -69,10 +68,8 @@ __global__ void __launch_bounds__(kSortThreads) sort_routes_kernel(const int32_t
   for (int64_t q = tid; q < routes; q += blockDim.x) {
     const int32_t id = ids[(q / k) * ids_ld + q % k];
     const int e = held_expert(id, e_begin, E);
-    if (e >= 0)
-      atomicAdd(&cursor[e], 1);
-    else if (bad_expert_id(id, e_total))
-      atomicExch(&bad[q / k], 1);
+    if (e >= 0) atomicAdd(&cursor[e], 1);
+    else if (bad_expert_id(id, e_total)) atomicExch(&bad[q / k], 1);
   }
   __syncthreads();
   // Exclusive scan of the counts: each thread a contiguous run, then a scan of the run totals.
@@ -122,12 +119,10 @@ __global__ void __launch_bounds__(kSortThreads) sort_routes_kernel(const int32_t
 // blockIdx.y is a slot of the active expert list (the grid has min(E, routes) slots; extra ones
 // leave at once, so an idle expert costs no block).
 template <bool GATE_UP, WFmt F, bool VEC, class XT>
-__global__ void __launch_bounds__(kRowdotThreads) expert_rows_kernel(ExpertTable tab, const int* offsets,
-                                                                     const int* order, const int* active,
-                                                                     const int* n_active, const XT* x, int64_t x_ld,
-                                                                     int k, int64_t rows, int64_t in, float* out,
-                                                                     int64_t out_ld, int width, float beta,
-                                                                     float linear_beta, bool round) {
+__global__ void __launch_bounds__(kRowdotThreads)
+    expert_rows_kernel(ExpertTable tab, const int* offsets, const int* order, const int* active, const int* n_active,
+                       const XT* x, int64_t x_ld, int k, int64_t rows, int64_t in, float* out, int64_t out_ld,
+                       int width, float beta, float linear_beta, bool round) {
   constexpr int R = kRowdotInputs;
   if (static_cast<int>(blockIdx.y) >= *n_active) return;  // the whole block leaves together
   const int e = active[blockIdx.y];
@@ -224,22 +219,22 @@ core::Status experts_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
 struct Fp4Piece {
   ExpertTable tab;
   int64_t T, L, I;
-  int k, E, sm_count;  // E: the held experts (the table's)
+  int k, E, sm_count;    // E: the held experts (the table's)
   int e_begin, e_total;  // expert parallelism: held ids [e_begin, e_begin + E) of [0, e_total)
-  const int32_t* ids;  // [T, k], rows ids_ld apart
+  const int32_t* ids;    // [T, k], rows ids_ld apart
   int64_t ids_ld;
   const float* p;  // route weights [T, k]
   int64_t p_ld;
   void* out;  // [T, L] XT (round_output) or f32
   int64_t out_ld;
   int *offsets, *order, *bad, *active, *n_active;  // the sort's outputs (sorted form)
-  int4* groups;                                     // [E] (sorted form)
-  void* h;                                          // [T * k, I] bf16 (rounding) or f32
-  float* eo;                                        // [T * k, L] f32
+  int4* groups;                                    // [E] (sorted form)
+  void* h;                                         // [T * k, I] bf16 (rounding) or f32
+  float* eo;                                       // [T * k, L] f32
   float beta, linear_beta;
   bool round, round_output;
   bool round_e;  // round && (round_output || whole_experts): e_tj rounded
-  bool mma;  // bf16 activations, rounding, row-contiguous experts: the tensor-core kernels
+  bool mma;      // bf16 activations, rounding, row-contiguous experts: the tensor-core kernels
 };
 
 // Whether the tensor-core kernels take these widths (their items' scale bytes and two stages).
@@ -288,8 +283,8 @@ core::Status fp4_supports(const CudaOps& ops, const MoeExpertsArgs& a, bool mma)
   const size_t x_elem = core::dtype_size(a.z.dtype), h_elem = round ? sizeof(bf16) : sizeof(float);
   const WeightRef r1 = weight_ref(a.w1[0]), r3 = weight_ref(a.w3[0]), r2 = weight_ref(a.w2[0]);
   const void* pool_row = reinterpret_cast<const void*>(uintptr_t{256});  // any 256-byte aligned address
-  if (!vector_ok(fmt, r1, L, a.z.data, a.z.strides[0], x_elem) || !vector_ok(fmt, r3, L, a.z.data, a.z.strides[0], x_elem) ||
-      !vector_ok(fmt, r2, I, pool_row, I, h_elem))
+  if (!vector_ok(fmt, r1, L, a.z.data, a.z.strides[0], x_elem) ||
+      !vector_ok(fmt, r3, L, a.z.data, a.z.strides[0], x_elem) || !vector_ok(fmt, r2, I, pool_row, I, h_elem))
     return core::Status::fail("the MXFP4 kernels read whole 16-byte chunks of z, w1, w3 and w2 rows");
   if (!mma) return core::Status::ok();
   if (a.z.dtype != core::DType::bf16 || !round)
@@ -298,7 +293,8 @@ core::Status fp4_supports(const CudaOps& ops, const MoeExpertsArgs& a, bool mma)
       r2.scale_ld != I / 32)
     return core::Status::fail("the tensor-core form needs row-contiguous expert matrices");
   if (!mma_shapes_ok(L, I, ops.ctx->smem_optin()))
-    return core::Status::fail("the tensor-core form does not take L = " + std::to_string(L) + ", I = " + std::to_string(I));
+    return core::Status::fail("the tensor-core form does not take L = " + std::to_string(L) +
+                              ", I = " + std::to_string(I));
   return core::Status::ok();
 }
 
@@ -308,11 +304,11 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
   const int64_t routes = f.T * f.k;
   const bool sorted = routes > fx::kScanMaxRoutes;
   if (sorted) {
-    sort_routes_kernel<<<1, kSortThreads, 0, stream>>>(f.ids, f.ids_ld, f.T, f.k, f.E, f.e_begin, f.e_total,
-                                                       f.offsets, f.order, f.bad, f.active, f.n_active, f.groups);
+    sort_routes_kernel<<<1, kSortThreads, 0, stream>>>(f.ids, f.ids_ld, f.T, f.k, f.E, f.e_begin, f.e_total, f.offsets,
+                                                       f.order, f.bad, f.active, f.n_active, f.groups);
     K3_CUDA_CHECK_LAUNCH("sort_routes_kernel");
   }
-  const fx::RouteSource rs{f.ids,    f.ids_ld, f.k,      static_cast<int>(routes), f.E, f.e_begin,
+  const fx::RouteSource rs{f.ids,    f.ids_ld, f.k,       static_cast<int>(routes), f.E, f.e_begin,
                            f.groups, f.order,  f.n_active};
   // Groups: a route each (route form), at most min(E, routes) experts (sorted form).
   const int64_t groups = sorted ? std::min<int64_t>(f.E, routes) : routes;
@@ -329,8 +325,8 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
       const size_t smem_mdn = 2 * static_cast<size_t>(fx::mma_down_stage_bytes(f.I));
       const int64_t items_mdn = groups * ((f.L + fx::kDownMmaRows - 1) / fx::kDownMmaRows);
       const auto gate_up = fx::gate_up_mma_kernel<S>;
-      gate_up<<<persistent_blocks(gate_up, fx::kThreads, smem_mgu, f.sm_count, items_gu), fx::kThreads, smem_mgu, stream>>>(
-          f.tab, rs, z, z_ld, f.I, f.L, h, f.beta, f.linear_beta);
+      gate_up<<<persistent_blocks(gate_up, fx::kThreads, smem_mgu, f.sm_count, items_gu), fx::kThreads, smem_mgu,
+                stream>>>(f.tab, rs, z, z_ld, f.I, f.L, h, f.beta, f.linear_beta);
       K3_CUDA_CHECK_LAUNCH("fp4_experts::gate_up_mma_kernel");
       const auto down = fx::down_mma_kernel<S>;
       down<<<persistent_blocks(down, fx::kThreads, smem_mdn, f.sm_count, items_mdn), fx::kThreads, smem_mdn, stream>>>(
@@ -353,16 +349,12 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
   };
   // h is a bf16 value whenever it is rounded: stored as bf16 then (half the bytes to read back).
   const auto with_sorted = [&](auto h_tag) {
-    if (sorted)
-      launch(h_tag, std::true_type{});
-    else
-      launch(h_tag, std::false_type{});
+    if (sorted) launch(h_tag, std::true_type{});
+    else launch(h_tag, std::false_type{});
   };
   if (f.mma) {
-    if (sorted)
-      launch_mma(std::true_type{});
-    else
-      launch_mma(std::false_type{});
+    if (sorted) launch_mma(std::true_type{});
+    else launch_mma(std::false_type{});
   } else if (f.round) {
     with_sorted(Tag<bf16>{});
   } else {
@@ -373,9 +365,8 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
     fx::combine_kernel<XT><<<grid_c, 256, 0, stream>>>(f.eo, f.L, f.ids, f.ids_ld, f.p, f.p_ld, f.k, f.E, f.e_begin,
                                                        f.e_total, static_cast<XT*>(f.out), f.out_ld, f.round);
   else  // a TP or EP rank's unrounded f32 partial sum
-    fx::combine_kernel<float><<<grid_c, 256, 0, stream>>>(f.eo, f.L, f.ids, f.ids_ld, f.p, f.p_ld, f.k, f.E,
-                                                          f.e_begin, f.e_total, static_cast<float*>(f.out), f.out_ld,
-                                                          false);
+    fx::combine_kernel<float><<<grid_c, 256, 0, stream>>>(f.eo, f.L, f.ids, f.ids_ld, f.p, f.p_ld, f.k, f.E, f.e_begin,
+                                                          f.e_total, static_cast<float*>(f.out), f.out_ld, false);
   K3_CUDA_CHECK_LAUNCH("fp4_experts::combine_kernel");
 }
 
@@ -432,11 +423,35 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a, ExpertsStrategy st
       const int64_t T = std::min(piece, T_all - t0);
       const XT* z = a.z.as<const XT>() + t0 * a.z.strides[0];
       if (fp4_fast) {
-        Fp4Piece f{tab, T, L, I, k, E, ops.ctx->info().sm_count, e_begin, e_total,
-                   a.ids.as<const int32_t>() + t0 * a.ids.strides[0], a.ids.strides[0],
-                   a.weights.as<const float>() + t0 * a.weights.strides[0], a.weights.strides[0], nullptr,
-                   a.out.strides[0], offsets, order, bad, active, n_active, static_cast<int4*>(groups_buf.get()), h,
-                   eo, a.beta, a.linear_beta, round, a.round_output, round_e, fp4_mma};
+        Fp4Piece f{tab,
+                   T,
+                   L,
+                   I,
+                   k,
+                   E,
+                   ops.ctx->info().sm_count,
+                   e_begin,
+                   e_total,
+                   a.ids.as<const int32_t>() + t0 * a.ids.strides[0],
+                   a.ids.strides[0],
+                   a.weights.as<const float>() + t0 * a.weights.strides[0],
+                   a.weights.strides[0],
+                   nullptr,
+                   a.out.strides[0],
+                   offsets,
+                   order,
+                   bad,
+                   active,
+                   n_active,
+                   static_cast<int4*>(groups_buf.get()),
+                   h,
+                   eo,
+                   a.beta,
+                   a.linear_beta,
+                   round,
+                   a.round_output,
+                   round_e,
+                   fp4_mma};
         f.out = a.round_output ? static_cast<void*>(a.out.as<XT>() + t0 * a.out.strides[0])
                                : static_cast<void*>(a.out.as<float>() + t0 * a.out.strides[0]);
         run_fp4_piece<XT>(f, z, a.z.strides[0], stream);
@@ -454,27 +469,23 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a, ExpertsStrategy st
                            vector_ok(fmt, r3, L, z, a.z.strides[0], sizeof(XT));
         const auto launch_b = [&](auto kernel, int width) {
           const dim3 grid(grid_for(I, kRowdotThreads / width), slots);
-          kernel<<<grid, kRowdotThreads, 0, stream>>>(tab, offsets, order, active, n_active, z, a.z.strides[0], k, I,
-                                                     L, h, I, width, a.beta, a.linear_beta, round);
+          kernel<<<grid, kRowdotThreads, 0, stream>>>(tab, offsets, order, active, n_active, z, a.z.strides[0], k, I, L,
+                                                      h, I, width, a.beta, a.linear_beta, round);
           K3_CUDA_CHECK_LAUNCH("expert_rows_kernel<gate_up>");
         };
-        if (vec_b)
-          launch_b(expert_rows_kernel<true, FC, true, XT>, segment_width<FC, true>(L));
-        else
-          launch_b(expert_rows_kernel<true, FC, false, XT>, segment_width<FC, false>(L));
+        if (vec_b) launch_b(expert_rows_kernel<true, FC, true, XT>, segment_width<FC, true>(L));
+        else launch_b(expert_rows_kernel<true, FC, false, XT>, segment_width<FC, false>(L));
         // C: down rows (L of them, `I` wide) against h.
         const bool vec_c = aligned && vector_ok(fmt, r2, I, h, I, sizeof(float));
         const auto launch_c = [&](auto kernel, int width) {
           const dim3 grid(grid_for(L, kRowdotThreads / width * kDownRows), slots);
           kernel<<<grid, kRowdotThreads, 0, stream>>>(tab, offsets, order, active, n_active,
-                                                     static_cast<const float*>(h), I, k, L, I, eo, L, width, a.beta,
-                                                     a.linear_beta, round_e);
+                                                      static_cast<const float*>(h), I, k, L, I, eo, L, width, a.beta,
+                                                      a.linear_beta, round_e);
           K3_CUDA_CHECK_LAUNCH("expert_rows_kernel<down>");
         };
-        if (vec_c)
-          launch_c(expert_rows_kernel<false, FC, true, float>, segment_width<FC, true>(I));
-        else
-          launch_c(expert_rows_kernel<false, FC, false, float>, segment_width<FC, false>(I));
+        if (vec_c) launch_c(expert_rows_kernel<false, FC, true, float>, segment_width<FC, true>(I));
+        else launch_c(expert_rows_kernel<false, FC, false, float>, segment_width<FC, false>(I));
       });
       if (a.round_output) {
         combine_kernel<XT><<<dim3(static_cast<unsigned>(T), grid_for(L, 256)), 256, 0, stream>>>(

@@ -9,8 +9,8 @@
 #include <tuple>
 
 #include "kernels/cuda_common.cuh"
-#include "kernels/op_table.h"
 #include "kernels/moe/experts.h"
+#include "kernels/op_table.h"
 
 namespace k3::kernels::cuda_detail {
 

@@ -84,7 +84,7 @@ using namespace cuda_detail;
 namespace {
 
 constexpr int64_t kGridYMax = 65535;  // supports(): T * k routes, one grid y each
-constexpr int kMaxRoutes = 64;   // supports(): k <= this (the down block's e table)
+constexpr int kMaxRoutes = 64;        // supports(): k <= this (the down block's e table)
 // supports(): a z row and a token's k h rows of at most this many bytes each (staged in shared
 // memory with the scale tables; a launch over 48 KB opts in to more).
 constexpr size_t kSmemBudget = 40 * 1024;
@@ -107,19 +107,19 @@ struct GemvParams {
   int64_t p_ld;
   const void* z;  // [T, L] XT latent input, rows z_ld apart (16-byte aligned rows)
   int64_t z_ld;
-  void* h;  // [T * k, h_ld] HT scratch: SiTU outputs per route (route = t * k + j)
+  void* h;    // [T * k, h_ld] HT scratch: SiTU outputs per route (route = t * k + j)
   void* out;  // [T, L] OT, rows out_ld apart
   int64_t out_ld;
   int64_t L, I;
   int h_ld;              // steps_i * kStepValues: an h row padded to whole steps
   int steps_l, steps_i;  // steps of a gate/up row (L / 128, rounded up) and of a down row (I / 128)
-  int k, E;             // E: the held experts (the table's)
+  int k, E;              // E: the held experts (the table's)
   int e_begin, e_total;  // expert parallelism: held ids [e_begin, e_begin + E) of [0, e_total)
   float beta, linear_beta;
   bool word_scales_gu, word_scales_dn;  // w1/w3, w2 scale rows read 4 bytes at a time (4-byte aligned)
-  bool round;    // Precision::bf16: gate/up sums and SiTU rounded
-  bool round_e;    // round && (round_output || whole_experts): e_tj rounded
-  bool round_out;  // round && round_output: out rounded
+  bool round;                           // Precision::bf16: gate/up sums and SiTU rounded
+  bool round_e;                         // round && (round_output || whole_experts): e_tj rounded
+  bool round_out;                       // round && round_output: out rounded
 };
 
 // ---------------------------------------------------------------- A. gate/up + SiTU
@@ -128,8 +128,7 @@ struct GemvParams {
 // of route blockIdx.y (= t * k + j). Dynamic shared memory: the scale pairs [step][16 rows][c]
 // {gate, up} (gate_up_scale_bytes), then z_t (steps_l * 128 values of XT).
 template <class XT, class HT>
-__global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<XT, bf16>>)
-    gemv_gate_up_kernel(GemvParams p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<XT, bf16>>) gemv_gate_up_kernel(GemvParams p) {
   constexpr bool MMA = std::is_same_v<XT, bf16>;
   constexpr int S = kSlots;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -228,16 +227,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<XT, bf16>>
 // blockIdx.y. Dynamic shared memory: the scale pairs [route][step][g][c] {row g, row g + 8}
 // (down_scale_bytes), then the token's h rows (k * h_ld values of HT).
 template <class HT, class OT>
-__global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>)
-    gemv_down_kernel(GemvParams p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>) gemv_down_kernel(GemvParams p) {
   constexpr bool MMA = std::is_same_v<HT, bf16>;
   constexpr int S = kSlots;
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ float e_s[kMaxRoutes][kDnRows];  // e_tj of the block's rows, route-major
+  __shared__ float e_s[kMaxRoutes][kDnRows];      // e_tj of the block's rows, route-major
   __shared__ const uint8_t* codes_s[kMaxRoutes];  // W2 codes / scales of the token's held routes
   __shared__ const uint8_t* scales_s[kMaxRoutes];
-  __shared__ int route_s[kMaxRoutes];             // the held routes j, in route order
-  __shared__ float weight_s[kMaxRoutes];          // their route weights p_tj (read with the ids, before the wait)
+  __shared__ int route_s[kMaxRoutes];     // the held routes j, in route order
+  __shared__ float weight_s[kMaxRoutes];  // their route weights p_tj (read with the ids, before the wait)
   __shared__ unsigned held_mask_s[kMaxRoutes / 32];
   static_assert(kMaxRoutes % 32 == 0 && kMaxRoutes <= kThreads, "the held-route ballot takes whole warps");
   // The op's next kernel (moe_tail's prologue in the fused path) may start its pre-wait part now.
@@ -259,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>
     if ((threadIdx.x & 31) == 0) held_mask_s[threadIdx.x >> 5] = mask;
   }
   if (__syncthreads_or(bad)) {  // the whole block: a NaN row, as the reference contract says
-    pdl_wait();  // out may alias z, which the gate/up grid reads
+    pdl_wait();                 // out may alias z, which the gate/up grid reads
     if (threadIdx.x < kDnRows) store_act(out + row0 + threadIdx.x, NAN, false);
     return;
   }
@@ -329,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<std::is_same_v<HT, bf16>>
   }
   pdl_wait();  // h is complete from here on (and out may be written)
   stage_rows<3>(h_s, static_cast<const HT*>(p.h) + static_cast<int64_t>(t) * p.k * p.h_ld, n_held, p.h_ld, p.I, steps,
-             true, route_s);
+                true, route_s);
   big = __syncthreads_or(big);
 
   RowSums<MMA> acc;
@@ -389,8 +387,8 @@ core::Status gemv_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
     return core::Status::fail("the expert GEMV takes 1 token and up to " + to_string(kGridYMax) +
                               " routes (one grid y each), got " + to_string(T) + " tokens of " + to_string(k));
   if (k < 1 || k > kMaxRoutes)
-    return core::Status::fail("the expert GEMV takes 1.." + to_string(kMaxRoutes) + " routes per token, got k = " +
-                              to_string(k));
+    return core::Status::fail("the expert GEMV takes 1.." + to_string(kMaxRoutes) +
+                              " routes per token, got k = " + to_string(k));
   const int64_t I = a.w1[0].out_features();
   if (L % 32 != 0 || I % 32 != 0)
     return core::Status::fail("the expert GEMV needs whole MXFP4 chunks (L and I multiples of 32), got L = " +
@@ -408,9 +406,10 @@ core::Status gemv_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
     return core::Status::fail("the expert GEMV needs " + to_string(need) +
                               " B of shared memory per block, the device allows " + to_string(ops.ctx->smem_optin()));
   if (!aligned16(a.z.data) || (T > 1 && (static_cast<size_t>(a.z.strides[0]) * x_bytes) % 16 != 0))
-    return core::Status::fail("the expert GEMV reads z rows 16 bytes at a time: z must be 16-byte aligned with rows "
-                              "a multiple of 16 bytes apart, got " + describe(a.z) + " with row stride " +
-                              to_string(a.z.strides[0]));
+    return core::Status::fail(
+        "the expert GEMV reads z rows 16 bytes at a time: z must be 16-byte aligned with rows "
+        "a multiple of 16 bytes apart, got " +
+        describe(a.z) + " with row stride " + to_string(a.z.strides[0]));
   // MXFP4 everywhere, one layout per matrix (one row stride each), code rows 16-byte aligned.
   const std::span<const LinearWeight> mats[3] = {a.w1, a.w3, a.w2};
   const char* names[3] = {"w1", "w3", "w2"};
@@ -427,8 +426,8 @@ core::Status gemv_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
       const LinearWeight& w = mats[m][e];
       if (auto s = weight_on_cuda(w, names[m]); !s) return s;
       if (!w.is_mxfp4() || w.weight.view().strides[0] != ld || w.scale.view().strides[0] != sld)
-        return core::Status::fail(std::string(names[m]) + "[" + to_string(e) +
-                                  "] differs in format or layout from " + names[m] + "[0]");
+        return core::Status::fail(std::string(names[m]) + "[" + to_string(e) + "] differs in format or layout from " +
+                                  names[m] + "[0]");
       if (!aligned16(w.weight.view().data))
         return core::Status::fail(std::string(names[m]) + "[" + to_string(e) +
                                   "] codes are not 16-byte aligned (the expert GEMV loads 16 bytes at a time)");

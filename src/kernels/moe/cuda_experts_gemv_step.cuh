@@ -18,7 +18,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kGuSlices = 4;     // warps sharing one gate/up row group's latent width
+constexpr int kGuSlices = 4;  // warps sharing one gate/up row group's latent width
 constexpr int kGuGroups = kWarps / kGuSlices;
 constexpr int kGuRows = 8 * kGuGroups;  // intermediate rows per gate/up block
 constexpr int kDnRows = 16;             // latent rows per down block (one mma's rows)
@@ -122,8 +122,8 @@ __device__ __forceinline__ bool stage_step_scales(uint2* table, int it, uint32_t
 }
 
 // d += A B on the tensor cores (m16n8k16, bf16 in, fp32 accumulate).
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -226,10 +226,8 @@ __device__ __forceinline__ void step_sums(const Slot& s, uint2 f, const float* x
 // bf16 rows are in fragment order ([step][word][c] groups of 16 bytes), f32 rows in plain order.
 template <class T>
 __device__ __forceinline__ const auto* step_x(const T* row, int step, int c) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return reinterpret_cast<const uint4*>(row) + step * 16 + c;
-  else
-    return row + (step * kStepChunks + c) * 32;
+  if constexpr (std::is_same_v<T, bf16>) return reinterpret_cast<const uint4*>(row) + step * 16 + c;
+  else return row + (step * kStepChunks + c) * 32;
 }
 
 // Stages `rows` rows of n values (source row r at src + row_of[r] * src_ld, or r * src_ld without

@@ -83,26 +83,26 @@ namespace {
 
 // What the three kernels read.
 struct GroupedParams {
-  ExpertTable tab;       // per-expert w1 / w3 / w2 codes and scales, one layout for all
-  const int4* groups;    // [E] {expert, first index into order, route count, 0} (sort)
-  const int* n_active;   // number of groups
-  const int* order;      // [T * k] route indices (t * k + j) grouped by expert
-  const int* bad;        // [T] 1 for a token with an id outside [0, num_experts)
-  const int32_t* ids;    // [T, k] global expert ids, rows ids_ld apart (the combine skips other ranks')
+  ExpertTable tab;      // per-expert w1 / w3 / w2 codes and scales, one layout for all
+  const int4* groups;   // [E] {expert, first index into order, route count, 0} (sort)
+  const int* n_active;  // number of groups
+  const int* order;     // [T * k] route indices (t * k + j) grouped by expert
+  const int* bad;       // [T] 1 for a token with an id outside [0, num_experts)
+  const int32_t* ids;   // [T, k] global expert ids, rows ids_ld apart (the combine skips other ranks')
   int64_t ids_ld;
-  int e_begin, E;        // the held experts: ids [e_begin, e_begin + E) (table indices 0 .. E-1)
-  const bf16* z;         // [T, L] latent input, rows z_ld apart (16-byte aligned)
+  int e_begin, E;  // the held experts: ids [e_begin, e_begin + E) (table indices 0 .. E-1)
+  const bf16* z;   // [T, L] latent input, rows z_ld apart (16-byte aligned)
   int64_t z_ld;
-  bf16* h;               // [T * k, I] scratch: SiTU outputs per route
-  void* e;               // [T * k, L] scratch: e_tj, bf16 (round_e) or f32
-  const float* p;        // [T, k] route weights, rows p_ld apart
+  bf16* h;         // [T * k, I] scratch: SiTU outputs per route
+  void* e;         // [T * k, L] scratch: e_tj, bf16 (round_e) or f32
+  const float* p;  // [T, k] route weights, rows p_ld apart
   int64_t p_ld;
-  void* out;             // [T, L] bf16 (round_e) or f32, rows out_ld apart
+  void* out;  // [T, L] bf16 (round_e) or f32, rows out_ld apart
   int64_t out_ld;
   int L, I, k;
-  int chunks_l, steps_l;  // L / 32 chunks, in steps of 4 (one per lane c)
+  int chunks_l, steps_l;   // L / 32 chunks, in steps of 4 (one per lane c)
   uint32_t steps_l_magic;  // division_magic(steps_l): x / steps_l = umulhi(2 x, magic)
-  int chunks_i, steps_i;  // I / 32, likewise
+  int chunks_i, steps_i;   // I / 32, likewise
   uint32_t steps_i_magic;  // division_magic(steps_i)
   int slabs_gu, slabs_dn;  // items per group: I / kGuRows, ceil(L / kDnRows)
   float beta, linear_beta;
@@ -260,10 +260,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) grouped_down_kernel(Gr
                 if (n < nr) {
                   const float val = d0[v] + d1[v];
                   ET* dst = eo + static_cast<int64_t>(route_s[n]) * p.L + lo + (v < 2 ? 0 : 8);
-                  if constexpr (std::is_same_v<ET, bf16>)
-                    *dst = __float2bfloat16_rn(val);
-                  else
-                    *dst = val;
+                  if constexpr (std::is_same_v<ET, bf16>) *dst = __float2bfloat16_rn(val);
+                  else *dst = val;
                 }
                 d0[v] = d1[v] = 0.0f;
               }
@@ -323,11 +321,11 @@ core::Status grouped_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
     return core::Status::fail("the grouped experts take 1.." + std::to_string(kMaxTokens) + " tokens, got " +
                               std::to_string(T));
   if (k < 1 || k > kMaxK)
-    return core::Status::fail("the grouped experts take 1.." + std::to_string(kMaxK) + " routes per token, got k = " +
-                              std::to_string(k));
+    return core::Status::fail("the grouped experts take 1.." + std::to_string(kMaxK) +
+                              " routes per token, got k = " + std::to_string(k));
   if (E > kSortMaxExperts)
-    return core::Status::fail("the grouped experts sort at most " + std::to_string(kSortMaxExperts) +
-                              " experts, got " + std::to_string(E));
+    return core::Status::fail("the grouped experts sort at most " + std::to_string(kSortMaxExperts) + " experts, got " +
+                              std::to_string(E));
   const int64_t I = a.w1[0].out_features();
   if (L % 32 != 0 || I % 32 != 0 || L == 0 || I == 0)
     return core::Status::fail("the grouped experts need whole MXFP4 chunks (L and I multiples of 32), got L = " +
@@ -338,9 +336,10 @@ core::Status grouped_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
                               std::to_string(smem) + " B) in shared memory; the device allows " +
                               std::to_string(ops.ctx->smem_optin()) + " B");
   if (!aligned16(a.z.data) || (T > 1 && (a.z.strides[0] * 2) % 16 != 0))
-    return core::Status::fail("the grouped experts read z rows 16 bytes at a time: z must be 16-byte aligned with "
-                              "rows a multiple of 16 bytes apart, got " + describe(a.z) + " with row stride " +
-                              std::to_string(a.z.strides[0]));
+    return core::Status::fail(
+        "the grouped experts read z rows 16 bytes at a time: z must be 16-byte aligned with "
+        "rows a multiple of 16 bytes apart, got " +
+        describe(a.z) + " with row stride " + std::to_string(a.z.strides[0]));
   // MXFP4 everywhere, one layout per matrix (the kernels take one row stride each), code rows
   // 16-byte aligned (16-byte loads straight from global memory).
   const std::span<const LinearWeight> mats[3] = {a.w1, a.w3, a.w2};
@@ -437,7 +436,8 @@ void grouped_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   const int64_t max_groups = std::min<int64_t>(routes, E);
   const size_t smem_gu = static_cast<size_t>(staged_rows(T, k) * staged_pitch(p.steps_l));
   const size_t smem_dn = static_cast<size_t>(staged_rows(T, k) * staged_pitch(p.steps_i));
-  const unsigned grid_gu = persistent_blocks(grouped_gate_up_kernel, kThreads, smem_gu, sm_count, max_groups * p.slabs_gu);
+  const unsigned grid_gu = persistent_blocks(grouped_gate_up_kernel, kThreads, smem_gu, sm_count,
+                                             max_groups * p.slabs_gu);
   grouped_gate_up_kernel<<<grid_gu, kThreads, smem_gu, stream>>>(p);
   K3_CUDA_CHECK_LAUNCH("grouped_gate_up_kernel");
   const dim3 grid_c(grid_for(L / 8, 128), static_cast<unsigned>(T));
@@ -453,12 +453,9 @@ void grouped_run(const CudaOps& ops, const MoeExpertsArgs& a) {
     grouped_combine_kernel<ET, OT><<<grid_c, 128, 0, stream>>>(p);
     K3_CUDA_CHECK_LAUNCH("grouped_combine_kernel");
   };
-  if (a.round_output)
-    down_and_combine(Tag<bf16>{}, Tag<bf16>{});
-  else if (round_e)
-    down_and_combine(Tag<bf16>{}, Tag<float>{});
-  else
-    down_and_combine(Tag<float>{}, Tag<float>{});
+  if (a.round_output) down_and_combine(Tag<bf16>{}, Tag<bf16>{});
+  else if (round_e) down_and_combine(Tag<bf16>{}, Tag<float>{});
+  else down_and_combine(Tag<float>{}, Tag<float>{});
 }
 
 }  // namespace

@@ -25,8 +25,8 @@ constexpr int kDnRing = 3;      // down (more state beside the ring: tiles, rout
 constexpr int kEarlySlots = 2;  // ring slots loaded before the activations are staged
 constexpr int kGuSlices = 2;    // warps sharing one gate/up row group's latent width
 constexpr int kGuGroups = kWarps / kGuSlices;
-constexpr int kGuRows = 8 * kGuGroups;  // intermediate rows per gate/up item (32)
-constexpr int kDnTiles = 4;             // 16-row tiles per warp per down item
+constexpr int kGuRows = 8 * kGuGroups;           // intermediate rows per gate/up item (32)
+constexpr int kDnTiles = 4;                      // 16-row tiles per warp per down item
 constexpr int kDnRows = 16 * kWarps * kDnTiles;  // latent rows per down item (512)
 constexpr int kBlocksPerSm = 3;                  // __launch_bounds__: <= 80 registers
 
@@ -164,8 +164,8 @@ __device__ __forceinline__ int4 next_group(int4* group_s, const int4* groups, in
 // before (route_s, src_s, dst free) and after (dst complete).
 constexpr int kStageBatch = 3;  // 4 spills in the gate/up kernel
 template <class RowOf>
-__device__ __forceinline__ void stage_rows(uint8_t* dst, int* route_s, const bf16** src_s, const int* order,
-                                           int first, int nr, const bf16* src, int64_t ld, int chunks, int steps,
+__device__ __forceinline__ void stage_rows(uint8_t* dst, int* route_s, const bf16** src_s, const int* order, int first,
+                                           int nr, const bf16* src, int64_t ld, int chunks, int steps,
                                            uint32_t steps_magic, RowOf row_of) {
   if (static_cast<int>(threadIdx.x) < nr) {
     const int route = __ldg(order + first + threadIdx.x);

@@ -55,8 +55,8 @@ __device__ __forceinline__ void act_pairs(const uint4& x, uint32_t (&b)[4]) {
   b[3] = __byte_perm(x.y, x.w, 0x7632);
 }
 
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
@@ -90,8 +90,8 @@ __device__ __forceinline__ void issue_rows(const uint8_t* codes, int64_t row0, i
 }
 // Scale bytes [first, first + rows * chunks) of the item's scale block (row-major [.][chunks]) from
 // a row-contiguous scale matrix: byte b = threadIdx.x + u * kThreads goes to sc[u].
-__device__ __forceinline__ void gather_scales(const uint8_t* scales, int64_t row0, int rows, int64_t limit,
-                                              int chunks, int first, uint32_t (&sc)[kMaxScalesPerThread]) {
+__device__ __forceinline__ void gather_scales(const uint8_t* scales, int64_t row0, int rows, int64_t limit, int chunks,
+                                              int first, uint32_t (&sc)[kMaxScalesPerThread]) {
   const int valid = static_cast<int>(min(static_cast<int64_t>(rows), limit - row0)) * chunks;
   const uint8_t* src = scales + row0 * chunks;
 #pragma unroll
@@ -114,9 +114,9 @@ __host__ __device__ inline int mma_gate_up_stage_bytes(int64_t L) {
 // item: mma rows 0..7 are the gate rows, 8..15 the up rows; warp w sums chunks [w * per, (w + 1) *
 // per) and the 8 warps' partial sums meet in shared memory in warp order.
 template <bool SORTED>
-__global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(ExpertTable tab, RouteSource rs, const bf16* z,
-                                                               int64_t z_ld, int64_t I, int64_t L, bf16* h,
-                                                               float beta, float linear_beta) {
+__global__ void __launch_bounds__(kThreads)
+    gate_up_mma_kernel(ExpertTable tab, RouteSource rs, const bf16* z, int64_t z_ld, int64_t I, int64_t L, bf16* h,
+                       float beta, float linear_beta) {
   constexpr int R = SORTED ? kMmaRoutes : 1, ROWS = kGateUpRows, WARPS = kThreads / 32;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int ids_s[SORTED ? 1 : kScanMaxRoutes];
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(ExpertTable tab, 
   const auto group_of_item = [&](int item) {
     return item < n_items ? group_at<SORTED>(rs, ids_s, item / tiles) : Group{-1, 0, 0};
   };
-  const auto issue = [&](const Group& gr, int item, int s, uint32_t (&sc)[kMaxScalesPerThread], int (&route)[R]) {
+  const auto issue = [&](const Group& gr, int item, int s, uint32_t(&sc)[kMaxScalesPerThread], int(&route)[R]) {
     first_routes<SORTED, R>(rs, gr, route);
     if (gr.e < 0) return;
     uint8_t* base = smem + s * stage;
@@ -221,8 +221,8 @@ __host__ __device__ inline int mma_down_stage_bytes(int64_t I) {
 
 // eo[route][row] = round?(W2[row] . h_route): warp w owns rows 16 w .. 16 w + 15 of the item.
 template <bool SORTED>
-__global__ void __launch_bounds__(kThreads) down_mma_kernel(ExpertTable tab, RouteSource rs, const bf16* h, int64_t I,
-                                                            int64_t L, float* eo, bool round) {
+__global__ void __launch_bounds__(kThreads)
+    down_mma_kernel(ExpertTable tab, RouteSource rs, const bf16* h, int64_t I, int64_t L, float* eo, bool round) {
   constexpr int R = SORTED ? kMmaRoutes : 1, ROWS = kDownMmaRows;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int ids_s[SORTED ? 1 : kScanMaxRoutes];
@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) down_mma_kernel(ExpertTable tab, Rou
   const auto group_of_item = [&](int item) {
     return item < n_items ? group_at<SORTED>(rs, ids_s, item / tiles) : Group{-1, 0, 0};
   };
-  const auto issue = [&](const Group& gr, int item, int s, uint32_t (&sc)[kMaxScalesPerThread], int (&route)[R]) {
+  const auto issue = [&](const Group& gr, int item, int s, uint32_t(&sc)[kMaxScalesPerThread], int(&route)[R]) {
     first_routes<SORTED, R>(rs, gr, route);
     if (gr.e < 0) return;
     const WeightRef w2 = tab.w2(gr.e);

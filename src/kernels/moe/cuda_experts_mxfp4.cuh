@@ -42,9 +42,7 @@ struct ExpertTable {
   __device__ WeightRef w3(int e) const { return {ptr(e, 2), scale(e, 3), ld3, sld3}; }
   __device__ WeightRef w2(int e) const { return {ptr(e, 4), scale(e, 5), ld2, sld2}; }
   __device__ const void* ptr(int e, int i) const { return reinterpret_cast<const void*>(words[e * 6 + i]); }
-  __device__ const uint8_t* scale(int e, int i) const {
-    return reinterpret_cast<const uint8_t*>(words[e * 6 + i]);
-  }
+  __device__ const uint8_t* scale(int e, int i) const { return reinterpret_cast<const uint8_t*>(words[e * 6 + i]); }
 };
 
 namespace fp4_experts {
@@ -75,7 +73,7 @@ __device__ __forceinline__ void decode_word(uint32_t w, float (&v)[8]) {
     const uint32_t raw = (mags[i] & kMag) | (signs[i] & ~kMag);
     const __nv_bfloat162 pair = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&raw), k2p126);
     const uint32_t bits = *reinterpret_cast<const uint32_t*>(&pair);
-    v[i] = __uint_as_float(bits << 16);             // nibble i (low half)
+    v[i] = __uint_as_float(bits << 16);              // nibble i (low half)
     v[i + 4] = __uint_as_float(bits & 0xffff0000u);  // nibble i + 4 (high half)
   }
 }
@@ -153,10 +151,8 @@ __device__ __forceinline__ Group group_at(const RouteSource& rs, const int* ids_
 }
 template <bool SORTED>
 __device__ __forceinline__ int route_at(const RouteSource& rs, const Group& g, int j) {
-  if constexpr (SORTED)
-    return rs.order[g.begin + j];
-  else
-    return g.begin + j;
+  if constexpr (SORTED) return rs.order[g.begin + j];
+  else return g.begin + j;
 }
 template <bool SORTED>
 __device__ __forceinline__ int load_groups(const RouteSource& rs, int* ids_s) {
@@ -182,7 +178,8 @@ __device__ __forceinline__ void issue_codes(const TileRef& t, int rows, int chun
   const int n = rows * chunks;
   for (int b = threadIdx.x; b < n; b += kThreads) {
     const int r = b / chunks, c = b - r * chunks;
-    if (t.row0 + r < t.limit) cp_async16(smem_codes + static_cast<int64_t>(b) * 16, t.codes + (t.row0 + r) * t.ld + c * 16);
+    if (t.row0 + r < t.limit)
+      cp_async16(smem_codes + static_cast<int64_t>(b) * 16, t.codes + (t.row0 + r) * t.ld + c * 16);
   }
 }
 __device__ __forceinline__ void load_scales(const TileRef& t, int rows, int chunks, int first,
@@ -238,9 +235,9 @@ __host__ __device__ inline int gate_up_stage_bytes(int64_t L) {
 // (h is a bf16 value then) and f32 otherwise. Items: group * tiles + tile, block b takes b, b +
 // gridDim.x, ...
 template <class XT, class HT, bool SORTED>
-__global__ void __launch_bounds__(kThreads) gate_up_kernel(ExpertTable tab, RouteSource rs, const XT* z, int64_t z_ld,
-                                                           int64_t I, int64_t L, HT* h, float beta, float linear_beta,
-                                                           bool round) {
+__global__ void __launch_bounds__(kThreads)
+    gate_up_kernel(ExpertTable tab, RouteSource rs, const XT* z, int64_t z_ld, int64_t I, int64_t L, HT* h, float beta,
+                   float linear_beta, bool round) {
   constexpr int R = SORTED ? kGroupRoutes : 1, ROWS = kGateUpRows;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int ids_s[SORTED ? 1 : kScanMaxRoutes];
@@ -255,11 +252,11 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(ExpertTable tab, Rout
   };
   const auto tile_of = [&](const Group& g, int item, int m) {  // m: 0 gate, 1 up
     const WeightRef w = m == 0 ? tab.w1(g.e) : tab.w3(g.e);
-    return TileRef{static_cast<const uint8_t*>(w.data), w.scale, w.ld, w.scale_ld,
+    return TileRef{static_cast<const uint8_t*>(w.data),       w.scale, w.ld, w.scale_ld,
                    static_cast<int64_t>(item % tiles) * ROWS, I};
   };
   // Starts the copies of `item` into stage s and gathers its scales and first routes.
-  const auto issue = [&](const Group& g, int item, int s, uint32_t (&sc)[kMaxScalesPerThread], int (&route)[R]) {
+  const auto issue = [&](const Group& g, int item, int s, uint32_t(&sc)[kMaxScalesPerThread], int(&route)[R]) {
     first_routes<SORTED, R>(rs, g, route);
     if (g.e < 0) return;
     uint8_t* base = smem + s * stage;
@@ -349,8 +346,8 @@ __host__ __device__ inline int down_stage_bytes(int64_t I, int width) {
 // eo[route][row] = round?(W2[row] . h_route). A segment of `width` lanes owns rows seg and
 // seg + segments of the item's tile.
 template <class HT, bool SORTED>
-__global__ void __launch_bounds__(kThreads) down_kernel(ExpertTable tab, RouteSource rs, const HT* h, int64_t I,
-                                                        int64_t L, float* eo, int width, bool round) {
+__global__ void __launch_bounds__(kThreads)
+    down_kernel(ExpertTable tab, RouteSource rs, const HT* h, int64_t I, int64_t L, float* eo, int width, bool round) {
   constexpr int R = SORTED ? kGroupRoutes : 1;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int ids_s[SORTED ? 1 : kScanMaxRoutes];
@@ -363,11 +360,11 @@ __global__ void __launch_bounds__(kThreads) down_kernel(ExpertTable tab, RouteSo
   const auto group_of_item = [&](int item) {
     return item < n_items ? group_at<SORTED>(rs, ids_s, item / tiles) : Group{-1, 0, 0};
   };
-  const auto issue = [&](const Group& g, int item, int s, uint32_t (&sc)[kMaxScalesPerThread], int (&route)[R]) {
+  const auto issue = [&](const Group& g, int item, int s, uint32_t(&sc)[kMaxScalesPerThread], int(&route)[R]) {
     first_routes<SORTED, R>(rs, g, route);
     if (g.e < 0) return;
     const WeightRef w = tab.w2(g.e);
-    const TileRef t{static_cast<const uint8_t*>(w.data), w.scale, w.ld, w.scale_ld,
+    const TileRef t{static_cast<const uint8_t*>(w.data),       w.scale, w.ld, w.scale_ld,
                     static_cast<int64_t>(item % tiles) * rows, L};
     issue_codes(t, rows, chunks, smem + s * stage);
     load_scales(t, rows, chunks, 0, sc);

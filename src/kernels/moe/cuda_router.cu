@@ -11,10 +11,11 @@
 //     picks, and each pick's place is its rank among them.
 // A NaN biased score cannot throw from the device: that token gets ids -1 and NaN weights, which the
 // expert op turns into a NaN output row (never an out-of-range read).
+#include "kernels/moe/cuda_router.h"
+
 #include <cmath>
 
 #include "kernels/cuda_common.cuh"
-#include "kernels/moe/cuda_router.h"
 #include "kernels/moe/cuda_router_select.cuh"
 #include "kernels/moe/ops.h"
 #include "kernels/moe/router.h"
@@ -51,15 +52,14 @@ __device__ __forceinline__ int block_prefix(bool flag, int* warp_counts, int* to
   return before + __popc(ballot & ((1u << lane) - 1u));
 }
 
-__global__ void __launch_bounds__(kThreads) router_kernel(const float* logits, int64_t logits_ld, const void* bias,
-                                                          bool bias_bf16, int E, int k, int32_t* ids, int64_t ids_ld,
-                                                          float* weights, int64_t weights_ld, bool renormalize,
-                                                          float scaling) {
+__global__ void __launch_bounds__(kThreads)
+    router_kernel(const float* logits, int64_t logits_ld, const void* bias, bool bias_bf16, int E, int k, int32_t* ids,
+                  int64_t ids_ld, float* weights, int64_t weights_ld, bool renormalize, float scaling) {
   extern __shared__ uint32_t smem[];
-  uint32_t* key = smem;                                       // [E]
-  float* score = reinterpret_cast<float*>(smem + E);          // [E]
-  uint32_t* pick_key = smem + 2 * E;                          // [k]
-  int* pick_id = reinterpret_cast<int*>(smem + 2 * E + k);    // [k]
+  uint32_t* key = smem;                                                // [E]
+  float* score = reinterpret_cast<float*>(smem + E);                   // [E]
+  uint32_t* pick_key = smem + 2 * E;                                   // [k]
+  int* pick_id = reinterpret_cast<int*>(smem + 2 * E + k);             // [k]
   float* pick_score = reinterpret_cast<float*>(smem + 2 * E + 2 * k);  // [k], in written order
   __shared__ int hist[kBins];
   __shared__ int warp_counts[kThreads / 32];
@@ -169,7 +169,8 @@ __global__ void __launch_bounds__(kThreads) router_kernel(const float* logits, i
 // One block of kTopkThreads per token: the ranking selection of cuda_router_select.cuh.
 __global__ void __launch_bounds__(kTopkThreads)
     rank_topk_kernel(const float* logits, int64_t logits_ld, const void* bias, bool bias_bf16, int E, int k,
-                     int32_t* ids, int64_t ids_ld, float* weights, int64_t weights_ld, bool renormalize, float scaling) {
+                     int32_t* ids, int64_t ids_ld, float* weights, int64_t weights_ld, bool renormalize,
+                     float scaling) {
   __shared__ RouterTopkSmem sm;
   const int64_t t = blockIdx.x;
   block_router_topk(logits + t * logits_ld, bias, bias_bf16, E, k, renormalize, scaling, ids + t * ids_ld,
@@ -211,30 +212,25 @@ core::Status router_topk_cuda_supports(const CudaOps& ops, const RouterTopkArgs&
 }
 
 void router_topk_cuda(const CudaOps& ops, const RouterTopkArgs& a) {
-  if (rank_topk_fits(a))
-    rank_topk_run(ops, a);
-  else
-    radix_topk_run(ops, a);
+  if (rank_topk_fits(a)) rank_topk_run(ops, a);
+  else radix_topk_run(ops, a);
 }
 
 void register_router_cuda(MoeOps& r, const CudaOps& ops) {
-  r.router_topk.add({"cuda_rank_topk", core::Device::cuda,
-                     [ops](const RouterTopkArgs& a) {
-                       if (auto s = ops.usable(); !s) return s;
-                       if (!rank_topk_fits(a))
-                         return core::Status::fail("the ranking selection takes at most top-" +
-                                                   std::to_string(kTopkMaxK) + " of " +
-                                                   std::to_string(kTopkMaxExperts) + " experts, got top-" +
-                                                   std::to_string(a.ids.dim(1)) + " of " +
-                                                   std::to_string(a.logits.dim(1)));
-                       return on_cuda(
-                           {{"logits", &a.logits}, {"bias", &a.bias}, {"ids", &a.ids}, {"weights", &a.weights}});
-                     },
-                     [ops](const RouterTopkArgs& a) { rank_topk_run(ops, a); }});
   r.router_topk.add(
-      {"cuda_radix_topk", core::Device::cuda,
-       [ops](const RouterTopkArgs& a) { return router_topk_cuda_supports(ops, a); },
-       [ops](const RouterTopkArgs& a) { radix_topk_run(ops, a); }});
+      {"cuda_rank_topk", core::Device::cuda,
+       [ops](const RouterTopkArgs& a) {
+         if (auto s = ops.usable(); !s) return s;
+         if (!rank_topk_fits(a))
+           return core::Status::fail("the ranking selection takes at most top-" + std::to_string(kTopkMaxK) + " of " +
+                                     std::to_string(kTopkMaxExperts) + " experts, got top-" +
+                                     std::to_string(a.ids.dim(1)) + " of " + std::to_string(a.logits.dim(1)));
+         return on_cuda({{"logits", &a.logits}, {"bias", &a.bias}, {"ids", &a.ids}, {"weights", &a.weights}});
+       },
+       [ops](const RouterTopkArgs& a) { rank_topk_run(ops, a); }});
+  r.router_topk.add({"cuda_radix_topk", core::Device::cuda,
+                     [ops](const RouterTopkArgs& a) { return router_topk_cuda_supports(ops, a); },
+                     [ops](const RouterTopkArgs& a) { radix_topk_run(ops, a); }});
 }
 
 }  // namespace k3::kernels

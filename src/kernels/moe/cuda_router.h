@@ -3,8 +3,8 @@
 // router_topk's registry picks for these arguments (cuda_router.cu).
 #pragma once
 #include "core/error.h"
-#include "kernels/op_table.h"
 #include "kernels/moe/router.h"
+#include "kernels/op_table.h"
 
 namespace k3::kernels {
 

@@ -29,24 +29,24 @@
 
 namespace k3::kernels::cuda_detail {
 
-inline constexpr int kTopkThreads = 256;         // 8 warps per token
+inline constexpr int kTopkThreads = 256;  // 8 warps per token
 inline constexpr int kTopkWarps = kTopkThreads / 32;
 inline constexpr int kTopkPairsPerThread = 4;
 inline constexpr int kTopkMaxExperts = kTopkThreads * kTopkPairsPerThread;  // 1024
 inline constexpr int kTopkMaxK = 32;
-inline constexpr int kTopkSurvivors = 64;        // per warp: two per lane
+inline constexpr int kTopkSurvivors = 64;  // per warp: two per lane
 
 // Whether block_router_topk takes top-k of E experts.
 inline constexpr bool block_router_topk_fits(int64_t E, int64_t k) { return E <= kTopkMaxExperts && k <= kTopkMaxK; }
 
 // The shared memory of one selection (10.4 KB).
 struct RouterTopkSmem {
-  float score[kTopkMaxExperts];                                     // s of expert e
-  uint32_t surv_key[kTopkWarps][kTopkSurvivors];                    // each warp's survivors
+  float score[kTopkMaxExperts];                   // s of expert e
+  uint32_t surv_key[kTopkWarps][kTopkSurvivors];  // each warp's survivors
   int surv_id[kTopkWarps][kTopkSurvivors];
-  uint32_t cand_key[kTopkWarps][kTopkMaxK];                         // each warp's k best, in place order
+  uint32_t cand_key[kTopkWarps][kTopkMaxK];  // each warp's k best, in place order
   int cand_id[kTopkWarps][kTopkMaxK];
-  uint32_t pick_key[kTopkMaxK];                                     // the k picks, in place order
+  uint32_t pick_key[kTopkMaxK];  // the k picks, in place order
   int pick_id[kTopkMaxK];
 };
 static_assert(sizeof(RouterTopkSmem) <= 12 * 1024, "the selection's shared memory stays small");
@@ -194,8 +194,7 @@ __device__ inline void block_router_topk(const float* logits, const void* bias, 
                                          RouterTopkSmem& sm) {
   if (bias_bf16)
     block_router_topk_t(logits, static_cast<const bf16*>(bias), E, k, renormalize, scaling, ids, weights, sm);
-  else
-    block_router_topk_t(logits, static_cast<const float*>(bias), E, k, renormalize, scaling, ids, weights, sm);
+  else block_router_topk_t(logits, static_cast<const float*>(bias), E, k, renormalize, scaling, ids, weights, sm);
 }
 
 }  // namespace k3::kernels::cuda_detail

@@ -24,8 +24,9 @@
 // first bytes of its 16 latent_up rows (the k-blocks its warps read first: pdl_prefetch_row_bytes, the
 // whole grid at most 16 MiB; at K3 TP8 batch 1 2336 of each row's 7168 B: 448 CTAs x 37 KB = 16.7 MB of
 // latent_up's 51.4 MB) before its wait. tail_rowdot prefetches the same per weight row (fp32 mode).
-#include "kernels/linear/cuda_linear.h"
 #include "kernels/moe/cuda_tail.cuh"
+
+#include "kernels/linear/cuda_linear.h"
 #include "kernels/moe/ops.h"
 
 namespace k3::kernels::moe_tail_cuda {
@@ -249,16 +250,16 @@ __global__ void __launch_bounds__(kThreads) tail_mma_kernel(TailParams p) {
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-  mma_accumulate<NT, U>(acc, static_cast<const bf16*>(p.w_up), p.w_up_ld, p.hidden, r0, ws, p.ws_ld, p.T, t0, p.L,
-                        warp, lane);
+  mma_accumulate<NT, U>(acc, static_cast<const bf16*>(p.w_up), p.w_up_ld, p.hidden, r0, ws, p.ws_ld, p.T, t0, p.L, warp,
+                        lane);
   reduce_warps<NT, PER>(acc, partial, warp, lane, yr);
   if (p.shared) {  // uniform over the CTA (a kernel parameter): the barriers inside are safe
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-    mma_accumulate<NT, U>(acc, static_cast<const bf16*>(p.w_sd), p.w_sd_ld, p.hidden, r0, ws + p.Lp, p.ws_ld, p.T,
-                          t0, p.SI, warp, lane);
+    mma_accumulate<NT, U>(acc, static_cast<const bf16*>(p.w_sd), p.w_sd_ld, p.hidden, r0, ws + p.Lp, p.ws_ld, p.T, t0,
+                          p.SI, warp, lane);
     reduce_warps<NT, PER>(acc, partial, warp, lane, ys);
   }
 #pragma unroll
@@ -277,8 +278,8 @@ __global__ void __launch_bounds__(kThreads) tail_mma_kernel(TailParams p) {
 // ---------------------------------------------------------------- cuda_tail_cublaslt epilogue
 
 // out[t][o] = round(yr[t][o] + ys[t][o]); yr, ys contiguous bf16 [T, hidden] (already rounded GEMM outputs).
-__global__ void __launch_bounds__(kThreads) tail_add_kernel(const bf16* yr, const bf16* ys, bf16* out, int64_t out_ld,
-                                                            int64_t T, int64_t hidden) {
+__global__ void __launch_bounds__(kThreads)
+    tail_add_kernel(const bf16* yr, const bf16* ys, bf16* out, int64_t out_ld, int64_t T, int64_t hidden) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= T * hidden) return;
   const int64_t t = idx / hidden, o = idx % hidden;
@@ -286,7 +287,6 @@ __global__ void __launch_bounds__(kThreads) tail_add_kernel(const bf16* yr, cons
 }
 
 // ---------------------------------------------------------------- host
-
 
 int64_t row_ld(const core::TensorView& v) { return v.dim(0) > 1 ? v.strides[0] : v.dim(1); }
 int64_t round_up8(int64_t n) { return (n + 7) / 8 * 8; }
@@ -394,10 +394,8 @@ std::shared_ptr<void> run_prologue(const CudaOps& ops, const MoeTailCombineArgs&
   const dim3 grid(static_cast<unsigned>(p.T), 2);
   with_act(act, [&](auto tag) {
     using E = typename decltype(tag)::type;
-    if (vec)
-      launch_dependent(tail_prologue_kernel<E, 8>, grid, dim3(kThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
-    else
-      launch_dependent(tail_prologue_kernel<E, 1>, grid, dim3(kThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
+    if (vec) launch_dependent(tail_prologue_kernel<E, 8>, grid, dim3(kThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
+    else launch_dependent(tail_prologue_kernel<E, 1>, grid, dim3(kThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
     K3_CUDA_CHECK_LAUNCH("tail_prologue_kernel");
   });
   return ws;
@@ -411,14 +409,10 @@ void mma_launch(const CudaOps& ops, TailParams p) {
   const auto launch = [&](auto kernel) {
     launch_dependent(kernel, grid, dim3(kThreads), 0, ops.ctx->stream(), dim3(1, 1, 1), p);
   };
-  if (slice <= 8)
-    launch(tail_mma_kernel<1, 4>);
-  else if (slice <= 16)
-    launch(tail_mma_kernel<2, 4>);
-  else if (slice <= 32)
-    launch(tail_mma_kernel<4, 2>);
-  else
-    launch(tail_mma_kernel<8, 2>);
+  if (slice <= 8) launch(tail_mma_kernel<1, 4>);
+  else if (slice <= 16) launch(tail_mma_kernel<2, 4>);
+  else if (slice <= 32) launch(tail_mma_kernel<4, 2>);
+  else launch(tail_mma_kernel<8, 2>);
   K3_CUDA_CHECK_LAUNCH("tail_mma_kernel");
 }
 

@@ -13,33 +13,33 @@ using namespace cuda_detail;
 
 constexpr int kThreads = 256;  // every kernel of the op: 8 warps
 constexpr int kWarps = kThreads / 32;
-constexpr int kMmaRows = 16;   // weight rows (output columns) of one m16 tile
-constexpr int kKBlock = 32;    // k per (warp, k-block): 4 lanes x 8 bf16
+constexpr int kMmaRows = 16;  // weight rows (output columns) of one m16 tile
+constexpr int kKBlock = 32;   // k per (warp, k-block): 4 lanes x 8 bf16
 
 struct TailParams {
-  const void* u = nullptr;         // [T, L] activations, row t at u + t * u_ld
+  const void* u = nullptr;  // [T, L] activations, row t at u + t * u_ld
   int64_t u_ld = 0;
-  const void* norm_w = nullptr;    // [L] bf16 / f32 (use_norm)
+  const void* norm_w = nullptr;  // [L] bf16 / f32 (use_norm)
   bool norm_w_bf16 = false;
-  const void* gate = nullptr;      // [T, SI] (shared)
-  const void* up = nullptr;        // [T, SI] (shared)
+  const void* gate = nullptr;  // [T, SI] (shared)
+  const void* up = nullptr;    // [T, SI] (shared)
   int64_t gate_ld = 0, up_ld = 0;
-  void* ws = nullptr;              // two-launch forms: workspace [T, ws_ld]: rmsnorm(u) at 0, situ at Lp
-  int64_t ws_ld = 0, Lp = 0;       // Lp = L rounded up to 8 (also the situ columns' start in x_pitch rows)
-  int64_t x_pitch = 0;             // one-launch form: shared-memory row pitch of [un | s] (elements)
-  const void* w_up = nullptr;      // latent_up [hidden, L] bf16 / f32, row o at w_up + o * w_up_ld
+  void* ws = nullptr;          // two-launch forms: workspace [T, ws_ld]: rmsnorm(u) at 0, situ at Lp
+  int64_t ws_ld = 0, Lp = 0;   // Lp = L rounded up to 8 (also the situ columns' start in x_pitch rows)
+  int64_t x_pitch = 0;         // one-launch form: shared-memory row pitch of [un | s] (elements)
+  const void* w_up = nullptr;  // latent_up [hidden, L] bf16 / f32, row o at w_up + o * w_up_ld
   int64_t w_up_ld = 0;
   bool w_up_bf16 = false;
-  const void* w_sd = nullptr;      // shared_down [hidden, SI] (shared)
+  const void* w_sd = nullptr;  // shared_down [hidden, SI] (shared)
   int64_t w_sd_ld = 0;
   bool w_sd_bf16 = false;
-  void* out = nullptr;             // [T, hidden], row t at out + t * out_ld
+  void* out = nullptr;  // [T, hidden], row t at out + t * out_ld
   int64_t out_ld = 0;
   int64_t T = 0, L = 0, SI = 0, hidden = 0;
   bool use_norm = false, shared = false, moonshot = true;
-  bool round = false;              // Precision::bf16: round every stored value (bf16 storage always rounds)
+  bool round = false;  // Precision::bf16: round every stored value (bf16 storage always rounds)
   float eps = 1e-5f, beta = 4.0f, linear_beta = 25.0f;
-  uint32_t prefetch_row_bytes = 0; // latent_up bytes per row into L2 before the PDL wait
+  uint32_t prefetch_row_bytes = 0;  // latent_up bytes per row into L2 before the PDL wait
 };
 
 // ---------------------------------------------------------------- the prologue's math

@@ -57,11 +57,11 @@ namespace k3::kernels::moe_tail_cuda {
 
 namespace {
 
-constexpr int kCtaRows = 2 * kMmaRows;  // weight rows (output columns) per CTA: two m16 tiles
-constexpr int kRing = 4;                // k-blocks per warp in flight
+constexpr int kCtaRows = 2 * kMmaRows;                       // weight rows (output columns) per CTA: two m16 tiles
+constexpr int kRing = 4;                                     // k-blocks per warp in flight
 constexpr int kRingRowBytes = kWarps * kRing * kKBlock * 2;  // bytes of each latent_up row the primed ring reads
-constexpr int kPartialFloats = kWarps * 16 * 32;  // [warp][yr tile 0, 1 x 4 | ys tile 0, 1 x 4][lane]
-constexpr int kTileRows = 8;            // rows of the one n8 tile a CTA holds (the kernel's capacity)
+constexpr int kPartialFloats = kWarps * 16 * 32;             // [warp][yr tile 0, 1 x 4 | ys tile 0, 1 x 4][lane]
+constexpr int kTileRows = 8;  // rows of the one n8 tile a CTA holds (the kernel's capacity)
 static_assert(kThreads == kCtaRows * kTileRows, "the epilogue gives every thread one (column, row) entry");
 static_assert(kOneLaunchMaxRows <= kTileRows, "the rows served fit the n8 tile");
 
@@ -82,8 +82,8 @@ __device__ __forceinline__ void load_bf16x4(const bf16* p, float (&v)[4]) {
 }
 __device__ __forceinline__ void store_bf16x4(bf16* p, const float (&v)[4]) {
   const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
-  *reinterpret_cast<uint2*>(p) =
-      make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+  *reinterpret_cast<uint2*>(p) = make_uint2(*reinterpret_cast<const uint32_t*>(&a),
+                                            *reinterpret_cast<const uint32_t*>(&b));
 }
 // Waits for all of this thread's cp.async copies (they are then visible to this thread; other threads
 // need a barrier).
@@ -92,9 +92,9 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // Warp `warp`'s item i: latent_up k-block warp + 8 i for i < n_up, else shared_down k-block
 // warp + 8 (i - n_up) (cuda_tail_mma's k-blocks per warp, in its order).
 struct Item {
-  bool up;     // latent_up (else shared_down)
-  int64_t k;   // this lane's first k: 32 kb + 8 q
-  bool k_ok;   // k inside the weight's width (in % 8 == 0: an 8-element chunk is whole)
+  bool up;    // latent_up (else shared_down)
+  int64_t k;  // this lane's first k: 32 kb + 8 q
+  bool k_ok;  // k inside the weight's width (in % 8 == 0: an 8-element chunk is whole)
 };
 __device__ __forceinline__ Item item_at(const TailParams& p, int warp, int q, int n_up, int i) {
   Item it;
@@ -144,9 +144,9 @@ __device__ __forceinline__ void load_item(const TailParams& p, int64_t r0, int w
 // was most of the kernel's instructions and mostly issue-bound; docs/perf/kernel-notes.md, moe_tail).
 // The same bytes reach the same ring slots and the same mma calls as load_item's.
 struct FullLane {
-  const bf16* up;        // latent_up row r0 + g at k = 32 warp + 8 q (item 0)
-  const bf16* sd;        // shared_down likewise (latent_up's when there are no shared experts: unused)
-  int64_t up_h, sd_h;    // 8 rows, in elements
+  const bf16* up;      // latent_up row r0 + g at k = 32 warp + 8 q (item 0)
+  const bf16* sd;      // shared_down likewise (latent_up's when there are no shared experts: unused)
+  int64_t up_h, sd_h;  // 8 rows, in elements
 };
 constexpr int64_t kItemStride = int64_t{kWarps} * kKBlock;  // elements from a warp's item to its next
 __device__ __forceinline__ void load_item_full(const FullLane& f, int n_up, int n_items, int i, uint4 (&w)[4]) {
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, 2) tail_one_launch_kernel(TailParams
       }
   }
   if (p.use_norm) {  // without it x holds u itself (the prologue's copy of bf16 u is exact)
-    // Sum of squares of each row: exactly block_sum()'s tree (each thread's chunks in order, the warp
+                     // Sum of squares of each row: exactly block_sum()'s tree (each thread's chunks in order, the warp
     // butterfly, the 8 warp sums in warp order through `red`, the butterfly over them), one barrier for
     // all rows.
 #pragma unroll 1
@@ -323,10 +323,8 @@ __global__ void __launch_bounds__(kThreads, 2) tail_one_launch_kernel(TailParams
         mma_kblock(acc_sd[0], ring[s][0], ring[s][1], xv);
         mma_kblock(acc_sd[1], ring[s][2], ring[s][3], xv);
       }
-      if constexpr (FULL)
-        load_item_full(fl, n_up, n_items, i + kRing, ring[s]);
-      else
-        load_item(p, r0, warp, g, q, n_up, n_items, i + kRing, ring[s]);
+      if constexpr (FULL) load_item_full(fl, n_up, n_items, i + kRing, ring[s]);
+      else load_item(p, r0, warp, g, q, n_up, n_items, i + kRing, ring[s]);
     }
   }
 

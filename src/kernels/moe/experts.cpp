@@ -23,19 +23,15 @@ namespace k3::kernels {
 
 namespace {
 
-std::string describe(const core::TensorView& v) {
-  return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str();
-}
+std::string describe(const core::TensorView& v) { return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str(); }
 
 bool is_matrix(const core::TensorView& v, core::DType dt, int64_t rows, int64_t cols) {
-  return v.dtype == dt && v.rank() == 2 && v.strides[1] == 1 && v.dim(0) == rows &&
-         v.dim(1) == cols;
+  return v.dtype == dt && v.rank() == 2 && v.strides[1] == 1 && v.dim(0) == rows && v.dim(1) == cols;
 }
 
 // Validates one expert weight with linear_check on empty activations of the expected widths.
 core::Status check_expert_weight(const char* name, size_t e, const LinearWeight& w, int64_t in) {
-  if (!w.weight.defined())
-    return core::Status::fail(std::string(name) + "[" + std::to_string(e) + "] is empty");
+  if (!w.weight.defined()) return core::Status::fail(std::string(name) + "[" + std::to_string(e) + "] is empty");
   const int64_t out = w.out_features();
   const core::TensorView x = core::TensorView::contiguous(nullptr, core::DType::f32, {0, in});
   const core::TensorView y = core::TensorView::contiguous(nullptr, core::DType::f32, {0, out});
@@ -61,64 +57,54 @@ core::TensorView f32_view(std::vector<float>& buf, int64_t rows, int64_t cols) {
 
 core::Status moe_experts_check(const MoeExpertsArgs& a) {
   if (!is_activation_dtype(a.z) || a.z.rank() != 2 || a.z.strides[1] != 1)
-    return core::Status::fail("z must be f32 (or bf16 on CUDA) [T, L] with contiguous rows, got " +
-                              describe(a.z));
+    return core::Status::fail("z must be f32 (or bf16 on CUDA) [T, L] with contiguous rows, got " + describe(a.z));
   const int64_t T = a.z.dim(0), L = a.z.dim(1);
-  if (a.ids.dtype != core::DType::i32 || a.ids.rank() != 2 || a.ids.strides[1] != 1 ||
-      a.ids.dim(0) != T)
-    return core::Status::fail("ids must be i32 [" + std::to_string(T) + ", k], got " +
-                              describe(a.ids));
+  if (a.ids.dtype != core::DType::i32 || a.ids.rank() != 2 || a.ids.strides[1] != 1 || a.ids.dim(0) != T)
+    return core::Status::fail("ids must be i32 [" + std::to_string(T) + ", k], got " + describe(a.ids));
   const int64_t k = a.ids.dim(1);
   if (!is_matrix(a.weights, core::DType::f32, T, k))
     return core::Status::fail("weights must be f32 " + core::Shape{T, k}.str() + " like ids, got " +
                               describe(a.weights));
   const core::DType out_dtype = a.round_output ? a.z.dtype : core::DType::f32;
   if (!is_matrix(a.out, out_dtype, T, L))
-    return core::Status::fail("out must be " + std::string(core::dtype_name(out_dtype)) + " " +
-                              core::Shape{T, L}.str() +
-                              (a.round_output ? " like z" : " (unrounded partial sums: round_output is off)") +
-                              ", got " + describe(a.out));
+    return core::Status::fail(
+        "out must be " + std::string(core::dtype_name(out_dtype)) + " " + core::Shape{T, L}.str() +
+        (a.round_output ? " like z" : " (unrounded partial sums: round_output is off)") + ", got " + describe(a.out));
   const size_t E = a.w1.size();
   if (E == 0 || a.w3.size() != E || a.w2.size() != E)
-    return core::Status::fail("w1, w3, w2 must hold one weight per expert each, got " +
-                              std::to_string(a.w1.size()) + ", " + std::to_string(a.w3.size()) +
-                              ", " + std::to_string(a.w2.size()));
+    return core::Status::fail("w1, w3, w2 must hold one weight per expert each, got " + std::to_string(a.w1.size()) +
+                              ", " + std::to_string(a.w3.size()) + ", " + std::to_string(a.w2.size()));
   for (size_t e = 0; e < E; ++e) {
     // The common case, every expert laid out like expert 0, costs three compares (this check runs
     // on every call, and a full check of all 896 experts is costly host work: docs/perf/kernel-notes.md).
-    if (e > 0 && same_layout(a.w1[e], a.w1[0]) && same_layout(a.w3[e], a.w3[0]) &&
-        same_layout(a.w2[e], a.w2[0]))
+    if (e > 0 && same_layout(a.w1[e], a.w1[0]) && same_layout(a.w3[e], a.w3[0]) && same_layout(a.w2[e], a.w2[0]))
       continue;
     if (core::Status s = check_expert_weight("w1", e, a.w1[e], L); !s) return s;
     const int64_t I = a.w1[e].out_features();
     if (core::Status s = check_expert_weight("w3", e, a.w3[e], L); !s) return s;
     if (a.w3[e].out_features() != I)
-      return core::Status::fail("w3[" + std::to_string(e) + "] has " +
-                                std::to_string(a.w3[e].out_features()) + " rows, expected " +
-                                std::to_string(I) + " like w1");
+      return core::Status::fail("w3[" + std::to_string(e) + "] has " + std::to_string(a.w3[e].out_features()) +
+                                " rows, expected " + std::to_string(I) + " like w1");
     if (core::Status s = check_expert_weight("w2", e, a.w2[e], I); !s) return s;
     if (a.w2[e].out_features() != L)
-      return core::Status::fail("w2[" + std::to_string(e) + "] has " +
-                                std::to_string(a.w2[e].out_features()) +
+      return core::Status::fail("w2[" + std::to_string(e) + "] has " + std::to_string(a.w2[e].out_features()) +
                                 " rows, expected the latent width " + std::to_string(L));
   }
-  if (!(a.beta > 0.0f) || !(a.linear_beta > 0.0f))
-    return core::Status::fail("beta and linear_beta must be > 0");
+  if (!(a.beta > 0.0f) || !(a.linear_beta > 0.0f)) return core::Status::fail("beta and linear_beta must be > 0");
   // The held range (expert parallelism): [expert_begin, expert_begin + E) inside [0, total).
   const int64_t total = moe_total_experts(a), held = static_cast<int64_t>(E);
   if (a.num_experts < 0 || a.expert_begin < 0 || a.expert_begin > total - held || total > INT32_MAX)
-    return core::Status::fail("the held experts [" + std::to_string(a.expert_begin) + ", " +
-                              std::to_string(a.expert_begin + held) + ") (w1 holds " + std::to_string(held) +
-                              ") must lie inside the " + std::to_string(total) + " experts (num_experts = " +
-                              std::to_string(a.num_experts) + ", 0 meaning w1.size(); at most 2^31 - 1)");
+    return core::Status::fail(
+        "the held experts [" + std::to_string(a.expert_begin) + ", " + std::to_string(a.expert_begin + held) +
+        ") (w1 holds " + std::to_string(held) + ") must lie inside the " + std::to_string(total) +
+        " experts (num_experts = " + std::to_string(a.num_experts) + ", 0 meaning w1.size(); at most 2^31 - 1)");
   if (a.ids.device == core::Device::cpu) {
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < k; ++j) {
         const int32_t id = a.ids.as<const int32_t>()[t * a.ids.strides[0] + j];
         if (id < 0 || id >= total)
-          return core::Status::fail("ids[" + std::to_string(t) + "][" + std::to_string(j) +
-                                    "] = " + std::to_string(id) + " is outside the " +
-                                    std::to_string(total) + " experts");
+          return core::Status::fail("ids[" + std::to_string(t) + "][" + std::to_string(j) + "] = " +
+                                    std::to_string(id) + " is outside the " + std::to_string(total) + " experts");
       }
   }
   return core::Status::ok();
@@ -156,8 +142,8 @@ void moe_experts_reference(const MoeExpertsArgs& a, backends::cpu::ThreadPool* p
     down.resize(static_cast<size_t>(n * L));
     linear_reference({f32_view(z_rows, n, L), &a.w1[e], f32_view(gate, n, I), true, a.precision}, pool);
     linear_reference({f32_view(z_rows, n, L), &a.w3[e], f32_view(up, n, I), true, a.precision}, pool);
-    situ_glu_reference({f32_view(gate, n, I), f32_view(up, n, I), f32_view(act, n, I), a.beta,
-                        a.linear_beta, a.precision}, pool);
+    situ_glu_reference(
+        {f32_view(gate, n, I), f32_view(up, n, I), f32_view(act, n, I), a.beta, a.linear_beta, a.precision}, pool);
     linear_reference({f32_view(act, n, I), &a.w2[e], f32_view(down, n, L), round_e, a.precision}, pool);
     for (int64_t m = 0; m < n; ++m)
       std::copy(down.begin() + m * L, down.begin() + (m + 1) * L, expert_out.begin() + r[m] * L);

@@ -8,13 +8,13 @@
 namespace k3::kernels {
 
 struct MoeExpertsArgs {
-  core::TensorView z;                   // f32 [T, L] latent input (W_down x)
-  core::TensorView ids;                 // i32 [T, k]
-  core::TensorView weights;             // f32 [T, k]
-  std::span<const LinearWeight> w1;     // per expert: gate [I, L]
-  std::span<const LinearWeight> w3;     // per expert: up   [I, L]
-  std::span<const LinearWeight> w2;     // per expert: down [L, I]
-  core::TensorView out;                 // f32 [T, L] (rows may be strided)
+  core::TensorView z;                // f32 [T, L] latent input (W_down x)
+  core::TensorView ids;              // i32 [T, k]
+  core::TensorView weights;          // f32 [T, k]
+  std::span<const LinearWeight> w1;  // per expert: gate [I, L]
+  std::span<const LinearWeight> w3;  // per expert: up   [I, L]
+  std::span<const LinearWeight> w2;  // per expert: down [L, I]
+  core::TensorView out;              // f32 [T, L] (rows may be strided)
   float beta = 4.0f, linear_beta = 25.0f;
   Precision precision = Precision::bf16;
   // false: a tensor-parallel rank's partial sum (spec §11; its w2 hold a slice of every expert's

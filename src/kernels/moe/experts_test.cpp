@@ -49,8 +49,7 @@ Weight make_weight(int64_t out, int64_t in, bool mxfp4, uint64_t seed, double ga
   r.w.scale = Tensor::zeros(DType::u8, {out, in / 32});
   for (int64_t o = 0; o < out; ++o) {
     std::span<uint8_t> packed{r.w.weight.data<uint8_t>() + o * in / 2, static_cast<size_t>(in / 2)};
-    std::span<uint8_t> scales{r.w.scale.data<uint8_t>() + o * in / 32,
-                              static_cast<size_t>(in / 32)};
+    std::span<uint8_t> scales{r.w.scale.data<uint8_t>() + o * in / 32, static_cast<size_t>(in / 32)};
     core::mxfp4_quantize_row({src.data() + o * in, static_cast<size_t>(in)}, packed, scales);
     core::mxfp4_dequantize_row(packed, scales, {r.values.data() + o * in, static_cast<size_t>(in)});
   }
@@ -86,8 +85,7 @@ struct Routing {
 // Random z (bf16 values), ids (repeats allowed, as any id list must work), weights in (0, 1).
 Routing make_routing(int64_t T, int64_t L, int E, int64_t k, uint64_t seed) {
   core::Rng rng(seed);
-  Routing r{Tensor::zeros(DType::f32, {T, L}), Tensor::zeros(DType::i32, {T, k}),
-            Tensor::zeros(DType::f32, {T, k})};
+  Routing r{Tensor::zeros(DType::f32, {T, L}), Tensor::zeros(DType::i32, {T, k}), Tensor::zeros(DType::f32, {T, k})};
   for (float& v : r.z.span<float>()) v = core::bf16_round(static_cast<float>(rng.normal()));
   for (int32_t& v : r.ids.span<int32_t>()) v = static_cast<int32_t>(rng.next_u64() % E);
   for (float& v : r.weights.span<float>()) v = static_cast<float>(rng.uniform(0.05, 1.0));
@@ -98,16 +96,14 @@ Tensor run(const Routing& r, const Experts& x, Precision p, bool round_output = 
   const std::vector<LinearWeight> w1 = x.l1(), w3 = x.l3(), w2 = x.l2();
   Tensor out = Tensor::zeros(DType::f32, r.z.shape());
   for (float& v : out.span<float>()) v = kNaN;
-  MoeExpertsArgs a{r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2, out.view(), 4.0f, 25.0f,
-                   p, round_output};
+  MoeExpertsArgs a{r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2, out.view(), 4.0f, 25.0f, p, round_output};
   EXPECT_TRUE(moe_experts_check(a)) << moe_experts_check(a).reason();
   moe_experts_reference(a);
   return out;
 }
 
 // y = round(W x) by the textbook loop.
-std::vector<float> naive_linear(const std::vector<float>& w, const float* x, int64_t out,
-                                int64_t in, Precision p) {
+std::vector<float> naive_linear(const std::vector<float>& w, const float* x, int64_t out, int64_t in, Precision p) {
   std::vector<float> y(static_cast<size_t>(out));
   for (int64_t o = 0; o < out; ++o) {
     float acc = 0.0f;
@@ -139,8 +135,7 @@ std::vector<float> naive_moe(const Routing& r, const Experts& x, Precision p, bo
         const float gate = 4.0f * std::tanh(g[i] / 4.0f) * (1.0f / (1.0f + std::exp(-g[i])));
         h[i] = round_act(gate * (25.0f * std::tanh(c[i] / 25.0f)), p);
       }
-      const std::vector<float> ej =
-          naive_linear(x.w2[e].values, h.data(), L, I, round_e ? p : Precision::fp32);
+      const std::vector<float> ej = naive_linear(x.w2[e].values, h.data(), L, I, round_e ? p : Precision::fp32);
       for (int64_t l = 0; l < L; ++l) acc[l] = acc[l] + r.weights.data<float>()[t * k + j] * ej[l];
     }
     for (int64_t l = 0; l < L; ++l) u[t * L + l] = round_output ? round_act(acc[l], p) : acc[l];
@@ -151,16 +146,14 @@ std::vector<float> naive_moe(const Routing& r, const Experts& x, Precision p, bo
 void expect_bitwise(const Tensor& got, const std::vector<float>& want) {
   ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
   for (size_t i = 0; i < want.size(); ++i)
-    ASSERT_EQ(std::bit_cast<uint32_t>(got.data<float>()[i]), std::bit_cast<uint32_t>(want[i]))
-        << "i=" << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(got.data<float>()[i]), std::bit_cast<uint32_t>(want[i])) << "i=" << i;
 }
 
 TEST(MoeExperts, MatchesNaiveOnOddShapesBf16Weights) {
   const Experts x = make_experts(6, 53, 37, false, 10);
   for (int64_t T : {1, 17, 54, 97}) {
     const Routing r = make_routing(T, 53, 6, 3, T);
-    for (Precision p : {Precision::bf16, Precision::fp32})
-      expect_bitwise(run(r, x, p), naive_moe(r, x, p));
+    for (Precision p : {Precision::bf16, Precision::fp32}) expect_bitwise(run(r, x, p), naive_moe(r, x, p));
   }
 }
 
@@ -168,8 +161,7 @@ TEST(MoeExperts, MatchesNaiveWithMxfp4Weights) {
   const Experts x = make_experts(5, 96, 64, true, 20);
   for (int64_t T : {1, 17}) {
     const Routing r = make_routing(T, 96, 5, 4, 100 + T);
-    for (Precision p : {Precision::bf16, Precision::fp32})
-      expect_bitwise(run(r, x, p), naive_moe(r, x, p));
+    for (Precision p : {Precision::bf16, Precision::fp32}) expect_bitwise(run(r, x, p), naive_moe(r, x, p));
   }
 }
 
@@ -191,8 +183,7 @@ TEST(MoeExperts, RouteWeightsScaleTheSum) {
   Routing two = make_routing(5, 64, 2, 2, 41), one = make_routing(5, 64, 2, 1, 41);
   std::copy(two.z.data<float>(), two.z.data<float>() + 5 * 64, one.z.data<float>());
   for (int64_t t = 0; t < 5; ++t) {
-    two.ids.data<int32_t>()[2 * t] = two.ids.data<int32_t>()[2 * t + 1] =
-        one.ids.data<int32_t>()[t] = 1;
+    two.ids.data<int32_t>()[2 * t] = two.ids.data<int32_t>()[2 * t + 1] = one.ids.data<int32_t>()[t] = 1;
     two.weights.data<float>()[2 * t] = 0.25f;
     two.weights.data<float>()[2 * t + 1] = 0.25f;
     one.weights.data<float>()[t] = 0.5f;
@@ -206,8 +197,7 @@ Tensor slice2d(const Tensor& t, int64_t r0, int64_t r1, int64_t c0, int64_t c1) 
   const size_t es = core::dtype_size(t.dtype());
   Tensor s = Tensor::zeros(t.dtype(), {r1 - r0, c1 - c0});
   for (int64_t r = r0; r < r1; ++r)
-    std::memcpy(s.data<char>() + (r - r0) * (c1 - c0) * es,
-                t.data<char>() + (r * t.dim(1) + c0) * es, (c1 - c0) * es);
+    std::memcpy(s.data<char>() + (r - r0) * (c1 - c0) * es, t.data<char>() + (r * t.dim(1) + c0) * es, (c1 - c0) * es);
   return s;
 }
 
@@ -227,8 +217,7 @@ Experts shard(const Experts& x, int s, int tp) {
     }
     Weight w2;
     const bool mx = x.w2[e].w.is_mxfp4();
-    w2.w.weight = mx ? slice2d(x.w2[e].w.weight, 0, L, i0 / 2, i1 / 2)
-                     : slice2d(x.w2[e].w.weight, 0, L, i0, i1);
+    w2.w.weight = mx ? slice2d(x.w2[e].w.weight, 0, L, i0 / 2, i1 / 2) : slice2d(x.w2[e].w.weight, 0, L, i0, i1);
     if (mx) w2.w.scale = slice2d(x.w2[e].w.scale, 0, L, i0 / 32, i1 / 32);
     r.w2.push_back(w2);
   }
@@ -237,8 +226,7 @@ Experts shard(const Experts& x, int s, int tp) {
 
 Tensor rmsnorm_fp32(const Tensor& u, const Tensor& w) {
   Tensor out = Tensor::zeros(DType::f32, u.shape());
-  rmsnorm_reference(
-      {u.view(), w.view(), out.view(), 1e-5f, RmsNormStyle::moonshot, Precision::fp32});
+  rmsnorm_reference({u.view(), w.view(), out.view(), 1e-5f, RmsNormStyle::moonshot, Precision::fp32});
   return out;
 }
 
@@ -304,8 +292,8 @@ TEST(MoeExperts, UnroundedPartialSumsForTensorParallelism) {
   const Routing r = make_routing(3, L, 2, 1, 91);
   const std::vector<LinearWeight> w1 = x.l1(), w3 = x.l3(), w2 = x.l2();
   Tensor out_bf16 = Tensor::zeros(DType::bf16, {3, L});
-  const core::Status st = moe_experts_check({r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2,
-                                             out_bf16.view(), 4.0f, 25.0f, Precision::bf16, false});
+  const core::Status st = moe_experts_check(
+      {r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2, out_bf16.view(), 4.0f, 25.0f, Precision::bf16, false});
   ASSERT_FALSE(st);
   EXPECT_NE(st.reason().find("round_output"), std::string::npos) << st.reason();
 }
@@ -334,14 +322,12 @@ TEST(MoeExperts, BadArgumentsFail) {
   ASSERT_FALSE(s);
   EXPECT_NE(s.reason().find("w3[2]"), std::string::npos) << s.reason();
   std::vector<LinearWeight> w2_short(w2.begin(), w2.end() - 1);
-  EXPECT_FALSE(moe_experts_check(
-      {r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2_short, out.view()}));
+  EXPECT_FALSE(moe_experts_check({r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2_short, out.view()}));
   Tensor weights_bad = Tensor::zeros(DType::f32, {4, 3});
   s = moe_experts_check({r.z.view(), r.ids.view(), weights_bad.view(), w1, w3, w2, out.view()});
   ASSERT_FALSE(s);
   EXPECT_NE(s.reason().find("weights"), std::string::npos) << s.reason();
 }
-
 
 // ---------------------------------------------------------------- expert parallelism
 
@@ -433,8 +419,8 @@ TEST(MoeExperts, ExpertParallelBadIdsAndRangesFail) {
   const std::vector<LinearWeight> w1 = held.l1(), w3 = held.l3(), w2 = held.l2();
   Routing r = make_routing(2, L, E, 3, 141);
   Tensor out = Tensor::zeros(DType::f32, {2, L});
-  MoeExpertsArgs a{r.z.view(), r.ids.view(), r.weights.view(), w1, w3, w2, out.view(), 4.0f, 25.0f,
-                   Precision::bf16, false};
+  MoeExpertsArgs a{r.z.view(), r.ids.view(), r.weights.view(), w1,   w3, w2, out.view(),
+                   4.0f,       25.0f,        Precision::bf16,  false};
   a.expert_begin = 4, a.num_experts = E, a.whole_experts = true;
   ASSERT_TRUE(moe_experts_check(a)) << moe_experts_check(a).reason();  // ids of every rank are fine
   for (int32_t bad : {-1, 8, 100}) {

@@ -83,18 +83,18 @@
 namespace k3::kernels {
 
 struct MoeTailCombineArgs {
-  core::TensorView u;                       // f32 [T, L] (bf16 on CUDA): moe_experts' output, rounded
-  core::TensorView latent_norm;             // bf16 / f32 [L] (read when use_norm)
-  const LinearWeight* latent_up = nullptr;  // [hidden, L]
-  core::TensorView shared_gate;             // f32 [T, SI] (bf16 on CUDA); unused without shared_down
-  core::TensorView shared_up;               // f32 [T, SI] (bf16 on CUDA); unused without shared_down
-  const LinearWeight* shared_down = nullptr;  // [hidden, SI], or nullptr: no shared experts
-  core::TensorView out;                     // f32 [T, hidden] (bf16 on CUDA): f
-  bool use_norm = true;                     // config.moe.latent_moe_use_norm
-  float eps = 1e-5f;                        // rms_norm_eps
+  core::TensorView u;                           // f32 [T, L] (bf16 on CUDA): moe_experts' output, rounded
+  core::TensorView latent_norm;                 // bf16 / f32 [L] (read when use_norm)
+  const LinearWeight* latent_up = nullptr;      // [hidden, L]
+  core::TensorView shared_gate;                 // f32 [T, SI] (bf16 on CUDA); unused without shared_down
+  core::TensorView shared_up;                   // f32 [T, SI] (bf16 on CUDA); unused without shared_down
+  const LinearWeight* shared_down = nullptr;    // [hidden, SI], or nullptr: no shared experts
+  core::TensorView out;                         // f32 [T, hidden] (bf16 on CUDA): f
+  bool use_norm = true;                         // config.moe.latent_moe_use_norm
+  float eps = 1e-5f;                            // rms_norm_eps
   RmsNormStyle style = RmsNormStyle::moonshot;  // ModelOptions::rmsnorm_style
-  float situ_beta = 4.0f;                   // config.situ_beta
-  float situ_linear_beta = 25.0f;           // config.situ_linear_beta
+  float situ_beta = 4.0f;                       // config.situ_beta
+  float situ_linear_beta = 25.0f;               // config.situ_linear_beta
   Precision precision = Precision::bf16;
 
   bool has_shared() const { return shared_down != nullptr; }

@@ -12,17 +12,19 @@
 namespace k3::kernels {
 
 struct MoeOps {
-  OpTable<RouterTopkArgs> router_topk{"router_topk", router_topk_check,
-                                      {"tokens", [](const RouterTopkArgs& a) { return a.logits.dim(0); }}};
-  OpTable<MoeExpertsArgs> moe_experts{"moe_experts", moe_experts_check,
-                                      {"tokens", [](const MoeExpertsArgs& a) { return a.z.dim(0); }}};
-  OpTable<MoeTailCombineArgs> moe_tail_combine{"moe_tail_combine", moe_tail_combine_check,
-                                              {"rows", [](const MoeTailCombineArgs& a) { return a.u.dim(0); }}};
+  OpTable<RouterTopkArgs> router_topk{
+      "router_topk", router_topk_check, {"tokens", [](const RouterTopkArgs& a) { return a.logits.dim(0); }}};
+  OpTable<MoeExpertsArgs> moe_experts{
+      "moe_experts", moe_experts_check, {"tokens", [](const MoeExpertsArgs& a) { return a.z.dim(0); }}};
+  OpTable<MoeTailCombineArgs> moe_tail_combine{
+      "moe_tail_combine", moe_tail_combine_check, {"rows", [](const MoeTailCombineArgs& a) { return a.u.dim(0); }}};
 
   // Calls fn(table) for every op table of the family.
   template <class Fn>
   void for_each(Fn&& fn) {
-    fn(router_topk); fn(moe_experts); fn(moe_tail_combine);
+    fn(router_topk);
+    fn(moe_experts);
+    fn(moe_tail_combine);
   }
   // The CPU reference of every op (ops.cpp).
   void register_reference(const CpuOps& cpu);

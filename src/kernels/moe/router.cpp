@@ -16,37 +16,29 @@
 namespace k3::kernels {
 
 namespace {
-std::string describe(const core::TensorView& v) {
-  return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str();
-}
+std::string describe(const core::TensorView& v) { return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str(); }
 bool is_matrix(const core::TensorView& v, core::DType dt, int64_t rows, int64_t cols) {
-  return v.dtype == dt && v.rank() == 2 && v.strides[1] == 1 && v.dim(0) == rows &&
-         v.dim(1) == cols;
+  return v.dtype == dt && v.rank() == 2 && v.strides[1] == 1 && v.dim(0) == rows && v.dim(1) == cols;
 }
 }  // namespace
 
 core::Status router_topk_check(const RouterTopkArgs& a) {
   if (a.logits.dtype != core::DType::f32 || a.logits.rank() != 2 || a.logits.strides[1] != 1)
-    return core::Status::fail("logits must be f32 [T, E] with contiguous rows, got " +
-                              describe(a.logits));
+    return core::Status::fail("logits must be f32 [T, E] with contiguous rows, got " + describe(a.logits));
   const int64_t T = a.logits.dim(0), E = a.logits.dim(1);
-  if ((a.bias.dtype != core::DType::f32 && a.bias.dtype != core::DType::bf16) ||
-      a.bias.rank() != 1 || a.bias.dim(0) != E || !a.bias.is_contiguous())
-    return core::Status::fail("bias must be f32 [" + std::to_string(E) +
-                              "] (one per expert), got " + describe(a.bias));
-  if (a.ids.dtype != core::DType::i32 || a.ids.rank() != 2 || a.ids.strides[1] != 1 ||
-      a.ids.dim(0) != T)
-    return core::Status::fail("ids must be i32 [" + std::to_string(T) + ", k], got " +
-                              describe(a.ids));
+  if ((a.bias.dtype != core::DType::f32 && a.bias.dtype != core::DType::bf16) || a.bias.rank() != 1 ||
+      a.bias.dim(0) != E || !a.bias.is_contiguous())
+    return core::Status::fail("bias must be f32 [" + std::to_string(E) + "] (one per expert), got " + describe(a.bias));
+  if (a.ids.dtype != core::DType::i32 || a.ids.rank() != 2 || a.ids.strides[1] != 1 || a.ids.dim(0) != T)
+    return core::Status::fail("ids must be i32 [" + std::to_string(T) + ", k], got " + describe(a.ids));
   const int64_t k = a.ids.dim(1);
   if (k < 1 || k > E)
-    return core::Status::fail("top-k " + std::to_string(k) + " (ids' second dim) must be in [1, " +
-                              std::to_string(E) + "] (the expert count)");
+    return core::Status::fail("top-k " + std::to_string(k) + " (ids' second dim) must be in [1, " + std::to_string(E) +
+                              "] (the expert count)");
   if (!is_matrix(a.weights, core::DType::f32, T, k))
     return core::Status::fail("weights must be f32 " + core::Shape{T, k}.str() + " like ids, got " +
                               describe(a.weights));
-  if (!std::isfinite(a.scaling))
-    return core::Status::fail("scaling must be finite, got " + std::to_string(a.scaling));
+  if (!std::isfinite(a.scaling)) return core::Status::fail("scaling must be finite, got " + std::to_string(a.scaling));
   return core::Status::ok();
 }
 
@@ -62,15 +54,13 @@ void router_topk_reference(const RouterTopkArgs& a) {
       score[e] = 1.0f / (1.0f + std::exp(-logits[e]));
       biased[e] = score[e] + bias[e];
       // A NaN would break the ordering (and silently pick arbitrary experts).
-      K3_CHECK(!std::isnan(biased[e]), "router_topk: token " + std::to_string(t) + ", expert " +
-                                           std::to_string(e) + ": biased score is NaN (logit " +
-                                           std::to_string(logits[e]) + ", bias " +
+      K3_CHECK(!std::isnan(biased[e]), "router_topk: token " + std::to_string(t) + ", expert " + std::to_string(e) +
+                                           ": biased score is NaN (logit " + std::to_string(logits[e]) + ", bias " +
                                            std::to_string(bias[e]) + ")");
     }
     std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t x, int32_t y) {
-      return biased[x] != biased[y] ? biased[x] > biased[y] : x < y;
-    });
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t x, int32_t y) { return biased[x] != biased[y] ? biased[x] > biased[y] : x < y; });
     int32_t* ids = a.ids.as<int32_t>() + t * a.ids.strides[0];
     float* weights = a.weights.as<float>() + t * a.weights.strides[0];
     float sum = 0.0f;
@@ -78,8 +68,7 @@ void router_topk_reference(const RouterTopkArgs& a) {
     const float denom = sum + 1e-20f;
     for (int64_t j = 0; j < k; ++j) {
       ids[j] = order[j];
-      weights[j] =
-          a.renormalize ? score[order[j]] / denom * a.scaling : score[order[j]] * a.scaling;
+      weights[j] = a.renormalize ? score[order[j]] / denom * a.scaling : score[order[j]] * a.scaling;
     }
   }
 }

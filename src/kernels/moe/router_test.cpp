@@ -34,14 +34,12 @@ Tensor vec(const std::vector<float>& v) {
   return x;
 }
 
-Routed run(const Tensor& logits, const Tensor& bias, int64_t k, bool renormalize = true,
-           float scaling = 1.0f) {
+Routed run(const Tensor& logits, const Tensor& bias, int64_t k, bool renormalize = true, float scaling = 1.0f) {
   const int64_t T = logits.dim(0);
   Routed r{Tensor::zeros(DType::i32, {T, k}), Tensor::zeros(DType::f32, {T, k})};
   for (int32_t& v : r.ids.span<int32_t>()) v = -7;
   for (float& v : r.weights.span<float>()) v = std::numeric_limits<float>::quiet_NaN();
-  RouterTopkArgs a{logits.view(),    bias.view(), r.ids.view(),
-                   r.weights.view(), renormalize, scaling};
+  RouterTopkArgs a{logits.view(), bias.view(), r.ids.view(), r.weights.view(), renormalize, scaling};
   EXPECT_TRUE(router_topk_check(a)) << router_topk_check(a).reason();
   router_topk_reference(a);
   return r;
@@ -50,8 +48,7 @@ Routed run(const Tensor& logits, const Tensor& bias, int64_t k, bool renormalize
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // Naive form: sort ALL experts by (biased score desc, id asc), take the first k.
-void check_against_full_sort(const Tensor& logits, const Tensor& bias, int64_t k, bool renormalize,
-                             float scaling) {
+void check_against_full_sort(const Tensor& logits, const Tensor& bias, int64_t k, bool renormalize, float scaling) {
   const int64_t T = logits.dim(0), E = logits.dim(1);
   Routed r = run(logits, bias, k, renormalize, scaling);
   for (int64_t t = 0; t < T; ++t) {
@@ -62,8 +59,7 @@ void check_against_full_sort(const Tensor& logits, const Tensor& bias, int64_t k
     }
     std::sort(ranked.begin(), ranked.end());
     float sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j)
-      sum += sigmoid(logits.data<float>()[t * E + std::get<1>(ranked[j])]);
+    for (int64_t j = 0; j < k; ++j) sum += sigmoid(logits.data<float>()[t * E + std::get<1>(ranked[j])]);
     double weight_total = 0.0;
     for (int64_t j = 0; j < k; ++j) {
       const int32_t e = std::get<1>(ranked[j]);
@@ -103,8 +99,7 @@ TEST(RouterTopk, BiasAffectsSelectionOnly) {
   // s = sigmoid(logits) = [0.90, 0.80, 0.70, 0.60, 0.50, 0.10, 0.05, 0.02] (approximately).
   const std::vector<float> s_target = {0.90f, 0.80f, 0.70f, 0.60f, 0.50f, 0.10f, 0.05f, 0.02f};
   Tensor logits = Tensor::zeros(DType::f32, {1, 8});
-  for (int e = 0; e < 8; ++e)
-    logits.data<float>()[e] = std::log(s_target[e] / (1.0f - s_target[e]));
+  for (int e = 0; e < 8; ++e) logits.data<float>()[e] = std::log(s_target[e] / (1.0f - s_target[e]));
   Routed plain = run(logits, vec(std::vector<float>(8, 0.0f)), 2);
   EXPECT_EQ(plain.ids.data<int32_t>()[0], 0);
   EXPECT_EQ(plain.ids.data<int32_t>()[1], 1);
@@ -129,8 +124,7 @@ TEST(RouterTopk, BiasAffectsSelectionOnly) {
   int64_t changed = 0;
   for (int64_t t = 0; t < 97; ++t) {
     float sum = 0.0f;
-    for (int64_t j = 0; j < 8; ++j)
-      sum += sigmoid(many.data<float>()[t * 64 + with.ids.data<int32_t>()[t * 8 + j]]);
+    for (int64_t j = 0; j < 8; ++j) sum += sigmoid(many.data<float>()[t * 64 + with.ids.data<int32_t>()[t * 8 + j]]);
     double total = 0.0;
     for (int64_t j = 0; j < 8; ++j) {
       const float s = sigmoid(many.data<float>()[t * 64 + with.ids.data<int32_t>()[t * 8 + j]]);

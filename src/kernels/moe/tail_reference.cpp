@@ -33,7 +33,8 @@ core::Status moe_tail_combine_check(const MoeTailCombineArgs& a) {
   if (!is_activation_dtype(a.u) || a.u.rank() != 2 || a.u.strides[1] != 1)
     return core::Status::fail("u must be f32 (or bf16 on CUDA) [T, L] with contiguous rows, got " + describe_view(a.u));
   const int64_t T = a.u.dim(0), L = a.u.dim(1);
-  if (!is_activation_rows(a.u, T, L)) return core::Status::fail("u rows overlap (row stride < L), got " + describe_view(a.u));
+  if (!is_activation_rows(a.u, T, L))
+    return core::Status::fail("u rows overlap (row stride < L), got " + describe_view(a.u));
   if (core::Status s = check_weight(a.latent_up, "latent_up"); !s) return s;
   const int64_t hidden = a.latent_up->out_features();
   if (a.latent_up->in_features() != L)
@@ -64,8 +65,8 @@ core::Status moe_tail_combine_check(const MoeTailCombineArgs& a) {
                                 " and " + std::to_string(a.situ_linear_beta));
   }
   if (!is_activation_rows(a.out, T, hidden))
-    return core::Status::fail("out must be f32 (or bf16 on CUDA) " + rows_cols_str(T, hidden) + " (T = u's rows, hidden = " +
-                              "latent_up's out), got " + describe_view(a.out));
+    return core::Status::fail("out must be f32 (or bf16 on CUDA) " + rows_cols_str(T, hidden) +
+                              " (T = u's rows, hidden = " + "latent_up's out), got " + describe_view(a.out));
   if (row_views_overlap(a.out, a.u)) return core::Status::fail("out overlaps u");
   if (a.has_shared()) {
     if (row_views_overlap(a.out, a.shared_gate)) return core::Status::fail("out overlaps shared_gate");

@@ -42,16 +42,16 @@ namespace {
 struct MlOutput {
   const void* w = nullptr;  // weight [rows, in], bf16 or f32: row r at w + r * w_ld elements
   int64_t w_ld = 0;
-  void* y = nullptr;        // out [T, rows], bf16 or f32: row t at y + t * y_ld elements
+  void* y = nullptr;  // out [T, rows], bf16 or f32: row t at y + t * y_ld elements
   int64_t y_ld = 0;
-  int64_t rows = 0;         // out_i
-  int first_block = 0;      // first blockIdx.x of this output (blocks never span two outputs)
-  int rows_per_block = 0;   // weight rows per block
-  int width = 0;            // rowdot only: lanes per weight row (segment width)
-  bool w_bf16 = false;      // weight dtype: bf16 (else f32)
-  bool y_bf16 = false;      // out dtype: bf16 (always rounds; else f32)
-  bool round = false;       // f32 out: round to bf16 (round_output in Precision::bf16)
-  bool vec = false;         // rowdot only: 16-byte loads (cuda_rowdot.cuh vector_ok)
+  int64_t rows = 0;        // out_i
+  int first_block = 0;     // first blockIdx.x of this output (blocks never span two outputs)
+  int rows_per_block = 0;  // weight rows per block
+  int width = 0;           // rowdot only: lanes per weight row (segment width)
+  bool w_bf16 = false;     // weight dtype: bf16 (else f32)
+  bool y_bf16 = false;     // out dtype: bf16 (always rounds; else f32)
+  bool round = false;      // f32 out: round to bf16 (round_output in Precision::bf16)
+  bool vec = false;        // rowdot only: 16-byte loads (cuda_rowdot.cuh vector_ok)
 };
 
 // The router epilogue of cuda_multi_mma (host-filled; multi_linear.h "Router epilogue").
@@ -59,16 +59,16 @@ struct MlRouter {
   int first_block = 0, blocks = 0;  // the logits output's CTAs: [first_block, first_block + blocks)
   const float* logits = nullptr;    // that output's f32 y: row t at logits + t * logits_ld
   int64_t logits_ld = 0;
-  const void* bias = nullptr;       // [E] f32 / bf16
+  const void* bias = nullptr;  // [E] f32 / bf16
   bool bias_bf16 = false;
   int E = 0, k = 0;
-  int32_t* ids = nullptr;           // [T, k]: row t at ids + t * ids_ld
+  int32_t* ids = nullptr;  // [T, k]: row t at ids + t * ids_ld
   int64_t ids_ld = 0;
-  float* weights = nullptr;         // [T, k]: row t at weights + t * weights_ld
+  float* weights = nullptr;  // [T, k]: row t at weights + t * weights_ld
   int64_t weights_ld = 0;
   bool renormalize = true;
   float scaling = 1.0f;
-  uint32_t* ticket = nullptr;       // Context::tickets(): 0 before and after the kernel
+  uint32_t* ticket = nullptr;  // Context::tickets(): 0 before and after the kernel
 };
 
 struct MlParams {
@@ -92,10 +92,8 @@ __device__ __forceinline__ MlOutput output_of_block(const MlParams& p, int block
 }
 
 __device__ __forceinline__ void store_out(const MlOutput& d, int64_t t, int64_t r, float v) {
-  if (d.y_bf16)
-    static_cast<bf16*>(d.y)[t * d.y_ld + r] = __float2bfloat16_rn(v);
-  else
-    static_cast<float*>(d.y)[t * d.y_ld + r] = round_if(v, d.round);
+  if (d.y_bf16) static_cast<bf16*>(d.y)[t * d.y_ld + r] = __float2bfloat16_rn(v);
+  else static_cast<float*>(d.y)[t * d.y_ld + r] = round_if(v, d.round);
 }
 
 // ---------------------------------------------------------------- cuda_multi_rowdot
@@ -129,15 +127,11 @@ __global__ void __launch_bounds__(kRowdotThreads) multi_rowdot_kernel(MlParams p
   const bool active = row < d.rows;
   float acc[R];
   if (d.w_bf16) {
-    if (d.vec)
-      segment_row_dot<WFmt::bf16, true, XT, R>(w, row, p.in, xs, nr, sub, width, active, acc);
-    else
-      segment_row_dot<WFmt::bf16, false, XT, R>(w, row, p.in, xs, nr, sub, width, active, acc);
+    if (d.vec) segment_row_dot<WFmt::bf16, true, XT, R>(w, row, p.in, xs, nr, sub, width, active, acc);
+    else segment_row_dot<WFmt::bf16, false, XT, R>(w, row, p.in, xs, nr, sub, width, active, acc);
   } else {
-    if (d.vec)
-      segment_row_dot<WFmt::f32, true, XT, R>(w, row, p.in, xs, nr, sub, width, active, acc);
-    else
-      segment_row_dot<WFmt::f32, false, XT, R>(w, row, p.in, xs, nr, sub, width, active, acc);
+    if (d.vec) segment_row_dot<WFmt::f32, true, XT, R>(w, row, p.in, xs, nr, sub, width, active, acc);
+    else segment_row_dot<WFmt::f32, false, XT, R>(w, row, p.in, xs, nr, sub, width, active, acc);
   }
   if (active && sub == 0)
 #pragma unroll
@@ -149,9 +143,9 @@ __global__ void __launch_bounds__(kRowdotThreads) multi_rowdot_kernel(MlParams p
 
 constexpr int kMmaWarps = 8;
 constexpr int kMmaThreads = kMmaWarps * 32;
-constexpr int kMmaRows = 16;     // weight rows per CTA: one m16 tile
-constexpr int kMmaTokens = 64;   // tokens per grid.y slice: up to 8 n8 tiles
-constexpr int kKBlock = 32;      // k per (warp, step): 4 lanes x 8 bf16 per row
+constexpr int kMmaRows = 16;    // weight rows per CTA: one m16 tile
+constexpr int kMmaTokens = 64;  // tokens per grid.y slice: up to 8 n8 tiles
+constexpr int kKBlock = 32;     // k per (warp, step): 4 lanes x 8 bf16 per row
 
 // mma_bf16_m16n8k16 and load_weight16: kernels/cuda_common.cuh.
 
@@ -306,10 +300,8 @@ int fill_params(const MultiLinearArgs& a, bool mma, MlParams& p) {
     } else {
       const WFmt f = weight_format(*o.w);
       d.vec = vector_ok(f, weight_ref(*o.w), in, a.x.data, p.x_ld, core::dtype_size(a.x.dtype));
-      if (f == WFmt::bf16)
-        d.width = d.vec ? segment_width<WFmt::bf16, true>(in) : segment_width<WFmt::bf16, false>(in);
-      else
-        d.width = d.vec ? segment_width<WFmt::f32, true>(in) : segment_width<WFmt::f32, false>(in);
+      if (f == WFmt::bf16) d.width = d.vec ? segment_width<WFmt::bf16, true>(in) : segment_width<WFmt::bf16, false>(in);
+      else d.width = d.vec ? segment_width<WFmt::f32, true>(in) : segment_width<WFmt::f32, false>(in);
       d.rows_per_block = kRowdotThreads / d.width;
     }
     d.first_block = blocks;
@@ -347,7 +339,8 @@ core::Status common_supports(const CudaOps& ops, const MultiLinearArgs& a) {
       return core::Status::fail(y_name + ": round_output = false (logits) needs an f32 out, got " + describe(o.out));
   }
   if (a.router.output >= 0)
-    if (auto s = router_topk_cuda_supports(ops, a.router_topk_args()); !s) return core::Status::fail("router: " + s.reason());
+    if (auto s = router_topk_cuda_supports(ops, a.router_topk_args()); !s)
+      return core::Status::fail("router: " + s.reason());
   return core::Status::ok();
 }
 

@@ -4,8 +4,6 @@
 
 namespace k3::kernels {
 
-void MultiLinearOps::register_cuda(const CudaOps& cuda) {
-  register_multi_linear_cuda(*this, cuda);
-}
+void MultiLinearOps::register_cuda(const CudaOps& cuda) { register_multi_linear_cuda(*this, cuda); }
 
 }  // namespace k3::kernels

@@ -96,9 +96,9 @@ struct MultiLinearRouter {
 struct MultiLinearArgs {
   core::TensorView x;  // f32 [T, in] (bf16 on CUDA), row stride allowed, shared by every output
   std::array<MultiLinearOutput, kMultiLinearMaxOutputs> outputs{};  // [0, num_outputs) are used
-  int num_outputs = 0;                                               // 1..kMultiLinearMaxOutputs
+  int num_outputs = 0;                                              // 1..kMultiLinearMaxOutputs
   Precision precision = Precision::bf16;
-  MultiLinearRouter router;                                          // router.output < 0: none
+  MultiLinearRouter router;  // router.output < 0: none
 
   // Appends one output (throws core::Error past kMultiLinearMaxOutputs); returns *this to chain.
   MultiLinearArgs& add(const LinearWeight* w, core::TensorView out, bool round_output = true);

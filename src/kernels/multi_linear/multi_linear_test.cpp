@@ -49,8 +49,8 @@ struct OutSpec {
 // Runs the fused op and the standard per-weight sequence on NaN-poisoned buffers where every
 // output is a column slice of one [T, gap + sum(out_i + gap)] buffer (the gaps stay NaN), and
 // expects identical bits everywhere. x is itself a column slice (row stride > in) when x_pad > 0.
-void expect_equals_standard(const std::vector<OutSpec>& specs, int64_t T, int64_t in, int64_t x_pad,
-                            Precision p, uint64_t seed, const std::vector<LinearWeight>* given = nullptr) {
+void expect_equals_standard(const std::vector<OutSpec>& specs, int64_t T, int64_t in, int64_t x_pad, Precision p,
+                            uint64_t seed, const std::vector<LinearWeight>* given = nullptr) {
   core::Rng rng(seed);
   std::vector<LinearWeight> local;
   if (!given)
@@ -136,8 +136,8 @@ TEST(MultiLinear, SingleOutputAndFullCapacity) {
 TEST(MultiLinear, Mxfp4WeightsOnTheCpu) {
   uint64_t seed = 400;
   for (Precision p : kPrecisions)
-    expect_equals_standard({{17, WKind::mxfp4, true}, {54, WKind::bf16, true}, {5, WKind::mxfp4, false}}, 3, 96, 1,
-                           p, ++seed);
+    expect_equals_standard({{17, WKind::mxfp4, true}, {54, WKind::bf16, true}, {5, WKind::mxfp4, false}}, 3, 96, 1, p,
+                           ++seed);
 }
 
 // One TP8 rank's groups (spec §11 / §14.2): in = 7168, bf16 weights, T = 2 (two decode rows).
@@ -145,8 +145,12 @@ TEST(MultiLinear, EqualsStandardSequenceOnTp8Groups) {
   constexpr int64_t kHidden = 7168;
   const std::vector<std::vector<OutSpec>> groups = {
       // KDA [q, k, v, g, f_a, b]
-      {{1536, WKind::bf16, true}, {1536, WKind::bf16, true}, {1536, WKind::bf16, true},
-       {1536, WKind::bf16, true}, {128, WKind::bf16, true}, {12, WKind::bf16, true}},
+      {{1536, WKind::bf16, true},
+       {1536, WKind::bf16, true},
+       {1536, WKind::bf16, true},
+       {1536, WKind::bf16, true},
+       {128, WKind::bf16, true},
+       {12, WKind::bf16, true}},
       // MLA [q_a, kv_a, g_proj]
       {{1536, WKind::bf16, true}, {576, WKind::bf16, true}, {1536, WKind::bf16, true}},
       // MoE front [router (f32 logits), latent_down, shared_gate, shared_up]
@@ -265,10 +269,8 @@ TEST(MultiLinear, RouterEpilogueEqualsTheRouterOnItsLogits) {
       a.x = x.view();
       a.precision = p;
       for (int i = 0; i < 3; ++i) {
-        if (i == router_at)
-          a.add(&wr, logits.view(), /*round_output=*/false);
-        else
-          a.add(&w1, (i == 1 ? y1 : y2).view());
+        if (i == router_at) a.add(&wr, logits.view(), /*round_output=*/false);
+        else a.add(&w1, (i == 1 ? y1 : y2).view());
       }
       a.router = {router_at, bias.view(), ids.view(), weights.view(), true, 2.5f};
       ASSERT_EQ(check_reason(a), "ok");

@@ -3,8 +3,6 @@
 
 namespace k3::kernels {
 
-void MultiLinearOps::register_reference(const CpuOps& cpu) {
-  add_reference(multi_linear, cpu, multi_linear_reference);
-}
+void MultiLinearOps::register_reference(const CpuOps& cpu) { add_reference(multi_linear, cpu, multi_linear_reference); }
 
 }  // namespace k3::kernels

@@ -10,8 +10,8 @@
 namespace k3::kernels {
 
 struct MultiLinearOps {
-  OpTable<MultiLinearArgs> multi_linear{"multi_linear", multi_linear_check,
-                                        {"rows", [](const MultiLinearArgs& a) { return a.x.dim(0); }}};
+  OpTable<MultiLinearArgs> multi_linear{
+      "multi_linear", multi_linear_check, {"rows", [](const MultiLinearArgs& a) { return a.x.dim(0); }}};
 
   // Calls fn(table) for every op table of the family.
   template <class Fn>

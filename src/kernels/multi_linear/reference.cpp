@@ -62,7 +62,11 @@ MultiLinearArgs& MultiLinearArgs::add(const LinearWeight* w, core::TensorView ou
 }
 
 RouterTopkArgs MultiLinearArgs::router_topk_args() const {
-  return {outputs[static_cast<size_t>(router.output)].out, router.bias, router.ids, router.weights, router.renormalize,
+  return {outputs[static_cast<size_t>(router.output)].out,
+          router.bias,
+          router.ids,
+          router.weights,
+          router.renormalize,
           router.scaling};
 }
 
@@ -98,10 +102,10 @@ core::Status multi_linear_check(const MultiLinearArgs& a) {
     if (o.w == nullptr) return core::Status::fail(output_name(i) + ".w is null");
     if (in >= 0 && o.w->weight.defined() && o.w->weight.view().rank() == 2 && o.w->in_features() != in)
       return core::Status::fail(output_name(i) + ".w has in = " + std::to_string(o.w->in_features()) +
-                                " but outputs[0].w has in = " + std::to_string(in) +
-                                ": every weight reads the same x");
+                                " but outputs[0].w has in = " + std::to_string(in) + ": every weight reads the same x");
     // linear's own check names w / x / out; prefix it with the output index.
-    if (core::Status s = linear_check(linear_args(a, i)); !s) return core::Status::fail(output_name(i) + ": " + s.reason());
+    if (core::Status s = linear_check(linear_args(a, i)); !s)
+      return core::Status::fail(output_name(i) + ": " + s.reason());
     if (in < 0) in = o.w->in_features();
     if (views_overlap(o.out, a.x)) return core::Status::fail(output_name(i) + ".out overlaps x");
     for (int j = 0; j < i; ++j)

@@ -16,9 +16,9 @@ constexpr int kThreads = 256;
 
 // N elements per access: 8 (16-byte vectors) when rows and weight are aligned, else 1.
 template <class T, int N>
-__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const T* x, int64_t x_ld, const void* w, bool w_bf16,
-                                                           T* out, int64_t out_ld, int64_t D, float eps,
-                                                           bool moonshot, bool round) {
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_kernel(const T* x, int64_t x_ld, const void* w, bool w_bf16, T* out, int64_t out_ld, int64_t D, float eps,
+                   bool moonshot, bool round) {
   __shared__ float red[32];
   const T* xr = x + static_cast<int64_t>(blockIdx.x) * x_ld;
   T* yr = out + static_cast<int64_t>(blockIdx.x) * out_ld;
@@ -61,15 +61,13 @@ void register_rmsnorm_cuda(NormOps& r, const CudaOps& ops) {
                      using E = typename decltype(tag)::type;
                      const auto launch = [&](auto kernel) {
                        kernel<<<static_cast<unsigned>(T), kThreads, 0, ops.ctx->stream()>>>(
-                           a.x.as<const E>(), a.x.strides[0], a.w.data, a.w.dtype == core::DType::bf16,
-                           a.out.as<E>(), a.out.strides[0], D, a.eps, a.style == RmsNormStyle::moonshot,
+                           a.x.as<const E>(), a.x.strides[0], a.w.data, a.w.dtype == core::DType::bf16, a.out.as<E>(),
+                           a.out.strides[0], D, a.eps, a.style == RmsNormStyle::moonshot,
                            a.precision == Precision::bf16);
                        K3_CUDA_CHECK_LAUNCH("rmsnorm_kernel");
                      };
-                     if (vec)
-                       launch(rmsnorm_kernel<E, 8>);
-                     else
-                       launch(rmsnorm_kernel<E, 1>);
+                     if (vec) launch(rmsnorm_kernel<E, 8>);
+                     else launch(rmsnorm_kernel<E, 1>);
                    });
                  }});
 }

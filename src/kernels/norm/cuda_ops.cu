@@ -4,8 +4,6 @@
 
 namespace k3::kernels {
 
-void NormOps::register_cuda(const CudaOps& cuda) {
-  register_rmsnorm_cuda(*this, cuda);
-}
+void NormOps::register_cuda(const CudaOps& cuda) { register_rmsnorm_cuda(*this, cuda); }
 
 }  // namespace k3::kernels

@@ -3,8 +3,6 @@
 
 namespace k3::kernels {
 
-void NormOps::register_reference(const CpuOps& cpu) {
-  add_reference(rmsnorm, cpu, rmsnorm_reference);
-}
+void NormOps::register_reference(const CpuOps& cpu) { add_reference(rmsnorm, cpu, rmsnorm_reference); }
 
 }  // namespace k3::kernels

@@ -10,22 +10,18 @@
 namespace k3::kernels {
 
 namespace {
-std::string describe(const core::TensorView& v) {
-  return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str();
-}
+std::string describe(const core::TensorView& v) { return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str(); }
 }  // namespace
 
 core::Status rmsnorm_check(const RmsNormArgs& a) {
   if (!is_activation_dtype(a.x) || a.x.rank() != 2 || a.x.strides[1] != 1)
-    return core::Status::fail("x must be f32 (or bf16 on CUDA) [T, D] with contiguous rows, got " +
-                              describe(a.x));
+    return core::Status::fail("x must be f32 (or bf16 on CUDA) [T, D] with contiguous rows, got " + describe(a.x));
   const int64_t T = a.x.dim(0), D = a.x.dim(1);
-  if ((a.w.dtype != core::DType::bf16 && a.w.dtype != core::DType::f32) || a.w.rank() != 1 ||
-      a.w.dim(0) != D || !a.w.is_contiguous())
-    return core::Status::fail("w must be bf16 or f32 [" + std::to_string(D) + "], got " +
-                              describe(a.w));
-  if (!is_activation_dtype(a.out) || a.out.rank() != 2 || a.out.strides[1] != 1 ||
-      a.out.dim(0) != T || a.out.dim(1) != D)
+  if ((a.w.dtype != core::DType::bf16 && a.w.dtype != core::DType::f32) || a.w.rank() != 1 || a.w.dim(0) != D ||
+      !a.w.is_contiguous())
+    return core::Status::fail("w must be bf16 or f32 [" + std::to_string(D) + "], got " + describe(a.w));
+  if (!is_activation_dtype(a.out) || a.out.rank() != 2 || a.out.strides[1] != 1 || a.out.dim(0) != T ||
+      a.out.dim(1) != D)
     return core::Status::fail("out must be f32 (or bf16 on CUDA) [" + std::to_string(T) + ", " + std::to_string(D) +
                               "], got " + describe(a.out));
   if (!(a.eps >= 0.0f)) return core::Status::fail("eps must be >= 0, got " + std::to_string(a.eps));
@@ -38,8 +34,8 @@ void rmsnorm_reference(const RmsNormArgs& a, backends::cpu::ThreadPool* pool) {
   std::vector<float> w(static_cast<size_t>(D));
   for (int64_t i = 0; i < D; ++i) w[i] = load_f32(a.w, i);
   const bool moonshot = a.style == RmsNormStyle::moonshot;
-  backends::cpu::parallel_for(pool, 
-      T,
+  backends::cpu::parallel_for(
+      pool, T,
       [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
           const float* x = a.x.as<const float>() + t * a.x.strides[0];

@@ -25,8 +25,7 @@ Tensor random_x(int64_t T, int64_t D, uint64_t seed) {
   Tensor x = Tensor::zeros(DType::f32, {T, D});
   const double scales[] = {1e-3, 1.0, 30.0, 0.2};
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t d = 0; d < D; ++d)
-      x.data<float>()[t * D + d] = static_cast<float>(rng.normal() * scales[t % 4]);
+    for (int64_t d = 0; d < D; ++d) x.data<float>()[t * D + d] = static_cast<float>(rng.normal() * scales[t % 4]);
   return x;
 }
 
@@ -36,17 +35,14 @@ Tensor random_w(DType dt, int64_t D, uint64_t seed) {
   Tensor w = Tensor::zeros(dt, {D});
   for (int64_t d = 0; d < D; ++d) {
     const float v = static_cast<float>(1.0 + 0.1 * rng.normal());
-    if (dt == DType::bf16)
-      w.data<uint16_t>()[d] = core::f32_to_bf16_bits(v);
-    else
-      w.data<float>()[d] = v;
+    if (dt == DType::bf16) w.data<uint16_t>()[d] = core::f32_to_bf16_bits(v);
+    else w.data<float>()[d] = v;
   }
   return w;
 }
 
 float w_at(const Tensor& w, int64_t d) {
-  return w.dtype() == DType::bf16 ? core::bf16_bits_to_f32(w.data<uint16_t>()[d])
-                                  : w.data<float>()[d];
+  return w.dtype() == DType::bf16 ? core::bf16_bits_to_f32(w.data<uint16_t>()[d]) : w.data<float>()[d];
 }
 
 Tensor run(const Tensor& x, const Tensor& w, RmsNormStyle style, Precision p, float eps = 1e-5f) {
@@ -59,8 +55,7 @@ Tensor run(const Tensor& x, const Tensor& w, RmsNormStyle style, Precision p, fl
 }
 
 // Straightforward float transcription of spec §2 for row t, one formula per style.
-std::vector<float> naive_float(const Tensor& x, const Tensor& w, int64_t t, RmsNormStyle style,
-                               Precision p) {
+std::vector<float> naive_float(const Tensor& x, const Tensor& w, int64_t t, RmsNormStyle style, Precision p) {
   const int64_t D = x.dim(1);
   const float* row = x.data<float>() + t * D;
   float ss = 0.0f;
@@ -80,8 +75,7 @@ std::vector<double> naive_double(const Tensor& x, const Tensor& w, int64_t t) {
   double ss = 0.0;
   for (int64_t i = 0; i < D; ++i) ss += static_cast<double>(row[i]) * row[i];
   std::vector<double> y(D);
-  for (int64_t d = 0; d < D; ++d)
-    y[d] = w_at(w, d) * static_cast<double>(row[d]) / std::sqrt(ss / D + 1e-5);
+  for (int64_t d = 0; d < D; ++d) y[d] = w_at(w, d) * static_cast<double>(row[d]) / std::sqrt(ss / D + 1e-5);
   return y;
 }
 
@@ -137,8 +131,7 @@ TEST(RmsNorm, MoonshotAndFusedDifferByAtMostOneBf16Ulp) {
   Tensor d = run(x, w, RmsNormStyle::fused, Precision::fp32);
   int64_t off_grid = 0;
   for (int64_t i = 0; i < T * D; ++i) {
-    ASSERT_EQ(std::bit_cast<uint32_t>(c.data<float>()[i]),
-              std::bit_cast<uint32_t>(d.data<float>()[i]));
+    ASSERT_EQ(std::bit_cast<uint32_t>(c.data<float>()[i]), std::bit_cast<uint32_t>(d.data<float>()[i]));
     off_grid += c.data<float>()[i] != core::bf16_round(c.data<float>()[i]);
   }
   EXPECT_GT(off_grid, T * D / 2);

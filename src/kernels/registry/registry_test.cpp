@@ -47,8 +47,7 @@ TEST(Registry, ReferenceOpsFillEveryTableWithACpuImplementation) {
     ++tables;
     int cpu_refs = 0;
     for (const auto& impl : table.impls())
-      cpu_refs +=
-          impl.device == core::Device::cpu && impl.name == "reference" && impl.run != nullptr;
+      cpu_refs += impl.device == core::Device::cpu && impl.name == "reference" && impl.run != nullptr;
     EXPECT_EQ(cpu_refs, 1) << table.op();
   });
   EXPECT_GE(tables, 14);  // the 14 ops of the skeleton, plus any added since
@@ -160,7 +159,8 @@ TEST(Registry, TheTuningRuleOfTheSizeOrdersTheCapableImplementations) {
   ThreeLinears t;
   t.r.set_tuning(core::Device::cpu, tuning_of(R"({"gpu": "X", "ops": {"linear": {"measure": "rows", "rules": [
       {"sizes": [1, 4], "order": ["fast", "wide"]},
-      {"sizes": [5, null], "order": ["wide", "fast"]}]}}})", ""));
+      {"sizes": [5, null], "order": ["wide", "fast"]}]}}})",
+                                              ""));
   std::vector<std::string> log;
   t.r.set_log([&](const std::string& line) { log.push_back(line); });
   LinearCall small(3), large(9);
@@ -182,7 +182,8 @@ TEST(Registry, TheTuningRuleOfTheSizeOrdersTheCapableImplementations) {
 TEST(Registry, ShapesTheGpuTableLacksFallBackToTheDefaultThenToRegistrationOrder) {
   ThreeLinears t;
   t.r.set_tuning(core::Device::cpu, tuning_of(R"({"gpu": "X", "ops": {"linear": {"measure": "rows", "rules": [
-      {"sizes": [1, 4], "order": ["fast"]}]}}})", R"({"gpu": "*", "ops": {"linear": {"measure": "rows", "rules": [
+      {"sizes": [1, 4], "order": ["fast"]}]}}})",
+                                              R"({"gpu": "*", "ops": {"linear": {"measure": "rows", "rules": [
       {"sizes": [1, 8], "order": ["wide"]}]}}})"));
   LinearCall in_gpu(4), in_default(8), in_neither(20);
   EXPECT_EQ(t.r.linear.select(in_gpu.args(), core::Device::cpu).name, "fast");
@@ -198,7 +199,8 @@ TEST(Registry, ATableNamingAnUnknownImplementationOrAnotherMeasureIsAnError) {
   ThreeLinears t;
   const std::string unknown = error_of([&] {
     t.r.set_tuning(core::Device::cpu, tuning_of(R"({"gpu": "X", "ops": {"linear": {"measure": "rows", "rules": [
-        {"sizes": [0, null], "order": ["fast", "cuda_gone"]}]}}})", ""));
+        {"sizes": [0, null], "order": ["fast", "cuda_gone"]}]}}})",
+                                                ""));
   });
   EXPECT_NE(unknown.find("gpu.json: ops.linear lists 'cuda_gone', which is not an implementation on cpu"),
             std::string::npos)

@@ -44,8 +44,8 @@ constexpr float kFixScale = 0x1.0p45f;  // masses in units of 2^-45: V * 2^45 < 
 
 // A position in the total order (x desc, id asc): everything at or before it passes.
 struct Thr {
-  uint32_t key = 0;   // key 0 is below every real logit's key (-inf maps to 0x007fffff)
-  int id = INT_MAX;   // so the default threshold lets everything pass
+  uint32_t key = 0;  // key 0 is below every real logit's key (-inf maps to 0x007fffff)
+  int id = INT_MAX;  // so the default threshold lets everything pass
 };
 
 struct Shared {
@@ -252,18 +252,19 @@ __device__ int find_crossing(const Row& row, Weight weight, TargetOf target_of, 
 __device__ Thr nth_best(const Row& row, int n, Shared& sm) {
   Thr t;
   u64 above = 0, target = 0;
-  radix_select(row, [](int) { return 1ull; }, [n](u64) { return static_cast<u64>(n); }, &t.key, &above, &target,
-               sm);  // n <= V: found
+  radix_select(
+      row, [](int) { return 1ull; }, [n](u64) { return static_cast<u64>(n); }, &t.key, &above, &target,
+      sm);  // n <= V: found
   const uint32_t key = t.key;
   const u64 remaining = static_cast<u64>(n) - above;  // >= 1 tokens of this key are among the n
-  t.id = find_crossing(row, [&](int i) { return order_key(row.x[i]) == key ? 1ull : 0ull; },
-                       [remaining](u64) { return remaining - 1; }, sm);
+  t.id = find_crossing(
+      row, [&](int i) { return order_key(row.x[i]) == key ? 1ull : 0ull; }, [remaining](u64) { return remaining - 1; },
+      sm);
   return t;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    sample_kernel(const float* logits, int64_t logits_ld, int64_t logits_rows, int V, const int32_t* params,
-                  float* out, int N) {
+__global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int64_t logits_ld, int64_t logits_rows,
+                                                          int V, const int32_t* params, float* out, int N) {
   __shared__ Shared sm;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int32_t* pr = params + static_cast<int64_t>(blockIdx.x) * kSampleParamCols;
@@ -350,11 +351,10 @@ __global__ void __launch_bounds__(kThreads)
         target = target_of(block_sum_u64(mass, sm));
       }
       u64 above = 0;
-      const bool cut =
-          row.min_p > 0.0f
-              ? radix_select(row, eligible_mass, [mass_target = target](u64) { return mass_target; }, &thr_p.key,
-                             &above, &target, sm)
-              : radix_select(row, eligible_mass, target_of, &thr_p.key, &above, &target, sm);
+      const bool cut = row.min_p > 0.0f ? radix_select(
+                                              row, eligible_mass, [mass_target = target](u64) { return mass_target; },
+                                              &thr_p.key, &above, &target, sm)
+                                        : radix_select(row, eligible_mass, target_of, &thr_p.key, &above, &target, sm);
       if (cut) {  // else the survivors weigh less than the target: every one is kept
         const uint32_t key = thr_p.key;
         const u64 rest = target - above - 1;
@@ -396,8 +396,7 @@ __global__ void __launch_bounds__(kThreads)
       const uint32_t key = sm.pick_key[tid];
       const int id = sm.pick_id[tid];
       int place = 0;
-      for (int j = 0; j < num_top; ++j)
-        place += sm.pick_key[j] > key || (sm.pick_key[j] == key && sm.pick_id[j] < id);
+      for (int j = 0; j < num_top; ++j) place += sm.pick_key[j] > key || (sm.pick_key[j] == key && sm.pick_id[j] < id);
       o[kOutTopIds + place] = static_cast<float>(id);
       o[kOutTopIds + N + place] = logprob(id);
     }
@@ -411,19 +410,19 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void register_sampling_cuda(SamplingOps& r, const CudaOps& ops) {
-  r.sample.add({"cuda_radix_sample", core::Device::cuda,
-                [ops](const SampleArgs& a) {
-                  return all_of({ops.usable(), on_cuda({{"logits", &a.logits}, {"params", &a.params}, {"out", &a.out}})});
-                },
-                [ops](const SampleArgs& a) {
-                  const int64_t R = a.params.dim(0);
-                  if (R == 0) return;
-                  sample_kernel<<<static_cast<unsigned>(R), kThreads, 0, ops.ctx->stream()>>>(
-                      a.logits.as<const float>(), a.logits.strides[0], a.logits.dim(0),
-                      static_cast<int>(a.logits.dim(1)), a.params.as<const int32_t>(), a.out.as<float>(),
-                      static_cast<int>((a.out.dim(1) - 2) / 2));
-                  K3_CUDA_CHECK_LAUNCH("sample_kernel");
-                }});
+  r.sample.add(
+      {"cuda_radix_sample", core::Device::cuda,
+       [ops](const SampleArgs& a) {
+         return all_of({ops.usable(), on_cuda({{"logits", &a.logits}, {"params", &a.params}, {"out", &a.out}})});
+       },
+       [ops](const SampleArgs& a) {
+         const int64_t R = a.params.dim(0);
+         if (R == 0) return;
+         sample_kernel<<<static_cast<unsigned>(R), kThreads, 0, ops.ctx->stream()>>>(
+             a.logits.as<const float>(), a.logits.strides[0], a.logits.dim(0), static_cast<int>(a.logits.dim(1)),
+             a.params.as<const int32_t>(), a.out.as<float>(), static_cast<int>((a.out.dim(1) - 2) / 2));
+         K3_CUDA_CHECK_LAUNCH("sample_kernel");
+       }});
 }
 
 }  // namespace k3::kernels

@@ -4,8 +4,6 @@
 
 namespace k3::kernels {
 
-void SamplingOps::register_cuda(const CudaOps& cuda) {
-  register_sampling_cuda(*this, cuda);
-}
+void SamplingOps::register_cuda(const CudaOps& cuda) { register_sampling_cuda(*this, cuda); }
 
 }  // namespace k3::kernels

@@ -3,8 +3,6 @@
 
 namespace k3::kernels {
 
-void SamplingOps::register_reference(const CpuOps& cpu) {
-  add_reference(sample, cpu, sample_reference);
-}
+void SamplingOps::register_reference(const CpuOps& cpu) { add_reference(sample, cpu, sample_reference); }
 
 }  // namespace k3::kernels

@@ -152,15 +152,14 @@ core::Status sample_check(const SampleArgs& a) {
                               " and N in [0, " + std::to_string(kMaxTopLogprobs) + "], got " +
                               std::string(core::dtype_name(a.out.dtype)) + " " + a.out.shape.str());
   if (a.params.device != a.logits.device || a.out.device != a.logits.device)
-    return core::Status::fail("logits, params and out must live on one device, got " +
-                              std::string(core::device_name(a.logits.device)) + ", " +
-                              std::string(core::device_name(a.params.device)) + ", " +
-                              std::string(core::device_name(a.out.device)));
+    return core::Status::fail(
+        "logits, params and out must live on one device, got " + std::string(core::device_name(a.logits.device)) +
+        ", " + std::string(core::device_name(a.params.device)) + ", " + std::string(core::device_name(a.out.device)));
   if (a.params.device == core::Device::cpu) {
     const int64_t N = (a.out.dim(1) - 2) / 2;
     for (int64_t r = 0; r < R; ++r) {
-      core::Status s = check_row(unpack_sample_params(a.params.as<const int32_t>() + r * kSampleParamCols), r,
-                                 rows, V, N);
+      core::Status s = check_row(unpack_sample_params(a.params.as<const int32_t>() + r * kSampleParamCols), r, rows, V,
+                                 N);
       if (!s) return s;
     }
   }
@@ -206,9 +205,7 @@ void sample_reference(const SampleArgs& a) {
       }
       log_z = std::log(z);
     }
-    auto logprob = [&](int32_t id) {
-      return static_cast<float>(static_cast<double>(x[id]) - max_logit - log_z);
-    };
+    auto logprob = [&](int32_t id) { return static_cast<float>(static_cast<double>(x[id]) - max_logit - log_z); };
     const int32_t token = greedy ? argmax : draw_row(x, V, p, prob, order);
     out[kOutToken] = static_cast<float>(token);
     if (want_logprobs) out[kOutLogprob] = logprob(token);

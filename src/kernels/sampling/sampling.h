@@ -34,7 +34,7 @@
 
 namespace k3::kernels {
 
-inline constexpr int kMaxTopLogprobs = 20;          // = runner::kMaxLogprobs
+inline constexpr int kMaxTopLogprobs = 20;           // = runner::kMaxLogprobs
 inline constexpr int64_t kMaxSampleVocab = 1 << 19;  // fixed-point masses: V * 2^45 < 2^64
 
 // Columns of the params tensor, one row per sampled row.

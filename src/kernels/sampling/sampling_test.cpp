@@ -93,9 +93,9 @@ void expect_op_matches_sampler(const Tensor& logits, int32_t row, const runner::
     const std::string where = describe(sp, V) + " draw " + std::to_string(d);
     ASSERT_EQ(o[kOutToken], static_cast<float>(want[d].token)) << where;
     if (want_lp)
-      ASSERT_TRUE(same_bits(o[kOutLogprob], want[d].logprob)) << where << ": " << o[kOutLogprob] << " vs " << want[d].logprob;
-    else
-      ASSERT_TRUE(std::isnan(o[kOutLogprob])) << where;
+      ASSERT_TRUE(same_bits(o[kOutLogprob], want[d].logprob))
+          << where << ": " << o[kOutLogprob] << " vs " << want[d].logprob;
+    else ASSERT_TRUE(std::isnan(o[kOutLogprob])) << where;
     for (int64_t j = 0; j < N; ++j) {
       const float id = o[kOutTopIds + j], lp = o[out_top_logprobs_col(N) + j];
       if (j < sp.logprobs) {
@@ -152,8 +152,12 @@ TEST(SampleReference, DeepAndShallowCutsAt20480) {
   const Tensor flat = random_logits(1, V, 31, 0.05, false, false);
   const Tensor peaked = random_logits(1, V, 32, 4.0, false, true);
   for (const Tensor* t : {&flat, &peaked})
-    for (auto [k, top_p, min_p] : {std::tuple{0, 0.95f, 0.0f}, {50, 1.0f, 0.0f}, {4000, 0.8f, 0.0f},
-                                   {0, 1.0f, 0.1f}, {0, 0.5f, 0.02f}, {1000, 1.0f, 0.5f}}) {
+    for (auto [k, top_p, min_p] : {std::tuple{0, 0.95f, 0.0f},
+                                   {50, 1.0f, 0.0f},
+                                   {4000, 0.8f, 0.0f},
+                                   {0, 1.0f, 0.1f},
+                                   {0, 0.5f, 0.02f},
+                                   {1000, 1.0f, 0.5f}}) {
       runner::SamplingParams sp;
       sp.temperature = 0.8f, sp.top_k = k, sp.top_p = top_p, sp.min_p = min_p, sp.seed = 5;
       sp.logprob = true;

@@ -27,23 +27,22 @@ __global__ void situ_kernel(const T* gate, int64_t gate_ld, const T* up, int64_t
 }  // namespace
 
 void register_situ_cuda(SituOps& r, const CudaOps& ops) {
-  r.situ_glu.add(
-      {"cuda_elementwise", core::Device::cuda,
-       [ops](const SituGluArgs& a) {
-         return all_of({ops.usable(), on_cuda({{"gate", &a.gate}, {"up", &a.up}, {"out", &a.out}}),
-                        same_act({{"gate", &a.gate}, {"up", &a.up}, {"out", &a.out}}, a.precision)});
-       },
-       [ops](const SituGluArgs& a) {
-         const int64_t T = a.gate.dim(0), I = a.gate.dim(1);
-         if (T * I == 0) return;
-         with_act(a.out.dtype, [&](auto tag) {
-           using E = typename decltype(tag)::type;
-           situ_kernel<E><<<grid_for(T * I, kThreads), kThreads, 0, ops.ctx->stream()>>>(
-               a.gate.as<const E>(), a.gate.strides[0], a.up.as<const E>(), a.up.strides[0], a.out.as<E>(),
-               a.out.strides[0], T, I, a.beta, a.linear_beta, a.precision == Precision::bf16);
-           K3_CUDA_CHECK_LAUNCH("situ_kernel");
-         });
-       }});
+  r.situ_glu.add({"cuda_elementwise", core::Device::cuda,
+                  [ops](const SituGluArgs& a) {
+                    return all_of({ops.usable(), on_cuda({{"gate", &a.gate}, {"up", &a.up}, {"out", &a.out}}),
+                                   same_act({{"gate", &a.gate}, {"up", &a.up}, {"out", &a.out}}, a.precision)});
+                  },
+                  [ops](const SituGluArgs& a) {
+                    const int64_t T = a.gate.dim(0), I = a.gate.dim(1);
+                    if (T * I == 0) return;
+                    with_act(a.out.dtype, [&](auto tag) {
+                      using E = typename decltype(tag)::type;
+                      situ_kernel<E><<<grid_for(T * I, kThreads), kThreads, 0, ops.ctx->stream()>>>(
+                          a.gate.as<const E>(), a.gate.strides[0], a.up.as<const E>(), a.up.strides[0], a.out.as<E>(),
+                          a.out.strides[0], T, I, a.beta, a.linear_beta, a.precision == Precision::bf16);
+                      K3_CUDA_CHECK_LAUNCH("situ_kernel");
+                    });
+                  }});
 }
 
 }  // namespace k3::kernels

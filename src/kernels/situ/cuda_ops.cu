@@ -4,8 +4,6 @@
 
 namespace k3::kernels {
 
-void SituOps::register_cuda(const CudaOps& cuda) {
-  register_situ_cuda(*this, cuda);
-}
+void SituOps::register_cuda(const CudaOps& cuda) { register_situ_cuda(*this, cuda); }
 
 }  // namespace k3::kernels

@@ -3,8 +3,6 @@
 
 namespace k3::kernels {
 
-void SituOps::register_reference(const CpuOps& cpu) {
-  add_reference(situ_glu, cpu, situ_glu_reference);
-}
+void SituOps::register_reference(const CpuOps& cpu) { add_reference(situ_glu, cpu, situ_glu_reference); }
 
 }  // namespace k3::kernels

@@ -14,9 +14,7 @@ namespace k3::kernels {
 
 namespace {
 
-std::string describe(const core::TensorView& v) {
-  return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str();
-}
+std::string describe(const core::TensorView& v) { return std::string(core::dtype_name(v.dtype)) + " " + v.shape.str(); }
 
 bool is_f32_rows(const core::TensorView& v) {  // f32, or bf16 on CUDA (is_activation_dtype)
   return is_activation_dtype(v) && v.rank() == 2 && v.strides[1] == 1;
@@ -26,16 +24,15 @@ bool is_f32_rows(const core::TensorView& v) {  // f32, or bf16 on CUDA (is_activ
 
 core::Status situ_glu_check(const SituGluArgs& a) {
   if (!is_f32_rows(a.gate))
-    return core::Status::fail("gate must be f32 [T, I] with contiguous rows, got " +
-                              describe(a.gate));
+    return core::Status::fail("gate must be f32 [T, I] with contiguous rows, got " + describe(a.gate));
   const std::string want = a.gate.shape.str();
   if (!is_f32_rows(a.up) || !(a.up.shape == a.gate.shape))
     return core::Status::fail("up must be f32 " + want + " like gate, got " + describe(a.up));
   if (!is_f32_rows(a.out) || !(a.out.shape == a.gate.shape))
     return core::Status::fail("out must be f32 " + want + " like gate, got " + describe(a.out));
   if (!(a.beta > 0.0f) || !(a.linear_beta > 0.0f))
-    return core::Status::fail("beta and linear_beta must be > 0, got " + std::to_string(a.beta) +
-                              " and " + std::to_string(a.linear_beta));
+    return core::Status::fail("beta and linear_beta must be > 0, got " + std::to_string(a.beta) + " and " +
+                              std::to_string(a.linear_beta));
   return core::Status::ok();
 }
 
@@ -56,8 +53,7 @@ void situ_glu_reference(const SituGluArgs& a, backends::cpu::ThreadPool* pool) {
       }
     }
   };
-  backends::cpu::parallel_for(pool, 
-      T, rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, I)));
+  backends::cpu::parallel_for(pool, T, rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, I)));
 }
 
 }  // namespace k3::kernels

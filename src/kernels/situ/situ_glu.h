@@ -6,9 +6,9 @@
 namespace k3::kernels {
 
 struct SituGluArgs {
-  core::TensorView gate;  // f32 [T, I]
-  core::TensorView up;    // f32 [T, I]
-  core::TensorView out;   // f32 [T, I]
+  core::TensorView gate;      // f32 [T, I]
+  core::TensorView up;        // f32 [T, I]
+  core::TensorView out;       // f32 [T, I]
   float beta = 4.0f;          // activation_situ_beta
   float linear_beta = 25.0f;  // activation_situ_linear_beta
   Precision precision = Precision::bf16;

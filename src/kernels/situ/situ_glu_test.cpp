@@ -19,8 +19,7 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // The spec §8 closed form in double precision.
 double closed_form(double a, double c, double beta = 4.0, double linear_beta = 25.0) {
-  return beta * std::tanh(a / beta) / (1.0 + std::exp(-a)) * linear_beta *
-         std::tanh(c / linear_beta);
+  return beta * std::tanh(a / beta) / (1.0 + std::exp(-a)) * linear_beta * std::tanh(c / linear_beta);
 }
 
 Tensor random_act(int64_t T, int64_t I, double std, uint64_t seed) {
@@ -45,8 +44,8 @@ Tensor run(const Tensor& gate, const Tensor& up, Precision p, float beta = 4.0f,
   return out;
 }
 
-void check_closed_form(const Tensor& gate, const Tensor& up, const Tensor& out, Precision p,
-                       double beta = 4.0, double lb = 25.0) {
+void check_closed_form(const Tensor& gate, const Tensor& up, const Tensor& out, Precision p, double beta = 4.0,
+                       double lb = 25.0) {
   for (int64_t i = 0; i < gate.numel(); ++i) {
     const double want = closed_form(gate.data<float>()[i], up.data<float>()[i], beta, lb);
     const float got = out.data<float>()[i];
@@ -64,10 +63,8 @@ TEST(SituGlu, MatchesClosedFormOnOddShapes) {
   for (int64_t T : {1, 17, 54, 97})
     for (int64_t I : {96, 257}) {
       // std 20 on both: many gates deep in saturation and many ups past the 25 clip.
-      Tensor gate = random_act(T, I, 20.0, T * 1000 + I),
-             up = random_act(T, I, 20.0, T * 1000 + I + 1);
-      for (Precision p : {Precision::bf16, Precision::fp32})
-        check_closed_form(gate, up, run(gate, up, p), p);
+      Tensor gate = random_act(T, I, 20.0, T * 1000 + I), up = random_act(T, I, 20.0, T * 1000 + I + 1);
+      for (Precision p : {Precision::bf16, Precision::fp32}) check_closed_form(gate, up, run(gate, up, p), p);
     }
 }
 
@@ -75,8 +72,7 @@ TEST(SituGlu, MatchesClosedFormOnK3ShardWidths) {
   // Routed expert shard (TP8) 384, shared expert shard 768, dense layer-0 shard 4224.
   for (int64_t I : {384, 768, 4224}) {
     Tensor gate = random_act(17, I, 3.0, I), up = random_act(17, I, 30.0, I + 1);
-    for (Precision p : {Precision::bf16, Precision::fp32})
-      check_closed_form(gate, up, run(gate, up, p), p);
+    for (Precision p : {Precision::bf16, Precision::fp32}) check_closed_form(gate, up, run(gate, up, p), p);
   }
 }
 
@@ -125,13 +121,11 @@ TEST(SituGlu, OutputMayAliasGate) {
   SituGluArgs a{gate.view(), up.view(), gate.view()};
   ASSERT_TRUE(situ_glu_check(a));
   situ_glu_reference(a);
-  for (int64_t i = 0; i < want.numel(); ++i)
-    ASSERT_EQ(gate.data<float>()[i], want.data<float>()[i]);
+  for (int64_t i = 0; i < want.numel(); ++i) ASSERT_EQ(gate.data<float>()[i], want.data<float>()[i]);
 }
 
 TEST(SituGlu, BadArgumentsFail) {
-  Tensor gate = random_act(4, 8, 1, 1), up_bad = random_act(4, 9, 1, 2),
-         out = random_act(4, 8, 1, 3);
+  Tensor gate = random_act(4, 8, 1, 1), up_bad = random_act(4, 9, 1, 2), out = random_act(4, 8, 1, 3);
   core::Status s = situ_glu_check({gate.view(), up_bad.view(), out.view()});
   ASSERT_FALSE(s);
   EXPECT_NE(s.reason().find("up must be f32 [4, 8]"), std::string::npos) << s.reason();

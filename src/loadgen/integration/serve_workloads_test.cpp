@@ -7,8 +7,8 @@
 // against the samples' own times, a prefix is known to be cached before requests count on it,
 // and the time limit's effect is bounded by the planned pauses; the deadlines that remain only
 // guard against a hang and say what never happened.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -86,8 +86,18 @@ struct ServerProcess {
       return;
     }
     const std::string log = (dir / "server.log").string();
-    std::vector<std::string> args = {bin, "serve", "--model", (dir / "k3-tiny").string(), "--port", "0",
-                                     "--max-model-len", "512", "--kv-cache-bytes", "67108864", "--drain-seconds", "1"};
+    std::vector<std::string> args = {bin,
+                                     "serve",
+                                     "--model",
+                                     (dir / "k3-tiny").string(),
+                                     "--port",
+                                     "0",
+                                     "--max-model-len",
+                                     "512",
+                                     "--kv-cache-bytes",
+                                     "67108864",
+                                     "--drain-seconds",
+                                     "1"};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -206,8 +216,8 @@ void expect_complete(const Json& bundle, const WorkloadSpec& spec) {
 int64_t within_slos(const Json& bundle, double ttft_ms, double tpot_ms) {
   int64_t n = 0;
   for (const RequestSample& s : bundle_samples(bundle)) {
-    const double tpot =
-        s.output_tokens > 1 ? (s.e2e_s - s.ttft_s) / static_cast<double>(s.output_tokens - 1) * 1000 : 0.0;
+    const double tpot = s.output_tokens > 1 ? (s.e2e_s - s.ttft_s) / static_cast<double>(s.output_tokens - 1) * 1000
+                                            : 0.0;
     n += s.ok && s.ttft_s * 1000 <= ttft_ms && tpot <= tpot_ms;
   }
   return n;
@@ -311,7 +321,8 @@ TEST(ServeWorkloads, TraceReplayAndBundleRoundTrip) {
   write_bundle(b, dir / "a.json");
   EXPECT_EQ(read_bundle(dir / "a.json"), b);
   // A compare of the run with itself writes a report and flags nothing.
-  const CompareResult r = compare_bundles({{"a", dir / "a.json", b}, {"b", dir / "a.json", b}}, CompareOptions{}, dir / "cmp");
+  const CompareResult r = compare_bundles({{"a", dir / "a.json", b}, {"b", dir / "a.json", b}}, CompareOptions{},
+                                          dir / "cmp");
   EXPECT_EQ(r.regressions, 0);
   EXPECT_TRUE(fs::exists(dir / "cmp" / "report.md"));
   fs::remove_all(dir);
@@ -350,8 +361,8 @@ TEST(ServeWorkloads, TimeLimitStopsStartingRequests) {
   EXPECT_GE(n, 2);  // the first turns start at once, and a started request is never cut
   EXPECT_LE(n, can_start);
   for (const RequestSample& s : bundle_samples(b))
-    EXPECT_TRUE((startable[{s.session, s.turn}])) << "session " << s.session << " turn " << s.turn
-                                                << " started after the limit";
+    EXPECT_TRUE((startable[{s.session, s.turn}]))
+        << "session " << s.session << " turn " << s.turn << " started after the limit";
   EXPECT_EQ(b["summary"]["failed"].get<int64_t>(), 0);
 }
 
@@ -374,11 +385,37 @@ TEST(ServeWorkloads, BenchServeAndBenchCompareCommands) {
   const std::string port = std::to_string(server().port), model = (server().dir / "k3-tiny").string();
   for (const char* name : {"a", "b"}) {
     const fs::path log = dir / (std::string(name) + ".log");
-    ASSERT_EQ(run_program({bench_bin(), "bench-serve", "--port", port, "--model-dir", model, "--workload", "agentic",
-                           "--num-sessions", "2", "--first-turn-len", "64", "--turn-increment", "16",
-                           "--agent-output-len", "4", "--turns", "2:2", "--pause", "0.01", "--concurrency", "2",
-                           "--goodput", "ttft:60000", "tpot:60000", "--label", name, "--engine-config",
-                           "{\"max_model_len\": 512}", "--out", (dir / (std::string(name) + ".json")).string()},
+    ASSERT_EQ(run_program({bench_bin(),
+                           "bench-serve",
+                           "--port",
+                           port,
+                           "--model-dir",
+                           model,
+                           "--workload",
+                           "agentic",
+                           "--num-sessions",
+                           "2",
+                           "--first-turn-len",
+                           "64",
+                           "--turn-increment",
+                           "16",
+                           "--agent-output-len",
+                           "4",
+                           "--turns",
+                           "2:2",
+                           "--pause",
+                           "0.01",
+                           "--concurrency",
+                           "2",
+                           "--goodput",
+                           "ttft:60000",
+                           "tpot:60000",
+                           "--label",
+                           name,
+                           "--engine-config",
+                           "{\"max_model_len\": 512}",
+                           "--out",
+                           (dir / (std::string(name) + ".json")).string()},
                           log),
               0)
         << read_file(log);

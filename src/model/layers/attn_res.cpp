@@ -5,8 +5,8 @@
 
 namespace k3::model {
 
-core::Tensor attn_res_mix(const ForwardContext& ctx, std::span<const core::Tensor> bank,
-                          const core::Tensor& prefix, const AttnResWeights& w) {
+core::Tensor attn_res_mix(const ForwardContext& ctx, std::span<const core::Tensor> bank, const core::Tensor& prefix,
+                          const AttnResWeights& w) {
   if (bank.empty()) return prefix;  // layer 0, attention side: h = P
   std::vector<core::TensorView> sources;
   sources.reserve(bank.size() + 1);
@@ -16,9 +16,8 @@ core::Tensor attn_res_mix(const ForwardContext& ctx, std::span<const core::Tenso
   // query is stored [1, hidden]; the op reads it as a vector.
   core::TensorView query = w.query.view();
   query = core::TensorView::contiguous(query.data, query.dtype, {query.numel()}, query.device);
-  ctx.ops.attn_res_mix.run(
-      {sources, query, w.norm.view(), out.view(), ctx.config.rms_norm_eps, ctx.precision()},
-      ctx.device());
+  ctx.ops.attn_res_mix.run({sources, query, w.norm.view(), out.view(), ctx.config.rms_norm_eps, ctx.precision()},
+                           ctx.device());
   return out;
 }
 

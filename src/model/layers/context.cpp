@@ -1,10 +1,10 @@
 // model/layers/context.cpp: ForwardContext helpers and row/column views.
+#include "model/layers/context.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
-
-#include "model/layers/context.h"
 
 namespace k3::model {
 
@@ -20,7 +20,8 @@ DecodeBackend parse_decode_backend(std::string_view name) {
 
 void check_dcp_size(int dcp, int tp_size) {
   if (dcp != 1 && dcp != tp_size)
-    throw core::Error("dcp " + std::to_string(dcp) + " must be 1 or the tensor-parallel size " + std::to_string(tp_size));
+    throw core::Error("dcp " + std::to_string(dcp) + " must be 1 or the tensor-parallel size " +
+                      std::to_string(tp_size));
 }
 
 core::Tensor ForwardContext::alloc_as(core::DType dtype, int64_t rows, int64_t cols) const {
@@ -39,10 +40,10 @@ void ForwardContext::emit(std::string_view name, int layer, const core::Tensor& 
   }
 }
 
-core::Tensor ForwardContext::linear(const core::Tensor& x, const LinearWeight& w,
-                                    bool round_output) const {
+core::Tensor ForwardContext::linear(const core::Tensor& x, const LinearWeight& w, bool round_output) const {
   // Unrounded outputs (router and lm_head logits) stay f32 on every device (spec §2).
-  core::Tensor y = round_output ? alloc(x.dim(0), w.out_features()) : alloc_as(core::DType::f32, x.dim(0), w.out_features());
+  core::Tensor y = round_output ? alloc(x.dim(0), w.out_features())
+                                : alloc_as(core::DType::f32, x.dim(0), w.out_features());
   ops.linear.run({x.view(), &w, y.view(), round_output, precision()}, device());
   return y;
 }
@@ -55,8 +56,7 @@ core::Tensor ForwardContext::rmsnorm(const core::Tensor& x, const core::Tensor& 
 
 core::Tensor ForwardContext::situ_glu(const core::Tensor& gate, const core::Tensor& up) const {
   core::Tensor y = alloc(gate.dim(0), gate.dim(1));
-  ops.situ_glu.run({gate.view(), up.view(), y.view(), config.situ_beta, config.situ_linear_beta,
-                    precision()},
+  ops.situ_glu.run({gate.view(), up.view(), y.view(), config.situ_beta, config.situ_linear_beta, precision()},
                    device());
   return y;
 }
@@ -76,8 +76,7 @@ core::Tensor ForwardContext::reduce_partial(const core::Tensor& partial) const {
   comm->all_reduce_sum(partial.view());
   // A bf16 partial (a layer that rounded its row-parallel output) is already summed and rounded
   // once by the collective; an f32 sum in fp32 mode needs no rounding.
-  if (partial.dtype() != core::DType::f32 || precision() == kernels::Precision::fp32)
-    return partial;
+  if (partial.dtype() != core::DType::f32 || precision() == kernels::Precision::fp32) return partial;
   return to_activation(partial.view());
 }
 
@@ -88,11 +87,9 @@ core::Tensor ForwardContext::to_activation(const core::TensorView& x) const {
 }
 
 core::Tensor row_slice(const core::Tensor& t, int64_t begin, int64_t end) {
-  K3_CHECK(t.shape().rank() == 2 && 0 <= begin && begin <= end && end <= t.dim(0),
-           "row_slice out of range");
+  K3_CHECK(t.shape().rank() == 2 && 0 <= begin && begin <= end && end <= t.dim(0), "row_slice out of range");
   const int64_t cols = t.dim(1);
-  char* base = static_cast<char*>(t.data<void>()) +
-               begin * cols * static_cast<int64_t>(core::dtype_size(t.dtype()));
+  char* base = static_cast<char*>(t.data<void>()) + begin * cols * static_cast<int64_t>(core::dtype_size(t.dtype()));
   // Shares t's storage: the slice keeps a copy of t (and so its keep-alive).
   auto keep = std::make_shared<core::Tensor>(t);
   return core::Tensor(core::TensorView::contiguous(base, t.dtype(), {end - begin, cols}, t.view().device), keep);
@@ -142,7 +139,8 @@ core::Tensor embed_tokens(const ForwardContext& ctx, const Weights& w, const cor
 core::Tensor lm_head_logits(const ForwardContext& ctx, const Weights& w, const core::Tensor& x) {
   core::Tensor logits = ctx.linear(x, w.lm_head, /*round_output=*/false);  // [rows, V / tp]
   if (ctx.tensor_parallel()) {  // vocab-parallel lm_head: concatenate the ranks' vocabulary slices
-    core::Tensor full = ctx.alloc_as(core::DType::f32, logits.dim(0), int64_t{ctx.config.vocab_size} * ctx.comm->size());
+    core::Tensor full = ctx.alloc_as(core::DType::f32, logits.dim(0),
+                                     int64_t{ctx.config.vocab_size} * ctx.comm->size());
     ctx.comm->all_gather(logits.view(), full.view(), comm::GatherAxis::last);
     logits = full;
   }

@@ -21,16 +21,16 @@ namespace k3::model {
 // path of fastpath/ ("latency_specialized"), which falls back to the standard path, visibly and
 // with a reason, for any step it does not cover.
 enum class DecodeBackend : uint8_t { standard, latency_specialized };
-std::string_view decode_backend_name(DecodeBackend b);          // "auto" | "latency_specialized"
-DecodeBackend parse_decode_backend(std::string_view name);      // core::Error naming the accepted names
+std::string_view decode_backend_name(DecodeBackend b);      // "auto" | "latency_specialized"
+DecodeBackend parse_decode_backend(std::string_view name);  // core::Error naming the accepted names
 
 struct ModelOptions {
   kernels::Precision precision = kernels::Precision::bf16;
   DecodeBackend decode_backend = DecodeBackend::standard;
   kernels::RmsNormStyle rmsnorm_style = kernels::RmsNormStyle::moonshot;
-  float kv_k_scale = 1.0f;          // fp8 cache: stored = fp8(x / k_scale)
-  bool kda_chunked_prefill = true;  // prefill steps use chunked KDA (decode steps: recurrent)
-  bool poison_buffers = false;      // NaN-fill every new activation buffer (tests)
+  float kv_k_scale = 1.0f;                  // fp8 cache: stored = fp8(x / k_scale)
+  bool kda_chunked_prefill = true;          // prefill steps use chunked KDA (decode steps: recurrent)
+  bool poison_buffers = false;              // NaN-fill every new activation buffer (tests)
   core::Device device = core::Device::cpu;  // must be the device of the Model's DeviceMemory
   // Decode context parallelism (kernels/mla/mla_cp.h): 1 = off; else the MLA
   // latent cache of every sequence is split over the tensor-parallel group by token, and dcp must
@@ -55,7 +55,6 @@ struct ContextSplit {
   // Local positions a rank needs for `tokens` global ones (rank 0 holds the most): ceil(tokens / size).
   int64_t local_tokens(int64_t tokens) const { return (tokens + size - 1) / size; }
 };
-
 
 enum class StepKind : uint8_t {
   prefill,  // chunked KDA, naive MLA
@@ -102,8 +101,8 @@ struct VerifyCapture {
     core::Tensor q_in, k_in, v_in;  // [R, P] pre-conv inputs (activations)
     core::Tensor decay, beta;       // [R, P] f_b output, [R, H] beta logits
   };
-  std::vector<Layer> layers;            // indexed by layer id (empty for MLA layers)
-  std::vector<SequenceState*> states;   // per verify sequence
+  std::vector<Layer> layers;                    // indexed by layer id (empty for MLA layers)
+  std::vector<SequenceState*> states;           // per verify sequence
   std::vector<int64_t> row_begin, rows, start;  // compact rows and num_tokens before the step
   int64_t total_rows = 0;
   bool empty() const { return states.empty(); }
@@ -211,9 +210,9 @@ void kda_commit_replay(const ForwardContext& ctx, int layer, const KdaWeights& w
 core::Tensor ffn(const ForwardContext& ctx, int layer, const DenseFfnWeights& w, const core::Tensor& x);
 // The MoE layer's front: what reads the layer input x (the fast path computes it in one fused call).
 struct MoeFront {
-  core::Tensor logits;                   // f32 [rows, E] router logits, unrounded
-  core::Tensor z;                        // [rows, L] latent down-projection
-  core::Tensor shared_gate, shared_up;   // [rows, S*I] (empty without shared experts)
+  core::Tensor logits;                  // f32 [rows, E] router logits, unrounded
+  core::Tensor z;                       // [rows, L] latent down-projection
+  core::Tensor shared_gate, shared_up;  // [rows, S*I] (empty without shared experts)
   // The top-k routes when the front already chose them (the fast path's packed GEMM selects in its
   // epilogue): i32 ids [rows, k], f32 weights [rows, k]; empty: moe_tail runs router_topk on logits.
   core::Tensor route_ids, route_weights;
@@ -239,7 +238,7 @@ core::Tensor moe_combine(const ForwardContext& ctx, const MoeWeights& w, const c
 core::Tensor layer_forward(const ForwardContext& ctx, int layer, const LayerWeights& w, const core::Tensor& router_bias,
                            std::vector<core::Tensor>& bank, const core::Tensor& prefix);
 // AttnRes Mix over bank ++ [prefix] (spec §3.1); with an empty bank returns the prefix.
-core::Tensor attn_res_mix(const ForwardContext& ctx, std::span<const core::Tensor> bank,
-                          const core::Tensor& prefix, const AttnResWeights& w);
+core::Tensor attn_res_mix(const ForwardContext& ctx, std::span<const core::Tensor> bank, const core::Tensor& prefix,
+                          const AttnResWeights& w);
 
 }  // namespace k3::model

@@ -28,8 +28,8 @@ void short_convs(const ForwardContext& ctx, int layer, const KdaWeights& w, cons
   const core::Tensor& conv_states = ctx.kv.conv_states(layer);  // [num_slots, 3, P, K-1]
   const core::Tensor* weights[3] = {&w.q_conv, &w.k_conv, &w.v_conv};
   for (int i = 0; i < 3; ++i) {
-    kernels::KdaConvArgs a{ins[i]->view(), conv_weight(*weights[i]), conv_pool(conv_states, i), outs[i]->view(),
-                           ctx.precision(), seqs};
+    kernels::KdaConvArgs a{ins[i]->view(),  conv_weight(*weights[i]), conv_pool(conv_states, i),
+                           outs[i]->view(), ctx.precision(),          seqs};
     a.no_commit = no_commit;
     ctx.ops.kda_conv.run(a, ctx.device());
   }
@@ -42,9 +42,21 @@ void delta_rule(const ForwardContext& ctx, int layer, const KdaWeights& w,
                 const core::Tensor& beta, const core::Tensor& o, bool no_commit) {
   if (seqs.num_seqs == 0) return;
   const auto& kc = ctx.config.kda;
-  kernels::KdaAttentionArgs a{q.view(), k.view(), v.view(), decay.view(), beta.view(), w.a_log.view(),
-                              w.dt_bias.view(), ctx.kv.kda_states(layer).view(), o.view(), kc.num_heads,
-                              kc.head_dim, kc.gate_lower_bound, kc.chunk_size, ctx.precision(), seqs};
+  kernels::KdaAttentionArgs a{q.view(),
+                              k.view(),
+                              v.view(),
+                              decay.view(),
+                              beta.view(),
+                              w.a_log.view(),
+                              w.dt_bias.view(),
+                              ctx.kv.kda_states(layer).view(),
+                              o.view(),
+                              kc.num_heads,
+                              kc.head_dim,
+                              kc.gate_lower_bound,
+                              kc.chunk_size,
+                              ctx.precision(),
+                              seqs};
   a.no_commit = no_commit;
   op.run(a, ctx.device());
 }
@@ -54,8 +66,8 @@ core::Tensor attention(const ForwardContext& ctx, int layer, const KdaWeights& w
   const auto& kc = ctx.config.kda;
   const int64_t rows = x.dim(0), P = kc.proj_dim();
   // Projections over every row of the batch (§5.1). f_a and f are rounded like any linear output.
-  const core::Tensor q_in = ctx.linear(x, w.q_proj), k_in = ctx.linear(x, w.k_proj),
-                     v_in = ctx.linear(x, w.v_proj), gate = ctx.linear(x, w.g_proj);
+  const core::Tensor q_in = ctx.linear(x, w.q_proj), k_in = ctx.linear(x, w.k_proj), v_in = ctx.linear(x, w.v_proj),
+                     gate = ctx.linear(x, w.g_proj);
   const core::Tensor decay = ctx.linear(ctx.linear(x, w.f_a_proj), w.f_b_proj);
   const core::Tensor beta = ctx.linear(x, w.b_proj);
   core::Tensor q = ctx.alloc(rows, P), k = ctx.alloc(rows, P), v = ctx.alloc(rows, P);
@@ -91,8 +103,8 @@ core::Tensor attention(const ForwardContext& ctx, int layer, const KdaWeights& w
   ctx.emit("kda.o", layer, o);
 
   core::Tensor y = ctx.alloc(rows, P);
-  ctx.ops.kda_output_gate.run({o.view(), gate.view(), w.o_norm.view(), y.view(), kc.num_heads,
-                               kc.head_dim, ctx.config.rms_norm_eps, ctx.precision()},
+  ctx.ops.kda_output_gate.run({o.view(), gate.view(), w.o_norm.view(), y.view(), kc.num_heads, kc.head_dim,
+                               ctx.config.rms_norm_eps, ctx.precision()},
                               ctx.device());
   ctx.emit("kda.gated", layer, y);
   return ctx.row_parallel_linear(y, w.o_proj);  // TP: a partial sum, reduced in layer_forward

@@ -61,8 +61,16 @@ Routes route(const ForwardContext& ctx, const core::Tensor& router_bias, const M
 
 kernels::MoeExpertsArgs experts_args(const ForwardContext& ctx, const MoeWeights& w, const MoeFront& front,
                                      const Routes& r) {
-  kernels::MoeExpertsArgs a{front.z.view(), r.ids.view(), r.weights.view(), w.w1, w.w3, w.w2, {},
-                            ctx.config.situ_beta, ctx.config.situ_linear_beta, ctx.precision()};
+  kernels::MoeExpertsArgs a{front.z.view(),
+                            r.ids.view(),
+                            r.weights.view(),
+                            w.w1,
+                            w.w3,
+                            w.w2,
+                            {},
+                            ctx.config.situ_beta,
+                            ctx.config.situ_linear_beta,
+                            ctx.precision()};
   a.expert_begin = w.expert_begin, a.num_experts = w.num_experts;  // expert parallelism: the held range
   a.whole_experts = w.expert_parallel();
   return a;
@@ -88,8 +96,8 @@ core::Tensor moe_combine(const ForwardContext& ctx, const MoeWeights& w, const c
   const bool shared = mc.num_shared_experts > 0;
   core::Tensor shared_out;
   if (shared) shared_out = ctx.linear(ctx.situ_glu(front.shared_gate, front.shared_up), w.shared_down);
-  const core::Tensor routed =
-      ctx.linear(mc.latent_moe_use_norm ? ctx.rmsnorm(u, w.latent_norm, ctx.config.rms_norm_eps) : u, w.latent_up);
+  const core::Tensor routed = ctx.linear(
+      mc.latent_moe_use_norm ? ctx.rmsnorm(u, w.latent_norm, ctx.config.rms_norm_eps) : u, w.latent_up);
   if (!shared) return routed;
   return ctx.add(routed, shared_out);  // f = bf16(y_r + y_s); the caller adds it into the prefix
 }
@@ -120,8 +128,8 @@ core::Tensor moe_tail(const ForwardContext& ctx, int layer, const MoeWeights& w,
   core::Tensor shared_out;
   if (shared) shared_out = ctx.to_activation(columns(partial, L, L + hidden));
   ctx.emit("moe.latent", layer, u);
-  const core::Tensor routed =
-      ctx.linear(mc.latent_moe_use_norm ? ctx.rmsnorm(u, w.latent_norm, ctx.config.rms_norm_eps) : u, w.latent_up);
+  const core::Tensor routed = ctx.linear(
+      mc.latent_moe_use_norm ? ctx.rmsnorm(u, w.latent_norm, ctx.config.rms_norm_eps) : u, w.latent_up);
   if (!shared) return routed;
   return ctx.add(routed, shared_out);  // f = bf16(y_r + y_s); the caller adds it into the prefix
 }
