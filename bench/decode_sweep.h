@@ -54,7 +54,7 @@ struct DecodeSweepOptions {
   // here (tuning/<gpu>.json). Needs --modes eager and one GPU; the step reruns in-place ops, so the
   // rows after it decode from a disturbed state (their times stand, their tokens do not).
   std::filesystem::path tune;
-  int tune_runs = 5;
+  int tune_runs = 15;
 };
 
 // Bytes of every tensor of c's checkpoint as stored (checkpoint::expected_params).

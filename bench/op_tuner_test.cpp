@@ -1,5 +1,6 @@
-// bench/op_tuner_test.cpp: the tuning recorder on stand-in timings: the order at each size, rules
-// merged across sizes with one order, and a table that reads back as a kernels::TuningTable.
+// bench/op_tuner_test.cpp: the tuning recorder on stand-in timings: interleaved timed rounds and
+// their median, the order at each size (from the stated one, beyond a margin), rules merged across
+// sizes with one order, and a table that reads back as a kernels::TuningTable.
 #include "bench/op_tuner.h"
 
 #include <gtest/gtest.h>
@@ -20,13 +21,58 @@ TEST(OpTuner, TheOrderFollowsTheSummedTimeOverTheCallsBothRan) {
   EXPECT_EQ(rank_implementations({{{"x", 2}, {"y", 2}}}), (std::vector<std::string>{"x", "y"}));  // ties keep order
 }
 
+TEST(OpTuner, TheStatedOrderStandsUnlessBeatenByMoreThanTheMargin) {
+  // y is 2% faster than x: within a 3% margin, so the stated x-first order stands; z, which the
+  // stated order does not list, is 20% faster than both and moves ahead.
+  const std::vector<std::map<std::string, double>> calls = {{{"x", 100}, {"y", 98}},
+                                                            {{"x", 100}, {"y", 98}, {"z", 80}}};
+  EXPECT_EQ(rank_implementations(calls, {"x", "y"}, 0.03), (std::vector<std::string>{"z", "x", "y"}));
+  EXPECT_EQ(rank_implementations(calls, {"x", "y"}, 0.0), (std::vector<std::string>{"z", "y", "x"}));
+  // A 10% win beats the margin.
+  EXPECT_EQ(rank_implementations({{{"x", 100}, {"y", 90}}}, {"x", "y"}, 0.03), (std::vector<std::string>{"y", "x"}));
+  // Names the stated order lists but no call offered are left out.
+  EXPECT_EQ(rank_implementations({{{"y", 1}}}, {"x", "y"}, 0.03), (std::vector<std::string>{"y"}));
+}
+
+// Each candidate is warmed up once, then timed `runs` times in interleaved rounds; the median counts.
+TEST(OpTuner, CandidatesAreTimedInInterleavedRoundsAndTheMedianCounts) {
+  std::vector<std::string> timed;
+  std::map<std::string, std::vector<double>> scripted = {{"a", {9, 1, 2}}, {"b", {3, 30, 4}}};
+  std::map<std::string, size_t> next;
+  std::string running;
+  OpTuningRecorder rec(
+      [&](const std::function<void()>& run) {
+        run();
+        timed.push_back(running);
+        return scripted[running][next[running]++];
+      },
+      3);
+  std::map<std::string, int> runs;
+  const auto cand = [&](const std::string& name) {
+    return kernels::OpTuner::Candidate{name, [&, name] {
+                                         running = name;
+                                         ++runs[name];
+                                       }};
+  };
+  rec.observe("op", "rows", 1, {cand("a"), cand("b")});
+  EXPECT_EQ(timed, (std::vector<std::string>{"a", "b", "a", "b", "a", "b"}));
+  EXPECT_EQ(runs["a"], 4);  // the warm-up, then three timed runs
+  const nlohmann::json t = rec.table("Test GPU", kernels::TuningTable::parse(R"({"gpu": "*", "ops": {}})", "stated"),
+                                     0);
+  EXPECT_DOUBLE_EQ(t["measurements"]["op"][0]["us"]["a"].get<double>(), 2.0);  // median of 9, 1, 2
+  EXPECT_DOUBLE_EQ(t["measurements"]["op"][0]["us"]["b"].get<double>(), 4.0);  // median of 3, 30, 4
+  EXPECT_EQ(t["ops"]["op"]["rules"][0]["order"], nlohmann::json({"a", "b"}));
+}
+
 TEST(OpTuner, SizesWithOneOrderBecomeOneRuleAndTheTableReadsBack) {
   // Stand-in timing: each candidate's run() sets the time it "took" at the current size.
   double took = 0;
-  OpTuningRecorder rec([&](const std::function<void()>& run) {
-    run();
-    return took;
-  });
+  OpTuningRecorder rec(
+      [&](const std::function<void()>& run) {
+        run();
+        return took;
+      },
+      1);
   int64_t size = 0;
   const auto cand = [&](const std::string& name, std::map<int64_t, double> us) {
     return kernels::OpTuner::Candidate{name, [&took, &size, us] { took = us.at(size); }};
@@ -38,7 +84,8 @@ TEST(OpTuner, SizesWithOneOrderBecomeOneRuleAndTheTableReadsBack) {
     size = s;
     rec.observe("linear", "rows", s, {cand("fast", fast), cand("wide", wide)});
   }
-  const nlohmann::json t = rec.table("Test GPU");
+  const nlohmann::json t = rec.table("Test GPU", kernels::TuningTable::parse(R"({"gpu": "*", "ops": {}})", "stated"),
+                                     0);
   const kernels::TuningTable table = kernels::TuningTable::parse(t.dump(), "tuned.json");
   EXPECT_EQ(table.gpu(), "Test GPU");
   const auto& rules = table.ops().at("linear").rules;

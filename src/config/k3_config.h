@@ -37,6 +37,8 @@ struct MlaConfig {
   int q_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   int cache_dim() const { return kv_lora_rank + qk_rope_head_dim; }  // 576 per token per layer
   float softmax_scale() const;                                       // q_head_dim^-1/2
+  // The q_a / kv_a RMSNorms' eps: the Moonshot reference's default, not a config.json field (spec §6.1).
+  static constexpr float kLatentNormEps = 1e-6f;
 };
 
 struct MoeConfig {

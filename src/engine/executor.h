@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "engine/plan.h"
-#include "model/fused_decode.h"
+#include "model/decode_path_counters.h"
 
 namespace k3::runner {
 class DeviceSampler;

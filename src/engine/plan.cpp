@@ -18,7 +18,7 @@ BatchPlan make_plan(const scheduler::SchedulerOutput& out) {
     q.new_blocks = out.new_blocks_of(s);
     q.start = s.start;
     q.kda_slot = s.kda_slot;
-    q.kind = s.kind == scheduler::StepKind::decode ? model::StepKind::decode : model::StepKind::prefill;
+    q.kind = s.kind;
     q.fresh = s.fresh();
     q.sample = s.sample;
     q.num_drafts = s.num_drafts;

@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-#include "model/layers/context.h"
+#include "core/step_kind.h"
 #include "scheduler/scheduler_output.h"
 
 namespace k3::engine {
@@ -31,7 +31,7 @@ struct PlannedSequence {
   std::span<const int32_t> new_blocks;  // appended to its block table (fresh: the whole table)
   int64_t start = 0;                    // tokens already in its state
   int32_t kda_slot = -1;
-  model::StepKind kind = model::StepKind::prefill;
+  core::StepKind kind = core::StepKind::prefill;
   bool fresh = false;      // new state: num_tokens = start, block_table = new_blocks
   bool sample = false;     // its logits row is sampled
   int32_t num_drafts = 0;  // > 0: a speculative verify (tokens = last token ++ drafts;

@@ -13,8 +13,6 @@ using model::ForwardContext;
 
 namespace {
 
-constexpr float kMlaNormEps = 1e-6f;  // q_a / kv_a layernorms (spec §6.1), as model/layers/mla.cpp
-
 struct Projection {
   const kernels::LinearWeight* w;
   Tensor* out;
@@ -266,16 +264,18 @@ Tensor fused_attention(const ForwardContext& ctx, int layer, const model::MlaWei
   prep.pages = pages.view();
   prep.cache_rows = ctx.batches.cache_rows;
   prep.k_scale = ctx.options.kv_k_scale;
-  prep.eps = kMlaNormEps;
+  prep.eps = config::MlaConfig::kLatentNormEps;
   prep.style = ctx.options.rmsnorm_style;
   prep.precision = ctx.precision();
   if (fused_op_runs(ctx, ctx.ops.mla_prep, prep)) {
     ctx.ops.mla_prep.run(prep, ctx.device());
     project(ctx, q_a_n, {{&w.q_b_proj, &q}});
   } else {
-    ctx.ops.linear.run({ctx.rmsnorm(q_a, w.q_a_norm, kMlaNormEps).view(), &w.q_b_proj, q.view(), true, ctx.precision()},
+    ctx.ops.linear.run({ctx.rmsnorm(q_a, w.q_a_norm, config::MlaConfig::kLatentNormEps).view(), &w.q_b_proj, q.view(),
+                        true, ctx.precision()},
                        ctx.device());
-    const Tensor c_n = ctx.rmsnorm(model::column_copy(ctx, kv, 0, mc.kv_lora_rank), w.kv_a_norm, kMlaNormEps);
+    const Tensor c_n = ctx.rmsnorm(model::column_copy(ctx, kv, 0, mc.kv_lora_rank), w.kv_a_norm,
+                                   config::MlaConfig::kLatentNormEps);
     const Tensor k_pe = model::column_copy(ctx, kv, mc.kv_lora_rank, mc.cache_dim());
     ctx.ops.mla_cache_write.run({c_n.view(), k_pe.view(), pages.view(), ctx.batches.cache_rows, ctx.options.kv_k_scale},
                                 ctx.device());

@@ -9,6 +9,7 @@
 #pragma once
 #include <string>
 
+#include "model/decode_path_counters.h"
 #include "model/layers/context.h"
 
 namespace k3::model {
@@ -26,12 +27,6 @@ class FusedDecode {
   virtual PathDecision decide(const ForwardContext& ctx, LogitRows rows) const = 0;
   // Same contract as Model::run_step (queues device work only, so it can be captured).
   virtual core::Tensor run_step(const ForwardContext& ctx, const core::TensorView& ids, LogitRows rows) const = 0;
-};
-
-// Steps per path and fallbacks per reason, counted over the model's life (graph replays included).
-struct DecodePathCounters {
-  int64_t fused_steps = 0, standard_steps = 0;
-  std::vector<std::pair<std::string, int64_t>> fallbacks;  // (reason, steps), first seen first
 };
 
 }  // namespace k3::model

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "kernels/registry.h"
 
 namespace k3::runner {
 

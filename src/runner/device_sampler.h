@@ -25,8 +25,12 @@
 
 #include "core/device_memory.h"
 #include "core/tensor.h"
-#include "kernels/registry.h"
+#include "kernels/sampling/sampling.h"
 #include "runner/sampler.h"
+
+namespace k3::kernels {
+struct Registry;
+}
 
 namespace k3::runner {
 

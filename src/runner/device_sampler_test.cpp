@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "kernels/registry.h"
 #include "runner/sampler_test_util.h"
 
 namespace k3::runner {

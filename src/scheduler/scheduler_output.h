@@ -10,14 +10,12 @@
 #include <span>
 #include <vector>
 
+#include "core/step_kind.h"
 #include "scheduler/request.h"
 
 namespace k3::scheduler {
 
-enum class StepKind : uint8_t {
-  prefill,  // known tokens (prompt, or recomputation after a preemption)
-  decode,   // the one token sampled last step
-};
+using core::StepKind;  // prefill: known tokens (prompt, or recomputation); decode: the last sampled one
 
 // How the sequence's KDA slot must look before the step runs.
 enum class SlotInit : uint8_t {

@@ -10,7 +10,7 @@
 //   pages[cache_rows[t]] = [c_n[t] ; k_pe[t]]  for every t with cache_rows[t] >= 0 (mla_cache_write_reference)
 // rmsnorm as rmsnorm_reference: inv_rms = 1 / sqrt(sum(x^2) / D + eps) in fp32, then moonshot:
 // round(w * round(x * inv_rms)), fused: round(w * (x * inv_rms)); round = round_act (bf16 in
-// Precision::bf16, nothing in Precision::fp32). eps = 1e-6 (model/layers/mla.cpp kMlaNormEps) and the
+// Precision::bf16, nothing in Precision::fp32). eps = 1e-6 (config::MlaConfig::kLatentNormEps) and the
 // style (ModelOptions::rmsnorm_style) are passed by the caller. The cache entry stores c_n as the
 // standard path stores it: f32 pages the (rounded) value, bf16 pages (CUDA) round to bf16, f8_e4m3 pages
 // fp8(v / k_scale) saturating at +-448. c_n and k_pe are not exposed (the standard path traces neither).

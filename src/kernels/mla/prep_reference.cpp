@@ -91,7 +91,7 @@ core::Status mla_prep_check(const MlaPrepArgs& a) {
 void mla_prep_reference(const MlaPrepArgs& a, backends::cpu::ThreadPool* pool) {
   const int64_t T = a.q_a.dim(0), kv_lora = a.kv_a_norm.dim(0);
   if (T == 0) return;
-  // q_a = round(W_qa x) -> q_b's input (ctx.rmsnorm(q_a, q_a_norm, kMlaNormEps)).
+  // q_a = round(W_qa x) -> q_b's input (ctx.rmsnorm(q_a, q_a_norm, config::MlaConfig::kLatentNormEps)).
   rmsnorm_reference({a.q_a, a.q_a_norm, a.q_a_out, a.eps, a.style, a.precision}, pool);
   // c_n = rmsnorm(kv[:, 0:kv_lora]) into a temporary: column_copy's copy is exact, so normalising the
   // strided columns in place of the copy reads the same values.

@@ -10,6 +10,7 @@
 #include "comm/communicator.h"
 #include "config/k3_config.h"
 #include "core/device_memory.h"
+#include "core/step_kind.h"
 #include "kernels/registry.h"
 #include "model/kv_storage.h"
 #include "model/weights.h"
@@ -56,10 +57,7 @@ struct ContextSplit {
   int64_t local_tokens(int64_t tokens) const { return (tokens + size - 1) / size; }
 };
 
-enum class StepKind : uint8_t {
-  prefill,  // chunked KDA, naive MLA
-  decode,   // recurrent KDA, absorbed MLA; several tokens per sequence = speculative verify
-};
+using core::StepKind;  // prefill: chunked KDA, naive MLA; decode: recurrent KDA, absorbed MLA
 
 struct SequenceInput {
   std::span<const int32_t> tokens;

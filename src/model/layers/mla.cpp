@@ -4,7 +4,6 @@
 namespace k3::model {
 
 namespace {
-constexpr float kMlaNormEps = 1e-6f;  // q_a/kv_a layernorms: Moonshot reference default (spec §6.1)
 
 // The output gate (spec §6.1): round(o * round(sigmoid(gate))) [T, H * v].
 core::Tensor apply_gate(const ForwardContext& ctx, const core::Tensor& o, const core::Tensor& gate) {
@@ -156,9 +155,11 @@ core::Tensor mixed_attention(const ForwardContext& ctx, const MlaWeights& w, con
 
 core::Tensor attention(const ForwardContext& ctx, int layer, const MlaWeights& w, const core::Tensor& x) {
   const auto& mc = ctx.config.mla;
-  const core::Tensor q = ctx.linear(ctx.rmsnorm(ctx.linear(x, w.q_a_proj), w.q_a_norm, kMlaNormEps), w.q_b_proj);
+  const core::Tensor q = ctx.linear(
+      ctx.rmsnorm(ctx.linear(x, w.q_a_proj), w.q_a_norm, config::MlaConfig::kLatentNormEps), w.q_b_proj);
   const core::Tensor kv = ctx.linear(x, w.kv_a_proj);  // [rows, kv_lora + rope]
-  const core::Tensor c_n = ctx.rmsnorm(column_copy(ctx, kv, 0, mc.kv_lora_rank), w.kv_a_norm, kMlaNormEps);
+  const core::Tensor c_n = ctx.rmsnorm(column_copy(ctx, kv, 0, mc.kv_lora_rank), w.kv_a_norm,
+                                       config::MlaConfig::kLatentNormEps);
   const core::Tensor k_pe = column_copy(ctx, kv, mc.kv_lora_rank, mc.cache_dim());
 
   // Every new token's entry into its page (one call; cache_rows from the step's block tables;
