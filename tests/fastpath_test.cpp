@@ -55,8 +55,9 @@ struct Pair {
 
 // Runs the same steps on a model: three sequences prefilled (different lengths), then `steps`
 // pure-decode steps of all three (teacher-forced tokens). Returns every decode step's logits.
-std::vector<core::Tensor> decode_steps(const model::Model& m, int steps, int vocab) {
-  model::LocalCache cache(m.config(), 3, 96, model::KvCacheDtype::bf16, /*block_size=*/7);
+std::vector<core::Tensor> decode_steps(const model::Model& m, int steps, int vocab,
+                                       model::KvCacheDtype kv = model::KvCacheDtype::bf16) {
+  model::LocalCache cache(m.config(), 3, 96, kv, /*block_size=*/7);
   std::vector<model::SequenceState> st;
   for (int s = 0; s < 3; ++s) st.push_back(cache.new_sequence());
   const auto p0 = random_tokens(30, vocab, 1), p1 = random_tokens(5, vocab, 2), p2 = random_tokens(17, vocab, 3);
@@ -121,6 +122,28 @@ TEST(FastPath, DecodeLogitsEqualTheStandardPathFp32) {
   EXPECT_EQ(s.fused_steps, 0);
   EXPECT_EQ(s.standard_steps, 13);
   EXPECT_TRUE(s.fallbacks.empty());  // auto chose the standard path: not a fallback
+}
+
+// An fp8 e4m3 latent cache (the fused front writes it, the fused decode attention reads it): both
+// paths store and read the same fp8 codes, so in fp32 they still agree to rounding, and the fused
+// path served every decode step.
+TEST(FastPath, DecodeLogitsEqualTheStandardPathWithAnFp8CacheFp32) {
+  Pair p(kernels::Precision::fp32);
+  const int V = p.standard->config().vocab_size;
+  const auto want = decode_steps(p.standard->model(), 12, V, model::KvCacheDtype::fp8_e4m3);
+  const auto got = decode_steps(p.fused->model(), 12, V, model::KvCacheDtype::fp8_e4m3);
+  const auto bf16_cache = decode_steps(p.standard->model(), 12, V);
+  bool cache_dtype_matters = false;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const auto d = compare(got[i], want[i]);
+    EXPECT_LE(d.rel(), 1e-5) << "step " << i;
+    EXPECT_EQ(d.top1_agreement, 1.0) << "step " << i;
+    cache_dtype_matters = cache_dtype_matters || compare(want[i], bf16_cache[i]).rel() > 1e-4;
+  }
+  EXPECT_TRUE(cache_dtype_matters) << "the fp8 cache gave the bf16 cache's logits: was it used?";
+  const model::DecodePathCounters c = p.fused->model().decode_path_counters();
+  EXPECT_EQ(c.fused_steps, 12);
+  EXPECT_EQ(c.standard_steps, 1);  // the prefill
 }
 
 TEST(FastPath, DecodeLogitsTrackTheStandardPathBf16) {

@@ -161,6 +161,45 @@ TEST_P(EngineModel, PrefixHitThroughKdaAndMlaEqualsFreshRunBitForBit) {
   EXPECT_EQ(output(*sub_off.stream), out_fresh);
 }
 
+// A cached prefix partly evicted under memory pressure: a sequence's last pages are evicted first,
+// so a later request sharing the prefix hits only up to the last KDA checkpoint whose pages
+// survived, restores the recurrent state from that checkpoint, recomputes the rest, and still gets
+// a fresh run's logits bit for bit.
+TEST_P(EngineModel, PrefixPartlyEvictedUnderPressureRestoresFromAnEarlierKdaCheckpoint) {
+  const auto a = tokens(1, 150);
+  std::vector<int32_t> b(a.begin(), a.begin() + 140);  // with all of a cached: hit = 128
+  const auto tail = tokens(2, 25);
+  b.insert(b.end(), tail.begin(), tail.end());
+
+  // 20 pages of 16 tokens: a (150 + 3 tokens) leaves its 9 full pages cached, with KDA checkpoints
+  // at 64 and 128 (64-token prefill chunks end there); the pressure request (200 + 8 tokens, 13
+  // pages) takes the 11 free pages and evicts a's last 2, and with page 9 the checkpoint at 128.
+  EngineConfig c = config(20);
+  c.scheduler.max_prefill_tokens_per_seq = 64;
+  RecordingExecutor* rec = nullptr;
+  auto e = make_engine(c, &rec);
+  e->submit(greedy(a, 3));
+  e->run_until_idle();
+  EXPECT_EQ(e->stats().cache.blocks_evictable, 9);
+  e->submit(greedy(tokens(3, 200), 8));
+  e->run_until_idle();
+  auto sub_b = e->submit(greedy(b, 8));
+  e->run_until_idle();
+  TokenEvent last_b;
+  const auto out_b = output(*sub_b.stream, &last_b);
+  EXPECT_EQ(last_b.stats.cached_prompt_tokens, 64);  // pages 1-7 survived: restored from the checkpoint at 64
+  EXPECT_EQ(e->stats().cache.blocks_in_use, 0);
+
+  RecordingExecutor* fresh_rec = nullptr;
+  auto fresh = make_engine(config(), &fresh_rec);
+  auto sub_fresh = fresh->submit(greedy(b, 8));
+  fresh->run_until_idle();
+  const auto out_fresh = output(*sub_fresh.stream);
+  ASSERT_EQ(out_fresh.size(), 8u);
+  EXPECT_EQ(out_b, out_fresh);
+  EXPECT_TRUE(bitwise_equal(rec->rows[sub_b.id], fresh_rec->rows[sub_fresh.id]));
+}
+
 TEST_P(EngineModel, MixedPrefillDecodeBatchEqualsEachAloneBitForBit) {
   const std::vector<int> lengths = {17, 54, 97, 5};
   std::vector<std::vector<int32_t>> prompts;
