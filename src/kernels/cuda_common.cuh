@@ -324,25 +324,14 @@ inline bool rows_vec8(const core::TensorView& v) {
   return v.dim(v.rank() - 1) % 8 == 0 && aligned16(v.data) && row_bytes % 16 == 0;
 }
 
-// Raises a kernel's dynamic shared memory limit when a launch needs more than the default. The
+// Raises a kernel's dynamic shared memory limit when a launch needs more than the default (the
 // default 48 KiB bounds static + dynamic shared memory together, so a kernel with static arrays
-// needs the raise below 48 KiB of dynamic bytes too. The limit is a property of the CUDA function
-// on the current device: the largest value set per (device, kernel) is remembered and the driver
-// calls happen only when a launch needs more than any before it.
+// needs the raise below 48 KiB of dynamic bytes too). The context remembers the largest value set
+// per kernel on its device, so the driver calls happen only when a launch needs more than any
+// before it (backends/cuda/context.h).
 template <class Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  static std::mutex mu;
-  static std::map<std::pair<int, const void*>, size_t> raised;  // (device, kernel) -> dynamic bytes allowed
-  int device = 0;
-  K3_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lk(mu);
-  size_t& allowed = raised[{device, reinterpret_cast<const void*>(kernel)}];
-  if (bytes <= allowed) return;
-  cudaFuncAttributes attr{};
-  K3_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  if (bytes + attr.sharedSizeBytes > 48 * 1024)
-    K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  allowed = bytes;
+void allow_smem(const CudaOps& ops, Kernel kernel, size_t bytes) {
+  ops.ctx->allow_smem(reinterpret_cast<const void*>(kernel), bytes);
 }
 
 // Weight bytes per row that a grid of weight-streaming CTAs prefetches into L2 before its pdl_wait() (see

@@ -58,4 +58,26 @@ const void* Context::device_table(std::span<const uint64_t> words) {
   return tables_.front().device.get();
 }
 
+void Context::allow_smem(const void* kernel, size_t bytes) {
+  std::lock_guard<std::mutex> lk(kernel_mu_);
+  size_t& allowed = smem_allowed_[kernel];
+  if (bytes <= allowed) return;
+  set_device(info_.index);
+  cudaFuncAttributes attr{};
+  K3_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  if (bytes + attr.sharedSizeBytes > 48 * 1024)
+    K3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  allowed = bytes;
+}
+
+int Context::blocks_per_sm(const void* kernel, int threads, size_t smem) {
+  allow_smem(kernel, smem);
+  std::lock_guard<std::mutex> lk(kernel_mu_);
+  const auto key = std::pair{kernel, smem};
+  if (const auto it = blocks_per_sm_.find(key); it != blocks_per_sm_.end()) return it->second;
+  int n = 0;
+  K3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+  return blocks_per_sm_[key] = std::max(n, 1);
+}
+
 }  // namespace k3::backends::cuda

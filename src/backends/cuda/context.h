@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/blas_lt.h"
@@ -51,6 +53,15 @@ class Context {
   // Largest dynamic shared memory a block may use after opting in (cudaFuncSetAttribute).
   size_t smem_optin() const { return info_.smem_optin_per_block; }
 
+  // Per-kernel facts on this context's device, asked of the driver once and then remembered (the
+  // limit and the occupancy are properties of the function on one device):
+  // Raises `kernel`'s dynamic shared memory limit to `bytes` when a launch needs more than the
+  // default allows (48 KiB for static + dynamic together) and more than any launch before it.
+  void allow_smem(const void* kernel, size_t bytes);
+  // Blocks of `threads` threads using `smem` dynamic bytes that fit on one SM at once (at least 1),
+  // after allow_smem(kernel, smem).
+  int blocks_per_sm(const void* kernel, int threads, size_t smem);
+
  private:
   explicit Context(int device);
   DeviceInfo info_;
@@ -66,6 +77,10 @@ class Context {
   };
   std::mutex table_mu_;
   std::list<Table> tables_;  // most recently used first
+
+  std::mutex kernel_mu_;
+  std::map<const void*, size_t> smem_allowed_;                   // kernel -> dynamic bytes allowed
+  std::map<std::pair<const void*, size_t>, int> blocks_per_sm_;  // (kernel, smem) -> blocks per SM
 };
 
 }  // namespace k3::backends::cuda

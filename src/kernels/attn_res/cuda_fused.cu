@@ -336,7 +336,7 @@ void merge_run(const CudaOps& ops, const AttnResMergeArgs& a) {
     const int64_t vectors = (D + (vec ? 8 : 1) - 1) / (vec ? 8 : 1);
     const auto threads = static_cast<unsigned>(std::clamp<int64_t>((vectors + 31) / 32 * 32, 32, kMaxMergeThreads));
     const auto launch = [&](auto kernel) {
-      allow_smem(kernel, smem);
+      allow_smem(ops, kernel, smem);
       launch_dependent(kernel, dim3(static_cast<unsigned>(T)), dim3(threads), smem, ops.ctx->stream(), dim3(1, 1, 1),
                        p);
       K3_CUDA_CHECK_LAUNCH("attn_res_merge_kernel");

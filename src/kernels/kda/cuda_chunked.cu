@@ -205,7 +205,7 @@ void register_kda_chunked_cuda(KdaOps& r, const CudaOps& ops) {
          const size_t smem = ChunkSmem(C, a.head_dim).total() * sizeof(float);
          with_act(a.q.dtype, [&](auto tag) {
            using E = typename decltype(tag)::type;
-           allow_smem(kda_chunked_kernel<E>, smem);
+           allow_smem(ops, kda_chunked_kernel<E>, smem);
            const dim3 grid(static_cast<unsigned>(a.num_heads), grid_for(a.head_dim, kRows),
                            static_cast<unsigned>(a.seqs.num_seqs));
            kda_chunked_kernel<E><<<grid, kThreads, smem, ops.ctx->stream()>>>(kda_params<E>(a), C);

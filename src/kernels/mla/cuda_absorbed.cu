@@ -55,17 +55,17 @@ void absorbed_run(const CudaOps& ops, const MlaAttentionArgs& a) {
   p.vec_copy = split_vec_copy(a.pages, p.pg, L + rope);
 
   if (weight_format(*a.kv_b) == WFmt::mxfp4) return;  // unreachable: mla_attention_check takes dense kv_b only
-  launch_q_absorb<false>(sq, Q, a.q, *a.kv_b, qc, H, nope, rope, vd, L, round, stream);
+  launch_q_absorb<false>(ops, sq, Q, a.q, *a.kv_b, qc, H, nope, rope, vd, L, round, stream);
   with_cache(a.pages, [&](const auto* pages) {
     using CacheT = std::remove_cv_t<std::remove_pointer_t<decltype(pages)>>;
     const size_t smem = split_smem_bytes<CacheT>(L + rope, plan.group_heads);
-    allow_smem(split_kv_kernel<CacheT, false>, smem);
+    allow_smem(ops, split_kv_kernel<CacheT, false>, smem);
     split_kv_kernel<CacheT, false>
         <<<dim3(splits, static_cast<unsigned>(Q), plan.groups), kThreads, smem, stream>>>(p, pages);
     K3_CUDA_CHECK_LAUNCH("split_kv_kernel");
   });
   const size_t combine_smem = static_cast<size_t>(padded_floats(splits)) * sizeof(float);
-  allow_smem(combine_kernel<false>, combine_smem);
+  allow_smem(ops, combine_kernel<false>, combine_smem);
   combine_kernel<false>
       <<<dim3(static_cast<unsigned>(Q * H), grid_for(L, kCombineCols)), kThreads, combine_smem, stream>>>(
           sq, p.part_o, p.part_m, p.part_l, H, splits, split_len, o_lat, L, round, CpLayout{}, nullptr);

@@ -348,8 +348,9 @@ __global__ void __launch_bounds__(kRowdotThreads)
 // allow 16-byte loads) and the number of nope groups depend only on L, nope and the weight layout,
 // so both callers sum in the same order. MXFP4 kv_b is refused by the callers' supports().
 template <bool kOutByRow>
-inline void launch_q_absorb(const SeqTables& sq, int64_t Q, const core::TensorView& q, const LinearWeight& kv_b,
-                            float* qc, int H, int nope, int rope, int vd, int L, bool round, cudaStream_t stream) {
+inline void launch_q_absorb(const CudaOps& ops, const SeqTables& sq, int64_t Q, const core::TensorView& q,
+                            const LinearWeight& kv_b, float* qc, int H, int nope, int rope, int vd, int L, bool round,
+                            cudaStream_t stream) {
   const WeightRef w = weight_ref(kv_b);
   const int n8 = (L % 8 == 0 && aligned16(w.data) &&
                   (static_cast<size_t>(w.ld) * core::dtype_size(kv_b.weight.dtype())) % 16 == 0)
@@ -365,7 +366,7 @@ inline void launch_q_absorb(const SeqTables& sq, int64_t Q, const core::TensorVi
       constexpr WFmt FC = decltype(fc)::value;
       if constexpr (FC != WFmt::mxfp4) {
         const auto launch_qa = [&](auto kernel) {
-          allow_smem(kernel, qa_smem);
+          allow_smem(ops, kernel, qa_smem);
           kernel<<<dim3(static_cast<unsigned>(Q), H, col_blocks), kThreads, qa_smem, stream>>>(
               sq, q.as<const E>(), q.strides[0], w, qc, H, nope, rope, vd, L, d_groups, round);
           K3_CUDA_CHECK_LAUNCH("q_absorb_kernel");

@@ -165,7 +165,7 @@ int64_t slots_of(const SeqBatch& b) { return static_cast<int64_t>(b.num_seqs) * 
 void q_absorb_run(const CudaOps& ops, const MlaQAbsorbArgs& a) {
   const SeqTables sq = seq_tables(a.seqs);
   if (sq.num_seqs == 0) return;
-  launch_q_absorb<true>(sq, slots_of(a.seqs), a.q, *a.kv_b, a.qc.as<float>(), a.num_heads, a.qk_nope, a.qk_rope,
+  launch_q_absorb<true>(ops, sq, slots_of(a.seqs), a.q, *a.kv_b, a.qc.as<float>(), a.num_heads, a.qk_nope, a.qk_rope,
                         a.v_head_dim, a.kv_lora, a.precision == Precision::bf16, ops.ctx->stream());
 }
 
@@ -199,13 +199,13 @@ void partial_attention_run(const CudaOps& ops, const MlaPartialAttentionArgs& a)
   with_cache(a.pages, [&](const auto* pages) {
     using CacheT = std::remove_cv_t<std::remove_pointer_t<decltype(pages)>>;
     const size_t smem = split_smem_bytes<CacheT>(E, plan.group_heads);
-    allow_smem(split_kv_kernel<CacheT, true>, smem);
+    allow_smem(ops, split_kv_kernel<CacheT, true>, smem);
     split_kv_kernel<CacheT, true>
         <<<dim3(plan.splits, static_cast<unsigned>(Q), plan.groups), kThreads, smem, stream>>>(p, pages);
     K3_CUDA_CHECK_LAUNCH("mla_partial_attention split_kv_kernel");
   });
   const size_t combine_smem = static_cast<size_t>(padded_floats(plan.splits)) * sizeof(float);
-  allow_smem(combine_kernel<true>, combine_smem);
+  allow_smem(ops, combine_kernel<true>, combine_smem);
   combine_kernel<true>
       <<<dim3(static_cast<unsigned>(Q * heads), grid_for(L, kCombineCols)), kThreads, combine_smem, stream>>>(
           sq, p.part_o, p.part_m, p.part_l, heads, plan.splits, plan.split_len, a.o_part.as<float>(), L,
@@ -248,7 +248,7 @@ void w_uv_run(const CudaOps& ops, const MlaWUvArgs& a) {
       constexpr WFmt FC = decltype(fc)::value;
       if constexpr (FC != WFmt::mxfp4) {  // refused by mla_w_uv_check and w_uv_supports
         const auto launch = [&](auto kernel) {
-          allow_smem(kernel, smem);
+          allow_smem(ops, kernel, smem);
           launch_dependent(kernel, grid, dim3(kUvThreads), smem, stream, dim3(1, 1, 1), sq, w,
                            a.o_lat.as<const float>(), gate, gate_ld, a.out.as<T>(), a.out.strides[0], H, a.qk_nope, vd,
                            L, row_blocks, round);

@@ -256,7 +256,7 @@ void launch_split_kv_cuda_core(const CudaOps& ops, const MlaDecodeArgs& a, const
   with_cache(a.pages, [&](const auto* pages) {
     using CacheT = std::remove_cv_t<std::remove_pointer_t<decltype(pages)>>;
     const size_t smem = split_smem_bytes(p.E4, plan.H);
-    allow_smem(split_kv_kernel<CacheT>, smem);
+    allow_smem(ops, split_kv_kernel<CacheT>, smem);
     launch_dependent(split_kv_kernel<CacheT>, dim3(plan.splits, static_cast<unsigned>(plan.Q)), dim3(kThreads), smem,
                      ops.ctx->stream(), dim3(1, 1, 1), p, pages);
     K3_CUDA_CHECK_LAUNCH("mla_decode split_kv_kernel");

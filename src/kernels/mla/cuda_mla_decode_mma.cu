@@ -495,11 +495,11 @@ template <bool kCp>
 void launch_mma(const CudaOps& ops, const core::TensorView& pages, const MmaParams& p, dim3 grid) {
   const size_t smem = mma_smem_bytes(p.stride);
   if (pages.dtype == core::DType::f8_e4m3) {
-    allow_smem(split_kv_mma_kernel<uint8_t, kCp>, smem);
+    allow_smem(ops, split_kv_mma_kernel<uint8_t, kCp>, smem);
     launch_dependent(split_kv_mma_kernel<uint8_t, kCp>, grid, dim3(kThreads), smem, ops.ctx->stream(), dim3(1, 1, 1), p,
                      pages.as<const uint8_t>());
   } else {
-    allow_smem(split_kv_mma_kernel<bf16, kCp>, smem);
+    allow_smem(ops, split_kv_mma_kernel<bf16, kCp>, smem);
     launch_dependent(split_kv_mma_kernel<bf16, kCp>, grid, dim3(kThreads), smem, ops.ctx->stream(), dim3(1, 1, 1), p,
                      pages.as<const bf16>());
   }

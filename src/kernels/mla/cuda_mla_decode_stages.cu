@@ -426,7 +426,7 @@ void decode_run(const CudaOps& ops, const MlaDecodeArgs& a, SplitKvLaunch split_
                                  static_cast<size_t>(kQaSlots) * padded_floats(nope) + 4 +
                                  static_cast<size_t>(kQaGroups) * kQaSlots * kQaCols;
         const size_t qa_smem = qa_floats * sizeof(float);
-        allow_smem(q_absorb_kernel<T, FC>, qa_smem);
+        allow_smem(ops, q_absorb_kernel<T, FC>, qa_smem);
         launch_dependent(q_absorb_kernel<T, FC>, dim3(H, grid_for(L, kQaCols), grid_for(Q, kQaSlots)), dim3(kQaThreads),
                          qa_smem, stream, dim3(1, 1, 1), sq, a.q.as<const T>(), a.q.strides[0], w, plan.qc, H, nope,
                          rope, vd, L, w_vec, round);
@@ -453,7 +453,7 @@ void decode_run(const CudaOps& ops, const MlaDecodeArgs& a, SplitKvLaunch split_
         cp.o_vec4 = L % 4 == 0 && aligned16(plan.part_o);
         cp.round = round;
         const size_t cg_smem = combine_w_uv_smem_bytes(L, cp.groups, cp.cols_per_rank);
-        allow_smem(combine_w_uv_gate_kernel<T, FC>, cg_smem);
+        allow_smem(ops, combine_w_uv_gate_kernel<T, FC>, cg_smem);
         const dim3 cg_grid(static_cast<unsigned>(H * kCgCluster), grid_for(Q, kCgSlots));
         launch_dependent(combine_w_uv_gate_kernel<T, FC>, cg_grid, dim3(kCgThreads), cg_smem, stream,
                          dim3(kCgCluster, 1, 1), cp);

@@ -400,9 +400,9 @@ core::Status flash_supports(const CudaOps& ops, const MlaAttentionArgs& a) {
 }
 
 template <int kWarps, class E>
-void launch_flash(const FlashArgs& f, const E* q, E* out, cudaStream_t stream) {
+void launch_flash(const CudaOps& ops, const FlashArgs& f, const E* q, E* out, cudaStream_t stream) {
   constexpr int kRows = 16 * kWarps;
-  allow_smem(flash_kernel<kWarps, E>, kSmemBytes);
+  allow_smem(ops, flash_kernel<kWarps, E>, kSmemBytes);
   const dim3 grid(grid_for(f.sq.max_rows, kRows), static_cast<unsigned>(f.heads), static_cast<unsigned>(f.sq.num_seqs));
   flash_kernel<kWarps, E><<<grid, kWarps * 32, kSmemBytes, stream>>>(f, q, out);
   K3_CUDA_CHECK_LAUNCH("flash_kernel");
@@ -444,9 +444,9 @@ void flash_run(const CudaOps& ops, const MlaAttentionArgs& a) {
     const E* q = a.q.as<const E>();
     E* out = a.out.as<E>();
     // 64-row tiles for prefill chunks; 16 / 32 rows when no sequence has more (short continuations).
-    if (sq.max_rows > 32) launch_flash<4>(f, q, out, stream);
-    else if (sq.max_rows > 16) launch_flash<2>(f, q, out, stream);
-    else launch_flash<1>(f, q, out, stream);
+    if (sq.max_rows > 32) launch_flash<4>(ops, f, q, out, stream);
+    else if (sq.max_rows > 16) launch_flash<2>(ops, f, q, out, stream);
+    else launch_flash<1>(ops, f, q, out, stream);
   });
 }
 

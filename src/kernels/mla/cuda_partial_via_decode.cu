@@ -103,7 +103,7 @@ void partial_mma_run(const CudaOps& ops, const MlaPartialAttentionArgs& a) {
   cp.cp_size = a.cp_size;
   cp.cp_rank = a.cp_rank;
   const size_t combine_smem = static_cast<size_t>(padded_floats(plan.splits)) * sizeof(float);
-  allow_smem(ab::combine_kernel<true>, combine_smem);
+  allow_smem(ops, ab::combine_kernel<true>, combine_smem);
   ab::combine_kernel<true><<<dim3(static_cast<unsigned>(plan.Q * plan.heads), grid_for(plan.L, ab::kCombineCols)),
                              ab::kThreads, combine_smem, ops.ctx->stream()>>>(
       seq_tables(a.seqs), plan.part_o, plan.part_m, plan.part_l, plan.heads, plan.splits,

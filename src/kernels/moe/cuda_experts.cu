@@ -219,7 +219,7 @@ core::Status experts_supports(const CudaOps& ops, const MoeExpertsArgs& a) {
 struct Fp4Piece {
   ExpertTable tab;
   int64_t T, L, I;
-  int k, E, sm_count;    // E: the held experts (the table's)
+  int k, E;              // E: the held experts (the table's)
   int e_begin, e_total;  // expert parallelism: held ids [e_begin, e_begin + E) of [0, e_total)
   const int32_t* ids;    // [T, k], rows ids_ld apart
   int64_t ids_ld;
@@ -299,7 +299,7 @@ core::Status fp4_supports(const CudaOps& ops, const MoeExpertsArgs& a, bool mma)
 }
 
 template <class XT>
-void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t stream) {
+void run_fp4_piece(const CudaOps& ops, const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t stream) {
   namespace fx = fp4_experts;
   const int64_t routes = f.T * f.k;
   const bool sorted = routes > fx::kScanMaxRoutes;
@@ -325,11 +325,11 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
       const size_t smem_mdn = 2 * static_cast<size_t>(fx::mma_down_stage_bytes(f.I));
       const int64_t items_mdn = groups * ((f.L + fx::kDownMmaRows - 1) / fx::kDownMmaRows);
       const auto gate_up = fx::gate_up_mma_kernel<S>;
-      gate_up<<<persistent_blocks(gate_up, fx::kThreads, smem_mgu, f.sm_count, items_gu), fx::kThreads, smem_mgu,
-                stream>>>(f.tab, rs, z, z_ld, f.I, f.L, h, f.beta, f.linear_beta);
+      gate_up<<<persistent_blocks(ops, gate_up, fx::kThreads, smem_mgu, items_gu), fx::kThreads, smem_mgu, stream>>>(
+          f.tab, rs, z, z_ld, f.I, f.L, h, f.beta, f.linear_beta);
       K3_CUDA_CHECK_LAUNCH("fp4_experts::gate_up_mma_kernel");
       const auto down = fx::down_mma_kernel<S>;
-      down<<<persistent_blocks(down, fx::kThreads, smem_mdn, f.sm_count, items_mdn), fx::kThreads, smem_mdn, stream>>>(
+      down<<<persistent_blocks(ops, down, fx::kThreads, smem_mdn, items_mdn), fx::kThreads, smem_mdn, stream>>>(
           f.tab, rs, h, f.I, f.L, f.eo, f.round_e);
       K3_CUDA_CHECK_LAUNCH("fp4_experts::down_mma_kernel");
     }
@@ -339,11 +339,11 @@ void run_fp4_piece(const Fp4Piece& f, const XT* z, int64_t z_ld, cudaStream_t st
     constexpr bool S = decltype(sorted_tag)::value;
     HT* h = static_cast<HT*>(f.h);
     const auto gate_up = fx::gate_up_kernel<XT, HT, S>;
-    gate_up<<<persistent_blocks(gate_up, fx::kThreads, smem_gu, f.sm_count, items_gu), fx::kThreads, smem_gu, stream>>>(
+    gate_up<<<persistent_blocks(ops, gate_up, fx::kThreads, smem_gu, items_gu), fx::kThreads, smem_gu, stream>>>(
         f.tab, rs, z, z_ld, f.I, f.L, h, f.beta, f.linear_beta, f.round);
     K3_CUDA_CHECK_LAUNCH("fp4_experts::gate_up_kernel");
     const auto down = fx::down_kernel<HT, S>;
-    down<<<persistent_blocks(down, fx::kThreads, smem_dn, f.sm_count, items_dn), fx::kThreads, smem_dn, stream>>>(
+    down<<<persistent_blocks(ops, down, fx::kThreads, smem_dn, items_dn), fx::kThreads, smem_dn, stream>>>(
         f.tab, rs, h, f.I, f.L, f.eo, width_dn, f.round_e);
     K3_CUDA_CHECK_LAUNCH("fp4_experts::down_kernel");
   };
@@ -429,7 +429,6 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a, ExpertsStrategy st
                    I,
                    k,
                    E,
-                   ops.ctx->info().sm_count,
                    e_begin,
                    e_total,
                    a.ids.as<const int32_t>() + t0 * a.ids.strides[0],
@@ -454,7 +453,7 @@ void experts_run(const CudaOps& ops, const MoeExpertsArgs& a, ExpertsStrategy st
                    fp4_mma};
         f.out = a.round_output ? static_cast<void*>(a.out.as<XT>() + t0 * a.out.strides[0])
                                : static_cast<void*>(a.out.as<float>() + t0 * a.out.strides[0]);
-        run_fp4_piece<XT>(f, z, a.z.strides[0], stream);
+        run_fp4_piece<XT>(ops, f, z, a.z.strides[0], stream);
         continue;
       }
       const int32_t* ids = a.ids.as<const int32_t>() + t0 * a.ids.strides[0];

@@ -25,29 +25,12 @@ inline core::Status experts_io_supports(const CudaOps& ops, const MoeExpertsArgs
   return core::Status::ok();
 }
 
-// Persistent blocks of `threads` threads: as many as fit on the device at once (cached per device,
-// kernel and shared memory: the shared-memory opt-in and the occupancy are properties of the
-// function on one device, and TP ranks launch the same kernels on several GPUs), never more than
-// the items.
+// Persistent blocks of `threads` threads: as many as fit on the device at once (the context
+// remembers the occupancy per kernel and shared memory), never more than the items.
 template <class Kernel>
-unsigned persistent_blocks(Kernel kernel, int threads, size_t smem, int sm_count, int64_t items) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, const void*, size_t>, int> per_sm;
-  int device = 0;
-  K3_CUDA_CHECK(cudaGetDevice(&device));
-  int n = 0;
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    const auto key = std::tuple{device, reinterpret_cast<const void*>(kernel), smem};
-    auto it = per_sm.find(key);
-    if (it == per_sm.end()) {
-      allow_smem(kernel, smem);
-      K3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-      it = per_sm.emplace(key, std::max(n, 1)).first;
-    }
-    n = it->second;
-  }
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(items, int64_t{n} * sm_count)));
+unsigned persistent_blocks(const CudaOps& ops, Kernel kernel, int threads, size_t smem, int64_t items) {
+  const int n = ops.ctx->blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem);
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(items, int64_t{n} * ops.ctx->info().sm_count)));
 }
 
 }  // namespace k3::kernels::cuda_detail

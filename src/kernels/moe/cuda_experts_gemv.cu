@@ -481,8 +481,8 @@ void gemv_run(const CudaOps& ops, const MoeExpertsArgs& a) {
     using XT = typename decltype(x_tag)::type;
     using HT = typename decltype(h_tag)::type;
     using OT = typename decltype(o_tag)::type;
-    allow_smem(gemv_gate_up_kernel<XT, HT>, gu_smem);
-    allow_smem(gemv_down_kernel<HT, OT>, dn_smem);
+    allow_smem(ops, gemv_gate_up_kernel<XT, HT>, gu_smem);
+    allow_smem(ops, gemv_down_kernel<HT, OT>, dn_smem);
     gemv_gate_up_kernel<XT, HT><<<grid_gu, kThreads, gu_smem, stream>>>(p);
     K3_CUDA_CHECK_LAUNCH("gemv_gate_up_kernel");
     // down: a programmatic dependent of gate/up (graph-capturable; see the file comment).

@@ -377,7 +377,6 @@ void grouped_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   const int k = static_cast<int>(a.ids.dim(1)), E = static_cast<int>(a.w1.size());
   const int e_begin = static_cast<int>(a.expert_begin), e_total = static_cast<int>(moe_total_experts(a));
   const cudaStream_t stream = ops.ctx->stream();
-  const int sm_count = ops.ctx->info().sm_count;
   const int64_t routes = T * k;
 
   std::vector<uint64_t> words(static_cast<size_t>(E) * kWordsPerExpert);
@@ -436,8 +435,7 @@ void grouped_run(const CudaOps& ops, const MoeExpertsArgs& a) {
   const int64_t max_groups = std::min<int64_t>(routes, E);
   const size_t smem_gu = static_cast<size_t>(staged_rows(T, k) * staged_pitch(p.steps_l));
   const size_t smem_dn = static_cast<size_t>(staged_rows(T, k) * staged_pitch(p.steps_i));
-  const unsigned grid_gu = persistent_blocks(grouped_gate_up_kernel, kThreads, smem_gu, sm_count,
-                                             max_groups * p.slabs_gu);
+  const unsigned grid_gu = persistent_blocks(ops, grouped_gate_up_kernel, kThreads, smem_gu, max_groups * p.slabs_gu);
   grouped_gate_up_kernel<<<grid_gu, kThreads, smem_gu, stream>>>(p);
   K3_CUDA_CHECK_LAUNCH("grouped_gate_up_kernel");
   const dim3 grid_c(grid_for(L / 8, 128), static_cast<unsigned>(T));
@@ -447,7 +445,7 @@ void grouped_run(const CudaOps& ops, const MoeExpertsArgs& a) {
     using ET = typename decltype(e_tag)::type;
     using OT = typename decltype(out_tag)::type;
     const auto down = grouped_down_kernel<ET>;
-    const unsigned grid_dn = persistent_blocks(down, kThreads, smem_dn, sm_count, max_groups * p.slabs_dn);
+    const unsigned grid_dn = persistent_blocks(ops, down, kThreads, smem_dn, max_groups * p.slabs_dn);
     down<<<grid_dn, kThreads, smem_dn, stream>>>(p);
     K3_CUDA_CHECK_LAUNCH("grouped_down_kernel");
     grouped_combine_kernel<ET, OT><<<grid_c, 128, 0, stream>>>(p);

@@ -194,7 +194,7 @@ void radix_topk_run(const CudaOps& ops, const RouterTopkArgs& a) {
   const int E = static_cast<int>(a.logits.dim(1)), k = static_cast<int>(a.ids.dim(1));
   if (T == 0) return;
   const size_t smem = sizeof(uint32_t) * (2 * static_cast<size_t>(E) + 3 * static_cast<size_t>(k));
-  allow_smem(router_kernel, smem);
+  allow_smem(ops, router_kernel, smem);
   router_kernel<<<static_cast<unsigned>(T), kThreads, smem, ops.ctx->stream()>>>(
       a.logits.as<const float>(), a.logits.strides[0], a.bias.data, a.bias.dtype == core::DType::bf16, E, k,
       a.ids.as<int32_t>(), a.ids.strides[0], a.weights.as<float>(), a.weights.strides[0], a.renormalize, a.scaling);

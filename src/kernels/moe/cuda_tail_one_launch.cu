@@ -397,7 +397,7 @@ void one_launch_run(const CudaOps& ops, const MoeTailCombineArgs& a) {
   p.x_pitch = layout.x_pitch;
   p.prefetch_row_bytes = pdl_prefetch_row_bytes(p.hidden, p.L * 2, ops.ctx->info().l2_bytes);  // bf16 latent_up
   const auto kernel = one_launch_full(p) ? tail_one_launch_kernel<true> : tail_one_launch_kernel<false>;
-  allow_smem(kernel, layout.bytes);
+  allow_smem(ops, kernel, layout.bytes);
   launch_dependent(kernel, dim3(grid_for(p.hidden, kCtaRows)), dim3(kThreads), layout.bytes, ops.ctx->stream(),
                    dim3(1, 1, 1), p);
   K3_CUDA_CHECK_LAUNCH("tail_one_launch_kernel");
