@@ -104,12 +104,12 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
   core::Tensor result = at == LogitsAt::device ? eager : memory.download_f32(eager.view());
   advance();
   e.decision = model_.last_path_decision();
+  model_.count_path(e.decision);  // the eager step ran; recording the graph below is not a step
   e.work = memory.capture([&] {
     e.logits = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), rows, nullptr,
                                verify ? &e.capture : nullptr);
   });
   if (!e.work) return result;  // the device cannot capture (the body did not run): nothing cached, every step eager
-  model_.count_path(e.decision, -1);  // recording the graph was not a step
   ++captures_;
   entries_.push_front(std::move(e));
   if (static_cast<int>(entries_.size()) > max_graphs_) entries_.pop_back();

@@ -145,6 +145,7 @@ core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch,
   const StepTables tables(segments, kv.storage_config().block_size, *memory_, {}, context_split());
   const core::Tensor dev_ids = memory_->upload(core::TensorView::contiguous(ids.data(), core::DType::i32, {n}));
   const core::Tensor logits = run_step(kv, segments, tables.batches(), dev_ids.view(), rows, trace, capture, taps);
+  count_path(last_path_decision());
   for (const Segment& s : segments) s.state->num_tokens += s.rows();
   return options_.device == core::Device::cpu || at == LogitsAt::device ? logits : memory_->download_f32(logits.view());
 }
@@ -159,7 +160,10 @@ core::Tensor Model::run_step(KvStorage& kv, std::span<const Segment> segments, c
     decision = options_.dcp > 1 ? PathDecision{false, "decode context parallelism (dcp > 1) runs the standard path"}
                : fused_         ? fused_->decide(ctx, rows)
                                 : PathDecision{false, "no fused decode path attached to the model"};
-  count_path(decision);
+  {
+    std::lock_guard lk(path_mu_);
+    last_decision_ = decision;
+  }
   if (decision.fused) return fused_->run_step(ctx, ids, rows);
 
   core::Tensor prefix = embed_tokens(ctx, weights_, ids);  // P: running sum of the current block
@@ -216,20 +220,18 @@ PathDecision Model::last_path_decision() const {
   return last_decision_;
 }
 
-void Model::count_path(const PathDecision& d, int64_t steps) const {
+void Model::count_path(const PathDecision& d) const {
   std::lock_guard lk(path_mu_);
-  last_decision_ = d;
   int64_t& total = d.fused ? path_counters_.fused_steps : path_counters_.standard_steps;
-  if (d.fused && total == 0 && steps > 0 && path_log_)
-    path_log_("decode path: latency_specialized (fused) serves a step");
-  total += steps;
+  if (d.fused && total == 0 && path_log_) path_log_("decode path: latency_specialized (fused) serves a step");
+  ++total;
   if (d.fused || d.reason.empty()) return;  // auto: the standard path is the choice, not a fallback
   for (auto& [reason, count] : path_counters_.fallbacks)
     if (reason == d.reason) {
-      count += steps;
+      ++count;
       return;
     }
-  path_counters_.fallbacks.emplace_back(d.reason, steps);
+  path_counters_.fallbacks.emplace_back(d.reason, 1);
   if (path_log_) path_log_("decode path: standard for a step the fused path does not cover (" + d.reason + ")");
 }
 

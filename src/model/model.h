@@ -102,7 +102,8 @@ class Model {
   // The two halves of forward(), for callers that keep the step's inputs at fixed device
   // addresses (model/decode_graphs.h). check_step validates a batch as forward() does; run_step
   // queues the whole step on the device from device ids [T] and tables, touching no host memory
-  // (so it can be captured), and returns the device logits; it does not advance num_tokens.
+  // (so it can be captured), and returns the device logits; it does not advance num_tokens and
+  // does not count the step (its caller counts the steps that ran: a graph's capture is not one).
   void check_step(const KvStorage& kv, std::span<const SequenceInput> batch) const;
   core::Tensor run_step(KvStorage& kv, std::span<const Segment> segments, const StepBatches& batches,
                         const core::TensorView& ids, LogitRows rows, const TraceFn* trace = nullptr,
@@ -118,8 +119,9 @@ class Model {
   // (model/decode_graphs.h counts each replay of a captured step with it).
   DecodePathCounters decode_path_counters() const;
   PathDecision last_path_decision() const;
-  // Counts `steps` steps decided as d (-1: DecodeGraphs takes back the run_step that recorded a graph).
-  void count_path(const PathDecision& d, int64_t steps = 1) const;
+  // Counts one step that ran, decided as d (forward(), and DecodeGraphs for its eager steps and
+  // replays).
+  void count_path(const PathDecision& d) const;
 
  private:
   const config::K3Config& config_;
