@@ -14,6 +14,7 @@
 #include "bench/bundle.h"
 #include "checkpoint/checkpoint.h"
 #include "cli/args.h"
+#include "engine/one_shot.h"
 #include "evidence/environment.h"
 #include "runner/model_runner.h"
 
@@ -52,9 +53,9 @@ int main(int argc, char** argv) {
 
     std::vector<double> prefill_s, decode_s, total_s;
     for (int64_t r = 0; r <= R; ++r) {
-      runner::ModelRunner::GenerateStats st;
-      runner->generate(prompt, D + 1, {}, nullptr, &st);  // D decode steps after the prefill
-      if (r == 0) continue;                               // warm-up
+      engine::GenerateStats st;
+      engine::generate(*runner, prompt, D + 1, {}, nullptr, &st);  // D decode steps after the prefill
+      if (r == 0) continue;                                        // warm-up
       prefill_s.push_back(st.prefill_seconds);
       decode_s.push_back(st.decode_seconds);
       total_s.push_back(st.prefill_seconds + st.decode_seconds);

@@ -151,7 +151,7 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
       // engine would run it; the row then reports no kernel count.
       const bool replay = mode == "verify-graph" && graphs->eligible(batch);
       const core::Tensor logits = replay ? graphs->forward(batch, model::LogitsAt::host, &capture)
-                                         : model.forward(kv, batch, model::LogitRows::verify, nullptr, &capture);
+                                         : model.forward(kv, batch, model::LogitRows::requested, nullptr, &capture);
       if (replay) graphs->commit_verified(capture, keep);
       else model.commit_verified(kv, capture, keep);
       memory.synchronize();

@@ -4,7 +4,7 @@
 //   k3bench_scheduler_step [--running 1,16,64,256] [--steps 2000] [--prompt 128] [--out FILE]
 //
 // Two measurements per N, after every request has finished its prompt:
-//   scheduler  Scheduler::schedule + make_plan + Scheduler::update (tokens given, no model):
+//   scheduler  Scheduler::schedule + Scheduler::update (tokens given, no model):
 //              admission, budget, page growth, checkpoint boundaries, prefix registration of
 //              each filled page, stop checks, events
 //   engine     Engine::step with an executor that returns zero logits at once: the above plus
@@ -20,7 +20,6 @@
 #include "bench/bundle.h"
 #include "cli/args.h"
 #include "engine/engine.h"
-#include "engine/plan.h"
 #include "evidence/environment.h"
 #include "scheduler/scheduler.h"
 
@@ -75,16 +74,15 @@ Timing time_scheduler(int32_t running, int64_t prompt, int64_t steps) {
     r.max_tokens = steps + 32;
     sched.add(static_cast<scheduler::RequestId>(i + 1), std::move(r));
   }
-  scheduler::SchedulerOutput out;
+  scheduler::StepPlan out;
   std::vector<scheduler::RequestEvent> events;
   std::vector<int32_t> sampled;
   auto one_step = [&](int64_t k) {
     sched.schedule(out);
-    const engine::BatchPlan plan = engine::make_plan(out);
     sampled.assign(static_cast<size_t>(out.num_samples), static_cast<int32_t>(k % 1000));
     events.clear();
     sched.update(out, sampled, events);
-    return plan.seqs.size();
+    return out.seqs.size();
   };
   while (sched.counters().decode_tokens == 0 || out.num_prefills > 0) {  // until every prompt is done
     K3_CHECK(sched.has_work(), "bench: no work left before decoding");
@@ -106,8 +104,8 @@ class ZeroLogitsExecutor final : public engine::Executor {
   explicit ZeroLogitsExecutor(int32_t vocab) : vocab_(vocab) {}
   int32_t vocab_size() const override { return vocab_; }
   void release(scheduler::RequestId) override {}
-  core::Tensor execute(const engine::BatchPlan& plan) override {
-    const auto rows = static_cast<int64_t>(plan.seqs.size());
+  core::Tensor execute(const scheduler::StepPlan& plan, core::LogitsAt) override {
+    const int64_t rows = plan.num_logit_rows;
     if (logits_.dim(0) != rows || logits_.dim(1) != vocab_)
       logits_ = core::Tensor::zeros(core::DType::f32, {rows, vocab_});
     return logits_;

@@ -13,6 +13,7 @@
 
 #include "config/config_test_util.h"
 #include "core/rng.h"
+#include "engine/one_shot.h"
 #include "fastpath/fused_decode.h"
 #include "model/decode_graphs.h"
 #include "model/local_cache.h"
@@ -167,8 +168,8 @@ TEST(FastPath, GreedyFiveHundredTokensIdenticalFp32) {
   Pair p(kernels::Precision::fp32, checkpoint::InitStyle::realistic);
   const auto prompt = random_tokens(24, p.standard->config().vocab_size, 9);
   runner::SamplingParams greedy;
-  const auto want = p.standard->generate(prompt, 500, greedy);
-  const auto got = p.fused->generate(prompt, 500, greedy);
+  const auto want = engine::generate(*p.standard, prompt, 500, greedy);
+  const auto got = engine::generate(*p.fused, prompt, 500, greedy);
   ASSERT_EQ(want.size(), 500u);
   EXPECT_EQ(got, want);
   EXPECT_EQ(p.fused->model().decode_path_counters().fused_steps, 499);
@@ -179,8 +180,7 @@ TEST(FastPath, TheFusedKernelsRanAndExplainSaysSo) {
   Pair p(kernels::Precision::bf16);
   std::string plans;
   const auto prompt = random_tokens(9, p.fused->config().vocab_size, 5);
-  p.fused->set_explain([&](const std::string& s) { plans += s; });
-  p.fused->generate(prompt, 3, {});
+  engine::generate(*p.fused, prompt, 3, {}, nullptr, nullptr, [&](const std::string& s) { plans += s; });
   EXPECT_NE(plans.find("prefill step, 9 tokens: decode path standard, fallback: prefill_or_mixed_step"),
             std::string::npos)
       << plans;
@@ -196,7 +196,6 @@ TEST(FastPath, TheFusedKernelsRanAndExplainSaysSo) {
     EXPECT_EQ(decode_plan.find(op), std::string::npos) << op << " ran in a fused step\n" << decode_plan;
 
   // A step run with a recorder of the test's own: the fused ops ran once per layer of their kind.
-  p.fused->set_explain(nullptr);
   kernels::OpRecorder rec;
   p.fused->set_op_recorder(&rec);
   const config::K3Config& c = p.fused->config();
@@ -247,7 +246,7 @@ TEST(FastPath, VerifyRowsAndCommitEqualTheStandardPathFp32) {
     m.forward(cache.storage(), pre, LogitRows::last);
     model::VerifyCapture capture;
     SequenceInput verify[] = {{drafts, &a, StepKind::decode, true}, {std::span(next).first(1), &b, StepKind::decode}};
-    std::vector<core::Tensor> out{m.forward(cache.storage(), verify, LogitRows::verify, nullptr, &capture)};
+    std::vector<core::Tensor> out{m.forward(cache.storage(), verify, LogitRows::requested, nullptr, &capture)};
     const int32_t accepted[] = {3};
     m.commit_verified(cache.storage(), capture, accepted);
     SequenceInput after[] = {{std::span(next).first(1), &a, StepKind::decode},
@@ -286,7 +285,7 @@ TEST(FastPath, VerifyStepsThroughDecodeGraphsEqualForwardFp32) {
         EXPECT_TRUE(g.eligible(verify));
         out.push_back(g.forward(verify, model::LogitsAt::host, &capture));
       } else {
-        out.push_back(m.forward(cache.storage(), verify, LogitRows::verify, nullptr, &capture));
+        out.push_back(m.forward(cache.storage(), verify, LogitRows::requested, nullptr, &capture));
       }
       EXPECT_EQ(a.num_tokens, (round == 0 ? 20 : 23) + 4);  // every row advanced until the commit
       // DecodeGraphs' commit (a graph on a GPU; on the CPU, which cannot capture, Model's).
@@ -360,8 +359,8 @@ TEST(FastPath, TensorParallelRanksRunTheFusedPathFp32) {
     auto standard = runner::TpRunner::open(dir, tp, options(kernels::Precision::fp32, model::DecodeBackend::standard));
     auto fused = runner::TpRunner::open(dir, tp,
                                         options(kernels::Precision::fp32, model::DecodeBackend::latency_specialized));
-    const core::Tensor want = standard->logits(tokens, 24);  // rows 24..39: one decode step each
-    const core::Tensor got = fused->logits(tokens, 24);
+    const core::Tensor want = engine::logits(*standard, tokens, 24);  // rows 24..39: one decode step each
+    const core::Tensor got = engine::logits(*fused, tokens, 24);
     EXPECT_LE(compare(got, want).rel(), 1e-5) << "tp " << tp;
     EXPECT_EQ(compare(got, want).top1_agreement, 1.0) << "tp " << tp;
     for (int r = 0; r < tp; ++r)
@@ -406,7 +405,7 @@ TEST(FastPath, AnAttnResScheduleBeyondTheFusedOpsFallsBack) {
   config::validate(c, "block 17");
   Pair p(kernels::Precision::bf16, checkpoint::InitStyle::realistic, c);
   const auto prompt = random_tokens(6, c.vocab_size, 15);
-  EXPECT_EQ(p.fused->generate(prompt, 4, {}), p.standard->generate(prompt, 4, {}));
+  EXPECT_EQ(engine::generate(*p.fused, prompt, 4, {}), engine::generate(*p.standard, prompt, 4, {}));
   const model::DecodePathCounters k = p.fused->model().decode_path_counters();
   EXPECT_EQ(k.fused_steps, 0);
   ASSERT_EQ(k.fallbacks.size(), 1u);

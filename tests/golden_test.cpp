@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "checkpoint/safetensors.h"
+#include "engine/one_shot.h"
 #include "runner/model_runner.h"
 #include "test_util.h"
 
@@ -30,7 +31,7 @@ void check_golden(kernels::Precision precision, const std::string& file, double 
   const auto tokens = golden_tokens();
   ASSERT_EQ(tokens.size(), 32u);
   const auto golden = checkpoint::SafetensorsFile::open(kGolden / file).tensor("logits");
-  const core::Tensor now = r->logits(tokens, static_cast<int64_t>(tokens.size()));
+  const core::Tensor now = engine::logits(*r, tokens, static_cast<int64_t>(tokens.size()));
   ASSERT_EQ(golden.shape(), now.shape());
   const auto d = testing::compare(now, golden);
   EXPECT_LE(d.rel(), max_rel) << file << ": max abs " << d.max_abs << " of scale " << d.scale;

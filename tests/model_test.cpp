@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "engine/one_shot.h"
 #include "model/local_cache.h"
 #include "runner/model_runner.h"
 #include "test_util.h"
@@ -47,7 +48,7 @@ class TinyModel : public ::testing::TestWithParam<checkpoint::InitStyle> {
 TEST_P(TinyModel, PrefillThenDecodeMatchesFullPrefillFp32) {
   auto r = open(fp32_options());
   const auto tokens = random_tokens(162, r->config().vocab_size, 1);
-  const core::Tensor full = r->logits(tokens, 162);
+  const core::Tensor full = engine::logits(*r, tokens, 162);
 
   const model::Model& m = r->model();
   model::LocalCache cache(r->config(), 1, 162, model::KvCacheDtype::bf16, /*block_size=*/7);  // odd pages
@@ -75,7 +76,7 @@ TEST_P(TinyModel, PrefillThenDecodeMatchesFullPrefillFp32) {
 TEST_P(TinyModel, DecodeFromMatchesPrefillInBf16) {
   auto r = open({});
   const auto tokens = random_tokens(60, r->config().vocab_size, 2);
-  const auto d = compare(r->logits(tokens, 40), r->logits(tokens, 60));
+  const auto d = compare(engine::logits(*r, tokens, 40), engine::logits(*r, tokens, 60));
   EXPECT_GT(d.cosine, 0.99);
   EXPECT_GE(d.top1_agreement, 0.9);
 }
@@ -86,7 +87,7 @@ TEST_P(TinyModel, ChunkedAndRecurrentPrefillAgreeFp32) {
   o.kda_chunked_prefill = false;
   auto recurrent = open(o);
   const auto tokens = random_tokens(150, chunked->config().vocab_size, 3);
-  EXPECT_LT(compare(chunked->logits(tokens, 150), recurrent->logits(tokens, 150)).rel(), 1e-4);
+  EXPECT_LT(compare(engine::logits(*chunked, tokens, 150), engine::logits(*recurrent, tokens, 150)).rel(), 1e-4);
 }
 
 // Rows of one sequence never see another's: batching changes no bit.
@@ -125,7 +126,7 @@ TEST_P(TinyModel, Fp8LatentCacheStaysClose) {
   auto fp8 = open({}, false, model::KvCacheDtype::fp8_e4m3);
   auto bf16 = open({});
   const auto tokens = random_tokens(40, bf16->config().vocab_size, 6);
-  const auto d = compare(fp8->logits(tokens, 30), bf16->logits(tokens, 30));
+  const auto d = compare(engine::logits(*fp8, tokens, 30), engine::logits(*bf16, tokens, 30));
   EXPECT_GT(d.cosine, 0.98);
   EXPECT_GT(d.max_abs, 0.0);  // the fp8 cache is really used
 }
@@ -133,7 +134,7 @@ TEST_P(TinyModel, Fp8LatentCacheStaysClose) {
 TEST_P(TinyModel, Mxfp4CheckpointRunsAndDecodesConsistently) {
   auto r = open(fp32_options(), /*mxfp4=*/true);
   const auto tokens = random_tokens(30, r->config().vocab_size, 7);
-  EXPECT_LT(compare(r->logits(tokens, 20), r->logits(tokens, 30)).rel(), 1e-4);
+  EXPECT_LT(compare(engine::logits(*r, tokens, 20), engine::logits(*r, tokens, 30)).rel(), 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Inits, TinyModel,
@@ -180,7 +181,7 @@ TEST(OtherConfig, AnyK3FamilyConfigLoadsAndDecodesConsistently) {
   w.init = checkpoint::InitStyle::sensitive;
   auto r = runner::ModelRunner::open(testing::write_checkpoint(tmp, other_family_config(), w), fp32_options());
   const auto tokens = random_tokens(45, 300, 8);
-  EXPECT_LT(compare(r->logits(tokens, 33), r->logits(tokens, 45)).rel(), 1e-4);
+  EXPECT_LT(compare(engine::logits(*r, tokens, 33), engine::logits(*r, tokens, 45)).rel(), 1e-4);
 }
 
 // Registry instrumentation: a higher-priority attn_res_mix that records the number of

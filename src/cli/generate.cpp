@@ -4,6 +4,7 @@
 #include "cli/commands.h"
 #include "cli/log_options.h"
 #include "cli/model_options.h"
+#include "engine/one_shot.h"
 #include "runner/model_runner.h"
 #include "runner/tp_runner.h"
 
@@ -50,7 +51,7 @@ int generate_command(std::span<char* const> argv) {
   const int tp = parse_tp(args);
   model::ModelOptions options = parse_model_options(args);
   parse_expert_parallel(args, tp, options);
-  runner::ModelRunner::GenerateStats st;
+  engine::GenerateStats st;
   std::vector<int32_t> out;
   const bool explain = args.flag("explain");
   K3_CHECK(!explain || tp == 1, "--explain needs --tp 1");
@@ -59,12 +60,13 @@ int generate_command(std::span<char* const> argv) {
   if (tp > 1) {
     auto runner = runner::TpRunner::open(args.get("model"), tp, options, parse_kv_cache(args),
                                          load_progress_on_terminal(args.get("model")));
-    out = runner->generate(prompt, max_tokens, sampling, nullptr, &st);
+    out = engine::generate(*runner, prompt, max_tokens, sampling, nullptr, &st);
   } else {
     auto runner = runner::ModelRunner::open(args.get("model"), options, parse_kv_cache(args),
                                             load_progress_on_terminal(args.get("model")));
-    if (explain) runner->set_explain([](const std::string& plan) { std::cerr << plan; });
-    out = runner->generate(prompt, max_tokens, sampling, nullptr, &st);
+    out = engine::generate(*runner, prompt, max_tokens, sampling, nullptr, &st,
+                           explain ? [](const std::string& plan) { std::cerr << plan; }
+                                   : std::function<void(const std::string&)>());
   }
   for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? "," : "") << out[i];
   std::cout << "\n";

@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/log_options.h"
 #include "cli/model_options.h"
+#include "engine/one_shot.h"
 #include "runner/model_runner.h"
 #include "runner/tp_runner.h"
 
@@ -35,11 +36,11 @@ int logits_command(std::span<char* const> argv) {
   if (tp > 1) {
     auto runner = runner::TpRunner::open(args.get("model"), tp, options, parse_kv_cache(args),
                                          load_progress_on_terminal(args.get("model")));
-    logits = runner->logits(ids, decode_from);
+    logits = engine::logits(*runner, ids, decode_from);
   } else {
     auto runner = runner::ModelRunner::open(args.get("model"), options, parse_kv_cache(args),
                                             load_progress_on_terminal(args.get("model")));
-    logits = runner->logits(ids, decode_from);
+    logits = engine::logits(*runner, ids, decode_from);
   }
   checkpoint::write_safetensors(args.get("out"), {{"logits", logits.view()}});
   std::cerr << "wrote logits " << logits.shape().str() << " to " << args.get("out") << "\n";

@@ -1,5 +1,6 @@
-// core/step_kind.h: what a sequence does in one step. One type for the scheduler, which plans it,
-// and the model, which runs it (scheduler::StepKind and model::StepKind name this one).
+// core/step_kind.h: what a sequence does in one step, and where a step leaves its logits. One type
+// each for the scheduler or engine, which plan them, and the model, which runs them
+// (scheduler::StepKind and model::StepKind name this one; model::LogitsAt and engine's the other).
 #pragma once
 #include <cstdint>
 
@@ -12,5 +13,9 @@ enum class StepKind : uint8_t {
   // absorbed MLA.
   decode,
 };
+
+// Where a step leaves its logits: downloaded to the host (CPU tensors), or on the model's device
+// for device-side sampling (valid until the next step of that model).
+enum class LogitsAt : uint8_t { host, device };
 
 }  // namespace k3::core

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <limits>
 
 #include "core/error.h"
+#include "runner/device_sampler.h"
 
 namespace k3::engine {
 
@@ -75,6 +77,16 @@ void Engine::validate(const GenerateRequest& r) const {
     K3_CHECK(id >= 0 && id < vocab_, "request: stop_token_ids has id " + std::to_string(id) +
                                          " outside the vocabulary [0, " + std::to_string(vocab_) + ")");
   runner::validate(r.sampling, vocab_);
+  K3_CHECK(!r.prompt_logits || r.on_logits, "request: prompt_logits needs an on_logits sink");
+  K3_CHECK(static_cast<int64_t>(r.forced_output.size()) <= r.max_tokens,
+           "request: forced_output has " + std::to_string(r.forced_output.size()) + " tokens, more than max_tokens (" +
+               std::to_string(r.max_tokens) + ")");
+  for (size_t i = 0; i < r.forced_output.size(); ++i)
+    K3_CHECK(r.forced_output[i] >= 0 && r.forced_output[i] < vocab_,
+             "request: forced_output token " + std::to_string(i) + " (id " + std::to_string(r.forced_output[i]) +
+                 ") is outside the vocabulary [0, " + std::to_string(vocab_) + ")");
+  K3_CHECK(r.forced_output.empty() || (!r.sampling.logprob && r.sampling.logprobs == 0),
+           "request: forced_output tokens are not sampled, so they have no logprobs to return");
 }
 
 Engine::Submission Engine::submit(GenerateRequest r) {
@@ -83,7 +95,12 @@ Engine::Submission Engine::submit(GenerateRequest r) {
   ctx.sampler = std::make_unique<runner::Sampler>(r.sampling, vocab_);
   ctx.stream = std::make_shared<TokenStream>();
   ctx.on_event = std::move(r.on_event);
+  ctx.on_logits = std::move(r.on_logits);
+  ctx.forced_output = std::move(r.forced_output);
   scheduler::RequestSpec spec;
+  spec.logits_out = r.prompt_logits ? scheduler::LogitsOut::every_row
+                    : ctx.scoring() ? scheduler::LogitsOut::sampled
+                                    : scheduler::LogitsOut::none;
   spec.prompt = std::move(r.prompt);
   spec.max_tokens = r.max_tokens;
   spec.stop_token_ids = std::move(r.stop_token_ids);
@@ -209,7 +226,7 @@ bool Engine::step() {
     publish_stats(Seconds(scheduler::Clock::now() - t0).count(), 0);
     return true;
   }
-  const BatchPlan plan = make_plan(out_);
+  const StepPlan& plan = out_;  // read-only from here on
   sampled_.clear();
   samples_.clear();
   accepted_.clear();
@@ -219,19 +236,26 @@ bool Engine::step() {
   std::string error;
   try {
     const auto e0 = scheduler::Clock::now();
-    const core::Tensor logits = executor_->execute(plan);
+    // Sampling is chosen once per step from the plan: plain steps sample on the device where the
+    // executor can (tokens and logprobs come back, not logits); verify steps, steps whose logits
+    // are handed out and steps with hidden-state taps sample on the host.
+    const core::LogitsAt at = executor_->device_sampler() && plan.num_verifies == 0 && !plan.host_logits && !taps_on_
+                                  ? core::LogitsAt::device
+                                  : core::LogitsAt::host;
+    const core::Tensor logits = executor_->execute(plan, at);
     exec_s = Seconds(scheduler::Clock::now() - e0).count();
     K3_CHECK(logits.dtype() == core::DType::f32 && logits.shape().rank() == 2 && logits.dim(0) == plan.num_logit_rows &&
                  logits.dim(1) == vocab_,
              "executor returned logits of the wrong shape");
     seq_accepted_.assign(plan.seqs.size(), -1);
-    if (logits.view().device != core::Device::cpu) {
+    K3_CHECK((logits.view().device != core::Device::cpu) == (at == core::LogitsAt::device),
+             "Engine: the executor left the logits elsewhere than asked");
+    if (at == core::LogitsAt::device) {
       // Device logits (runner/device_sampler.h): a plain step, row i = sequence i; only tokens,
       // logprobs and the rows that need host processing come back.
       sample_rows_.clear();
       for (size_t i = 0; i < plan.seqs.size(); ++i) {
-        const PlannedSequence& q = plan.seqs[i];
-        K3_CHECK(q.num_drafts == 0, "Engine: the executor kept the logits of a verify step on the device");
+        const scheduler::ScheduledSequence& q = plan.seqs[i];
         if (!q.sample) continue;
         const scheduler::Request* r = scheduler_.find(q.id);
         sample_rows_.push_back({contexts_.at(q.id).sampler.get(), static_cast<int64_t>(i), r->prompt(), r->output()});
@@ -242,11 +266,12 @@ bool Engine::step() {
         accepted_.push_back(0);
       }
     } else {
-      // Row offsets: one row per sequence, num_drafts + 1 for a verify sequence.
+      // Row offsets: logit_rows() per sequence (num_drafts + 1 for a verify sequence).
       const float* rows = logits.data<const float>();
       for (size_t i = 0; i < plan.seqs.size(); ++i) {
+        hand_out_logits(plan, i, rows);
         if (plan.seqs[i].sample) sample_sequence(plan, i, rows);
-        rows += static_cast<int64_t>(1 + plan.seqs[i].num_drafts) * vocab_;
+        rows += static_cast<int64_t>(plan.seqs[i].logit_rows()) * vocab_;
       }
     }
     if (!verify_rows_.empty()) {
@@ -271,6 +296,7 @@ void Engine::propose_drafts() {
   scheduler_.decoding_requests(decoding_);
   queries_.clear();
   for (const scheduler::Request* r : decoding_) {
+    if (contexts_.at(r->id()).scoring()) continue;  // its logits and tokens are the request's own
     const int32_t budget = draft_length_->take_step(r->id());
     if (budget > 0) queries_.push_back({r->id(), r->tokens(), r->prompt_len(), budget});  // 0: paused
   }
@@ -288,11 +314,34 @@ void Engine::propose_drafts() {
   }
 }
 
-void Engine::sample_sequence(const BatchPlan& plan, size_t i, const float* rows) {
-  const PlannedSequence& q = plan.seqs[i];
+void Engine::hand_out_logits(const StepPlan& plan, size_t i, const float* rows) {
+  const scheduler::ScheduledSequence& q = plan.seqs[i];
+  if (q.logits_out == scheduler::LogitsOut::none || (q.logits_out == scheduler::LogitsOut::sampled && !q.sample))
+    return;
+  Context& ctx = contexts_.at(q.id);
+  const int64_t n = q.logit_rows(), first = q.start + q.num_tokens - n;
+  for (int64_t j = 0; j < n; ++j) {
+    if (first + j < ctx.logits_next) continue;  // recomputed after a preemption: handed out before
+    ctx.on_logits(first + j, std::span(rows + j * vocab_, static_cast<size_t>(vocab_)));
+    ctx.logits_next = first + j + 1;
+  }
+}
+
+void Engine::sample_sequence(const StepPlan& plan, size_t i, const float* rows) {
+  const scheduler::ScheduledSequence& q = plan.seqs[i];
   const scheduler::Request* r = scheduler_.find(q.id);
   Context& ctx = contexts_.at(q.id);
+  if (const auto k = static_cast<size_t>(r->num_output()); k < ctx.forced_output.size()) {
+    runner::SampleResult forced;  // teacher forcing: the request's token, not a sample
+    forced.token = ctx.forced_output[k];
+    forced.logprob = std::numeric_limits<float>::quiet_NaN();
+    samples_.push_back(forced);
+    sampled_.push_back(forced.token);
+    accepted_.push_back(0);
+    return;
+  }
   if (q.num_drafts == 0) {
+    rows += static_cast<int64_t>(q.logit_rows() - 1) * vocab_;  // the last token's row
     samples_.push_back(ctx.sampler->sample(std::span(rows, static_cast<size_t>(vocab_)), r->prompt(), r->output()));
     sampled_.push_back(samples_.back().token);
     accepted_.push_back(0);
@@ -300,7 +349,7 @@ void Engine::sample_sequence(const BatchPlan& plan, size_t i, const float* rows)
   }
   // A verify sequence: its tokens are [last, d_1..d_k] and its k+1 rows follow each other.
   const std::span<const float> all(rows, static_cast<size_t>(q.num_drafts + 1) * static_cast<size_t>(vocab_));
-  const std::span<const int32_t> drafts = q.tokens.subspan(1);
+  const std::span<const int32_t> drafts = plan.tokens_of(q).subspan(1);
   if (synthetic_al_ > 0)
     spec::accept_synthetic(*ctx.sampler, all, vocab_, r->prompt(), r->output(), drafts, synthetic_al_, verified_,
                            scratch_);
@@ -318,14 +367,15 @@ void Engine::sample_sequence(const BatchPlan& plan, size_t i, const float* rows)
   draft_length_->record(q.id, q.num_drafts, a);
 }
 
-void Engine::notify_drafter(const BatchPlan& plan) {
+void Engine::notify_drafter(const StepPlan& plan) {
   const core::Tensor* taps = taps_on_ ? executor_->hidden_taps() : nullptr;
   K3_CHECK(!taps_on_ || (taps && taps->dim(0) == plan.num_tokens),
            "Engine: the executor returned no hidden-state taps for the step");
   int64_t row = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    const PlannedSequence& q = plan.seqs[i];
-    const auto n = static_cast<int64_t>(q.tokens.size());
+    const scheduler::ScheduledSequence& q = plan.seqs[i];
+    const std::span<const int32_t> tokens = plan.tokens_of(q);
+    const auto n = static_cast<int64_t>(tokens.size());
     // Committed rows: all of a prefill chunk or plain decode, last + accepted drafts of a verify.
     const int64_t kept = q.num_drafts > 0 ? seq_accepted_[i] + 1 : n;
     if (taps) {
@@ -334,7 +384,7 @@ void Engine::notify_drafter(const BatchPlan& plan) {
       r.hidden = core::TensorView::contiguous(const_cast<float*>(taps->data<const float>()) + row * width,
                                               core::DType::f32, {kept, width});
       r.position = q.start;
-      r.tokens = q.tokens.first(static_cast<size_t>(kept));
+      r.tokens = tokens.first(static_cast<size_t>(kept));
       drafter_->observe(q.id, r);
     }
     if (q.num_drafts > 0) drafter_->on_accepted(q.id, q.num_drafts, seq_accepted_[i]);

@@ -7,7 +7,8 @@
 // Each step: admit (drain submissions and aborts) -> [speculative: propose drafts for every
 // decoding request (spec::Drafter), which the scheduler verifies as K+1-row decodes]
 // -> schedule (Scheduler: data-only output)
-// -> plan (make_plan) -> run (Executor: prepare slots, forward, save checkpoints) -> sample
+// (the step's one plan, scheduler/step_plan.h) -> run (Executor: prepare slots, forward, save
+// checkpoints) -> sample
 // (one runner::Sampler per request) -> update (Scheduler: advance, register prefix blocks,
 // finish) -> deliver events. With speculation a verify sequence's rows are accepted
 // (spec/acceptance.h: greedy, or rejection sampling with the request's own Rng; lossless), the
@@ -29,12 +30,15 @@
 #include "engine/executor.h"
 #include "engine/prefill_progress.h"
 #include "engine/token_stream.h"
-#include "runner/device_sampler.h"
 #include "runner/sampler.h"
 #include "scheduler/scheduler.h"
 #include "spec/acceptance.h"
 #include "spec/draft_length.h"
 #include "spec/spec_config.h"
+
+namespace k3::runner {
+struct SampleRow;  // runner/device_sampler.h
+}
 
 namespace k3::engine {
 
@@ -47,6 +51,18 @@ struct GenerateRequest {
   // When set, the request's events go here, called on the step thread (keep it short; it
   // must not call into the engine); the stream then gets only the last event.
   std::function<void(const TokenEvent&)> on_event;
+
+  // Scoring (the CLI's teacher-forced logits; vLLM's prompt_logprobs). When set, on_logits gets
+  // every logits row the request's steps computed and kept, once per position p (the host f32
+  // [vocab] logits after token p, which predict token p + 1), in position order, on the step thread:
+  // the rows it samples from, and with prompt_logits every prompt position's too. Its steps then
+  // bring their logits to the host.
+  std::function<void(int64_t position, std::span<const float> logits)> on_logits;
+  bool prompt_logits = false;  // needs on_logits
+  // Teacher forcing: output token i is forced_output[i] instead of a sample (its event's logprob
+  // is NaN; logprobs cannot be asked for). Ids in [0, vocab), at most max_tokens of them. A request
+  // with forced tokens or a logits sink is never drafted for under speculative decoding.
+  std::vector<int32_t> forced_output;
 };
 
 struct EngineConfig {
@@ -133,6 +149,10 @@ class Engine {
     std::shared_ptr<TokenStream> stream;
     std::function<void(const TokenEvent&)> on_event;
     spec::SpecCounters spec;  // this request's verify steps (reported on its last event)
+    std::function<void(int64_t, std::span<const float>)> on_logits;
+    int64_t logits_next = 0;  // positions below it went to on_logits already (recomputation repeats them)
+    std::vector<int32_t> forced_output;
+    bool scoring() const { return on_logits || !forced_output.empty(); }
   };
   void validate(const GenerateRequest& r) const;
   void drain_inbox();
@@ -143,10 +163,12 @@ class Engine {
   void publish_stats(double host_s, double exec_s);
   void propose_drafts();
   // Samples plan row(s) of sequence i into samples_/sampled_/accepted_ (verify: acceptance).
-  void sample_sequence(const BatchPlan& plan, size_t i, const float* rows);
+  void sample_sequence(const StepPlan& plan, size_t i, const float* rows);
+  // Hands sequence i's logits rows (its plan.seqs[i].logit_rows(), from `rows`) to its on_logits.
+  void hand_out_logits(const StepPlan& plan, size_t i, const float* rows);
   void forget(RequestId id);  // drafter and draft-length state of a request that left or was preempted
   // After a step: the drafter sees each sequence's committed tap rows, then its verify results.
-  void notify_drafter(const BatchPlan& plan);
+  void notify_drafter(const StepPlan& plan);
   void loop();
 
   EngineConfig config_;
@@ -169,7 +191,7 @@ class Engine {
   // Step-loop state (step_mu_: one step at a time).
   std::mutex step_mu_;
   std::unordered_map<RequestId, Context> contexts_;
-  scheduler::SchedulerOutput out_;
+  scheduler::StepPlan out_;
   std::vector<scheduler::RequestEvent> events_;
   std::vector<int32_t> sampled_;
   std::vector<runner::SampleResult> samples_;

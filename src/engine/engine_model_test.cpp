@@ -30,14 +30,16 @@ class RecordingExecutor final : public Executor {
   explicit RecordingExecutor(std::unique_ptr<ModelExecutor> inner) : inner_(std::move(inner)) {}
   int32_t vocab_size() const override { return inner_->vocab_size(); }
   void release(RequestId id) override { inner_->release(id); }
-  core::Tensor execute(const BatchPlan& plan) override {
-    core::Tensor logits = inner_->execute(plan);
+  core::Tensor execute(const StepPlan& plan, core::LogitsAt) override {
+    core::Tensor logits = inner_->execute(plan, core::LogitsAt::host);
     const int64_t v = logits.dim(1);
-    for (size_t i = 0; i < plan.seqs.size(); ++i)
-      if (plan.seqs[i].sample) {
-        const float* row = logits.data<const float>() + static_cast<int64_t>(i) * v;
-        rows[plan.seqs[i].id].emplace_back(row, row + v);
-      }
+    int64_t row_end = 0;  // past sequence i's rows; its last is the sampled one
+    for (const scheduler::ScheduledSequence& q : plan.seqs) {
+      row_end += q.logit_rows();
+      if (!q.sample) continue;
+      const float* row = logits.data<const float>() + (row_end - 1) * v;
+      rows[q.id].emplace_back(row, row + v);
+    }
     ++steps;
     for (const auto& q : plan.seqs) mixed_prefill_decode |= q.kind != plan.seqs.front().kind;
     return logits;

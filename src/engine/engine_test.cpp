@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <numeric>
 #include <thread>
 
 #include "core/error.h"
@@ -345,6 +346,54 @@ TEST(Engine, RandomizedGreedyOutputsMatchUncachedRoomyRun) {
     else EXPECT_EQ(got, ref.outputs[i]);
   }
   EXPECT_GT(n_aborted, 5);
+}
+
+// Scoring requests (prompt_logits, forced_output) in a cache so tight that requests are preempted
+// and recomputed: each still gets every position's row once, in order, and the forced tokens as
+// its output; the free requests beside them are unaffected.
+TEST(Engine, ScoringRowsComeOncePerPositionThroughPreemption) {
+  auto run = [](const EngineConfig& c, std::vector<std::vector<int64_t>>* positions) {
+    Rig rig(c);
+    std::vector<Engine::Submission> subs;
+    positions->assign(12, {});
+    for (int i = 0; i < 12; ++i) {
+      GenerateRequest r = request(30 + 3 * i, 12, i);
+      if (i % 2 == 0) {
+        r.prompt_logits = true;
+        r.forced_output = {5, 6, 7, static_cast<int32_t>(8 + i)};
+        r.on_logits = [positions, i](int64_t p, std::span<const float> row) {
+          EXPECT_EQ(row.size(), static_cast<size_t>(kVocab));
+          (*positions)[static_cast<size_t>(i)].push_back(p);
+        };
+      }
+      subs.push_back(rig.engine->submit(std::move(r)));
+    }
+    rig.engine->run_until_idle();
+    std::vector<std::vector<int32_t>> outputs;
+    for (const Engine::Submission& s : subs) {
+      outputs.emplace_back();
+      for (const TokenEvent& e : drain(*s.stream))
+        if (e.token >= 0) outputs.back().push_back(e.token);
+    }
+    EXPECT_EQ(rig.engine->stats().cache.blocks_in_use, 0);
+    return std::make_pair(outputs, rig.engine->stats().preemptions);
+  };
+  std::vector<std::vector<int64_t>> roomy_pos, tight_pos;
+  const auto roomy = run(engine_config(200, false), &roomy_pos);
+  const auto tight = run(engine_config(22, false), &tight_pos);
+  EXPECT_EQ(roomy.second, 0);
+  EXPECT_GT(tight.second, 0);
+  EXPECT_EQ(tight.first, roomy.first);
+  for (int i = 0; i < 12; i += 2) {
+    const auto& out = tight.first[static_cast<size_t>(i)];
+    ASSERT_EQ(out.size(), 12u);
+    EXPECT_EQ(std::vector<int32_t>(out.begin(), out.begin() + 4), (std::vector<int32_t>{5, 6, 7, 8 + i}));
+    // Rows after every prompt position and every output token but the last.
+    std::vector<int64_t> want(static_cast<size_t>(30 + 3 * i + 12 - 1));
+    std::iota(want.begin(), want.end(), 0);
+    EXPECT_EQ(tight_pos[static_cast<size_t>(i)], want) << "request " << i;
+    EXPECT_EQ(roomy_pos[static_cast<size_t>(i)], want) << "request " << i;
+  }
 }
 
 }  // namespace

@@ -1,13 +1,13 @@
-// engine/executor.h: what runs a BatchPlan. ModelExecutor (model_executor.h) runs the model
-// on its KvStorage; tests use a fake with the same contract.
+// engine/executor.h: what runs a step's plan (scheduler/step_plan.h). ModelExecutor
+// (model_executor.h) runs the model on its KvStorage; tests use a fake with the same contract.
 #pragma once
 #include <cstdint>
 #include <span>
 
 #include "core/error.h"
 #include "core/tensor.h"
-#include "engine/plan.h"
 #include "model/decode_path_counters.h"
+#include "scheduler/step_plan.h"
 
 namespace k3::runner {
 class DeviceSampler;
@@ -15,26 +15,29 @@ class DeviceSampler;
 
 namespace k3::engine {
 
+using scheduler::StepPlan;
+
 class Executor {
  public:
   virtual ~Executor() = default;
   virtual int32_t vocab_size() const = 0;
-  // Runs the plan: prepare, forward, saves. Returns f32 logits [plan.seqs.size(), vocab],
-  // row i = the last token of plan.seqs[i] (rows of sequences that do not sample are
-  // ignored). Throws on failure; the engine then fails the step's requests.
-  virtual core::Tensor execute(const BatchPlan& plan) = 0;
-  // Optional: an executor whose model runs on a device may keep the logits there:
-  // execute() then returns a device f32 [rows, vocab] tensor (valid until the next execute()), and
-  // this returns the sampler for it, so the engine samples on the device through
-  // runner::sample_rows() and downloads tokens rather than logits. nullptr (the default):
-  // execute() returns host logits.
+  // Runs the plan: drops the preempted, prepares fresh slots, forward, saves. Returns f32 logits
+  // [plan.num_logit_rows, vocab]: plan.seqs[i].logit_rows() rows per sequence in plan order (its
+  // last token's; every row of a verify or every_row sequence; rows of sequences that neither
+  // sample nor hand out logits are ignored), on the host or, with `at` device (the engine asks for
+  // it only from an executor with a device_sampler(), for a step without verify rows or logits it
+  // hands out), on the model's device, valid until the next execute(). Throws on failure; the
+  // engine then fails the step's requests.
+  virtual core::Tensor execute(const StepPlan& plan, core::LogitsAt at) = 0;
+  // The sampler for device logits (runner::sample_rows(): tokens and logprobs come back rather than
+  // logits); nullptr (the default): the executor always returns host logits.
   virtual runner::DeviceSampler* device_sampler() { return nullptr; }
   // The request left the engine (finished, aborted, failed): forget its sequence state.
   virtual void release(scheduler::RequestId id) = 0;
 
   // Speculative decoding. A plan sequence with num_drafts > 0 is a verify sequence: execute()
-  // returns ALL its num_drafts + 1 rows (in order, where its single row would be; so the logits
-  // have plan.num_logit_rows rows) and leaves its committed KDA state untouched. After acceptance
+  // returns ALL its num_drafts + 1 rows (in order, where its single row would be) and leaves its
+  // committed KDA state untouched. After acceptance
   // the engine calls commit_verified once with, per verify sequence in plan order, the rows it
   // keeps (accepted drafts + 1): the executor replays them into the committed state and truncates
   // the sequence to them (spec §5.9 (b)). Executors without it refuse verify plans.

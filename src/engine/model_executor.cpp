@@ -2,8 +2,14 @@
 #include "engine/model_executor.h"
 
 #include <algorithm>
+#include <unordered_map>
+#include <vector>
 
 #include "core/error.h"
+#include "model/decode_graphs.h"
+#include "model/kv_storage.h"
+#include "model/model.h"
+#include "runner/device_sampler.h"
 
 namespace k3::engine {
 
@@ -52,87 +58,118 @@ void apply_model_defaults(const config::K3Config& model, scheduler::SchedulerCon
   sched.validate(cache);
 }
 
+struct ModelExecutor::State {
+  State(const model::Model& m, const cache::CacheConfig& cache, model::KvCacheDtype kv_dtype)
+      : model(m),
+        storage(m.config(), storage_config(cache, kv_dtype, m.options().dcp), m.memory(), m.options().precision) {}
+  const model::Model& model;
+  model::KvStorage storage;
+  std::unordered_map<scheduler::RequestId, model::SequenceState> states;  // node-based: stable pointers
+  std::vector<model::SequenceInput> batch;
+  model::VerifyCapture capture;                 // the last execute()'s verify rows, until commit_verified
+  model::HiddenTaps taps;                       // the drafter's tap layers (empty: none) and the last step's values
+  core::Tensor taps_host;                       // host f32 [rows, layers * hidden]
+  std::unique_ptr<model::DecodeGraphs> graphs;  // null: every step eager
+  std::unique_ptr<runner::DeviceSampler> device_sampler;  // null: logits always come back to the host
+};
+
 ModelExecutor::ModelExecutor(const model::Model& model, const cache::CacheConfig& cache, model::KvCacheDtype kv_dtype,
                              int64_t graph_max_model_len)
-    : model_(model),
-      storage_(model.config(), storage_config(cache, kv_dtype, model.options().dcp), model.memory(),
-               model.options().precision) {
+    : s_(std::make_unique<State>(model, cache, kv_dtype)) {
   // Tensor-parallel ranks capture too: each rank's graph holds its step's collectives.
   if (graph_max_model_len > 0 && model.options().device != core::Device::cpu)
-    graphs_ = std::make_unique<model::DecodeGraphs>(model_, storage_,
-                                                    (graph_max_model_len + cache.block_size - 1) / cache.block_size);
+    s_->graphs = std::make_unique<model::DecodeGraphs>(model, s_->storage,
+                                                       (graph_max_model_len + cache.block_size - 1) / cache.block_size);
   // Sampling on the device needs the logits on this model's device, which a TP rank's executor
   // does not hand out (engine/tp_executor.h returns rank 0's host logits).
   if (model.options().device != core::Device::cpu && model.tp_size() == 1)
-    device_sampler_ = std::make_unique<runner::DeviceSampler>(model.ops(), model.memory());
+    s_->device_sampler = std::make_unique<runner::DeviceSampler>(model.ops(), model.memory());
 }
 
-core::Tensor ModelExecutor::execute(const BatchPlan& plan) {
-  for (scheduler::RequestId id : plan.dropped) states_.erase(id);
-  for (const SlotPrep& p : plan.prepare) {
-    if (p.restore_checkpoint >= 0) storage_.restore_checkpoint(p.restore_checkpoint, p.slot);
-    else storage_.reset_slot(p.slot);
+ModelExecutor::~ModelExecutor() = default;
+
+int32_t ModelExecutor::vocab_size() const { return s_->model.config().vocab_size; }
+void ModelExecutor::release(scheduler::RequestId id) { s_->states.erase(id); }
+const core::Tensor* ModelExecutor::hidden_taps() const { return s_->taps.layers.empty() ? nullptr : &s_->taps_host; }
+runner::DeviceSampler* ModelExecutor::device_sampler() { return s_->device_sampler.get(); }
+model::DecodePathCounters ModelExecutor::decode_path_counters() const { return s_->model.decode_path_counters(); }
+model::KvStorage& ModelExecutor::storage() { return s_->storage; }
+size_t ModelExecutor::num_states() const { return s_->states.size(); }
+int64_t ModelExecutor::graph_replays() const { return s_->graphs ? s_->graphs->replays() : 0; }
+
+core::Tensor ModelExecutor::execute(const StepPlan& plan, core::LogitsAt at) {
+  State& s = *s_;
+  K3_CHECK(at == core::LogitsAt::host ||
+               (s.device_sampler && plan.num_verifies == 0 && !plan.host_logits && s.taps.layers.empty()),
+           "ModelExecutor: device logits asked for a step that needs them on the host");
+  for (scheduler::RequestId id : plan.preempted) s.states.erase(id);
+  for (const scheduler::ScheduledSequence& q : plan.seqs) {  // every reset and restore before any save
+    if (q.slot_init == scheduler::SlotInit::restore) s.storage.restore_checkpoint(q.restore_checkpoint, q.kda_slot);
+    else if (q.slot_init == scheduler::SlotInit::reset) s.storage.reset_slot(q.kda_slot);
   }
-  batch_.clear();
-  for (const PlannedSequence& q : plan.seqs) {
+  s.batch.clear();
+  for (const scheduler::ScheduledSequence& q : plan.seqs) {
+    const std::span<const int32_t> new_blocks = plan.new_blocks_of(q);
     model::SequenceState* st = nullptr;
-    if (q.fresh) {
-      st = &states_[q.id];
+    if (q.fresh()) {
+      st = &s.states[q.id];
       st->num_tokens = q.start;
       st->kda_slot = q.kda_slot;
-      st->block_table.assign(q.new_blocks.begin(), q.new_blocks.end());
+      st->block_table.assign(new_blocks.begin(), new_blocks.end());
     } else {
-      const auto it = states_.find(q.id);
-      K3_CHECK(it != states_.end(), "ModelExecutor: request " + std::to_string(q.id) + " continues but has no state");
+      const auto it = s.states.find(q.id);
+      K3_CHECK(it != s.states.end(), "ModelExecutor: request " + std::to_string(q.id) + " continues but has no state");
       st = &it->second;
       K3_CHECK(st->num_tokens == q.start && st->kda_slot == q.kda_slot,
                "ModelExecutor: request " + std::to_string(q.id) + " state holds " + std::to_string(st->num_tokens) +
                    " tokens, the plan starts at " + std::to_string(q.start));
-      st->block_table.insert(st->block_table.end(), q.new_blocks.begin(), q.new_blocks.end());
+      st->block_table.insert(st->block_table.end(), new_blocks.begin(), new_blocks.end());
     }
-    batch_.push_back(model::SequenceInput{q.tokens, st, q.kind, q.num_drafts > 0});
+    s.batch.push_back(model::SequenceInput{plan.tokens_of(q), st, q.kind, q.verify(),
+                                           q.logits_out == scheduler::LogitsOut::every_row});
   }
-  capture_.clear();  // a failed step may have left one: its requests are gone
-  model::HiddenTaps* taps = taps_.layers.empty() ? nullptr : &taps_;
-  const model::LogitRows rows = plan.num_verifies > 0 ? model::LogitRows::verify : model::LogitRows::last;
-  // Plain steps on a GPU keep their logits there for the device sampler; verify steps (sampled
-  // row by row against drafts on the host) and tapped steps bring them back.
-  const model::LogitsAt at = device_sampler_ && plan.num_verifies == 0 && !taps ? model::LogitsAt::device
-                                                                                : model::LogitsAt::host;
+  s.capture.clear();  // a failed step may have left one: its requests are gone
+  model::HiddenTaps* taps = s.taps.layers.empty() ? nullptr : &s.taps;
+  const model::LogitRows rows = plan.num_logit_rows > static_cast<int64_t>(plan.seqs.size())
+                                    ? model::LogitRows::requested
+                                    : model::LogitRows::last;
   // Pure-decode steps and verify steps of equal draft counts replay captured graphs (DecodeGraphs).
-  core::Tensor logits = !taps && graphs_ && graphs_->eligible(batch_)
-                            ? graphs_->forward(batch_, at, plan.num_verifies > 0 ? &capture_ : nullptr)
-                            : model_.forward(storage_, batch_, rows, nullptr,
-                                             plan.num_verifies > 0 ? &capture_ : nullptr, taps, at);
+  core::Tensor logits = !taps && s.graphs && s.graphs->eligible(s.batch)
+                            ? s.graphs->forward(s.batch, at, plan.num_verifies > 0 ? &s.capture : nullptr)
+                            : s.model.forward(s.storage, s.batch, rows, nullptr,
+                                              plan.num_verifies > 0 ? &s.capture : nullptr, taps, at);
   if (taps) {  // host [rows, layers * hidden], row-major, the layers side by side
-    const int64_t H = model_.config().hidden_size, n = static_cast<int64_t>(taps_.layers.size());
-    taps_host_ = core::Tensor::zeros(core::DType::f32, {plan.num_tokens, n * H});
+    const int64_t H = s.model.config().hidden_size, n = static_cast<int64_t>(s.taps.layers.size());
+    s.taps_host = core::Tensor::zeros(core::DType::f32, {plan.num_tokens, n * H});
     for (int64_t i = 0; i < n; ++i) {
-      const core::Tensor& v = taps_.values[static_cast<size_t>(i)];
+      const core::Tensor& v = s.taps.values[static_cast<size_t>(i)];
       const core::Tensor host = v.view().device == core::Device::cpu && v.dtype() == core::DType::f32
                                     ? v
-                                    : model_.memory()->download_f32(v.view());
+                                    : s.model.memory()->download_f32(v.view());
       K3_CHECK(host.dim(0) == plan.num_tokens && host.dim(1) == H, "ModelExecutor: a tap has the wrong shape");
       for (int64_t r = 0; r < plan.num_tokens; ++r)
-        std::copy_n(host.data<const float>() + r * H, H, taps_host_.data<float>() + (r * n + i) * H);
+        std::copy_n(host.data<const float>() + r * H, H, s.taps_host.data<float>() + (r * n + i) * H);
     }
   }
-  for (const CheckpointSave& s : plan.saves) storage_.save_checkpoint(s.slot, s.checkpoint);
+  for (const scheduler::ScheduledSequence& q : plan.seqs)
+    if (q.save_checkpoint >= 0) s.storage.save_checkpoint(q.kda_slot, q.save_checkpoint);
   return logits;
 }
 
 void ModelExecutor::commit_verified(std::span<const int32_t> accepted_rows) {
+  State& s = *s_;
   // After a verify step replayed from a graph, its commit replays one too (DecodeGraphs tells).
-  if (graphs_) graphs_->commit_verified(capture_, accepted_rows);
-  else model_.commit_verified(storage_, capture_, accepted_rows);
+  if (s.graphs) s.graphs->commit_verified(s.capture, accepted_rows);
+  else s.model.commit_verified(s.storage, s.capture, accepted_rows);
 }
 
 void ModelExecutor::set_hidden_tap(std::span<const int32_t> layers) {
+  State& s = *s_;
   for (int32_t l : layers)
-    K3_CHECK(l >= 0 && l + 1 < model_.config().num_hidden_layers,
+    K3_CHECK(l >= 0 && l + 1 < s.model.config().num_hidden_layers,
              "ModelExecutor: tap layer " + std::to_string(l) + " has no next layer (the model has " +
-                 std::to_string(model_.config().num_hidden_layers) + ")");
-  taps_.layers.assign(layers.begin(), layers.end());
+                 std::to_string(s.model.config().num_hidden_layers) + ")");
+  s.taps.layers.assign(layers.begin(), layers.end());
 }
 
 }  // namespace k3::engine

@@ -1,4 +1,4 @@
-// engine/model_executor.h: runs BatchPlans on a model::Model over a model::KvStorage sized
+// engine/model_executor.h: runs step plans on a model::Model over a model::KvStorage sized
 // from the cache config, keeping one model::SequenceState per running request.
 //
 // An engine over a model (the ModelRunner owns config, weights, registry and Model):
@@ -7,17 +7,21 @@
 //   apply_model_defaults(cfg, ec.scheduler, ec.cache, &ec.eos_token_id);
 //   Engine engine(ec, std::make_unique<ModelExecutor>(runner->model(), ec.cache, kv_dtype));
 #pragma once
+#include <cstdint>
 #include <memory>
-#include <unordered_map>
-#include <vector>
 
 #include "cache/cache_config.h"
 #include "engine/executor.h"
-#include "model/decode_graphs.h"
-#include "model/kv_storage.h"
-#include "model/model.h"
-#include "runner/device_sampler.h"
 #include "scheduler/scheduler_config.h"
+
+namespace k3::config {
+struct K3Config;
+}
+namespace k3::model {
+class Model;
+class KvStorage;
+enum class KvCacheDtype : uint8_t;  // model/kv_storage.h
+}  // namespace k3::model
 
 namespace k3::engine {
 
@@ -46,33 +50,27 @@ class ModelExecutor final : public Executor {
   // tokens replay as CUDA graphs on devices that can capture (model/decode_graphs.h); 0: eager.
   ModelExecutor(const model::Model& model, const cache::CacheConfig& cache, model::KvCacheDtype kv_dtype,
                 int64_t graph_max_model_len = 0);
+  ~ModelExecutor() override;
 
-  int32_t vocab_size() const override { return model_.config().vocab_size; }
-  core::Tensor execute(const BatchPlan& plan) override;
-  void release(scheduler::RequestId id) override { states_.erase(id); }
+  int32_t vocab_size() const override;
+  core::Tensor execute(const StepPlan& plan, core::LogitsAt at) override;
+  void release(scheduler::RequestId id) override;
   bool supports_verify() const override { return true; }
   void commit_verified(std::span<const int32_t> accepted_rows) override;
   void set_hidden_tap(std::span<const int32_t> layers) override;
-  const core::Tensor* hidden_taps() const override { return taps_.layers.empty() ? nullptr : &taps_host_; }
+  const core::Tensor* hidden_taps() const override;
   // On a GPU (one rank), plain steps leave their logits on the device for this sampler.
-  runner::DeviceSampler* device_sampler() override { return device_sampler_.get(); }
-  model::DecodePathCounters decode_path_counters() const override { return model_.decode_path_counters(); }
+  runner::DeviceSampler* device_sampler() override;
+  model::DecodePathCounters decode_path_counters() const override;
 
-  model::KvStorage& storage() { return storage_; }
-  size_t num_states() const { return states_.size(); }
+  model::KvStorage& storage();
+  size_t num_states() const;
   // Decode steps served by a graph replay so far (0 without graphs).
-  int64_t graph_replays() const { return graphs_ ? graphs_->replays() : 0; }
+  int64_t graph_replays() const;
 
  private:
-  const model::Model& model_;
-  model::KvStorage storage_;
-  std::unordered_map<scheduler::RequestId, model::SequenceState> states_;  // node-based: stable pointers
-  std::vector<model::SequenceInput> batch_;
-  model::VerifyCapture capture_;                 // the last execute()'s verify rows, until commit_verified
-  model::HiddenTaps taps_;                       // the drafter's tap layers (empty: none) and the last step's values
-  core::Tensor taps_host_;                       // host f32 [rows, layers * hidden]
-  std::unique_ptr<model::DecodeGraphs> graphs_;  // null: every step eager
-  std::unique_ptr<runner::DeviceSampler> device_sampler_;  // null: logits always come back to the host
+  struct State;  // the model's storage, the running sequences' states, graphs, taps (model_executor.cpp)
+  std::unique_ptr<State> s_;
 };
 
 }  // namespace k3::engine

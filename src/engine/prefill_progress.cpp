@@ -14,7 +14,7 @@ void PrefillProgress::begin(scheduler::RequestId id, int64_t prompt_tokens) {
 
 void PrefillProgress::end(scheduler::RequestId id) { entries_.erase(id); }
 
-void PrefillProgress::step(const scheduler::SchedulerOutput& out, Clock::time_point now) {
+void PrefillProgress::step(const scheduler::StepPlan& out, Clock::time_point now) {
   if (entries_.empty()) return;
   for (const scheduler::ScheduledSequence& s : out.seqs) {
     if (s.kind != scheduler::StepKind::prefill) continue;

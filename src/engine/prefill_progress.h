@@ -11,7 +11,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "scheduler/scheduler_output.h"
+#include "scheduler/step_plan.h"
 
 namespace k3::engine {
 
@@ -26,7 +26,7 @@ class PrefillProgress {
   bool enabled() const { return static_cast<bool>(log_); }
   void begin(scheduler::RequestId id, int64_t prompt_tokens);  // a request arrived
   // After a step ran: the prefill chunks in it advance their requests. `now` for tests.
-  void step(const scheduler::SchedulerOutput& out, Clock::time_point now = Clock::now());
+  void step(const scheduler::StepPlan& out, Clock::time_point now = Clock::now());
   void end(scheduler::RequestId id);  // finished, aborted or preempted for good
 
  private:

@@ -8,8 +8,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-scheduler::SchedulerOutput chunk(scheduler::RequestId id, int64_t start, int32_t n) {
-  scheduler::SchedulerOutput out;
+scheduler::StepPlan chunk(scheduler::RequestId id, int64_t start, int32_t n) {
+  scheduler::StepPlan out;
   scheduler::ScheduledSequence s;
   s.id = id;
   s.start = start;

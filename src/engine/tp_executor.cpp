@@ -1,6 +1,8 @@
 // engine/tp_executor.cpp: TpExecutor.
 #include "engine/tp_executor.h"
 
+#include "runner/tp_runner.h"
+
 namespace k3::engine {
 
 TpExecutor::TpExecutor(const runner::TpRunner& runner, const cache::CacheConfig& cache, model::KvCacheDtype kv_dtype,
@@ -12,6 +14,8 @@ TpExecutor::TpExecutor(const runner::TpRunner& runner, const cache::CacheConfig&
   });
 }
 
+int32_t TpExecutor::vocab_size() const { return runner_.config().vocab_size; }
+
 TpExecutor::~TpExecutor() {
   // Each rank's storage and graphs are freed on its own device.
   try {
@@ -20,10 +24,11 @@ TpExecutor::~TpExecutor() {
   }
 }
 
-core::Tensor TpExecutor::execute(const BatchPlan& plan) {
+core::Tensor TpExecutor::execute(const StepPlan& plan, core::LogitsAt at) {
+  K3_CHECK(at == core::LogitsAt::host, "TpExecutor: the logits of a tensor-parallel step come to the host");
   core::Tensor logits;
   runner_.run([&](int r, const model::Model&, comm::Communicator&) {
-    core::Tensor mine = ranks_[static_cast<size_t>(r)]->execute(plan);
+    core::Tensor mine = ranks_[static_cast<size_t>(r)]->execute(plan, at);
     if (r == 0) logits = std::move(mine);
   });
   return logits;

@@ -17,7 +17,10 @@
 #include <vector>
 
 #include "engine/model_executor.h"
-#include "runner/tp_runner.h"
+
+namespace k3::runner {
+class TpRunner;
+}
 
 namespace k3::engine {
 
@@ -29,8 +32,8 @@ class TpExecutor final : public Executor {
              int64_t graph_max_model_len = 0);
   ~TpExecutor() override;
 
-  int32_t vocab_size() const override { return runner_.config().vocab_size; }
-  core::Tensor execute(const BatchPlan& plan) override;
+  int32_t vocab_size() const override;
+  core::Tensor execute(const StepPlan& plan, core::LogitsAt at) override;  // at: host only
   void release(scheduler::RequestId id) override;
   bool supports_verify() const override { return true; }
   void commit_verified(std::span<const int32_t> accepted_rows) override;
@@ -38,7 +41,7 @@ class TpExecutor final : public Executor {
   const core::Tensor* hidden_taps() const override { return ranks_.front()->hidden_taps(); }
   model::DecodePathCounters decode_path_counters() const override { return ranks_.front()->decode_path_counters(); }
 
-  int tp() const { return runner_.tp(); }
+  int tp() const { return static_cast<int>(ranks_.size()); }
   ModelExecutor& rank(int r) { return *ranks_.at(static_cast<size_t>(r)); }
 
  private:

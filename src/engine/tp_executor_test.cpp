@@ -15,6 +15,7 @@
 #include "core/rng.h"
 #include "engine/engine.h"
 #include "runner/model_runner.h"
+#include "runner/tp_runner.h"
 
 namespace k3::engine {
 namespace {

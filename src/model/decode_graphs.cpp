@@ -29,7 +29,7 @@ std::vector<Segment> DecodeGraphs::segments(std::span<const SequenceInput> batch
   std::vector<Segment> out;
   for (size_t i = 0; i < batch.size(); ++i) {
     const auto R = static_cast<int64_t>(batch[i].tokens.size()), r = static_cast<int64_t>(i) * R;
-    out.push_back({r, r + R, batch[i].state, StepKind::decode, batch[i].verify});
+    out.push_back({r, r + R, batch[i].state, StepKind::decode, batch[i].verify, batch[i].all_rows_logits()});
   }
   return out;
 }
@@ -58,7 +58,7 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
   model_.memory()->make_current();
   core::DeviceMemory& memory = *model_.memory();
   const auto B = static_cast<int>(batch.size()), R = static_cast<int>(batch[0].tokens.size());
-  const LogitRows rows = verify ? LogitRows::verify : LogitRows::last;
+  const LogitRows rows = verify ? LogitRows::requested : LogitRows::last;
   const std::vector<Segment> segs = segments(batch);
   std::vector<int32_t> ids;
   for (const SequenceInput& in : batch) ids.insert(ids.end(), in.tokens.begin(), in.tokens.end());

@@ -43,7 +43,7 @@ class DecodeGraphs {
   // decode with one token each, or all verify sequences with the same R >= 2 rows (B * R <= kMaxRows).
   bool eligible(std::span<const SequenceInput> batch) const;
   // Model::forward(kv, batch, LogitRows::last) for an eligible plain batch: host f32 logits [B, vocab];
-  // for a verify batch Model::forward(kv, batch, LogitRows::verify, nullptr, capture): logits
+  // for a verify batch Model::forward(kv, batch, LogitRows::requested, nullptr, capture): logits
   // [B * R, vocab], `capture` (required then) filled for Model::commit_verified.
   // With LogitsAt::device the logits stay on the device (valid until the next forward).
   core::Tensor forward(std::span<const SequenceInput> batch, LogitsAt at = LogitsAt::host,

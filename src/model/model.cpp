@@ -130,7 +130,7 @@ core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch,
   for (const SequenceInput& in : batch) {
     const auto begin = static_cast<int64_t>(ids.size());
     ids.insert(ids.end(), in.tokens.begin(), in.tokens.end());
-    segments.push_back({begin, static_cast<int64_t>(ids.size()), in.state, in.kind, in.verify});
+    segments.push_back({begin, static_cast<int64_t>(ids.size()), in.state, in.kind, in.verify, in.all_rows_logits()});
     if (!in.verify) continue;
     K3_CHECK(in.kind == StepKind::decode, "forward: a verify sequence must be of the decode kind");
     K3_CHECK(capture != nullptr, "forward: verify sequences need a VerifyCapture");
@@ -187,7 +187,7 @@ std::vector<int64_t> logit_rows(std::span<const Segment> segments, LogitRows row
   if (rows == LogitRows::all || static_cast<int64_t>(segments.size()) == n) return {};  // every row is a last row
   std::vector<int64_t> keep;
   for (const Segment& s : segments)
-    for (int64_t r = rows == LogitRows::verify && s.verify ? s.row_begin : s.row_end - 1; r < s.row_end; ++r)
+    for (int64_t r = rows == LogitRows::requested && s.all_logits ? s.row_begin : s.row_end - 1; r < s.row_end; ++r)
       keep.push_back(r);
   if (static_cast<int64_t>(keep.size()) == n) keep.clear();
   return keep;

@@ -18,14 +18,12 @@
 
 namespace k3::model {
 
-// Where forward() leaves the logits: downloaded to the host (CPU tensors, what most callers read),
-// or on the model's device (for device-side sampling: valid until the next forward on this model).
-enum class LogitsAt : uint8_t { host, device };
+using core::LogitsAt;  // where forward() leaves the logits (host: what most callers read)
 
 enum class LogitRows : uint8_t {
-  all,     // one row per input token, in batch order
-  last,    // the last token of each sequence
-  verify,  // every row of a verify sequence (SequenceInput::verify), the last row of the others
+  all,        // one row per input token, in batch order
+  last,       // the last token of each sequence
+  requested,  // every row of a sequence that asks for them (SequenceInput::all_rows_logits()), the last of the others
 };
 
 // The rows of a step whose logits `rows` asks for, in order; empty when that is every row.

@@ -19,6 +19,7 @@
 
 #include "checkpoint/test_util.h"
 #include "core/rng.h"
+#include "engine/one_shot.h"
 #include "model/local_cache.h"
 #include "runner/logits_diff_test_util.h"
 #include "runner/model_runner.h"
@@ -164,12 +165,12 @@ TEST_F(TpDcp, MixedBatchMatchesTp1Fp32) {
 TEST_F(TpDcp, GreedyGenerationIsIdenticalFp32) {
   const auto dir = write(checkpoint::InitStyle::sensitive, "greedy");
   const auto prompt = random_tokens(30, 1024, 5);
-  const std::vector<int32_t> want =
-      ModelRunner::open(dir, tp_test_options(kernels::Precision::fp32, 1))->generate(prompt, 40, {});
+  const std::vector<int32_t> want = engine::generate(
+      *ModelRunner::open(dir, tp_test_options(kernels::Precision::fp32, 1)), prompt, 40, {});
   ASSERT_EQ(want.size(), 40u);  // no eos this early on this random model and prompt
   for (int tp : {2, 4}) {
     const auto r = TpRunner::open(dir, tp, tp_test_options(kernels::Precision::fp32, tp));
-    EXPECT_EQ(r->generate(prompt, 40, {}), want) << "tp=dcp=" << tp;
+    EXPECT_EQ(engine::generate(*r, prompt, 40, {}), want) << "tp=dcp=" << tp;
   }
 }
 

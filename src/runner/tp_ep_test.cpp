@@ -19,6 +19,7 @@
 #include "comm/thread_comm.h"
 #include "config/config_test_util.h"
 #include "config/shard.h"
+#include "engine/one_shot.h"
 #include "runner/logits_diff_test_util.h"
 #include "runner/model_runner.h"
 #include "runner/tp_runner.h"
@@ -57,7 +58,7 @@ Diff ep_against_tp1(const std::filesystem::path& dir, int tp, kernels::Precision
   const auto ep = TpRunner::open(dir, tp, tp_test_options(p, 1, true));
   EXPECT_TRUE(ep->expert_parallel());
   EXPECT_EQ(ep->rank_config().moe.held_experts(), ref->config().moe.num_experts / tp);
-  return compare(ep->logits(tokens, prefill), ref->logits(tokens, prefill));
+  return compare(engine::logits(*ep, tokens, prefill), engine::logits(*ref, tokens, prefill));
 }
 
 TEST_F(TpEp, Tp2And4MatchTp1Fp32) {
@@ -89,10 +90,11 @@ TEST_F(TpEp, GreedyGenerationIsIdenticalFp32) {
   const auto dir = write(config::builtin_config("k3-tiny"), false, checkpoint::InitStyle::sensitive, "tiny");
   const auto prompt = random_tokens(30, 1024, 33);
   const auto fp32 = kernels::Precision::fp32;
-  const std::vector<int32_t> want = ModelRunner::open(dir, tp_test_options(fp32))->generate(prompt, 12, {});
+  const std::vector<int32_t> want = engine::generate(*ModelRunner::open(dir, tp_test_options(fp32)), prompt, 12, {});
   ASSERT_EQ(want.size(), 12u);
   for (int tp : {2, 4})
-    EXPECT_EQ(TpRunner::open(dir, tp, tp_test_options(fp32, 1, true))->generate(prompt, 12, {}), want) << "tp=" << tp;
+    EXPECT_EQ(engine::generate(*TpRunner::open(dir, tp, tp_test_options(fp32, 1, true)), prompt, 12, {}), want)
+        << "tp=" << tp;
 }
 
 // TP=8 with one whole expert per rank (an 8-head, 8-expert variant of k3-tiny-mxfp4).

@@ -1,8 +1,6 @@
 // runner/tp_runner.cpp: TpRunner: rank models in lock step, on CPU threads or one thread per GPU.
 #include "runner/tp_runner.h"
 
-#include <chrono>
-#include <cstring>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -222,79 +220,6 @@ model::LocalCache TpRunner::new_cache(int rank, int64_t max_tokens) const {
   // Under decode context parallelism a rank stores ceil(max_tokens / dcp) of the sequence's tokens.
   const int64_t local = (max_tokens + options_.dcp - 1) / options_.dcp;
   return model::LocalCache(rank_config_, 1, local, kv_cache_, 16, memory(rank), options_.precision);
-}
-
-void TpRunner::check_ids(std::span<const int32_t> tokens) const {
-  K3_CHECK(!tokens.empty(), "no token ids given");
-  for (int32_t id : tokens)  // against the full vocabulary, not a rank's slice of it
-    K3_CHECK(id >= 0 && id < full_.vocab_size, "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                                   std::to_string(full_.vocab_size) + ")");
-}
-
-core::Tensor TpRunner::logits(std::span<const int32_t> tokens, int64_t decode_from) const {
-  check_ids(tokens);
-  const auto T = static_cast<int64_t>(tokens.size());
-  K3_CHECK(decode_from >= 0 && decode_from <= T,
-           "--decode-from must be in [0, " + std::to_string(T) + "], got " + std::to_string(decode_from));
-  const int64_t V = full_.vocab_size;
-  core::Tensor out = core::Tensor::zeros(core::DType::f32, {T, V});
-  run([&](int rank, const model::Model& m, comm::Communicator&) {
-    model::LocalCache cache = new_cache(rank, T);
-    model::SequenceState state = cache.new_sequence();
-    auto step = [&](int64_t begin, int64_t count, model::StepKind kind) {
-      const model::SequenceInput in{tokens.subspan(static_cast<size_t>(begin), static_cast<size_t>(count)), &state,
-                                    kind};
-      const core::Tensor rows = m.forward(cache.storage(), {&in, 1}, model::LogitRows::all);
-      if (rank == 0)  // every rank holds the same gathered logits
-        std::memcpy(out.data<float>() + begin * V, rows.data<const float>(),
-                    static_cast<size_t>(rows.numel()) * sizeof(float));
-    };
-    if (decode_from > 0) step(0, decode_from, model::StepKind::prefill);
-    for (int64_t t = decode_from; t < T; ++t) step(t, 1, model::StepKind::decode);
-  });
-  return out;
-}
-
-std::vector<int32_t> TpRunner::generate(std::span<const int32_t> prompt, int64_t max_tokens,
-                                        const SamplingParams& sampling, const std::function<void(int32_t)>& on_token,
-                                        ModelRunner::GenerateStats* stats) const {
-  check_ids(prompt);
-  K3_CHECK(max_tokens >= 0, "max_tokens must be >= 0, got " + std::to_string(max_tokens));
-  using clock = std::chrono::steady_clock;
-  std::vector<int32_t> out;  // rank 0's
-  ModelRunner::GenerateStats st;
-  st.prompt_tokens = static_cast<int64_t>(prompt.size());
-  if (max_tokens > 0) {
-    run([&](int rank, const model::Model& m, comm::Communicator&) {
-      // Every rank holds the same all-gathered logits, so every rank's sampler (same seed) draws
-      // the same token: no broadcast, and the ranks never wait on rank 0's host work.
-      Sampler sampler(sampling, static_cast<int32_t>(full_.vocab_size));
-      std::vector<int32_t> mine;
-      model::LocalCache cache = new_cache(rank, static_cast<int64_t>(prompt.size()) + max_tokens);
-      model::SequenceState state = cache.new_sequence();
-      auto t0 = clock::now();
-      model::SequenceInput in{prompt, &state, model::StepKind::prefill};
-      core::Tensor logits = m.forward(cache.storage(), {&in, 1}, model::LogitRows::last);
-      if (rank == 0) st.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
-      t0 = clock::now();
-      int32_t next = 0;
-      for (int64_t n = 1;; ++n) {
-        next = sampler.sample(logits.span<const float>(), prompt, mine).token;
-        mine.push_back(next);
-        if (rank == 0 && on_token) on_token(next);
-        if (n >= max_tokens || next == full_.eos_token_id) break;
-        in = {std::span<const int32_t>(&next, 1), &state, model::StepKind::decode};
-        logits = m.forward(cache.storage(), {&in, 1}, model::LogitRows::last);
-      }
-      if (rank == 0) {
-        st.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
-        out = std::move(mine);
-      }
-    });
-  }
-  st.generated_tokens = static_cast<int64_t>(out.size());
-  if (stats) *stats = st;
-  return out;
 }
 
 }  // namespace k3::runner

@@ -11,7 +11,8 @@
 // Each rank holds config::shard_config(full, tp) and its weight slices, read straight from the
 // mmap'd checkpoint (checkpoint::load_weights with a TpShard), and its own caches. Every call runs
 // all ranks through the same forward() sequence; the logits every rank ends with are the same
-// (all-gathered), and rank 0's are returned. In generate(), rank 0 samples and broadcasts the token.
+// (all-gathered). engine::TpExecutor runs engine steps on the ranks (engine/one_shot.h for the CLI's
+// generate and logits).
 //
 // Expert parallelism (options.expert_parallel, tp > 1): rank r holds the whole routed experts
 // [r * E / tp, (r + 1) * E / tp) instead of a slice of every expert (config::ShardOptions); the
@@ -66,15 +67,6 @@ class TpRunner {
   const model::Model& model(int rank) const;
   model::KvCacheDtype kv_cache() const { return kv_cache_; }
 
-  // Like ModelRunner: logits [T, vocab] of every position, the first decode_from tokens in one
-  // prefill, the rest one at a time through the decode path.
-  core::Tensor logits(std::span<const int32_t> tokens, int64_t decode_from) const;
-  // Like ModelRunner::generate; on_token is called from rank 0's thread. Every rank samples the
-  // (identical, all-gathered) logits with its own copy of the sampler, so no token is broadcast.
-  std::vector<int32_t> generate(std::span<const int32_t> prompt, int64_t max_tokens, const SamplingParams& sampling,
-                                const std::function<void(int32_t)>& on_token = nullptr,
-                                ModelRunner::GenerateStats* stats = nullptr) const;
-
   // Runs fn(rank, model, comm) on every rank at once, one thread each, and joins them; the models'
   // collectives pair up across the threads, so every rank must make the same forward() calls.
   // Tests and benchmarks use it to drive forward() with their own caches (new_cache(), or a
@@ -95,8 +87,7 @@ class TpRunner {
 
  private:
   struct Rank;
-  struct Group;  // the ranks' communicators: comm::ThreadGroup or comm::NcclGroup
-  void check_ids(std::span<const int32_t> tokens) const;
+  struct Group;               // the ranks' communicators: comm::ThreadGroup or comm::NcclGroup
   void build_models() const;  // (re)creates the group and every rank's Model on it
 
   config::K3Config full_, rank_config_;

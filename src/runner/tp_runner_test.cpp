@@ -24,6 +24,7 @@
 #include "comm/thread_comm.h"
 #include "config/config_test_util.h"
 #include "core/rng.h"
+#include "engine/one_shot.h"
 #include "model/local_cache.h"
 #include "runner/logits_diff_test_util.h"
 #include "runner/model_runner.h"
@@ -102,7 +103,7 @@ TEST_F(TpTiny, OneRankGroupIsThePlainModelBitForBit) {
     const auto plain = ModelRunner::open(dir, tp_test_options(p));
     const auto tp1 = TpRunner::open(dir, 1, tp_test_options(p));
     const auto tokens = random_tokens(40, 1024, 3);
-    const core::Tensor a = plain->logits(tokens, 30), b = tp1->logits(tokens, 30);
+    const core::Tensor a = engine::logits(*plain, tokens, 30), b = engine::logits(*tp1, tokens, 30);
     ASSERT_EQ(a.shape(), b.shape());
     EXPECT_EQ(std::memcmp(a.data<void>(), b.data<void>(), static_cast<size_t>(a.nbytes())), 0);
   }
@@ -188,14 +189,14 @@ TEST_F(TpTiny, GreedyGenerationIsIdenticalFp32) {
   const auto dir = write(config::builtin_config("k3-tiny"), false, checkpoint::InitStyle::sensitive, "tiny");
   const auto prompt = random_tokens(30, 1024, 5);
   const auto plain = ModelRunner::open(dir, tp_test_options(kernels::Precision::fp32));
-  const std::vector<int32_t> want = plain->generate(prompt, 12, {});
+  const std::vector<int32_t> want = engine::generate(*plain, prompt, 12, {});
   ASSERT_EQ(want.size(), 12u);  // the random model never emits eos this early with this prompt
   for (int tp : {2, 4}) {
     const auto r = TpRunner::open(dir, tp, tp_test_options(kernels::Precision::fp32));
     std::vector<int32_t> streamed;
-    ModelRunner::GenerateStats st;
-    EXPECT_EQ(r->generate(
-                  prompt, 12, {}, [&](int32_t t) { streamed.push_back(t); }, &st),
+    engine::GenerateStats st;
+    EXPECT_EQ(engine::generate(
+                  *r, prompt, 12, {}, [&](int32_t t) { streamed.push_back(t); }, &st),
               want)
         << "tp=" << tp;
     EXPECT_EQ(streamed, want);
@@ -211,7 +212,7 @@ TEST_F(TpTiny, Tp8MatchesTp1Fp32WithMxfp4Experts) {
   const auto prompt = random_tokens(20, 1024, 7);
   const auto plain = ModelRunner::open(dir, tp_test_options(kernels::Precision::fp32));
   const auto r = TpRunner::open(dir, 8, tp_test_options(kernels::Precision::fp32));
-  EXPECT_EQ(r->generate(prompt, 8, {}), plain->generate(prompt, 8, {}));
+  EXPECT_EQ(engine::generate(*r, prompt, 8, {}), engine::generate(*plain, prompt, 8, {}));
 }
 
 TEST_F(TpTiny, TeacherForcedLogitsMatchModelRunnerAndAcceptIdsOfOtherSlices) {
@@ -220,7 +221,7 @@ TEST_F(TpTiny, TeacherForcedLogitsMatchModelRunnerAndAcceptIdsOfOtherSlices) {
   const auto r = TpRunner::open(dir, 4, tp_test_options(kernels::Precision::fp32));
   EXPECT_EQ(r->rank_config().vocab_size, 256);
   const std::vector<int32_t> tokens = {1023, 0, 255, 256, 767, 768, 512, 9};  // every rank's edges
-  const Diff d = compare(r->logits(tokens, 5), plain->logits(tokens, 5));
+  const Diff d = compare(engine::logits(*r, tokens, 5), engine::logits(*plain, tokens, 5));
   EXPECT_LT(d.rel, 1e-5);
   EXPECT_EQ(d.top1, 1.0);
 }
@@ -254,7 +255,7 @@ TEST_F(TpTiny, ErrorsNameTheProblem) {
                  {"rank 1 of 2", "1024 embedding rows", "vocab_size 512"});
   }
   const auto r = TpRunner::open(dir, 2, o);
-  expect_error([&] { r->logits(std::vector<int32_t>{3, 1024}, 2); }, {"token id 1024", "[0, 1024)"});
+  expect_error([&] { engine::logits(*r, std::vector<int32_t>{3, 1024}, 2); }, {"token id 1024", "[0, 1024)"});
   // A rank that fails releases the others; the runner then works on a fresh group.
   expect_error(
       [&] {
@@ -266,7 +267,7 @@ TEST_F(TpTiny, ErrorsNameTheProblem) {
       {"rank 1 gives up"});
   const auto tokens = random_tokens(12, 1024, 8);
   const auto plain = ModelRunner::open(dir, o);
-  EXPECT_GE(compare(r->logits(tokens, 8), plain->logits(tokens, 8)).top1, 0.99);
+  EXPECT_GE(compare(engine::logits(*r, tokens, 8), engine::logits(*plain, tokens, 8)).top1, 0.99);
 }
 
 }  // namespace

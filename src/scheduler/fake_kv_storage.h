@@ -19,7 +19,7 @@
 
 #include "cache/cache_config.h"
 #include "core/error.h"
-#include "scheduler/scheduler_output.h"
+#include "scheduler/step_plan.h"
 
 namespace k3::scheduler::testing {
 
@@ -51,7 +51,7 @@ class FakeKvStorage {
 
   // Runs one step: slot preparation, "forward" of every sequence, checkpoint saves; appends
   // one sampled token per sampling sequence. Throws core::Error describing any inconsistency.
-  void run_step(const SchedulerOutput& out, const TokensOf& tokens_of, std::vector<int32_t>& sampled) {
+  void run_step(const StepPlan& out, const TokensOf& tokens_of, std::vector<int32_t>& sampled) {
     for (RequestId id : out.preempted) seqs_.erase(id);
     // 1. Slots, for every sequence, before any forward (restores read checkpoints first).
     for (const ScheduledSequence& s : out.seqs) {

@@ -39,12 +39,18 @@ enum class FinishReason : uint8_t {
 const char* to_string(FinishReason r);
 
 // What the scheduler needs of a request; sampling lives in the engine.
+// Which logits rows of a request's steps come back to the host for the engine to hand out (the
+// Engine's on_logits): none (then the sampler may run on the device), the rows it samples from, or
+// every row of its prefill chunks too (scoring a prompt: vLLM's prompt_logprobs).
+enum class LogitsOut : uint8_t { none, sampled, every_row };
+
 struct RequestSpec {
   std::vector<int32_t> prompt;
   int64_t max_tokens = 0;               // >= 1
   std::vector<int32_t> stop_token_ids;  // finish (reason stop) after sampling one of these
   int32_t eos_token_id = -1;            // the model's eos; -1: none
   bool ignore_eos = false;
+  LogitsOut logits_out = LogitsOut::none;
 };
 
 // Per-request statistics, written by the step loop only (no locks) and handed out with the

@@ -68,7 +68,7 @@ int64_t Scheduler::chunk_end(const Request& r, int64_t start, int32_t budget) co
   return std::max(end, start);
 }
 
-void Scheduler::preempt(Request& r, SchedulerOutput& out) {
+void Scheduler::preempt(Request& r, StepPlan& out) {
   auto to_preempted = [&](auto&& s) {
     cache_.close(s.cache);
     return Preempted{};
@@ -82,7 +82,7 @@ void Scheduler::preempt(Request& r, SchedulerOutput& out) {
   ++counters_.preemptions;
 }
 
-bool Scheduler::reserve_or_preempt(Request& r, int64_t num_tokens, SchedulerOutput& out) {
+bool Scheduler::reserve_or_preempt(Request& r, int64_t num_tokens, StepPlan& out) {
   Running& run = *r.running();
   while (!cache_.reserve(run.cache, num_tokens)) {
     Request* victim = nullptr;  // the latest admitted request this step has not scheduled
@@ -98,7 +98,7 @@ bool Scheduler::reserve_or_preempt(Request& r, int64_t num_tokens, SchedulerOutp
 }
 
 void Scheduler::emit(Request& r, int64_t start, int64_t end, size_t blocks_before, SlotInit init, int32_t restore,
-                     SchedulerOutput& out, std::span<const int32_t> drafts) {
+                     StepPlan& out, std::span<const int32_t> drafts) {
   Running& run = *r.running();
   const auto k = static_cast<int64_t>(drafts.size());
   // (drafts_that_fit keeps a verify step's end off checkpoint boundaries)
@@ -123,11 +123,14 @@ void Scheduler::emit(Request& r, int64_t start, int64_t end, size_t blocks_befor
   s.restore_checkpoint = restore;
   s.save_checkpoint = run.cache.pending_checkpoint;
   s.sample = end == r.num_tokens();
+  s.logits_out = r.spec().logits_out;
   r.last_scheduled_step = step_;
   scheduled_.push_back(&r);
   out.seqs.push_back(s);
   out.num_tokens += s.num_tokens;
   out.num_samples += s.sample ? 1 : 0;
+  out.num_logit_rows += s.logit_rows();
+  out.host_logits |= s.logits_out != LogitsOut::none;
   if (s.kind == StepKind::decode) {
     ++out.num_decodes;
     counters_.decode_tokens += s.num_tokens;
@@ -141,7 +144,7 @@ void Scheduler::emit(Request& r, int64_t start, int64_t end, size_t blocks_befor
   }
 }
 
-void Scheduler::admit(SchedulerOutput& out, int32_t& budget, int32_t& prefills) {
+void Scheduler::admit(StepPlan& out, int32_t& budget, int32_t& prefills) {
   while (!waiting_.empty() && num_running() < config_.max_num_seqs && prefills < config_.max_partial_prefills &&
          budget > 0) {
     Request& r = *waiting_.front();
@@ -208,7 +211,7 @@ int32_t Scheduler::drafts_that_fit(const Request& r, int32_t budget) const {
   return static_cast<int32_t>(std::max<int64_t>(k, 0));
 }
 
-void Scheduler::schedule(SchedulerOutput& out) {
+void Scheduler::schedule(StepPlan& out) {
   K3_CHECK(!in_flight_, "Scheduler::schedule: the previous step was neither updated nor failed");
   out.clear();
   out.step = ++step_;
@@ -295,12 +298,11 @@ void Scheduler::finish(Request& r, FinishReason reason, int32_t token, std::vect
   done_.push_back(&r);
 }
 
-void Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> sampled,
-                       std::vector<RequestEvent>& events) {
+void Scheduler::update(const StepPlan& out, std::span<const int32_t> sampled, std::vector<RequestEvent>& events) {
   update(out, sampled, {}, events);
 }
 
-void Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> sampled, std::span<const int32_t> accepted,
+void Scheduler::update(const StepPlan& out, std::span<const int32_t> sampled, std::span<const int32_t> accepted,
                        std::vector<RequestEvent>& events) {
   K3_CHECK(in_flight_ && out.step == step_ && out.seqs.size() == scheduled_.size(),
            "Scheduler::update: not the output of the step in flight");
@@ -371,7 +373,7 @@ void Scheduler::update(const SchedulerOutput& out, std::span<const int32_t> samp
   }
 }
 
-void Scheduler::fail_step(const SchedulerOutput& out, std::vector<RequestEvent>& events) {
+void Scheduler::fail_step(const StepPlan& out, std::vector<RequestEvent>& events) {
   K3_CHECK(in_flight_ && out.step == step_, "Scheduler::fail_step: not the output of the step in flight");
   for (Request* r : scheduled_) finish(*r, FinishReason::error, -1, events);
   in_flight_ = false;

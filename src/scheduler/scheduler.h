@@ -23,7 +23,7 @@
 #include "cache/kv_cache_manager.h"
 #include "scheduler/request.h"
 #include "scheduler/scheduler_config.h"
-#include "scheduler/scheduler_output.h"
+#include "scheduler/step_plan.h"
 
 namespace k3::scheduler {
 
@@ -71,20 +71,20 @@ class Scheduler {
   void set_drafts(RequestId id, std::span<const int32_t> drafts);
 
   // Plans the next step into `out` (cleared first; reuse it across steps).
-  void schedule(SchedulerOutput& out);
+  void schedule(StepPlan& out);
   // Applies a step's results: `sampled` has one token per sequence with sample = true, in
   // order. Advances computed tokens, registers full blocks and checkpoints in the prefix
   // cache, appends tokens, finishes requests (stop / length), and appends their events.
-  void update(const SchedulerOutput& out, std::span<const int32_t> sampled, std::vector<RequestEvent>& events);
+  void update(const StepPlan& out, std::span<const int32_t> sampled, std::vector<RequestEvent>& events);
   // The same with verify sequences: `accepted[j]` drafts of the j-th sampling sequence were
   // accepted (0 for plain ones), and `sampled` holds accepted[j] + 1 tokens for it (the accepted
   // drafts, then the target's own token). Its computed tokens advance by accepted[j] + 1; the
   // tokens are appended one by one, each with its event, until one finishes the request (stop
   // token, max_tokens, max_model_len): the rest are dropped.
-  void update(const SchedulerOutput& out, std::span<const int32_t> sampled, std::span<const int32_t> accepted,
+  void update(const StepPlan& out, std::span<const int32_t> sampled, std::span<const int32_t> accepted,
               std::vector<RequestEvent>& events);
   // The step failed: every request in it finishes with `error` (and frees what it holds).
-  void fail_step(const SchedulerOutput& out, std::vector<RequestEvent>& events);
+  void fail_step(const StepPlan& out, std::vector<RequestEvent>& events);
 
   const Request* find(RequestId id) const;
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
@@ -98,13 +98,13 @@ class Scheduler {
 
  private:
   int64_t chunk_end(const Request& r, int64_t start, int32_t budget) const;
-  bool reserve_or_preempt(Request& r, int64_t num_tokens, SchedulerOutput& out);
-  void preempt(Request& r, SchedulerOutput& out);
-  void emit(Request& r, int64_t start, int64_t end, size_t blocks_before, SlotInit init, int32_t restore,
-            SchedulerOutput& out, std::span<const int32_t> drafts = {});
+  bool reserve_or_preempt(Request& r, int64_t num_tokens, StepPlan& out);
+  void preempt(Request& r, StepPlan& out);
+  void emit(Request& r, int64_t start, int64_t end, size_t blocks_before, SlotInit init, int32_t restore, StepPlan& out,
+            std::span<const int32_t> drafts = {});
   int32_t drafts_that_fit(const Request& r, int32_t budget) const;
   void finish(Request& r, FinishReason reason, int32_t token, std::vector<RequestEvent>& events);
-  void admit(SchedulerOutput& out, int32_t& budget, int32_t& prefills);
+  void admit(StepPlan& out, int32_t& budget, int32_t& prefills);
 
   SchedulerConfig config_;
   cache::KvCacheManager cache_;

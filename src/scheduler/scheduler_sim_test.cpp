@@ -76,7 +76,7 @@ SimResult simulate(const Workload& w, const SimConfig& cfg) {
   testing::FakeKvStorage kv(cfg.cache, kVocab);
   core::Rng abort_rng(cfg.abort_seed);
   SimResult res;
-  SchedulerOutput out;
+  StepPlan out;
   std::vector<RequestEvent> events;
   std::vector<int32_t> sampled;
   std::set<RequestId> live;

@@ -45,7 +45,7 @@ struct Harness {
   explicit Harness(const SchedulerConfig& s = sched_config(), const cache::CacheConfig& c = cache_config())
       : sched(s, c) {}
   Scheduler sched;
-  SchedulerOutput out;
+  StepPlan out;
   std::vector<RequestEvent> events;
 
   // One step in which every sampling sequence gets `tokens_of(seq)` and `accepted_of(seq)`.

@@ -54,7 +54,7 @@ RequestSpec spec(int n, int64_t max_tokens, int32_t seed = 0) {
 struct Harness {
   explicit Harness(const SchedulerConfig& s = sched_config(), const cache::CacheConfig& c = cache_config())
       : sched(s, c), kv(c, 100) {}
-  SchedulerOutput out;
+  StepPlan out;
   std::vector<RequestEvent> events;
   Scheduler sched;
   testing::FakeKvStorage kv;

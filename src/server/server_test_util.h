@@ -56,18 +56,20 @@ class ScriptedExecutor final : public engine::Executor {
 
   int32_t vocab_size() const override { return vocab_; }
   void release(scheduler::RequestId id) override { state_.erase(id); }
-  core::Tensor execute(const engine::BatchPlan& plan) override {
+  core::Tensor execute(const scheduler::StepPlan& plan, core::LogitsAt) override {
     if (delay_.count() > 0) std::this_thread::sleep_for(delay_);  // a slow model, for drain tests
-    core::Tensor logits = core::Tensor::zeros(core::DType::f32, {static_cast<int64_t>(plan.seqs.size()), vocab_});
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
-      const engine::PlannedSequence& q = plan.seqs[i];
+    core::Tensor logits = core::Tensor::zeros(core::DType::f32, {plan.num_logit_rows, vocab_});
+    int64_t row_end = 0;  // past this sequence's rows; its last is the sampled one
+    for (const scheduler::ScheduledSequence& q : plan.seqs) {
+      row_end += q.logit_rows();
       State& st = state_[q.id];
-      if (!st.script) st.prompt.insert(st.prompt.end(), q.tokens.begin(), q.tokens.end());
+      const std::span<const int32_t> tokens = plan.tokens_of(q);
+      if (!st.script) st.prompt.insert(st.prompt.end(), tokens.begin(), tokens.end());
       if (!q.sample) continue;
       if (!st.script) st.script = &pick(st.prompt);
       const std::vector<int32_t>& s = *st.script;
       const int32_t target = s[static_cast<size_t>(st.sampled++ % static_cast<int64_t>(s.size()))];
-      float* row = logits.data<float>() + static_cast<int64_t>(i) * vocab_;
+      float* row = logits.data<float>() + (row_end - 1) * vocab_;
       for (int32_t v = 0; v < vocab_; ++v) row[v] = -0.01f * static_cast<float>((v * 7 + target) % vocab_);
       row[target] = 8.0f;
     }

@@ -215,7 +215,7 @@ TEST_P(EngineSpec, KdaReplayEqualsTokenByTokenDecodeBitForBit) {
     }
   model::VerifyCapture capture;
   model::SequenceInput vin{drafts, &b, model::StepKind::decode, /*verify=*/true};
-  const core::Tensor verify_logits = m.forward(kv, std::span(&vin, 1), model::LogitRows::verify, nullptr, &capture);
+  const core::Tensor verify_logits = m.forward(kv, std::span(&vin, 1), model::LogitRows::requested, nullptr, &capture);
   ASSERT_EQ(verify_logits.dim(0), 5);
   for (int i = 0; i < 3; ++i)
     EXPECT_TRUE(rows_equal(verify_logits, i, decode_logits[static_cast<size_t>(i)], 0)) << "row " << i;
@@ -244,9 +244,9 @@ TEST_P(EngineSpec, KdaReplayEqualsTokenByTokenDecodeBitForBit) {
   EXPECT_TRUE(rows_equal(la, 0, lb, 0));
   // Bad counts are refused.
   model::SequenceInput v2{std::span(drafts).first(2), &b, model::StepKind::decode, true};
-  m.forward(kv, std::span(&v2, 1), model::LogitRows::verify, nullptr, &capture);
+  m.forward(kv, std::span(&v2, 1), model::LogitRows::requested, nullptr, &capture);
   EXPECT_THROW(m.commit_verified(kv, capture, std::vector<int32_t>{3}), core::Error);
-  EXPECT_THROW(m.forward(kv, std::span(&v2, 1), model::LogitRows::verify), core::Error);  // no capture
+  EXPECT_THROW(m.forward(kv, std::span(&v2, 1), model::LogitRows::requested), core::Error);  // no capture
 }
 
 TEST_P(EngineSpec, GreedyOutputsIdenticalWithEveryDrafter) {

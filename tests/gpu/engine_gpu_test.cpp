@@ -13,6 +13,8 @@
 #include "engine/model_executor.h"
 #include "engine/tp_executor.h"
 #include "gpu_test_util.h"
+#include "runner/device_sampler.h"
+#include "runner/tp_runner.h"
 
 namespace k3 {
 namespace {

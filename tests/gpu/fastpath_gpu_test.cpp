@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "engine/one_shot.h"
 #include "gpu_test_util.h"
 #include "model/decode_graphs.h"
 #include "model/local_cache.h"
@@ -43,11 +44,11 @@ TEST(FastPathGpu, FusedKernelsRunAndGreedyFp32EqualsTheStandardPath) {
                       c.kv);
     auto oracle = open(dir, core::Device::cpu, kernels::Precision::fp32, model::DecodeBackend::standard, c.kv);
     std::string plans;
-    fused->set_explain([&](const std::string& s) { plans += s; });
     const auto prompt = random_tokens(40, fused->config().vocab_size, 11);
-    const auto want = standard->generate(prompt, 120, {});
-    const auto got = fused->generate(prompt, 120, {});
-    const auto cpu = oracle->generate(prompt, 120, {});
+    const auto want = engine::generate(*standard, prompt, 120, {});
+    const auto got = engine::generate(*fused, prompt, 120, {}, nullptr, nullptr,
+                                      [&](const std::string& s) { plans += s; });
+    const auto cpu = engine::generate(*oracle, prompt, 120, {});
     EXPECT_EQ(got, want);
     EXPECT_EQ(got, cpu);
     const auto at = plans.find("first decode step, 1 row: decode path latency_specialized (fused)");
@@ -103,7 +104,7 @@ TEST(FastPathGpu, VerifyAndCommitGraphsEqualEagerStepsFp32) {
           out.push_back(g.forward(verify, model::LogitsAt::host, &capture));
           g.commit_verified(capture, accepted[round]);
         } else {
-          out.push_back(m.forward(cache.storage(), verify, model::LogitRows::verify, nullptr, &capture));
+          out.push_back(m.forward(cache.storage(), verify, model::LogitRows::requested, nullptr, &capture));
           m.commit_verified(cache.storage(), capture, accepted[round]);
         }
       }
@@ -146,7 +147,7 @@ TEST(FastPathGpu, Bf16DecodeLogitsAreAsCloseToTheOracleAsTheStandardPath) {
     auto oracle = open(dir, core::Device::cpu, bf16, model::DecodeBackend::standard, model::KvCacheDtype::bf16);
     const auto tokens = random_tokens(260, fused->config().vocab_size, 12);
     const auto decode_rows = [&](runner::ModelRunner& r) {  // rows 100..259: one decode step each
-      return model::row_slice(r.logits(tokens, 100), 100, 260);
+      return model::row_slice(engine::logits(r, tokens, 100), 100, 260);
     };
     const core::Tensor cpu = decode_rows(*oracle), want = decode_rows(*standard), got = decode_rows(*fused);
     EXPECT_EQ(fused->model().decode_path_counters().fused_steps, 160);

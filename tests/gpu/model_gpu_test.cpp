@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "engine/one_shot.h"
 #include "gpu_test_util.h"
 #include "model/local_cache.h"
 
@@ -55,7 +56,7 @@ TEST_P(ModelGpu, LogitsMatchOracleBf16) {
   K3_REQUIRE_GPU();
   RunnerPair r(checkpoint(), kernels::Precision::bf16, GetParam().kv);
   const auto tokens = random_tokens(250, r.cpu->config().vocab_size, 11);
-  const core::Tensor want = r.cpu->logits(tokens, 150), got = r.gpu->logits(tokens, 150);
+  const core::Tensor want = engine::logits(*r.cpu, tokens, 150), got = engine::logits(*r.gpu, tokens, 150);
   const testing::Diff d = compare(got, want);
   const auto [decided_agree, decided] = decided_top1_agreement(got, want, 0.02f * static_cast<float>(d.scale));
   const double rel_l2 = gpu_test::rel_l2(got, want);
@@ -78,7 +79,7 @@ TEST_P(ModelGpu, GreedyGenerationMatchesOracleFp32) {
   const auto prompt = random_tokens(37, r.cpu->config().vocab_size, 5);
   runner::SamplingParams greedy;
   greedy.temperature = 0;
-  const auto want = r.cpu->generate(prompt, 200, greedy), got = r.gpu->generate(prompt, 200, greedy);
+  const auto want = engine::generate(*r.cpu, prompt, 200, greedy), got = engine::generate(*r.gpu, prompt, 200, greedy);
   ASSERT_EQ(got.size(), want.size());
   size_t first_diff = got.size();
   for (size_t i = 0; i < got.size(); ++i)

@@ -13,6 +13,7 @@
 
 #include "config/config_test_util.h"
 #include "core/rng.h"
+#include "engine/one_shot.h"
 #include "gpu_test_util.h"
 #include "runner/tp_runner.h"
 
@@ -56,7 +57,7 @@ TEST_F(TpGpu, Fp32LogitsMatchCpuTpGroup) {
     auto gpu = runner::TpRunner::open(dir, tp, options(core::Device::cuda, kernels::Precision::fp32),
                                       KvCacheDtype::bf16);
     const auto tokens = random_tokens(100, cpu->config().vocab_size, 3);
-    const core::Tensor want = cpu->logits(tokens, 60), got = gpu->logits(tokens, 60);
+    const core::Tensor want = engine::logits(*cpu, tokens, 60), got = engine::logits(*gpu, tokens, 60);
     const testing::Diff d = testing::compare(got, want);
     std::printf("tp %d fp32 GPU vs CPU group: max_abs %.3g (scale %.3g), min row cosine %.9f, top-1 %.4f\n", tp,
                 d.max_abs, d.scale, d.cosine, d.top1_agreement);
@@ -76,9 +77,9 @@ TEST_F(TpGpu, Fp32GreedyMatchesCpuTp1) {
                                       KvCacheDtype::bf16);
     const auto prompt = random_tokens(29, cpu->config().vocab_size, 8);
     runner::SamplingParams greedy;
-    const auto want = cpu->generate(prompt, 120, greedy);
+    const auto want = engine::generate(*cpu, prompt, 120, greedy);
     std::vector<int32_t> streamed;
-    const auto got = gpu->generate(prompt, 120, greedy, [&](int32_t t) { streamed.push_back(t); });
+    const auto got = engine::generate(*gpu, prompt, 120, greedy, [&](int32_t t) { streamed.push_back(t); });
     EXPECT_EQ(got, want) << "tp " << tp;
     EXPECT_EQ(streamed, got) << "tp " << tp << ": on_token saw other tokens";
   }
@@ -94,7 +95,7 @@ TEST_F(TpGpu, Bf16LogitsCloseToTp1) {
     auto many = runner::TpRunner::open(dir, tp, options(core::Device::cuda, kernels::Precision::bf16),
                                        KvCacheDtype::fp8_e4m3);
     const auto tokens = random_tokens(160, one->config().vocab_size, 21);
-    const core::Tensor want = one->logits(tokens, 100), got = many->logits(tokens, 100);
+    const core::Tensor want = engine::logits(*one, tokens, 100), got = engine::logits(*many, tokens, 100);
     const testing::Diff d = testing::compare(got, want);
     const auto [decided_agree, decided] = decided_top1_agreement(got, want, 0.02f * static_cast<float>(d.scale));
     std::printf("tp %d bf16 vs tp 1: min row cosine %.5f, top-1 %.4f (all rows), %.4f (%lld decided rows)\n", tp,
@@ -126,7 +127,7 @@ TEST_F(TpGpu, DcpFp32LogitsMatchCpuDcpGroup) {
                                       KvCacheDtype::bf16);
     ASSERT_EQ(gpu->dcp(), tp);
     const auto tokens = random_tokens(97, cpu->config().vocab_size, 5);
-    const core::Tensor want = cpu->logits(tokens, 57), got = gpu->logits(tokens, 57);
+    const core::Tensor want = engine::logits(*cpu, tokens, 57), got = engine::logits(*gpu, tokens, 57);
     const testing::Diff d = testing::compare(got, want);
     std::printf("tp %d dcp fp32 GPU vs CPU group: max_abs %.3g (scale %.3g), min row cosine %.9f, top-1 %.4f\n", tp,
                 d.max_abs, d.scale, d.cosine, d.top1_agreement);
@@ -145,7 +146,7 @@ TEST_F(TpGpu, DcpFp32GreedyMatchesCpuTp1) {
                                       KvCacheDtype::bf16);
     const auto prompt = random_tokens(37, cpu->config().vocab_size, 9);
     runner::SamplingParams greedy;
-    EXPECT_EQ(gpu->generate(prompt, 120, greedy), cpu->generate(prompt, 120, greedy)) << "tp " << tp;
+    EXPECT_EQ(engine::generate(*gpu, prompt, 120, greedy), engine::generate(*cpu, prompt, 120, greedy)) << "tp " << tp;
   }
 }
 
@@ -158,7 +159,7 @@ TEST_F(TpGpu, DcpBf16LogitsCloseToTp1) {
     auto many = runner::TpRunner::open(dir, tp, dcp_options(core::Device::cuda, kernels::Precision::bf16, tp),
                                        KvCacheDtype::fp8_e4m3);
     const auto tokens = random_tokens(160, one->config().vocab_size, 23);
-    const core::Tensor want = one->logits(tokens, 100), got = many->logits(tokens, 100);
+    const core::Tensor want = engine::logits(*one, tokens, 100), got = engine::logits(*many, tokens, 100);
     const testing::Diff d = testing::compare(got, want);
     const auto [decided_agree, decided] = decided_top1_agreement(got, want, 0.02f * static_cast<float>(d.scale));
     std::printf("tp %d dcp bf16 vs tp 1: min row cosine %.5f, top-1 %.4f (all rows), %.4f (%lld decided rows)\n", tp,
@@ -191,7 +192,7 @@ TEST_F(TpGpu, EpFp32LogitsMatchCpuEpGroup) {
                                       KvCacheDtype::bf16);
     ASSERT_TRUE(gpu->expert_parallel());
     const auto tokens = random_tokens(100, cpu->config().vocab_size, 13);
-    const core::Tensor want = cpu->logits(tokens, 60), got = gpu->logits(tokens, 60);
+    const core::Tensor want = engine::logits(*cpu, tokens, 60), got = engine::logits(*gpu, tokens, 60);
     const testing::Diff d = testing::compare(got, want);
     std::printf("tp %d ep fp32 GPU vs CPU group: max_abs %.3g (scale %.3g), min row cosine %.9f, top-1 %.4f\n", tp,
                 d.max_abs, d.scale, d.cosine, d.top1_agreement);
@@ -210,7 +211,7 @@ TEST_F(TpGpu, EpFp32GreedyMatchesCpuTp1) {
                                       KvCacheDtype::bf16);
     const auto prompt = random_tokens(31, cpu->config().vocab_size, 14);
     runner::SamplingParams greedy;
-    EXPECT_EQ(gpu->generate(prompt, 120, greedy), cpu->generate(prompt, 120, greedy)) << "tp " << tp;
+    EXPECT_EQ(engine::generate(*gpu, prompt, 120, greedy), engine::generate(*cpu, prompt, 120, greedy)) << "tp " << tp;
   }
 }
 
@@ -223,7 +224,7 @@ TEST_F(TpGpu, EpBf16LogitsCloseToTp1) {
     auto many = runner::TpRunner::open(dir, tp, ep_options(core::Device::cuda, kernels::Precision::bf16),
                                        KvCacheDtype::fp8_e4m3);
     const auto tokens = random_tokens(160, one->config().vocab_size, 25);
-    const core::Tensor want = one->logits(tokens, 100), got = many->logits(tokens, 100);
+    const core::Tensor want = engine::logits(*one, tokens, 100), got = engine::logits(*many, tokens, 100);
     const testing::Diff d = testing::compare(got, want);
     const auto [decided_agree, decided] = decided_top1_agreement(got, want, 0.02f * static_cast<float>(d.scale));
     std::printf("tp %d ep bf16 vs tp 1: min row cosine %.5f, top-1 %.4f (all rows), %.4f (%lld decided rows)\n", tp,

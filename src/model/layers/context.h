@@ -68,6 +68,9 @@ struct SequenceInput {
   // pages get every row). forward() then records the rows' KDA inputs in a VerifyCapture, and
   // Model::commit_verified replays the accepted ones into the slot and sets num_tokens.
   bool verify = false;
+  // Every row's logits are returned, not only the last (scoring a prompt; a verify's rows always are).
+  bool all_logits = false;
+  bool all_rows_logits() const { return verify || all_logits; }
 };
 
 // Called with named intermediates ("kda.o", layer, [rows, width]) so eval can diff
@@ -79,7 +82,8 @@ struct Segment {
   int64_t row_begin = 0, row_end = 0;
   SequenceState* state = nullptr;
   StepKind kind = StepKind::prefill;
-  bool verify = false;  // SequenceInput::verify
+  bool verify = false;      // SequenceInput::verify
+  bool all_logits = false;  // SequenceInput::all_rows_logits()
   int64_t rows() const { return row_end - row_begin; }
 };
 

@@ -1,10 +1,16 @@
-// scheduler/scheduler_output.h: what one step runs, as plain data (no pointers into the
-// scheduler), for the engine to turn into a batch plan.
+// scheduler/step_plan.h: what one step runs, as plain data (no pointers into the scheduler): the
+// one plan of a step. Scheduler::schedule writes it; the engine and its executor only read it.
 //
 // Each scheduled sequence computes tokens [start, start + num_tokens) of its request on top
 // of a KV state that holds tokens [0, start). Decodes come first, then prefill chunks.
-// Flat buffers (tokens, blocks) are shared by all sequences so a reused output allocates
+// Flat buffers (tokens, blocks) are shared by all sequences so a reused plan allocates
 // nothing in steady state.
+//
+// An executor runs it in three phases: before the forward, each fresh sequence's KDA slot is reset
+// or restored from its prefix hit's checkpoint (all before any save, so a checkpoint evicted and
+// reused for a save in the same step is still read intact); the forward over `seqs` in order,
+// returning logit_rows() rows per sequence; after it, each save_checkpoint copy (the state now ends
+// on a boundary).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -28,8 +34,8 @@ struct ScheduledSequence {
   RequestId id = 0;
   int64_t start = 0;         // tokens already in the KV state = position of the first token
   int32_t num_tokens = 0;    // tokens computed this step
-  int32_t token_offset = 0;  // its tokens: SchedulerOutput::tokens[token_offset, +num_tokens)
-  // Pages appended to its block table this step: SchedulerOutput::blocks[block_offset,
+  int32_t token_offset = 0;  // its tokens: StepPlan::tokens[token_offset, +num_tokens)
+  // Pages appended to its block table this step: StepPlan::blocks[block_offset,
   // +num_new_blocks). For a fresh sequence (slot_init != keep) this is the whole table,
   // starting with the prefix hit's shared pages.
   int32_t block_offset = 0;
@@ -44,11 +50,14 @@ struct ScheduledSequence {
   // is sampled and the engine reports how many drafts were accepted (Scheduler::update).
   int32_t num_drafts = 0;
   bool verify() const { return num_drafts > 0; }
+  LogitsOut logits_out = LogitsOut::none;  // the request's (RequestSpec::logits_out)
+  // Logits rows the step returns for it: every row of a verify or an every_row sequence, else the last.
+  int32_t logit_rows() const { return verify() || logits_out == LogitsOut::every_row ? num_tokens : 1; }
 
   bool fresh() const { return slot_init != SlotInit::keep; }
 };
 
-struct SchedulerOutput {
+struct StepPlan {
   uint64_t step = 0;
   std::vector<ScheduledSequence> seqs;  // decodes first, then prefills
   std::vector<int32_t> tokens;
@@ -59,6 +68,8 @@ struct SchedulerOutput {
   int32_t num_samples = 0;       // seqs with sample = true
   int32_t num_verifies = 0;      // seqs with num_drafts > 0
   int64_t num_draft_tokens = 0;  // sum of num_drafts
+  int64_t num_logit_rows = 0;    // sum of seqs[i].logit_rows()
+  bool host_logits = false;      // some sequence's logits are handed out: they must reach the host
 
   bool empty() const { return seqs.empty(); }
   std::span<const int32_t> tokens_of(const ScheduledSequence& s) const {
@@ -73,7 +84,8 @@ struct SchedulerOutput {
     blocks.clear();
     preempted.clear();
     num_decodes = num_prefills = num_samples = num_verifies = 0;
-    num_tokens = num_draft_tokens = 0;
+    num_tokens = num_draft_tokens = num_logit_rows = 0;
+    host_logits = false;
   }
 };
 
