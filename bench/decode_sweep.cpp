@@ -408,9 +408,10 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
     }
     model::KvStorage kv(c, sc, base.memory(), mo.precision);
     std::vector<model::SequenceState> seqs(static_cast<size_t>(maxB));
+    std::vector<int32_t> pages;  // the block tables of seqs view it
     for (const int64_t ctx : o.ctxs) {
       const auto tf = clock_type::now();
-      build_context(memory, kv, c, o.seed, rank, pages_for(ctx), seqs);
+      build_context(memory, kv, c, o.seed, rank, pages_for(ctx), seqs, pages);
       if (record) {
         double mla = 0, kda = 0;
         for (int l = 0; l < c.num_hidden_layers; ++l) {

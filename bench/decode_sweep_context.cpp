@@ -61,7 +61,7 @@ void fill_random(core::DeviceMemory& memory, const core::TensorView& dst, float 
 // saved to checkpoint i), and sequence i's block table = pages_per_seq pages of one shuffle of all
 // the pages. Seeds from (seed, layer, rank) only.
 void build_context(core::DeviceMemory& memory, model::KvStorage& kv, const config::K3Config& c, uint64_t seed, int rank,
-                   int64_t pages_per_seq, std::vector<model::SequenceState>& seqs) {
+                   int64_t pages_per_seq, std::vector<model::SequenceState>& seqs, std::vector<int32_t>& pages) {
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const uint64_t s = seed ^ (static_cast<uint64_t>(l + 1) * 0x100000001b3ull) ^ (static_cast<uint64_t>(rank) << 56);
     if (c.attn_kind(l) == config::AttnKind::mla) {
@@ -71,14 +71,14 @@ void build_context(core::DeviceMemory& memory, model::KvStorage& kv, const confi
       fill_random(memory, kv.conv_states(l).view(), 1.0f, s ^ 0xc0);
     }
   }
-  std::vector<int32_t> pages(static_cast<size_t>(kv.storage_config().num_blocks));  // shuffled: scattered pages
+  pages.resize(static_cast<size_t>(kv.storage_config().num_blocks));  // shuffled: scattered pages
   for (size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<int32_t>(i);
   core::Rng shuffle(seed ^ 0x5eedull);
   for (size_t i = pages.size(); i > 1; --i) std::swap(pages[i - 1], pages[shuffle.next_u64() % i]);
   for (size_t i = 0; i < seqs.size(); ++i) {
     seqs[i].kda_slot = static_cast<int32_t>(i);
-    seqs[i].block_table.assign(pages.begin() + static_cast<int64_t>(i) * pages_per_seq,
-                               pages.begin() + static_cast<int64_t>(i + 1) * pages_per_seq);
+    seqs[i].block_table = std::span<const int32_t>(pages).subspan(i * static_cast<size_t>(pages_per_seq),
+                                                                  static_cast<size_t>(pages_per_seq));
     kv.save_checkpoint(seqs[i].kda_slot, static_cast<int32_t>(i));
   }
   memory.synchronize();

@@ -21,9 +21,10 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 // 0.25..3.75 (never NaN). Filled on every hardware thread, copied to the device in chunks of 256 MiB.
 void fill_random(core::DeviceMemory& memory, const core::TensorView& dst, float amp, uint64_t seed);
 // The context of one ctx for every slot: random pages and slots (KDA slot i saved to checkpoint i), and
-// sequence i's block table = pages_per_seq pages of one shuffle of all the pages.
+// sequence i's block table = pages_per_seq pages of one shuffle of all the pages, held in `pages` (the
+// tables view it: keep it alive while the states are used).
 void build_context(core::DeviceMemory& memory, model::KvStorage& kv, const config::K3Config& c, uint64_t seed, int rank,
-                   int64_t pages_per_seq, std::vector<model::SequenceState>& seqs);
+                   int64_t pages_per_seq, std::vector<model::SequenceState>& seqs, std::vector<int32_t>& pages);
 // Device-to-device copy bandwidth (read + write) of a `bytes` copy, bytes per second (median of 10).
 double measure_copy_bandwidth(core::DeviceMemory& memory, int64_t bytes);
 

@@ -114,6 +114,7 @@ struct Bench {
   model::ModelOptions fused_options;  // the same with decode_backend = latency_specialized
   std::unique_ptr<model::KvStorage> kv;
   std::vector<model::SequenceState> seqs;  // copies x max batch
+  std::vector<int32_t> pages;              // the shuffled page ids their block tables view
   double copy_bytes_per_second = 0;
   nlohmann::json rows = nlohmann::json::array();
   int check_failures = 0;
@@ -562,7 +563,8 @@ int main(int argc, char** argv) {
     sc.num_slots = static_cast<int32_t>(nseq);
     sc.kv_dtype = model::KvCacheDtype::fp8_e4m3;
     b.kv = std::make_unique<model::KvStorage>(b.config, sc, b.memory, b.model_options.precision);
-    std::vector<int32_t> pages(static_cast<size_t>(sc.num_blocks));  // shuffled: pages of a sequence are scattered
+    std::vector<int32_t>& pages = b.pages;  // shuffled: pages of a sequence are scattered
+    pages.resize(static_cast<size_t>(sc.num_blocks));
     for (size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<int32_t>(i);
     core::Rng shuffle(b.opt.seed ^ 0x5eedull);
     for (size_t i = pages.size(); i > 1; --i) std::swap(pages[i - 1], pages[shuffle.next_u64() % i]);
@@ -571,7 +573,8 @@ int main(int argc, char** argv) {
       auto& q = b.seqs[static_cast<size_t>(i)];
       q.num_tokens = b.opt.ctx_tokens;
       q.kda_slot = static_cast<int32_t>(i);
-      q.block_table.assign(pages.begin() + i * pages_per_seq, pages.begin() + (i + 1) * pages_per_seq);
+      q.block_table = std::span<const int32_t>(pages).subspan(static_cast<size_t>(i * pages_per_seq),
+                                                              static_cast<size_t>(pages_per_seq));
     }
 
     b.filler = std::make_unique<Filler>(Filler{*b.memory, b.stream(), b.opt.seed, {}});

@@ -2,6 +2,8 @@
 // from shared pages + a KDA checkpoint computes exactly what an unsplit prefill computes.
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 #include "core/rng.h"
 #include "model/model.h"
 #include "runner/model_runner.h"
@@ -34,11 +36,14 @@ class PagedModel : public ::testing::TestWithParam<kernels::Precision> {
 TEST_P(PagedModel, PrefixHitFromCheckpointEqualsUnsplitPrefillBitForBit) {
   const model::Model& m = runner_->model();
   model::KvStorage kv(runner_->config(), {.num_blocks = 40, .block_size = 16, .num_slots = 3, .num_checkpoints = 2});
+  std::vector<int32_t> pages(40);  // the block tables view it: sequences take runs of it
+  std::iota(pages.begin(), pages.end(), 0);
   auto fresh = [&](int32_t slot, int32_t first_block, int32_t blocks) {
     SequenceState s;
     s.kda_slot = slot;
     kv.reset_slot(slot);
-    for (int32_t b = 0; b < blocks; ++b) s.block_table.push_back(first_block + b);
+    s.block_table = std::span<const int32_t>(pages).subspan(static_cast<size_t>(first_block),
+                                                            static_cast<size_t>(blocks));
     return s;
   };
   // Unsplit: all 150 tokens in one prefill.
@@ -57,9 +62,9 @@ TEST_P(PagedModel, PrefixHitFromCheckpointEqualsUnsplitPrefillBitForBit) {
   SequenceState b;
   b.kda_slot = 2;
   kv.restore_checkpoint(0, b.kda_slot);
-  b.block_table.assign(a.block_table.begin(), a.block_table.end());
-  b.block_table.push_back(30);
-  b.block_table.push_back(31);
+  std::vector<int32_t> b_table(a.block_table.begin(), a.block_table.end());  // A's pages, then two of its own
+  b_table.insert(b_table.end(), {30, 31});
+  b.block_table = b_table;
   b.num_tokens = 128;
   in = {std::span(tokens_).subspan(128), &b, StepKind::prefill};
   const core::Tensor hit = m.forward(kv, {&in, 1}, LogitRows::all);
@@ -79,7 +84,8 @@ TEST_P(PagedModel, BlockTableTooShortIsAClearError) {
   model::KvStorage kv(runner_->config(), {.num_blocks = 4, .block_size = 16, .num_slots = 1});
   SequenceState s;
   s.kda_slot = 0;
-  s.block_table = {0, 1};
+  const std::vector<int32_t> two{0, 1}, three{0, 1, 2};
+  s.block_table = two;
   SequenceInput in{std::span(tokens_).first(40), &s, StepKind::prefill};
   try {
     runner_->model().forward(kv, {&in, 1}, LogitRows::last);
@@ -88,7 +94,7 @@ TEST_P(PagedModel, BlockTableTooShortIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("block table covers 32 tokens"), std::string::npos) << e.what();
   }
   s.kda_slot = 5;
-  s.block_table = {0, 1, 2};
+  s.block_table = three;
   EXPECT_THROW(runner_->model().forward(kv, {&in, 1}, LogitRows::last), core::Error);
 }
 

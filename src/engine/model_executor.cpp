@@ -109,13 +109,11 @@ core::Tensor ModelExecutor::execute(const StepPlan& plan, core::LogitsAt at) {
   }
   s.batch.clear();
   for (const scheduler::ScheduledSequence& q : plan.seqs) {
-    const std::span<const int32_t> new_blocks = plan.new_blocks_of(q);
     model::SequenceState* st = nullptr;
     if (q.fresh()) {
       st = &s.states[q.id];
       st->num_tokens = q.start;
       st->kda_slot = q.kda_slot;
-      st->block_table.assign(new_blocks.begin(), new_blocks.end());
     } else {
       const auto it = s.states.find(q.id);
       K3_CHECK(it != s.states.end(), "ModelExecutor: request " + std::to_string(q.id) + " continues but has no state");
@@ -123,8 +121,8 @@ core::Tensor ModelExecutor::execute(const StepPlan& plan, core::LogitsAt at) {
       K3_CHECK(st->num_tokens == q.start && st->kda_slot == q.kda_slot,
                "ModelExecutor: request " + std::to_string(q.id) + " state holds " + std::to_string(st->num_tokens) +
                    " tokens, the plan starts at " + std::to_string(q.start));
-      st->block_table.insert(st->block_table.end(), new_blocks.begin(), new_blocks.end());
     }
+    st->block_table = plan.blocks_of(q);  // the cache manager's table, valid through this step
     s.batch.push_back(model::SequenceInput{plan.tokens_of(q), st, q.kind, q.verify(),
                                            q.logits_out == scheduler::LogitsOut::every_row});
   }

@@ -10,6 +10,7 @@
 //                      layers) taken at a block-aligned token boundary, for prefix-cache hits
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "config/k3_config.h"
@@ -70,12 +71,14 @@ class KvStorage {
   std::vector<core::Tensor> ckpt_conv_;   // per layer [num_checkpoints, 3, P, K-1]
 };
 
-// What a sequence owns in the storage. The caller (engine or runner) allocates blocks so
-// that block_table covers num_tokens + the step's tokens before each forward.
+// What a sequence owns in the storage. Its block table belongs to whoever allocates the pages (the
+// engine's cache manager, which hands it over in each step's plan; a LocalCache; a test): the state
+// holds a view of it, which must cover num_tokens + the step's tokens and stay valid through the
+// forward (and the commit of a verify step).
 struct SequenceState {
-  int64_t num_tokens = 0;            // tokens already folded into the state
-  int32_t kda_slot = -1;             // KDA slot (every KDA layer)
-  std::vector<int32_t> block_table;  // MLA page ids, in token order (append-only)
+  int64_t num_tokens = 0;                // tokens already folded into the state
+  int32_t kda_slot = -1;                 // KDA slot (every KDA layer)
+  std::span<const int32_t> block_table;  // MLA page ids, in token order
 };
 
 }  // namespace k3::model

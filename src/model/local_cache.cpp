@@ -1,6 +1,8 @@
 // model/local_cache.cpp: LocalCache.
 #include "model/local_cache.h"
 
+#include <numeric>
+
 namespace k3::model {
 
 namespace {
@@ -21,7 +23,10 @@ LocalCache::LocalCache(const config::K3Config& config, int32_t max_sequences, in
                        kernels::Precision precision)
     : storage_(config, local_config(max_sequences, max_tokens_per_sequence, kv_dtype, block_size), std::move(memory),
                precision),
-      blocks_per_sequence_(static_cast<int32_t>((max_tokens_per_sequence + block_size - 1) / block_size)) {}
+      blocks_per_sequence_(static_cast<int32_t>((max_tokens_per_sequence + block_size - 1) / block_size)),
+      tables_(static_cast<size_t>(storage_.storage_config().num_blocks)) {
+  std::iota(tables_.begin(), tables_.end(), 0);
+}
 
 SequenceState LocalCache::new_sequence() {
   K3_CHECK(next_sequence_ < storage_.storage_config().num_slots,
@@ -29,7 +34,8 @@ SequenceState LocalCache::new_sequence() {
   SequenceState s;
   s.kda_slot = next_sequence_;
   storage_.reset_slot(s.kda_slot);
-  for (int32_t b = 0; b < blocks_per_sequence_; ++b) s.block_table.push_back(next_sequence_ * blocks_per_sequence_ + b);
+  s.block_table = std::span<const int32_t>(tables_).subspan(static_cast<size_t>(next_sequence_) * blocks_per_sequence_,
+                                                            static_cast<size_t>(blocks_per_sequence_));
   ++next_sequence_;
   return s;
 }

@@ -10,6 +10,7 @@
 // tokens [0, start) of the request and that its pages hold them too; the "sampled" token is a
 // hash of both, so outputs depend only on the request's tokens when the bookkeeping is right.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -55,7 +56,7 @@ class FakeKvStorage {
     for (RequestId id : out.preempted) seqs_.erase(id);
     // 1. Slots, for every sequence, before any forward (restores read checkpoints first).
     for (const ScheduledSequence& s : out.seqs) {
-      const auto blocks = out.new_blocks_of(s);
+      const auto blocks = out.blocks_of(s);
       if (s.fresh()) {
         Seq& q = seqs_[s.id];
         q.table.assign(blocks.begin(), blocks.end());
@@ -75,7 +76,10 @@ class FakeKvStorage {
         K3_CHECK(q.slot == s.kda_slot, where(s) + "slot changed");
         K3_CHECK(q.num_tokens == s.start, where(s) + "start " + std::to_string(s.start) + " but the state holds " +
                                               std::to_string(q.num_tokens));
-        q.table.insert(q.table.end(), blocks.begin(), blocks.end());
+        // Tables are append-only: this step's is the last one's plus any new pages.
+        K3_CHECK(blocks.size() >= q.table.size() && std::equal(q.table.begin(), q.table.end(), blocks.begin()),
+                 where(s) + "block table is not the previous one extended");
+        q.table.assign(blocks.begin(), blocks.end());
       }
     }
     // 2. Forward: check what is read, write what is computed.

@@ -97,8 +97,8 @@ bool Scheduler::reserve_or_preempt(Request& r, int64_t num_tokens, StepPlan& out
   return true;
 }
 
-void Scheduler::emit(Request& r, int64_t start, int64_t end, size_t blocks_before, SlotInit init, int32_t restore,
-                     StepPlan& out, std::span<const int32_t> drafts) {
+void Scheduler::emit(Request& r, int64_t start, int64_t end, SlotInit init, int32_t restore, StepPlan& out,
+                     std::span<const int32_t> drafts) {
   Running& run = *r.running();
   const auto k = static_cast<int64_t>(drafts.size());
   // (drafts_that_fit keeps a verify step's end off checkpoint boundaries)
@@ -114,9 +114,8 @@ void Scheduler::emit(Request& r, int64_t start, int64_t end, size_t blocks_befor
   out.tokens.insert(out.tokens.end(), tokens.begin() + start, tokens.begin() + end);
   out.tokens.insert(out.tokens.end(), drafts.begin(), drafts.end());
   s.block_offset = static_cast<int32_t>(out.blocks.size());
-  out.blocks.insert(out.blocks.end(), run.cache.blocks.begin() + static_cast<std::ptrdiff_t>(blocks_before),
-                    run.cache.blocks.end());
-  s.num_new_blocks = static_cast<int32_t>(run.cache.blocks.size() - blocks_before);
+  out.blocks.insert(out.blocks.end(), run.cache.blocks.begin(), run.cache.blocks.end());  // the whole table
+  s.num_blocks = static_cast<int32_t>(run.cache.blocks.size());
   s.kda_slot = run.cache.slot;
   s.kind = start >= r.prompt_len() && end - start == 1 ? StepKind::decode : StepKind::prefill;
   s.slot_init = init;
@@ -177,7 +176,7 @@ void Scheduler::admit(StepPlan& out, int32_t& budget, int32_t& prefills) {
     } else {
       r.transition<Preempted>(to_prefilling);
     }
-    emit(r, start, end, 0, hit.num_tokens > 0 ? SlotInit::restore : SlotInit::reset, hit.checkpoint, out);
+    emit(r, start, end, hit.num_tokens > 0 ? SlotInit::restore : SlotInit::reset, hit.checkpoint, out);
     budget -= static_cast<int32_t>(end - start);
     ++prefills;
   }
@@ -241,7 +240,7 @@ void Scheduler::schedule(StepPlan& out) {
     if (k > 0 && !cache_.reserve(r->running()->cache, start + 1 + k)) k = 0;
     const bool ok = reserve_or_preempt(*r, start + 1 + k, out);
     if (ok) {
-      emit(*r, start, start + 1, before, SlotInit::keep, -1, out,
+      emit(*r, start, start + 1, SlotInit::keep, -1, out,
            std::span<const int32_t>(r->drafts).first(static_cast<size_t>(k)));
       budget -= 1 + k;
     }
@@ -259,9 +258,8 @@ void Scheduler::schedule(StepPlan& out) {
     if (!r->is<Prefilling>()) continue;
     const int64_t start = r->running()->num_computed, end = chunk_end(*r, start, budget);
     if (end <= start) continue;
-    const size_t before = r->running()->cache.blocks.size();
     if (!reserve_or_preempt(*r, end, out)) continue;
-    emit(*r, start, end, before, SlotInit::keep, -1, out);
+    emit(*r, start, end, SlotInit::keep, -1, out);
     budget -= static_cast<int32_t>(end - start);
     ++prefills;
   }

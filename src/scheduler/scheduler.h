@@ -100,7 +100,7 @@ class Scheduler {
   int64_t chunk_end(const Request& r, int64_t start, int32_t budget) const;
   bool reserve_or_preempt(Request& r, int64_t num_tokens, StepPlan& out);
   void preempt(Request& r, StepPlan& out);
-  void emit(Request& r, int64_t start, int64_t end, size_t blocks_before, SlotInit init, int32_t restore, StepPlan& out,
+  void emit(Request& r, int64_t start, int64_t end, SlotInit init, int32_t restore, StepPlan& out,
             std::span<const int32_t> drafts = {});
   int32_t drafts_that_fit(const Request& r, int32_t budget) const;
   void finish(Request& r, FinishReason reason, int32_t token, std::vector<RequestEvent>& events);

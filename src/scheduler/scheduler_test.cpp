@@ -194,7 +194,7 @@ TEST(Scheduler, PrefixHitRestoresTheCheckpointAndSkipsCachedTokens) {
   EXPECT_EQ(s.slot_init, SlotInit::restore);
   EXPECT_GE(s.restore_checkpoint, 0);
   EXPECT_EQ(s.start, 64);
-  EXPECT_EQ(s.num_new_blocks, 5);  // 4 shared + 1 new page for tokens 64..70
+  EXPECT_EQ(s.num_blocks, 5);  // 4 shared + 1 new page for tokens 64..70
   EXPECT_EQ(h.sched.counters().prefix_hit_tokens, 64);
   while (h.sched.has_work()) h.step();
   ASSERT_EQ(h.events.back().id, 2u);

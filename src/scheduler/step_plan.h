@@ -35,11 +35,11 @@ struct ScheduledSequence {
   int64_t start = 0;         // tokens already in the KV state = position of the first token
   int32_t num_tokens = 0;    // tokens computed this step
   int32_t token_offset = 0;  // its tokens: StepPlan::tokens[token_offset, +num_tokens)
-  // Pages appended to its block table this step: StepPlan::blocks[block_offset,
-  // +num_new_blocks). For a fresh sequence (slot_init != keep) this is the whole table,
-  // starting with the prefix hit's shared pages.
+  // Its whole block table this step (the MLA page ids in token order, a prefix hit's shared pages
+  // first): StepPlan::blocks[block_offset, +num_blocks). The cache manager owns the table; the plan
+  // carries it each step, so the model reads the pages from here and keeps no copy.
   int32_t block_offset = 0;
-  int32_t num_new_blocks = 0;
+  int32_t num_blocks = 0;
   int32_t kda_slot = -1;
   StepKind kind = StepKind::prefill;
   SlotInit slot_init = SlotInit::keep;
@@ -75,8 +75,8 @@ struct StepPlan {
   std::span<const int32_t> tokens_of(const ScheduledSequence& s) const {
     return std::span(tokens).subspan(static_cast<size_t>(s.token_offset), static_cast<size_t>(s.num_tokens));
   }
-  std::span<const int32_t> new_blocks_of(const ScheduledSequence& s) const {
-    return std::span(blocks).subspan(static_cast<size_t>(s.block_offset), static_cast<size_t>(s.num_new_blocks));
+  std::span<const int32_t> blocks_of(const ScheduledSequence& s) const {
+    return std::span(blocks).subspan(static_cast<size_t>(s.block_offset), static_cast<size_t>(s.num_blocks));
   }
   void clear() {
     seqs.clear();

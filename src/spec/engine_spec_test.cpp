@@ -194,7 +194,8 @@ TEST_P(EngineSpec, KdaReplayEqualsTokenByTokenDecodeBitForBit) {
   sc.block_size = 16;
   sc.num_slots = 2;
   model::KvStorage kv(m.config(), sc, m.memory(), GetParam());
-  model::SequenceState a{0, 0, {0, 1, 2, 3}}, b{0, 1, {4, 5, 6, 7}};
+  const std::vector<int32_t> pages{0, 1, 2, 3, 4, 5, 6, 7};  // the two block tables view it
+  model::SequenceState a{0, 0, std::span(pages).first(4)}, b{0, 1, std::span(pages).subspan(4)};
   const auto prompt = tokens(5, 37), drafts = tokens(6, 5);
   for (model::SequenceState* s : {&a, &b}) {
     const model::SequenceInput in{prompt, s, model::StepKind::prefill};
@@ -481,7 +482,8 @@ TEST_P(EngineSpec, DrafterObservesTheCommittedTapRows) {
     sc.block_size = 16;
     sc.num_slots = 1;
     model::KvStorage kv(m.config(), sc, m.memory(), GetParam());
-    model::SequenceState st{0, 0, {0, 1, 2, 3, 4, 5, 6, 7}};
+    const std::vector<int32_t> pages{0, 1, 2, 3, 4, 5, 6, 7};  // the block table views it
+    model::SequenceState st{0, 0, pages};
     const auto T = static_cast<int64_t>(committed.size());
     std::vector<float> want(static_cast<size_t>(T * 2 * H));
     const model::TraceFn trace = [&](std::string_view name, int layer, const core::TensorView& v) {
