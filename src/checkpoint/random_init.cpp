@@ -140,13 +140,34 @@ std::vector<double> uniforms(const core::Rng& stream, int64_t n, double lo, doub
 
 // E2M1 codes of every value whose float bits end in 16 zero bits (every BF16 value), indexed by
 // the upper 16 bits: core::f32_to_fp4_e2m1 itself, tabulated once.
+// Tables are built by plain (not constexpr) functions: a lambda initializer is implicitly constexpr,
+// and GCC then spends most of this file's compile time trying to evaluate it at compile time.
+std::array<uint8_t, 65536> make_fp4_code_table() {
+  std::array<uint8_t, 65536> t{};
+  for (uint32_t b = 0; b < 65536; ++b) t[b] = core::f32_to_fp4_e2m1(std::bit_cast<float>(b << 16));
+  return t;
+}
+
 const std::array<uint8_t, 65536>& fp4_code_table() {
-  static const std::array<uint8_t, 65536> table = [] {
-    std::array<uint8_t, 65536> t{};
-    for (uint32_t b = 0; b < 65536; ++b) t[b] = core::f32_to_fp4_e2m1(std::bit_cast<float>(b << 16));
-    return t;
-  }();
+  static const std::array<uint8_t, 65536> table = make_fp4_code_table();
   return table;
+}
+
+// Upper half by bisection on the upper tail: Q(x) = erfc(x / sqrt 2) / 2 = (65535 - i + 0.5) / 2^16
+// (the tail probability directly, so it keeps its precision near 1), then mirrored.
+std::array<float, kQuantiles> make_normal_quantiles() {
+  std::array<float, kQuantiles> t{};
+  for (int i = kQuantiles / 2; i < kQuantiles; ++i) {
+    const double tail = (kQuantiles - 1 - i + 0.5) / kQuantiles;
+    double lo = 0.0, hi = 10.0;
+    for (int it = 0; it < 64; ++it) {
+      const double mid = 0.5 * (lo + hi);
+      (0.5 * std::erfc(mid / std::sqrt(2.0)) > tail ? lo : hi) = mid;
+    }
+    t[static_cast<size_t>(i)] = static_cast<float>(0.5 * (lo + hi));
+    t[static_cast<size_t>(kQuantiles - 1 - i)] = -t[static_cast<size_t>(i)];
+  }
+  return t;
 }
 
 // Bulk tensors of an MXFP4 pair: block by block (a block is a whole number of 32-groups, and a
@@ -164,22 +185,7 @@ void bulk_mxfp4(const core::Rng& stream, int64_t n, float std, uint8_t* packed, 
 }  // namespace
 
 const float* bulk_normal_quantiles() {
-  static const std::array<float, kQuantiles> table = [] {
-    std::array<float, kQuantiles> t{};
-    // Upper half by bisection on the upper tail: Q(x) = erfc(x / sqrt 2) / 2 = (65535 - i + 0.5) / 2^16
-    // (the tail probability directly, so it keeps its precision near 1), then mirrored.
-    for (int i = kQuantiles / 2; i < kQuantiles; ++i) {
-      const double tail = (kQuantiles - 1 - i + 0.5) / kQuantiles;
-      double lo = 0.0, hi = 10.0;
-      for (int it = 0; it < 64; ++it) {
-        const double mid = 0.5 * (lo + hi);
-        (0.5 * std::erfc(mid / std::sqrt(2.0)) > tail ? lo : hi) = mid;
-      }
-      t[static_cast<size_t>(i)] = static_cast<float>(0.5 * (lo + hi));
-      t[static_cast<size_t>(kQuantiles - 1 - i)] = -t[static_cast<size_t>(i)];
-    }
-    return t;
-  }();
+  static const std::array<float, kQuantiles> table = make_normal_quantiles();
   return table.data();
 }
 
