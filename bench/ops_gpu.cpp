@@ -30,6 +30,7 @@
 #include "core/fp8.h"
 #include "core/rng.h"
 #include "evidence/environment.h"
+#include "kernels/kda/cases.h"
 #include "kernels/registry.h"
 
 using namespace k3;
@@ -188,9 +189,10 @@ namespace {
 // ---------------------------------------------------------------- KDA decode (12 heads of 128)
 
 void bench_kda_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>& batches) {
-  const int H = 12, D = 128;
+  const kernels::KdaDecodeShape& shape = kernels::kKdaDecodeK3Tp8;  // kernels/kda/cases.h
+  const int H = shape.H, D = shape.D, R = shape.R, K = shape.K;
   const int64_t P = H * D, C = 3 * P;  // conv over q, k, v side by side
-  Tensor conv_w = b.empty(DType::f32, {C, 4}), a_log = b.empty(DType::f32, {H}), dt_bias = b.empty(DType::f32, {P});
+  Tensor conv_w = b.empty(DType::f32, {C, K}), a_log = b.empty(DType::f32, {H}), dt_bias = b.empty(DType::f32, {P});
   Tensor o_norm = b.empty(DType::f32, {D});
   b.fill(conv_w, pat.f32_act), b.fill(a_log, pat.f32_act), b.fill(dt_bias, pat.f32_act), b.fill(o_norm, pat.f32_act);
   for (int64_t B : batches) {
@@ -239,6 +241,28 @@ void bench_kda_decode(Bench& b, const Patterns& pat, const std::vector<int64_t>&
     b.row("kda", "kda_output_gate", "H=12 D=128", B, gate_bytes, [&] {
       b.reg.kda_output_gate.run({o.view(), gate.view(), o_norm.view(), y.view(), H, D}, core::Device::cuda);
     });
+    // The fused decode op (kda_decode: f_b, the three convs, the recurrence and the output gate in one
+    // launch), on one fused projection buffer [B, 4P + R + H] as the fast path passes it.
+    Tensor proj = b.empty(DType::bf16, {B, 4 * P + R + H}), fused_conv = b.empty(DType::bf16, {B, 3, P, K - 1});
+    for (const Tensor* t : {&proj, &fused_conv}) b.fill(*t, pat.bf16_act);
+    kernels::LinearWeight f_b;
+    f_b.weight = b.empty(DType::bf16, {P, R});
+    b.fill(f_b.weight, pat.bf16_weight);
+    kernels::KdaDecodeArgs fused;
+    const auto col = [&](int64_t c0, int64_t n) { return backends::cuda::cols_of(proj.view(), c0, n); };
+    fused.q_in = col(0, P), fused.k_in = col(P, P), fused.v_in = col(2 * P, P), fused.g = col(3 * P, P);
+    fused.f_a = col(4 * P, R), fused.b = col(4 * P + R, H), fused.f_b = &f_b;
+    fused.q_conv = backends::cuda::rows_of(conv_w.view(), 0, P),
+    fused.k_conv = backends::cuda::rows_of(conv_w.view(), P, P);
+    fused.v_conv = backends::cuda::rows_of(conv_w.view(), 2 * P, P);
+    fused.conv_state = fused_conv.view(), fused.a_log = a_log.view(), fused.dt_bias = dt_bias.view();
+    fused.state = state.view(), fused.o_norm = o_norm.view(), fused.out = y.view();
+    fused.num_heads = H, fused.head_dim = D, fused.precision = kernels::Precision::bf16, fused.seqs = seqs;
+    const double fused_bytes = static_cast<double>(B) *
+                                   (2.0 * H * D * D * 4 + 2.0 * 3 * P * (K - 1) * 2 + (4.0 * P + R + H) * 2 + P * 2) +
+                               static_cast<double>(f_b.weight.nbytes() + conv_w.nbytes());
+    b.row("kda", "kda_decode (fused)", shape.name, B, fused_bytes,
+          [&] { b.reg.kda_decode.run(fused, core::Device::cuda); });
   }
 }
 

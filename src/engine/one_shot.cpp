@@ -88,15 +88,18 @@ std::vector<int32_t> generate_alone(const Runner& runner, std::span<const int32_
     req.prompt.assign(prompt.begin(), prompt.end());
     req.sampling = sampling;
     req.max_tokens = max_tokens;
-    const auto t0 = Clock::now();
-    auto first = t0;
+    auto t0 = Clock::now(), first = t0;  // t0: the first step starts (the engine and its cache exist)
     req.on_event = [&](const TokenEvent& e) {
       if (e.token < 0) return;
       if (out.empty()) first = Clock::now();
       out.push_back(e.token);
       if (on_token) on_token(e.token);
     };
-    run_alone(runner, st.prompt_tokens + max_tokens, std::move(req), around_step);
+    const auto timed = [&](int i, bool after) {
+      if (around_step) around_step(i, after);
+      if (i == 0 && !after) t0 = first = Clock::now();
+    };
+    run_alone(runner, st.prompt_tokens + max_tokens, std::move(req), timed);
     st.prefill_seconds = std::chrono::duration<double>(first - t0).count();
     st.decode_seconds = std::chrono::duration<double>(Clock::now() - first).count();
   }

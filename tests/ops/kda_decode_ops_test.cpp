@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "kernels/kda/cases.h"
 #include "tests/ops/op_harness.h"
 
 namespace k3::ops_test {
@@ -92,8 +93,8 @@ void zero_slot(Tensor& pool, int64_t slot) {
 
 // One call on host and device alike. Everything the op reads is built once on the host; views of
 // the fused projection buffer [T, 4P + R + H + 3] give q_in, k_in, v_in, g, f_a and b.
-struct DecodeCase {
-  int H, D, R, K;
+// A shape of kernels/kda/cases.h, and how the call is made.
+struct DecodeCase : kernels::KdaDecodeShape {
   bool no_commit;
   bool f32_weights = false;  // f_b and o_norm f32 (else bf16)
 };
@@ -153,11 +154,7 @@ void check_decode(Device* dev, Mode mode, const DecodeCase& c, const std::vector
   const Tensor dqc = dev->upload(q_conv), dkc = dev->upload(k_conv), dvc = dev->upload(v_conv);
   const Tensor dal = dev->upload(a_log), ddt = dev->upload(dt_bias), don = dev->upload(o_norm);
   const kernels::SeqBatch dseqs = batch.device();
-  std::string shape = "H";  // (built in steps: GCC 12 warns falsely on "H" + std::to_string)
-  shape += std::to_string(c.H);
-  shape += " D" + std::to_string(c.D);
-  shape += " R" + std::to_string(c.R);
-  shape += " K" + std::to_string(c.K);
+  std::string shape = c.name;
   shape += c.no_commit ? " verify " : " ";
   shape += batch.str();
   const auto& table = dev->registry().kda_decode;
@@ -206,15 +203,19 @@ std::vector<int64_t> repeat(int64_t rows, int n) { return std::vector<int64_t>(s
 
 TEST(OpsOdd, KdaDecode) {
   K3_REQUIRE_CUDA(dev);
+  const auto& odd = kernels::kKdaDecodeOddShapes;
   uint64_t seed = 9100;
   for (Mode m : kModes)
     for (bool no_commit : {false, true}) {
-      check_decode(dev, m, {3, 17, 54, 4, no_commit}, {1}, {0}, seed++);
-      check_decode(dev, m, {3, 17, 54, 4, no_commit}, {1, 3, 5, 1}, {9, 0, 33, 1000}, seed++);
-      check_decode(dev, m, {2, 54, 97, 3, no_commit, true}, {2, 1, 8}, {5, 0, 70}, seed++);
-      check_decode(dev, m, {5, 97, 17, 4, no_commit}, repeat(1, 17), {7}, seed++);
-      check_decode(dev, m, {1, 128, 97, 4, no_commit, true}, {1, 4}, {0, 3}, seed++);  // unaligned f_b rows
-      check_decode(dev, m, {2, 32, 64, 2, no_commit}, {1, 2}, {4, 1}, seed++);         // K = 2, vector f_b
+      // Every odd shape of the table at one mixed batch (decode and verify rows, a fresh slot, a long
+      // position); then layouts that matter for particular shapes.
+      for (const kernels::KdaDecodeShape& sh : odd)
+        check_decode(dev, m, {sh, no_commit}, {1, 3, 5, 1}, {9, 0, 33, 1000}, seed++);
+      check_decode(dev, m, {odd[0], no_commit}, {1}, {0}, seed++);
+      check_decode(dev, m, {odd[1], no_commit, true}, {2, 1, 8}, {5, 0, 70}, seed++);
+      check_decode(dev, m, {odd[2], no_commit}, repeat(1, 17), {7}, seed++);
+      check_decode(dev, m, {odd[4], no_commit, true}, {1, 4}, {0, 3}, seed++);  // unaligned f_b rows
+      check_decode(dev, m, {odd[5], no_commit}, {1, 2}, {4, 1}, seed++);        // K = 2, vector f_b
     }
 }
 
@@ -227,13 +228,14 @@ constexpr const char* kHeadCta = "cuda_head_cta";
 TEST(OpsTp8, KdaDecode) {
   // One TP8 rank of K3 (spec §11, §14.2): 12 heads of 128, R = 128, K = 4, bf16 f_b and o_norm.
   K3_REQUIRE_CUDA(dev);
+  const kernels::KdaDecodeShape& tp8 = kernels::kKdaDecodeK3Tp8;
   uint64_t seed = 9300;
   for (Mode m : kModes) {
-    check_decode(dev, m, {12, 128, 128, 4, false}, repeat(1, 64), {8191}, seed++, kHeadCta);  // decode step of 64
-    check_decode(dev, m, {12, 128, 128, 4, false}, {1}, {511}, seed++, kSplit);               // batch 1
-    check_decode(dev, m, {12, 128, 128, 4, true}, repeat(4, 8), {100}, seed++);               // verify, K = 3 drafts
-    check_decode(dev, m, {12, 128, 128, 4, false}, repeat(4, 8), {100}, seed++);              // the same rows committed
-    check_decode(dev, m, {12, 128, 128, 4, true, true}, {1, 8, 1}, {0, 7, 300}, seed++, kSplit);
+    check_decode(dev, m, {tp8, false}, repeat(1, 64), {8191}, seed++, kHeadCta);  // decode step of 64
+    check_decode(dev, m, {tp8, false}, {1}, {511}, seed++, kSplit);               // batch 1
+    check_decode(dev, m, {tp8, true}, repeat(4, 8), {100}, seed++);               // verify, K = 3 drafts
+    check_decode(dev, m, {tp8, false}, repeat(4, 8), {100}, seed++);              // the same rows committed
+    check_decode(dev, m, {tp8, true, true}, {1, 8, 1}, {0, 7, 300}, seed++, kSplit);
   }
 }
 
@@ -243,19 +245,21 @@ TEST(OpsTp8, KdaDecodeVSplit) {
   // TP64-like shard) splits at batch 1 and 17. Every case also runs the head-CTA kernel (the test
   // runs all implementations that accept the arguments), so both are held to the oracle.
   K3_REQUIRE_CUDA(dev);
+  const kernels::KdaDecodeShape &tp8 = kernels::kKdaDecodeK3Tp8, &one_head = kernels::kKdaDecodeK3OneHead,
+                                &one_head_r1024 = kernels::kKdaDecodeK3OneHeadR1024;
   uint64_t seed = 9500;
   for (Mode m : kModes) {
-    check_decode(dev, m, {12, 128, 128, 4, false}, {1}, {0}, seed++, kSplit);                  // fresh slot
-    check_decode(dev, m, {12, 128, 128, 4, true}, {4}, {63}, seed++, kSplit);                  // verify 4 rows
-    check_decode(dev, m, {12, 128, 128, 4, false}, {4}, {63}, seed++, kSplit);                 // committed
-    check_decode(dev, m, {12, 128, 128, 4, false}, {1, 1}, {5, 900}, seed++, kSplit);          // batch 2
-    check_decode(dev, m, {12, 128, 128, 4, false}, repeat(1, 3), {40, 0, 7}, seed++, kSplit);  // batch 3: 4 slices
-    check_decode(dev, m, {12, 128, 128, 4, true}, {2, 5, 1}, {3, 9, 0}, seed++, kSplit);       // batch 3 verify
-    check_decode(dev, m, {12, 128, 128, 4, false}, repeat(1, 17), {31}, seed++, kHeadCta);     // batch 17: no split
-    check_decode(dev, m, {1, 128, 128, 4, false}, {1}, {12}, seed++, kSplit);
-    check_decode(dev, m, {1, 128, 128, 4, false}, repeat(1, 17), {12, 0}, seed++, kSplit);
-    check_decode(dev, m, {1, 128, 128, 4, true}, {3, 1, 6}, {2, 0, 50}, seed++, kSplit);
-    check_decode(dev, m, {1, 128, 1024, 4, false, true}, {2}, {6}, seed++, kSplit);  // R = 1024: uncached f_b chunks
+    check_decode(dev, m, {tp8, false}, {1}, {0}, seed++, kSplit);                  // fresh slot
+    check_decode(dev, m, {tp8, true}, {4}, {63}, seed++, kSplit);                  // verify 4 rows
+    check_decode(dev, m, {tp8, false}, {4}, {63}, seed++, kSplit);                 // committed
+    check_decode(dev, m, {tp8, false}, {1, 1}, {5, 900}, seed++, kSplit);          // batch 2
+    check_decode(dev, m, {tp8, false}, repeat(1, 3), {40, 0, 7}, seed++, kSplit);  // batch 3: 4 slices
+    check_decode(dev, m, {tp8, true}, {2, 5, 1}, {3, 9, 0}, seed++, kSplit);       // batch 3 verify
+    check_decode(dev, m, {tp8, false}, repeat(1, 17), {31}, seed++, kHeadCta);     // batch 17: no split
+    check_decode(dev, m, {one_head, false}, {1}, {12}, seed++, kSplit);
+    check_decode(dev, m, {one_head, false}, repeat(1, 17), {12, 0}, seed++, kSplit);
+    check_decode(dev, m, {one_head, true}, {3, 1, 6}, {2, 0, 50}, seed++, kSplit);
+    check_decode(dev, m, {one_head_r1024, false, true}, {2}, {6}, seed++, kSplit);  // R = 1024: uncached f_b chunks
   }
 }
 

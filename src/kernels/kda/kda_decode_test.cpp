@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "kernels/kda/cases.h"
 #include "kernels/kda/kda_test_util.h"
 #include "kernels/registry.h"
 
@@ -26,9 +27,7 @@ namespace {
 
 using namespace kda_test;
 
-struct Shapes {
-  int H, D, R, K;
-};
+using Shapes = kernels::KdaDecodeShape;  // kernels/kda/cases.h
 
 // A state pool [num_slots, inner...] whose slots sit `pad` elements apart beyond their size (the
 // slot stride is free in both pools), backed by one tensor.
@@ -225,9 +224,8 @@ std::vector<SeqSpec> layout(const std::vector<SeqSpec>& seqs_in, int64_t gap, in
 }
 
 TEST(KdaDecode, EqualsStandardSequenceAtOddShapes) {
-  const Shapes shapes[] = {{3, 17, 54, 4}, {2, 54, 97, 3}, {5, 97, 17, 4}, {1, 1, 1, 2}, {1, 128, 97, 4}};
   uint64_t seed = 1;
-  for (const Shapes& sh : shapes)
+  for (const Shapes& sh : kernels::kKdaDecodeOddShapes)
     for (Precision p : {Precision::fp32, Precision::bf16}) {
       // Four sequences (decode 1 row, verify 3 and 5 rows, decode 1 row) in shuffled slots of a
       // 6-slot pool, one new (position 0, zero state), one row between them covered by none.
@@ -237,12 +235,7 @@ TEST(KdaDecode, EqualsStandardSequenceAtOddShapes) {
       ++seed;
       Layer L(seed, sh, T, 6, p, /*bf16_weights=*/seed % 2 == 0, /*conv_rank3=*/seed % 3 == 0);
       zero_slot(L.conv, 1), zero_slot(L.state, 1);  // the position-0 sequence starts from nothing
-      std::string what = "H";                       // (built in steps: GCC 12 warns falsely on "H" + std::to_string)
-      what += std::to_string(sh.H);
-      what += " D" + std::to_string(sh.D);
-      what += " R" + std::to_string(sh.R);
-      what += " K" + std::to_string(sh.K);
-      for (bool no_commit : {false, true}) expect_fused_equals_standard(L, specs, no_commit, what);
+      for (bool no_commit : {false, true}) expect_fused_equals_standard(L, specs, no_commit, sh.name);
     }
 }
 
@@ -252,7 +245,7 @@ TEST(KdaDecode, EqualsStandardSequenceAtTp8Shapes) {
   for (Precision p : {Precision::bf16, Precision::fp32}) {
     int64_t T = 0;
     const std::vector<SeqSpec> specs = layout({{0, 1, 2, 511}, {0, 4, 0, 77}, {0, 1, 3, 0}, {0, 1, 1, 8191}}, -1, &T);
-    Layer L(77, {12, 128, 128, 4}, T, 4, p, /*bf16_weights=*/true, /*conv_rank3=*/true);
+    Layer L(77, kernels::kKdaDecodeK3Tp8, T, 4, p, /*bf16_weights=*/true, /*conv_rank3=*/true);
     zero_slot(L.conv, 3), zero_slot(L.state, 3);
     for (bool no_commit : {false, true}) expect_fused_equals_standard(L, specs, no_commit, "tp8");
   }
@@ -263,7 +256,7 @@ TEST(KdaDecode, EqualsStandardSequenceAtTp8Shapes) {
 // equal the committing call's outputs.
 TEST(KdaDecode, VerifyThenReplayEqualsRowByRowDecode) {
   for (Precision p : {Precision::bf16, Precision::fp32}) {
-    const Shapes sh{3, 32, 54, 4};
+    const Shapes sh{"H3 D32 R54 K4", 3, 32, 54, 4};
     const int64_t T = 6;  // rows 0..4: the verify rows of sequence A; row 5: sequence B (decode)
     Layer L(2024, sh, T, 3, p, true, false);
     const HostSeqs verify = make_seqs({{0, 5, 2, 40}, {5, 1, 0, 7}});
@@ -294,7 +287,7 @@ TEST(KdaDecode, VerifyThenReplayEqualsRowByRowDecode) {
 }
 
 TEST(KdaDecode, EmptyBatchTouchesNothing) {
-  Layer L(5, {2, 16, 8, 4}, 3, 2, Precision::bf16, true, false);
+  Layer L(5, {"H2 D16 R8 K4", 2, 16, 8, 4}, 3, 2, Precision::bf16, true, false);
   Pool conv = L.conv.copy(), state = L.state.copy();
   Tensor out = poisoned({L.T, L.P});
   kda_decode_reference(L.args(conv, state, out, make_seqs({}).batch, false));
@@ -305,7 +298,7 @@ TEST(KdaDecode, EmptyBatchTouchesNothing) {
 
 // A bad argument fails the check with a message naming it.
 TEST(KdaDecode, CheckNamesBadArguments) {
-  Layer L(9, {2, 16, 8, 4}, 3, 2, Precision::fp32, true, false);
+  Layer L(9, {"H2 D16 R8 K4", 2, 16, 8, 4}, 3, 2, Precision::fp32, true, false);
   Tensor out = poisoned({L.T, L.P});
   const HostSeqs hs = make_seqs({{0, 2, 1, 0}, {2, 1, 0, 5}});
   const KdaDecodeArgs good = L.args(L.conv, L.state, out, hs.batch, false);
