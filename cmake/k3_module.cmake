@@ -12,7 +12,8 @@ function(k3_module name)
     set(glob GLOB)
   endif()
   file(${glob} srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
-  list(FILTER srcs EXCLUDE REGEX "(_test|/main)\\.cpp$")
+  # Op folders' *_ops_test.cpp and *_ops_test_util.cpp join k3_ops_tests (src/kernels), not the module.
+  list(FILTER srcs EXCLUDE REGEX "(_test|_test_util|/main)\\.cpp$")
   # CUDA sources (*.cu) join the library only when the CUDA backend is on; without nvcc they are
   # ignored entirely, so a CPU-only build never sees them.
   set(cuda_srcs "")
@@ -21,6 +22,7 @@ function(k3_module name)
     list(APPEND srcs ${cuda_srcs})
   endif()
   file(${glob} tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*_test.cpp)
+  list(FILTER tests EXCLUDE REGEX "_ops_test\\.cpp$")
   if(srcs)
     add_library(k3_${name} STATIC ${srcs})
     set(scope PUBLIC)

@@ -7,7 +7,7 @@
 #   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|model|sanitize|bench|layers|profile|comm|proxy|fastpath|longctx|serve]... [--budget SECONDS]
 #
 # Phases (default all, in this order):
-#   build     configure with -DK3_GPU_CHECK_ONLY=ON (only core, config, kernels, backends, tests/ops,
+#   build     configure with -DK3_GPU_CHECK_ONLY=ON (only core, config, kernels with their op tests, backends,
 #             the GPU benchmark), nvcc -gencode=arch=compute_90a,code=sm_90a, build k3_ops_tests and
 #             k3bench_ops_gpu                                                    -> build.log
 #   test      k3_ops_tests: every registered op on the GPU against the CPU reference, odd shapes and
@@ -107,7 +107,7 @@ echo "gpu_check: root $ROOT, out $OUT, budget ${BUDGET}s"
 echo "gpu_check: GPU: ${GPU:-none seen by nvidia-smi}; nvcc: ${NVCC:-missing} ($($NVCC --version 2>/dev/null | grep -o 'release [0-9.]*'))"
 echo "gpu_check: cmake $(cmake --version 2>/dev/null | head -1 | grep -o '[0-9.]*$'), ninja $(ninja --version 2>/dev/null), compute-sanitizer: ${SANITIZER:-missing}"
 
-TESTS=$BUILD/tests/ops/k3_ops_tests
+TESTS=$BUILD/src/kernels/k3_ops_tests
 BACKEND_TESTS=$BUILD/src/backends/cuda/k3_backends_cuda_tests
 BENCH=$BUILD/k3bench_ops_gpu
 

@@ -146,7 +146,7 @@ __device__ __forceinline__ float block_max(float v, float* smem) {
 //     (template paths, strategies) converts all of them or none.
 //  5. Kernels of the standard path are fine too: without the attribute pdl_wait() returns at once and
 //     pdl_launch_dependents() does nothing; with it the results are the same bits, only earlier.
-// Proof that the waits are there: tests/ops/pdl_ops_test.cpp runs every converted op behind a slow
+// Proof that the waits are there: kernels/testing/pdl_ops_test.cpp runs every converted op behind a slow
 // producer kernel (it triggers, spins ~200 us, then writes the op's inputs) and compares bit for bit.
 // Converted: multi_linear (mma, rowdot), attn_res_fused (bank, merge, merge cluster), kda_decode (head
 // CTA, V-split cluster), mla_decode (q_absorb, both split_kv, combine_w_uv_gate), mla_w_uv (DCP), moe_tail

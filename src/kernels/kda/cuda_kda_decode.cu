@@ -18,7 +18,7 @@
 //   4. delta rule on the registers: decay, read, delta, write, o[v] = S[v] . q -> o_s (rounded)
 //   5. rstd of o over the head (warp 0);  6. out = round(o * rstd * o_norm * sigmoid(g))
 // Sums run in a different order than the reference (partial sums + shuffles) and nvcc may contract
-// multiply-adds: equal to the CPU reference within fp32 rounding (tests/ops/kda_decode_ops_test.cpp).
+// multiply-adds: equal to the CPU reference within fp32 rounding (kernels/kda/kda_decode_ops_test.cpp).
 // Programmatic dependent launch (rules: kernels/cuda_common.cuh), both strategies: launched while the
 // multi_linear that produced q/k/v/g/f_a/b still runs; a CTA triggers, takes the weights it needs into
 // registers (conv taps, 3 x 128 x 4 x 4 B = 6 KB per head; the V-split form also its f_b rows, 16 x 256 B

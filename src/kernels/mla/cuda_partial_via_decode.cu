@@ -25,7 +25,7 @@
 // only, so a captured graph replays for any positions and tables.
 // Numerics (bf16 mode only): scores are exact products of bf16 qc and the cache codes summed in fp32; P
 // is rounded to f16 (fp8 cache) or bf16 (bf16 cache) for the P.V mma and l sums the same rounded P, as in
-// the decode op (mla_decode.h, tests/ops/mla_decode_ops_test.cpp): o_part within ~2e-3 relative.
+// the decode op (mla_decode.h, kernels/mla/mla_decode_ops_test.cpp): o_part within ~2e-3 relative.
 #include <algorithm>
 #include <limits>
 #include <string>

@@ -159,7 +159,7 @@ bool same_row_view(const core::TensorView& a, const core::TensorView& b) {
 
 // sigmoid_gate_reference's element (kernels/elementwise/reference.cpp), the same expression and rounding
 // points: round(x * round(sigmoid(g))). Written out here because kernels_mla does not link the elementwise
-// op; tests/ops/mla_cp_w_uv_ops_test.cpp checks the two agree bit for bit.
+// op; kernels/mla/mla_cp_w_uv_ops_test.cpp checks the two agree bit for bit.
 float sigmoid_gated(float x, float g, Precision p) {
   const float s = round_act(1.0f / (1.0f + std::exp(-g)), p);
   return round_act(x * s, p);

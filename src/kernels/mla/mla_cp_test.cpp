@@ -473,7 +473,7 @@ struct WUvCase {
   }
   // The standard pair on one output: mla_w_uv without the gate into o, then sigmoid_gate's element
   // round(o * round(sigmoid(g))) on the owned rows (kernels/elementwise/reference.cpp; the literal
-  // sigmoid_gate_reference is compared in tests/ops/mla_cp_w_uv_ops_test.cpp, which links it).
+  // sigmoid_gate_reference is compared in kernels/mla/mla_cp_w_uv_ops_test.cpp, which links it).
   core::Tensor unfused(Precision precision) const {
     core::Tensor o = nan_filled({batch.rows, int64_t{d.heads} * d.v});
     mla_w_uv_reference(args({}, o.view(), precision));

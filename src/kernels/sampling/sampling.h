@@ -17,7 +17,7 @@
 // CUDA kernel takes p from CUDA's expf (<= 2 ulp from libm's) and sums masses in 64-bit fixed point
 // (2^-45 units; error <= V * 2^-46 <= 2.4e-9 of a mass >= 1), so its token can differ only when
 // u * total lies within ~1e-6 (relative) of a CDF boundary, the top-p target within that of a
-// prefix mass, or a p within 2 ulp of min_p (tests/ops/sampling_ops_test.cpp checks each
+// prefix mass, or a p within 2 ulp of min_p (kernels/sampling/sampling_ops_test.cpp checks each
 // disagreement is such a case, and that they are < 0.1% of draws); greedy tokens and the top-N ids
 // are exact, logprobs agree within 1e-6 * max(1, |logprob|).
 //
