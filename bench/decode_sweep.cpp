@@ -58,6 +58,7 @@
 #include "config/k3_config.h"
 #include "core/bf16.h"
 #include "core/rng.h"
+#include "engine/model_executor.h"
 #include "fastpath/fused_decode.h"
 #include "model/decode_graphs.h"
 #include "model/kv_storage.h"
@@ -86,10 +87,21 @@ double percentile(std::vector<double> v, double p) {
 
 std::string backend_name(model::DecodeBackend b) { return std::string(model::decode_backend_name(b)); }
 
-nlohmann::json path_json(const model::DecodePathCounters& p) {
+nlohmann::json path_json(const core::DecodePathCounters& p) {
   nlohmann::json fallbacks = nlohmann::json::object();
   for (const auto& [reason, n] : p.fallbacks) fallbacks[reason] = n;
   return {{"fused_steps", p.fused_steps}, {"standard_steps", p.standard_steps}, {"fallbacks", fallbacks}};
+}
+
+void add_counts(core::DecodePathCounters& total, const core::DecodePathCounters& more) {
+  total.fused_steps += more.fused_steps;
+  total.standard_steps += more.standard_steps;
+  for (const auto& [reason, n] : more.fallbacks) {
+    auto it = std::find_if(total.fallbacks.begin(), total.fallbacks.end(),
+                           [&](const auto& f) { return f.first == reason; });
+    if (it == total.fallbacks.end()) total.fallbacks.emplace_back(reason, n);
+    else it->second += n;
+  }
 }
 
 // ------------------------------------------------------------------ one row
@@ -102,7 +114,7 @@ struct Row {
   size_t kernels = 0;
   bool finite = true;
   int64_t tokens_per_seq = 1;         // tokens a step yields per sequence (verify: the synthetic AL)
-  model::DecodePathCounters path;     // this row's steps (warm-up included) per path, fallbacks by reason
+  core::DecodePathCounters path;      // this row's steps (warm-up included) per path, fallbacks by reason
   std::vector<int32_t> final_tokens;  // each sequence's last argmax: rows that differ only in mode agree
   std::vector<int32_t> trajectory;    // every step's argmax, [steps][B] (eager and graph modes)
   StepBytes bytes;
@@ -126,7 +138,6 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
     ids[i] = static_cast<int32_t>((i * 7919 + 1) % vocab);
   }
   memory.synchronize();
-  const model::DecodePathCounters before = model.decode_path_counters();
   const int steps_per_run = o.warmup + o.steps;
   std::vector<model::SequenceInput> batch(static_cast<size_t>(B));
   const bool verify = mode == "verify" || mode == "verify-graph";
@@ -149,9 +160,13 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
       const auto ts = clock_type::now();
       // A verify step DecodeGraphs does not take (more than kMaxRows rows) runs eagerly, as the
       // engine would run it; the row then reports no kernel count.
-      const bool replay = mode == "verify-graph" && graphs->eligible(batch);
-      const core::Tensor logits = replay ? graphs->forward(batch, model::LogitsAt::host, &capture)
-                                         : model.forward(kv, batch, model::LogitRows::requested, nullptr, &capture);
+      const core::StepRoute route = engine::route_batch(model, mode == "verify-graph" ? graphs : nullptr, batch);
+      row.path.count(route);
+      const bool replay = route.graph.captured();
+      const core::Tensor logits = replay
+                                      ? graphs->forward(batch, route.graph, route.path, model::LogitsAt::host, &capture)
+                                      : model.forward(kv, batch, model::LogitRows::requested, nullptr, &capture,
+                                                      nullptr, model::LogitsAt::host, route.path);
       if (replay) graphs->commit_verified(capture, keep);
       else model.commit_verified(kv, capture, keep);
       memory.synchronize();
@@ -169,9 +184,13 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
   for (int step = 0; !verify && step < steps_per_run; ++step) {
     for (int64_t i = 0; i < B; ++i)
       batch[i] = {std::span<const int32_t>(&ids[i], 1), &seqs[i], model::StepKind::decode};
+    const core::StepRoute route = engine::route_batch(model, mode == "graph" ? graphs : nullptr, batch);
+    row.path.count(route);
     const auto ts = clock_type::now();
-    const core::Tensor logits = mode == "graph" ? graphs->forward(batch)
-                                                : model.forward(kv, batch, model::LogitRows::last);
+    const core::Tensor logits = route.graph.captured()
+                                    ? graphs->forward(batch, route.graph, route.path)
+                                    : model.forward(kv, batch, model::LogitRows::last, nullptr, nullptr, nullptr,
+                                                    model::LogitsAt::host, route.path);
     const double ms = 1e3 * seconds_since(ts);
     if (step >= o.warmup) row.ms.push_back(ms);
     const int64_t V = logits.dim(1);
@@ -189,7 +208,6 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
   if (mode == "graph") row.kernels = graphs->kernels_per_step(static_cast<int>(B));
   if (mode == "verify-graph")
     row.kernels = graphs->kernels_per_step(static_cast<int>(B), static_cast<int>(o.spec_k + 1));
-  row.path = counters_delta(before, model.decode_path_counters());
   row.final_tokens = ids;
   return row;
 }
@@ -200,7 +218,8 @@ void eager_decode_step(const model::Model& model, model::KvStorage& kv, std::vec
   const auto B = static_cast<int64_t>(last.size());
   std::vector<model::SequenceInput> batch(static_cast<size_t>(B));
   for (int64_t i = 0; i < B; ++i) batch[i] = {std::span<const int32_t>(&last[i], 1), &seqs[i], model::StepKind::decode};
-  model.forward(kv, batch, model::LogitRows::last);
+  model.forward(kv, batch, model::LogitRows::last, nullptr, nullptr, nullptr, model::LogitsAt::host,
+                engine::route_batch(model, nullptr, batch).path);
 }
 
 // eager_decode_step with every op call timed: `recorder` (installed on the model's registry by the
@@ -267,11 +286,11 @@ nlohmann::json profile_step(const model::Model& model, model::KvStorage& kv, std
 // A model on `base`'s weights, registry, memory and communicator with decode backend `backend`, the
 // fused path attached as runner::ModelRunner / TpRunner attach it. Loads and copies no weights.
 std::unique_ptr<model::Model> model_with_backend(const model::Model& base, model::DecodeBackend backend,
-                                                 comm::Communicator* comm, int cuda_device, bool log) {
+                                                 comm::Communicator* comm, int cuda_device) {
   model::ModelOptions mo = base.options();
   mo.decode_backend = backend;
   auto m = std::make_unique<model::Model>(base.config(), base.weights(), base.ops(), mo, base.memory(), comm);
-  fastpath::attach(*m, cuda_device, log ? runner::fastpath_log() : kernels::LogFn{});
+  fastpath::attach(*m, cuda_device);
   return m;
 }
 
@@ -284,20 +303,6 @@ int64_t inventory_bytes(const config::K3Config& c) {
   for (const checkpoint::ParamSpec& s : checkpoint::expected_params(c))
     n += s.shapes[0].numel() * static_cast<int64_t>(core::dtype_size(s.dtypes[0]));
   return n;
-}
-
-model::DecodePathCounters counters_delta(const model::DecodePathCounters& before,
-                                         const model::DecodePathCounters& after) {
-  model::DecodePathCounters d;
-  d.fused_steps = after.fused_steps - before.fused_steps;
-  d.standard_steps = after.standard_steps - before.standard_steps;
-  for (const auto& [reason, n] : after.fallbacks) {
-    int64_t was = 0;
-    for (const auto& [r, m] : before.fallbacks)
-      if (r == reason) was = m;
-    if (n != was) d.fallbacks.emplace_back(reason, n - was);
-  }
-  return d;
 }
 
 nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env, double make_seconds) {
@@ -377,7 +382,7 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
   }
   std::vector<Row> rows;
   double copy_bw = 0;
-  std::vector<model::DecodePathCounters> totals(o.backends.size());
+  std::vector<core::DecodePathCounters> totals(o.backends.size());
   const auto measure = [&](int rank, const model::Model& base, comm::Communicator* comm) {
     core::DeviceMemory& memory = *base.memory();
     const bool record = rank == 0;
@@ -402,7 +407,7 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
       if (b == base.options().decode_backend) {
         models.push_back(&base);
       } else {
-        siblings.push_back(model_with_backend(base, b, comm, rank, record));
+        siblings.push_back(model_with_backend(base, b, comm, rank));
         models.push_back(siblings.back().get());
       }
     }
@@ -434,6 +439,7 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
         for (size_t k = 0; k < models.size(); ++k) {
           for (const std::string& mode : o.modes) {
             Row row = run_row(o, *models[k], graphs[k].get(), kv, seqs, ctx, B, mode, full.vocab_size);
+            if (record) add_counts(totals[k], row.path);
             const bool profile = o.profile && mode == "eager";
             if (!record) {
               if (profile) eager_decode_step(*models[k], kv, seqs, row.final_tokens);  // joins rank 0's collectives
@@ -469,8 +475,6 @@ nlohmann::json run_decode_sweep(const DecodeSweepOptions& o, nlohmann::json env,
         }
       }
     }
-    if (record)
-      for (size_t k = 0; k < models.size(); ++k) totals[k] = models[k]->decode_path_counters();
   };
   if (single) measure(0, single->model(), nullptr);
   else ranks->run([&](int rank, const model::Model& m, comm::Communicator& comm) { measure(rank, m, &comm); });

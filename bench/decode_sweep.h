@@ -60,11 +60,6 @@ struct DecodeSweepOptions {
 // Bytes of every tensor of c's checkpoint as stored (checkpoint::expected_params).
 int64_t inventory_bytes(const config::K3Config& c);
 
-// after - before, fallbacks matched by reason (a reason absent from `before` counts from 0; reasons
-// whose difference is 0 are left out), in `after`'s order.
-model::DecodePathCounters counters_delta(const model::DecodePathCounters& before,
-                                         const model::DecodePathCounters& after);
-
 // Opens the checkpoint in o.model (it must exist), runs the sweep (progress and the table on
 // stdout) and returns the result bundle: `environment` (evidence/environment.h; "gpu" replaced by the CUDA device's facts
 // when there is one) and `make_seconds` (the time it took to write the checkpoint, 0: reused) go

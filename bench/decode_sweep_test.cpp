@@ -1,6 +1,6 @@
 // bench/decode_sweep_test.cpp: k3bench_decode_gpu as CI runs it (CPU reference ops, k3-tiny): the
 // sweep's bundle holds every (ctx, batch, backend, mode) row with its path counts, the rows start
-// from the same context, the command line refuses bad lists, and counters_delta subtracts.
+// from the same context and the command line refuses bad lists.
 #include "bench/decode_sweep.h"
 
 #include <gtest/gtest.h>
@@ -55,23 +55,6 @@ BenchRun run_bench(const TempDir& dir, const std::string& args) {
   r.out = read_text(out);
   r.err = read_text(err);
   return r;
-}
-
-TEST(DecodeSweepCountersDelta, SubtractsStepsAndFallbacksByReason) {
-  model::DecodePathCounters before, after;
-  before.fused_steps = 5;
-  before.standard_steps = 2;
-  before.fallbacks = {{"prefill_or_mixed_step", 2}};
-  after.fused_steps = 9;
-  after.standard_steps = 10;
-  after.fallbacks = {{"prefill_or_mixed_step", 2}, {"more_than_64_rows", 8}};
-  const model::DecodePathCounters d = counters_delta(before, after);
-  EXPECT_EQ(d.fused_steps, 4);
-  EXPECT_EQ(d.standard_steps, 8);
-  ASSERT_EQ(d.fallbacks.size(), 1u);  // the unchanged reason is left out
-  EXPECT_EQ(d.fallbacks[0].first, "more_than_64_rows");
-  EXPECT_EQ(d.fallbacks[0].second, 8);
-  EXPECT_TRUE(counters_delta(after, after).fallbacks.empty());
 }
 
 TEST(DecodeSweepCli, RefusesBadListsNamingTheFlag) {

@@ -357,8 +357,8 @@ void run_row(Bench& b, int layer, const model::LayerWeights& lw, const model::We
   fl.seed = b.opt.seed ^ (static_cast<uint64_t>(layer) << 32) ^ static_cast<uint64_t>(B);
   const bool run_fused = b.opt.run_fused && B <= fastpath::kMaxRows;
   if (b.opt.run_fused && !run_fused)
-    std::printf("  batch %lld: latency_specialized not run (the model falls back: %s)\n", static_cast<long long>(B),
-                fastpath::kTooManyRows);
+    std::printf("  batch %lld: latency_specialized not run (more than its %lld rows: the standard path serves it)\n",
+                static_cast<long long>(B), static_cast<long long>(fastpath::kMaxRows));
   std::vector<Copy> copies(static_cast<size_t>(R));
   std::vector<bench::FusedCopy> fused(run_fused ? static_cast<size_t>(R) : 0);
   for (int r = 0; r < R; ++r) {

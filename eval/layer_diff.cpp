@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "engine/model_executor.h"
 #include "model/local_cache.h"
 
 namespace k3::eval {
@@ -74,21 +75,24 @@ class SideRun {
     if (trace)
       fn = [trace](std::string_view name, int layer, const core::TensorView& v) { trace->add(name, layer, v); };
     const model::SequenceInput in{tokens, &state_, kind};
+    last_route_ = engine::route_batch(runner_.model(), nullptr, {&in, 1});  // the engine's route for it
     const core::Tensor logits = runner_.model().forward(cache_.storage(), {&in, 1}, model::LogitRows::last,
-                                                        trace ? &fn : nullptr);
+                                                        trace ? &fn : nullptr, nullptr, nullptr, model::LogitsAt::host,
+                                                        last_route_.path);
     const auto s = logits.view().span<const float>();
     return {s.begin(), s.end()};
   }
   // The decode path that ran the last step: "fused", "standard", or "standard: <fallback reason>".
   std::string last_path() const {
-    const model::PathDecision d = runner_.model().last_path_decision();
-    return d.fused ? "fused" : d.reason.empty() ? "standard" : "standard: " + d.reason;
+    const core::StepRoute& r = last_route_;
+    return r.path == core::DecodePath::fused ? "fused" : r.fallback.empty() ? "standard" : "standard: " + r.fallback;
   }
 
  private:
   const runner::ModelRunner& runner_;
   model::LocalCache cache_;
   model::SequenceState state_;
+  core::StepRoute last_route_;
 };
 
 void check_ids(const runner::ModelRunner& r, std::span<const int32_t> ids) {

@@ -87,7 +87,7 @@ struct StepTokens {
   int32_t greedy_a = -1, greedy_b = -1;  // argmax of each side's logits (first maximum)
   bool top1_agree = false;
   // The decode path each side's step ran: "fused", "standard" or "standard: <fallback reason>"
-  // (decode_backend latency_specialized falls back per step; model::PathDecision).
+  // (decode_backend latency_specialized falls back per step: the route the engine gives it).
   std::string path_a, path_b;
 };
 

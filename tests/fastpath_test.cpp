@@ -2,7 +2,8 @@
 // runs the fused ops' reference implementations: it computes the standard path's function (logits
 // in fp32 and bf16, 500 greedy tokens, speculative verify and commit, several sequences), it
 // really ran (the op recorder sees every fused op and no standard op it replaces), and every
-// step it does not cover falls back with its reason counted.
+// step it does not cover is routed to the standard path with its reason counted. Steps driven on a
+// Model directly take the route the engine gives them (engine::route_batch).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "config/config_test_util.h"
 #include "core/rng.h"
+#include "engine/model_executor.h"
 #include "engine/one_shot.h"
 #include "fastpath/fused_decode.h"
 #include "model/decode_graphs.h"
@@ -20,6 +22,7 @@
 #include "model/model.h"
 #include "runner/model_runner.h"
 #include "runner/tp_runner.h"
+#include "scheduler/step_route.h"
 #include "test_util.h"
 
 namespace k3 {
@@ -54,9 +57,26 @@ struct Pair {
   std::unique_ptr<runner::ModelRunner> standard, fused;
 };
 
+// One step as the engine runs it: on the route the scheduler gives it, counted into `paths`.
+core::Tensor routed(const model::Model& m, model::KvStorage& kv, std::span<const SequenceInput> batch, LogitRows rows,
+                    core::DecodePathCounters& paths, model::VerifyCapture* capture = nullptr,
+                    model::HiddenTaps* taps = nullptr) {
+  const core::StepRoute route = engine::route_batch(m, nullptr, batch);
+  paths.count(route);
+  return m.forward(kv, batch, rows, nullptr, capture, taps, model::LogitsAt::host, route.path);
+}
+// The same through `g`, which must take the step (its route has a graph bucket).
+core::Tensor routed(const model::Model& m, model::DecodeGraphs& g, std::span<const SequenceInput> batch,
+                    core::DecodePathCounters& paths, model::VerifyCapture* capture = nullptr) {
+  const core::StepRoute route = engine::route_batch(m, &g, batch);
+  EXPECT_TRUE(route.graph.captured()) << "the step has no graph bucket";
+  paths.count(route);
+  return g.forward(batch, route.graph, route.path, model::LogitsAt::host, capture);
+}
+
 // Runs the same steps on a model: three sequences prefilled (different lengths), then `steps`
 // pure-decode steps of all three (teacher-forced tokens). Returns every decode step's logits.
-std::vector<core::Tensor> decode_steps(const model::Model& m, int steps, int vocab,
+std::vector<core::Tensor> decode_steps(const model::Model& m, int steps, int vocab, core::DecodePathCounters& paths,
                                        model::KvCacheDtype kv = model::KvCacheDtype::bf16) {
   model::LocalCache cache(m.config(), 3, 96, kv, /*block_size=*/7);
   std::vector<model::SequenceState> st;
@@ -64,7 +84,7 @@ std::vector<core::Tensor> decode_steps(const model::Model& m, int steps, int voc
   const auto p0 = random_tokens(30, vocab, 1), p1 = random_tokens(5, vocab, 2), p2 = random_tokens(17, vocab, 3);
   SequenceInput pre[] = {
       {p0, &st[0], StepKind::prefill}, {p1, &st[1], StepKind::prefill}, {p2, &st[2], StepKind::prefill}};
-  m.forward(cache.storage(), pre, LogitRows::last);
+  routed(m, cache.storage(), pre, LogitRows::last, paths);
   const auto feed = random_tokens(3 * steps, vocab, 4);
   std::vector<core::Tensor> out;
   for (int i = 0; i < steps; ++i) {
@@ -72,54 +92,54 @@ std::vector<core::Tensor> decode_steps(const model::Model& m, int steps, int voc
     for (int s = 0; s < 3; ++s)
       dec[s] = {std::span(feed).subspan(static_cast<size_t>(3 * i + s), 1), &st[static_cast<size_t>(s)],
                 StepKind::decode};
-    out.push_back(m.forward(cache.storage(), dec, LogitRows::last));
+    out.push_back(routed(m, cache.storage(), dec, LogitRows::last, paths));
   }
   return out;
 }
 
-// DecodeGraphs on a device that cannot capture (the CPU) runs every step eagerly: each one counts
-// once, on the path that served it (the capture it tried records nothing and takes nothing back).
-TEST(FastPath, DecodeGraphsOnTheCpuCountEveryStepOnce) {
+// DecodeGraphs on a device that cannot capture (the CPU) runs every step of its buckets eagerly, on
+// the path the route gives (the capture it tried records nothing).
+TEST(FastPath, DecodeGraphsOnTheCpuRunEveryStepEagerly) {
   Pair p(kernels::Precision::fp32);
   const model::Model& m = p.fused->model();
   model::LocalCache cache(m.config(), 2, 64, model::KvCacheDtype::bf16, /*block_size=*/8);
   std::vector<model::SequenceState> st{cache.new_sequence(), cache.new_sequence()};
   const auto prompt = random_tokens(9, m.config().vocab_size, 5);
+  core::DecodePathCounters c;
   for (auto& s : st) {
     SequenceInput pre[] = {{prompt, &s, StepKind::prefill}};
-    m.forward(cache.storage(), pre, LogitRows::last);
+    routed(m, cache.storage(), pre, LogitRows::last, c);
   }
   model::DecodeGraphs graphs(m, cache.storage(), /*max_blocks_per_seq=*/8);
   const int32_t tok[] = {3, 7};
   for (int i = 0; i < 4; ++i) {
     SequenceInput dec[] = {{std::span(tok).first(1), &st[0], StepKind::decode},
                            {std::span(tok).last(1), &st[1], StepKind::decode}};
-    ASSERT_TRUE(graphs.eligible(dec));
-    graphs.forward(dec);
+    EXPECT_EQ(engine::route_batch(m, &graphs, dec).graph, (core::GraphBucket{2, 1}));
+    routed(m, graphs, dec, c);
   }
   EXPECT_EQ(graphs.captures(), 0);
-  const model::DecodePathCounters c = m.decode_path_counters();
   EXPECT_EQ(c.fused_steps, 4);
   EXPECT_EQ(c.standard_steps, 2);  // the two prefills
+  EXPECT_EQ(st[0].num_tokens, 9 + 4);
 }
 
 TEST(FastPath, DecodeLogitsEqualTheStandardPathFp32) {
   Pair p(kernels::Precision::fp32);
   const int V = p.standard->config().vocab_size;
-  const auto want = decode_steps(p.standard->model(), 12, V);
-  const auto got = decode_steps(p.fused->model(), 12, V);
+  core::DecodePathCounters s, c;
+  const auto want = decode_steps(p.standard->model(), 12, V, s);
+  const auto got = decode_steps(p.fused->model(), 12, V, c);
   for (size_t i = 0; i < want.size(); ++i) {
     const auto d = compare(got[i], want[i]);
     EXPECT_LE(d.rel(), 1e-5) << "step " << i;  // a merged softmax in the AttnRes stream: fp32 rounding only
     EXPECT_EQ(d.top1_agreement, 1.0) << "step " << i;
   }
-  const model::DecodePathCounters c = p.fused->model().decode_path_counters();
   EXPECT_EQ(c.fused_steps, 12);
   EXPECT_EQ(c.standard_steps, 1);  // the prefill
   ASSERT_EQ(c.fallbacks.size(), 1u);
-  EXPECT_EQ(c.fallbacks[0].first, fastpath::kNotPureDecode);
+  EXPECT_EQ(c.fallbacks[0].first, scheduler::kNotPureDecode);
   EXPECT_EQ(c.fallbacks[0].second, 1);
-  const model::DecodePathCounters s = p.standard->model().decode_path_counters();
   EXPECT_EQ(s.fused_steps, 0);
   EXPECT_EQ(s.standard_steps, 13);
   EXPECT_TRUE(s.fallbacks.empty());  // auto chose the standard path: not a fallback
@@ -131,9 +151,10 @@ TEST(FastPath, DecodeLogitsEqualTheStandardPathFp32) {
 TEST(FastPath, DecodeLogitsEqualTheStandardPathWithAnFp8CacheFp32) {
   Pair p(kernels::Precision::fp32);
   const int V = p.standard->config().vocab_size;
-  const auto want = decode_steps(p.standard->model(), 12, V, model::KvCacheDtype::fp8_e4m3);
-  const auto got = decode_steps(p.fused->model(), 12, V, model::KvCacheDtype::fp8_e4m3);
-  const auto bf16_cache = decode_steps(p.standard->model(), 12, V);
+  core::DecodePathCounters s, c;
+  const auto want = decode_steps(p.standard->model(), 12, V, s, model::KvCacheDtype::fp8_e4m3);
+  const auto got = decode_steps(p.fused->model(), 12, V, c, model::KvCacheDtype::fp8_e4m3);
+  const auto bf16_cache = decode_steps(p.standard->model(), 12, V, s);
   bool cache_dtype_matters = false;
   for (size_t i = 0; i < want.size(); ++i) {
     const auto d = compare(got[i], want[i]);
@@ -142,7 +163,6 @@ TEST(FastPath, DecodeLogitsEqualTheStandardPathWithAnFp8CacheFp32) {
     cache_dtype_matters = cache_dtype_matters || compare(want[i], bf16_cache[i]).rel() > 1e-4;
   }
   EXPECT_TRUE(cache_dtype_matters) << "the fp8 cache gave the bf16 cache's logits: was it used?";
-  const model::DecodePathCounters c = p.fused->model().decode_path_counters();
   EXPECT_EQ(c.fused_steps, 12);
   EXPECT_EQ(c.standard_steps, 1);  // the prefill
 }
@@ -151,8 +171,10 @@ TEST(FastPath, DecodeLogitsTrackTheStandardPathBf16) {
   for (auto init : {checkpoint::InitStyle::realistic, checkpoint::InitStyle::sensitive}) {
     Pair p(kernels::Precision::bf16, init);
     const int V = p.standard->config().vocab_size;
-    const auto want = decode_steps(p.standard->model(), 12, V);
-    const auto got = decode_steps(p.fused->model(), 12, V);
+    core::DecodePathCounters s, c;
+    const auto want = decode_steps(p.standard->model(), 12, V, s);
+    const auto got = decode_steps(p.fused->model(), 12, V, c);
+    EXPECT_EQ(c.fused_steps, 12);
     int64_t agree = 0, rows = 0;
     for (size_t i = 0; i < want.size(); ++i) {
       const auto d = compare(got[i], want[i]);
@@ -168,11 +190,13 @@ TEST(FastPath, GreedyFiveHundredTokensIdenticalFp32) {
   Pair p(kernels::Precision::fp32, checkpoint::InitStyle::realistic);
   const auto prompt = random_tokens(24, p.standard->config().vocab_size, 9);
   runner::SamplingParams greedy;
+  engine::GenerateStats stats;
   const auto want = engine::generate(*p.standard, prompt, 500, greedy);
-  const auto got = engine::generate(*p.fused, prompt, 500, greedy);
+  const auto got = engine::generate(*p.fused, prompt, 500, greedy, nullptr, &stats);
   ASSERT_EQ(want.size(), 500u);
   EXPECT_EQ(got, want);
-  EXPECT_EQ(p.fused->model().decode_path_counters().fused_steps, 499);
+  EXPECT_EQ(stats.decode_paths.fused_steps, 499);
+  EXPECT_EQ(stats.decode_paths.standard_steps, 1);  // the prefill
 }
 
 // The recorder sees the fused ops and none of the standard ops they replace.
@@ -202,10 +226,12 @@ TEST(FastPath, TheFusedKernelsRanAndExplainSaysSo) {
   model::LocalCache cache(c, 1, 32);
   model::SequenceState st = cache.new_sequence();
   SequenceInput in{prompt, &st, StepKind::prefill};
-  p.fused->model().forward(cache.storage(), {&in, 1}, LogitRows::last);
+  core::DecodePathCounters paths;
+  routed(p.fused->model(), cache.storage(), {&in, 1}, LogitRows::last, paths);
   rec.start();
   in = {std::span(prompt).first(1), &st, StepKind::decode};
-  p.fused->model().forward(cache.storage(), {&in, 1}, LogitRows::last);
+  routed(p.fused->model(), cache.storage(), {&in, 1}, LogitRows::last, paths);
+  EXPECT_EQ(paths.fused_steps, 1);
   std::map<std::string, int> count;
   for (const auto& call : rec.stop()) ++count[call.op];
   int kda = 0, mla = 0;
@@ -239,19 +265,21 @@ TEST(FastPath, VerifyRowsAndCommitEqualTheStandardPathFp32) {
   Pair p(kernels::Precision::fp32);
   const int V = p.standard->config().vocab_size;
   const auto prompt = random_tokens(20, V, 6), drafts = random_tokens(5, V, 7), next = random_tokens(2, V, 8);
+  core::DecodePathCounters paths;
   auto run = [&](const model::Model& m) {
+    paths = {};
     model::LocalCache cache(m.config(), 2, 64, model::KvCacheDtype::bf16, 5);
     model::SequenceState a = cache.new_sequence(), b = cache.new_sequence();
     SequenceInput pre[] = {{prompt, &a, StepKind::prefill}, {std::span(prompt).first(11), &b, StepKind::prefill}};
-    m.forward(cache.storage(), pre, LogitRows::last);
+    routed(m, cache.storage(), pre, LogitRows::last, paths);
     model::VerifyCapture capture;
     SequenceInput verify[] = {{drafts, &a, StepKind::decode, true}, {std::span(next).first(1), &b, StepKind::decode}};
-    std::vector<core::Tensor> out{m.forward(cache.storage(), verify, LogitRows::requested, nullptr, &capture)};
+    std::vector<core::Tensor> out{routed(m, cache.storage(), verify, LogitRows::requested, paths, &capture)};
     const int32_t accepted[] = {3};
     m.commit_verified(cache.storage(), capture, accepted);
     SequenceInput after[] = {{std::span(next).first(1), &a, StepKind::decode},
                              {std::span(next).last(1), &b, StepKind::decode}};
-    out.push_back(m.forward(cache.storage(), after, LogitRows::last));
+    out.push_back(routed(m, cache.storage(), after, LogitRows::last, paths));
     return out;
   };
   const auto want = run(p.standard->model()), got = run(p.fused->model());
@@ -259,7 +287,7 @@ TEST(FastPath, VerifyRowsAndCommitEqualTheStandardPathFp32) {
     ASSERT_EQ(got[i].dim(0), want[i].dim(0));
     EXPECT_LE(compare(got[i], want[i]).rel(), 1e-5) << "step " << i;
   }
-  EXPECT_EQ(p.fused->model().decode_path_counters().fused_steps, 2);  // the verify step and the decode step
+  EXPECT_EQ(paths.fused_steps, 2);  // the verify step and the decode step
 }
 
 // Verify steps of equal draft counts go through DecodeGraphs (captured on a GPU; on the CPU the
@@ -269,11 +297,12 @@ TEST(FastPath, VerifyStepsThroughDecodeGraphsEqualForwardFp32) {
   Pair p(kernels::Precision::fp32);
   const int V = p.standard->config().vocab_size;
   const auto prompt = random_tokens(20, V, 16), drafts = random_tokens(16, V, 17), next = random_tokens(2, V, 18);
+  core::DecodePathCounters paths;
   auto run = [&](const model::Model& m, bool graphs) {
     model::LocalCache cache(m.config(), 2, 96, model::KvCacheDtype::bf16, 5);
     model::SequenceState a = cache.new_sequence(), b = cache.new_sequence();
     SequenceInput pre[] = {{prompt, &a, StepKind::prefill}, {std::span(prompt).first(11), &b, StepKind::prefill}};
-    m.forward(cache.storage(), pre, LogitRows::last);
+    routed(m, cache.storage(), pre, LogitRows::last, paths);
     model::DecodeGraphs g(m, cache.storage(), /*max_blocks_per_seq=*/20);
     std::vector<core::Tensor> out;
     const int32_t accepted[2][2] = {{3, 4}, {1, 4}};
@@ -281,12 +310,8 @@ TEST(FastPath, VerifyStepsThroughDecodeGraphsEqualForwardFp32) {
       model::VerifyCapture capture;
       const auto d = std::span(drafts).subspan(static_cast<size_t>(8 * round), 8);
       SequenceInput verify[] = {{d.first(4), &a, StepKind::decode, true}, {d.last(4), &b, StepKind::decode, true}};
-      if (graphs) {
-        EXPECT_TRUE(g.eligible(verify));
-        out.push_back(g.forward(verify, model::LogitsAt::host, &capture));
-      } else {
-        out.push_back(m.forward(cache.storage(), verify, LogitRows::requested, nullptr, &capture));
-      }
+      if (graphs) out.push_back(routed(m, g, verify, paths, &capture));
+      else out.push_back(routed(m, cache.storage(), verify, LogitRows::requested, paths, &capture));
       EXPECT_EQ(a.num_tokens, (round == 0 ? 20 : 23) + 4);  // every row advanced until the commit
       // DecodeGraphs' commit (a graph on a GPU; on the CPU, which cannot capture, Model's).
       if (graphs) g.commit_verified(capture, accepted[round]);
@@ -296,7 +321,7 @@ TEST(FastPath, VerifyStepsThroughDecodeGraphsEqualForwardFp32) {
     EXPECT_EQ(b.num_tokens, 11 + 4 + 4);
     SequenceInput after[] = {{std::span(next).first(1), &a, StepKind::decode},
                              {std::span(next).last(1), &b, StepKind::decode}};
-    out.push_back(m.forward(cache.storage(), after, LogitRows::last));
+    out.push_back(routed(m, cache.storage(), after, LogitRows::last, paths));
     return out;
   };
   for (const auto* r : {p.standard.get(), p.fused.get()}) {
@@ -307,7 +332,9 @@ TEST(FastPath, VerifyStepsThroughDecodeGraphsEqualForwardFp32) {
       EXPECT_EQ(compare(got[i], want[i]).max_abs, 0.0) << "step " << i;  // the same run_step: bit for bit
     }
   }
-  // Unequal draft counts, or a verify sequence beside a plain one, are not graph steps.
+  EXPECT_EQ(paths.fused_steps, 2 * (2 + 1));  // the fused model's verify and decode steps, with and without graphs
+  // Unequal draft counts, or a verify sequence beside a plain one, are not graph steps: they route
+  // to no bucket, and DecodeGraphs refuses them.
   model::LocalCache cache(p.standard->config(), 2, 32);
   model::SequenceState a = cache.new_sequence(), b = cache.new_sequence();
   a.num_tokens = b.num_tokens = 4;
@@ -316,11 +343,15 @@ TEST(FastPath, VerifyStepsThroughDecodeGraphsEqualForwardFp32) {
                              {std::span(drafts).first(2), &b, StepKind::decode, true}};
   SequenceInput mixed[] = {{std::span(drafts).first(3), &a, StepKind::decode, true},
                            {std::span(drafts).first(1), &b, StepKind::decode}};
-  EXPECT_FALSE(g.eligible(unequal));
-  EXPECT_FALSE(g.eligible(mixed));
+  EXPECT_FALSE(engine::route_batch(p.standard->model(), &g, unequal).graph.captured());
+  EXPECT_FALSE(engine::route_batch(p.standard->model(), &g, mixed).graph.captured());
+  EXPECT_FALSE(g.fits(unequal, {2, 3}));
+  EXPECT_FALSE(g.fits(mixed, {2, 3}));
+  EXPECT_THROW(g.forward(mixed, {2, 3}, core::DecodePath::standard), core::Error);
 }
 
-// Steps outside the scope fall back with their reason; the counters and the log say so.
+// Steps outside the scope are routed to the standard path with their reason; a step routed to the
+// fused path outside its scope is refused, not run.
 TEST(FastPath, OutOfScopeStepsFallBackWithTheirReason) {
   Pair p(kernels::Precision::bf16);
   const model::Model& m = p.fused->model();
@@ -334,18 +365,24 @@ TEST(FastPath, OutOfScopeStepsFallBackWithTheirReason) {
   for (int s = 0; s < B; ++s)
     in.push_back(
         {std::span(tok).subspan(static_cast<size_t>(2 * s), 1), &st[static_cast<size_t>(s)], StepKind::prefill});
-  m.forward(cache.storage(), in, LogitRows::last);  // prefill: falls back
+  core::DecodePathCounters c;
+  EXPECT_THROW(m.forward(cache.storage(), in, LogitRows::last, nullptr, nullptr, nullptr, model::LogitsAt::host,
+                         core::DecodePath::fused),
+               core::Error);                           // a prefill routed to the fused path
+  routed(m, cache.storage(), in, LogitRows::last, c);  // prefill: falls back
   for (int s = 0; s < B; ++s)
     in[static_cast<size_t>(s)] = {std::span(tok).subspan(static_cast<size_t>(2 * s + 1), 1),
                                   &st[static_cast<size_t>(s)], StepKind::decode};
-  m.forward(cache.storage(), in, LogitRows::last);                       // 65 decode rows: falls back
-  m.forward(cache.storage(), std::span(in).first(64), LogitRows::last);  // 64 rows: fused
-  const model::DecodePathCounters c = m.decode_path_counters();
+  EXPECT_THROW(m.forward(cache.storage(), in, LogitRows::last, nullptr, nullptr, nullptr, model::LogitsAt::host,
+                         core::DecodePath::fused),
+               core::Error);                                                // 65 rows routed to the fused path
+  routed(m, cache.storage(), in, LogitRows::last, c);                       // 65 decode rows: falls back
+  routed(m, cache.storage(), std::span(in).first(64), LogitRows::last, c);  // 64 rows: fused
   EXPECT_EQ(c.fused_steps, 1);
   EXPECT_EQ(c.standard_steps, 2);
   std::map<std::string, int64_t> by_reason(c.fallbacks.begin(), c.fallbacks.end());
-  EXPECT_EQ(by_reason[fastpath::kNotPureDecode], 1);
-  EXPECT_EQ(by_reason[fastpath::kTooManyRows], 1);
+  EXPECT_EQ(by_reason[scheduler::kNotPureDecode], 1);
+  EXPECT_EQ(by_reason["more_than_64_rows"], 1);
 }
 
 // Tensor parallelism: every rank runs the fused path on its shard (heads, experts, vocab split;
@@ -359,12 +396,12 @@ TEST(FastPath, TensorParallelRanksRunTheFusedPathFp32) {
     auto standard = runner::TpRunner::open(dir, tp, options(kernels::Precision::fp32, model::DecodeBackend::standard));
     auto fused = runner::TpRunner::open(dir, tp,
                                         options(kernels::Precision::fp32, model::DecodeBackend::latency_specialized));
+    core::DecodePathCounters paths;
     const core::Tensor want = engine::logits(*standard, tokens, 24);  // rows 24..39: one decode step each
-    const core::Tensor got = engine::logits(*fused, tokens, 24);
+    const core::Tensor got = engine::logits(*fused, tokens, 24, &paths);
     EXPECT_LE(compare(got, want).rel(), 1e-5) << "tp " << tp;
     EXPECT_EQ(compare(got, want).top1_agreement, 1.0) << "tp " << tp;
-    for (int r = 0; r < tp; ++r)
-      EXPECT_EQ(fused->model(r).decode_path_counters().fused_steps, 16) << "tp " << tp << " rank " << r;
+    EXPECT_EQ(paths.fused_steps, 16) << "tp " << tp;  // every rank runs the plan's route
   };
   check(Pair(kernels::Precision::fp32), 2);
   check(Pair(kernels::Precision::fp32, checkpoint::InitStyle::sensitive, config::test::tiny_tp8_config()), 8);
@@ -375,15 +412,16 @@ TEST(FastPath, HiddenTapsEqualTheStandardPathFp32) {
   Pair p(kernels::Precision::fp32);
   const int V = p.standard->config().vocab_size;
   const auto prompt = random_tokens(12, V, 14);
+  core::DecodePathCounters paths;
   auto taps_of = [&](const model::Model& m) {
     model::LocalCache cache(m.config(), 1, 32);
     model::SequenceState st = cache.new_sequence();
     SequenceInput in{prompt, &st, StepKind::prefill};
-    m.forward(cache.storage(), {&in, 1}, LogitRows::last);
+    routed(m, cache.storage(), {&in, 1}, LogitRows::last, paths);
     model::HiddenTaps taps;
     taps.layers = {0, 2};
     in = {std::span(prompt).first(1), &st, StepKind::decode};
-    m.forward(cache.storage(), {&in, 1}, LogitRows::last, nullptr, nullptr, &taps);
+    routed(m, cache.storage(), {&in, 1}, LogitRows::last, paths, nullptr, &taps);
     std::vector<core::Tensor> host;
     for (const core::Tensor& t : taps.values) host.push_back(t);
     return host;
@@ -394,7 +432,7 @@ TEST(FastPath, HiddenTapsEqualTheStandardPathFp32) {
     ASSERT_TRUE(got[i].defined()) << "tap " << i << " not filled by the fused path";
     EXPECT_LE(compare(got[i], want[i]).rel(), 1e-5) << "tap " << i;
   }
-  EXPECT_EQ(p.fused->model().decode_path_counters().fused_steps, 1);
+  EXPECT_EQ(paths.fused_steps, 1);
 }
 
 // A config whose AttnRes schedule the fused ops do not take (block of 17: 34 Mix operators per
@@ -405,8 +443,9 @@ TEST(FastPath, AnAttnResScheduleBeyondTheFusedOpsFallsBack) {
   config::validate(c, "block 17");
   Pair p(kernels::Precision::bf16, checkpoint::InitStyle::realistic, c);
   const auto prompt = random_tokens(6, c.vocab_size, 15);
-  EXPECT_EQ(engine::generate(*p.fused, prompt, 4, {}), engine::generate(*p.standard, prompt, 4, {}));
-  const model::DecodePathCounters k = p.fused->model().decode_path_counters();
+  engine::GenerateStats stats;
+  EXPECT_EQ(engine::generate(*p.fused, prompt, 4, {}, nullptr, &stats), engine::generate(*p.standard, prompt, 4, {}));
+  const core::DecodePathCounters& k = stats.decode_paths;
   EXPECT_EQ(k.fused_steps, 0);
   ASSERT_EQ(k.fallbacks.size(), 1u);
   EXPECT_EQ(k.fallbacks[0].first, fastpath::kUnsupportedAttnRes);

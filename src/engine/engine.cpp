@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "runner/device_sampler.h"
 
 namespace k3::engine {
@@ -30,6 +31,12 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<Executor> executor, s
       scheduler_(config_.scheduler, config_.cache),
       vocab_(executor_->vocab_size()),
       drafter_(std::move(drafter)) {
+  set_up_speculation();
+  // Every step is routed by what the executor runs, asked once the drafter's taps are set.
+  scheduler_.set_execution_scope(executor_->scope());
+}
+
+void Engine::set_up_speculation() {
   const spec::SpeculativeConfig& sc = config_.speculative;
   if (!sc.enabled()) {
     K3_CHECK(!drafter_, "Engine: a drafter was given but speculative.method is none (or num_speculative_tokens 0)");
@@ -244,6 +251,7 @@ bool Engine::step() {
                                   : core::LogitsAt::host;
     const core::Tensor logits = executor_->execute(plan, at);
     exec_s = Seconds(scheduler::Clock::now() - e0).count();
+    count_route(plan.route);
     K3_CHECK(logits.dtype() == core::DType::f32 && logits.shape().rank() == 2 && logits.dim(0) == plan.num_logit_rows &&
                  logits.dim(1) == vocab_,
              "executor returned logits of the wrong shape");
@@ -290,6 +298,14 @@ bool Engine::step() {
   deliver_events(Seconds(scheduler::Clock::now() - t0).count() - exec_s, exec_s,
                  error.empty() ? "" : "step failed: " + error);
   return true;
+}
+
+void Engine::count_route(const core::StepRoute& route) {
+  last_route_ = route;
+  if (!decode_paths_.count(route)) return;
+  log::info(route.path == core::DecodePath::fused
+                ? "decode path: latency_specialized (fused) serves a step"
+                : "decode path: standard for a step the fused path does not cover (" + route.fallback + ")");
 }
 
 void Engine::propose_drafts() {
@@ -423,7 +439,7 @@ void Engine::publish_stats(double host_s, double exec_s) {
   s.cache = scheduler_.cache().usage();
   s.host_seconds = host_seconds_;
   s.executor_seconds = executor_seconds_;
-  s.decode_paths = executor_->decode_path_counters();
+  s.decode_paths = decode_paths_;
   // The step just run, if any (an idle or all-preempted step computed nothing): its tokens are
   // what the scheduler's counters grew by since the last publish.
   const int64_t computed = c.prefill_tokens + c.decode_tokens;

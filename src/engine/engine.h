@@ -94,7 +94,7 @@ struct EngineStats {
   std::vector<int64_t> spec_accepted_per_pos;  // [K]: draft position i accepted this many times
   // Model steps per decode path (decode_backend latency_specialized: fused or standard) and the
   // fused path's fallbacks by reason.
-  model::DecodePathCounters decode_paths;
+  core::DecodePathCounters decode_paths;
   // Tokens per model step (prefill + decode rows, recomputation and verified drafts included),
   // by power of two: [i] counts steps of 2^(i-1) < tokens <= 2^i ([0]: one token), the last
   // entry every larger step. The sum over steps is prefill_tokens + decode_tokens. (vLLM's
@@ -137,6 +137,9 @@ class Engine {
   Executor& executor() { return *executor_; }
   // For tests stepping synchronously.
   const scheduler::Scheduler& scheduler() const { return scheduler_; }
+  // The route of the last step that ran (its plan's: decode path, fallback reason, graph bucket);
+  // on the step thread.
+  const core::StepRoute& last_route() const { return last_route_; }
 
  private:
   struct Pending {
@@ -161,6 +164,9 @@ class Engine {
   void deliver_events(double host_s, double exec_s, const std::string& error);
   void deliver(const scheduler::RequestEvent& e, runner::SampleResult* sample, const std::string& error);
   void publish_stats(double host_s, double exec_s);
+  void set_up_speculation();
+  // Counts a step that ran on `route` (stats().decode_paths), logging the first of each kind.
+  void count_route(const core::StepRoute& route);
   void propose_drafts();
   // Samples plan row(s) of sequence i into samples_/sampled_/accepted_ (verify: acceptance).
   void sample_sequence(const StepPlan& plan, size_t i, const float* rows);
@@ -206,8 +212,10 @@ class Engine {
   std::vector<spec::DraftQuery> queries_;
   std::vector<spec::Draft> drafts_;
   std::vector<int32_t> accepted_, verify_rows_, scratch_;
-  std::vector<int32_t> seq_accepted_;  // per plan sequence: accepted drafts (-1: not a verify)
-  bool taps_on_ = false;               // the drafter observes the target's hidden states
+  std::vector<int32_t> seq_accepted_;      // per plan sequence: accepted drafts (-1: not a verify)
+  bool taps_on_ = false;                   // the drafter observes the target's hidden states
+  core::DecodePathCounters decode_paths_;  // the routes of the steps that ran
+  core::StepRoute last_route_;
   spec::Verified verified_;
   int64_t aborted_ = 0, failed_ = 0, generated_ = 0;
   double host_seconds_ = 0, executor_seconds_ = 0;

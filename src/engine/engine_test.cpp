@@ -9,6 +9,7 @@
 
 #include <map>
 #include <numeric>
+#include <set>
 #include <thread>
 
 #include "core/error.h"
@@ -38,8 +39,9 @@ EngineConfig engine_config(int32_t blocks = 64, bool prefix_cache = true) {
 }
 
 struct Rig {
-  explicit Rig(const EngineConfig& c = engine_config()) {
+  explicit Rig(const EngineConfig& c = engine_config(), scheduler::ExecutionScope scope = {}) {
     auto ex = std::make_unique<testing::FakeExecutor>(c.cache, kVocab);
+    ex->set_scope(std::move(scope));
     fake = ex.get();
     engine = std::make_unique<Engine>(c, std::move(ex));
     fake->set_tokens_of([this](RequestId id) { return engine->scheduler().find(id)->tokens(); });
@@ -88,6 +90,49 @@ TEST(Engine, StreamsTokensThenOneFinishWithStats) {
   EXPECT_EQ(s.generated_tokens, 5);
   EXPECT_EQ(s.cache.slots_in_use, 0);
   EXPECT_EQ(rig.fake->num_states(), 0u);
+}
+
+// Every step is routed once, by the executor's scope, in the plan the executor runs; the engine
+// counts the routes that ran. Three requests of different lengths, fused path for at most 2 rows,
+// graphs for at most 2 sequences: prefill steps fall back with kNotPureDecode, 3-row decode steps
+// with more_than_2_rows and no bucket, the 2- and 1-row decode steps at the end are fused graph steps.
+TEST(Engine, RoutesEveryStepByTheExecutorsScopeAndCountsThem) {
+  scheduler::ExecutionScope scope;
+  scope.fused_selected = true;
+  scope.fused_max_rows = 2;
+  scope.graph_max_batch = 2;
+  scope.graph_max_rows = 8;
+  scope.graph_max_blocks = 64;
+  Rig rig(engine_config(), scope);
+  std::vector<Engine::Submission> subs;
+  for (int i = 0; i < 3; ++i) subs.push_back(rig.engine->submit(request(10 + 3 * i, 3 + 2 * i, i)));
+  rig.engine->run_until_idle();
+  for (auto& s : subs) EXPECT_EQ(drain(*s.stream).back().reason, FinishReason::length);
+  const std::vector<core::StepRoute>& routes = rig.fake->routes();
+  core::DecodePathCounters want;
+  std::set<std::string> reasons;
+  bool saw_graph_1 = false, saw_graph_2 = false;
+  for (const core::StepRoute& r : routes) {
+    want.count(r);
+    if (r.path == core::DecodePath::fused) {
+      EXPECT_TRUE(r.fallback.empty());
+      EXPECT_TRUE(r.graph.captured());
+      EXPECT_EQ(r.graph.rows, 1);
+      saw_graph_1 |= r.graph.batch == 1;
+      saw_graph_2 |= r.graph.batch == 2;
+    } else {
+      reasons.insert(r.fallback);
+      if (r.fallback == scheduler::too_many_rows(2)) EXPECT_FALSE(r.graph.captured()) << "3 sequences: no bucket";
+    }
+  }
+  EXPECT_EQ(reasons, (std::set<std::string>{scheduler::kNotPureDecode, "more_than_2_rows"}));
+  EXPECT_TRUE(saw_graph_1 && saw_graph_2);
+  const core::DecodePathCounters got = rig.engine->stats().decode_paths;
+  EXPECT_EQ(got.fused_steps, want.fused_steps);
+  EXPECT_EQ(got.standard_steps, want.standard_steps);
+  EXPECT_EQ(got.fallbacks, want.fallbacks);
+  EXPECT_EQ(got.fused_steps + got.standard_steps, static_cast<int64_t>(routes.size()));
+  EXPECT_EQ(rig.engine->last_route().path, core::DecodePath::fused);  // the longest request's last step, alone
 }
 
 TEST(Engine, RejectsEveryBadParameterWithItsName) {

@@ -6,8 +6,8 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
-#include "model/decode_path_counters.h"
 #include "scheduler/step_plan.h"
+#include "scheduler/step_route.h"
 
 namespace k3::runner {
 class DeviceSampler;
@@ -21,9 +21,9 @@ class Executor {
  public:
   virtual ~Executor() = default;
   virtual int32_t vocab_size() const = 0;
-  // Runs the plan: drops the preempted, prepares fresh slots, forward, saves. Returns f32 logits
-  // [plan.num_logit_rows, vocab]: plan.seqs[i].logit_rows() rows per sequence in plan order (its
-  // last token's; every row of a verify or every_row sequence; rows of sequences that neither
+  // Runs the plan: drops the preempted, prepares fresh slots, forward on the plan's route (its
+  // decode path and graph bucket), saves. Returns f32 logits [plan.num_logit_rows, vocab]:
+  // plan.seqs[i].logit_rows() rows per sequence in plan order (its last token's; every row of a verify or every_row sequence; rows of sequences that neither
   // sample nor hand out logits are ignored), on the host or, with `at` device (the engine asks for
   // it only from an executor with a device_sampler(), for a step without verify rows or logits it
   // hands out), on the model's device, valid until the next execute(). Throws on failure; the
@@ -50,8 +50,11 @@ class Executor {
     if (!layers.empty()) throw core::Error("this executor cannot tap the target's hidden states");
   }
   virtual const core::Tensor* hidden_taps() const { return nullptr; }
-  // Model steps per decode path and the fused path's fallbacks by reason (model::Model's).
-  virtual model::DecodePathCounters decode_path_counters() const { return {}; }
+  // What it runs: its decode path, the fused path's scope, the steps it replays as captured graphs
+  // (the default: the standard path, every step eager). The scheduler routes every plan by it
+  // (scheduler/step_route.h) and execute() follows the plan's route; the engine asks again after
+  // set_hidden_tap (taps keep steps off the graphs).
+  virtual scheduler::ExecutionScope scope() const { return {}; }
 };
 
 }  // namespace k3::engine

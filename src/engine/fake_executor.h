@@ -8,6 +8,8 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "engine/executor.h"
 #include "scheduler/fake_kv_storage.h"
@@ -25,6 +27,11 @@ class FakeExecutor final : public Executor {
   // execute() throws on the n-th call (1-based; 0: never).
   void fail_on_call(int64_t n) { fail_on_ = n; }
   int64_t calls() const { return calls_; }
+  // What it says it runs (scheduler/step_route.h; default: the standard path, no graphs), and the
+  // route of every plan it ran, in order.
+  void set_scope(scheduler::ExecutionScope scope) { scope_ = std::move(scope); }
+  scheduler::ExecutionScope scope() const override { return scope_; }
+  const std::vector<core::StepRoute>& routes() const { return routes_; }
   size_t num_states() const { return kv_.num_sequences(); }
 
   int32_t vocab_size() const override { return vocab_; }
@@ -32,6 +39,7 @@ class FakeExecutor final : public Executor {
 
   core::Tensor execute(const StepPlan& plan, core::LogitsAt) override {
     ++calls_;
+    routes_.push_back(plan.route);
     if (calls_ == fail_on_) throw core::Error("fake executor: injected failure on call " + std::to_string(calls_));
     std::vector<int32_t> sampled;
     kv_.run_step(plan, tokens_of_, sampled);
@@ -56,6 +64,8 @@ class FakeExecutor final : public Executor {
   int32_t vocab_;
   TokensOf tokens_of_;
   int64_t calls_ = 0, fail_on_ = 0;
+  scheduler::ExecutionScope scope_;
+  std::vector<core::StepRoute> routes_;
 };
 
 }  // namespace k3::engine::testing

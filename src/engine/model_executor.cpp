@@ -36,6 +36,36 @@ model::KvStorageConfig storage_config(const cache::CacheConfig& c, model::KvCach
 }
 }  // namespace
 
+scheduler::ExecutionScope execution_scope(const model::Model& model, const model::DecodeGraphs* graphs) {
+  scheduler::ExecutionScope sc;
+  const model::Model::FusedScope fused = model.fused_scope();
+  sc.fused_selected = fused.selected;
+  sc.fused_problem = fused.problem;
+  sc.fused_max_rows = fused.max_rows;
+  if (graphs) {
+    sc.graph_max_batch = model::DecodeGraphs::kMaxBatch;
+    sc.graph_max_rows = model::DecodeGraphs::kMaxRows;
+    sc.graph_max_blocks = graphs->max_blocks_per_seq();
+  }
+  return sc;
+}
+
+core::StepRoute route_batch(const model::Model& model, const model::DecodeGraphs* graphs,
+                            std::span<const model::SequenceInput> batch) {
+  scheduler::StepPlan plan;
+  for (const model::SequenceInput& in : batch) {
+    scheduler::ScheduledSequence q;
+    q.kind = in.kind;
+    q.num_tokens = static_cast<int32_t>(in.tokens.size());
+    q.num_drafts = in.verify ? q.num_tokens - 1 : 0;
+    q.num_blocks = in.state ? static_cast<int32_t>(in.state->block_table.size()) : 0;
+    plan.seqs.push_back(q);
+    plan.num_tokens += q.num_tokens;
+    ++(in.kind == core::StepKind::decode ? plan.num_decodes : plan.num_prefills);
+  }
+  return scheduler::route_step(plan, execution_scope(model, graphs));
+}
+
 cache::CacheConfig size_model_cache(const config::K3Config& config, model::KvCacheDtype kv_dtype,
                                     const cache::CacheConfig& base, int64_t budget_bytes, double checkpoint_fraction,
                                     int64_t max_model_len, int dcp) {
@@ -92,7 +122,10 @@ int32_t ModelExecutor::vocab_size() const { return s_->model.config().vocab_size
 void ModelExecutor::release(scheduler::RequestId id) { s_->states.erase(id); }
 const core::Tensor* ModelExecutor::hidden_taps() const { return s_->taps.layers.empty() ? nullptr : &s_->taps_host; }
 runner::DeviceSampler* ModelExecutor::device_sampler() { return s_->device_sampler.get(); }
-model::DecodePathCounters ModelExecutor::decode_path_counters() const { return s_->model.decode_path_counters(); }
+scheduler::ExecutionScope ModelExecutor::scope() const {
+  // A tapped step reads host memory: never captured.
+  return execution_scope(s_->model, s_->taps.layers.empty() ? s_->graphs.get() : nullptr);
+}
 model::KvStorage& ModelExecutor::storage() { return s_->storage; }
 size_t ModelExecutor::num_states() const { return s_->states.size(); }
 int64_t ModelExecutor::graph_replays() const { return s_->graphs ? s_->graphs->replays() : 0; }
@@ -131,11 +164,15 @@ core::Tensor ModelExecutor::execute(const StepPlan& plan, core::LogitsAt at) {
   const model::LogitRows rows = plan.num_logit_rows > static_cast<int64_t>(plan.seqs.size())
                                     ? model::LogitRows::requested
                                     : model::LogitRows::last;
-  // Pure-decode steps and verify steps of equal draft counts replay captured graphs (DecodeGraphs).
-  core::Tensor logits = !taps && s.graphs && s.graphs->eligible(s.batch)
-                            ? s.graphs->forward(s.batch, at, plan.num_verifies > 0 ? &s.capture : nullptr)
-                            : s.model.forward(s.storage, s.batch, rows, nullptr,
-                                              plan.num_verifies > 0 ? &s.capture : nullptr, taps, at);
+  // The plan's route: its decode path, and its graph bucket (pure-decode steps and verify steps of
+  // equal draft counts replay captured graphs: DecodeGraphs).
+  const core::StepRoute& route = plan.route;
+  K3_CHECK(!route.graph.captured() || (s.graphs && !taps),
+           "ModelExecutor: the plan routes a step to a graph this executor does not capture");
+  model::VerifyCapture* capture = plan.num_verifies > 0 ? &s.capture : nullptr;
+  core::Tensor logits = route.graph.captured()
+                            ? s.graphs->forward(s.batch, route.graph, route.path, at, capture)
+                            : s.model.forward(s.storage, s.batch, rows, nullptr, capture, taps, at, route.path);
   if (taps) {  // host [rows, layers * hidden], row-major, the layers side by side
     const int64_t H = s.model.config().hidden_size, n = static_cast<int64_t>(s.taps.layers.size());
     s.taps_host = core::Tensor::zeros(core::DType::f32, {plan.num_tokens, n * H});

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "cache/cache_config.h"
 #include "engine/executor.h"
@@ -20,6 +21,8 @@ struct K3Config;
 namespace k3::model {
 class Model;
 class KvStorage;
+class DecodeGraphs;
+struct SequenceInput;
 enum class KvCacheDtype : uint8_t;  // model/kv_storage.h
 }  // namespace k3::model
 
@@ -41,6 +44,17 @@ cache::CacheConfig size_model_cache(const config::K3Config& config, model::KvCac
 void apply_model_defaults(const config::K3Config& model, scheduler::SchedulerConfig& sched,
                           const cache::CacheConfig& cache, int32_t* eos_token_id);
 
+// What `model` runs, as the scheduler routes by it (scheduler/step_route.h): its decode path and
+// the fused path's scope, and with `graphs` (null: every step eager) the steps replayed as
+// captured graphs. ModelExecutor::scope(), and benchmarks that drive a Model directly.
+scheduler::ExecutionScope execution_scope(const model::Model& model, const model::DecodeGraphs* graphs);
+
+// The route the scheduler gives a step of these sequences (scheduler::route_step over the same plan
+// shape, by execution_scope(model, graphs)): for callers that drive a Model directly (benchmarks,
+// eval, tests) and must run each step on the path the engine would.
+core::StepRoute route_batch(const model::Model& model, const model::DecodeGraphs* graphs,
+                            std::span<const model::SequenceInput> batch);
+
 class ModelExecutor final : public Executor {
  public:
   // `model` must outlive the executor. Allocates the storage for `cache`'s counts (under decode
@@ -61,7 +75,7 @@ class ModelExecutor final : public Executor {
   const core::Tensor* hidden_taps() const override;
   // On a GPU (one rank), plain steps leave their logits on the device for this sampler.
   runner::DeviceSampler* device_sampler() override;
-  model::DecodePathCounters decode_path_counters() const override;
+  scheduler::ExecutionScope scope() const override;
 
   model::KvStorage& storage();
   size_t num_states() const;

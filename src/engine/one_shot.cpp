@@ -19,6 +19,7 @@ namespace k3::engine {
 namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int32_t kPageTokens = 16;  // per rank
+using AroundStep = std::function<void(const Engine&, int, bool)>;
 
 void check_ids(std::span<const int32_t> tokens, int64_t vocab) {
   K3_CHECK(!tokens.empty(), "no token ids given");
@@ -53,31 +54,32 @@ std::unique_ptr<Executor> executor_for(const runner::TpRunner& r, const cache::C
 int dcp_of(const runner::ModelRunner&) { return 1; }  // context parallelism needs several ranks
 int dcp_of(const runner::TpRunner& r) { return r.dcp(); }
 
-// Runs `request` (up to `len` tokens in all) alone to its end. `around_step(i, after)` is called
-// before step i and after it, if it ran.
+// Runs `request` (up to `len` tokens in all) alone to its end. `around_step(engine, i, after)` is
+// called before step i and after it, if it ran. Returns the routes of the steps that ran.
 template <class Runner>
-void run_alone(const Runner& runner, int64_t len, GenerateRequest request,
-               const std::function<void(int, bool)>& around_step = nullptr) {
+core::DecodePathCounters run_alone(const Runner& runner, int64_t len, GenerateRequest request,
+                                   const AroundStep& around_step = nullptr) {
   const EngineConfig ec = one_sequence(runner.config(), len, static_cast<int64_t>(request.prompt.size()),
                                        dcp_of(runner));
   Engine engine(ec, executor_for(runner, ec.cache));
   const Engine::Submission sub = engine.submit(std::move(request));
   for (int i = 0;; ++i) {
-    if (around_step) around_step(i, false);
+    if (around_step) around_step(engine, i, false);
     if (!engine.step()) break;
-    if (around_step) around_step(i, true);
+    if (around_step) around_step(engine, i, true);
   }
   std::optional<TokenEvent> last;
   while (std::optional<TokenEvent> e = sub.stream->try_next()) last = std::move(e);
   K3_CHECK(last && last->finished, "one-shot request: the engine went idle before the request finished");
   if (last->reason == FinishReason::error) throw core::Error(last->error);
+  return engine.stats().decode_paths;
 }
 
 template <class Runner>
 std::vector<int32_t> generate_alone(const Runner& runner, std::span<const int32_t> prompt, int64_t max_tokens,
                                     const runner::SamplingParams& sampling,
                                     const std::function<void(int32_t)>& on_token, GenerateStats* stats,
-                                    const std::function<void(int, bool)>& around_step) {
+                                    const AroundStep& around_step) {
   check_ids(prompt, runner.config().vocab_size);
   K3_CHECK(max_tokens >= 0, "max_tokens must be >= 0, got " + std::to_string(max_tokens));
   GenerateStats st;
@@ -95,11 +97,11 @@ std::vector<int32_t> generate_alone(const Runner& runner, std::span<const int32_
       out.push_back(e.token);
       if (on_token) on_token(e.token);
     };
-    const auto timed = [&](int i, bool after) {
-      if (around_step) around_step(i, after);
+    const auto timed = [&](const Engine& engine, int i, bool after) {
+      if (around_step) around_step(engine, i, after);
       if (i == 0 && !after) t0 = first = Clock::now();
     };
-    run_alone(runner, st.prompt_tokens + max_tokens, std::move(req), timed);
+    st.decode_paths = run_alone(runner, st.prompt_tokens + max_tokens, std::move(req), timed);
     st.prefill_seconds = std::chrono::duration<double>(first - t0).count();
     st.decode_seconds = std::chrono::duration<double>(Clock::now() - first).count();
   }
@@ -109,7 +111,8 @@ std::vector<int32_t> generate_alone(const Runner& runner, std::span<const int32_
 }
 
 template <class Runner>
-core::Tensor logits_alone(const Runner& runner, std::span<const int32_t> tokens, int64_t decode_from) {
+core::Tensor logits_alone(const Runner& runner, std::span<const int32_t> tokens, int64_t decode_from,
+                          core::DecodePathCounters* paths) {
   const int64_t V = runner.config().vocab_size;
   check_ids(tokens, V);
   const auto T = static_cast<int64_t>(tokens.size());
@@ -132,7 +135,8 @@ core::Tensor logits_alone(const Runner& runner, std::span<const int32_t> tokens,
     std::memcpy(out.data<float>() + position * V, row.data(), row.size_bytes());
     ++rows;
   };
-  run_alone(runner, T + 1, std::move(req));
+  const core::DecodePathCounters ran = run_alone(runner, T + 1, std::move(req));
+  if (paths) *paths = ran;
   K3_CHECK(rows == T, "logits: the engine returned " + std::to_string(rows) + " of " + std::to_string(T) + " rows");
   return out;
 }
@@ -145,7 +149,7 @@ std::vector<int32_t> generate(runner::ModelRunner& runner, std::span<const int32
   // Steps 0 and 1 are the prefill and the first decode (the prompt prefills in one step).
   kernels::OpRecorder recorder;
   runner.set_op_recorder(&recorder);
-  const auto around = [&](int i, bool after) {
+  const auto around = [&](const Engine& engine, int i, bool after) {
     if (i > 1) return;
     if (!after) {
       recorder.start();
@@ -154,8 +158,7 @@ std::vector<int32_t> generate(runner::ModelRunner& runner, std::span<const int32
     const std::vector<kernels::OpRecorder::Call> calls = recorder.stop();
     const std::string what = i == 0 ? "prefill step, " + std::to_string(prompt.size()) + " tokens"
                                     : "first decode step, 1 row";
-    explain(what + ": " +
-            fastpath::explain_step(runner.model().last_path_decision(), calls, runner.config().num_hidden_layers));
+    explain(what + ": " + fastpath::explain_step(engine.last_route(), calls, runner.config().num_hidden_layers));
   };
   struct Unset {
     runner::ModelRunner& r;
@@ -170,11 +173,13 @@ std::vector<int32_t> generate(const runner::TpRunner& runner, std::span<const in
   return generate_alone(runner, prompt, max_tokens, sampling, on_token, stats, nullptr);
 }
 
-core::Tensor logits(const runner::ModelRunner& runner, std::span<const int32_t> tokens, int64_t decode_from) {
-  return logits_alone(runner, tokens, decode_from);
+core::Tensor logits(const runner::ModelRunner& runner, std::span<const int32_t> tokens, int64_t decode_from,
+                    core::DecodePathCounters* paths) {
+  return logits_alone(runner, tokens, decode_from, paths);
 }
-core::Tensor logits(const runner::TpRunner& runner, std::span<const int32_t> tokens, int64_t decode_from) {
-  return logits_alone(runner, tokens, decode_from);
+core::Tensor logits(const runner::TpRunner& runner, std::span<const int32_t> tokens, int64_t decode_from,
+                    core::DecodePathCounters* paths) {
+  return logits_alone(runner, tokens, decode_from, paths);
 }
 
 }  // namespace k3::engine

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/step_route.h"
 #include "core/tensor.h"
 #include "runner/sampler.h"
 
@@ -33,6 +34,7 @@ namespace k3::engine {
 struct GenerateStats {
   double prefill_seconds = 0, decode_seconds = 0;  // submission to the first token; the rest
   int64_t prompt_tokens = 0, generated_tokens = 0;
+  core::DecodePathCounters decode_paths;  // the routes of the steps that ran
 };
 
 // `on_token` sees each new id as soon as it exists. `explain` (--explain) gets the plan of the
@@ -46,8 +48,11 @@ std::vector<int32_t> generate(const runner::TpRunner& runner, std::span<const in
                               const runner::SamplingParams& sampling,
                               const std::function<void(int32_t)>& on_token = nullptr, GenerateStats* stats = nullptr);
 
-// decode_from in [1, T]: the first token is always a prefill (T: all prefill).
-core::Tensor logits(const runner::ModelRunner& runner, std::span<const int32_t> tokens, int64_t decode_from);
-core::Tensor logits(const runner::TpRunner& runner, std::span<const int32_t> tokens, int64_t decode_from);
+// decode_from in [1, T]: the first token is always a prefill (T: all prefill). `paths`: the routes
+// of the steps that ran.
+core::Tensor logits(const runner::ModelRunner& runner, std::span<const int32_t> tokens, int64_t decode_from,
+                    core::DecodePathCounters* paths = nullptr);
+core::Tensor logits(const runner::TpRunner& runner, std::span<const int32_t> tokens, int64_t decode_from,
+                    core::DecodePathCounters* paths = nullptr);
 
 }  // namespace k3::engine

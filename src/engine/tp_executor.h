@@ -39,7 +39,7 @@ class TpExecutor final : public Executor {
   void commit_verified(std::span<const int32_t> accepted_rows) override;
   void set_hidden_tap(std::span<const int32_t> layers) override;
   const core::Tensor* hidden_taps() const override { return ranks_.front()->hidden_taps(); }
-  model::DecodePathCounters decode_path_counters() const override { return ranks_.front()->decode_path_counters(); }
+  scheduler::ExecutionScope scope() const override { return ranks_.front()->scope(); }  // every rank's is the same
 
   int tp() const { return static_cast<int>(ranks_.size()); }
   ModelExecutor& rank(int r) { return *ranks_.at(static_cast<size_t>(r)); }

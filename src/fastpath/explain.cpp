@@ -6,11 +6,12 @@
 
 namespace k3::fastpath {
 
-std::string explain_step(const model::PathDecision& decision, std::span<const kernels::OpRecorder::Call> calls,
+std::string explain_step(const core::StepRoute& route, std::span<const kernels::OpRecorder::Call> calls,
                          int num_layers) {
   std::ostringstream o;
-  o << "decode path " << (decision.fused ? "latency_specialized (fused)" : "standard");
-  if (!decision.reason.empty()) o << ", fallback: " << decision.reason;
+  o << "decode path " << (route.path == core::DecodePath::fused ? "latency_specialized (fused)" : "standard");
+  if (!route.fallback.empty()) o << ", fallback: " << route.fallback;
+  if (route.graph.captured()) o << ", graph " << route.graph.batch << "x" << route.graph.rows;
   o << "; " << calls.size() << " op calls";
   if (num_layers > 0) o << " (" << static_cast<double>(calls.size()) / num_layers << " per layer)";
   o << "\n";

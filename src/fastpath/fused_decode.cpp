@@ -31,19 +31,17 @@ class FusedDecodePath final : public model::FusedDecode {
       device_problem_ = kUnsupportedAttnRes;
   }
 
-  model::PathDecision decide(const ForwardContext& ctx, model::LogitRows) const override {
-    if (!device_problem_.empty()) return {false, device_problem_};
-    int64_t rows = 0;
-    for (const model::Segment& s : ctx.segments) {
-      if (s.kind != model::StepKind::decode) return {false, kNotPureDecode};
-      rows += s.rows();
-    }
-    if (rows > kMaxRows) return {false, kTooManyRows};
-    return {true, ""};
-  }
+  std::string problem() const override { return device_problem_; }
+  int64_t max_rows() const override { return kMaxRows; }
 
   // The standard run_step's function (model/model.cpp), layer by layer through fused ops.
   Tensor run_step(const ForwardContext& ctx, const core::TensorView& ids, model::LogitRows rows) const override {
+    K3_CHECK(device_problem_.empty(), "fused decode path: it serves no step here (" + device_problem_ + ")");
+    for (const model::Segment& seg : ctx.segments)
+      K3_CHECK(seg.kind == model::StepKind::decode, "fused decode path: a step with a prefill row was routed to it");
+    K3_CHECK(ids.numel() <= kMaxRows, "fused decode path: a step of " + std::to_string(ids.numel()) +
+                                          " rows was routed to it (it serves at most " + std::to_string(kMaxRows) +
+                                          ")");
     const config::K3Config& c = ctx.config;
     const model::Weights& W = model_.weights();
     const int L = c.num_hidden_layers;
@@ -98,10 +96,10 @@ std::string gpu_problem(int index) {
   return "";
 }
 
-void attach(model::Model& model, int cuda_device, kernels::LogFn log) {
+void attach(model::Model& model, int cuda_device) {
   if (model.options().decode_backend != model::DecodeBackend::latency_specialized) return;
   std::string problem = model.options().device == core::Device::cuda ? gpu_problem(cuda_device) : "";
-  model.use_fused_decode(make_fused_decode(model, std::move(problem)), std::move(log));
+  model.use_fused_decode(make_fused_decode(model, std::move(problem)));
 }
 
 }  // namespace k3::fastpath

@@ -1,11 +1,12 @@
 // fastpath/fused_decode.h: the latency_specialized decode path (design.md "Two decode paths, one
 // contract"; design: docs/architecture.md, "The latency_specialized decode path").
 //
-// Scope, enforced by decide(): pure-decode steps (every sequence of the step decodes: one token,
-// or K+1 speculative-verify rows) of 1..kMaxRows rows in all, on the CPU (the fused ops' reference
+// Scope: pure-decode steps (every sequence of the step decodes: one token, or K+1
+// speculative-verify rows) of 1..kMaxRows rows in all, on the CPU (the fused ops' reference
 // implementations: how CI proves this path computes the standard path's function; not faster)
-// or on an sm_90 GPU. Any other step runs the standard path, and the reason (one of the k*
-// phrases below) is counted per reason (Model::decode_path_counters, the server's
+// or on an sm_90 GPU. The scheduler routes each step by that scope (scheduler/step_route.h);
+// every other step runs the standard path, and the reason (scheduler's kNotPureDecode and
+// too_many_rows, or the problems below) is counted per reason by the engine (the server's
 // k3:decode_fallbacks_total) and logged once per reason.
 //
 // Per layer the fused path runs (x: the sublayer input, P: the running AttnRes prefix):
@@ -24,6 +25,7 @@
 #include <span>
 #include <string>
 
+#include "core/step_route.h"
 #include "kernels/registry.h"
 #include "model/model.h"
 
@@ -31,9 +33,7 @@ namespace k3::fastpath {
 
 inline constexpr int64_t kMaxRows = 64;
 
-// Fallback reasons (metric labels: short and fixed).
-inline constexpr const char* kNotPureDecode = "prefill_or_mixed_step";
-inline constexpr const char* kTooManyRows = "more_than_64_rows";
+// Why it serves no step of a model (metric labels: short and fixed).
 inline constexpr const char* kUnsupportedGpu = "gpu_not_sm90";
 // More bank rows or Mix operators per bank than the fused AttnRes ops take (a config whose
 // attn_res_block_size is small for its depth, or above 16).
@@ -47,13 +47,13 @@ std::unique_ptr<model::FusedDecode> make_fused_decode(const model::Model& model,
 std::string gpu_problem(int index);
 
 // Attaches the fused path to a model built with decode_backend = latency_specialized (no-op for
-// auto), with `log` for its decisions. The runners call this once per model (per TP rank).
-void attach(model::Model& model, int cuda_device, kernels::LogFn log);
+// auto). The runners call this once per model (per TP rank).
+void attach(model::Model& model, int cuda_device);
 
-// The plan of one step, from the ops an OpRecorder saw run: the path and why, then each op with
-// the implementation that ran and how many calls (launches on a GPU: one per call for the fused
-// ops), per layer on average.
-std::string explain_step(const model::PathDecision& decision, std::span<const kernels::OpRecorder::Call> calls,
+// The plan of one step, from its route and the ops an OpRecorder saw run: the path and why, then
+// each op with the implementation that ran and how many calls (launches on a GPU: one per call
+// for the fused ops), per layer on average.
+std::string explain_step(const core::StepRoute& route, std::span<const kernels::OpRecorder::Call> calls,
                          int num_layers);
 
 }  // namespace k3::fastpath

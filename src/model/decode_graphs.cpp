@@ -12,11 +12,12 @@ DecodeGraphs::DecodeGraphs(const Model& model, KvStorage& kv, int64_t max_blocks
   shape_.max_tokens = max_blocks_per_seq * kv.storage_config().block_size;
 }
 
-bool DecodeGraphs::eligible(std::span<const SequenceInput> batch) const {
-  if (batch.empty() || static_cast<int>(batch.size()) > kMaxBatch) return false;
-  const size_t rows = batch[0].tokens.size();
-  const bool verify = batch[0].verify;
-  if (verify ? rows < 2 || static_cast<int64_t>(rows * batch.size()) > kMaxRows : rows != 1) return false;
+bool DecodeGraphs::fits(std::span<const SequenceInput> batch, GraphBucket bucket) const {
+  if (batch.empty() || static_cast<int>(batch.size()) != bucket.batch || bucket.batch > kMaxBatch || bucket.rows < 1)
+    return false;
+  const auto rows = static_cast<size_t>(bucket.rows);
+  const bool verify = rows > 1;
+  if (verify && static_cast<int64_t>(rows * batch.size()) > kMaxRows) return false;
   for (const SequenceInput& in : batch)
     if (in.kind != StepKind::decode || in.verify != verify || in.tokens.size() != rows || in.state == nullptr ||
         static_cast<int64_t>(in.state->block_table.size()) > shape_.block_table_width ||
@@ -49,11 +50,13 @@ void DecodeGraphs::describe_verify(std::span<const SequenceInput> batch, int row
   }
 }
 
-core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsAt at, VerifyCapture* capture) {
-  K3_CHECK(eligible(batch),
-           "DecodeGraphs::forward: not a pure-decode batch of one token per sequence, nor a verify "
-           "batch of equal row counts");
-  const bool verify = batch[0].verify;
+core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, GraphBucket bucket, DecodePath path,
+                                   LogitsAt at, VerifyCapture* capture) {
+  K3_CHECK(fits(batch, bucket), "DecodeGraphs::forward: the step is not of its graph bucket " +
+                                    std::to_string(bucket.batch) + "x" + std::to_string(bucket.rows) +
+                                    " (pure decode of one token per sequence, or verify rows of equal counts, "
+                                    "within the graphs' table width and capacity)");
+  const bool verify = bucket.rows > 1;
   K3_CHECK(!verify || capture != nullptr, "DecodeGraphs::forward: a verify batch needs a VerifyCapture");
   model_.memory()->make_current();
   core::DeviceMemory& memory = *model_.memory();
@@ -69,7 +72,7 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
   };
 
   auto it = entries_.begin();
-  while (it != entries_.end() && (it->batch != B || it->rows != R)) ++it;
+  while (it != entries_.end() && (it->bucket != bucket || it->path != path)) ++it;
   if (it != entries_.end()) {  // replay: rewrite the inputs in place
     entries_.splice(entries_.begin(), entries_, it);
     Entry& e = entries_.front();
@@ -80,7 +83,6 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
       capture->layers = e.capture.layers;
     }
     e.work->replay();
-    model_.count_path(e.decision);  // the decode path that was captured serves this step
     ++replays_;
     advance();
     return at == LogitsAt::device ? e.logits : memory.download_f32(e.logits.view());
@@ -88,8 +90,8 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
 
   // First step of this shape: run it eagerly on fixed-address inputs, then capture the same step.
   Entry e;
-  e.batch = B;
-  e.rows = R;
+  e.bucket = bucket;
+  e.path = path;
   e.tables = std::make_unique<StepTables>(segs, kv_.storage_config().block_size, memory, shape_,
                                           model_.context_split());
   e.ids = memory.upload(host_ids);
@@ -99,14 +101,12 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
     describe_verify(batch, R, e.capture);
     e.capture.layers.assign(static_cast<size_t>(model_.config().num_hidden_layers), {});
   }
-  const core::Tensor eager = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), rows, nullptr,
+  const core::Tensor eager = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), rows, path, nullptr,
                                              verify ? capture : nullptr);
   core::Tensor result = at == LogitsAt::device ? eager : memory.download_f32(eager.view());
   advance();
-  e.decision = model_.last_path_decision();
-  model_.count_path(e.decision);  // the eager step ran; recording the graph below is not a step
   e.work = memory.capture([&] {
-    e.logits = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), rows, nullptr,
+    e.logits = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), rows, path, nullptr,
                                verify ? &e.capture : nullptr);
   });
   if (!e.work) return result;  // the device cannot capture (the body did not run): nothing cached, every step eager
@@ -118,7 +118,7 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, LogitsA
 
 DecodeGraphs::Entry* DecodeGraphs::verify_entry_of(const VerifyCapture& capture) {
   for (Entry& e : entries_) {
-    if (e.rows < 2 || e.capture.layers.size() != capture.layers.size()) continue;
+    if (e.bucket.rows < 2 || e.capture.layers.size() != capture.layers.size()) continue;
     bool any = false, same = true;
     for (size_t l = 0; l < capture.layers.size() && same; ++l) {
       const void *mine = e.capture.layers[l].q_in.view().data, *theirs = capture.layers[l].q_in.view().data;
@@ -164,7 +164,7 @@ void DecodeGraphs::commit_verified(VerifyCapture& capture, std::span<const int32
 
 size_t DecodeGraphs::kernels_per_step(int batch, int rows) const {
   for (const Entry& e : entries_)
-    if (e.batch == batch && e.rows == rows) return e.work->kernel_launches();
+    if (e.bucket == GraphBucket{batch, rows}) return e.work->kernel_launches();
   return 0;
 }
 

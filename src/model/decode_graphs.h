@@ -2,20 +2,22 @@
 //
 // A decode step of B sequences with one token each launches the same kernels on the same buffers
 // every time once its inputs live at fixed addresses: the token ids and the step tables (fixed
-// block-table width and capacity, model/step_batches.h). The first step of each batch size runs
-// eagerly (it warms the pool, cuBLASLt plans and kernel attributes) and is then captured; later
-// steps of that size rewrite the ids and tables in place and replay. Graphs are kept per batch size
-// (least recently used dropped beyond `max_graphs`).
+// block-table width and capacity, model/step_batches.h). Which steps are captured is the step
+// plan's choice (its route's graph bucket, scheduler/step_route.h); graphs are kept per (bucket,
+// decode path). The first step of each runs eagerly (it warms the pool, cuBLASLt plans and kernel
+// attributes) and is then captured; later steps of it rewrite the ids and tables in place and
+// replay (least recently used dropped beyond `max_graphs`).
 //
 // Speculative verify steps (spec §5.9 (b)) are captured the same way when every sequence of the
 // batch verifies the same number of rows R >= 2 (the last token plus R - 1 drafts: a fixed K, as
-// synthetic acceptance and drafters without adaptive lengths propose): graphs are kept per (B, R).
+// synthetic acceptance and drafters without adaptive lengths propose): bucket (B, R).
 // The graph's KDA no-commit inputs live in its own buffers; forward() hands the caller a
 // VerifyCapture over them, and commit_verified() replays the KDA commit from a second graph per
 // accepted-count vector of that (B, R) graph (the replay's row counts are the accepted lengths, so
 // each vector is its own shape: at batch 1 there are at most R of them; synthetic acceptance has
-// one). Everything else (prefill, mixed steps, verify batches of unequal lengths,
-// traces, devices that cannot capture) goes through Model::forward.
+// one). Everything else (prefill, mixed steps, verify batches of unequal lengths, hidden-state
+// taps) has no bucket and goes through Model::forward; a device that cannot capture runs every
+// bucket's steps eagerly here.
 //
 // Tensor parallelism: every rank keeps its own DecodeGraphs and the ranks capture the same steps
 // (they run in lock step), so the step's collectives are captured with its kernels. The eager first
@@ -39,15 +41,19 @@ class DecodeGraphs {
   // positions under decode context parallelism: model/layers/context.h ContextSplit).
   DecodeGraphs(const Model& model, KvStorage& kv, int64_t max_blocks_per_seq, int max_graphs = 16);
 
-  // True when forward() takes this batch through a graph: 1..kMaxBatch sequences, either all plain
-  // decode with one token each, or all verify sequences with the same R >= 2 rows (B * R <= kMaxRows).
-  bool eligible(std::span<const SequenceInput> batch) const;
-  // Model::forward(kv, batch, LogitRows::last) for an eligible plain batch: host f32 logits [B, vocab];
-  // for a verify batch Model::forward(kv, batch, LogitRows::requested, nullptr, capture): logits
-  // [B * R, vocab], `capture` (required then) filled for Model::commit_verified.
-  // With LogitsAt::device the logits stay on the device (valid until the next forward).
-  core::Tensor forward(std::span<const SequenceInput> batch, LogitsAt at = LogitsAt::host,
-                       VerifyCapture* capture = nullptr);
+  // The widest block table a captured step holds (scheduler::ExecutionScope::graph_max_blocks).
+  int64_t max_blocks_per_seq() const { return shape_.block_table_width; }
+  // True when `batch` is a step of `bucket`: bucket.batch (1..kMaxBatch) sequences, either all
+  // plain decode with one token each (rows 1), or all verify sequences of bucket.rows >= 2 rows
+  // (B * R <= kMaxRows), their tables and contexts within the graphs' fixed capacity.
+  bool fits(std::span<const SequenceInput> batch, GraphBucket bucket) const;
+  // For a batch that fits `bucket`: Model::forward(kv, batch, LogitRows::last, ..., path) for a
+  // plain batch: host f32 logits [B, vocab]; for a verify batch Model::forward(kv, batch,
+  // LogitRows::requested, nullptr, capture, ..., path): logits [B * R, vocab], `capture` (required
+  // then) filled for Model::commit_verified. With LogitsAt::device the logits stay on the device
+  // (valid until the next forward). Throws core::Error for a batch that does not fit.
+  core::Tensor forward(std::span<const SequenceInput> batch, GraphBucket bucket, DecodePath path,
+                       LogitsAt at = LogitsAt::host, VerifyCapture* capture = nullptr);
 
   // After forward() of a verify batch: Model::commit_verified(kv, capture, accepted_rows), replayed
   // from the commit graph of this accepted-count vector when `capture` is over a verify graph's
@@ -73,14 +79,14 @@ class DecodeGraphs {
     std::unique_ptr<core::CapturedWork> work;
   };
   struct Entry {
-    int batch = 0, rows = 1;  // sequences and rows per sequence (> 1: a verify step)
+    GraphBucket bucket;  // sequences and rows per sequence (> 1: a verify step)
+    DecodePath path = DecodePath::standard;
     std::unique_ptr<StepTables> tables;
     core::Tensor ids;           // device i32 [B * rows], rewritten each step
     core::Tensor logits;        // device f32 [B * rows, V], written by every replay
     VerifyCapture capture;      // verify: the KDA inputs the graph writes (layers), for commit_verified
     std::list<Commit> commits;  // verify: per accepted-count vector, most recently used first
     std::unique_ptr<core::CapturedWork> work;
-    PathDecision decision;  // the decode path captured (counted again at each replay)
   };
   // The host side of a verify capture for `batch` (states, rows, starts) around `layers`.
   void describe_verify(std::span<const SequenceInput> batch, int rows, VerifyCapture& capture) const;

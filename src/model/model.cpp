@@ -113,7 +113,7 @@ void Model::check_step(const KvStorage& kv, std::span<const SequenceInput> batch
 }
 
 core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch, LogitRows rows, const TraceFn* trace,
-                            VerifyCapture* capture, HiddenTaps* taps, LogitsAt at) const {
+                            VerifyCapture* capture, HiddenTaps* taps, LogitsAt at, DecodePath path) const {
   memory_->make_current();  // before any upload: the thread may have last used another GPU
   check_step(kv, batch);
   if (taps) {
@@ -144,27 +144,24 @@ core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch,
   const auto n = static_cast<int64_t>(ids.size());
   const StepTables tables(segments, kv.storage_config().block_size, *memory_, {}, context_split());
   const core::Tensor dev_ids = memory_->upload(core::TensorView::contiguous(ids.data(), core::DType::i32, {n}));
-  const core::Tensor logits = run_step(kv, segments, tables.batches(), dev_ids.view(), rows, trace, capture, taps);
-  count_path(last_path_decision());
+  const core::Tensor logits = run_step(kv, segments, tables.batches(), dev_ids.view(), rows, path, trace, capture,
+                                       taps);
   for (const Segment& s : segments) s.state->num_tokens += s.rows();
   return options_.device == core::Device::cpu || at == LogitsAt::device ? logits : memory_->download_f32(logits.view());
 }
 
 core::Tensor Model::run_step(KvStorage& kv, std::span<const Segment> segments, const StepBatches& batches,
-                             const core::TensorView& ids, LogitRows rows, const TraceFn* trace, VerifyCapture* capture,
-                             HiddenTaps* taps) const {
+                             const core::TensorView& ids, LogitRows rows, DecodePath path, const TraceFn* trace,
+                             VerifyCapture* capture, HiddenTaps* taps) const {
   const int64_t n = ids.numel();
   const ForwardContext ctx{config_, kv, ops_, options_, segments, batches, *memory_, trace, comm_, capture, taps};
-  PathDecision decision;
-  if (options_.decode_backend == DecodeBackend::latency_specialized)
-    decision = options_.dcp > 1 ? PathDecision{false, "decode context parallelism (dcp > 1) runs the standard path"}
-               : fused_         ? fused_->decide(ctx, rows)
-                                : PathDecision{false, "no fused decode path attached to the model"};
-  {
-    std::lock_guard lk(path_mu_);
-    last_decision_ = decision;
+  if (path == DecodePath::fused) {
+    const FusedScope scope = fused_scope();
+    K3_CHECK(scope.selected && scope.problem.empty(),
+             "Model: a step was routed to the fused decode path, which serves none here (" +
+                 (scope.selected ? scope.problem : std::string("decode_backend is auto")) + ")");
+    return fused_->run_step(ctx, ids, rows);
   }
-  if (decision.fused) return fused_->run_step(ctx, ids, rows);
 
   core::Tensor prefix = embed_tokens(ctx, weights_, ids);  // P: running sum of the current block
 
@@ -202,37 +199,24 @@ core::Tensor gather_rows(const ForwardContext& ctx, const core::Tensor& t, const
   return out;
 }
 
-void Model::use_fused_decode(std::unique_ptr<FusedDecode> path, kernels::LogFn log) {
+void Model::use_fused_decode(std::unique_ptr<FusedDecode> path) {
   K3_CHECK(options_.decode_backend == DecodeBackend::latency_specialized,
            "use_fused_decode: the model's decode_backend is auto, not latency_specialized");
   K3_CHECK(path != nullptr, "use_fused_decode: no path");
   fused_ = std::move(path);
-  path_log_ = std::move(log);
 }
 
-DecodePathCounters Model::decode_path_counters() const {
-  std::lock_guard lk(path_mu_);
-  return path_counters_;
-}
-
-PathDecision Model::last_path_decision() const {
-  std::lock_guard lk(path_mu_);
-  return last_decision_;
-}
-
-void Model::count_path(const PathDecision& d) const {
-  std::lock_guard lk(path_mu_);
-  int64_t& total = d.fused ? path_counters_.fused_steps : path_counters_.standard_steps;
-  if (d.fused && total == 0 && path_log_) path_log_("decode path: latency_specialized (fused) serves a step");
-  ++total;
-  if (d.fused || d.reason.empty()) return;  // auto: the standard path is the choice, not a fallback
-  for (auto& [reason, count] : path_counters_.fallbacks)
-    if (reason == d.reason) {
-      ++count;
-      return;
-    }
-  path_counters_.fallbacks.emplace_back(d.reason, 1);
-  if (path_log_) path_log_("decode path: standard for a step the fused path does not cover (" + d.reason + ")");
+Model::FusedScope Model::fused_scope() const {
+  FusedScope s;
+  s.selected = options_.decode_backend == DecodeBackend::latency_specialized;
+  if (!s.selected) return s;
+  if (options_.dcp > 1) s.problem = "decode context parallelism (dcp > 1) runs the standard path";
+  else if (!fused_) s.problem = "no fused decode path attached to the model";
+  else {
+    s.problem = fused_->problem();
+    s.max_rows = fused_->max_rows();
+  }
+  return s;
 }
 
 void Model::commit_verified(KvStorage& kv, VerifyCapture& capture, std::span<const int32_t> accepted_rows) const {

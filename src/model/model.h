@@ -6,11 +6,12 @@
 // so the same code runs on every backend that implements them.
 #pragma once
 #include <memory>
-#include <mutex>
 #include <span>
+#include <string>
 
 #include "comm/communicator.h"
 #include "config/k3_config.h"
+#include "core/step_route.h"
 #include "kernels/registry.h"
 #include "model/fused_decode.h"
 #include "model/layers/context.h"
@@ -18,7 +19,9 @@
 
 namespace k3::model {
 
-using core::LogitsAt;  // where forward() leaves the logits (host: what most callers read)
+using core::DecodePath;   // which decode path runs a step (the plan's route says)
+using core::GraphBucket;  // the captured-graph shape a step replays as (model/decode_graphs.h)
+using core::LogitsAt;     // where forward() leaves the logits (host: what most callers read)
 
 enum class LogitRows : uint8_t {
   all,        // one row per input token, in batch order
@@ -77,9 +80,13 @@ class Model {
   //
   // `taps` (optional): its layers' AttnRes mixtures over every row are left in taps->values
   // (spec/drafter.h). Each tap layer needs a next layer.
+  //
+  // `path`: the decode path the step's plan chose (scheduler/step_route.h); the model follows it
+  // and decides nothing. DecodePath::fused needs the fused path attached (use_fused_decode) and a
+  // step in its scope (fused_scope()), else core::Error.
   core::Tensor forward(KvStorage& kv, std::span<const SequenceInput> batch, LogitRows rows,
                        const TraceFn* trace = nullptr, VerifyCapture* capture = nullptr, HiddenTaps* taps = nullptr,
-                       LogitsAt at = LogitsAt::host) const;
+                       LogitsAt at = LogitsAt::host, DecodePath path = DecodePath::standard) const;
 
   // After a forward with verify sequences: for verify sequence j (batch order), its first
   // accepted_rows[j] rows (1 <= that <= its rows: the last committed token plus the accepted
@@ -104,22 +111,22 @@ class Model {
   // does not count the step (its caller counts the steps that ran: a graph's capture is not one).
   void check_step(const KvStorage& kv, std::span<const SequenceInput> batch) const;
   core::Tensor run_step(KvStorage& kv, std::span<const Segment> segments, const StepBatches& batches,
-                        const core::TensorView& ids, LogitRows rows, const TraceFn* trace = nullptr,
+                        const core::TensorView& ids, LogitRows rows, DecodePath path, const TraceFn* trace = nullptr,
                         VerifyCapture* capture = nullptr, HiddenTaps* taps = nullptr) const;
 
-  // decode_backend = latency_specialized: the fused path that serves the steps it covers
-  // (fastpath::make_fused_decode). `log` gets one line per new decision (path and reason).
-  void use_fused_decode(std::unique_ptr<FusedDecode> path, kernels::LogFn log = {});
+  // decode_backend = latency_specialized: the fused path that serves the steps routed to it
+  // (fastpath::make_fused_decode).
+  void use_fused_decode(std::unique_ptr<FusedDecode> path);
+  // The fused path's scope, for the executor's ExecutionScope (scheduler/step_route.h).
+  struct FusedScope {
+    bool selected = false;  // decode_backend = latency_specialized
+    std::string problem;    // set: it serves no step (why: dcp > 1, no path attached, the path's own problem)
+    int64_t max_rows = 0;
+  };
+  FusedScope fused_scope() const;
   const Weights& weights() const { return weights_; }
   // e_score_correction_bias of MoE layer l as the router reads it (empty for dense layers).
   const core::Tensor& router_bias(int layer) const { return router_bias_.at(static_cast<size_t>(layer)); }
-  // Steps per path and fallbacks per reason so far; the decision of the last step run_step ran
-  // (model/decode_graphs.h counts each replay of a captured step with it).
-  DecodePathCounters decode_path_counters() const;
-  PathDecision last_path_decision() const;
-  // Counts one step that ran, decided as d (forward(), and DecodeGraphs for its eager steps and
-  // replays).
-  void count_path(const PathDecision& d) const;
 
  private:
   const config::K3Config& config_;
@@ -131,10 +138,6 @@ class Model {
   // e_score_correction_bias as the router sees it: bf16-rounded in bf16 mode (spec §4).
   std::vector<core::Tensor> router_bias_;
   std::unique_ptr<FusedDecode> fused_;
-  kernels::LogFn path_log_;
-  mutable std::mutex path_mu_;
-  mutable DecodePathCounters path_counters_;
-  mutable PathDecision last_decision_;
 };
 
 }  // namespace k3::model

@@ -36,11 +36,7 @@ ModelRunner::ModelRunner(checkpoint::LoadedModel loaded, const model::ModelOptio
   // Each op's first choice of implementation, with the tuning rule behind it (--log-level debug).
   registry_.set_log([](const std::string& line) { log::debug(line); });
   model_ = std::make_unique<model::Model>(loaded_.config, device_weights_, registry_, options, memory_);
-  fastpath::attach(*model_, 0, fastpath_log());
-}
-
-kernels::LogFn fastpath_log() {
-  return [](const std::string& line) { log::info(line); };
+  fastpath::attach(*model_, 0);
 }
 
 }  // namespace k3::runner

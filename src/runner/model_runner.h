@@ -16,9 +16,6 @@
 
 namespace k3::runner {
 
-// The fused decode path's decision lines (fastpath::attach) as info lines of the log (core/log.h).
-kernels::LogFn fastpath_log();
-
 class ModelRunner {
  public:
   // Loads DIR (config.json + safetensors) and builds the model on options.device: the CPU

@@ -168,7 +168,7 @@ void TpRunner::build_models() const {
     if (r == 0) rank.registry.set_log([](const std::string& line) { log::debug(line); });  // rank 0 speaks for all
     rank.model = std::make_unique<model::Model>(rank_config_, rank.weights, rank.registry, options_, rank.memory,
                                                 &group_->rank(r));
-    fastpath::attach(*rank.model, r, r == 0 ? fastpath_log() : kernels::LogFn{});  // rank 0 speaks for all
+    fastpath::attach(*rank.model, r);
   }
 }
 

@@ -267,6 +267,7 @@ void Scheduler::schedule(StepPlan& out) {
   // 3. Admission.
   admit(out, budget, prefills);
   in_flight_ = !out.empty();
+  out.route = route_step(out, scope_);
 }
 
 // ---- update ----

@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cache/kv_cache_manager.h"
@@ -70,7 +71,10 @@ class Scheduler {
   void decoding_requests(std::vector<const Request*>& out) const;
   void set_drafts(RequestId id, std::span<const int32_t> drafts);
 
-  // Plans the next step into `out` (cleared first; reuse it across steps).
+  // What the executor runs (its decode path, fused scope and graph shapes): every plan's route is
+  // chosen from it (scheduler/step_route.h). The default scope: standard path, no graphs.
+  void set_execution_scope(ExecutionScope scope) { scope_ = std::move(scope); }
+  // Plans the next step into `out` (cleared first; reuse it across steps), with its route.
   void schedule(StepPlan& out);
   // Applies a step's results: `sampled` has one token per sequence with sample = true, in
   // order. Advances computed tokens, registers full blocks and checkpoints in the prefix
@@ -117,6 +121,7 @@ class Scheduler {
   uint64_t step_ = 0;
   bool in_flight_ = false;
   SchedulerCounters counters_;
+  ExecutionScope scope_;
 };
 
 }  // namespace k3::scheduler

@@ -18,6 +18,7 @@
 
 #include "core/step_kind.h"
 #include "scheduler/request.h"
+#include "scheduler/step_route.h"
 
 namespace k3::scheduler {
 
@@ -70,6 +71,10 @@ struct StepPlan {
   int64_t num_draft_tokens = 0;  // sum of num_drafts
   int64_t num_logit_rows = 0;    // sum of seqs[i].logit_rows()
   bool host_logits = false;      // some sequence's logits are handed out: they must reach the host
+  // The decode path (and why, when the fused path was selected and does not serve the step) and
+  // the captured-graph bucket: chosen once by the scheduler (scheduler/step_route.h), followed by
+  // the executor and the model.
+  StepRoute route;
 
   bool empty() const { return seqs.empty(); }
   std::span<const int32_t> tokens_of(const ScheduledSequence& s) const {
@@ -86,6 +91,7 @@ struct StepPlan {
     num_decodes = num_prefills = num_samples = num_verifies = 0;
     num_tokens = num_draft_tokens = num_logit_rows = 0;
     host_logits = false;
+    route = {};
   }
 };
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "engine/model_executor.h"
 #include "engine/one_shot.h"
 #include "gpu_test_util.h"
 #include "model/decode_graphs.h"
@@ -45,8 +46,9 @@ TEST(FastPathGpu, FusedKernelsRunAndGreedyFp32EqualsTheStandardPath) {
     auto oracle = open(dir, core::Device::cpu, kernels::Precision::fp32, model::DecodeBackend::standard, c.kv);
     std::string plans;
     const auto prompt = random_tokens(40, fused->config().vocab_size, 11);
+    engine::GenerateStats stats;
     const auto want = engine::generate(*standard, prompt, 120, {});
-    const auto got = engine::generate(*fused, prompt, 120, {}, nullptr, nullptr,
+    const auto got = engine::generate(*fused, prompt, 120, {}, nullptr, &stats,
                                       [&](const std::string& s) { plans += s; });
     const auto cpu = engine::generate(*oracle, prompt, 120, {});
     EXPECT_EQ(got, want);
@@ -60,7 +62,7 @@ TEST(FastPathGpu, FusedKernelsRunAndGreedyFp32EqualsTheStandardPath) {
     EXPECT_EQ(plan.find("not used"), std::string::npos) << plan;  // no fused op fell back to standard ops
     EXPECT_EQ(plan.find("/reference"), std::string::npos) << plan;
     std::cerr << plan;
-    EXPECT_EQ(fused->model().decode_path_counters().fused_steps, 119);
+    EXPECT_EQ(stats.decode_paths.fused_steps, 119);
   }
 }
 
@@ -91,7 +93,7 @@ TEST(FastPathGpu, VerifyAndCommitGraphsEqualEagerStepsFp32) {
       model::SequenceState a = cache.new_sequence(), b = cache.new_sequence();
       model::SequenceInput pre[] = {{prompt, &a, model::StepKind::prefill},
                                     {std::span(prompt).first(11), &b, model::StepKind::prefill}};
-      m.forward(cache.storage(), pre, model::LogitRows::last);
+      m.forward(cache.storage(), pre, model::LogitRows::last);  // the standard path: a prefill
       model::DecodeGraphs g(m, cache.storage(), /*max_blocks_per_seq=*/8);
       std::vector<core::Tensor> out;
       for (int round = 0; round < 5; ++round) {
@@ -99,12 +101,16 @@ TEST(FastPathGpu, VerifyAndCommitGraphsEqualEagerStepsFp32) {
         const auto d = std::span(drafts).subspan(static_cast<size_t>(8 * round), 8);
         model::SequenceInput verify[] = {{d.first(4), &a, model::StepKind::decode, true},
                                          {d.last(4), &b, model::StepKind::decode, true}};
+        const core::StepRoute route = engine::route_batch(m, graphs ? &g : nullptr, verify);
+        EXPECT_EQ(route.path,
+                  backend == model::DecodeBackend::standard ? core::DecodePath::standard : core::DecodePath::fused);
         if (graphs) {
-          EXPECT_TRUE(g.eligible(verify));
-          out.push_back(g.forward(verify, model::LogitsAt::host, &capture));
+          EXPECT_EQ(route.graph, (core::GraphBucket{2, 4}));
+          out.push_back(g.forward(verify, route.graph, route.path, model::LogitsAt::host, &capture));
           g.commit_verified(capture, accepted[round]);
         } else {
-          out.push_back(m.forward(cache.storage(), verify, model::LogitRows::requested, nullptr, &capture));
+          out.push_back(m.forward(cache.storage(), verify, model::LogitRows::requested, nullptr, &capture, nullptr,
+                                  model::LogitsAt::host, route.path));
           m.commit_verified(cache.storage(), capture, accepted[round]);
         }
       }
@@ -112,7 +118,8 @@ TEST(FastPathGpu, VerifyAndCommitGraphsEqualEagerStepsFp32) {
       EXPECT_EQ(b.num_tokens, 11 + 5 * 4);
       model::SequenceInput after[] = {{std::span(next).first(1), &a, model::StepKind::decode},
                                       {std::span(next).last(1), &b, model::StepKind::decode}};
-      out.push_back(m.forward(cache.storage(), after, model::LogitRows::last));
+      out.push_back(m.forward(cache.storage(), after, model::LogitRows::last, nullptr, nullptr, nullptr,
+                              model::LogitsAt::host, engine::route_batch(m, nullptr, after).path));
       if (graphs) commit_replays = g.commit_replays();
       return out;
     };
@@ -146,11 +153,12 @@ TEST(FastPathGpu, Bf16DecodeLogitsAreAsCloseToTheOracleAsTheStandardPath) {
                       model::KvCacheDtype::bf16);
     auto oracle = open(dir, core::Device::cpu, bf16, model::DecodeBackend::standard, model::KvCacheDtype::bf16);
     const auto tokens = random_tokens(260, fused->config().vocab_size, 12);
+    core::DecodePathCounters paths;
     const auto decode_rows = [&](runner::ModelRunner& r) {  // rows 100..259: one decode step each
-      return model::row_slice(engine::logits(r, tokens, 100), 100, 260);
+      return model::row_slice(engine::logits(r, tokens, 100, &paths), 100, 260);
     };
     const core::Tensor cpu = decode_rows(*oracle), want = decode_rows(*standard), got = decode_rows(*fused);
-    EXPECT_EQ(fused->model().decode_path_counters().fused_steps, 160);
+    EXPECT_EQ(paths.fused_steps, 160);
     const auto std_vs_cpu = testing::compare(want, cpu), fused_vs_cpu = testing::compare(got, cpu),
                fused_vs_std = testing::compare(got, want);
     const auto [agree_cpu,

@@ -1,0 +1,38 @@
+// scheduler/step_route.cpp: route_step.
+#include "scheduler/step_route.h"
+
+#include "scheduler/step_plan.h"
+
+namespace k3::scheduler {
+
+std::string too_many_rows(int64_t fused_max_rows) { return "more_than_" + std::to_string(fused_max_rows) + "_rows"; }
+
+namespace {
+// The captured-graph bucket of a pure-decode step, or none: every sequence plain with one row, or
+// every one a verify of the same R >= 2 rows.
+GraphBucket graph_bucket(const StepPlan& plan, const ExecutionScope& scope) {
+  const auto B = static_cast<int32_t>(plan.seqs.size());
+  if (scope.graph_max_batch == 0 || B == 0 || B > scope.graph_max_batch || plan.num_prefills > 0) return {};
+  const ScheduledSequence& first = plan.seqs.front();
+  const int32_t R = first.num_tokens;
+  if (first.verify() ? R < 2 || int64_t{B} * R > scope.graph_max_rows : R != 1) return {};
+  for (const ScheduledSequence& q : plan.seqs)
+    if (q.kind != StepKind::decode || q.verify() != first.verify() || q.num_tokens != R ||
+        q.num_blocks > scope.graph_max_blocks)
+      return {};
+  return {B, R};
+}
+}  // namespace
+
+StepRoute route_step(const StepPlan& plan, const ExecutionScope& scope) {
+  StepRoute route;
+  route.graph = graph_bucket(plan, scope);
+  if (!scope.fused_selected) return route;
+  if (!scope.fused_problem.empty()) route.fallback = scope.fused_problem;
+  else if (plan.num_prefills > 0) route.fallback = kNotPureDecode;
+  else if (plan.num_tokens > scope.fused_max_rows) route.fallback = too_many_rows(scope.fused_max_rows);
+  else route.path = DecodePath::fused;
+  return route;
+}
+
+}  // namespace k3::scheduler
