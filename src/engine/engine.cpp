@@ -301,7 +301,6 @@ bool Engine::step() {
 }
 
 void Engine::count_route(const core::StepRoute& route) {
-  last_route_ = route;
   if (!decode_paths_.count(route)) return;
   log::info(route.path == core::DecodePath::fused
                 ? "decode path: latency_specialized (fused) serves a step"

@@ -137,9 +137,9 @@ class Engine {
   Executor& executor() { return *executor_; }
   // For tests stepping synchronously.
   const scheduler::Scheduler& scheduler() const { return scheduler_; }
-  // The route of the last step that ran (its plan's: decode path, fallback reason, graph bucket);
-  // on the step thread.
-  const core::StepRoute& last_route() const { return last_route_; }
+  // The route of the last step planned (decode path, fallback reason, graph bucket); on the step
+  // thread.
+  const core::StepRoute& last_route() const { return out_.route; }
 
  private:
   struct Pending {
@@ -215,7 +215,6 @@ class Engine {
   std::vector<int32_t> seq_accepted_;      // per plan sequence: accepted drafts (-1: not a verify)
   bool taps_on_ = false;                   // the drafter observes the target's hidden states
   core::DecodePathCounters decode_paths_;  // the routes of the steps that ran
-  core::StepRoute last_route_;
   spec::Verified verified_;
   int64_t aborted_ = 0, failed_ = 0, generated_ = 0;
   double host_seconds_ = 0, executor_seconds_ = 0;

@@ -23,8 +23,9 @@ class Executor {
   virtual int32_t vocab_size() const = 0;
   // Runs the plan: drops the preempted, prepares fresh slots, forward on the plan's route (its
   // decode path and graph bucket), saves. Returns f32 logits [plan.num_logit_rows, vocab]:
-  // plan.seqs[i].logit_rows() rows per sequence in plan order (its last token's; every row of a verify or every_row sequence; rows of sequences that neither
-  // sample nor hand out logits are ignored), on the host or, with `at` device (the engine asks for
+  // plan.seqs[i].logit_rows() rows per sequence in plan order (its last token's; every row of a
+  // verify or every_row sequence; rows of sequences that neither sample nor hand out logits are
+  // ignored), on the host or, with `at` device (the engine asks for
   // it only from an executor with a device_sampler(), for a step without verify rows or logits it
   // hands out), on the model's device, valid until the next execute(). Throws on failure; the
   // engine then fails the step's requests.
@@ -52,7 +53,7 @@ class Executor {
   virtual const core::Tensor* hidden_taps() const { return nullptr; }
   // What it runs: its decode path, the fused path's scope, the steps it replays as captured graphs
   // (the default: the standard path, every step eager). The scheduler routes every plan by it
-  // (scheduler/step_route.h) and execute() follows the plan's route; the engine asks again after
+  // (scheduler/step_route.h) and execute() follows the plan's route; the engine asks once, after
   // set_hidden_tap (taps keep steps off the graphs).
   virtual scheduler::ExecutionScope scope() const { return {}; }
 };

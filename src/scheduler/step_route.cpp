@@ -26,6 +26,7 @@ GraphBucket graph_bucket(const StepPlan& plan, const ExecutionScope& scope) {
 
 StepRoute route_step(const StepPlan& plan, const ExecutionScope& scope) {
   StepRoute route;
+  if (plan.empty()) return route;  // nothing runs (every candidate was preempted)
   route.graph = graph_bucket(plan, scope);
   if (!scope.fused_selected) return route;
   if (!scope.fused_problem.empty()) route.fallback = scope.fused_problem;

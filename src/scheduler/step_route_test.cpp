@@ -85,6 +85,10 @@ TEST(StepRoute, TheStandardBackendIsAChoiceNotAFallback) {
   EXPECT_TRUE(r.fallback.empty());
   EXPECT_EQ(r.graph, (GraphBucket{3, 1}));
   EXPECT_TRUE(route_step(plan_of({}, false, 1), s).fallback.empty());
+  const StepRoute empty = route_step(StepPlan{}, fused_with_graphs());  // a step that runs nothing
+  EXPECT_EQ(empty.path, DecodePath::standard);
+  EXPECT_TRUE(empty.fallback.empty());
+  EXPECT_FALSE(empty.graph.captured());
 }
 
 TEST(StepRoute, GraphBucketsOnlyForUniformDecodeStepsThatFit) {
