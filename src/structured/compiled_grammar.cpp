@@ -1,0 +1,81 @@
+#include "structured/compiled_grammar.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace k3::structured {
+
+CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocabulary)
+    : grammar_(std::move(grammar)), vocabulary_(std::move(vocabulary)) {
+  K3_CHECK(vocabulary_ != nullptr, "CompiledGrammar: no vocabulary");
+}
+
+std::shared_ptr<const GroupMask> CompiledGrammar::group_mask(std::span<const uint32_t> positions) const {
+  const std::string key(reinterpret_cast<const char*>(positions.data()), positions.size_bytes());
+  std::lock_guard lock(mu_);
+  auto at = cache_.find(key);
+  if (at != cache_.end()) return at->second;
+  auto mask = std::make_shared<const GroupMask>(compute(positions));
+  cache_.emplace(key, mask);
+  return mask;
+}
+
+size_t CompiledGrammar::cached_groups() const {
+  std::lock_guard lock(mu_);
+  return cache_.size();
+}
+
+GroupMask CompiledGrammar::compute(std::span<const uint32_t> positions) const {
+  const Vocabulary& v = *vocabulary_;
+  StackArena arena(grammar_);
+  State start;
+  for (uint32_t p : positions) start.push_back(arena.node(p, kUnknownParent));
+  std::sort(start.begin(), start.end());
+
+  GroupMask m;
+  std::vector<int32_t> accepted;
+  const auto& order = v.order();
+  const auto& lcp = v.lcp();
+  PrefixWalk walk;
+  const auto& states = walk.depth_states();
+  auto escaped_at = [&](size_t depth) {
+    const State& s = states[depth];
+    return (!s.empty() && s[0] == kEscaped) || (s.size() > 1 && s[1] == kEscaped);
+  };
+  walk.run(
+      arena, start, order.size(), [&](size_t i) { return v.symbols(order[i]); }, [&](size_t i) { return lcp[i]; },
+      [&](size_t i, size_t consumed, bool alive) {
+        const int32_t id = order[i];
+        if (alive) {
+          accepted.push_back(id);
+          return;
+        }
+        const size_t len = v.symbols(id).size();
+        for (size_t e = 1; e <= consumed && e < len; ++e)
+          if (escaped_at(e)) m.uncertain.push_back({id, static_cast<uint16_t>(e)});
+      });
+
+  m.accepted_count = static_cast<int64_t>(accepted.size());
+  if (accepted.size() * 64 > static_cast<size_t>(v.size())) {
+    m.dense.assign(static_cast<size_t>(v.words()), 0);
+    for (int32_t id : accepted) m.dense[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+  } else {
+    m.ids = std::move(accepted);
+  }
+  auto suffix = [&](const GroupMask::Uncertain& u) { return v.symbols(u.token).subspan(u.consumed); };
+  std::sort(m.uncertain.begin(), m.uncertain.end(), [&](const auto& a, const auto& b) {
+    const auto x = suffix(a), y = suffix(b);
+    return std::lexicographical_compare(x.begin(), x.end(), y.begin(), y.end());
+  });
+  m.uncertain_lcp.assign(m.uncertain.size(), 0);
+  for (size_t i = 1; i < m.uncertain.size(); ++i) {
+    const auto x = suffix(m.uncertain[i - 1]), y = suffix(m.uncertain[i]);
+    size_t k = 0;
+    while (k < x.size() && k < y.size() && x[k] == y[k]) ++k;
+    m.uncertain_lcp[i] = static_cast<uint16_t>(k);
+  }
+  return m;
+}
+
+}  // namespace k3::structured

@@ -1,0 +1,143 @@
+// The matcher against its own per-token acceptance (the cached, shared-prefix mask must equal trying
+// every token alone), on grammars that exercise strings spanning token ends, UTF-8 classes,
+// repetition bounds, special tokens and the end of the grammar; rollback; parse errors.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "structured/structured_test_util.h"
+
+namespace k3::structured {
+namespace {
+
+using testing::allowed;
+using testing::compile;
+using testing::reference_mask;
+using testing::small_vocabulary;
+
+const char* kJson = R"(
+root   ::= value
+value  ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" ws ( pair ( "," ws pair )* )? "}"
+pair   ::= string ws ":" ws value ws
+array  ::= "[" ws ( value ws ( "," ws value ws )* )? "]"
+string ::= "\"" ( [^"\\\x00-\x1f] | "\\" ["\\/bfnrt] | "\\u" [0-9a-fA-F]{4} )* "\""
+number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+ws     ::= [ \t\n]{0,4}
+)";
+
+// Walks `steps` tokens, each drawn among the allowed ones (preferring ends late), checking the
+// mask against the reference at every step; returns the accepted text.
+void walk_and_check(const std::string& ebnf, uint64_t seed, int steps) {
+  auto vocab = small_vocabulary();
+  auto g = compile(ebnf, vocab);
+  Matcher m(g);
+  core::Rng rng(seed);
+  std::vector<uint32_t> mask(static_cast<size_t>(vocab->words()));
+  for (int step = 0; step < steps && !m.terminated(); ++step) {
+    m.fill_mask(mask);
+    const std::vector<uint32_t> ref = reference_mask(m);
+    ASSERT_EQ(allowed(mask), allowed(ref)) << "step " << step << " seed " << seed;
+    const std::vector<int32_t> ids = allowed(mask);
+    ASSERT_FALSE(ids.empty()) << "a grammar state with no way on, step " << step;
+    const int32_t t = ids[rng.next_u64() % ids.size()];
+    ASSERT_TRUE(m.accept(t));
+  }
+}
+
+TEST(Matcher, MaskEqualsPerTokenAcceptanceOnJson) {
+  for (uint64_t seed = 1; seed <= 6; ++seed) walk_and_check(kJson, seed, 60);
+}
+
+TEST(Matcher, MaskEqualsPerTokenAcceptanceOnUnicodeAndBounds) {
+  walk_and_check(R"(root ::= "\"" [^"a-z\u00e9]{2,5} "\"" ( "," [α-ω日-本]+ )? [xy]{3})", 3, 40);
+  walk_and_check(R"(root ::= ( "name" | "type" | [a-c]+ ) ":" [0-9]{1,3} ( " " root )?)", 5, 40);
+}
+
+TEST(Matcher, SpecialTokensAreSingleSymbolsNeverTheirText) {
+  auto vocab = small_vocabulary();
+  auto g = compile(R"(root ::= <|open|> "call" <|sep|> "x"+ <|close|>)", vocab);
+  Matcher m(g);
+  EXPECT_FALSE(m.accept_text("<|open|>"));  // the marker's bytes are not the marker
+  EXPECT_TRUE(m.accept(testing::special_token(*vocab, "<|open|>")));
+  walk_and_check(R"(root ::= ( <|open|> "call" <|sep|> [a-z]* <|close|> )+)", 2, 30);
+}
+
+TEST(Matcher, EndTokenOnlyWhereTheGrammarMayEnd) {
+  auto vocab = small_vocabulary();
+  auto g = compile(R"(root ::= "ab" "c"?)", vocab);
+  const int32_t end = vocab->end_tokens()[0];
+  Matcher m(g);
+  EXPECT_FALSE(m.accept(end));
+  EXPECT_TRUE(m.accept_text("ab"));
+  std::vector<uint32_t> mask(static_cast<size_t>(vocab->words()));
+  m.fill_mask(mask);
+  EXPECT_TRUE(mask[static_cast<size_t>(end) >> 5] >> (end & 31) & 1);
+  EXPECT_EQ(allowed(mask), allowed(reference_mask(m)));
+  EXPECT_TRUE(m.accept_text("c"));
+  EXPECT_TRUE(m.accept(end));
+  EXPECT_TRUE(m.terminated());
+  m.fill_mask(mask);
+  EXPECT_TRUE(allowed(mask).empty());
+  EXPECT_FALSE(m.accept_text("c"));
+}
+
+TEST(Matcher, RollbackRestoresEveryEarlierState) {
+  auto vocab = small_vocabulary();
+  auto g = compile(kJson, vocab);
+  Matcher m(g, 8);
+  std::vector<std::vector<uint32_t>> masks;
+  std::vector<uint32_t> mask(static_cast<size_t>(vocab->words()));
+  for (const char* piece : {"{", "\"a", "\":", " ", "[", "1", ",", "true"}) {
+    m.fill_mask(mask);
+    masks.push_back(mask);
+    ASSERT_TRUE(m.accept_text(piece)) << piece;
+  }
+  EXPECT_FALSE(m.accept_text("}"));  // inside an array
+  EXPECT_THROW(m.rollback(9), core::Error);
+  for (int k = 1; k <= 8; ++k) {
+    m.rollback(1);
+    m.fill_mask(mask);
+    EXPECT_EQ(mask, masks[static_cast<size_t>(8 - k)]) << k;
+  }
+  EXPECT_EQ(m.rollback_depth(), 0);
+}
+
+TEST(Matcher, RecognisesJsonDocuments) {
+  auto vocab = small_vocabulary();
+  auto g = compile(kJson, vocab);
+  for (const char* ok : {R"({"a": [1, 2.5e-3, "x\n\u00e9"], "b": {}})", "[]", R"("日本")", "-0.5", "null"}) {
+    Matcher m(g);
+    EXPECT_TRUE(m.accept_text(ok)) << ok;
+    EXPECT_TRUE(m.can_end()) << ok;
+  }
+  for (const char* bad : {"{,}", "[1,]", "01", "\"\x01\"", "{\"a\" 1}", "tru e", "\"\xff\""}) {
+    Matcher m(g);
+    EXPECT_FALSE(m.accept_text(bad) && m.can_end()) << bad;
+  }
+}
+
+TEST(Grammar, ErrorsNameWhatIsWrong) {
+  auto vocab = small_vocabulary();
+  auto expect_error = [&](const std::string& ebnf, const std::string& needle) {
+    try {
+      compile(ebnf, vocab);
+      ADD_FAILURE() << "no error for: " << ebnf;
+    } catch (const core::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error("root ::= a", "rule 'a' is used but never defined");
+  expect_error("root ::= root \"x\" | \"y\"", "left-recursive");
+  expect_error("root ::= (\"x\"*)* \"y\"", "left-recursive");
+  expect_error("root ::= \"x\" root", "can never be completed");
+  expect_error("root ::= \"abc", "line 1 column");
+  expect_error("x ::= \"a\"", "no 'root' rule");
+  expect_error("root ::= <|nope|>", "no special token '<|nope|>'");
+  expect_error("root ::= [b-a]", "out of order");
+  expect_error("root ::= \"a\"{3,2}", "n < m");
+  expect_error("root ::= \"a\"{1000000}", "repetition bound");
+  expect_error("root ::= \"a\"\nroot ::= \"b\"", "defined twice");
+}
+
+}  // namespace
+}  // namespace k3::structured
