@@ -94,6 +94,15 @@ void Engine::validate(const GenerateRequest& r) const {
                  ") is outside the vocabulary [0, " + std::to_string(vocab_) + ")");
   K3_CHECK(r.forced_output.empty() || (!r.sampling.logprob && r.sampling.logprobs == 0),
            "request: forced_output tokens are not sampled, so they have no logprobs to return");
+  if (r.grammar) {
+    K3_CHECK(r.grammar->vocabulary().size() == vocab_, "request: the grammar was compiled for a vocabulary of " +
+                                                           std::to_string(r.grammar->vocabulary().size()) +
+                                                           " tokens, the model has " + std::to_string(vocab_));
+    K3_CHECK(!r.ignore_eos,
+             "request: ignore_eos cannot be combined with a constrained output (the grammar decides "
+             "where the output ends)");
+    K3_CHECK(r.forced_output.empty(), "request: forced_output cannot be combined with a constrained output");
+  }
 }
 
 Engine::Submission Engine::submit(GenerateRequest r) {
@@ -104,6 +113,9 @@ Engine::Submission Engine::submit(GenerateRequest r) {
   ctx.on_event = std::move(r.on_event);
   ctx.on_logits = std::move(r.on_logits);
   ctx.forced_output = std::move(r.forced_output);
+  if (r.grammar)  // rollback depth: a verify step's drafts
+    ctx.matcher = std::make_unique<structured::Matcher>(std::move(r.grammar),
+                                                        std::max(16, config_.speculative.num_speculative_tokens + 1));
   scheduler::RequestSpec spec;
   spec.logits_out = r.prompt_logits ? scheduler::LogitsOut::every_row
                     : ctx.scoring() ? scheduler::LogitsOut::sampled
@@ -246,7 +258,10 @@ bool Engine::step() {
     // Sampling is chosen once per step from the plan: plain steps sample on the device where the
     // executor can (tokens and logprobs come back, not logits); verify steps, steps whose logits
     // are handed out and steps with hidden-state taps sample on the host.
-    const core::LogitsAt at = executor_->device_sampler() && plan.num_verifies == 0 && !plan.host_logits && !taps_on_
+    bool constrained = false;  // grammar masks are applied on the host
+    for (const scheduler::ScheduledSequence& q : plan.seqs) constrained |= q.sample && contexts_.at(q.id).matcher;
+    const core::LogitsAt at = executor_->device_sampler() && plan.num_verifies == 0 && !plan.host_logits && !taps_on_ &&
+                                      !constrained
                                   ? core::LogitsAt::device
                                   : core::LogitsAt::host;
     const core::Tensor logits = executor_->execute(plan, at);
@@ -312,6 +327,8 @@ void Engine::propose_drafts() {
   queries_.clear();
   for (const scheduler::Request* r : decoding_) {
     if (contexts_.at(r->id()).scoring()) continue;  // its logits and tokens are the request's own
+    // Synthetic acceptance forces drafts the grammar may refuse: constrained requests decode plainly.
+    if (synthetic_al_ > 0 && contexts_.at(r->id()).matcher) continue;
     const int32_t budget = draft_length_->take_step(r->id());
     if (budget > 0) queries_.push_back({r->id(), r->tokens(), r->prompt_len(), budget});  // 0: paused
   }
@@ -342,6 +359,29 @@ void Engine::hand_out_logits(const StepPlan& plan, size_t i, const float* rows) 
   }
 }
 
+void Engine::accept_constrained(structured::Matcher& m, int32_t token) {
+  K3_CHECK(m.accept(token), "Engine: the sampler chose token " + std::to_string(token) + ", which the grammar refuses");
+}
+
+std::span<const float> Engine::mask_verify_rows(structured::Matcher& m, std::span<const float> rows,
+                                                std::span<const int32_t> drafts) {
+  // Row j follows drafts d_1..d_j: its mask is the grammar's after them. A draft the grammar
+  // refuses has logit -inf in its row, so acceptance stops there and the rows after it are unused.
+  masked_rows_.assign(rows.begin(), rows.end());
+  mask_.resize(static_cast<size_t>(m.grammar().vocabulary().words()));
+  int advanced = 0;
+  for (size_t j = 0; j <= drafts.size(); ++j) {
+    m.fill_mask(mask_);
+    float* row = masked_rows_.data() + j * static_cast<size_t>(vocab_);
+    for (int32_t t = 0; t < vocab_; ++t)
+      if (!(mask_[static_cast<size_t>(t) >> 5] >> (t & 31) & 1)) row[t] = -std::numeric_limits<float>::infinity();
+    if (j == drafts.size() || !m.accept(drafts[j])) break;
+    ++advanced;
+  }
+  m.rollback(advanced);
+  return masked_rows_;
+}
+
 void Engine::sample_sequence(const StepPlan& plan, size_t i, const float* rows) {
   const scheduler::ScheduledSequence& q = plan.seqs[i];
   const scheduler::Request* r = scheduler_.find(q.id);
@@ -357,20 +397,30 @@ void Engine::sample_sequence(const StepPlan& plan, size_t i, const float* rows) 
   }
   if (q.num_drafts == 0) {
     rows += static_cast<int64_t>(q.logit_rows() - 1) * vocab_;  // the last token's row
-    samples_.push_back(ctx.sampler->sample(std::span(rows, static_cast<size_t>(vocab_)), r->prompt(), r->output()));
+    std::span<const uint32_t> allowed;
+    if (ctx.matcher) {
+      mask_.resize(static_cast<size_t>(ctx.matcher->grammar().vocabulary().words()));
+      ctx.matcher->fill_mask(mask_);
+      allowed = mask_;
+    }
+    samples_.push_back(
+        ctx.sampler->sample(std::span(rows, static_cast<size_t>(vocab_)), r->prompt(), r->output(), allowed));
     sampled_.push_back(samples_.back().token);
     accepted_.push_back(0);
+    if (ctx.matcher) accept_constrained(*ctx.matcher, samples_.back().token);
     return;
   }
   // A verify sequence: its tokens are [last, d_1..d_k] and its k+1 rows follow each other.
-  const std::span<const float> all(rows, static_cast<size_t>(q.num_drafts + 1) * static_cast<size_t>(vocab_));
+  std::span<const float> all(rows, static_cast<size_t>(q.num_drafts + 1) * static_cast<size_t>(vocab_));
   const std::span<const int32_t> drafts = plan.tokens_of(q).subspan(1);
+  if (ctx.matcher) all = mask_verify_rows(*ctx.matcher, all, drafts);
   if (synthetic_al_ > 0)
     spec::accept_synthetic(*ctx.sampler, all, vocab_, r->prompt(), r->output(), drafts, synthetic_al_, verified_,
                            scratch_);
   else spec::accept_point_mass(*ctx.sampler, all, vocab_, r->prompt(), r->output(), drafts, verified_, scratch_);
   for (runner::SampleResult& s : verified_.tokens) {
     sampled_.push_back(s.token);
+    if (ctx.matcher) accept_constrained(*ctx.matcher, s.token);
     samples_.push_back(std::move(s));
   }
   const int32_t a = verified_.num_accepted;

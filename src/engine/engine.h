@@ -35,6 +35,7 @@
 #include "spec/acceptance.h"
 #include "spec/draft_length.h"
 #include "spec/spec_config.h"
+#include "structured/matcher.h"
 
 namespace k3::runner {
 struct SampleRow;  // runner/device_sampler.h
@@ -63,6 +64,10 @@ struct GenerateRequest {
   // is NaN; logprobs cannot be asked for). Ids in [0, vocab), at most max_tokens of them. A request
   // with forced tokens or a logits sink is never drafted for under speculative decoding.
   std::vector<int32_t> forced_output;
+  // Constrained decoding (structured/): every sampled token is one the grammar allows, and the
+  // output ends only where the grammar may (its vocabulary's end tokens). Its vocabulary must be
+  // the model's; not with ignore_eos or forced_output.
+  std::shared_ptr<const structured::CompiledGrammar> grammar;
 };
 
 struct EngineConfig {
@@ -155,6 +160,7 @@ class Engine {
     std::function<void(int64_t, std::span<const float>)> on_logits;
     int64_t logits_next = 0;  // positions below it went to on_logits already (recomputation repeats them)
     std::vector<int32_t> forced_output;
+    std::unique_ptr<structured::Matcher> matcher;  // constrained requests
     bool scoring() const { return on_logits || !forced_output.empty(); }
   };
   void validate(const GenerateRequest& r) const;
@@ -170,6 +176,10 @@ class Engine {
   void propose_drafts();
   // Samples plan row(s) of sequence i into samples_/sampled_/accepted_ (verify: acceptance).
   void sample_sequence(const StepPlan& plan, size_t i, const float* rows);
+  void accept_constrained(structured::Matcher& m, int32_t token);
+  // A constrained verify sequence's rows with each row's grammar mask applied (masked_rows_).
+  std::span<const float> mask_verify_rows(structured::Matcher& m, std::span<const float> rows,
+                                          std::span<const int32_t> drafts);
   // Hands sequence i's logits rows (its plan.seqs[i].logit_rows(), from `rows`) to its on_logits.
   void hand_out_logits(const StepPlan& plan, size_t i, const float* rows);
   void forget(RequestId id);  // drafter and draft-length state of a request that left or was preempted
@@ -213,6 +223,8 @@ class Engine {
   std::vector<spec::Draft> drafts_;
   std::vector<int32_t> accepted_, verify_rows_, scratch_;
   std::vector<int32_t> seq_accepted_;      // per plan sequence: accepted drafts (-1: not a verify)
+  std::vector<uint32_t> mask_;             // one constrained row's allowed tokens [ceil(vocab / 32)]
+  std::vector<float> masked_rows_;         // a constrained verify sequence's rows, masked
   bool taps_on_ = false;                   // the drafter observes the target's hidden states
   core::DecodePathCounters decode_paths_;  // the routes of the steps that ran
   spec::Verified verified_;

@@ -76,16 +76,28 @@ Sampler::Sampler(const SamplingParams& params, int32_t vocab_size)
 
 // Steps 1-3 of sampler.h. Returns the input itself when no step is on (no copy).
 std::span<const float> Sampler::process(std::span<const float> logits, std::span<const int32_t> prompt,
-                                        std::span<const int32_t> output) {
+                                        std::span<const int32_t> output, std::span<const uint32_t> allowed) {
   const bool repetition = params_.repetition_penalty != 1.0f;
   const bool openai = params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
-  if (params_.logit_bias.empty() && !repetition && !openai) return logits;
+  if (params_.logit_bias.empty() && !repetition && !openai && allowed.empty()) return logits;
   // Ids first, so a bad id throws before any scratch mark is set (marks must stay all zero).
   if (repetition) check_ids(prompt, "prompt", vocab_size_);
   if (repetition || openai) check_ids(output, "output", vocab_size_);
 
   processed_.assign(logits.begin(), logits.end());  // capacity kept: no allocation after the first call
   std::span<float> x(processed_);
+  if (!allowed.empty()) {  // step 0: tokens the request's grammar refuses
+    if (allowed.size() != (static_cast<size_t>(vocab_size_) + 31) / 32)
+      throw core::Error("sample: the allowed-token mask has " + std::to_string(allowed.size()) + " words, expected " +
+                        std::to_string((vocab_size_ + 31) / 32));
+    for (size_t w = 0; w < allowed.size(); ++w) {
+      const uint32_t bits = allowed[w];
+      if (bits == 0xFFFFFFFFu) continue;
+      const size_t end = std::min<size_t>(32, static_cast<size_t>(vocab_size_) - w * 32);
+      for (size_t b = 0; b < end; ++b)
+        if (!(bits >> b & 1)) x[w * 32 + b] = -std::numeric_limits<float>::infinity();
+    }
+  }
   for (const auto& [id, bias] : params_.logit_bias) x[static_cast<size_t>(id)] += bias;
 
   if (repetition) {
@@ -120,7 +132,7 @@ std::span<const float> Sampler::process(std::span<const float> logits, std::span
 }
 
 SampleResult Sampler::sample(std::span<const float> logits, std::span<const int32_t> prompt,
-                             std::span<const int32_t> output) {
+                             std::span<const int32_t> output, std::span<const uint32_t> allowed) {
   K3_CHECK(logits.size() == static_cast<size_t>(vocab_size_), "sample: logits has " + std::to_string(logits.size()) +
                                                                   " values, expected vocab_size " +
                                                                   std::to_string(vocab_size_));
@@ -129,7 +141,7 @@ SampleResult Sampler::sample(std::span<const float> logits, std::span<const int3
       throw core::Error("sample: logits[" + std::to_string(i) + "] is " + num(logits[i]) +
                         "; logits must be finite or -inf");
 
-  const std::span<const float> x = process(logits, prompt, output);
+  const std::span<const float> x = process(logits, prompt, output, allowed);
   int32_t argmax = 0;  // first maximum: ties -> lowest id
   float max_logit = x[0];
   for (size_t i = 1; i < x.size(); ++i)
@@ -137,7 +149,9 @@ SampleResult Sampler::sample(std::span<const float> logits, std::span<const int3
       max_logit = x[i];
       argmax = static_cast<int32_t>(i);
     }
-  K3_CHECK(max_logit > -kInf, "sample: every logit is -inf after logit_bias and penalties; no token can be chosen");
+  K3_CHECK(max_logit > -kInf, allowed.empty()
+                                  ? "sample: every logit is -inf after logit_bias and penalties; no token can be chosen"
+                                  : "sample: every token the grammar allows has logit -inf; no token can be chosen");
   K3_CHECK(max_logit < kInf, "sample: logit " + std::to_string(argmax) +
                                  " overflowed to +inf after logit_bias and penalties (repetition_penalty " +
                                  num(params_.repetition_penalty) + ")");

@@ -1,14 +1,16 @@
 // runner/sampler.h: per-request token sampling (greedy, temperature, top-k/top-p/min-p,
 // penalties, logit_bias, logprobs), seeded and reproducible.
 //
-// Order of processing, for one row of logits x[vocab] (vLLM's order: bias and penalties,
-// temperature, top-k/top-p, min-p):
+// Order of processing, for one row of logits x[vocab] (vLLM's order: grammar mask, bias and
+// penalties, temperature, top-k/top-p, min-p):
+//   0. allowed mask:        x[id] = -inf for every id a constrained request's grammar refuses
+//                           (structured/matcher.h; bit id % 32 of word id / 32).
 //   1. logit_bias:          x[id] += bias for every (id, bias) pair.
 //   2. repetition_penalty:  for every id present in prompt OR output (once per id, however often
 //                           it occurs): x > 0 ? x / penalty : x * penalty       (vLLM / HF).
 //   3. frequency/presence:  for every id in output only, with c = its count in output:
 //                           x -= frequency_penalty * c + presence_penalty * [c > 0]   (OpenAI).
-//      The result of 1-3 is the "processed logits".
+//      The result of 0-3 is the "processed logits".
 //   4. logprobs:            log_softmax(processed logits), BEFORE temperature and before any
 //                           filter. The sampled token's logprob is always returned, plus the
 //                           `logprobs` most likely tokens. A choice (vLLM v1 returns raw logprobs
@@ -88,9 +90,11 @@ class Sampler {
 
   // Picks the next token from one row of f32 logits [vocab_size]. `prompt` and `output` (the
   // tokens generated so far) feed the penalties; they are read, and their ids checked, only
-  // when a penalty is on. Throws core::Error on a wrong logits size, NaN or +inf logits, ids
+  // when a penalty is on. `allowed` (empty: every token): the grammar's mask, [ceil(vocab / 32)]
+  // words. Throws core::Error on a wrong logits or mask size, NaN or +inf logits, ids
   // outside the vocabulary, or when every processed logit is -inf.
-  SampleResult sample(std::span<const float> logits, std::span<const int32_t> prompt, std::span<const int32_t> output);
+  SampleResult sample(std::span<const float> logits, std::span<const int32_t> prompt, std::span<const int32_t> output,
+                      std::span<const uint32_t> allowed = {});
 
   const SamplingParams& params() const { return params_; }
 
@@ -103,7 +107,7 @@ class Sampler {
 
  private:
   std::span<const float> process(std::span<const float> logits, std::span<const int32_t> prompt,
-                                 std::span<const int32_t> output);
+                                 std::span<const int32_t> output, std::span<const uint32_t> allowed);
   // Steps 5-9 for T > 0 over prob_ (filled by sample()); one Rng draw.
   int32_t draw(std::span<const float> x);
 

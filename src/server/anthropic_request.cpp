@@ -183,6 +183,7 @@ Json read_tools(const Json& tools, ToolTable& table, std::vector<std::string>& s
     Json fn = {{"name", name}};
     if (auto d = t.string("description")) fn["description"] = *d;
     fn["parameters"] = *schema;
+    if (auto strict = t.boolean("strict")) fn["strict"] = *strict;  // true: its input must match input_schema
     Json tool = {{"type", "function"}, {"function", fn}};
     if (t.boolean("defer_loading").value_or(false)) table.deferred.emplace(name, std::move(tool));
     else out.push_back(std::move(tool));

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "server/openai_format.h"
+#include "server/output_grammar.h"
 #include "server/server_impl.h"
 #include "tokenizer/utf8.h"
 
@@ -82,7 +83,8 @@ ApiServer::Impl::Impl(ServerConfig c, engine::Engine& e, const tokenizer::Tokeni
                                         e.config().cache)),
       max_model_len(e.config().scheduler.max_model_len),
       created(unix_now()),
-      responses(config.max_stored_responses) {}
+      responses(config.max_stored_responses),
+      grammars(grammar_vocabulary(t, e.executor().vocab_size(), e.config().eos_token_id)) {}
 
 ParseContext ApiServer::Impl::parse_context() {
   ParseContext ctx;
@@ -93,6 +95,7 @@ ParseContext ApiServer::Impl::parse_context() {
   ctx.max_n = config.max_n;
   ctx.max_prompts = config.max_prompts;
   ctx.default_chat_max_tokens = config.default_chat_max_tokens;
+  ctx.grammars = &grammars;
   std::lock_guard lock(rng_mu);
   ctx.random_seed = rng();
   return ctx;

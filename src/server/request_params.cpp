@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "runner/sampler.h"
+#include "server/output_grammar.h"
 
 namespace k3::server {
 
@@ -43,6 +44,7 @@ std::vector<std::string_view> with_common_fields(std::initializer_list<std::stri
                                          "service_tier",
                                          "prompt_cache_key",
                                          "safety_identifier"};
+  known.insert(known.end(), std::begin(kStructuredOutputFields), std::end(kStructuredOutputFields));
   known.insert(known.end(), own.begin(), own.end());
   return known;
 }
@@ -295,6 +297,7 @@ engine::GenerateRequest GenerationParams::choice(int c) const {
   r.sampling.logprobs = base.sampling.logprobs;
   r.stop_token_ids = base.stop_token_ids;
   r.ignore_eos = base.ignore_eos;
+  r.grammar = base.grammar;
   r.prompt = prompts[static_cast<size_t>(c / n)];
   const int64_t left = max_model_len - static_cast<int64_t>(r.prompt.size());
   r.max_tokens = max_tokens > 0 ? max_tokens : default_max_tokens > 0 ? std::min(default_max_tokens, left) : left;
@@ -315,6 +318,9 @@ GenerationParams parse_completion_request(const Json& body, const ParseContext& 
   const Json* prompt = f.get("prompt");
   if (!prompt) throw bad_request("'prompt' is required", "prompt", "missing");
   p.prompts = read_prompts(*prompt, ctx);
+  const StructuredOutputs so = read_structured_outputs(f);
+  if (const std::string g = completion_output_grammar(so); !g.empty())
+    p.base.grammar = compile_output_grammar(g, ctx, so.field);
   if (static_cast<int64_t>(p.prompts.size()) * p.n > static_cast<int64_t>(ctx.max_prompts) * 4)
     throw bad_request("'prompt' x 'n' asks for " + std::to_string(p.prompts.size() * p.n) + " choices; at most " +
                           std::to_string(ctx.max_prompts * 4) + " are allowed",
@@ -418,6 +424,7 @@ GenerationParams parse_chat_request(const Json& body, const ParseContext& ctx) {
   chat.messages = *messages;
   chat.tools = tools;
   chat.options = options;
+  chat.structured = read_structured_outputs(f);
   apply_tool_choice(chat, forced.empty() ? choice : "named", forced, parallel, "tool_choice");
   p.default_max_tokens = ctx.default_chat_max_tokens;
   set_chat_prompt(p, chat, ctx, "messages");
@@ -473,6 +480,8 @@ void set_chat_prompt(GenerationParams& p, const ChatPrompt& chat, const ParseCon
   p.chat = true;
   p.prompts.assign(1, encode_chat_prompt(chat, ctx, messages_field));
   p.start_channel = tokenizer::generation_channel(chat.options);
+  if (const std::string g = chat_output_grammar(chat, p.start_channel); !g.empty())
+    p.base.grammar = compile_output_grammar(g, ctx, chat.structured.any() ? chat.structured.field : "tools");
   p.has_tools = chat.tools.is_array() && !chat.tools.empty();
   p.tool_policy = chat.tool_policy;
   check_context(p, messages_field.c_str());

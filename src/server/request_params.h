@@ -22,6 +22,8 @@
 #include "engine/engine.h"
 #include "server/choice_decoder.h"
 #include "server/json_body.h"
+#include "server/structured_outputs.h"
+#include "structured/grammar_cache.h"
 #include "tokenizer/chat_format.h"
 #include "tokenizer/tokenizer.h"
 
@@ -39,6 +41,7 @@ struct ParseContext {
   int64_t default_chat_max_tokens = 0;                 // 0: whatever the context has left (OpenAI, vLLM)
   uint64_t random_seed = 0;                            // the base seed when the request names none
   std::vector<std::string>* ignored_fields = nullptr;  // unknown fields go here (null: they are a 400)
+  structured::GrammarCache* grammars = nullptr;        // constrained outputs (null: refused with a 400)
 };
 
 // The served model `name` asks for (404 naming the served ones when it is not one of them).
@@ -77,6 +80,8 @@ struct ChatPrompt {
   Json tools = nullptr;           // null or OpenAI function tools [{type: function, function: {...}}]
   tokenizer::ChatOptions options;
   ToolPolicy tool_policy;
+  StructuredOutputs structured;  // vLLM's structured_outputs / guided_* (chat completions)
+  bool tools_strict = false;     // a tool without "strict" is strict (the Responses API's default)
 };
 
 // tool_choice as the three APIs spell it, resolved: "auto" | "required" | "none" | a tool name

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "server/output_grammar.h"
 #include "server/server_test_util.h"
 
 namespace k3::server {
@@ -15,8 +16,12 @@ class RequestParams : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     tok_ = new tokenizer::Tokenizer(tokenizer::Tokenizer::load_k3(testing::tiny_model_dir()));
+    grammars_ = new structured::GrammarCache(grammar_vocabulary(*tok_, 1024, -1));
   }
-  static void TearDownTestSuite() { delete tok_; }
+  static void TearDownTestSuite() {
+    delete grammars_;
+    delete tok_;
+  }
 
   ParseContext ctx() const {
     ParseContext c;
@@ -25,6 +30,7 @@ class RequestParams : public ::testing::Test {
     c.vocab_size = 1024;
     c.max_model_len = 512;
     c.random_seed = 99;
+    c.grammars = grammars_;
     return c;
   }
   static Json chat_body(Json extra = Json::object()) {
@@ -54,8 +60,10 @@ class RequestParams : public ::testing::Test {
     }
   }
   static tokenizer::Tokenizer* tok_;
+  static structured::GrammarCache* grammars_;
 };
 tokenizer::Tokenizer* RequestParams::tok_ = nullptr;
+structured::GrammarCache* RequestParams::grammars_ = nullptr;
 
 TEST_F(RequestParams, CompletionFieldsResolveIntoEngineRequests) {
   const GenerationParams p = parse_completion_request(

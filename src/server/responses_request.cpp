@@ -130,6 +130,7 @@ Json function_tool(const Json& t, const std::string& path, std::vector<std::stri
       throw bad_request("'" + path + ".parameters' must be a JSON Schema object", path + ".parameters", "invalid_type");
     fn["parameters"] = *params;
   }
+  if (auto strict = f.boolean("strict")) fn["strict"] = *strict;  // absent: strict (ChatPrompt::tools_strict)
   return {{"type", "function"}, {"function", fn}};
 }
 
@@ -279,6 +280,7 @@ ResponsesRequest parse_responses_request(const Json& body, const ParseContext& c
   Json tools_echo = Json::array();
   if (const Json* t = f.get("tools")) {
     r.chat.tools = read_tools(*t, r, ctx.ignored_fields);
+    r.chat.tools_strict = true;  // Responses function tools are strict unless they say otherwise (OpenAI)
     tools_echo = *t;
   }
   std::string choice = "auto", forced;

@@ -45,7 +45,8 @@ struct ApiServer::Impl {
   std::mutex rng_mu;
   std::mt19937_64 rng{std::random_device{}()};
 
-  ResponseStore responses;  // /v1/responses with store: true
+  ResponseStore responses;            // /v1/responses with store: true
+  structured::GrammarCache grammars;  // constrained outputs, compiled once per grammar text
 
   std::mutex ignored_mu;
   std::set<std::string> ignored_logged;  // "api field" pairs already named in the log

@@ -224,15 +224,21 @@ TEST(ServerMessages, ToolChoiceAnyAndAuto) {
             count_tokens(tools_body({{"type", "auto"}})));  // "MUST call tools"
 }
 
-TEST(ServerMessages, ToolChoiceNamedRefusesTheOtherCall) {
-  const Json j = call("/v1/messages", tools_body({{"type", "tool"}, {"name", "get_time"}})).json();
-  EXPECT_EQ(block_types(j), (std::vector<std::string>{"thinking", "text", "tool_use"})) << j.dump();
-  EXPECT_EQ(j["content"][1]["text"], call_text("get_weather"));
-  EXPECT_EQ(j["content"][2]["name"], "get_time");
-  EXPECT_EQ(j["content"][2]["input"], (Json{{"tz", "CET"}}));
+// A named tool constrains the output to one or more calls of that tool (server/output_grammar.h):
+// a script that makes exactly such a call passes through unchanged.
+TEST(ServerMessages, ToolChoiceNamedPassesItsCall) {
+  auto time_body = [](bool stream) {
+    return body("SCRIPT_TIME now?", {{"tools", kTools},
+                                     {"thinking", kThinking},
+                                     {"tool_choice", {{"type", "tool"}, {"name", "get_time"}}},
+                                     {"stream", stream}});
+  };
+  const Json j = call("/v1/messages", time_body(false)).json();
+  EXPECT_EQ(block_types(j), (std::vector<std::string>{"thinking", "tool_use"})) << j.dump();
+  EXPECT_EQ(j["content"][1]["name"], "get_time");
+  EXPECT_EQ(j["content"][1]["input"], (Json{{"tz", "CET"}}));
   EXPECT_EQ(j["stop_reason"], "tool_use");
-  const Json folded = fold(events(call("/v1/messages", tools_body({{"type", "tool"}, {"name", "get_time"}}, true))));
-  EXPECT_EQ(without_ids(folded), without_ids(j));
+  EXPECT_EQ(without_ids(fold(events(call("/v1/messages", time_body(true))))), without_ids(j));
   EXPECT_EQ(call("/v1/messages", tools_body({{"type", "tool"}, {"name", "nope"}})).status, 400);
 }
 

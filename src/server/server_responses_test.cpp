@@ -45,13 +45,16 @@ int64_t input_tokens(const Json& b) {
   return respond(small)["usage"].value("input_tokens", int64_t{-1});
 }
 
+// strict: false, since Responses tools are strict by default and a strict tool's arguments must be
+// a JSON block: these scripts write K3's argument elements, and malformed calls.
 const Json kTools = Json::array(
     {{{"type", "function"},
       {"name", "get_weather"},
       {"description", "Weather for a city"},
       {"parameters",
-       {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}, {"days", {{"type", "number"}}}}}}}},
-     {{"type", "function"}, {"name", "get_time"}, {"parameters", {{"type", "object"}}}}});
+       {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}, {"days", {{"type", "number"}}}}}}},
+      {"strict", false}},
+     {{"type", "function"}, {"name", "get_time"}, {"parameters", {{"type", "object"}}}, {"strict", false}}});
 // The same tools as chat completions declares them.
 Json chat_tools() {
   Json out = Json::array();

@@ -172,6 +172,10 @@ inline const std::vector<std::pair<std::string, std::string>>& script_texts() {
        "argument" K3_S K3_O "argument key=\"days\" type=\"number\"" K3_S "3" K3_C "argument" K3_S K3_C "call" K3_S K3_O
        "call tool=\"get_time\" index=\"2\"" K3_S K3_O "json type=\"object\"" K3_S "{\"tz\": \"CET\"}" K3_C
        "json" K3_S K3_C "call" K3_S K3_C "tools" K3_S K3_C "message" K3_S K3_E},
+      // Chat: reasoning, then one call as a JSON block (what a strict or named tool must write).
+      {"SCRIPT_TIME", "I need the time." K3_C "think" K3_S K3_O "response" K3_S K3_C "response" K3_S K3_O
+                      "tools" K3_S K3_O "call tool=\"get_time\" index=\"1\"" K3_S K3_O "json type=\"object\"" K3_S
+                      "{\"tz\": \"CET\"}" K3_C "json" K3_S K3_C "call" K3_S K3_C "tools" K3_S K3_C "message" K3_S K3_E},
       // Chat: a malformed call (a number that is not one) among good text.
       {"SCRIPT_BADTOOL",
        "Hmm." K3_C "think" K3_S K3_O "response" K3_S "Calling." K3_C "response" K3_S K3_O "tools" K3_S K3_O
