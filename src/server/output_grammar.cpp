@@ -128,7 +128,9 @@ std::string chat_output_grammar(const ChatPrompt& chat, tokenizer::Channel start
   EbnfRules rules;
   rules.add("k3-char", ".");
   std::string answer = answer_rule(rules, so);
-  if (answer.empty()) answer = "k3-char*";
+  // A required or named call comes with no text before it (as vLLM's required mode and Anthropic's
+  // any / tool make it); otherwise the text is free.
+  if (answer.empty()) answer = tools_required ? "\"\"" : "k3-char*";
   std::string output;
   if (start == tokenizer::Channel::think) output = "k3-char* " + close_tag("think") + " ";
   output += open_tag("response") + " " + answer + " " + close_tag("response");

@@ -128,10 +128,10 @@ struct ModelServer {
   std::unique_ptr<ServingModel> model;
   std::unique_ptr<ApiServer> http;
   int port = 0;
-  ModelServer() {
+  explicit ModelServer(int64_t max_model_len = 512) {
     ServingOptions o;
     o.model_dir = tiny_model_dir();
-    o.max_model_len = 512;
+    o.max_model_len = max_model_len;
     o.max_num_seqs = 64;
     o.max_num_batched_tokens = 1024;
     o.kv_cache_bytes = 64ll << 20;

@@ -392,7 +392,7 @@ std::string JsonSchemaConverter::number_rule(const json& schema, bool integer, c
   if (auto x = bound(schema, "exclusiveMaximum", true, path)) hi = std::min(hi.value_or(*x - 1), *x - 1);
   if (!lo && !hi) {
     json_value(rules_);
-    return integer ? "(\"-\"? (\"0\" | [1-9] [0-9]*))" : "json-number";
+    return integer ? "(\"-\"? (\"0\" | [1-9] [0-9]{0,15}))" : "json-number";
   }
   try {
     return integer ? integer_range(lo, hi) : number_range(lo, hi);

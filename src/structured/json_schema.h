@@ -15,7 +15,8 @@
 // additionalProperties says so (true or a schema; absent means none, as in OpenAI's strict mode
 // and xgrammar); number bounds that are not integers, and exclusive number bounds, are met by
 // tightening them to the next integer inside (x > 0 is written as x >= 1); numbers under a bound
-// are written without an exponent. Any other keyword is refused, naming it and where it is, as is
+// are written without an exponent; numbers have at most 16 digits before and after the point and
+// 2 in an exponent (each one a finite double, and no endless digits). Any other keyword is refused, naming it and where it is, as is
 // a schema whose grammar would be too large.
 #pragma once
 #include <map>

@@ -69,9 +69,9 @@ std::string natural_range(int64_t lo, std::optional<int64_t> hi) {
   std::string out;
   auto alt = [&](const std::string& s) { out += out.empty() ? s : " | " + s; };
   const size_t lo_len = digits_of(lo).size();
-  if (!hi) {  // lo's length up to all nines, then any longer number
+  if (!hi) {  // lo's length up to all nines, then longer numbers up to 16 digits (bounds are below 2^53)
     alt(same_length(std::to_string(lo), std::string(lo_len, '9')));
-    alt("[1-9] [0-9]{" + std::to_string(lo_len) + ",}");
+    if (lo_len < 16) alt("[1-9] [0-9]{" + std::to_string(lo_len) + ",15}");
     return "(" + out + ")";
   }
   const size_t hi_len = digits_of(*hi).size();
@@ -95,7 +95,9 @@ std::string json_string(EbnfRules& rules) {
 
 std::string json_value(EbnfRules& rules) {
   const std::string ws = json_ws(rules), str = json_string(rules);
-  define(rules, "json-number", R"("-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?)");
+  // At most 16 digits before the point and after it, and 2 in the exponent: every such number is a
+  // finite double, and a model cannot run on in digits.
+  define(rules, "json-number", R"("-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?)");
   define(rules, "json-array",
          "\"[\" " + ws + " (json-value " + ws + " (\",\" " + ws + " json-value " + ws + ")*)? \"]\"");
   define(rules, "json-object",
@@ -163,7 +165,7 @@ std::string integer_range(std::optional<int64_t> lo, std::optional<int64_t> hi) 
 
 std::string number_range(std::optional<int64_t> lo, std::optional<int64_t> hi) {
   if (lo && hi && *lo > *hi) throw core::Error("the range is empty");
-  const std::string frac = "(\".\" [0-9]+)?", zero_frac = "(\".\" \"0\"+)?";
+  const std::string frac = "(\".\" [0-9]{1,16})?", zero_frac = "(\".\" \"0\"{1,16})?";
   std::string out;
   auto alt = [&](const std::string& s) { out += out.empty() ? s : " | " + s; };
   // v >= 0: integer part I in [max(lo, 0), hi - 1] with any fraction, or I = hi with a zero one.
