@@ -11,13 +11,13 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
   K3_CHECK(vocabulary_ != nullptr, "CompiledGrammar: no vocabulary");
 }
 
-std::shared_ptr<const GroupMask> CompiledGrammar::group_mask(std::span<const uint32_t> positions) const {
-  const std::string key(reinterpret_cast<const char*>(positions.data()), positions.size_bytes());
+std::shared_ptr<const GroupMask> CompiledGrammar::group_mask(std::span<const uint32_t> key) const {
+  const std::string k(reinterpret_cast<const char*>(key.data()), key.size_bytes());
   std::lock_guard lock(mu_);
-  auto at = cache_.find(key);
+  auto at = cache_.find(k);
   if (at != cache_.end()) return at->second;
-  auto mask = std::make_shared<const GroupMask>(compute(positions));
-  cache_.emplace(key, mask);
+  auto mask = std::make_shared<const GroupMask>(compute(key));
+  cache_.emplace(k, mask);
   return mask;
 }
 
@@ -26,21 +26,25 @@ size_t CompiledGrammar::cached_groups() const {
   return cache_.size();
 }
 
-GroupMask CompiledGrammar::compute(std::span<const uint32_t> positions) const {
+GroupMask CompiledGrammar::compute(std::span<const uint32_t> key) const {
   const Vocabulary& v = *vocabulary_;
   StackArena arena(grammar_);
   State start;
-  for (uint32_t p : positions) start.push_back(arena.node(p, kUnknownParent));
+  for (size_t i = 0; i < key.size(); i += key[i] + 1) {  // each chain rebuilt over an unknown ancestor
+    StackId s = kUnknownParent;
+    for (uint32_t d = key[i]; d >= 1; --d) s = arena.node(key[i + d], s);
+    start.push_back(s);
+  }
   std::sort(start.begin(), start.end());
+  start.erase(std::unique(start.begin(), start.end()), start.end());
 
   GroupMask m;
   std::vector<int32_t> accepted;
   const auto& order = v.order();
   const auto& lcp = v.lcp();
   PrefixWalk walk;
-  const auto& states = walk.depth_states();
   auto escaped_at = [&](size_t depth) {
-    const State& s = states[depth];
+    const State& s = walk.depth_state(depth);
     return (!s.empty() && s[0] == kEscaped) || (s.size() > 1 && s[1] == kEscaped);
   };
   walk.run(
@@ -76,6 +80,22 @@ GroupMask CompiledGrammar::compute(std::span<const uint32_t> positions) const {
     m.uncertain_lcp[i] = static_cast<uint16_t>(k);
   }
   return m;
+}
+
+uint32_t PrefixWalk::intern(const State& s) {
+  std::string key(reinterpret_cast<const char*>(s.data()), s.size() * sizeof(StackId));
+  auto [at, fresh] = index_.try_emplace(std::move(key), static_cast<uint32_t>(interned_.size()));
+  if (fresh) interned_.push_back(s);
+  return at->second;
+}
+
+uint32_t PrefixWalk::next(StackArena& arena, uint32_t from, Symbol symbol) {
+  const uint64_t key = (uint64_t{from} << 16) | symbol;
+  if (auto at = next_.find(key); at != next_.end()) return at->second;
+  arena.advance(interned_[from], symbol, scratch_);
+  const uint32_t to = intern(scratch_);
+  next_.emplace(key, to);
+  return to;
 }
 
 }  // namespace k3::structured

@@ -1,13 +1,16 @@
 // structured/compiled_grammar.h: a grammar bound to a vocabulary, with the token masks that the
 // grammar alone decides, computed once and shared by every request that uses the grammar.
 //
-// At run time a matcher's state is a set of stacks. Stacks with the same parent differ only in
-// their top positions; together they form a group, and what a group accepts is mostly decided by
-// those positions alone: a token that the group consumes without finishing its rule is accepted
-// whatever the caller, one it cannot consume is rejected whatever the caller. Only tokens in which
-// the group's rule ends before their last symbol depend on the context (a string's closing quote
-// followed by ",": the "," belongs to the caller). So each distinct group gets, once, by a walk of
-// the sorted vocabulary from the group's positions with an unknown parent:
+// At run time a matcher's state is a set of stacks, and a token is allowed when one of them takes
+// it. Cut a stack kGroupDepth frames below its top: what it accepts is mostly decided by those top
+// frames (its chain of positions) alone: a token it consumes without returning into the ancestor
+// below the chain is accepted whatever lies below, one it cannot consume is rejected whatever lies
+// below. Only tokens that return into the ancestor before their last symbol depend on the rest of
+// the stack (deep closing runs like "}]}"). One frame is too shallow: a string's characters are one
+// rule each, so nearly every token would leave it; four frames hold a string, its key/value pair
+// and the object around it. Keys are single chains, not the set of a state's stacks: sets would
+// multiply (every combination of optional properties and whitespace a new key). So each distinct
+// chain gets, once, by a walk of the sorted vocabulary from it over an unknown ancestor:
 //   accepted    the context-independent accepted tokens (a dense bitmask or an id list), and
 //   uncertain   (token, symbols consumed before its rule ended) pairs, sorted by what is left,
 // and a mask step ORs the accepted sets of its groups and checks only the uncertain suffixes
@@ -44,13 +47,15 @@ class CompiledGrammar {
   CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocabulary);
   const Grammar& grammar() const { return grammar_; }
   const Vocabulary& vocabulary() const { return *vocabulary_; }
-  // The group's masks (positions: sorted top positions of stacks sharing one parent), computed on
-  // first use; thread-safe.
-  std::shared_ptr<const GroupMask> group_mask(std::span<const uint32_t> positions) const;
+  // Frames per stack that a group's key holds.
+  static constexpr int kGroupDepth = 4;
+  // A chain's masks, computed on first use; thread-safe. key: [length, top position, ...,
+  // position of the frame above the ancestor] (the format allows several chains: their union).
+  std::shared_ptr<const GroupMask> group_mask(std::span<const uint32_t> key) const;
   size_t cached_groups() const;
 
  private:
-  GroupMask compute(std::span<const uint32_t> positions) const;
+  GroupMask compute(std::span<const uint32_t> key) const;
 
   Grammar grammar_;
   std::shared_ptr<const Vocabulary> vocabulary_;
@@ -61,36 +66,50 @@ class CompiledGrammar {
 // Walks a sorted list of symbol sequences from one state, sharing the work of common prefixes:
 // for each sequence in order, `result(i, consumed, alive_at_end)` where the walk either consumed
 // all of it (alive_at_end: the state after it is non-empty) or died after `consumed` symbols. The
-// states per depth are kept in `depth_states()` for the caller to look at (markers included).
+// state after each prefix is depth_state(depth) (markers included). States are interned and each
+// (state, symbol) transition is computed once, so a loop (a string's characters) costs one lookup
+// per symbol; the memo stays valid while the arena lives (its nodes never change).
 class PrefixWalk {
  public:
   template <class SymbolsOf, class LcpOf, class Result>
   void run(StackArena& arena, const State& start, size_t n, SymbolsOf symbols_of, LcpOf lcp_of, Result result);
-  const std::vector<State>& depth_states() const { return states_; }
+  const State& depth_state(size_t depth) const { return interned_[ids_[depth]]; }
 
  private:
-  std::vector<State> states_;
+  uint32_t intern(const State& s);
+  uint32_t next(StackArena& arena, uint32_t from, Symbol symbol);
+  bool advanceable(uint32_t id) const { return !interned_[id].empty() && interned_[id].back() > kEscaped; }
+
+  std::vector<State> interned_;
+  std::unordered_map<std::string, uint32_t> index_;
+  std::unordered_map<uint64_t, uint32_t> next_;
+  std::vector<uint32_t> ids_;  // per depth: the state after that many symbols of the current sequence
+  State scratch_;
 };
 
 template <class SymbolsOf, class LcpOf, class Result>
 void PrefixWalk::run(StackArena& arena, const State& start, size_t n, SymbolsOf symbols_of, LcpOf lcp_of,
                      Result result) {
-  if (states_.empty()) states_.resize(1);
-  states_[0] = start;
-  size_t valid = 0;  // states_[0..valid] hold the current sequence's prefix states
-  auto advanceable = [](const State& s) { return !s.empty() && s.back() > kEscaped; };
+  if (next_.size() > (size_t{1} << 20)) {  // bound the memo of a long-lived matcher
+    interned_.clear();
+    index_.clear();
+    next_.clear();
+  }
+  if (ids_.empty()) ids_.resize(1);
+  ids_[0] = intern(start);
+  size_t valid = 0;  // ids_[0..valid] hold the current sequence's prefix states
   for (size_t i = 0; i < n; ++i) {
     const std::span<const Symbol> sym = symbols_of(i);
     size_t d = std::min<size_t>(lcp_of(i), valid);
-    if (states_.size() < sym.size() + 1) states_.resize(sym.size() + 1);
-    bool dead = d < sym.size() && !advanceable(states_[d]);
+    if (ids_.size() < sym.size() + 1) ids_.resize(sym.size() + 1);
+    bool dead = d < sym.size() && !advanceable(ids_[d]);
     while (!dead && d < sym.size()) {
-      arena.advance(states_[d], sym[d], states_[d + 1]);
+      ids_[d + 1] = next(arena, ids_[d], sym[d]);
       valid = ++d;
-      dead = d < sym.size() && !advanceable(states_[d]);
+      dead = d < sym.size() && !advanceable(ids_[d]);
     }
     valid = d;
-    result(i, d, !dead && !states_[d].empty());
+    result(i, d, !dead && !interned_[ids_[d]].empty());
     if (dead) {  // every following sequence sharing these d symbols dies at d as well
       while (i + 1 < n && lcp_of(i + 1) >= d && symbols_of(i + 1).size() > d) {
         ++i;

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <map>
+#include <tuple>
 
 #include "core/error.h"
 #include "structured/utf8_ranges.h"
@@ -12,7 +13,7 @@ namespace {
 
 using Item = GrammarBuilder::Item;
 using Seq = std::vector<Item>;
-constexpr int64_t kMaxRepeat = 100000;  // {m,n} bounds past this are refused
+constexpr int64_t kMaxRepeat = 1000000;  // {m,n} bounds past this are refused
 
 Item symbols_item(SymbolSet set) { return Item{Element::Kind::symbols, std::move(set), 0}; }
 Item rule_item(uint32_t r) { return Item{Element::Kind::rule, {}, r}; }
@@ -327,24 +328,56 @@ class Parser {
     }
   }
 
-  // x{m,n} (n = -1: unbounded): m copies, then nested optionals (or a star).
+  // x{m,n} (n = -1: unbounded): x{m}, then x{0,n-m} (or a star).
   Item repeat(const Item& x, int64_t m, int64_t n) {
     const uint32_t r = b_.fresh_rule("rep");
-    Seq seq(static_cast<size_t>(m), x);
+    Seq seq = {exact(x, m)};
     if (n < 0) seq.push_back(star(x));
-    else if (n > m) {
-      uint32_t tail = b_.fresh_rule("upto");  // x{0,1}
-      b_.add_alternative(tail, {x});
-      b_.add_alternative(tail, {});
-      for (int64_t k = 2; k <= n - m; ++k) {  // x{0,k} ::= x x{0,k-1} | ""
-        const uint32_t t = b_.fresh_rule("upto");
-        b_.add_alternative(t, {x, rule_item(tail)});
-        b_.add_alternative(t, {});
-        tail = t;
-      }
-      seq.push_back(rule_item(tail));
-    }
+    else if (n > m) seq.push_back(upto(x, n - m));
     b_.add_alternative(r, seq);
+    return rule_item(r);
+  }
+
+  // Large counts go through blocks of kBlock copies, so x{0,100000} is O(kBlock log n) rules whose
+  // positions repeat (one token-mask group each), not 100000 distinct ones.
+  static constexpr int64_t kBlock = 32;
+
+  // x{m}: m copies, or (x{kBlock}){m / kBlock} x{m % kBlock}.
+  Item exact(const Item& x, int64_t m) {
+    const uint32_t r = b_.fresh_rule("exact");
+    if (m <= 2 * kBlock) b_.add_alternative(r, Seq(static_cast<size_t>(m), x));
+    else {
+      const Item block = exact(x, kBlock);
+      b_.add_alternative(r, {exact(block, m / kBlock), exact(x, m % kBlock)});
+    }
+    return rule_item(r);
+  }
+
+  // x{0,k}: nested optionals, or for large k, with q = k / kBlock and y = x{kBlock}:
+  //   y{0,q-1} x{0,kBlock-1} | y{q} x{0,k % kBlock}
+  // (a length below q blocks leaves any remainder; exactly q blocks leave at most k % kBlock).
+  Item upto(const Item& x, int64_t k) {
+    const auto key = std::make_tuple(x.kind, x.rule, x.set.bytes, x.set.specials, k);
+    if (auto at = upto_.find(key); at != upto_.end()) return rule_item(at->second);
+    uint32_t r;
+    if (k <= 2 * kBlock) {
+      r = b_.fresh_rule("upto");  // x{0,1}
+      b_.add_alternative(r, {x});
+      b_.add_alternative(r, {});
+      for (int64_t i = 2; i <= k; ++i) {  // x{0,i} ::= x x{0,i-1} | ""
+        const uint32_t t = b_.fresh_rule("upto");
+        b_.add_alternative(t, {x, rule_item(r)});
+        b_.add_alternative(t, {});
+        r = t;
+      }
+    } else {
+      const Item block = exact(x, kBlock);
+      const int64_t q = k / kBlock;
+      r = b_.fresh_rule("upto");
+      b_.add_alternative(r, {upto(block, q - 1), upto(x, kBlock - 1)});
+      b_.add_alternative(r, {exact(block, q), upto(x, k % kBlock)});
+    }
+    upto_.emplace(key, r);
     return rule_item(r);
   }
 
@@ -353,6 +386,7 @@ class Parser {
   size_t pos_ = 0;
   GrammarBuilder b_;
   std::map<CodepointRanges, uint32_t> classes_;
+  std::map<std::tuple<Element::Kind, uint32_t, std::array<uint64_t, 4>, std::vector<Symbol>, int64_t>, uint32_t> upto_;
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <regex>
 #include <set>
 
 #include "core/error.h"
@@ -77,7 +78,25 @@ int64_t count(const json& s, const char* key, int64_t fallback, const std::strin
   return s[key].get<int64_t>();
 }
 
+// "^[\s\S]{m,n}$" (or . / [^] / [\S\s] for any character): a pure length bound (n = -1: none).
+std::optional<std::pair<int64_t, int64_t>> length_pattern(const std::string& p) {
+  static const std::regex re(R"(^\^(\[\\s\\S\]|\[\\S\\s\]|\[\^\]|\.)\{(\d+)(,(\d*))?\}\$$)");
+  std::smatch m;
+  if (!std::regex_match(p, m, re)) return std::nullopt;
+  const int64_t lo = std::stoll(m[2].str());
+  const int64_t hi = !m[3].matched ? lo : m[4].str().empty() ? -1 : std::stoll(m[4].str());
+  return std::pair{lo, hi};
+}
+
 }  // namespace
+
+// "^ATOM*$" or "^ATOM+$" with ATOM one class, escape or '.': the atom.
+std::optional<std::string> repeated_class(const std::string& p) {
+  static const std::regex re(R"(^\^?(\[(?:\\.|[^\]\\])*\]|\\.|\.)[*+]\$?$)");
+  std::smatch m;
+  if (!std::regex_match(p, m, re)) return std::nullopt;
+  return m[1].str();
+}
 
 void EbnfRules::add(const std::string& name, const std::string& body) {
   bytes_ += name.size() + body.size() + 6;
@@ -356,11 +375,18 @@ std::string JsonSchemaConverter::string_rule(const json& schema, const std::stri
   const bool lengths = schema.contains("minLength") || schema.contains("maxLength");
   if (schema.contains("pattern")) {
     if (!schema["pattern"].is_string()) fail(path, "'pattern' must be a string");
-    if (lengths || schema.contains("format"))
-      fail(path, "'pattern' together with lengths or 'format' is not supported");
+    if (schema.contains("format")) fail(path, "'pattern' together with 'format' is not supported");
+    std::string pattern = schema["pattern"].get<std::string>();
+    if (lengths) {  // only a pattern that is one repeated character class takes the lengths
+      const std::optional<std::string> atom = repeated_class(pattern);
+      if (!atom) fail(path, "'pattern' together with lengths is supported only for one repeated class (^[...]*$)");
+      const bool plus = pattern.find(*atom + "+") != std::string::npos;
+      pattern = "^" + *atom + "{" + std::to_string(std::max<int64_t>(min, plus ? 1 : 0)) + "," +
+                (max < 0 ? "" : std::to_string(max)) + "}$";
+    }
     std::string body;
     try {
-      body = regex_to_ebnf(schema["pattern"].get<std::string>(), /*inside_json_string=*/true);
+      body = regex_to_ebnf(pattern, /*inside_json_string=*/true);
     } catch (const core::Error& e) {
       fail(path, std::string("'pattern': ") + e.what());
     }
@@ -381,7 +407,7 @@ std::string JsonSchemaConverter::string_rule(const json& schema, const std::stri
       fail(path, e.what());
     }
   }
-  if (max > 10000 || min > 10000) fail(path, "'minLength'/'maxLength' above 10000 are not supported");
+  if (max > 1000000 || min > 1000000) fail(path, "'minLength'/'maxLength' above 1000000 are not supported");
   return lengths ? json_string_length(rules_, min, max) : json_string(rules_);
 }
 
@@ -448,6 +474,17 @@ json JsonSchemaConverter::merge_all_of(const json& schema, const std::string& pa
       } else if (k == "required") {
         for (const json& r : v)
           if (std::find(out[k].begin(), out[k].end(), r) == out[k].end()) out[k].push_back(r);
+      } else if (k == "pattern" && v.is_string() && out[k].is_string() && length_pattern(v.get<std::string>())) {
+        const auto [lo, hi] = *length_pattern(v.get<std::string>());  // ^[\s\S]{lo,hi}$: a length bound
+        out["minLength"] = std::max<int64_t>(out.value("minLength", int64_t{0}), lo);
+        if (hi >= 0)
+          out["maxLength"] = out.contains("maxLength") ? std::min<int64_t>(out["maxLength"].get<int64_t>(), hi) : hi;
+      } else if (k == "pattern" && v.is_string() && out[k].is_string() && length_pattern(out[k].get<std::string>())) {
+        const auto [lo, hi] = *length_pattern(out[k].get<std::string>());
+        out[k] = v;
+        out["minLength"] = std::max<int64_t>(out.value("minLength", int64_t{0}), lo);
+        if (hi >= 0)
+          out["maxLength"] = out.contains("maxLength") ? std::min<int64_t>(out["maxLength"].get<int64_t>(), hi) : hi;
       } else if (out[k] != v) {
         fail(path, "'allOf' with two different '" + k + "' cannot be merged");
       }

@@ -5,8 +5,9 @@
 // additionalProperties, enum / const, anyOf / oneOf (as alternatives: oneOf's exclusivity is not
 // enforced, its outputs match at least one), allOf (object schemas merged), $ref into $defs /
 // definitions / the root (recursive schemas), items / prefixItems / minItems / maxItems, string
-// minLength / maxLength / pattern (structured/regex.h) / format (date-time, date, time, duration,
-// uuid, email, hostname, ipv4, ipv6, uri), integer and number minimum / maximum /
+// minLength / maxLength / pattern (structured/regex.h; with lengths only when it is one repeated
+// class, ^[...]*$; allOf of a pattern and a pure length pattern ^[\s\S]{m,n}$ merges them) / format
+// (date-time, date, time, duration, uuid, email, hostname, ipv4, ipv6, uri), integer and number minimum / maximum /
 // exclusiveMinimum / exclusiveMaximum, and OpenAPI's nullable. Annotations (title, description,
 // default, examples, $schema, $id, $comment, deprecated, readOnly, writeOnly) are ignored.
 //
@@ -20,6 +21,7 @@
 // a schema whose grammar would be too large.
 #pragma once
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +86,8 @@ std::string json_string_length(EbnfRules& rules, int64_t min, int64_t max);
 std::string json_string_format(EbnfRules& rules, const std::string& format);
 // Integers in [lo, hi] (each optional), as an expression; numbers likewise (integer-valued
 // bounds; fractions allowed, no exponent).
+// "^ATOM*$" / "^ATOM+$" (one class, escape or '.'): the atom, for a pattern with length bounds.
+std::optional<std::string> repeated_class(const std::string& pattern);
 std::string integer_range(std::optional<int64_t> lo, std::optional<int64_t> hi);
 std::string number_range(std::optional<int64_t> lo, std::optional<int64_t> hi);
 

@@ -97,6 +97,11 @@ TEST(JsonSchema, StringsLengthsPatternsAndFormats) {
   expect_schema({{"type", "string"}, {"pattern", "^[a-z]+-[0-9]{2}$"}}, {R"("ab-12")"}, {R"("ab-1")", R"("Ab-12")"});
   expect_schema({{"type", "string"}, {"pattern", "a.b"}}, {R"("axb")", R"("a\"b")", R"("a\\b")"},
                 {R"("a"b")", R"("a\nb")"});
+  // Claude Code's SendMessage.to: a one-line string of at most 300 characters, as two allOf patterns.
+  expect_schema({{"type", "string"}, {"allOf", {{{"pattern", "^[^\\n\\r]*$"}}, {{"pattern", "^[\\s\\S]{0,3}$"}}}}},
+                {R"("")", R"("abc")", R"("a\"b")"}, {R"("a\nb")", R"("abcd")"});
+  expect_schema({{"type", "string"}, {"pattern", "^[a-z]+$"}, {"maxLength", 2}}, {R"("a")", R"("ab")"},
+                {R"("")", R"("abc")"});
   expect_schema({{"type", "string"}, {"format", "date-time"}},
                 {R"("2026-12-02T13:47:17Z")", R"("2026-01-31T00:00:00.5+01:00")"},
                 {R"("2026-13-02T13:47:17Z")", R"("2026-12-02")"});

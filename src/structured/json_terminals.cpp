@@ -86,7 +86,9 @@ std::string natural_range(int64_t lo, std::optional<int64_t> hi) {
 
 }  // namespace
 
-std::string json_ws(EbnfRules& rules) { return define(rules, "json-ws", "[ \\t\\n]{0,16}"); }
+// Whitespace is unbounded, as xgrammar's default: a bound would make every count a grammar position
+// of its own (a token-mask cache entry each) wherever whitespace may go.
+std::string json_ws(EbnfRules& rules) { return define(rules, "json-ws", "[ \\t\\n]*"); }
 
 std::string json_string(EbnfRules& rules) {
   define(rules, "json-char", kChar);

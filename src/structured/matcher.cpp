@@ -57,35 +57,46 @@ void Matcher::rollback(int tokens) {
   for (int i = 0; i < tokens; ++i) history_.pop_back();
 }
 
+const GroupMask& Matcher::group_mask(const std::vector<uint32_t>& key) {
+  std::string k(reinterpret_cast<const char*>(key.data()), key.size() * sizeof(uint32_t));
+  auto [at, fresh] = masks_.try_emplace(std::move(k));
+  if (fresh) at->second = grammar_->group_mask(key);  // the shared cache, under its lock
+  return *at->second;
+}
+
 void Matcher::fill_mask(std::span<uint32_t> words) {
   const Vocabulary& v = grammar_->vocabulary();
   K3_CHECK(static_cast<int32_t>(words.size()) == v.words(), "Matcher::fill_mask: mask row has the wrong width");
   std::fill(words.begin(), words.end(), 0u);
   if (terminated()) return;
   auto set = [&](int32_t id) { words[static_cast<size_t>(id) >> 5] |= 1u << (id & 31); };
-  const State& s = state();
-  groups_.clear();
-  for (StackId id : s)
-    if (id > kEscaped) groups_.push_back({arena_.parent(id), arena_.pos(id)});
-  std::sort(groups_.begin(), groups_.end());
-  for (size_t g = 0; g < groups_.size();) {
-    const StackId parent = groups_[g].first;
-    positions_.clear();
-    for (; g < groups_.size() && groups_[g].first == parent; ++g) positions_.push_back(groups_[g].second);
-    const std::shared_ptr<const GroupMask> m = grammar_->group_mask(positions_);
-    if (!m->dense.empty())
-      for (size_t w = 0; w < words.size(); ++w) words[w] |= m->dense[w];
+  // Each stack's chain of its top kGroupDepth frames decides its tokens, but for those that
+  // return into the ancestor below the chain: those are checked against what really follows it.
+  for (StackId id : state()) {
+    if (id <= kEscaped) continue;
+    key_.clear();
+    key_.push_back(0);
+    StackId n = id, ancestor = kNoParent;
+    for (int d = 0; d < CompiledGrammar::kGroupDepth; ++d) {
+      key_.push_back(arena_.pos(n));
+      ++key_[0];
+      ancestor = arena_.parent(n);
+      if (ancestor == kNoParent) break;
+      n = ancestor;
+    }
+    const GroupMask& m = group_mask(key_);
+    if (!m.dense.empty())
+      for (size_t w = 0; w < words.size(); ++w) words[w] |= m.dense[w];
     else
-      for (int32_t id : m->ids) set(id);
-    if (m->uncertain.empty() || parent == kNoParent) continue;  // after the root nothing may follow
-    // The suffixes left once the group's rule ended, against what really follows it.
-    const State after = arena_.after_return(parent);
+      for (int32_t t : m.ids) set(t);
+    if (m.uncertain.empty() || ancestor == kNoParent) continue;  // after the root nothing may follow
+    const State after = arena_.after_return(ancestor);
     walk_.run(
-        arena_, after, m->uncertain.size(),
-        [&](size_t i) { return v.symbols(m->uncertain[i].token).subspan(m->uncertain[i].consumed); },
-        [&](size_t i) { return m->uncertain_lcp[i]; },
+        arena_, after, m.uncertain.size(),
+        [&](size_t i) { return v.symbols(m.uncertain[i].token).subspan(m.uncertain[i].consumed); },
+        [&](size_t i) { return m.uncertain_lcp[i]; },
         [&](size_t i, size_t, bool alive) {
-          if (alive) set(m->uncertain[i].token);
+          if (alive) set(m.uncertain[i].token);
         });
   }
   if (can_end())

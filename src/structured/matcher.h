@@ -12,7 +12,9 @@
 #include <deque>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "structured/compiled_grammar.h"
 #include "structured/stacks.h"
@@ -55,8 +57,10 @@ class Matcher {
   std::deque<Entry> history_;  // history_.back(): the current state
   State scratch_[2];
   PrefixWalk walk_;
-  std::vector<std::pair<StackId, uint32_t>> groups_;  // (parent, top position) of the state's stacks
-  std::vector<uint32_t> positions_;
+  // A stack's masks by its chain (CompiledGrammar::group_mask), remembered here to skip the lock.
+  const GroupMask& group_mask(const std::vector<uint32_t>& key);
+  std::vector<uint32_t> key_;
+  std::unordered_map<std::string, std::shared_ptr<const GroupMask>> masks_;
 };
 
 }  // namespace k3::structured
