@@ -17,6 +17,9 @@
 # pinned version and integrity hash; its three small dependencies resolve within the ranges it
 # declares), the client of tests/clients/anthropic_sdk_test.mjs.
 #
+# .testdata/ajv/: ajv and ajv-formats (pinned versions and integrity hashes), which validate every
+# constrained output of tests/clients/structured_outputs_test.mjs against its JSON Schema.
+#
 # .testdata/agent-clis/: the real agent CLIs, Claude Code (@anthropic-ai/claude-code) and Codex
 # (@openai/codex), pinned with their integrity hashes, driven by tests/clients/agent_cli_test.sh
 # and bench/agent_clients.sh. Each ships its program as a native binary in a per-platform optional
@@ -144,6 +147,39 @@ fetch_anthropic_sdk() {
   echo "fetch_test_data: wrote $anthropic_dest"
 }
 
+# ajv (JSON Schema validator) and ajv-formats: tests/clients/structured_outputs_test.mjs validates
+# every constrained output with them.
+ajv_dest=.testdata/ajv
+declare -A ajv_pins=(
+  [ajv]="8.20.0 sha512-Thbli+OlOj+iMPYFBVBfJ3OmCAnaSyNn4M1vz9T6Gka5Jt9ba/HIR56joy65tY6kx/FCF5VXNB819Y7/GUrBGA=="
+  [ajv-formats]="3.0.1 sha512-8iUql50EUR+uUcdRQ3HDqa6EVyo3docL8g5WJ3FNcWmu62IbkGUue/pEyLBW8VGKKucTPgqeks4fIU1DA4yowQ=="
+)
+
+fetch_ajv() {
+  local pkg ok=1
+  for pkg in "${!ajv_pins[@]}"; do
+    [ "$(npm_installed "$ajv_dest" "$pkg")" = "${ajv_pins[$pkg]}" ] || ok=0
+  done
+  if [ $ok = 1 ]; then
+    echo "fetch_test_data: $ajv_dest is up to date (ajv ${ajv_pins[ajv]%% *}, ajv-formats ${ajv_pins[ajv-formats]%% *})"
+    return 0
+  fi
+  need_npm
+  echo "fetch_test_data: installing ajv and ajv-formats (JSON Schema validation) from the npm registry"
+  rm -rf "$ajv_dest"
+  npm install --prefix "$ajv_dest" --no-audit --no-fund --ignore-scripts --save-exact --loglevel=error \
+    "ajv@${ajv_pins[ajv]%% *}" "ajv-formats@${ajv_pins[ajv-formats]%% *}" >/dev/null
+  for pkg in "${!ajv_pins[@]}"; do
+    local got
+    got=$(npm_installed "$ajv_dest" "$pkg")
+    if [ "$got" != "${ajv_pins[$pkg]}" ]; then
+      echo "fetch_test_data: $ajv_dest holds $pkg '${got:-nothing}', expected ${ajv_pins[$pkg]}" >&2
+      exit 1
+    fi
+  done
+  echo "fetch_test_data: wrote $ajv_dest"
+}
+
 # The agent CLIs: package -> "VERSION INTEGRITY" (npm view PKG@VERSION dist.integrity). The native
 # packages are the Linux x86-64 glibc builds npm picks as optional dependencies; Codex's is an npm
 # alias (npm:@openai/codex@0.171.0-linux-x64), hence its version.
@@ -208,4 +244,5 @@ fetch_agent_clis() {
 fetch_gpt_tokenizer
 fetch_openai_sdk
 fetch_anthropic_sdk
+fetch_ajv
 fetch_agent_clis

@@ -14,8 +14,6 @@ using structured::ebnf_literal;
 using structured::EbnfRules;
 using structured::JsonSchemaConverter;
 
-constexpr int kMaxParallelCalls = 16;  // calls one constrained output may make
-
 // A K3 marker: <|open|>tag<|sep|>, <|close|>tag<|sep|>.
 std::string open_tag(const std::string& tag) { return "<|open|> " + ebnf_literal(tag) + " <|sep|>"; }
 std::string close_tag(const std::string& tag) { return "<|close|> " + ebnf_literal(tag) + " <|sep|>"; }
@@ -156,19 +154,15 @@ std::string chat_output_grammar(const ChatPrompt& chat, tokenizer::Channel start
       }
       tools.push_back({escape_attr(name), args});
     }
-    const int max_calls = chat.tool_policy.single ? 1 : kMaxParallelCalls;
-    std::string calls;  // call 1 (call 2 (call 3 ...)?)?
-    for (int i = max_calls; i >= 1; --i) {
-      std::string body;
-      for (const auto& [attr, args] : tools)
-        body += (body.empty() ? "" : " | ") + ebnf_literal(attr + "\" index=\"" + std::to_string(i) + "\"") +
-                " <|sep|> " + args;
-      const std::string call = "k3-call-" + std::to_string(i);
-      rules.add(call, "<|open|> " + ebnf_literal("call tool=\"") + " (" + body + ") " + close_tag("call") +
-                          (calls.empty() ? "" : " (" + calls + ")?"));
-      calls = call;
-    }
-    rules.add("k3-tools", open_tag("tools") + " " + calls + " " + close_tag("tools"));
+    // One call rule for every position (index="1", "2", ...: any number, as the parser reads it), so
+    // the calls share their grammar positions and token masks.
+    std::string body;
+    for (const auto& [attr, args] : tools)
+      body += (body.empty() ? "" : " | ") + ebnf_literal(attr + "\" index=\"") + " [1-9] [0-9]? \"\\\"\" <|sep|> " +
+              args;
+    rules.add("k3-call", "<|open|> " + ebnf_literal("call tool=\"") + " (" + body + ") " + close_tag("call"));
+    rules.add("k3-tools",
+              open_tag("tools") + (chat.tool_policy.single ? " k3-call " : " k3-call+ ") + close_tag("tools"));
     output += tools_required ? " k3-tools" : " k3-tools?";
   }
   output += " " + close_tag("message");

@@ -9,7 +9,8 @@
 // ANSWER is free text, or the JSON / regex / choice / grammar the request asks for (response_format,
 // text.format, output_config.format, structured_outputs, guided_*). CALL is
 //   <|open|>call tool="NAME" index="i"<|sep|><|open|>json type="object"<|sep|> ARGS <|close|>json<|sep|><|close|>call<|sep|>
-// with i = 1, 2, ... and ARGS any JSON object, or, for a strict tool, its parameters schema.
+// with i a number (the parser reads any) and ARGS K3's argument elements or a JSON block with any
+// object, or, for a strict tool, only the JSON block with an object of its parameters schema.
 // The tools part is required for tool_choice required / a named tool (Messages: any / tool), and
 // then the response text before it is empty (as vLLM's required mode and Anthropic's any / tool),
 // optional under auto when a tool is strict, absent under none; parallel_tool_calls false

@@ -452,6 +452,20 @@ json JsonSchemaConverter::merge_all_of(const json& schema, const std::string& pa
   out.erase("allOf");
   const json& list = schema["allOf"];
   if (!list.is_array() || list.empty()) fail(path, "'allOf' must be a non-empty array");
+  // additionalProperties at one level sees only that level's own properties: a key is allowed in
+  // the merge only where every level that restricts keys declares it.
+  std::vector<std::set<std::string>> restricting;
+  auto note_level = [&](const json& level) {
+    if (!level.is_object() || !level.contains("additionalProperties") || level["additionalProperties"] == json(true))
+      return;
+    if (!level["additionalProperties"].is_boolean())
+      fail(path, "'allOf' with a schema for 'additionalProperties' cannot be merged");
+    std::set<std::string> keys;
+    if (level.contains("properties") && level["properties"].is_object())
+      for (const auto& [k, _] : level["properties"].items()) keys.insert(k);
+    restricting.push_back(std::move(keys));
+  };
+  note_level(out);
   for (json part : list) {
     if (part.is_object() && part.contains("$ref") && part["$ref"].is_string()) {
       const std::string ref = part["$ref"].get<std::string>();
@@ -463,6 +477,7 @@ json JsonSchemaConverter::merge_all_of(const json& schema, const std::string& pa
     }
     if (part.is_object() && part.contains("allOf")) part = merge_all_of(part, path);
     if (!part.is_object()) fail(path, "'allOf' entries must be schemas");
+    note_level(part);
     for (const auto& [k, v] : part.items()) {
       if (annotations().count(k)) continue;
       if (!out.contains(k)) out[k] = v;
@@ -489,6 +504,18 @@ json JsonSchemaConverter::merge_all_of(const json& schema, const std::string& pa
         fail(path, "'allOf' with two different '" + k + "' cannot be merged");
       }
     }
+  }
+  if (!restricting.empty() && out.contains("properties")) {
+    json kept = json::object();
+    for (const auto& [k, v] : out["properties"].items()) {
+      bool allowed = true;
+      for (const auto& keys : restricting) allowed = allowed && keys.count(k);
+      if (allowed) kept[k] = v;
+      else if (out.contains("required") &&
+               std::find(out["required"].begin(), out["required"].end(), json(k)) != out["required"].end())
+        fail(path, "'allOf' requires '" + k + "', which another level's additionalProperties forbids: nothing matches");
+    }
+    out["properties"] = kept;
   }
   return out;
 }

@@ -58,6 +58,11 @@ TEST(JsonSchema, EnumsConstsAndCombinations) {
                   {{{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}, {"required", {"a"}}},
                    {{"properties", {{"b", {{"type", "integer"}}}}}, {"required", {"b"}}}}}},
                 {R"({"a": 1, "b": 2})"}, {R"({"a": 1})", R"({"b": 2})"});
+  // additionalProperties at one allOf level sees only that level's properties.
+  expect_schema({{"allOf",
+                  {{{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}},
+                   {{"properties", {{"b", {{"type", "integer"}}}}}, {"additionalProperties", false}}}}},
+                {"{}", R"({"b": 1})"}, {R"({"a": 1})", R"({"a": 1, "b": 2})"});
   expect_schema({{"type", {"string", "null"}}}, {R"("x")", "null"}, {"1"});
   expect_schema({{"type", "integer"}, {"nullable", true}}, {"3", "null"}, {"\"3\""});
 }
@@ -142,6 +147,10 @@ TEST(JsonSchema, RefusesWhatItCannotEnforceNamingIt) {
   expect_error({{"type", "integer"}, {"minimum", 5}, {"maximum", 1}}, "no number meets the bounds");
   expect_error({{"type", "widget"}}, "unknown type 'widget'");
   expect_error({{"type", "object"}, {"required", {"x"}}}, "'required' names 'x'");
+  expect_error(
+      {{"allOf",
+        {{{"properties", {{"a", {{"type", "integer"}}}}}, {"required", {"a"}}}, {{"additionalProperties", false}}}}},
+      "which another level's additionalProperties forbids");
 }
 
 TEST(Regex, Lowering) {

@@ -4,7 +4,8 @@
 # k3-tiny-fast) and a context long enough for agent prompts, waits for /health, and runs against
 # it: curl_test.sh; openai_sdk_test.mjs and openai_responses_test.mjs (the official OpenAI Node
 # SDK: chat/completions, then the Responses API); anthropic_sdk_test.mjs (the official Anthropic
-# SDK: the Messages API), once more with the second name; agent_cli_test.sh (the real Claude Code
+# SDK: the Messages API), once more with the second name; structured_outputs_test.mjs (constrained
+# outputs through both SDKs, each validated with ajv); agent_cli_test.sh (the real Claude Code
 # and Codex CLIs). Then it sends SIGTERM while a long stream is in flight and checks the drain:
 # /health turns 503, the stream ends with a finish or an error event and "data: [DONE]", and the
 # server exits with code 0. Last, a second short launch with --api-key checks with curl that
@@ -25,6 +26,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 sdk_dir=${K3_OPENAI_SDK_DIR:-$src/.testdata/openai-node}
 anthropic_dir=${K3_ANTHROPIC_SDK_DIR:-$src/.testdata/anthropic-sdk}
 cli_dir=${K3_AGENT_CLI_DIR:-$src/.testdata/agent-clis}
+ajv_dir=${K3_AJV_DIR:-$src/.testdata/ajv}
 skip_code=77
 
 say() { echo "client_tests: $*"; }
@@ -55,6 +57,9 @@ have_sdk=1
 [ -f "$sdk_dir/node_modules/openai/index.mjs" ] || { have_sdk=0; missing+=("the openai SDK ($sdk_dir)"); }
 have_anthropic=1
 [ -f "$anthropic_dir/node_modules/@anthropic-ai/sdk/index.mjs" ] || { have_anthropic=0; missing+=("the Anthropic SDK ($anthropic_dir)"); }
+have_ajv=1
+[ -f "$ajv_dir/node_modules/ajv/dist/2020.js" ] && [ -f "$ajv_dir/node_modules/ajv-formats/package.json" ] ||
+  { have_ajv=0; missing+=("ajv ($ajv_dir)"); }
 have_clis=1
 for b in node_modules/@anthropic-ai/claude-code-linux-x64/claude node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex; do
   [ -x "$cli_dir/$b" ] || have_clis=0
@@ -172,6 +177,13 @@ if [ "$have_anthropic" = 1 ]; then
     --model k3-tiny-fast --sdk-dir "$anthropic_dir" --only "messages.create basic"
 else
   say "skipping the Anthropic SDK checks: no Anthropic SDK in $anthropic_dir (scripts/fetch_test_data.sh installs it)"
+fi
+if [ "$have_sdk" = 1 ] && [ "$have_anthropic" = 1 ] && [ "$have_ajv" = 1 ]; then
+  run_part "structured output checks (both SDKs, every output validated by ajv)" 600 node "$here/structured_outputs_test.mjs" \
+    --base-url "$base" --model k3-tiny --openai-dir "$sdk_dir" --anthropic-dir "$anthropic_dir" --ajv-dir "$ajv_dir" \
+    --schemas "$src/src/structured/testdata/agent_tool_schemas.json"
+else
+  say "skipping the structured output checks: they need both SDKs and ajv (scripts/fetch_test_data.sh installs them)"
 fi
 if [ "$have_clis" = 1 ]; then
   run_part "agent CLI checks (claude -p, codex exec)" 540 bash "$here/agent_cli_test.sh" "$base" k3-tiny "$cli_dir"
