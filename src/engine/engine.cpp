@@ -257,11 +257,9 @@ bool Engine::step() {
     const auto e0 = scheduler::Clock::now();
     // Sampling is chosen once per step from the plan: plain steps sample on the device where the
     // executor can (tokens and logprobs come back, not logits); verify steps, steps whose logits
-    // are handed out and steps with hidden-state taps sample on the host.
-    bool constrained = false;  // grammar masks are applied on the host
-    for (const scheduler::ScheduledSequence& q : plan.seqs) constrained |= q.sample && contexts_.at(q.id).matcher;
-    const core::LogitsAt at = executor_->device_sampler() && plan.num_verifies == 0 && !plan.host_logits && !taps_on_ &&
-                                      !constrained
+    // are handed out and steps with hidden-state taps sample on the host. A constrained row samples
+    // on the device too: its grammar mask is computed here and applied there (token_mask).
+    const core::LogitsAt at = executor_->device_sampler() && plan.num_verifies == 0 && !plan.host_logits && !taps_on_
                                   ? core::LogitsAt::device
                                   : core::LogitsAt::host;
     const core::Tensor logits = executor_->execute(plan, at);
@@ -276,17 +274,31 @@ bool Engine::step() {
     if (at == core::LogitsAt::device) {
       // Device logits (runner/device_sampler.h): a plain step, row i = sequence i; only tokens,
       // logprobs and the rows that need host processing come back.
+      // A constrained row's mask is computed here, on the host, and applied on the device.
       sample_rows_.clear();
+      row_matchers_.clear();
+      size_t masks = 0;
       for (size_t i = 0; i < plan.seqs.size(); ++i) {
         const scheduler::ScheduledSequence& q = plan.seqs[i];
         if (!q.sample) continue;
         const scheduler::Request* r = scheduler_.find(q.id);
-        sample_rows_.push_back({contexts_.at(q.id).sampler.get(), static_cast<int64_t>(i), r->prompt(), r->output()});
+        Context& ctx = contexts_.at(q.id);
+        std::span<const uint32_t> allowed;
+        if (ctx.matcher) {
+          if (row_masks_.size() <= masks) row_masks_.emplace_back();
+          std::vector<uint32_t>& m = row_masks_[masks++];
+          m.resize(static_cast<size_t>(ctx.matcher->grammar().vocabulary().words()));
+          ctx.matcher->fill_mask(m);
+          allowed = m;
+        }
+        sample_rows_.push_back({ctx.sampler.get(), static_cast<int64_t>(i), r->prompt(), r->output(), allowed});
+        row_matchers_.push_back(ctx.matcher.get());
       }
       samples_ = runner::sample_rows(logits.view(), sample_rows_, executor_->device_sampler());
-      for (const runner::SampleResult& s : samples_) {
-        sampled_.push_back(s.token);
+      for (size_t k = 0; k < samples_.size(); ++k) {
+        sampled_.push_back(samples_[k].token);
         accepted_.push_back(0);
+        if (row_matchers_[k]) accept_constrained(*row_matchers_[k], samples_[k].token);
       }
     } else {
       // Row offsets: logit_rows() per sequence (num_drafts + 1 for a verify sequence).

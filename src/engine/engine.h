@@ -222,11 +222,13 @@ class Engine {
   std::vector<spec::DraftQuery> queries_;
   std::vector<spec::Draft> drafts_;
   std::vector<int32_t> accepted_, verify_rows_, scratch_;
-  std::vector<int32_t> seq_accepted_;      // per plan sequence: accepted drafts (-1: not a verify)
-  std::vector<uint32_t> mask_;             // one constrained row's allowed tokens [ceil(vocab / 32)]
-  std::vector<float> masked_rows_;         // a constrained verify sequence's rows, masked
-  bool taps_on_ = false;                   // the drafter observes the target's hidden states
-  core::DecodePathCounters decode_paths_;  // the routes of the steps that ran
+  std::vector<int32_t> seq_accepted_;               // per plan sequence: accepted drafts (-1: not a verify)
+  std::vector<uint32_t> mask_;                      // one constrained row's allowed tokens [ceil(vocab / 32)]
+  std::vector<std::vector<uint32_t>> row_masks_;    // device sampling: each constrained row's mask
+  std::vector<structured::Matcher*> row_matchers_;  // device sampling: each sampled row's (or null)
+  std::vector<float> masked_rows_;                  // a constrained verify sequence's rows, masked
+  bool taps_on_ = false;                            // the drafter observes the target's hidden states
+  core::DecodePathCounters decode_paths_;           // the routes of the steps that ran
   spec::Verified verified_;
   int64_t aborted_ = 0, failed_ = 0, generated_ = 0;
   double host_seconds_ = 0, executor_seconds_ = 0;

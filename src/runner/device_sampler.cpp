@@ -3,6 +3,7 @@
 #include "runner/device_sampler.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -37,12 +38,12 @@ SampleResult DeviceSampler::sample_on_host(const core::TensorView& logits, const
   const int64_t V = logits.dim(1);
   if (logits.device == core::Device::cpu) {
     const float* x = logits.as<const float>() + row.logits_row * logits.strides[0];
-    return row.sampler->sample({x, static_cast<size_t>(V)}, row.prompt, row.output);
+    return row.sampler->sample({x, static_cast<size_t>(V)}, row.prompt, row.output, row.allowed);
   }
   K3_CHECK(memory_ != nullptr, "sample_rows: logits live on " + std::string(core::device_name(logits.device)) +
                                    " but no DeviceSampler for that device was given");
   const core::Tensor host = memory_->download_f32(logits.row(row.logits_row));  // 640 KB at K3's vocab
-  return row.sampler->sample(host.span<const float>(), row.prompt, row.output);
+  return row.sampler->sample(host.span<const float>(), row.prompt, row.output, row.allowed);
 }
 
 std::vector<SampleResult> DeviceSampler::sample(const core::TensorView& logits, std::span<const SampleRow> rows) {
@@ -78,6 +79,7 @@ std::vector<SampleResult> DeviceSampler::sample(const core::TensorView& logits, 
     max_top = std::max(max_top, sp.logprobs);
   }
   std::vector<bool> done(rows.size(), false);
+  apply_masks(logits, rows);
   if (!params_.empty()) {
     const core::Tensor host_params = kernels::pack_sample_params(params_);
     const core::Tensor params = memory_->upload(host_params.view());
@@ -112,6 +114,26 @@ std::vector<SampleResult> DeviceSampler::sample(const core::TensorView& logits, 
                            ")");
   }
   return results;
+}
+
+void DeviceSampler::apply_masks(const core::TensorView& logits, std::span<const SampleRow> rows) {
+  const int64_t words = (logits.dim(1) + 31) / 32;
+  int64_t n = 0;
+  for (size_t i : device_index_) n += !rows[i].allowed.empty();
+  if (n == 0) return;
+  core::Tensor masks = core::Tensor::zeros(core::DType::i32, {n, words});
+  core::Tensor which = core::Tensor::zeros(core::DType::i32, {n});
+  int64_t k = 0;
+  for (size_t i : device_index_) {
+    if (rows[i].allowed.empty()) continue;
+    K3_CHECK(static_cast<int64_t>(rows[i].allowed.size()) == words,
+             "sample_rows: row " + std::to_string(i) + "'s mask has " + std::to_string(rows[i].allowed.size()) +
+                 " words, expected " + std::to_string(words));
+    std::memcpy(masks.data<int32_t>() + k * words, rows[i].allowed.data(), static_cast<size_t>(words) * 4);
+    which.data<int32_t>()[k++] = static_cast<int32_t>(rows[i].logits_row);
+  }
+  const core::Tensor d_masks = memory_->upload(masks.view()), d_rows = memory_->upload(which.view());
+  ops_->token_mask.run({logits, d_masks.view(), d_rows.view()}, memory_->device());
 }
 
 std::vector<SampleResult> sample_rows(const core::TensorView& logits, std::span<const SampleRow> rows,

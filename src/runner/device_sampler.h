@@ -6,6 +6,9 @@
 // (kernels/sampling) instead reads them on the device and returns per row the token, its logprob
 // and the top-N logprobs: one small upload of per-row parameters, one small download.
 //
+// A row with a grammar mask (SampleRow::allowed) has it applied where its logits are: the
+// token_mask op sets the refused ids to -inf on the device, then it samples like any other.
+//
 // Rows whose Sampler needs logit_bias or penalties (Sampler::device_eligible() false) go to their
 // host Sampler with just their row downloaded. Every result equals what rows[i].sampler->sample()
 // would return for that row, and each Sampler's Rng advances exactly as sample() would advance it
@@ -41,6 +44,9 @@ struct SampleRow {
   int64_t logits_row = 0;
   std::span<const int32_t> prompt;
   std::span<const int32_t> output;
+  // A constrained row's grammar mask ([ceil(vocab / 32)] words; empty: none): applied on the device
+  // by the token_mask op before `sample` (the logits row is changed in place), or by the Sampler.
+  std::span<const uint32_t> allowed = {};
 };
 
 class DeviceSampler {
@@ -60,6 +66,8 @@ class DeviceSampler {
 
  private:
   SampleResult sample_on_host(const core::TensorView& logits, const SampleRow& row);
+  // The token_mask op over the device rows (device_index_) that carry a mask.
+  void apply_masks(const core::TensorView& logits, std::span<const SampleRow> rows);
 
   const kernels::Registry* ops_ = nullptr;
   std::shared_ptr<core::DeviceMemory> memory_;

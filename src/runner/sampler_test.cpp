@@ -46,6 +46,30 @@ TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
   EXPECT_EQ(Sampler({}, 1).sample(one, {}, {}).token, 0);
 }
 
+// The grammar mask is step 0: refused ids are -inf before everything, logprobs see it, a draw never
+// picks a refused id, and a mask of the wrong width or refusing every finite logit is an error.
+TEST(Sampler, AllowedMaskRefusesTokensBeforeEverything) {
+  const std::vector<float> logits = {3.0f, 2.0f, 1.0f, 0.0f, -1.0f, 5.0f, 0.5f, 0.25f, 0.1f, 0.0f, 0.0f, 0.0f,
+                                     0.0f, 0.0f, 0.0f, 0.0f, 0.0f,  0.0f, 0.0f, 0.0f,  0.0f, 0.0f, 0.0f, 0.0f,
+                                     0.0f, 0.0f, 0.0f, 0.0f, 0.0f,  0.0f, 0.0f, 0.0f,  9.0f, 1.0f};  // 34 ids: 2 words
+  const std::vector<uint32_t> allowed = {(1u << 1) | (1u << 2) | (1u << 4), 1u << 1};                // ids 1, 2, 4, 33
+  Sampler greedy({.logprobs = 2}, 34);
+  const SampleResult r = greedy.sample(logits, {}, {}, allowed);
+  EXPECT_EQ(r.token, 1);  // 5 (id 5) and 9 (id 32) are refused
+  ASSERT_EQ(r.top_logprobs.size(), 2u);
+  EXPECT_EQ(r.top_logprobs[0].first, 1);
+  EXPECT_EQ(r.top_logprobs[1].first, 2);
+  const double z = std::log(std::exp(2.0) + std::exp(1.0) + std::exp(-1.0) + std::exp(1.0));
+  EXPECT_NEAR(r.logprob, 2.0 - z, 1e-5);
+  Sampler sampled({.temperature = 1.0f, .seed = 3}, 34);
+  for (int i = 0; i < 200; ++i) {
+    const int32_t t = sampled.sample(logits, {}, {}, allowed).token;
+    EXPECT_TRUE(t == 1 || t == 2 || t == 4 || t == 33) << t;
+  }
+  EXPECT_THROW(greedy.sample(logits, {}, {}, std::vector<uint32_t>{1u}), core::Error);
+  EXPECT_THROW(greedy.sample(logits, {}, {}, std::vector<uint32_t>{0u, 0u}), core::Error);
+}
+
 TEST(Sampler, GreedyAppliesLogitBiasAndPenalties) {
   const std::vector<float> logits = {1.0f, 3.0f, 2.9f};
   const std::vector<int32_t> none, out1 = {1};

@@ -65,9 +65,12 @@ inline model::ModelOptions options(core::Device device, kernels::Precision preci
 // The CPU oracle and the CUDA model on the same checkpoint.
 struct RunnerPair {
   std::unique_ptr<runner::ModelRunner> cpu, gpu;
-  RunnerPair(const std::filesystem::path& dir, kernels::Precision p, model::KvCacheDtype kv) {
-    cpu = runner::ModelRunner::open(dir, options(core::Device::cpu, p), kv);
-    gpu = runner::ModelRunner::open(dir, options(core::Device::cuda, p), kv);
+  RunnerPair(const std::filesystem::path& dir, kernels::Precision p, model::KvCacheDtype kv,
+             model::DecodeBackend backend = model::DecodeBackend::standard) {
+    model::ModelOptions c = options(core::Device::cpu, p), g = options(core::Device::cuda, p);
+    c.decode_backend = g.decode_backend = backend;
+    cpu = runner::ModelRunner::open(dir, c, kv);
+    gpu = runner::ModelRunner::open(dir, g, kv);
   }
 };
 

@@ -409,7 +409,32 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
 
 }  // namespace
 
+// One block row-slice per (mask row, 1024 ids): each thread one id.
+__global__ void token_mask_kernel(float* logits, int64_t logits_ld, int V, const uint32_t* masks, int words,
+                                  const int32_t* rows) {
+  const int r = blockIdx.y;
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= V) return;
+  if (!(masks[static_cast<int64_t>(r) * words + (t >> 5)] >> (t & 31) & 1u))
+    logits[rows[r] * logits_ld + t] = -INFINITY;
+}
+
 void register_sampling_cuda(SamplingOps& r, const CudaOps& ops) {
+  r.token_mask.add(
+      {"cuda_token_mask", core::Device::cuda,
+       [ops](const TokenMaskArgs& a) {
+         return all_of({ops.usable(), on_cuda({{"logits", &a.logits}, {"masks", &a.masks}, {"rows", &a.rows}})});
+       },
+       [ops](const TokenMaskArgs& a) {
+         const int64_t R = a.rows.dim(0), V = a.logits.dim(1);
+         if (R == 0) return;
+         const dim3 grid(static_cast<unsigned>((V + 255) / 256), static_cast<unsigned>(R));
+         token_mask_kernel<<<grid, 256, 0, ops.ctx->stream()>>>(
+             a.logits.as<float>(), a.logits.strides[0], static_cast<int>(V),
+             reinterpret_cast<const uint32_t*>(a.masks.as<const int32_t>()), static_cast<int>(a.masks.dim(1)),
+             a.rows.as<const int32_t>());
+         K3_CUDA_CHECK_LAUNCH("token_mask_kernel");
+       }});
   r.sample.add(
       {"cuda_radix_sample", core::Device::cuda,
        [ops](const SampleArgs& a) {

@@ -10,11 +10,13 @@ namespace k3::kernels {
 
 struct SamplingOps {
   OpTable<SampleArgs> sample{"sample", sample_check};  // tokens from the step's logits (runner/device_sampler.h)
+  OpTable<TokenMaskArgs> token_mask{"token_mask", token_mask_check};  // constrained rows' grammar masks
 
   // Calls fn(table) for every op table of the family.
   template <class Fn>
   void for_each(Fn&& fn) {
     fn(sample);
+    fn(token_mask);
   }
   // The CPU reference of every op (ops.cpp).
   void register_reference(const CpuOps& cpu);

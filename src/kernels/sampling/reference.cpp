@@ -269,4 +269,41 @@ SampleRowParams unpack_sample_params(const int32_t* o) {
   return p;
 }
 
+core::Status token_mask_check(const TokenMaskArgs& a) {
+  if (a.logits.dtype != core::DType::f32 || a.logits.rank() != 2 || a.logits.strides[1] != 1)
+    return core::Status::fail("logits must be an f32 [rows, V] tensor with contiguous rows, got " +
+                              std::string(core::dtype_name(a.logits.dtype)) + " " + a.logits.shape.str());
+  const int64_t V = a.logits.dim(1), words = (V + 31) / 32;
+  if (a.masks.dtype != core::DType::i32 || a.masks.rank() != 2 || a.masks.dim(1) != words || !a.masks.is_contiguous())
+    return core::Status::fail("masks must be a contiguous i32 [R, " + std::to_string(words) + "] tensor, got " +
+                              std::string(core::dtype_name(a.masks.dtype)) + " " + a.masks.shape.str());
+  if (a.rows.dtype != core::DType::i32 || a.rows.rank() != 1 || a.rows.dim(0) != a.masks.dim(0) ||
+      !a.rows.is_contiguous())
+    return core::Status::fail("rows must be a contiguous i32 [R] tensor with R = " + std::to_string(a.masks.dim(0)) +
+                              ", got " + std::string(core::dtype_name(a.rows.dtype)) + " " + a.rows.shape.str());
+  if (a.masks.device != a.logits.device || a.rows.device != a.logits.device)
+    return core::Status::fail("logits, masks and rows must live on one device");
+  if (a.rows.device == core::Device::cpu) {
+    std::vector<bool> seen(static_cast<size_t>(a.logits.dim(0)), false);
+    for (int64_t r = 0; r < a.rows.dim(0); ++r) {
+      const int32_t row = a.rows.as<const int32_t>()[r];
+      if (row < 0 || row >= a.logits.dim(0) || seen[static_cast<size_t>(row)])
+        return core::Status::fail("rows[" + std::to_string(r) + "] = " + std::to_string(row) +
+                                  " is outside the logits or repeats an earlier row");
+      seen[static_cast<size_t>(row)] = true;
+    }
+  }
+  return core::Status::ok();
+}
+
+void token_mask_reference(const TokenMaskArgs& a) {
+  const int64_t V = a.logits.dim(1), words = a.masks.dim(1);
+  for (int64_t r = 0; r < a.rows.dim(0); ++r) {
+    float* x = a.logits.as<float>() + a.rows.as<const int32_t>()[r] * a.logits.strides[0];
+    const auto* m = reinterpret_cast<const uint32_t*>(a.masks.as<const int32_t>() + r * words);
+    for (int64_t t = 0; t < V; ++t)
+      if (!(m[t >> 5] >> (t & 31) & 1)) x[t] = -std::numeric_limits<float>::infinity();
+  }
+}
+
 }  // namespace k3::kernels

@@ -80,6 +80,18 @@ struct SampleArgs {
 core::Status sample_check(const SampleArgs& a);
 void sample_reference(const SampleArgs& a);
 
+// The `token_mask` op: a constrained row's grammar mask applied to its logits where they live, in
+// place: logits[rows[r], t] = -inf for every t whose bit (bit t % 32 of word t / 32) is clear in
+// masks[r]. Run before `sample`, so a constrained row samples on the device like any other
+// (structured/matcher.h computes the masks on the host).
+struct TokenMaskArgs {
+  core::TensorView logits;  // f32 [rows, V], rows contiguous; written in place
+  core::TensorView masks;   // i32 [R, ceil(V / 32)] (the bits as stored), contiguous, on the logits' device
+  core::TensorView rows;    // i32 [R]: the logits row of each mask row, distinct, in [0, rows)
+};
+core::Status token_mask_check(const TokenMaskArgs& a);
+void token_mask_reference(const TokenMaskArgs& a);
+
 // Host packing: a contiguous CPU i32 [rows.size(), kSampleParamCols] tensor; throws core::Error
 // naming the row and the field when a uniform is not a multiple of 2^-53 in [0, 1).
 core::Tensor pack_sample_params(std::span<const SampleRowParams> rows);

@@ -283,3 +283,37 @@ TEST(OpsTp8, SampleK3Vocabulary) {
 
 }  // namespace
 }  // namespace k3::ops_test
+
+namespace k3::ops_test {
+namespace {
+
+// token_mask: every listed row's refused ids become -inf, nothing else changes, bit for bit the
+// reference; odd vocabularies (a partial last word) and K3's.
+TEST(OpsOdd, TokenMaskMatchesTheReference) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(9200);
+  for (int64_t V : {1, 17, 33, 1000, 163840})
+    for (int64_t R : {1, 3}) {
+      const int64_t rows = R + 2, words = (V + 31) / 32;
+      const Tensor logits = random_logits(rng, rows, V, 2.0, false);
+      Tensor masks = Tensor::zeros(DType::i32, {R, words});
+      for (int64_t i = 0; i < R * words; ++i) masks.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64());
+      Tensor which = Tensor::zeros(DType::i32, {R});
+      for (int64_t r = 0; r < R; ++r) which.data<int32_t>()[r] = static_cast<int32_t>(rows - 1 - 2 * r);
+      Tensor want = copy(logits);
+      cpu_registry().token_mask.run({want.view(), masks.view(), which.view()}, core::Device::cpu);
+      const Tensor d_logits = dev->upload(logits), d_masks = dev->upload(masks), d_rows = dev->upload(which);
+      const kernels::TokenMaskArgs args{d_logits.view(), d_masks.view(), d_rows.view()};
+      expect_device_impl(dev->registry().token_mask, args, dev);
+      dev->registry().token_mask.run(args, dev->kind());
+      const Tensor got = dev->to_host_f32(d_logits.view());
+      ASSERT_EQ(std::memcmp(got.data<const float>(), want.data<const float>(), static_cast<size_t>(rows * V) * 4), 0)
+          << "V " << V << " R " << R;
+      int64_t masked = 0;
+      for (int64_t i = 0; i < rows * V; ++i) masked += std::isinf(want.data<const float>()[i]);
+      if (V > 32) EXPECT_GT(masked, 0) << "the random masks refuse some ids";
+    }
+}
+
+}  // namespace
+}  // namespace k3::ops_test
