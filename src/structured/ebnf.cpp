@@ -360,7 +360,10 @@ class Parser {
     const auto key = std::make_tuple(x.kind, x.rule, x.set.bytes, x.set.specials, k);
     if (auto at = upto_.find(key); at != upto_.end()) return rule_item(at->second);
     uint32_t r;
-    if (k <= 2 * kBlock) {
+    if (k == 0) {
+      r = b_.fresh_rule("upto");  // x{0,0}: nothing
+      b_.add_alternative(r, {});
+    } else if (k <= 2 * kBlock) {
       r = b_.fresh_rule("upto");  // x{0,1}
       b_.add_alternative(r, {x});
       b_.add_alternative(r, {});
