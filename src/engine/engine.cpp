@@ -389,6 +389,7 @@ std::span<const float> Engine::mask_verify_rows(structured::Matcher& m, std::spa
       if (!(mask_[static_cast<size_t>(t) >> 5] >> (t & 31) & 1)) row[t] = -std::numeric_limits<float>::infinity();
     if (j == drafts.size() || !m.accept(drafts[j])) break;
     ++advanced;
+    if (m.terminated()) break;  // an accepted end token: the scheduler cuts what follows it
   }
   m.rollback(advanced);
   return masked_rows_;
@@ -432,7 +433,8 @@ void Engine::sample_sequence(const StepPlan& plan, size_t i, const float* rows) 
   else spec::accept_point_mass(*ctx.sampler, all, vocab_, r->prompt(), r->output(), drafts, verified_, scratch_);
   for (runner::SampleResult& s : verified_.tokens) {
     sampled_.push_back(s.token);
-    if (ctx.matcher) accept_constrained(*ctx.matcher, s.token);
+    // Tokens after an accepted end token are cut by the scheduler (the request ended on eos).
+    if (ctx.matcher && !ctx.matcher->terminated()) accept_constrained(*ctx.matcher, s.token);
     samples_.push_back(std::move(s));
   }
   const int32_t a = verified_.num_accepted;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +21,7 @@
 #include "engine/engine.h"
 #include "engine/model_executor.h"
 #include "runner/model_runner.h"
+#include "spec/drafter.h"
 #include "structured/ebnf.h"
 #include "structured/json_schema.h"
 
@@ -117,11 +119,11 @@ class EngineConstrained : public ::testing::Test {
     return r;
   }
   // Runs the requests together; each one's tokens and finish reason.
-  static std::vector<std::pair<std::vector<int32_t>, FinishReason>> run(const runner::ModelRunner& runner,
-                                                                        const EngineConfig& c,
-                                                                        std::vector<GenerateRequest> requests,
-                                                                        EngineStats* stats = nullptr) {
-    Engine e(c, std::make_unique<ModelExecutor>(runner.model(), c.cache, model::KvCacheDtype::bf16));
+  static std::vector<std::pair<std::vector<int32_t>, FinishReason>> run(
+      const runner::ModelRunner& runner, const EngineConfig& c, std::vector<GenerateRequest> requests,
+      EngineStats* stats = nullptr, std::unique_ptr<spec::Drafter> drafter = nullptr) {
+    Engine e(c, std::make_unique<ModelExecutor>(runner.model(), c.cache, model::KvCacheDtype::bf16),
+             std::move(drafter));
     std::vector<std::shared_ptr<TokenStream>> streams;
     for (GenerateRequest& r : requests) streams.push_back(e.submit(std::move(r)).stream);
     e.run_until_idle();
@@ -200,6 +202,45 @@ TEST_F(EngineConstrained, SpeculationGivesThePlainTokens) {
       EXPECT_EQ(plain[i].first, spec[i].first) << "request " << i << " temperature " << t;
       expect_valid(spec[i].first);
     }
+  }
+}
+
+// Drafts the plain run's next tokens (an oracle: they are accepted), and past its end token one
+// token more: accepted runs end in the end token with a token after it, which must be cut with
+// the request and never reach the matcher.
+class OracleEndDrafter final : public spec::Drafter {
+ public:
+  explicit OracleEndDrafter(std::map<std::vector<int32_t>, std::vector<int32_t>> expected)
+      : expected_(std::move(expected)) {}
+  std::string name() const override { return "oracle-end"; }
+  void propose(std::span<const spec::DraftQuery> batch, std::span<spec::Draft> out) override {
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const spec::DraftQuery& q = batch[i];
+      const auto it = expected_.find(std::vector<int32_t>(q.tokens.begin(), q.tokens.begin() + q.prompt_len));
+      if (it == expected_.end()) continue;
+      const auto m = static_cast<size_t>(q.tokens.size()) - static_cast<size_t>(q.prompt_len);
+      for (size_t k = m; k < m + static_cast<size_t>(q.max_drafts); ++k)
+        out[i].tokens.push_back(k < it->second.size() ? it->second[k] : 300);
+    }
+  }
+
+ private:
+  std::map<std::vector<int32_t>, std::vector<int32_t>> expected_;
+};
+
+TEST_F(EngineConstrained, AcceptedEndTokensCutWhatFollows) {
+  const auto runner = open(model::DecodeBackend::standard);
+  const auto plain = run(*runner, config(), requests(0.0f));
+  std::map<std::vector<int32_t>, std::vector<int32_t>> expected;
+  const auto rs = requests(0.0f);
+  for (size_t i = 0; i < rs.size(); ++i) expected[rs[i].prompt] = plain[i].first;
+  EngineStats stats;
+  const auto spec = run(*runner, config(3), requests(0.0f), &stats, std::make_unique<OracleEndDrafter>(expected));
+  EXPECT_GT(stats.spec_num_accepted_tokens, 0);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(plain[i].first, spec[i].first) << "request " << i;
+    EXPECT_EQ(spec[i].second, FinishReason::stop);
+    expect_valid(spec[i].first);
   }
 }
 
