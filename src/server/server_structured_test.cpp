@@ -144,15 +144,17 @@ TEST(ServerStructured, MessagesAndResponsesApis) {
                     {"temperature", 1.0},
                     {"messages", Json::array({{{"role", "user"}, {"content", "Paint."}}})},
                     {"tools", Json::array({tool})},
-                    {"tool_choice", {{"type", "any"}}},
+                    // One call: random weights would otherwise call on until max_tokens.
+                    {"tool_choice", {{"type", "any"}, {"disable_parallel_tool_use", true}}},
                     {"thinking", {{"type", "disabled"}}},
                     {"metadata", {{"user_id", "seed-" + std::to_string(s)}}}};
     const testing::Reply r = post(model_server().port, "/v1/messages", b);
     ASSERT_EQ(r.status, 200) << r.body;
     const Json j = r.json();
     ASSERT_EQ(j["stop_reason"], "tool_use") << r.body;
-    for (const Json& block : j["content"])
-      if (block["type"] == "tool_use") expect_meets_schema(block["input"]);
+    ASSERT_EQ(j["content"].size(), 1u) << r.body;  // the call alone: no text before it
+    ASSERT_EQ(j["content"][0]["type"], "tool_use") << r.body;
+    expect_meets_schema(j["content"][0]["input"]);
   }
   const Json m = {{"model", "k3-tiny"},
                   {"max_tokens", 300},
