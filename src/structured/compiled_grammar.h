@@ -13,7 +13,7 @@
 // chain gets, once, by a walk of the sorted vocabulary from it over an unknown ancestor:
 //   accepted    the context-independent accepted tokens (a dense bitmask or an id list), and
 //   uncertain   (token, symbols consumed before its rule ended) pairs, sorted by what is left,
-// and a mask step ORs the accepted sets of its groups and checks only the uncertain suffixes
+// and a mask step ORs the accepted sets of its stacks' chains and checks only the uncertain suffixes
 // against the real continuation (structured/matcher.h).
 #pragma once
 #include <cstdint>

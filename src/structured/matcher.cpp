@@ -33,7 +33,7 @@ bool Matcher::accept_symbols(std::span<const Symbol> symbols) {
 }
 
 bool Matcher::accept_text(std::string_view bytes) {
-  std::vector<Symbol> s(bytes.begin(), bytes.end());
+  std::vector<Symbol> s(bytes.size());
   for (size_t i = 0; i < bytes.size(); ++i) s[i] = static_cast<uint8_t>(bytes[i]);
   return accept_symbols(s);
 }

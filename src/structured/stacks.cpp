@@ -74,15 +74,4 @@ void StackArena::advance(const State& from, Symbol symbol, State& out) {
   finish(out);
 }
 
-bool StackArena::accepts(const State& from, std::span<const Symbol> symbols) {
-  if (symbols.empty()) return !from.empty();
-  advance(from, symbols[0], scratch_[0]);
-  int cur = 0;
-  for (size_t i = 1; i < symbols.size() && !scratch_[cur].empty(); ++i) {
-    advance(scratch_[cur], symbols[i], scratch_[cur ^ 1]);
-    cur ^= 1;
-  }
-  return !scratch_[cur].empty();
-}
-
 }  // namespace k3::structured

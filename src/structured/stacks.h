@@ -12,7 +12,6 @@
 // unknown parent, kUnknownParent, to precompute what holds whatever the context).
 #pragma once
 #include <cstdint>
-#include <span>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -43,8 +42,6 @@ class StackArena {
   void advance(const State& from, Symbol symbol, State& out);
   // The state that continues once the rule of a stack with parent `parent` ends.
   State after_return(StackId parent);
-  // True when `symbols` are all accepted from `from` (the state after them non-empty).
-  bool accepts(const State& from, std::span<const Symbol> symbols);
 
  private:
   struct Node {
@@ -63,7 +60,6 @@ class StackArena {
   std::vector<Node> nodes_;
   std::unordered_set<uint64_t> seen_;
   std::unordered_map<uint64_t, StackId> index_;
-  State scratch_[2];
 };
 
 }  // namespace k3::structured
