@@ -69,15 +69,12 @@
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "bench/bundle.h"
 #include "bench/decode_sweep.h"
-#include "checkpoint/checkpoint.h"
-#include "checkpoint/safetensors.h"
 #include "config/k3_config.h"
 #include "core/error.h"
 #include "evidence/environment.h"
@@ -96,17 +93,6 @@ const char* const kUsage =
     "                   [--dcp] [--ep] [--spec-k K] [--spec-al AL] [--decode-backend auto[,latency_specialized]] [--precision bf16|fp32]\n"
     "                   [--profile] [--tune FILE]\n";
 const std::vector<std::string> kModes = {"eager", "graph", "verify", "verify-graph"};  // the order rows run in
-
-using clock_type = std::chrono::steady_clock;
-
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-
-bool has_checkpoint(const fs::path& dir) {
-  return fs::exists(dir / "config.json") &&
-         (fs::exists(dir / checkpoint::kSingleFileName) || fs::exists(dir / checkpoint::kIndexFileName));
-}
 
 std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> items;
@@ -134,40 +120,6 @@ template <typename T>
 void check_distinct(const std::vector<T>& v, const std::string& flag, const std::string& text) {
   for (size_t i = 0; i < v.size(); ++i)
     for (size_t j = i + 1; j < v.size(); ++j) K3_CHECK(!(v[i] == v[j]), flag + ": '" + text + "' names an item twice");
-}
-
-// Writes the checkpoint when --make asks and DIR has none: returns the seconds it took (0: reused).
-double make_checkpoint_if_needed(const bench::DecodeSweepOptions& o) {
-  if (has_checkpoint(o.model)) {
-    std::printf("using the checkpoint in %s\n", o.model.string().c_str());
-    return 0;
-  }
-  K3_CHECK(o.make,
-           "no checkpoint in " + o.model.string() + " (config.json + model.safetensors); pass --make to write one");
-  const config::K3Config cfg = config::resolve_config(o.config);
-  checkpoint::WriteOptions w;
-  w.seed = o.seed;
-  w.mxfp4 = true;
-  config::K3Config written = cfg;
-  written.mxfp4.enabled = true;
-  const int64_t need = bench::inventory_bytes(written);
-  fs::create_directories(o.model);
-  const auto space = fs::space(o.model);
-  const int64_t margin = int64_t{1} << 30;
-  if (static_cast<int64_t>(space.available) < need + margin) {
-    char msg[256];
-    std::snprintf(msg, sizeof msg, ": %.2f GB free, the checkpoint needs %.2f GB + 1 GB margin",
-                  static_cast<double>(space.available) / 1e9, static_cast<double>(need) / 1e9);
-    throw core::Error("not enough disk space for the " + o.config + " checkpoint in " + o.model.string() + msg);
-  }
-  std::printf("writing %s (%.2f GB, MXFP4 experts, seed %llu) to %s on %u threads ...\n", o.config.c_str(), need / 1e9,
-              static_cast<unsigned long long>(o.seed), o.model.string().c_str(), std::thread::hardware_concurrency());
-  std::fflush(stdout);
-  const auto t0 = clock_type::now();
-  checkpoint::write_random_checkpoint(cfg, w, o.model);
-  const double s = seconds_since(t0);
-  std::printf("  wrote %.2f GB in %.1f s (%.2f GB/s)\n", need / 1e9, s, need / 1e9 / s);
-  return s;
 }
 
 // argv without argv[0]; `help` set by --help / -h. Throws core::Error naming the flag and what it expected.
@@ -305,7 +257,7 @@ int main(int argc, char** argv) {
 #else
     K3_CHECK(o.device == core::Device::cpu, "this build has no CUDA backend: use --device cpu");
 #endif
-    const double make_seconds = make_checkpoint_if_needed(o);
+    const double make_seconds = bench::make_checkpoint_if_needed(o.model, o.config, o.seed, o.make);
     const nlohmann::json bundle = bench::run_decode_sweep(o, env, make_seconds);
     std::ofstream out(o.out);
     out << bundle.dump(2) << "\n";

@@ -55,6 +55,7 @@
 #include "bench/op_tuner.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/param_inventory.h"
+#include "checkpoint/safetensors.h"
 #include "config/k3_config.h"
 #include "core/bf16.h"
 #include "core/rng.h"
@@ -298,6 +299,43 @@ std::unique_ptr<model::Model> model_with_backend(const model::Model& base, model
 }  // namespace
 
 // ------------------------------------------------------------------ public
+
+bool has_checkpoint(const fs::path& dir) {
+  return fs::exists(dir / "config.json") &&
+         (fs::exists(dir / checkpoint::kSingleFileName) || fs::exists(dir / checkpoint::kIndexFileName));
+}
+
+double make_checkpoint_if_needed(const fs::path& dir, const std::string& config, uint64_t seed, bool make) {
+  if (has_checkpoint(dir)) {
+    std::printf("using the checkpoint in %s\n", dir.string().c_str());
+    return 0;
+  }
+  K3_CHECK(make, "no checkpoint in " + dir.string() + " (config.json + model.safetensors); pass --make to write one");
+  const config::K3Config cfg = config::resolve_config(config);
+  checkpoint::WriteOptions w;
+  w.seed = seed;
+  w.mxfp4 = true;
+  config::K3Config written = cfg;
+  written.mxfp4.enabled = true;
+  const int64_t need = inventory_bytes(written);
+  fs::create_directories(dir);
+  const auto space = fs::space(dir);
+  const int64_t margin = int64_t{1} << 30;
+  if (static_cast<int64_t>(space.available) < need + margin) {
+    char msg[256];
+    std::snprintf(msg, sizeof msg, ": %.2f GB free, the checkpoint needs %.2f GB + 1 GB margin",
+                  static_cast<double>(space.available) / 1e9, static_cast<double>(need) / 1e9);
+    throw core::Error("not enough disk space for the " + config + " checkpoint in " + dir.string() + msg);
+  }
+  std::printf("writing %s (%.2f GB, MXFP4 experts, seed %llu) to %s on %u threads ...\n", config.c_str(), need / 1e9,
+              static_cast<unsigned long long>(seed), dir.string().c_str(), std::thread::hardware_concurrency());
+  std::fflush(stdout);
+  const auto t0 = clock_type::now();
+  checkpoint::write_random_checkpoint(cfg, w, dir);
+  const double s = seconds_since(t0);
+  std::printf("  wrote %.2f GB in %.1f s (%.2f GB/s)\n", need / 1e9, s, need / 1e9 / s);
+  return s;
+}
 
 int64_t inventory_bytes(const config::K3Config& c) {
   int64_t n = 0;

@@ -60,6 +60,14 @@ struct DecodeSweepOptions {
 // Bytes of every tensor of c's checkpoint as stored (checkpoint::expected_params).
 int64_t inventory_bytes(const config::K3Config& c);
 
+// Whether DIR holds a checkpoint (config.json + its safetensors).
+bool has_checkpoint(const std::filesystem::path& dir);
+// With no checkpoint in `dir` and `make` set, writes a random one of `config` (a built-in name or a
+// config.json path, config::resolve_config; MXFP4 experts, `seed`) after checking the disk has room
+// for it; returns the seconds that took (0: the checkpoint there is reused). Throws core::Error
+// when there is none and `make` is unset, or the disk lacks room.
+double make_checkpoint_if_needed(const std::filesystem::path& dir, const std::string& config, uint64_t seed, bool make);
+
 // Opens the checkpoint in o.model (it must exist), runs the sweep (progress and the table on
 // stdout) and returns the result bundle: `environment` (evidence/environment.h; "gpu" replaced by the CUDA device's facts
 // when there is one) and `make_seconds` (the time it took to write the checkpoint, 0: reused) go

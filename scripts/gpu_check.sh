@@ -4,7 +4,7 @@
 # or pcre2 -dev packages, no network). Writes logs and JSON under $OUT and prints a summary table
 # last.
 #
-#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|model|sanitize|bench|layers|profile|comm|proxy|fastpath|longctx|serve]... [--budget SECONDS]
+#   OUT=/some/dir bash scripts/gpu_check.sh [all|build|test|model|sanitize|bench|layers|profile|comm|proxy|fastpath|longctx|constrained|serve]... [--budget SECONDS]
 #
 # Phases (default all, in this order):
 #   build     configure with -DK3_GPU_CHECK_ONLY=ON (only core, config, kernels with their op tests, backends,
@@ -43,6 +43,12 @@
 #   longctx   (only when named) a real 32K-token prompt on the proxy (chunked prefill), 16 decode steps
 #             per side, every layer compared: bf16 fused vs standard, and the standard path against
 #             itself with a recurrent KDA prefill (the bf16 noise floor) -> longctx_*.log, layer_diff_proxy_32k_*.json
+#   constrained (only when named) k3bench_constrained_decode: the engine serving the proxy checkpoint
+#             ($K3_PROXY_DIR, written when absent) with CUDA graphs and the device sampler, batch 1 and 64,
+#             free vs JSON Schema grammars (Claude Code's Bash tool; the 33 Claude Code and Codex tool
+#             schemas cycled over the batch): decode-step time at full batch, its ratio to the free
+#             row's, every constrained output checked against its grammar. Needs .carry (xxhash.h)
+#             and .testdata/gpt-tokenizer/o200k_base.tiktoken carried (the vocabulary) -> constrained.log, constrained_decode.json
 #   serve     (only when named) the server on the GPU: builds k3serve (full configuration, CUDA) in
 #             build/gpu-serve from the Debian headers and libraries that scripts/carry_headers.sh
 #             stages in .carry (carry it along), then scripts/evaluate.sh (agentic multi-turn replay,
@@ -67,8 +73,8 @@ PHASES=()
 while (($#)); do
   case "$1" in
     --budget) BUDGET=$2; shift 2 ;;
-    all|build|test|model|bench|layers|profile|comm|sanitize|proxy|fastpath|longctx|serve) PHASES+=("$1"); shift ;;
-    -h|--help) sed -n '2,52p' "$0"; exit 0 ;;
+    all|build|test|model|bench|layers|profile|comm|sanitize|proxy|fastpath|longctx|constrained|serve) PHASES+=("$1"); shift ;;
+    -h|--help) sed -n '2,62p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -134,6 +140,8 @@ if want build; then
     grep -q '^K3_BUILD_TESTS:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null &&
       targets=(k3_backends_cuda_tests k3_ops_tests k3_gpu_tests k3_eval_tests k3bench_ops_gpu)
     targets+=(k3bench_layer_gpu k3bench_decode_gpu k3eval_layer_diff)
+    # The engine (and so this benchmark) is configured only when xxhash.h was carried.
+    [[ -f $ROOT/.carry/include/xxhash.h ]] && targets+=(k3bench_constrained_decode)
     capped 400 cmake --build "$BUILD" --target "${targets[@]}" -j"$(nproc)" >> "$OUT/build.log" 2>&1
     secs=$(( $(date +%s) - t0 ))
     if ((RC == 0)); then
@@ -418,6 +426,30 @@ if want proxy; then
       record proxy TIMEOUT "$SECS" "partial rows in proxy.log"
     else
       record proxy FAIL "$SECS" "$(grep -m1 -iE 'error' "$OUT/proxy.log" | cut -c1-110) (rc $RC)"
+    fi
+  fi
+fi
+
+# ---------------------------------------------------------------- constrained
+CONSTRAINED_BENCH=$BUILD/k3bench_constrained_decode
+if [[ " ${PHASES[*]} " == *" constrained "* ]]; then
+  mkdir -p "$(dirname "$PROXY_DIR")"
+  free_gb=$(( $(df -Pk "$(dirname "$PROXY_DIR")" | awk 'NR==2 {print $4}') / 1000000 ))
+  if [[ ! -x $CONSTRAINED_BENCH ]]; then
+    record constrained FAIL 0 "no $CONSTRAINED_BENCH (run the build phase with .carry carried)"
+  elif [[ ! -f $ROOT/.testdata/gpt-tokenizer/o200k_base.tiktoken ]]; then
+    record constrained FAIL 0 "no .testdata/gpt-tokenizer/o200k_base.tiktoken (carry it: the vocabulary)"
+  elif [[ ! -f $PROXY_DIR/config.json ]] && ((free_gb < PROXY_GB + 1)); then
+    record constrained FAIL 0 "only ${free_gb} GB free under $(dirname "$PROXY_DIR"); the k3-proxy-tp8 checkpoint needs ${PROXY_GB} GB + 1 GB"
+  else
+    capped 420 "$CONSTRAINED_BENCH" --model "$PROXY_DIR" --make --config k3-proxy-tp8 --batches 1,64 \
+      --grammars free,bash,agent_tools --out "$OUT/constrained_decode.json" > "$OUT/constrained.log" 2>&1
+    if ((RC == 0)); then
+      record constrained PASS "$SECS" "$(grep -E '^64 +(bash|agent_tools)' "$OUT/constrained.log" | awk '{printf "b64 %s %s; ", $2, $6}')"
+    elif ((RC == 124 || RC == 137)); then
+      record constrained TIMEOUT "$SECS" "partial log in constrained.log"
+    else
+      record constrained FAIL "$SECS" "$(grep -m1 -iE 'error' "$OUT/constrained.log" | cut -c1-110) (rc $RC)"
     fi
   fi
 fi

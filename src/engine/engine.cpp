@@ -6,6 +6,7 @@
 #include <chrono>
 #include <limits>
 
+#include "backends/cpu/thread_pool.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "runner/device_sampler.h"
@@ -288,12 +289,12 @@ bool Engine::step() {
           if (row_masks_.size() <= masks) row_masks_.emplace_back();
           std::vector<uint32_t>& m = row_masks_[masks++];
           m.resize(static_cast<size_t>(ctx.matcher->grammar().vocabulary().words()));
-          ctx.matcher->fill_mask(m);
           allowed = m;
         }
         sample_rows_.push_back({ctx.sampler.get(), static_cast<int64_t>(i), r->prompt(), r->output(), allowed});
         row_matchers_.push_back(ctx.matcher.get());
       }
+      fill_row_masks(masks);
       samples_ = runner::sample_rows(logits.view(), sample_rows_, executor_->device_sampler());
       for (size_t k = 0; k < samples_.size(); ++k) {
         sampled_.push_back(samples_[k].token);
@@ -325,6 +326,24 @@ bool Engine::step() {
   deliver_events(Seconds(scheduler::Clock::now() - t0).count() - exec_s, exec_s,
                  error.empty() ? "" : "step failed: " + error);
   return true;
+}
+
+void Engine::fill_row_masks(size_t masks) {
+  if (masks == 0) return;
+  // Each constrained row's matcher is its own; the grammars' shared mask caches are thread-safe,
+  // and a chain reached for the first time is walked once, outside their locks.
+  std::vector<std::pair<structured::Matcher*, std::span<uint32_t>>> jobs;
+  for (size_t k = 0, m = 0; k < row_matchers_.size(); ++k)
+    if (row_matchers_[k]) jobs.push_back({row_matchers_[k], row_masks_[m++]});
+  if (jobs.size() > 1 && !mask_pool_)
+    mask_pool_ = std::make_unique<backends::cpu::ThreadPool>(
+        std::clamp(backends::cpu::ThreadPool::machine_threads() / 2, 1, 8));
+  const auto fill = [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j)
+      jobs[static_cast<size_t>(j)].first->fill_mask(jobs[static_cast<size_t>(j)].second);
+  };
+  if (jobs.size() > 1) mask_pool_->parallel_for(static_cast<int64_t>(jobs.size()), fill);
+  else fill(0, 1);
 }
 
 void Engine::count_route(const core::StepRoute& route) {

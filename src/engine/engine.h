@@ -40,6 +40,9 @@
 namespace k3::runner {
 struct SampleRow;  // runner/device_sampler.h
 }
+namespace k3::backends::cpu {
+class ThreadPool;
+}
 
 namespace k3::engine {
 
@@ -172,6 +175,8 @@ class Engine {
   void publish_stats(double host_s, double exec_s);
   void set_up_speculation();
   // Counts a step that ran on `route` (stats().decode_paths), logging the first of each kind.
+  // Fills the masks of the `masks` constrained rows of a device step (row_masks_, in row order).
+  void fill_row_masks(size_t masks);
   void count_route(const core::StepRoute& route);
   void propose_drafts();
   // Samples plan row(s) of sequence i into samples_/sampled_/accepted_ (verify: acceptance).
@@ -226,9 +231,12 @@ class Engine {
   std::vector<uint32_t> mask_;                      // one constrained row's allowed tokens [ceil(vocab / 32)]
   std::vector<std::vector<uint32_t>> row_masks_;    // device sampling: each constrained row's mask
   std::vector<structured::Matcher*> row_matchers_;  // device sampling: each sampled row's (or null)
-  std::vector<float> masked_rows_;                  // a constrained verify sequence's rows, masked
-  bool taps_on_ = false;                            // the drafter observes the target's hidden states
-  core::DecodePathCounters decode_paths_;           // the routes of the steps that ran
+  // Fills a device step's constrained masks on several threads while the GPU runs the forward
+  // (made at the first constrained step).
+  std::unique_ptr<backends::cpu::ThreadPool> mask_pool_;
+  std::vector<float> masked_rows_;         // a constrained verify sequence's rows, masked
+  bool taps_on_ = false;                   // the drafter observes the target's hidden states
+  core::DecodePathCounters decode_paths_;  // the routes of the steps that ran
   spec::Verified verified_;
   int64_t aborted_ = 0, failed_ = 0, generated_ = 0;
   double host_seconds_ = 0, executor_seconds_ = 0;

@@ -1,6 +1,7 @@
 #include "structured/compiled_grammar.h"
 
 #include <algorithm>
+#include <future>
 
 #include "core/error.h"
 
@@ -13,12 +14,27 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
 
 std::shared_ptr<const GroupMask> CompiledGrammar::group_mask(std::span<const uint32_t> key) const {
   const std::string k(reinterpret_cast<const char*>(key.data()), key.size_bytes());
-  std::lock_guard lock(mu_);
-  auto at = cache_.find(k);
-  if (at != cache_.end()) return at->second;
-  auto mask = std::make_shared<const GroupMask>(compute(key));
-  cache_.emplace(k, mask);
-  return mask;
+  std::promise<std::shared_ptr<const GroupMask>> mine;
+  std::shared_future<std::shared_ptr<const GroupMask>> theirs;
+  {
+    std::lock_guard lock(mu_);
+    auto [at, fresh] = cache_.try_emplace(k);
+    if (fresh) at->second = mine.get_future().share();
+    else theirs = at->second;
+  }
+  if (theirs.valid()) return theirs.get();  // computed, or being computed by another row: wait for it
+  // The walk runs outside the lock, so rows of a batch that reach different new chains compute
+  // them at once (the engine fills a step's masks on several threads).
+  try {
+    auto mask = std::make_shared<const GroupMask>(compute(key));
+    mine.set_value(mask);
+    return mask;
+  } catch (...) {
+    mine.set_exception(std::current_exception());  // whoever waits sees the error too
+    std::lock_guard lock(mu_);
+    cache_.erase(k);  // a later call tries again
+    throw;
+  }
 }
 
 size_t CompiledGrammar::cached_groups() const {

@@ -17,6 +17,7 @@
 // against the real continuation (structured/matcher.h).
 #pragma once
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -60,7 +61,9 @@ class CompiledGrammar {
   Grammar grammar_;
   std::shared_ptr<const Vocabulary> vocabulary_;
   mutable std::mutex mu_;
-  mutable std::unordered_map<std::string, std::shared_ptr<const GroupMask>> cache_;
+  // Each chain's mask, or the future of one being computed (the first caller computes it; others
+  // wait for it rather than walk twice).
+  mutable std::unordered_map<std::string, std::shared_future<std::shared_ptr<const GroupMask>>> cache_;
 };
 
 // Walks a sorted list of symbol sequences from one state, sharing the work of common prefixes:

@@ -60,7 +60,7 @@ void Matcher::rollback(int tokens) {
 const GroupMask& Matcher::group_mask(const std::vector<uint32_t>& key) {
   std::string k(reinterpret_cast<const char*>(key.data()), key.size() * sizeof(uint32_t));
   auto [at, fresh] = masks_.try_emplace(std::move(k));
-  if (fresh) at->second = grammar_->group_mask(key);  // the shared cache, under its lock
+  if (fresh) at->second = grammar_->group_mask(key);  // the shared cache (thread-safe)
   return *at->second;
 }
 

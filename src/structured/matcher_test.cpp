@@ -3,6 +3,8 @@
 // repetition bounds, special tokens and the end of the grammar; rollback; parse errors.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "core/error.h"
 #include "structured/structured_test_util.h"
 
@@ -51,6 +53,45 @@ TEST(Matcher, MaskEqualsPerTokenAcceptanceOnJson) {
 TEST(Matcher, MaskEqualsPerTokenAcceptanceOnUnicodeAndBounds) {
   walk_and_check(R"(root ::= "\"" [^"a-z\u00e9]{2,5} "\"" ( "," [α-ω日-本]+ )? [xy]{3})", 3, 40);
   walk_and_check(R"(root ::= ( "name" | "type" | [a-c]+ ) ":" [0-9]{1,3} ( " " root )?)", 5, 40);
+}
+
+// The engine fills a step's masks on several threads over one shared grammar: chains reached for
+// the first time by several rows at once are computed once and every row gets the serial mask.
+TEST(Matcher, MasksFilledOnManyThreadsAtOnceEqualTheSerialMasks) {
+  auto vocab = small_vocabulary();
+  // Each thread walks its own seeded path; the expected masks come from a second grammar
+  // compiled alone (its cache filled on one thread).
+  constexpr int kThreads = 8, kSteps = 40;
+  auto shared = compile(kJson, vocab), alone = compile(kJson, vocab);
+  std::vector<std::vector<std::vector<uint32_t>>> got(kThreads), want(kThreads);
+  std::vector<std::vector<int32_t>> paths(kThreads);
+  for (int t = 0; t < kThreads; ++t) {  // the paths and their serial masks
+    Matcher m(alone);
+    core::Rng rng(100 + static_cast<uint64_t>(t));
+    std::vector<uint32_t> mask(static_cast<size_t>(vocab->words()));
+    for (int step = 0; step < kSteps && !m.terminated(); ++step) {
+      m.fill_mask(mask);
+      want[t].push_back(mask);
+      const std::vector<int32_t> ids = allowed(mask);
+      ASSERT_FALSE(ids.empty());
+      paths[t].push_back(ids[rng.next_u64() % ids.size()]);
+      ASSERT_TRUE(m.accept(paths[t].back()));
+    }
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      Matcher m(shared);
+      std::vector<uint32_t> mask(static_cast<size_t>(vocab->words()));
+      for (int32_t token : paths[t]) {
+        m.fill_mask(mask);
+        got[t].push_back(mask);
+        if (!m.accept(token)) return;
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(got[t], want[t]) << "thread " << t;
+  EXPECT_EQ(shared->cached_groups(), alone->cached_groups()) << "each chain computed and kept once";
 }
 
 TEST(Matcher, SpecialTokensAreSingleSymbolsNeverTheirText) {
