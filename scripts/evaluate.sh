@@ -85,13 +85,16 @@ say() { echo "evaluate: $*"; }
 # ---- the binary
 if [[ -z $BIN ]]; then
   BIN=$ROOT/build/default/k3serve
-  if [[ ! -x $BIN ]]; then
-    say "building k3serve in build/default"
+  if [[ ! -x $BIN || ! -x ${BIN%/*}/k3serve-bench ]]; then
+    say "building k3serve and k3serve-bench in build/default"
     cmake -S "$ROOT" -B "$ROOT/build/default" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1
-    cmake --build "$ROOT/build/default" --target k3serve >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    cmake --build "$ROOT/build/default" --target k3serve k3serve-bench >>"$OUT/build.log" 2>&1 ||
+      { tail -30 "$OUT/build.log"; exit 1; }
   fi
 fi
 [[ -x $BIN ]] || { say "no k3serve binary at $BIN"; exit 1; }
+# `k3serve bench-serve` and `bench-compare` run the k3serve-bench program beside it.
+[[ -x ${BIN%/*}/k3serve-bench ]] || { say "no k3serve-bench beside $BIN (build the k3serve-bench target)"; exit 1; }
 
 # ---- the model
 if [[ -z $MODEL_DIR ]]; then

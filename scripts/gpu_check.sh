@@ -536,7 +536,7 @@ if named serve; then
         -DK3_ENABLE_CUDA=ON -DK3_BUILD_TESTS=OFF -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=OFF \
         "-DCMAKE_CUDA_FLAGS=-gencode=arch=compute_90a,code=sm_90a" "-DCMAKE_CXX_FLAGS=-I$ROOT/.carry/include"
     } > "$OUT/serve_build.log" 2>&1
-    capped 300 cmake --build "$SERVE_BUILD" --target k3serve -j"$(nproc)" >> "$OUT/serve_build.log" 2>&1
+    capped 300 cmake --build "$SERVE_BUILD" --target k3serve k3serve-bench -j"$(nproc)" >> "$OUT/serve_build.log" 2>&1
     if ((RC != 0)); then
       record serve FAIL $(( $(date +%s) - t0 )) "build: $(grep -m1 -E 'error|Error' "$OUT/serve_build.log" | cut -c1-100)"
     else

@@ -1,4 +1,5 @@
-// cli/commands.h: k3serve's subcommands. Each takes the arguments after its name and
+// cli/commands.h: k3serve's subcommands (bench-serve and bench-compare are k3serve-bench's:
+// cli/bench/commands.h). Each takes the arguments after its name and
 // returns the process exit code; bad input throws core::Error (main prints it, exit 2).
 #pragma once
 #include <span>
@@ -9,7 +10,5 @@ int make_checkpoint_command(std::span<char* const> argv);
 int logits_command(std::span<char* const> argv);
 int generate_command(std::span<char* const> argv);
 int serve_command(std::span<char* const> argv);
-int bench_serve_command(std::span<char* const> argv);
-int bench_compare_command(std::span<char* const> argv);
 
 }  // namespace k3::cli

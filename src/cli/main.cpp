@@ -1,7 +1,11 @@
 // cli/main.cpp: the k3serve program: dispatches to a subcommand.
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <span>
 #include <string>
@@ -22,6 +26,25 @@ constexpr const char* kUsage =
     "  bench-compare    compare bench-serve bundles: ratios, bootstrap CIs, regressions, SVG plots\n"
     "(the layer-by-layer diff of two ways of running a model is eval/'s k3eval_layer_diff)\n";
 
+// bench-serve and bench-compare live in the k3serve-bench program beside this one (cli/bench/), so
+// the server's build leaves the load generator out; run it with the same arguments. Returns only
+// when it cannot run, with the exit status.
+int run_bench_program(char** argv) {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::filesystem::path bench = (ec ? std::filesystem::path(argv[0]) : self).parent_path() / "k3serve-bench";
+  if (::access(bench.c_str(), X_OK) != 0) {
+    std::cerr << "error: " << argv[1] << " is in the k3serve-bench program, which this build does not have (no "
+              << bench.string() << "): build it with `cmake --build --preset default --target k3serve-bench` "
+              << "(scripts/test.sh builds everything)\n";
+    return 2;
+  }
+  argv[0] = const_cast<char*>(bench.c_str());
+  ::execv(bench.c_str(), argv);
+  std::cerr << "error: cannot run " << bench.string() << ": " << std::strerror(errno) << "\n";
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -39,8 +62,7 @@ int main(int argc, char** argv) {
     if (command == "logits") return k3::cli::logits_command(rest);
     if (command == "generate") return k3::cli::generate_command(rest);
     if (command == "serve") return k3::cli::serve_command(rest);
-    if (command == "bench-serve") return k3::cli::bench_serve_command(rest);
-    if (command == "bench-compare") return k3::cli::bench_compare_command(rest);
+    if (command == "bench-serve" || command == "bench-compare") return run_bench_program(argv);
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const k3::core::Error& e) {

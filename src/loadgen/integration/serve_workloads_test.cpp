@@ -443,5 +443,26 @@ TEST(ServeWorkloads, BenchServeAndBenchCompareCommands) {
   EXPECT_NE(read_file(log).find("cannot read the bundle"), std::string::npos) << read_file(log);
 }
 
+// `k3serve bench-serve` runs the k3serve-bench program beside k3serve; a k3serve without it (the
+// server-only build of scripts/setup.sh) says which target to build instead of failing obscurely.
+TEST(ServeWorkloads, BenchCommandsWithoutTheBenchProgramNameTheTarget) {
+  if (!fs::exists(k3serve_bin())) GTEST_SKIP() << "no k3serve at " << k3serve_bin();
+  const fs::path dir = fs::temp_directory_path() / ("k3-bench-missing-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(k3serve_bin(), dir / "k3serve");
+  const fs::path log = dir / "run.log";
+  for (const char* command : {"bench-serve", "bench-compare"}) {
+    EXPECT_EQ(run_program({(dir / "k3serve").string(), command, "--help"}, log), 2) << read_file(log);
+    EXPECT_NE(read_file(log).find(std::string(command) + " is in the k3serve-bench program"), std::string::npos)
+        << read_file(log);
+    EXPECT_NE(read_file(log).find("--target k3serve-bench"), std::string::npos) << read_file(log);
+  }
+  // Beside its k3serve-bench, the same k3serve runs the command.
+  EXPECT_EQ(run_program({k3serve_bin(), "bench-compare", "--help"}, log), 0) << read_file(log);
+  EXPECT_NE(read_file(log).find("--fail-on-regression"), std::string::npos) << read_file(log);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace k3::loadgen

@@ -1,4 +1,4 @@
-// cli/bench_compare.cpp: `k3serve bench-compare A.json B.json ... --out DIR`: a side-by-side
+// cli/bench/bench_compare.cpp: `k3serve bench-compare A.json B.json ... --out DIR`: a side-by-side
 // report of bench-serve bundles against the first (loadgen/compare.h): markdown on stdout and in
 // DIR/report.md, DIR/report.json, SVG plots. Exit 3 with --fail-on-regression when one is flagged.
 #include <filesystem>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cli/args.h"
-#include "cli/commands.h"
+#include "cli/bench/commands.h"
 #include "core/error.h"
 #include "loadgen/bundle.h"
 #include "loadgen/compare.h"

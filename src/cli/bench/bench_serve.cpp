@@ -1,4 +1,4 @@
-// cli/bench_serve.cpp: `k3serve bench-serve`: drive a running OpenAI-compatible server with a
+// cli/bench/bench_serve.cpp: `k3serve bench-serve`: drive a running OpenAI-compatible server with a
 // workload (random, shared_prefix, agentic, trace), print vLLM-style metrics and write a result
 // bundle (loadgen/bundle.h). Every workload parameter is a flag, so the agentic shape of the big
 // model scales down to the tiny one in CI.
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cli/args.h"
-#include "cli/commands.h"
+#include "cli/bench/commands.h"
 #include "cli/log_options.h"
 #include "core/error.h"
 #include "core/log.h"
