@@ -129,7 +129,7 @@ double percentile(std::vector<double> v, double p) {
 }
 
 // Device-to-device copy bandwidth (read + write) of a 2 GiB cudaMemcpy, median of 20 (as
-// bench/ops_gpu.cpp measures it).
+// k3bench_ops_gpu measures it: kernels/testing/op_bench.cpp).
 double measure_copy_bandwidth(Bench& b) {
   const int64_t bytes = int64_t{1} << 31;
   Tensor src = b.memory->empty(DType::u8, {bytes}), dst = b.memory->empty(DType::u8, {bytes});

@@ -12,8 +12,9 @@ function(k3_module name)
     set(glob GLOB)
   endif()
   file(${glob} srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
-  # Op folders' *_ops_test.cpp and *_ops_test_util.cpp join k3_ops_tests (src/kernels), not the module.
-  list(FILTER srcs EXCLUDE REGEX "(_test|_test_util|/main)\\.cpp$")
+  # Op folders' *_ops_test.cpp and *_ops_test_util.cpp join k3_ops_tests (src/kernels), their
+  # *_op_bench.cpp the op benchmark k3bench_ops_gpu (CUDA builds), not the module.
+  list(FILTER srcs EXCLUDE REGEX "(_test|_test_util|_op_bench|/main)\\.cpp$")
   # CUDA sources (*.cu) join the library only when the CUDA backend is on; without nvcc they are
   # ignored entirely, so a CPU-only build never sees them.
   set(cuda_srcs "")

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "kernels/attn_res/cases.h"
 #include "kernels/testing/op_harness.h"
 
 namespace k3::ops_test {
@@ -100,17 +101,18 @@ void check_bank(Device* dev, Mode mode, int64_t T, int64_t D, int n, int M, uint
 
 TEST(OpsOdd, AttnResBank) {
   K3_REQUIRE_CUDA(dev);
+  // kernels/attn_res/cases.h: odd widths (the scalar path) and 136 = 17 * 8 (the vector path).
+  uint64_t seed = 2000;
   for (Mode m : kModes)
-    for (int64_t T : {1, 17, 54, 97}) {
-      check_bank(dev, m, T, 97, 1, 1, 2000 + T);  // scalar path (odd width)
-      check_bank(dev, m, T, 54, 3, 5, 2100 + T);
-      check_bank(dev, m, T, 136, 9, 3, 2200 + T);  // vector path (136 = 17 * 8)
-    }
+    for (int64_t T : kernels::kAttnResOddRows)
+      for (const kernels::AttnResShape& s : kernels::kAttnResOddShapes)
+        check_bank(dev, m, T, s.D, s.bank_rows, s.mixes, ++seed);
 }
 TEST(OpsTp8, AttnResBank) {
   K3_REQUIRE_CUDA(dev);
   for (Mode m : kModes)
-    for (int64_t T : {1, 8, 64}) check_bank(dev, m, T, 7168, 9, 24, 2300 + T);
+    for (int64_t T : kernels::kAttnResK3Rows)
+      check_bank(dev, m, T, kernels::kAttnResK3.D, kernels::kAttnResK3.bank_rows, kernels::kAttnResK3.mixes, 2300 + T);
 }
 
 // ---------------------------------------------------------------- attn_res_merge
@@ -237,9 +239,9 @@ TEST(OpsOdd, AttnResMerge) {
   using kernels::RmsNormStyle;
   int i = 0;
   for (Mode m : kModes)
-    for (int64_t T : {1, 17, 54, 97})
-      for (int64_t D : {97, 54, 136})
-        for (int n : {0, 1, 3, 9}) {
+    for (int64_t T : kernels::kAttnResOddRows)
+      for (int64_t D : kernels::kAttnResMergeOddWidths)
+        for (int n : kernels::kAttnResMergeBankRows) {
           const bool restart = i % 3 == 1, alias = i % 2 == 1, with_h = i % 5 != 4;
           const RmsNormStyle style = i % 4 == 3 ? RmsNormStyle::fused : RmsNormStyle::moonshot;
           check_merge(dev, m, {T, D, n, true, restart, alias, with_h, style}, 3000 + i);
@@ -252,9 +254,11 @@ TEST(OpsOdd, AttnResMerge) {
 TEST(OpsTp8, AttnResMerge) {
   K3_REQUIRE_CUDA(dev);
   for (Mode m : kModes)
-    for (int64_t T : {1, 8, 64})
+    for (int64_t T : kernels::kAttnResK3Rows)
       for (bool restart : {false, true})
-        check_merge(dev, m, {T, 7168, 9, true, restart, !restart, true, kernels::RmsNormStyle::moonshot},
+        check_merge(dev, m,
+                    {T, kernels::kAttnResK3.D, kernels::kAttnResK3.bank_rows, true, restart, !restart, true,
+                     kernels::RmsNormStyle::moonshot},
                     4000 + T + restart);
 }
 

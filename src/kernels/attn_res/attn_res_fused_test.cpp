@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "kernels/attn_res/cases.h"
 #include "kernels/attn_res/fused_test_util.h"
 #include "kernels/registry.h"
 
@@ -75,8 +76,11 @@ TEST(AttnResBank, MatchesTheDirectComputationOnOddShapes) {
     int n, M;
     int64_t T, D;
   };
-  for (const Case c : {Case{1, 1, 1, 17}, Case{3, 2, 5, 97}, Case{9, 3, 17, 54}, Case{2, 5, 1, 1}}) {
-    core::Rng rng(100 + c.n * 7 + c.T);
+  std::vector<Case> cases;
+  for (const AttnResShape& s : kAttnResOddShapes)  // kernels/attn_res/cases.h
+    for (const int64_t T : kAttnResOddRows) cases.push_back({s.bank_rows, s.mixes, T, s.D});
+  for (const Case c : cases) {
+    core::Rng rng(100 + c.n * 7 + c.T + c.D);
     const std::vector<Tensor> bank = random_rows(rng, c.n, c.T, c.D);
     std::vector<MixWeights> mixes;
     for (int m = 0; m < c.M; ++m) mixes.push_back(random_mix(rng, c.D, m % 2 == 0 ? DType::bf16 : DType::f32));
@@ -89,8 +93,8 @@ TEST(AttnResBank, MatchesTheDirectComputationOnOddShapes) {
 
 // One TP8 rank's real shapes (AttnRes is replicated: hidden 7168), 9 bank rows, 24 mixes.
 TEST(AttnResBank, MatchesTheDirectComputationAtK3Shapes) {
-  constexpr int n = 9, M = 24;
-  constexpr int64_t T = 4, D = 7168;
+  constexpr int n = kAttnResK3.bank_rows, M = kAttnResK3.mixes;
+  constexpr int64_t T = 4, D = kAttnResK3.D;
   core::Rng rng(7);
   const std::vector<Tensor> bank = random_rows(rng, n, T, D);
   std::vector<MixWeights> mixes;
@@ -134,11 +138,11 @@ TEST(AttnResMerge, EqualsAddMixRmsnormOnOddAndK3Shapes) {
   MergeTally tally;
   int cases = 0;
   for (const Precision p : {Precision::fp32, Precision::bf16})
-    for (const int64_t D : {17, 97, 7168})
+    for (const int64_t D : {kAttnResMergeOddWidths[0], kAttnResMergeOddWidths[2], kAttnResK3.D})
       for (const int64_t T : {1, 5, 64})
-        for (const int n : {0, 1, 3, 9})
+        for (const int n : kAttnResMergeBankRows)
           for (const bool restart : {false, true}) {
-            if (D == 7168 && T == 64 && n != 9) continue;  // keeps the run short; n = 9 is the costly one
+            if (D == kAttnResK3.D && T == 64 && n != 9) continue;  // keeps the run short; n = 9 is the costly one
             const bool alias = (cases % 2) == 1;
             const RmsNormStyle style = (cases % 3) == 2 ? RmsNormStyle::fused : RmsNormStyle::moonshot;
             merge_case(n, T, D, /*with_a=*/true, restart, alias, p, style, tally);

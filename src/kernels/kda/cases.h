@@ -1,7 +1,7 @@
 // kernels/kda/cases.h: the shapes of the fused KDA decode op (kda_decode), declared once for its
 // three users: the CPU test against the standard op sequence (kda_decode_test.cpp), the comparison
 // of every backend with the CPU reference (kernels/kda/kda_decode_ops_test.cpp) and the op benchmark
-// (bench/ops_gpu.cpp). A new shape added here is tested on the CPU and on every backend at once.
+// (kda_op_bench.cpp). A new shape added here is tested on the CPU and on every backend at once.
 #pragma once
 
 namespace k3::kernels {

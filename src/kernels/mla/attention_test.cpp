@@ -27,10 +27,10 @@ constexpr double kFp32Tol = 1e-5;
 constexpr double kBf16Tol = 1.6e-2;
 
 // Odd head sizes (no multiple of a tile) and a small-head variant with the real 64-wide rope.
-constexpr MlaDims kOddDims{3, 13, 7, 11, 37};
-constexpr MlaDims kRope64Dims{2, 32, 64, 24, 97};
+constexpr const MlaDims& kOddDims = kMlaOddNarrow;  // kernels/mla/cases.h
+constexpr const MlaDims& kRope64Dims = kMlaOddRope64;
 // One GPU's share of K3 at TP8 (spec §11): 12 heads, nope 128, rope 64, v 128, kv_lora 512.
-constexpr MlaDims kTp8Dims{12, 128, 64, 128, 512};
+constexpr const MlaDims& kTp8Dims = kMlaK3Tp8;
 
 // Every (S, T) the tests sweep: single decode, 4 speculative-verify rows, full prefill.
 std::vector<std::pair<int64_t, int64_t>> sweep() {

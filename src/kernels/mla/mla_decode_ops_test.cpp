@@ -25,19 +25,16 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/mla/cases.h"
 #include "kernels/testing/op_harness.h"
 
 namespace k3::ops_test {
 namespace {
 
-struct Dims {
-  int heads, nope, rope, v, kv_lora;
-};
-struct SeqShape {
-  int64_t S, T;  // cache tokens after the step, rows this step (at positions S-T .. S-1)
-};
-const Dims kOdd{3, 17, 9, 13, 54};
-const Dims kTp8{12, 128, 64, 128, 512};
+using Dims = kernels::MlaShape;  // kernels/mla/cases.h
+using SeqShape = kernels::MlaSeq;
+constexpr const Dims& kOdd = kernels::kMlaOdd;
+constexpr const Dims& kTp8 = kernels::kMlaK3Tp8;
 
 Tensor i32_host(const std::vector<int32_t>& v, Shape shape) {
   Tensor t = Tensor::zeros(DType::i32, shape);
@@ -215,8 +212,8 @@ std::string act_cache(Mode m) { return m == Mode::bf16 ? "bf16" : "f32"; }
 
 TEST(OpsOdd, MlaDecode) {
   K3_REQUIRE_CUDA(dev);
-  // Plain decode and verify rows (3 and 4) at different positions, a 1-token context, in one call.
-  const std::vector<SeqShape> batch = {{1, 1}, {17, 4}, {54, 1}, {97, 3}, {40, 1}, {3, 3}};
+  const std::vector<SeqShape> batch = std::vector<SeqShape>(std::begin(kernels::kMlaDecodeOddBatch),
+                                                            std::end(kernels::kMlaDecodeOddBatch));
   uint64_t seed = 9000;
   for (Mode m : kModes)
     for (int64_t bs : {7, 16, 64}) {
@@ -238,8 +235,8 @@ TEST(OpsOdd, MlaDecodeF32KvB) {
 
 TEST(OpsTp8, MlaDecodeContexts) {
   K3_REQUIRE_CUDA(dev);
-  // Contexts 1, 17, 97, 1000+ (uneven last tile and split), decode and verify rows.
-  const std::vector<SeqShape> batch = {{1, 1}, {17, 1}, {97, 2}, {1000, 1}, {1537, 4}};
+  const std::vector<SeqShape> batch = std::vector<SeqShape>(std::begin(kernels::kMlaDecodeK3Batch),
+                                                            std::end(kernels::kMlaDecodeK3Batch));
   uint64_t seed = 9100;
   for (Mode m : kModes) {
     check_decode(dev, m, kTp8, batch, "fp8", 1.0f, 16, true, Out::own, ++seed);

@@ -16,6 +16,7 @@
 
 #include "core/bf16.h"
 #include "core/rng.h"
+#include "kernels/mla/cases.h"
 #include "kernels/registry.h"
 
 namespace k3::kernels {
@@ -24,15 +25,10 @@ namespace {
 using core::DType;
 using core::Tensor;
 
-struct Dims {
-  int heads, nope, rope, v, kv_lora;
-};
-struct SeqShape {
-  int64_t S, T;  // cache tokens after the step, rows this step (positions S-T .. S-1)
-};
-
-const Dims kOdd{3, 17, 9, 13, 54};
-const Dims kTp8{12, 128, 64, 128, 512};  // one TP8 rank of K3 (spec §11, §14.2 k3-layer-tp8)
+using Dims = MlaShape;  // kernels/mla/cases.h
+using SeqShape = MlaSeq;
+constexpr const Dims& kOdd = kMlaOdd;
+constexpr const Dims& kTp8 = kMlaK3Tp8;
 
 Registry& reference_registry() {
   static Registry r;
@@ -186,8 +182,7 @@ std::string name_of(Precision p, DType cache, bool gated, int64_t bs) {
 }
 
 TEST(MlaDecode, EqualsAbsorbedThenSigmoidGateBitForBitOddShapes) {
-  // Plain decode rows and verify rows (3, 4) at different positions, including a 1-token context.
-  const std::vector<SeqShape> batch = {{1, 1}, {17, 4}, {54, 1}, {97, 3}, {40, 1}, {3, 3}};
+  const std::vector<SeqShape> batch = std::vector<MlaSeq>(std::begin(kMlaDecodeOddBatch), std::end(kMlaDecodeOddBatch));
   uint64_t seed = 100;
   for (Precision p : {Precision::bf16, Precision::fp32})
     for (DType cache : {DType::f32, DType::f8_e4m3})
@@ -199,7 +194,7 @@ TEST(MlaDecode, EqualsAbsorbedThenSigmoidGateBitForBitOddShapes) {
 }
 
 TEST(MlaDecode, EqualsAbsorbedThenSigmoidGateBitForBitTp8Shapes) {
-  const std::vector<SeqShape> batch = {{300, 1}, {129, 4}, {64, 1}};
+  const std::vector<SeqShape> batch = std::vector<MlaSeq>(std::begin(kMlaDecodeK3Batch), std::end(kMlaDecodeK3Batch));
   uint64_t seed = 200;
   for (Precision p : {Precision::bf16, Precision::fp32}) {
     const Batch b(kTp8, batch, DType::f8_e4m3, 1.0f, 16, ++seed);

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/mla/cases.h"
 #include "kernels/testing/op_harness.h"
 
 #ifdef K3_HAVE_CUDA
@@ -24,12 +25,8 @@
 namespace k3::ops_test {
 namespace {
 
-struct MlaDims {
-  int heads, nope, rope, v, kv_lora;
-};
-struct SeqShape {
-  int64_t S, T;  // cache tokens after the step, rows this step (at positions S-T .. S-1)
-};
+using MlaDims = kernels::MlaShape;  // kernels/mla/cases.h
+using SeqShape = kernels::MlaSeq;
 
 Tensor i32_host(const std::vector<int32_t>& v, Shape shape) {
   Tensor t = Tensor::zeros(DType::i32, shape);
@@ -167,8 +164,8 @@ void check_mla(Device* dev, Mode mode, bool absorbed, MlaDims d, const std::vect
                "cache_" + cache, rows_from(got, 1), rows_from(want, 1), tol_attention(mode));
 }
 
-const MlaDims kOdd{3, 17, 9, 13, 54};
-const MlaDims kTp8{12, 128, 64, 128, 512};
+constexpr const MlaDims& kOdd = kernels::kMlaOdd;
+constexpr const MlaDims& kTp8 = kernels::kMlaK3Tp8;
 
 TEST(OpsOdd, MlaNaive) {
   K3_REQUIRE_CUDA(dev);
@@ -195,7 +192,7 @@ TEST(OpsTp8, MlaNaive) {
 // exact implementation selected, so a refusal cannot pass as a success of the old kernel.
 constexpr const char* kFlash = "cuda_expand_gemm_flash";
 constexpr const char* kOnline = "cuda_expand_online_softmax";
-const MlaDims kK3OneHead{1, 128, 64, 128, 512};
+constexpr const MlaDims& kK3OneHead = kernels::kMlaK3OneHead;
 const MlaDims kSixteens{5, 32, 16, 48, 96};  // every dim a multiple of 16, none K3's
 
 // Rows 1, 17, 64 and 130 after prefixes 0, 37 and 1000, six sequences of different lengths in one call
@@ -238,7 +235,8 @@ TEST(OpsTp8, MlaNaiveFlashChunk512) {
 TEST(OpsOdd, MlaAbsorbed) {
   K3_REQUIRE_CUDA(dev);
   // Plain decode and verify rows (3 and 4) at different positions, in one call.
-  const std::vector<SeqShape> batch = {{1, 1}, {17, 4}, {54, 1}, {97, 3}, {40, 1}, {3, 3}};
+  const std::vector<SeqShape> batch = std::vector<SeqShape>(std::begin(kernels::kMlaDecodeOddBatch),
+                                                            std::end(kernels::kMlaDecodeOddBatch));
   uint64_t seed = 8400;
   for (Mode m : kModes)
     for (int64_t bs : {7, 16, 64}) {

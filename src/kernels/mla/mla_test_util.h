@@ -16,6 +16,7 @@
 
 #include "core/fp8.h"
 #include "core/rng.h"
+#include "kernels/mla/cases.h"
 #include "kernels/mla/mla.h"
 
 namespace k3::kernels::mla_test {
@@ -27,9 +28,7 @@ void run_op(Fn op, const Args& a) {
   else op(a, nullptr);
 }
 
-struct MlaDims {
-  int heads, nope, rope, v, kv_lora;
-};
+using MlaDims = kernels::MlaShape;  // kernels/mla/cases.h
 
 inline core::Tensor nan_filled(core::Shape shape) {
   core::Tensor t = core::Tensor::zeros(core::DType::f32, shape);

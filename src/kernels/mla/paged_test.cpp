@@ -20,9 +20,9 @@ using mla_test::MlaProblem;
 constexpr auto kNaive = mla_naive_reference;
 constexpr auto kAbsorbed = mla_absorbed_reference;
 constexpr core::DType kF32 = core::DType::f32, kBf16 = core::DType::bf16, kFp8 = core::DType::f8_e4m3;
-constexpr MlaDims kOddDims{3, 13, 7, 11, 37};
-constexpr MlaDims kRope64Dims{2, 32, 64, 24, 97};
-constexpr MlaDims kTp8Dims{12, 128, 64, 128, 512};
+constexpr const MlaDims& kOddDims = kMlaOddNarrow;  // kernels/mla/cases.h
+constexpr const MlaDims& kRope64Dims = kMlaOddRope64;
+constexpr const MlaDims& kTp8Dims = kMlaK3Tp8;
 
 bool same_bytes(const core::Tensor& a, const core::Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.view().data, b.view().data, static_cast<size_t>(a.nbytes())) == 0;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/moe/cases.h"
 #include "kernels/testing/op_harness.h"
 
 namespace k3::ops_test {
@@ -170,14 +171,14 @@ TEST(OpsOdd, MoeTailCombine) {
   core::Rng rng(8000);
   uint64_t seed = 8100;
   // Odd widths: the row-dot kernel in both modes; every norm/shared/style combination.
-  for (const auto& [L, SI, hidden] : std::vector<std::array<int64_t, 3>>{{17, 54, 97}, {97, 1, 54}})
+  for (const kernels::MoeTailShape& s : kernels::kMoeTailOddShapes)  // kernels/moe/cases.h
     for (bool use_norm : {true, false})
       for (bool shared : {true, false}) {
-        TailCase c{"odd", 1, L, SI, hidden, use_norm, shared};
+        TailCase c{s.name, 1, s.L, s.SI, s.hidden, use_norm, shared};
         c.style = shared ? kernels::RmsNormStyle::moonshot : kernels::RmsNormStyle::fused;
         const TailWeights w = make_weights(rng, c);
         for (Mode m : kModes)
-          for (int64_t T : {1, 17, 54}) {
+          for (int64_t T : kernels::kMoeTailOddRows) {
             c.T = T;
             c.offset = T % 2 ? 3 : 0;
             check_tail(dev, m, w, c, kRowdot, ++seed);
@@ -266,9 +267,10 @@ TEST(OpsOdd, MoeTailCombineRejectsMxfp4) {
 TEST(OpsTp8, MoeTailCombine) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(9000);
-  TailCase c{"tp8", 1, 3584, 768, 7168};
+  const kernels::MoeTailShape& k3 = kernels::kMoeTailK3Tp8;
+  TailCase c{"tp8", 1, k3.L, k3.SI, k3.hidden};
   const TailWeights w = make_weights(rng, c);
-  for (int64_t T : {1, 2, 3, 8, 9, 64}) {
+  for (int64_t T : kernels::kMoeTailK3Rows) {
     c.T = T;
     check_tail(dev, Mode::bf16, w, c, bf16_aligned_impl(T), 9100 + T);
     check_tail(dev, Mode::fp32, w, c, kRowdot, 9200 + T);
@@ -276,9 +278,9 @@ TEST(OpsTp8, MoeTailCombine) {
   c.T = 1;  // the one-launch kernel against the two launches, bit for bit
   check_one_launch_equals_two_launch(dev, w, c, 9301);
   // Without the norm and without shared experts, fused style, at the bound.
-  TailCase bare{"tp8_bare", 1, 3584, 768, 7168, false, false, kernels::RmsNormStyle::fused};
+  TailCase bare{"tp8_bare", 1, k3.L, k3.SI, k3.hidden, false, false, kernels::RmsNormStyle::fused};
   check_tail(dev, Mode::bf16, w, bare, kOneLaunch, 9400);
-  TailCase fused_style{"tp8_fused_style", 1, 3584, 768, 7168, true, true, kernels::RmsNormStyle::fused};
+  TailCase fused_style{"tp8_fused_style", 1, k3.L, k3.SI, k3.hidden, true, true, kernels::RmsNormStyle::fused};
   check_tail(dev, Mode::bf16, w, fused_style, kOneLaunch, 9401);
   check_one_launch_equals_two_launch(dev, w, fused_style, 9402);
 }

@@ -16,6 +16,7 @@
 #include "core/fp4.h"
 #include "core/rng.h"
 #include "kernels/linear/linear_test_util.h"
+#include "kernels/moe/cases.h"
 #include "kernels/registry.h"
 
 namespace k3::kernels {
@@ -153,13 +154,13 @@ void expect_equals_standard(const Case& c, Precision p, uint64_t seed) {
 TEST(MoeTailCombine, EqualsStandardSequenceOnOddShapes) {
   uint64_t seed = 10;
   for (Precision p : kPrecisions)
-    for (int64_t T : {1, 17, 54})
-      for (const auto& [L, SI, hidden] : std::vector<std::array<int64_t, 3>>{{17, 97, 54}, {97, 54, 17}, {54, 1, 97}})
+    for (int64_t T : kMoeTailOddRows)  // kernels/moe/cases.h
+      for (const MoeTailShape& s : kMoeTailOddShapes)
         for (RmsNormStyle style : {RmsNormStyle::moonshot, RmsNormStyle::fused}) {
-          Case c{T, L, SI, hidden};
+          Case c{T, s.L, s.SI, s.hidden};
           c.style = style;
           c.pad = T % 2 ? 3 : 0;
-          c.up_kind = L == 97 ? WKind::f32 : WKind::bf16;
+          c.up_kind = s.L == 97 ? WKind::f32 : WKind::bf16;
           expect_equals_standard(c, p, ++seed);
         }
 }
@@ -191,7 +192,7 @@ TEST(MoeTailCombine, Mxfp4WeightsOnTheCpu) {
 // One TP8 rank (spec §11 / §14.2 k3-layer-tp8): L = 3584, hidden = 7168, SI = 2 x 3072 / 8 = 768, bf16
 // weights; T = 3 decode rows (one bf16, one fp32 pass; the fused norm style in fp32).
 TEST(MoeTailCombine, EqualsStandardSequenceOnTp8Shapes) {
-  Case c{3, 3584, 768, 7168};
+  Case c{3, kMoeTailK3Tp8.L, kMoeTailK3Tp8.SI, kMoeTailK3Tp8.hidden};
   expect_equals_standard(c, Precision::bf16, 400);
   c.style = RmsNormStyle::fused;
   c.pad = 8;
