@@ -8,7 +8,7 @@
 //   k3bench_constrained_decode --model DIR [--make] [--config NAME|PATH] [--batches 1,64]
 //       [--grammars free,bash,agent_tools] [--prompt 512] [--tokens 128] [--rounds 3]
 //       [--decode-backend auto|latency_specialized] [--device cuda|cpu] [--kv-gb 16] [--seed S]
-//       [--tiktoken FILE] [--out FILE]
+//       [--vocab N] [--tiktoken FILE] [--out FILE]
 //
 // Grammars (--grammars, each a row per batch): free (none); bash (the arguments of Claude Code's Bash
 // tool as a strict tool: src/structured/testdata/agent_tool_schemas.json); agent_tools (row i takes
@@ -28,10 +28,19 @@
 // Every constrained output is checked against its grammar (every token accepted; an output that
 // stopped must be a complete sentence).
 //
+// Each timed constrained round is followed by its free twin: the same prompts and seeds, no grammar,
+// ignore_eos and each request's output length the constrained one's, so every decode step of the
+// twin has the rows of the constrained step at the same index. The pairs (row counts seen in an
+// earlier round, so neither side pays a first graph capture) give the cost of the grammar at equal
+// batch composition, also where the batch shrinks: constrained ms over the twins' (sum and per step).
+// The prefix cache is off (the twin repeats its round's prompts). --vocab writes the checkpoint with
+// another vocabulary (K3's 163840; the proxy's config has 20480).
+//
 // Prints a table last and writes a JSON bundle (bench/bundle.h): config, environment, and rows[] of
 // batch, grammar, full_batch_steps, tpot_full_batch_ms (median, p10, p90), step_ms_by_rows (median
 // per row count), mean per-request TPOT, tokens, valid outputs, raw step samples, and for each
-// constrained row its full-batch TPOT over the free row's of the same batch.
+// constrained row its full-batch TPOT over the free row's of the same batch and its
+// paired_with_free_twins comparison.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -39,6 +48,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -144,6 +154,11 @@ GrammarSet grammar_set(const std::string& name, structured::GrammarCache& cache,
   return set;
 }
 
+struct DecodeStep {
+  int rows;
+  double ms;
+};
+
 struct RowResult {
   std::vector<double> full_batch_ms;                   // decode steps with every row of the batch
   std::map<int, std::vector<double>> step_ms_by_rows;  // every decode step, by its rows
@@ -151,9 +166,22 @@ struct RowResult {
   int64_t tokens = 0, outputs = 0, valid = 0, stopped = 0;
 };
 
-// One round: B requests, stepped to the end; its decode steps and outputs go into `r`.
+// A constrained round and its free twin, step for step (pairs whose row counts are equal and were
+// seen in an earlier round of the row, so neither side pays a first graph capture).
+struct PairedResult {
+  std::vector<double> step_ratio;  // constrained step ms / the twin's
+  double constrained_ms = 0, free_ms = 0;
+  int64_t mismatched = 0;  // steps whose row counts differ (none expected)
+};
+
+// One round: B requests, stepped to the end; its decode steps and outputs go into `r`, its decode
+// steps in order into `steps` and each request's output length into `lengths`. With `twin_lengths`
+// it is a constrained round's free twin: the same prompts and seeds, no grammar, ignore_eos and
+// request i's max_tokens = twin_lengths[i], so every step has the rows the constrained one had.
 void run_round(engine::Engine& e, const GrammarSet& set, int batch, int prompt, int max_tokens, int32_t vocab,
-               uint64_t seed, RowResult* r) {
+               uint64_t seed, RowResult* r, std::vector<DecodeStep>* steps = nullptr,
+               std::vector<int>* lengths = nullptr, const std::vector<int>* twin_lengths = nullptr) {
+  const bool constrained = !set.grammars.empty() && !twin_lengths;
   std::vector<std::shared_ptr<engine::TokenStream>> streams;
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(batch));
   std::vector<double> first_ms(static_cast<size_t>(batch), -1), last_ms(static_cast<size_t>(batch), -1);
@@ -162,10 +190,11 @@ void run_round(engine::Engine& e, const GrammarSet& set, int batch, int prompt, 
     engine::GenerateRequest q;
     core::Rng rng(seed * 1000003 + static_cast<uint64_t>(i));
     for (int t = 0; t < prompt; ++t) q.prompt.push_back(static_cast<int32_t>(rng.next_u64() % (vocab - 256)));
-    q.max_tokens = max_tokens;
+    q.max_tokens = twin_lengths ? (*twin_lengths)[static_cast<size_t>(i)] : max_tokens;
+    q.ignore_eos = twin_lengths != nullptr;
     q.sampling.temperature = 1.0f;
     q.sampling.seed = seed * 7919 + static_cast<uint64_t>(i);
-    if (!set.grammars.empty()) q.grammar = set.grammars[static_cast<size_t>(i) % set.grammars.size()];
+    if (constrained) q.grammar = set.grammars[static_cast<size_t>(i) % set.grammars.size()];
     streams.push_back(e.submit(std::move(q)).stream);
   }
   const auto t0 = clock_type::now();
@@ -195,6 +224,7 @@ void run_round(engine::Engine& e, const GrammarSet& set, int batch, int prompt, 
     if (all_started && rows > 0) {
       r->step_ms_by_rows[rows].push_back(step_ms);
       if (rows == batch) r->full_batch_ms.push_back(step_ms);
+      if (steps) steps->push_back({rows, step_ms});
     }
   }
   K3_CHECK(std::all_of(done.begin(), done.end(), [](bool d) { return d; }), "the engine went idle with requests left");
@@ -205,11 +235,31 @@ void run_round(engine::Engine& e, const GrammarSet& set, int batch, int prompt, 
     r->stopped += stopped[k] ? 1 : 0;
     if (out[k].size() >= 2)
       r->request_tpot_ms.push_back((last_ms[k] - first_ms[k]) / static_cast<double>(out[k].size() - 1));
-    if (set.grammars.empty()) continue;
+    if (lengths) lengths->push_back(static_cast<int>(out[k].size()));
+    if (twin_lengths)
+      K3_CHECK(static_cast<int>(out[k].size()) == (*twin_lengths)[k], "a free twin request ended early");
+    if (!constrained) continue;
     structured::Matcher m(set.grammars[k % set.grammars.size()]);
     bool ok = true;
     for (int32_t t : out[k]) ok = ok && m.accept(t);
     if (ok && (!stopped[k] || m.terminated() || m.can_end())) ++r->valid;
+  }
+}
+
+// Pairs a constrained round's decode steps with its free twin's, in order.
+void pair_steps(const std::vector<DecodeStep>& constrained, const std::vector<DecodeStep>& twin,
+                const std::set<int>& warm_rows, PairedResult* p) {
+  const size_t n = std::min(constrained.size(), twin.size());
+  p->mismatched += static_cast<int64_t>(std::max(constrained.size(), twin.size()) - n);
+  for (size_t j = 0; j < n; ++j) {
+    if (constrained[j].rows != twin[j].rows) {
+      ++p->mismatched;
+      continue;
+    }
+    if (!warm_rows.count(constrained[j].rows)) continue;
+    p->step_ratio.push_back(constrained[j].ms / twin[j].ms);
+    p->constrained_ms += constrained[j].ms;
+    p->free_ms += twin[j].ms;
   }
 }
 
@@ -227,7 +277,7 @@ int main(int argc, char** argv) {
   try {
     cli::Args args("k3bench_constrained_decode",
                    {{"model", "DIR", "checkpoint folder (config.json + safetensors)", "", true},
-                    {"make", "", "write a random checkpoint of --config into DIR when it has none"},
+                    {"make", "", "write a random checkpoint of --config into DIR when it has none", ""},
                     {"config", "NAME|PATH", "config --make writes (a built-in name or a config.json)", "k3-proxy-tp8"},
                     {"batches", "LIST", "batch sizes, e.g. 1,64", "1,64"},
                     {"grammars", "LIST", "grammar sets: free, bash, agent_tools, json_object", "free,bash,agent_tools"},
@@ -238,6 +288,7 @@ int main(int argc, char** argv) {
                     {"device", "NAME", "cuda or cpu", "cuda"},
                     {"kv-gb", "GB", "bytes for the KV pages and KDA states", "16"},
                     {"seed", "S", "checkpoint and request seed", "1"},
+                    {"vocab", "N", "the vocabulary --make writes (0: the config's; K3's is 163840)", "0"},
                     {"tiktoken", "FILE", "rank file for the vocabulary", ".testdata/gpt-tokenizer/o200k_base.tiktoken"},
                     {"out", "FILE", "JSON bundle path", "constrained_decode.json"}},
                    {argv + 1, static_cast<size_t>(argc - 1)});
@@ -285,7 +336,11 @@ int main(int argc, char** argv) {
     K3_CHECK(device == "cpu", "this build has no CUDA backend: use --device cpu");
 #endif
     const fs::path dir = args.get("model");
-    const double make_seconds = bench::make_checkpoint_if_needed(dir, args.get("config"), seed, args.flag("make"));
+    const int64_t vocab_arg = args.get_int("vocab");
+    K3_CHECK(vocab_arg >= 0 && vocab_arg <= (int64_t{1} << 24),
+             "--vocab must be 0 (the config's) or a vocabulary size");
+    const double make_seconds = bench::make_checkpoint_if_needed(dir, args.get("config"), seed, args.flag("make"),
+                                                                 static_cast<int32_t>(vocab_arg));
 
     model::ModelOptions mo;
     mo.device = device == "cuda" ? core::Device::cuda : core::Device::cpu;
@@ -303,6 +358,7 @@ int main(int argc, char** argv) {
     ec.scheduler.max_num_seqs = max_batch;
     ec.scheduler.max_model_len = prompt + tokens + 16;
     ec.cache.num_slots = max_batch;
+    ec.cache.enable_prefix_cache = false;  // a free twin repeats its constrained round's prompts
     ec.cache = engine::size_model_cache(cfg, model::KvCacheDtype::fp8_e4m3, ec.cache,
                                         static_cast<int64_t>(args.get_double("kv-gb") * 1e9), 0.2,
                                         ec.scheduler.max_model_len);
@@ -329,6 +385,7 @@ int main(int argc, char** argv) {
       size_t steps;
       double tpot, p90, mean_tpot;
       int64_t valid, outputs, tokens;
+      double paired = 0;  // constrained decode-step time over its free twins' (sums), 0: none
     };
     std::vector<Line> lines;
     uint64_t round_seed = seed * 100;
@@ -336,9 +393,21 @@ int main(int argc, char** argv) {
       for (const GrammarSet& set : sets) {
         std::printf("batch %d, %s: warm-up round ...\n", batch, set.name.c_str());
         std::fflush(stdout);
-        RowResult warm, r;
-        run_round(e, set, batch, prompt, tokens, cfg.vocab_size, ++round_seed, &warm);
-        for (int k = 0; k < rounds; ++k) run_round(e, set, batch, prompt, tokens, cfg.vocab_size, ++round_seed, &r);
+        RowResult warm, r, twins;
+        PairedResult pair;
+        std::set<int> warm_rows;  // row counts an earlier round of this row stepped (their graphs exist)
+        std::vector<DecodeStep> steps, twin_steps;
+        std::vector<int> lengths;
+        run_round(e, set, batch, prompt, tokens, cfg.vocab_size, ++round_seed, &warm, &steps);
+        for (int k = 0; k < rounds; ++k) {
+          for (const DecodeStep& st : steps) warm_rows.insert(st.rows);
+          steps.clear(), twin_steps.clear(), lengths.clear();
+          const uint64_t rs = ++round_seed;
+          run_round(e, set, batch, prompt, tokens, cfg.vocab_size, rs, &r, &steps, &lengths);
+          if (set.grammars.empty()) continue;
+          run_round(e, set, batch, prompt, tokens, cfg.vocab_size, rs, &twins, &twin_steps, nullptr, &lengths);
+          pair_steps(steps, twin_steps, warm_rows, &pair);
+        }
         const double tpot = percentile(r.full_batch_ms, 0.5);
         if (set.grammars.empty()) free_tpot[batch] = tpot;
         Json by_rows = Json::object();
@@ -357,23 +426,33 @@ int main(int argc, char** argv) {
                     {"valid_outputs", set.grammars.empty() ? Json(nullptr) : Json(r.valid)}};
         if (!set.grammars.empty() && !r.full_batch_ms.empty() && free_tpot.count(batch) && free_tpot[batch] > 0)
           row["tpot_over_free"] = tpot / free_tpot[batch];
+        const double paired = pair.free_ms > 0 ? pair.constrained_ms / pair.free_ms : 0;
+        if (!set.grammars.empty())
+          row["paired_with_free_twins"] = {{"steps", pair.step_ratio.size()},
+                                           {"mismatched_steps", pair.mismatched},
+                                           {"constrained_ms", pair.constrained_ms},
+                                           {"free_ms", pair.free_ms},
+                                           {"ratio_of_sums", paired},
+                                           {"step_ratio", samples_json(pair.step_ratio)}};
         rows.push_back(row);
         lines.push_back({batch, set.name, r.full_batch_ms.size(), tpot, percentile(r.full_batch_ms, 0.9),
-                         percentile(r.request_tpot_ms, 0.5), set.grammars.empty() ? -1 : r.valid, r.outputs, r.tokens});
+                         percentile(r.request_tpot_ms, 0.5), set.grammars.empty() ? -1 : r.valid, r.outputs, r.tokens,
+                         paired});
       }
     const structured::GrammarCache::Stats cs = cache.stats();
-    std::printf("\n%-6s %-12s %8s %10s %10s %9s %13s %8s %8s\n", "batch", "grammar", "steps", "tpot ms", "p90 ms",
-                "vs free", "req tpot p50", "valid", "tokens");
+    std::printf("\n%-6s %-12s %8s %10s %10s %9s %9s %13s %8s %8s\n", "batch", "grammar", "steps", "tpot ms", "p90 ms",
+                "vs free", "vs twins", "req tpot p50", "valid", "tokens");
     for (const Line& l : lines) {
       const double base = free_tpot.count(l.batch) ? free_tpot[l.batch] : 0;
-      char vs[16] = "-", valid[24] = "-";
+      char vs[16] = "-", twins[16] = "-", valid[24] = "-";
       if (l.grammar != "free" && base > 0 && l.steps > 0)
         std::snprintf(vs, sizeof vs, "%+.1f%%", 100 * (l.tpot / base - 1));
+      if (l.paired > 0) std::snprintf(twins, sizeof twins, "%+.1f%%", 100 * (l.paired - 1));
       if (l.valid >= 0)
         std::snprintf(valid, sizeof valid, "%lld/%lld", static_cast<long long>(l.valid),
                       static_cast<long long>(l.outputs));
-      std::printf("%-6d %-12s %8zu %10.3f %10.3f %9s %10.3f ms %8s %8lld\n", l.batch, l.grammar.c_str(), l.steps,
-                  l.tpot, l.p90, vs, l.mean_tpot, valid, static_cast<long long>(l.tokens));
+      std::printf("%-6d %-12s %8zu %10.3f %10.3f %9s %9s %10.3f ms %8s %8lld\n", l.batch, l.grammar.c_str(), l.steps,
+                  l.tpot, l.p90, vs, twins, l.mean_tpot, valid, static_cast<long long>(l.tokens));
     }
     std::printf("grammars compiled: %lld in %.1f ms\n", static_cast<long long>(cs.misses), 1e3 * cs.compile_seconds);
     const Json bundle = {{"benchmark", "constrained_decode"},
@@ -391,6 +470,10 @@ int main(int argc, char** argv) {
                            {"max_tokens", tokens},
                            {"rounds", rounds},
                            {"temperature", 1.0},
+                           {"prefix_cache", false},
+                           {"paired_twins",
+                            "each constrained round is followed by a free round with its prompts, "
+                            "seeds and output lengths (ignore_eos), compared step for step"},
                            {"seed", seed}}},
                          {"checkpoint_write_seconds", make_seconds},
                          {"load_seconds", load_ms / 1e3},

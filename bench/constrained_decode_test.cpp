@@ -48,7 +48,7 @@ TEST(ConstrainedDecodeBench, TimesFreeAndConstrainedRowsAndEveryOutputFollowsIts
   std::string err;
   ASSERT_EQ(run(dir,
                 "--model '" + model.string() + "' --make --config k3-tiny --device cpu --batches 1,3 --grammars " +
-                    "free,bash,agent_tools --prompt 9 --tokens 12 --rounds 1 --kv-gb 0.05 --out '" + out.string() + "'",
+                    "free,bash,agent_tools --prompt 9 --tokens 12 --rounds 2 --kv-gb 0.05 --out '" + out.string() + "'",
                 &err),
             0)
       << err;
@@ -59,7 +59,7 @@ TEST(ConstrainedDecodeBench, TimesFreeAndConstrainedRowsAndEveryOutputFollowsIts
   for (const auto& row : b["rows"]) {
     SCOPED_TRACE(row.dump().substr(0, 200));
     const int batch = row["batch"];
-    EXPECT_EQ(row["outputs"], batch);  // one round
+    EXPECT_EQ(row["outputs"], batch * 2);  // two rounds
     EXPECT_GE(row["tokens"].get<int>(), batch);
     if (row["grammar"] == "free") {
       // Free rows of a random model run to --tokens: every step after the prefill has all rows.
@@ -69,9 +69,36 @@ TEST(ConstrainedDecodeBench, TimesFreeAndConstrainedRowsAndEveryOutputFollowsIts
     } else {
       EXPECT_EQ(row["valid_outputs"], row["outputs"]) << "every constrained output must follow its grammar";
       EXPECT_GT(row["step_ms_by_rows"].size(), 0u);
+      // Each constrained round's free twin has its prompts and output lengths: the same rows at
+      // every step. At batch 1 every step has 1 row, warm from the warm-up round, so all pair.
+      const auto& paired = row["paired_with_free_twins"];
+      EXPECT_EQ(paired["mismatched_steps"], 0);
+      if (batch == 1) {
+        EXPECT_GT(paired["steps"].get<int>(), 0);
+        EXPECT_GT(paired["ratio_of_sums"].get<double>(), 0);
+        EXPECT_EQ(paired["step_ratio"]["n"], paired["steps"]);
+      }
     }
   }
   EXPECT_EQ(b["rows"][5]["grammars"], 33) << "agent_tools: the 21 Claude Code and 12 Codex tool schemas";
+  EXPECT_EQ(b["config"]["prefix_cache"], false);
+}
+
+// --vocab writes the checkpoint with that vocabulary (K3's is 163840) and is held to it afterwards.
+TEST(ConstrainedDecodeBench, VocabWritesTheCheckpointWithThatVocabulary) {
+  if (!fs::exists(kRanks)) GTEST_SKIP() << "no " << kRanks << " (scripts/fetch_test_data.sh fetches it)";
+  const Scratch dir;
+  const fs::path model = dir.path / "tiny", out = dir.path / "bundle.json";
+  const std::string common = "--model '" + model.string() + "' --make --config k3-tiny --device cpu --batches 1 " +
+                             "--grammars free,bash --prompt 5 --tokens 4 --rounds 1 --kv-gb 0.05 --out '" +
+                             out.string() + "' ";
+  std::string err;
+  ASSERT_EQ(run(dir, common + "--vocab 3000", &err), 0) << err;
+  const nlohmann::json b = nlohmann::json::parse(std::ifstream(out));
+  EXPECT_EQ(b["config"]["vocab_size"], 3000);
+  EXPECT_EQ(b["rows"][1]["valid_outputs"], 1);
+  EXPECT_EQ(run(dir, common + "--vocab 4000", &err), 1);
+  EXPECT_NE(err.find("has vocab_size 3000, not the 4000 asked for"), std::string::npos) << err;
 }
 
 TEST(ConstrainedDecodeBench, RefusesBadOptionsNamingThem) {
@@ -83,6 +110,7 @@ TEST(ConstrainedDecodeBench, RefusesBadOptionsNamingThem) {
                                                         {"--device tpu", "--device"},
                                                         {"--decode-backend fast", "--decode-backend"},
                                                         {"--grammars free,xml", "'xml'"},
+                                                        {"--vocab -5", "--vocab"},
                                                         {"", "no checkpoint in"}}) {
     std::string err;
     EXPECT_EQ(run(dir, m + args, &err), 1) << args;

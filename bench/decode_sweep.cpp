@@ -305,13 +305,21 @@ bool has_checkpoint(const fs::path& dir) {
          (fs::exists(dir / checkpoint::kSingleFileName) || fs::exists(dir / checkpoint::kIndexFileName));
 }
 
-double make_checkpoint_if_needed(const fs::path& dir, const std::string& config, uint64_t seed, bool make) {
+double make_checkpoint_if_needed(const fs::path& dir, const std::string& config, uint64_t seed, bool make,
+                                 int32_t vocab_size) {
   if (has_checkpoint(dir)) {
+    if (vocab_size > 0) {
+      const config::K3Config there = config::resolve_config((dir / "config.json").string());
+      K3_CHECK(there.vocab_size == vocab_size, "the checkpoint in " + dir.string() + " has vocab_size " +
+                                                   std::to_string(there.vocab_size) + ", not the " +
+                                                   std::to_string(vocab_size) + " asked for");
+    }
     std::printf("using the checkpoint in %s\n", dir.string().c_str());
     return 0;
   }
   K3_CHECK(make, "no checkpoint in " + dir.string() + " (config.json + model.safetensors); pass --make to write one");
-  const config::K3Config cfg = config::resolve_config(config);
+  config::K3Config cfg = config::resolve_config(config);
+  if (vocab_size > 0) cfg.vocab_size = vocab_size;
   checkpoint::WriteOptions w;
   w.seed = seed;
   w.mxfp4 = true;

@@ -66,7 +66,9 @@ bool has_checkpoint(const std::filesystem::path& dir);
 // config.json path, config::resolve_config; MXFP4 experts, `seed`) after checking the disk has room
 // for it; returns the seconds that took (0: the checkpoint there is reused). Throws core::Error
 // when there is none and `make` is unset, or the disk lacks room.
-double make_checkpoint_if_needed(const std::filesystem::path& dir, const std::string& config, uint64_t seed, bool make);
+// vocab_size > 0 writes the config with that vocabulary (and requires it of a checkpoint already there).
+double make_checkpoint_if_needed(const std::filesystem::path& dir, const std::string& config, uint64_t seed, bool make,
+                                 int32_t vocab_size = 0);
 
 // Opens the checkpoint in o.model (it must exist), runs the sweep (progress and the table on
 // stdout) and returns the result bundle: `environment` (evidence/environment.h; "gpu" replaced by the CUDA device's facts

@@ -47,7 +47,8 @@
 #             ($K3_PROXY_DIR, written when absent) with CUDA graphs and the device sampler, batch 1 and 64,
 #             free vs JSON Schema grammars (Claude Code's Bash tool; the 33 Claude Code and Codex tool
 #             schemas cycled over the batch): decode-step time at full batch, its ratio to the free
-#             row's, every constrained output checked against its grammar. Needs .carry (xxhash.h)
+#             row's and to its free twins' (same prompts and output lengths, step for step; K3_CONSTRAINED_VOCAB=163840:
+#             a proxy with K3's whole vocabulary), every constrained output checked against its grammar. Needs .carry (xxhash.h)
 #             and .testdata/gpt-tokenizer/o200k_base.tiktoken carried (the vocabulary) -> constrained.log, constrained_decode.json
 #   serve     (only when named) the server on the GPU: builds k3serve (full configuration, CUDA) in
 #             build/gpu-serve from the Debian headers and libraries that scripts/carry_headers.sh
@@ -432,6 +433,12 @@ fi
 
 # ---------------------------------------------------------------- constrained
 CONSTRAINED_BENCH=$BUILD/k3bench_constrained_decode
+# K3_CONSTRAINED_VOCAB=163840: the proxy written with K3's whole vocabulary (its own folder, 4.7 GB
+# more for the embedding and lm_head), instead of the proxy's 20480.
+CONSTRAINED_VOCAB=${K3_CONSTRAINED_VOCAB:-0}
+CONSTRAINED_DIR=$PROXY_DIR
+CONSTRAINED_EXTRA_GB=0
+if ((CONSTRAINED_VOCAB > 0)); then CONSTRAINED_DIR=$PROXY_DIR-v$CONSTRAINED_VOCAB; CONSTRAINED_EXTRA_GB=5; fi
 if [[ " ${PHASES[*]} " == *" constrained "* ]]; then
   mkdir -p "$(dirname "$PROXY_DIR")"
   free_gb=$(( $(df -Pk "$(dirname "$PROXY_DIR")" | awk 'NR==2 {print $4}') / 1000000 ))
@@ -439,13 +446,14 @@ if [[ " ${PHASES[*]} " == *" constrained "* ]]; then
     record constrained FAIL 0 "no $CONSTRAINED_BENCH (run the build phase with .carry carried)"
   elif [[ ! -f $ROOT/.testdata/gpt-tokenizer/o200k_base.tiktoken ]]; then
     record constrained FAIL 0 "no .testdata/gpt-tokenizer/o200k_base.tiktoken (carry it: the vocabulary)"
-  elif [[ ! -f $PROXY_DIR/config.json ]] && ((free_gb < PROXY_GB + 1)); then
-    record constrained FAIL 0 "only ${free_gb} GB free under $(dirname "$PROXY_DIR"); the k3-proxy-tp8 checkpoint needs ${PROXY_GB} GB + 1 GB"
+  elif [[ ! -f $CONSTRAINED_DIR/config.json ]] && ((free_gb < PROXY_GB + CONSTRAINED_EXTRA_GB + 1)); then
+    record constrained FAIL 0 "only ${free_gb} GB free under $(dirname "$PROXY_DIR"); the checkpoint needs $((PROXY_GB + CONSTRAINED_EXTRA_GB)) GB + 1 GB"
   else
-    capped 420 "$CONSTRAINED_BENCH" --model "$PROXY_DIR" --make --config k3-proxy-tp8 --batches 1,64 \
-      --grammars free,bash,agent_tools --out "$OUT/constrained_decode.json" > "$OUT/constrained.log" 2>&1
+    capped 480 "$CONSTRAINED_BENCH" --model "$CONSTRAINED_DIR" --make --config k3-proxy-tp8 --vocab "$CONSTRAINED_VOCAB" \
+      --batches 1,64 --grammars free,bash,agent_tools --rounds 2 \
+      --out "$OUT/constrained_decode.json" > "$OUT/constrained.log" 2>&1
     if ((RC == 0)); then
-      record constrained PASS "$SECS" "$(grep -E '^64 +(bash|agent_tools)' "$OUT/constrained.log" | awk '{printf "b64 %s %s; ", $2, $6}')"
+      record constrained PASS "$SECS" "$(grep -E '^(1|64) +(bash|agent_tools)' "$OUT/constrained.log" | awk '{printf "b%s %s %s twins %s; ", $1, $2, $6, $7}')"
     elif ((RC == 124 || RC == 137)); then
       record constrained TIMEOUT "$SECS" "partial log in constrained.log"
     else
