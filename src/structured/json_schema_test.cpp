@@ -110,6 +110,17 @@ TEST(JsonSchema, StringsLengthsPatternsAndFormats) {
   expect_schema({{"type", "string"}, {"format", "date-time"}},
                 {R"("2026-12-02T13:47:17Z")", R"("2026-01-31T00:00:00.5+01:00")"},
                 {R"("2026-13-02T13:47:17Z")", R"("2026-12-02")"});
+  // Days per month and leap years as ajv-formats checks them (CI found "0299-11-31" let through).
+  expect_schema({{"type", "string"}, {"format", "date"}},
+                {R"("2024-02-29")", R"("2000-02-29")", R"("0000-02-29")", R"("0299-12-31")", R"("2021-04-30")",
+                 R"("1999-02-28")"},
+                {R"("0299-11-31")", R"("2023-02-29")", R"("1900-02-29")", R"("2021-04-31")", R"("2021-02-30")",
+                 R"("2021-00-10")", R"("2021-05-00")"});
+  expect_schema({{"type", "string"}, {"format", "time"}}, {R"("23:59:59Z")", R"("00:00:00.123-05:30")"},
+                {R"("12:30:60Z")", R"("24:00:00Z")", R"("12:30:00")"});
+  expect_schema({{"type", "string"}, {"format", "duration"}},
+                {R"("P1Y2M3DT4H5M6S")", R"("P3D")", R"("PT1H")", R"("P2W")", R"("P1MT30S")"},
+                {R"("P")", R"("PT")", R"("P1DT")", R"("P1H")", R"("1D")"});
   expect_schema({{"type", "string"}, {"format", "uuid"}}, {R"("123e4567-e89b-12d3-a456-426614174000")"},
                 {R"("123e4567")"});
   expect_schema({{"type", "string"}, {"format", "email"}}, {R"("a.b+c@example.com")"},

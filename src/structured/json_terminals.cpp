@@ -124,10 +124,17 @@ std::string json_string_length(EbnfRules& rules, int64_t min, int64_t max) {
 
 std::string json_string_format(EbnfRules& rules, const std::string& format) {
   static const std::pair<const char*, const char*> kFormats[] = {
-      {"date", R"([0-9]{4} "-" ("0" [1-9] | "1" [0-2]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]))"},
+      // RFC 3339 full-date as validators check it (ajv-formats): each month's days, February 29
+      // only in leap years (divisible by 4, and by 400 when by 100).
+      {"date",
+       R"([0-9]{4} "-" (("0" [13578] | "1" [02]) "-" date-d31 | ("0" [469] | "11") "-" date-d30 | "02-" date-d28)
+          | date-leap-year "-02-29")"},
+      // Seconds 00-59: a leap second (60) is valid only at 23:59 UTC, which a grammar over the
+      // local time and offset cannot tell apart, so it is left out.
       {"time",
-       R"(([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" ([0-5] [0-9] | "60") ("." [0-9]{1,9})? ("Z" | [+-] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9]))"},
-      {"duration", R"("P" (([0-9]+ "D")? ("T" ([0-9]+ "H")? ([0-9]+ "M")? ([0-9]+ "S")?)? | [0-9]+ "W"))"},
+       R"(([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,9})? ("Z" | [+-] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9]))"},
+      // ISO 8601 as validators check it: at least one part, and a "T" followed by one.
+      {"duration", R"("P" (dur-date ("T" dur-time)? | "T" dur-time | [0-9]+ "W"))"},
       {"uuid", R"([0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12})"},
       {"email", R"([a-zA-Z0-9_+-]+ ("." [a-zA-Z0-9_+-]+)* "@" host-label ("." host-label)+)"},
       {"hostname", R"(host-label ("." host-label){0,3})"},
@@ -143,6 +150,17 @@ std::string json_string_format(EbnfRules& rules, const std::string& format) {
   for (const auto& [name, body] : kFormats) {
     if (format != name) continue;
     if (format == "ipv4") define(rules, "ipv4-octet", R"("25" [0-5] | "2" [0-4] [0-9] | "1" [0-9]{2} | [1-9]? [0-9])");
+    if (format == "duration") {
+      define(rules, "dur-date", R"([0-9]+ "Y" ([0-9]+ "M")? ([0-9]+ "D")? | [0-9]+ "M" ([0-9]+ "D")? | [0-9]+ "D")");
+      define(rules, "dur-time", R"([0-9]+ "H" ([0-9]+ "M")? ([0-9]+ "S")? | [0-9]+ "M" ([0-9]+ "S")? | [0-9]+ "S")");
+    }
+    if (format == "date") {
+      define(rules, "date-d28", R"("0" [1-9] | "1" [0-9] | "2" [0-8])");
+      define(rules, "date-d30", R"(date-d28 | "29" | "30")");
+      define(rules, "date-d31", R"(date-d30 | "31")");
+      define(rules, "date-four", R"("0" [48] | [2468] [048] | [13579] [26])");  // 04 .. 96, multiples of 4
+      define(rules, "date-leap-year", R"([0-9]{2} date-four | (date-four | "00") "00")");
+    }
     // A DNS label: 1 to 62 characters, no dash at either end.
     define(rules, "host-label", R"([a-zA-Z0-9] ([a-zA-Z0-9-]{0,60} [a-zA-Z0-9])?)");
     define(rules, "json-format-" + format + "-body", body);
