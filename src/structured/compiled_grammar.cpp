@@ -1,7 +1,9 @@
 #include "structured/compiled_grammar.h"
 
 #include <algorithm>
+#include <deque>
 #include <future>
+#include <unordered_set>
 
 #include "core/error.h"
 
@@ -40,6 +42,60 @@ std::shared_ptr<const GroupMask> CompiledGrammar::group_mask(std::span<const uin
 size_t CompiledGrammar::cached_groups() const {
   std::lock_guard lock(mu_);
   return cache_.size();
+}
+
+StackId CompiledGrammar::chain_key(const StackArena& arena, StackId s, std::vector<uint32_t>& key) {
+  key.clear();
+  key.push_back(0);
+  StackId n = s, ancestor = kNoParent;
+  for (int d = 0; d < kGroupDepth; ++d) {
+    key.push_back(arena.pos(n));
+    ++key[0];
+    ancestor = arena.parent(n);
+    if (ancestor == kNoParent) break;
+    n = ancestor;
+  }
+  return ancestor;
+}
+
+size_t CompiledGrammar::warm(const std::atomic<bool>& stop, size_t max_chains) const {
+  StackArena arena(grammar_);
+  const auto depth_of = [&](StackId s) {
+    int d = 0;
+    for (; s > kEscaped && d <= kWarmMaxDepth; s = arena.parent(s)) ++d;
+    return d;
+  };
+  std::deque<StackId> queue;
+  std::unordered_set<StackId> seen;
+  std::unordered_set<std::string> chains;
+  const auto visit = [&](const State& state) {
+    for (StackId s : state)
+      if (s > kEscaped && seen.size() < kWarmMaxStacks && depth_of(s) <= kWarmMaxDepth && seen.insert(s).second)
+        queue.push_back(s);
+  };
+  visit(arena.initial());
+  std::vector<uint32_t> key;
+  State one(1), next;
+  while (!queue.empty() && chains.size() < max_chains && !stop.load(std::memory_order_relaxed)) {
+    const StackId s = queue.front();
+    queue.pop_front();
+    chain_key(arena, s, key);
+    if (chains.insert(std::string(reinterpret_cast<const char*>(key.data()), key.size() * sizeof(uint32_t))).second)
+      group_mask(key);  // computed now, or found made
+    // Its successors: one advance per symbol its top element takes.
+    const SymbolSet& set = grammar_.set(grammar_.element(arena.pos(s)).index);
+    one[0] = s;
+    for (int b = 0; b < 256; ++b)
+      if (set.bytes[static_cast<size_t>(b) >> 6] >> (b & 63) & 1) {
+        arena.advance(one, static_cast<Symbol>(b), next);
+        visit(next);
+      }
+    for (Symbol sp : set.specials) {
+      arena.advance(one, sp, next);
+      visit(next);
+    }
+  }
+  return chains.size();
 }
 
 GroupMask CompiledGrammar::compute(std::span<const uint32_t> key) const {

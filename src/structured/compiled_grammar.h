@@ -16,6 +16,7 @@
 // and a mask step ORs the accepted sets of its stacks' chains and checks only the uncertain suffixes
 // against the real continuation (structured/matcher.h).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <future>
 #include <memory>
@@ -54,6 +55,20 @@ class CompiledGrammar {
   // position of the frame above the ancestor] (the format allows several chains: their union).
   std::shared_ptr<const GroupMask> group_mask(std::span<const uint32_t> key) const;
   size_t cached_groups() const;
+  // The key of stack `s`'s chain in `arena` (what a mask step looks its masks up by): [frames, top
+  // position, ..., position of the frame above the ancestor]. Returns that ancestor (kNoParent:
+  // the chain reaches the root).
+  static StackId chain_key(const StackArena& arena, StackId s, std::vector<uint32_t>& key);
+
+  // Walks ahead of the requests: computes the masks of the chains reachable from the start, nearest
+  // first (a breadth-first search over single stacks up to kWarmMaxDepth frames deep and
+  // kWarmMaxStacks stacks, at most max_chains chains), so a step that reaches a chain for the first
+  // time finds its masks made (or waits for the walk in progress) instead of walking the vocabulary
+  // itself. Stops early when `stop` is set; returns the chains whose masks it computed or found.
+  size_t warm(const std::atomic<bool>& stop, size_t max_chains = kWarmMaxChains) const;
+  static constexpr int kWarmMaxDepth = 12;
+  static constexpr size_t kWarmMaxStacks = size_t{1} << 17;
+  static constexpr size_t kWarmMaxChains = 4096;
 
  private:
   GroupMask compute(std::span<const uint32_t> key) const;

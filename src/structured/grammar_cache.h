@@ -1,12 +1,19 @@
 // structured/grammar_cache.h: compiled grammars by their text, shared by every request that sends
 // the same schema (agents send the same tool schemas every turn), so a grammar's parse and its
-// token-mask caches are paid once. Least recently used grammars leave past `capacity`.
+// token-mask caches are paid once. Least recently used grammars leave past `capacity`. Each newly
+// compiled grammar is warmed on a background thread of the cache (CompiledGrammar::warm: the masks
+// of its reachable chains, nearest first), so the requests' steps find them made instead of walking
+// the vocabulary on the step.
 #pragma once
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 
 #include "structured/compiled_grammar.h"
@@ -16,6 +23,9 @@ namespace k3::structured {
 class GrammarCache {
  public:
   GrammarCache(std::shared_ptr<const Vocabulary> vocabulary, size_t capacity = 256);
+  ~GrammarCache();  // stops the warming (within one chain's walk)
+  GrammarCache(const GrammarCache&) = delete;
+  GrammarCache& operator=(const GrammarCache&) = delete;
 
   // The grammar for GBNF `text` (structured/ebnf.h) starting at rule `root`, compiled on first
   // use. Throws core::Error naming what is wrong with the text. Thread-safe.
@@ -25,8 +35,12 @@ class GrammarCache {
   struct Stats {
     int64_t hits = 0, misses = 0;
     double compile_seconds = 0;  // summed over misses
+    int64_t warmed_grammars = 0, warmed_chains = 0;
+    double warm_seconds = 0;  // the background thread's, summed
   };
   Stats stats() const;
+  // Waits until every grammar compiled so far is warmed, or `max_seconds` pass; true when warm.
+  bool wait_warm(double max_seconds) const;
 
  private:
   std::shared_ptr<const Vocabulary> vocabulary_;
@@ -39,6 +53,13 @@ class GrammarCache {
   };
   std::unordered_map<std::string, Entry> entries_;
   Stats stats_;
+  // Warming: grammars waiting (a grammar evicted and unused meanwhile is skipped), the one in hand.
+  void warm_loop();
+  std::deque<std::weak_ptr<const CompiledGrammar>> to_warm_;
+  bool warming_ = false;
+  std::atomic<bool> stop_{false};
+  mutable std::condition_variable cv_;  // work queued, or the queue drained
+  std::thread warmer_;                  // started at the first compile
 };
 
 }  // namespace k3::structured

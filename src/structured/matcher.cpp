@@ -74,16 +74,7 @@ void Matcher::fill_mask(std::span<uint32_t> words) {
   // return into the ancestor below the chain: those are checked against what really follows it.
   for (StackId id : state()) {
     if (id <= kEscaped) continue;
-    key_.clear();
-    key_.push_back(0);
-    StackId n = id, ancestor = kNoParent;
-    for (int d = 0; d < CompiledGrammar::kGroupDepth; ++d) {
-      key_.push_back(arena_.pos(n));
-      ++key_[0];
-      ancestor = arena_.parent(n);
-      if (ancestor == kNoParent) break;
-      n = ancestor;
-    }
+    const StackId ancestor = CompiledGrammar::chain_key(arena_, id, key_);
     const GroupMask& m = group_mask(key_);
     if (!m.dense.empty())
       for (size_t w = 0; w < words.size(); ++w) words[w] |= m.dense[w];
