@@ -82,6 +82,10 @@ TEST(ConstrainedDecodeBench, TimesFreeAndConstrainedRowsAndEveryOutputFollowsIts
   }
   EXPECT_EQ(b["rows"][5]["grammars"], 33) << "agent_tools: the 21 Claude Code and 12 Codex tool schemas";
   EXPECT_EQ(b["config"]["prefix_cache"], false);
+  // The timed rounds come after the cache warmed the grammars (bash and the 33 agent tools).
+  EXPECT_GE(b["grammar_warming"]["grammars"].get<int>(), 31) << b["grammar_warming"].dump();
+  EXPECT_GT(b["grammar_warming"]["chains"].get<int>(), 0);
+  for (const auto& row : b["rows"]) EXPECT_EQ(row["warmed"], true) << row["grammar"];
 }
 
 // --vocab writes the checkpoint with that vocabulary (K3's is 163840) and is held to it afterwards.
