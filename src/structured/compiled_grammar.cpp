@@ -29,6 +29,13 @@ std::shared_ptr<const GroupMask> CompiledGrammar::group_mask(std::span<const uin
   // them at once (the engine fills a step's masks on several threads).
   try {
     auto mask = std::make_shared<const GroupMask>(compute(key));
+    const int64_t bytes = static_cast<int64_t>(
+        mask->dense.size() * sizeof(uint32_t) + mask->ids.size() * sizeof(int32_t) +
+        mask->uncertain.size() * (sizeof(GroupMask::Uncertain) + sizeof(uint16_t)));
+    {
+      std::lock_guard lock(mu_);
+      cached_bytes_ += bytes;
+    }
     mine.set_value(mask);
     return mask;
   } catch (...) {
@@ -42,6 +49,11 @@ std::shared_ptr<const GroupMask> CompiledGrammar::group_mask(std::span<const uin
 size_t CompiledGrammar::cached_groups() const {
   std::lock_guard lock(mu_);
   return cache_.size();
+}
+
+int64_t CompiledGrammar::cached_bytes() const {
+  std::lock_guard lock(mu_);
+  return cached_bytes_;
 }
 
 StackId CompiledGrammar::chain_key(const StackArena& arena, StackId s, std::vector<uint32_t>& key) {
@@ -58,7 +70,7 @@ StackId CompiledGrammar::chain_key(const StackArena& arena, StackId s, std::vect
   return ancestor;
 }
 
-size_t CompiledGrammar::warm(const std::atomic<bool>& stop, size_t max_chains) const {
+size_t CompiledGrammar::warm(const std::atomic<bool>& stop, size_t max_chains, int64_t max_bytes) const {
   StackArena arena(grammar_);
   const auto depth_of = [&](StackId s) {
     int d = 0;
@@ -76,7 +88,8 @@ size_t CompiledGrammar::warm(const std::atomic<bool>& stop, size_t max_chains) c
   visit(arena.initial());
   std::vector<uint32_t> key;
   State one(1), next;
-  while (!queue.empty() && chains.size() < max_chains && !stop.load(std::memory_order_relaxed)) {
+  while (!queue.empty() && chains.size() < max_chains && !stop.load(std::memory_order_relaxed) &&
+         cached_bytes() < max_bytes) {
     const StackId s = queue.front();
     queue.pop_front();
     chain_key(arena, s, key);

@@ -55,6 +55,7 @@ class CompiledGrammar {
   // position of the frame above the ancestor] (the format allows several chains: their union).
   std::shared_ptr<const GroupMask> group_mask(std::span<const uint32_t> key) const;
   size_t cached_groups() const;
+  int64_t cached_bytes() const;  // of the chains' masks held
   // The key of stack `s`'s chain in `arena` (what a mask step looks its masks up by): [frames, top
   // position, ..., position of the frame above the ancestor]. Returns that ancestor (kNoParent:
   // the chain reaches the root).
@@ -62,13 +63,15 @@ class CompiledGrammar {
 
   // Walks ahead of the requests: computes the masks of the chains reachable from the start, nearest
   // first (a breadth-first search over single stacks up to kWarmMaxDepth frames deep and
-  // kWarmMaxStacks stacks, at most max_chains chains), so a step that reaches a chain for the first
-  // time finds its masks made (or waits for the walk in progress) instead of walking the vocabulary
-  // itself. Stops early when `stop` is set; returns the chains whose masks it computed or found.
-  size_t warm(const std::atomic<bool>& stop, size_t max_chains = kWarmMaxChains) const;
+  // kWarmMaxStacks stacks, at most max_chains chains, until the grammar holds max_bytes of masks), so a step that reaches a chain for the first time finds its masks made (or waits for
+  // the walk in progress) instead of walking the vocabulary itself. Stops early when `stop` is set;
+  // returns the chains whose masks it computed or found.
+  size_t warm(const std::atomic<bool>& stop, size_t max_chains = kWarmMaxChains,
+              int64_t max_bytes = kWarmMaxBytes) const;
   static constexpr int kWarmMaxDepth = 12;
   static constexpr size_t kWarmMaxStacks = size_t{1} << 17;
   static constexpr size_t kWarmMaxChains = 4096;
+  static constexpr int64_t kWarmMaxBytes = int64_t{32} << 20;  // 1,600 dense masks of K3's vocabulary
 
  private:
   GroupMask compute(std::span<const uint32_t> key) const;
@@ -79,6 +82,7 @@ class CompiledGrammar {
   // Each chain's mask, or the future of one being computed (the first caller computes it; others
   // wait for it rather than walk twice).
   mutable std::unordered_map<std::string, std::shared_future<std::shared_ptr<const GroupMask>>> cache_;
+  mutable int64_t cached_bytes_ = 0;
 };
 
 // Walks a sorted list of symbol sequences from one state, sharing the work of common prefixes:

@@ -33,6 +33,13 @@ void GrammarCache::warm_loop() {
     const std::shared_ptr<const CompiledGrammar> g = to_warm_.front().lock();
     to_warm_.pop_front();
     if (!g) continue;
+    int64_t held = 0;
+    for (const auto& [key, entry] : entries_) held += entry.grammar->cached_bytes();
+    if (held >= kMaxWarmBytes) {
+      ++stats_.unwarmed_grammars;
+      cv_.notify_all();
+      continue;
+    }
     warming_ = true;
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();

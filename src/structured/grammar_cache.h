@@ -36,11 +36,15 @@ class GrammarCache {
     int64_t hits = 0, misses = 0;
     double compile_seconds = 0;  // summed over misses
     int64_t warmed_grammars = 0, warmed_chains = 0;
-    double warm_seconds = 0;  // the background thread's, summed
+    int64_t unwarmed_grammars = 0;  // left cold: the cache's grammars held kMaxWarmBytes of masks
+    double warm_seconds = 0;        // the background thread's, summed
   };
   Stats stats() const;
   // Waits until every grammar compiled so far is warmed, or `max_seconds` pass; true when warm.
   bool wait_warm(double max_seconds) const;
+  // A new grammar is warmed only while the cached grammars' masks (CompiledGrammar::cached_bytes)
+  // sum to less than this (their requests still compute the chains they reach).
+  static constexpr int64_t kMaxWarmBytes = int64_t{1} << 30;
 
  private:
   std::shared_ptr<const Vocabulary> vocabulary_;

@@ -68,6 +68,11 @@ TEST(CompiledGrammarWarm, StopsWhenAskedAndAtTheChainBound) {
   const std::atomic<bool> go{false};
   EXPECT_EQ(g->warm(go, 3), 3u);
   EXPECT_EQ(g->cached_groups(), 3u);
+  // The byte bound: it stops once the grammar holds that much mask (after the chain in hand).
+  auto h = compile(kArgs, small_vocabulary());
+  h->warm(go, CompiledGrammar::kWarmMaxChains, 1);
+  EXPECT_EQ(h->cached_groups(), 1u);
+  EXPECT_GT(h->cached_bytes(), 0);
 }
 
 TEST(GrammarCacheWarm, WarmsEachNewGrammarInTheBackground) {
