@@ -6,7 +6,7 @@
 //     constraint;
 //   - tool_choice required and named with a strict tool: the output is tool calls whose arguments
 //     meet the tool's schema; the Messages API (tool_choice any, output_config.format) and the
-//     Responses API (text.format) likewise;
+//     Responses API (text.format, and a namespace tool as Codex sends it under tool_choice required) likewise;
 //   - what cannot be enforced is a 400 naming the field and the reason.
 #include <gtest/gtest.h>
 
@@ -177,6 +177,37 @@ TEST(ServerStructured, MessagesAndResponsesApis) {
   EXPECT_EQ(rj["status"], "completed") << rr.body;
   for (const Json& item : rj["output"])
     if (item["type"] == "message") expect_meets_schema(Json::parse(item["content"][0]["text"].get<std::string>()));
+}
+
+// Codex sends some of its tools inside a Responses "namespace" tool: they are flattened into
+// function tools, so tool_choice required binds them like any other (strict by default there).
+TEST(ServerStructured, ResponsesNamespaceToolsAreBoundByToolChoiceRequired) {
+  const Json tools = Json::array(
+      {{{"type", "namespace"},
+        {"name", "painter"},
+        {"tools", Json::array({{{"type", "function"}, {"name", "paint"}, {"parameters", kSchema}}})}}});
+  for (int s = 1; s <= 2; ++s) {
+    const Json b = {{"model", "k3-tiny"},
+                    {"input", "Paint " + std::to_string(s) + "."},
+                    {"max_output_tokens", 400},
+                    {"temperature", 1.0},
+                    {"reasoning", {{"effort", "none"}}},
+                    {"tools", tools},
+                    {"tool_choice", "required"},
+                    {"parallel_tool_calls", false}};
+    const testing::Reply r = post(model_server().port, "/v1/responses", b);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const Json j = r.json();
+    int calls = 0;
+    for (const Json& item : j["output"]) {
+      if (item["type"] != "function_call") continue;
+      ++calls;
+      EXPECT_EQ(item["name"], "paint") << r.body;
+      EXPECT_EQ(item["namespace"], "painter") << r.body;
+      expect_meets_schema(Json::parse(item["arguments"].get<std::string>()));
+    }
+    EXPECT_EQ(calls, 1) << r.body;
+  }
 }
 
 TEST(ServerStructured, WhatCannotBeEnforcedIsA400NamingIt) {
