@@ -115,6 +115,7 @@ TEST(ConstrainedDecodeBench, RefusesBadOptionsNamingThem) {
                                                         {"--decode-backend fast", "--decode-backend"},
                                                         {"--grammars free,xml", "'xml'"},
                                                         {"--vocab -5", "--vocab"},
+                                                        {"--warm-wait -1", "--warm-wait"},
                                                         {"", "no checkpoint in"}}) {
     std::string err;
     EXPECT_EQ(run(dir, m + args, &err), 1) << args;
