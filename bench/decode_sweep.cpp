@@ -165,10 +165,9 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
       row.path.count(route);
       const auto ts = clock_type::now();
       const bool replay = route.graph.captured();
-      const core::Tensor logits = replay
-                                      ? graphs->forward(batch, route.graph, route.path, model::LogitsAt::host, &capture)
-                                      : model.forward(kv, batch, model::LogitRows::requested, nullptr, &capture,
-                                                      nullptr, model::LogitsAt::host, route.path);
+      const core::Tensor logits = replay ? graphs->forward(batch, route, model::LogitsAt::host, &capture)
+                                         : model.forward(kv, batch, model::LogitRows::requested, nullptr, &capture,
+                                                         nullptr, model::LogitsAt::host, route.path);
       if (replay) graphs->commit_verified(capture, keep);
       else model.commit_verified(kv, capture, keep);
       memory.synchronize();
@@ -190,7 +189,7 @@ Row run_row(const DecodeSweepOptions& o, const model::Model& model, model::Decod
     row.path.count(route);
     const auto ts = clock_type::now();
     const core::Tensor logits = route.graph.captured()
-                                    ? graphs->forward(batch, route.graph, route.path)
+                                    ? graphs->forward(batch, route)
                                     : model.forward(kv, batch, model::LogitRows::last, nullptr, nullptr, nullptr,
                                                     model::LogitsAt::host, route.path);
     const double ms = 1e3 * seconds_since(ts);

@@ -71,7 +71,7 @@ core::Tensor routed(const model::Model& m, model::DecodeGraphs& g, std::span<con
   const core::StepRoute route = engine::route_batch(m, &g, batch);
   EXPECT_TRUE(route.graph.captured()) << "the step has no graph bucket";
   paths.count(route);
-  return g.forward(batch, route.graph, route.path, model::LogitsAt::host, capture);
+  return g.forward(batch, route, model::LogitsAt::host, capture);
 }
 
 // Runs the same steps on a model: three sequences prefilled (different lengths), then `steps`
@@ -115,7 +115,9 @@ TEST(FastPath, DecodeGraphsOnTheCpuRunEveryStepEagerly) {
   for (int i = 0; i < 4; ++i) {
     SequenceInput dec[] = {{std::span(tok).first(1), &st[0], StepKind::decode},
                            {std::span(tok).last(1), &st[1], StepKind::decode}};
-    EXPECT_EQ(engine::route_batch(m, &graphs, dec).graph, (core::GraphBucket{2, 1}));
+    const core::StepRoute route = engine::route_batch(m, &graphs, dec);
+    EXPECT_EQ(route.graph, (core::GraphBucket{2, 1}));
+    EXPECT_EQ(route.kernels, nullptr);  // no graph, so its kernels are chosen per call
     routed(m, graphs, dec, c);
   }
   EXPECT_EQ(graphs.captures(), 0);
@@ -347,7 +349,9 @@ TEST(FastPath, VerifyStepsThroughDecodeGraphsEqualForwardFp32) {
   EXPECT_FALSE(engine::route_batch(p.standard->model(), &g, mixed).graph.captured());
   EXPECT_FALSE(g.fits(unequal, {2, 3}));
   EXPECT_FALSE(g.fits(mixed, {2, 3}));
-  EXPECT_THROW(g.forward(mixed, {2, 3}, core::DecodePath::standard), core::Error);
+  core::StepRoute bucket_2x3;
+  bucket_2x3.graph = {2, 3};
+  EXPECT_THROW(g.forward(mixed, bucket_2x3), core::Error);
 }
 
 // Steps outside the scope are routed to the standard path with their reason; a step routed to the

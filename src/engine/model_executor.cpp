@@ -46,6 +46,7 @@ scheduler::ExecutionScope execution_scope(const model::Model& model, const model
     sc.graph_max_batch = model::DecodeGraphs::kMaxBatch;
     sc.graph_max_rows = model::DecodeGraphs::kMaxRows;
     sc.graph_max_blocks = graphs->max_blocks_per_seq();
+    sc.graph_kernels = graphs->kernels();
   }
   return sc;
 }
@@ -171,7 +172,7 @@ core::Tensor ModelExecutor::execute(const StepPlan& plan, core::LogitsAt at) {
            "ModelExecutor: the plan routes a step to a graph this executor does not capture");
   model::VerifyCapture* capture = plan.num_verifies > 0 ? &s.capture : nullptr;
   core::Tensor logits = route.graph.captured()
-                            ? s.graphs->forward(s.batch, route.graph, route.path, at, capture)
+                            ? s.graphs->forward(s.batch, route, at, capture)
                             : s.model.forward(s.storage, s.batch, rows, nullptr, capture, taps, at, route.path);
   if (taps) {  // host [rows, layers * hidden], row-major, the layers side by side
     const int64_t H = s.model.config().hidden_size, n = static_cast<int64_t>(s.taps.layers.size());

@@ -19,6 +19,7 @@
 
 #include "core/device_memory.h"
 #include "core/error.h"
+#include "core/step_route.h"
 #include "kernels/common.h"
 #include "kernels/tuning.h"
 
@@ -97,6 +98,29 @@ class OpRecorder {
   std::vector<Call> calls_;
 };
 
+// The op calls of one run on one registry, in call order (a composite op's parts right after it):
+// what model::DecodeGraphs records while it captures a graph (core::StepRoute::kernels). Apart from
+// OpRecorder, which --explain and tests may hold at the same time. Calls come from the one thread
+// that runs the registry's model, so it takes no lock.
+class OpTrace {
+ public:
+  void start() {
+    calls_.clear();
+    on_ = true;
+  }
+  core::KernelList stop() {
+    on_ = false;
+    return std::move(calls_);
+  }
+  void add(const std::string& op, const std::string& impl) {
+    if (on_) calls_.push_back({op, impl});
+  }
+
+ private:
+  bool on_ = false;
+  core::KernelList calls_;
+};
+
 template <class Args>
 struct OpImpl {
   std::string name;  // strategy name, e.g. "reference", "decode_splitkv"
@@ -150,6 +174,7 @@ class OpTable {
   void run(const Args& a, core::Device device) const {
     const OpImpl<Args>& impl = select(a, device);
     if (tuner_ && !tuner_->busy) offer_to_tuner(a, device);
+    if (trace_) trace_->add(op_, impl.name);
     if (!recorder_) return impl.run(a);
     recorder_->record(op_, impl.name, device);
     impl.run(a);
@@ -179,6 +204,7 @@ class OpTable {
 
   void set_log(LogFn log) { log_ = std::move(log); }
   void set_recorder(OpRecorder* recorder) { recorder_ = recorder; }
+  void set_trace(OpTrace* trace) { trace_ = trace; }
   void set_tuner(OpTuner* tuner) { tuner_ = tuner; }
   // The tables `device`'s selection reads. Throws core::Error when a table names this op with
   // another measure or lists an implementation that is not registered on the device.
@@ -267,6 +293,7 @@ class OpTable {
   Tuning tuning_[2];  // per core::Device (cpu, cuda)
   LogFn log_;
   OpRecorder* recorder_ = nullptr;
+  OpTrace* trace_ = nullptr;
   OpTuner* tuner_ = nullptr;
   mutable std::mutex mu_;
   mutable std::set<std::string> logged_;

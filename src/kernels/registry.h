@@ -35,6 +35,12 @@ struct Registry : EmbeddingOps,
                   KdaOps,
                   MlaOps,
                   MultiLinearOps {
+  Registry() {
+    for_each([&](auto& t) { t.set_trace(&trace_); });
+  }
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
   // Calls fn(table) for every op table (tests use it to check coverage).
   template <class Fn>
   void for_each(Fn&& fn) {
@@ -78,6 +84,12 @@ struct Registry : EmbeddingOps,
   void set_tuning(core::Device device, const Tuning& tuning) {
     for_each([&](auto& t) { t.set_tuning(device, tuning); });
   }
+  // The trace of this registry's op calls (model::DecodeGraphs records each captured graph's
+  // kernels with it). Reachable through a const registry: tracing the calls changes no table.
+  OpTrace& trace() const { return trace_; }
+
+ private:
+  mutable OpTrace trace_;
 };
 
 // Registers the CPU reference implementation of every op (it supports everything its check

@@ -50,8 +50,27 @@ void DecodeGraphs::describe_verify(std::span<const SequenceInput> batch, int row
   }
 }
 
-core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, GraphBucket bucket, DecodePath path,
-                                   LogitsAt at, VerifyCapture* capture) {
+void DecodeGraphs::check_kernels(const core::StepRoute& route, Entry& e, const core::KernelList& graph) {
+  // A plan names the kernels of the graph captured when it was routed: this one, or (routed before
+  // the graph was dropped and captured again) an equal list, or another rank's equal list under
+  // tensor parallelism (compared once, then remembered).
+  if (!route.kernels || route.kernels == e.kernels || route.kernels == e.matched) return;
+  const core::KernelList& plan = *route.kernels;
+  for (size_t i = 0; i < std::max(plan.size(), graph.size()); ++i) {
+    const auto name = [&](const core::KernelList& l) {
+      return i < l.size() ? l[i].op + " -> " + l[i].impl : std::string("nothing");
+    };
+    K3_CHECK(i < plan.size() && i < graph.size() && plan[i] == graph[i],
+             "DecodeGraphs: the plan's kernel " + std::to_string(i) + " is " + name(plan) + ", the graph of bucket " +
+                 std::to_string(e.bucket.batch) + "x" + std::to_string(e.bucket.rows) + " runs " + name(graph));
+  }
+  e.matched = route.kernels;
+}
+
+core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, const core::StepRoute& route, LogitsAt at,
+                                   VerifyCapture* capture) {
+  const GraphBucket bucket = route.graph;
+  const DecodePath path = route.path;
   K3_CHECK(fits(batch, bucket), "DecodeGraphs::forward: the step is not of its graph bucket " +
                                     std::to_string(bucket.batch) + "x" + std::to_string(bucket.rows) +
                                     " (pure decode of one token per sequence, or verify rows of equal counts, "
@@ -76,6 +95,7 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, GraphBu
   if (it != entries_.end()) {  // replay: rewrite the inputs in place
     entries_.splice(entries_.begin(), entries_, it);
     Entry& e = entries_.front();
+    check_kernels(route, e, *e.kernels);
     e.tables->refill(segs);
     memory.copy_from_host(e.ids.view(), host_ids);
     if (verify) {  // this step's sequences around the graph's KDA buffers (which the replay rewrites)
@@ -105,14 +125,27 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, GraphBu
                                              verify ? capture : nullptr);
   core::Tensor result = at == LogitsAt::device ? eager : memory.download_f32(eager.view());
   advance();
-  e.work = memory.capture([&] {
-    e.logits = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), rows, path, nullptr,
-                               verify ? &e.capture : nullptr);
-  });
+  kernels::OpTrace& trace = model_.ops().trace();
+  trace.start();
+  try {
+    e.work = memory.capture([&] {
+      e.logits = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), rows, path, nullptr,
+                                 verify ? &e.capture : nullptr);
+    });
+  } catch (...) {
+    trace.stop();
+    throw;
+  }
+  e.kernels = std::make_shared<const core::KernelList>(trace.stop());
   if (!e.work) return result;  // the device cannot capture (the body did not run): nothing cached, every step eager
+  check_kernels(route, e, *e.kernels);
   ++captures_;
+  kernels_->publish(path, bucket, e.kernels);
   entries_.push_front(std::move(e));
-  if (static_cast<int>(entries_.size()) > max_graphs_) entries_.pop_back();
+  if (static_cast<int>(entries_.size()) > max_graphs_) {
+    kernels_->erase(entries_.back().path, entries_.back().bucket);
+    entries_.pop_back();
+  }
   return result;
 }
 

@@ -19,6 +19,11 @@
 // taps) has no bucket and goes through Model::forward; a device that cannot capture runs every
 // bucket's steps eagerly here.
 //
+// The kernels of each captured graph (every op's chosen implementation, in call order, recorded from
+// the registry's OpTrace while it captures) are published in kernels() for the step plan
+// (core::StepRoute::kernels: the scheduler routes through the executor's scope); a replay whose
+// plan names other kernels than its graph runs is refused.
+//
 // Tensor parallelism: every rank keeps its own DecodeGraphs and the ranks capture the same steps
 // (they run in lock step), so the step's collectives are captured with its kernels. The eager first
 // step of each size grows the communicator's scratch to what that size needs, so a captured
@@ -47,13 +52,17 @@ class DecodeGraphs {
   // plain decode with one token each (rows 1), or all verify sequences of bucket.rows >= 2 rows
   // (B * R <= kMaxRows), their tables and contexts within the graphs' fixed capacity.
   bool fits(std::span<const SequenceInput> batch, GraphBucket bucket) const;
-  // For a batch that fits `bucket`: Model::forward(kv, batch, LogitRows::last, ..., path) for a
-  // plain batch: host f32 logits [B, vocab]; for a verify batch Model::forward(kv, batch,
-  // LogitRows::requested, nullptr, capture, ..., path): logits [B * R, vocab], `capture` (required
-  // then) filled for Model::commit_verified. With LogitsAt::device the logits stay on the device
-  // (valid until the next forward). Throws core::Error for a batch that does not fit.
-  core::Tensor forward(std::span<const SequenceInput> batch, GraphBucket bucket, DecodePath path,
-                       LogitsAt at = LogitsAt::host, VerifyCapture* capture = nullptr);
+  // For a batch that fits the route's bucket: Model::forward(kv, batch, LogitRows::last, ...,
+  // route.path) for a plain batch: host f32 logits [B, vocab]; for a verify batch
+  // Model::forward(kv, batch, LogitRows::requested, nullptr, capture, ..., route.path): logits
+  // [B * R, vocab], `capture` (required then) filled for Model::commit_verified. With
+  // LogitsAt::device the logits stay on the device (valid until the next forward). Throws
+  // core::Error for a batch that does not fit, or a route whose kernels are not its graph's.
+  core::Tensor forward(std::span<const SequenceInput> batch, const core::StepRoute& route, LogitsAt at = LogitsAt::host,
+                       VerifyCapture* capture = nullptr);
+
+  // The kernels of the graphs captured now (scheduler::ExecutionScope::graph_kernels).
+  std::shared_ptr<const core::GraphKernels> kernels() const { return kernels_; }
 
   // After forward() of a verify batch: Model::commit_verified(kv, capture, accepted_rows), replayed
   // from the commit graph of this accepted-count vector when `capture` is over a verify graph's
@@ -87,7 +96,11 @@ class DecodeGraphs {
     VerifyCapture capture;      // verify: the KDA inputs the graph writes (layers), for commit_verified
     std::list<Commit> commits;  // verify: per accepted-count vector, most recently used first
     std::unique_ptr<core::CapturedWork> work;
+    std::shared_ptr<const core::KernelList> kernels;  // what `work` runs (published in kernels_)
+    std::shared_ptr<const core::KernelList> matched;  // a plan's list found equal to `kernels` (another rank's)
   };
+  // Throws unless the plan's kernels (when it names them) are `graph`'s.
+  static void check_kernels(const core::StepRoute& route, Entry& e, const core::KernelList& graph);
   // The host side of a verify capture for `batch` (states, rows, starts) around `layers`.
   void describe_verify(std::span<const SequenceInput> batch, int rows, VerifyCapture& capture) const;
   std::vector<Segment> segments(std::span<const SequenceInput> batch) const;
@@ -96,6 +109,7 @@ class DecodeGraphs {
   StepTableShape shape_;
   int max_graphs_;
   std::list<Entry> entries_;  // most recently used first
+  std::shared_ptr<core::GraphKernels> kernels_ = std::make_shared<core::GraphKernels>();
   // The verify graph whose buffers `capture` is over (its KDA inputs alias the entry's), or nullptr.
   Entry* verify_entry_of(const VerifyCapture& capture);
   int64_t replays_ = 0, captures_ = 0, commit_replays_ = 0;

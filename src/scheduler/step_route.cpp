@@ -28,11 +28,13 @@ StepRoute route_step(const StepPlan& plan, const ExecutionScope& scope) {
   StepRoute route;
   if (plan.empty()) return route;  // nothing runs (every candidate was preempted)
   route.graph = graph_bucket(plan, scope);
-  if (!scope.fused_selected) return route;
-  if (!scope.fused_problem.empty()) route.fallback = scope.fused_problem;
-  else if (plan.num_prefills > 0) route.fallback = kNotPureDecode;
-  else if (plan.num_tokens > scope.fused_max_rows) route.fallback = too_many_rows(scope.fused_max_rows);
-  else route.path = DecodePath::fused;
+  if (scope.fused_selected) {
+    if (!scope.fused_problem.empty()) route.fallback = scope.fused_problem;
+    else if (plan.num_prefills > 0) route.fallback = kNotPureDecode;
+    else if (plan.num_tokens > scope.fused_max_rows) route.fallback = too_many_rows(scope.fused_max_rows);
+    else route.path = DecodePath::fused;
+  }
+  if (route.graph.captured() && scope.graph_kernels) route.kernels = scope.graph_kernels->find(route.path, route.graph);
   return route;
 }
 

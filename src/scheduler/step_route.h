@@ -7,6 +7,7 @@
 // metrics).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/step_route.h"
@@ -32,6 +33,9 @@ struct ExecutionScope {
   int32_t graph_max_batch = 0;
   int32_t graph_max_rows = 0;
   int64_t graph_max_blocks = 0;
+  // The kernels of the graphs captured so far (the executor's, updated as it captures; null: none):
+  // a step routed to a captured bucket carries its graph's list (StepRoute::kernels).
+  std::shared_ptr<const core::GraphKernels> graph_kernels;
 };
 
 // Fallback reasons of the routing itself (metric labels: short and fixed).
@@ -41,7 +45,8 @@ std::string too_many_rows(int64_t fused_max_rows);
 
 // The route of `plan` (its sequences, rows and tables) under `scope`: the fused path for a
 // pure-decode step of at most fused_max_rows rows when it is selected and has no problem (else the
-// standard path, with the reason when it was selected), and the graph bucket of an eligible step.
+// standard path, with the reason when it was selected), the graph bucket of an eligible step, and
+// the kernels of that bucket's graph on that path when it is captured.
 StepRoute route_step(const StepPlan& plan, const ExecutionScope& scope);
 
 }  // namespace k3::scheduler

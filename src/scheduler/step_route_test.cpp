@@ -107,6 +107,27 @@ TEST(StepRoute, GraphBucketsOnlyForUniformDecodeStepsThatFit) {
   EXPECT_EQ(route_step(plan_of({1}), eager).path, DecodePath::fused);
 }
 
+// A step of a captured bucket carries its graph's kernels (the executor's GraphKernels, as it
+// captures and drops graphs); an eager step, a bucket not captured, or the bucket's graph of the
+// other path carries none.
+TEST(StepRoute, AStepOfACapturedBucketNamesItsGraphsKernels) {
+  ExecutionScope s = fused_with_graphs();
+  auto graphs = std::make_shared<core::GraphKernels>();
+  s.graph_kernels = graphs;
+  EXPECT_EQ(route_step(plan_of({1, 1}), s).kernels, nullptr);  // not captured yet
+  const auto fused_2x1 = std::make_shared<const core::KernelList>(
+      core::KernelList{{"kda_decode", "cuda_vsplit_cluster"}, {"linear", "cuda_cublaslt"}});
+  graphs->publish(DecodePath::fused, {2, 1}, fused_2x1);
+  EXPECT_EQ(route_step(plan_of({1, 1}), s).kernels, fused_2x1);
+  EXPECT_EQ(route_step(plan_of({1}), s).kernels, nullptr);               // another bucket
+  EXPECT_EQ(route_step(plan_of({1, 1}, false, 1), s).kernels, nullptr);  // a mixed step: eager
+  ExecutionScope standard = s;
+  standard.fused_selected = false;
+  EXPECT_EQ(route_step(plan_of({1, 1}), standard).kernels, nullptr);  // the standard path's 2x1 graph
+  graphs->erase(DecodePath::fused, {2, 1});
+  EXPECT_EQ(route_step(plan_of({1, 1}), s).kernels, nullptr);  // dropped
+}
+
 TEST(StepRoute, CountersCountEachRouteAndFlagTheFirstOfEachKind) {
   DecodePathCounters c;
   StepRoute fused{DecodePath::fused, "", {1, 1}}, prefill{DecodePath::standard, kNotPureDecode, {}},

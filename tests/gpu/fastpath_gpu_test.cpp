@@ -106,7 +106,7 @@ TEST(FastPathGpu, VerifyAndCommitGraphsEqualEagerStepsFp32) {
                   backend == model::DecodeBackend::standard ? core::DecodePath::standard : core::DecodePath::fused);
         if (graphs) {
           EXPECT_EQ(route.graph, (core::GraphBucket{2, 4}));
-          out.push_back(g.forward(verify, route.graph, route.path, model::LogitsAt::host, &capture));
+          out.push_back(g.forward(verify, route, model::LogitsAt::host, &capture));
           g.commit_verified(capture, accepted[round]);
         } else {
           out.push_back(m.forward(cache.storage(), verify, model::LogitRows::requested, nullptr, &capture, nullptr,
@@ -130,6 +130,80 @@ TEST(FastPathGpu, VerifyAndCommitGraphsEqualEagerStepsFp32) {
       EXPECT_LT(gpu_test::rel_l2(got[i], want[i]), 1e-5) << "step " << i;  // a wrong commit moves every later step
     }
     EXPECT_EQ(commit_replays, 2) << "rounds 3 and 4 should replay the commit graphs of {3, 4} and {1, 4}";
+  }
+}
+
+// The plan of a step replayed from a captured graph names the graph's kernels: once the bucket's
+// first step has captured it, route_batch (the executor's scope) gives the list traced at capture,
+// which is what an eager step of the same shape runs (an OpRecorder's calls, composite parts
+// included), CUDA implementations only, the fused ops among them on the fused path. A replay whose
+// plan names another implementation is refused, naming the call that differs, and runs nothing.
+TEST(FastPathGpu, ThePlanOfAReplayedStepNamesItsGraphsKernels) {
+  K3_REQUIRE_GPU();
+  testing::TempDir tmp;
+  const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), {});
+  for (const model::DecodeBackend backend :
+       {model::DecodeBackend::standard, model::DecodeBackend::latency_specialized}) {
+    const bool fused = backend == model::DecodeBackend::latency_specialized;
+    SCOPED_TRACE(fused ? "latency_specialized" : "standard");
+    auto r = open(dir, core::Device::cuda, kernels::Precision::bf16, backend, model::KvCacheDtype::bf16);
+    const model::Model& m = r->model();
+    model::LocalCache cache(r->config(), 2, 64, model::KvCacheDtype::bf16, 16, m.memory(), kernels::Precision::bf16);
+    model::SequenceState a = cache.new_sequence(), b = cache.new_sequence();
+    const auto prompt = random_tokens(20, r->config().vocab_size, 21);
+    model::SequenceInput pre[] = {{prompt, &a, model::StepKind::prefill},
+                                  {std::span(prompt).first(7), &b, model::StepKind::prefill}};
+    m.forward(cache.storage(), pre, model::LogitRows::last);
+    model::DecodeGraphs g(m, cache.storage(), /*max_blocks_per_seq=*/8);
+    const int32_t tok[] = {5, 9};
+    model::SequenceInput dec[] = {{std::span(tok).first(1), &a, model::StepKind::decode},
+                                  {std::span(tok).last(1), &b, model::StepKind::decode}};
+    const core::StepRoute first = engine::route_batch(m, &g, dec);
+    ASSERT_EQ(first.graph, (core::GraphBucket{2, 1}));
+    EXPECT_EQ(first.kernels, nullptr);  // nothing captured yet: chosen per call, then captured
+    g.forward(dec, first);
+    ASSERT_EQ(g.captures(), 1);
+    const core::StepRoute replay = engine::route_batch(m, &g, dec);
+    ASSERT_NE(replay.kernels, nullptr);
+    const core::KernelList& graph = *replay.kernels;
+
+    kernels::OpRecorder recorder;
+    r->set_op_recorder(&recorder);
+    recorder.start();
+    m.forward(cache.storage(), dec, model::LogitRows::last, nullptr, nullptr, nullptr, model::LogitsAt::host,
+              replay.path);
+    std::vector<kernels::OpRecorder::Call> eager = recorder.stop();
+    r->set_op_recorder(nullptr);
+    std::erase_if(eager, [](const auto& c) { return c.impl.rfind("not used", 0) == 0; });  // notes, not calls
+    ASSERT_EQ(graph.size(), eager.size());
+    std::string names;
+    for (size_t i = 0; i < graph.size(); ++i) {
+      EXPECT_EQ(graph[i].op, eager[i].op) << i;
+      EXPECT_EQ(graph[i].impl, eager[i].impl) << i;
+      EXPECT_EQ(graph[i].impl.rfind("cuda", 0), 0u) << graph[i].op << " -> " << graph[i].impl;
+      names += graph[i].op + " ";
+    }
+    for (const char* op : {"kda_decode ", "mla_decode ", "moe_tail_combine "})
+      EXPECT_EQ(names.find(op) != std::string::npos, fused) << op;
+
+    core::StepRoute forged = replay;
+    core::KernelList other = graph;
+    const size_t at = other.size() / 2;
+    other[at].impl = "cuda_forged";
+    forged.kernels = std::make_shared<const core::KernelList>(other);
+    const int64_t before = a.num_tokens;
+    try {
+      g.forward(dec, forged);
+      ADD_FAILURE() << "a plan naming other kernels than its graph's was replayed";
+    } catch (const core::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the plan's kernel " + std::to_string(at) + " is " + other[at].op +
+                                           " -> cuda_forged"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(a.num_tokens, before);  // nothing ran
+    g.forward(dec, replay);
+    EXPECT_EQ(g.replays(), 1);
   }
 }
 

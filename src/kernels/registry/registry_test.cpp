@@ -249,5 +249,37 @@ TEST(Registry, WithNoCapableImplementationEveryRefusalIsInTheError) {
   EXPECT_NE(msg.find("fast_cpu: only on Tuesdays"), std::string::npos) << msg;
 }
 
+// The registry's trace (what DecodeGraphs records a captured graph's kernels with) holds each
+// call's implementation while started, in call order, a composite implementation's parts right
+// after it; a recorder watching the registry at the same time sees the same calls.
+TEST(Registry, TheTraceRecordsEachCallsImplementationInCallOrder) {
+  ThreeLinears t;
+  NormCall norm;
+  t.r.linear.add({"composite", core::Device::cpu, nullptr,
+                  [&](const LinearArgs&) { t.r.rmsnorm.run(norm.args(), core::Device::cpu); }});
+  t.r.set_tuning(core::Device::cpu, tuning_of("", R"({"gpu": "*", "ops": {"linear": {"measure": "rows", "rules": [
+      {"sizes": [2, 2], "order": ["composite"]}]}}})"));
+  OpRecorder recorder;
+  t.r.set_recorder(&recorder);
+  LinearCall one(1), two(2);
+  t.r.linear.run(two.args(), core::Device::cpu);  // before start(): not traced
+  t.r.trace().start();
+  recorder.start();
+  t.r.linear.run(two.args(), core::Device::cpu);  // the composite, then its rmsnorm
+  t.r.linear.run(one.args(), core::Device::cpu);  // rows 1: no rule, registration order
+  const core::KernelList traced = t.r.trace().stop();
+  const std::vector<OpRecorder::Call> recorded = recorder.stop();
+  t.r.linear.run(two.args(), core::Device::cpu);  // after stop(): not traced
+  const core::KernelList want{{"linear", "composite"}, {"rmsnorm", "reference"}, {"linear", "reference"}};
+  EXPECT_EQ(traced, want);
+  ASSERT_EQ(recorded.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(recorded[i].op, want[i].op) << i;
+    EXPECT_EQ(recorded[i].impl, want[i].impl) << i;
+  }
+  EXPECT_EQ(recorded[1].depth, 1);  // the composite's part
+  EXPECT_TRUE(t.r.trace().stop().empty());
+}
+
 }  // namespace
 }  // namespace k3::kernels
