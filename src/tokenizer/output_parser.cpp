@@ -17,7 +17,7 @@ using k3_tokens::kSep;
 
 constexpr size_t kMaxHeader = 4096;  // longest "<|open|>tag attrs<|sep|>" waited for
 
-enum class Mark : uint8_t { text, partial, open, close, end, stray };
+enum class Mark : uint8_t { text, partial, open, close, end, stray, cut };
 struct Marker {
   Mark kind = Mark::text;
   size_t length = 0;
@@ -25,8 +25,9 @@ struct Marker {
 };
 
 // What starts at b[0] ('<'): a whole marker, the beginning of one (more input needed), text,
-// or a stray control token (a lone <|sep|>, or an <|open|> / <|close|> whose header does not
-// end in <|sep|> within kMaxHeader bytes), which is dropped.
+// a stray control token (a lone <|sep|>, or an <|open|> / <|close|> whose header does not end in
+// <|sep|> within kMaxHeader bytes), which is dropped, or (final) a marker the end of the output
+// cut off inside its header (max_tokens): the rest of the output, dropped too, never content.
 Marker scan(std::string_view b, bool final) {
   for (std::string_view m : {kOpen, kClose, kEndOfMsg, kSep}) {
     if (b.substr(0, m.size()) == m) {
@@ -34,7 +35,7 @@ Marker scan(std::string_view b, bool final) {
       if (m == kSep) return {Mark::stray, m.size(), std::string(m), {}};
       const size_t sep = b.substr(0, m.size() + kMaxHeader).find(kSep, m.size());
       if (sep == std::string_view::npos) {
-        if (!final && b.size() < m.size() + kMaxHeader) return {Mark::partial, 0, {}, {}};
+        if (b.size() < m.size() + kMaxHeader) return {final ? Mark::cut : Mark::partial, final ? b.size() : 0, {}, {}};
         return {Mark::stray, m.size(), std::string(m) + " without <|sep|>", {}};
       }
       const std::string_view header = b.substr(m.size(), sep - m.size());
@@ -228,6 +229,10 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
   };
   const std::string marker = std::string(mk.kind == Mark::open ? "<|open|>" : "<|close|>") + mk.tag;
 
+  if (mk.kind == Mark::cut) {  // an open call fails at finish() ("ended inside the call")
+    consume();
+    return true;
+  }
   if (mk.kind == Mark::stray) {
     consume();
     if (state_ == State::call || state_ == State::argument || state_ == State::json) {

@@ -99,6 +99,19 @@ TEST(OutputParser, StopsWithoutClosingIsStillText) {
   EXPECT_FALSE(out.complete);
   const auto held = parse_all_ways("partial <|clo", Channel::response);  // flushed as text at the end
   EXPECT_EQ(held.content, "partial <|clo");
+  // Cut off inside a marker (max_tokens ran out after its control token): the marker's beginning
+  // is not content, in either channel or inside the tools block.
+  const auto cut = parse_all_ways("right" C "messa", Channel::response);
+  EXPECT_EQ(cut.content, "right");
+  EXPECT_TRUE(cut.errors.empty());
+  EXPECT_FALSE(cut.complete);
+  EXPECT_EQ(parse_all_ways("hmm" C "thi", Channel::think).reasoning, "hmm");
+  EXPECT_TRUE(parse_all_ways("hmm" C "thi", Channel::think).content.empty());
+  const auto in_tools = parse_all_ways("a" C "response" S O "tools" S O "call tool=\"f", Channel::response);
+  EXPECT_EQ(in_tools.content, "a");
+  EXPECT_TRUE(in_tools.tool_calls.empty());
+  ASSERT_EQ(in_tools.errors.size(), 1u);
+  EXPECT_NE(in_tools.errors[0].find("ended inside the tools block"), std::string::npos) << in_tools.errors[0];
 }
 
 TEST(OutputParser, TypedArgumentsBecomeAJsonObject) {
