@@ -30,8 +30,7 @@
 //                      = 5.2 MB, 503 MB in all from L2
 //   expected (H200: cuBLASLt ~500 TFLOP/s bf16; an mma.sync CTA of 4 warps ~2.5 TFLOP/s, one per SM, an
 //   estimate to check): n = 8K: 0.05 + 0.34 GFLOP/CTA / 2.5 TF = 0.14 ms -> ~0.2 ms;
-//   n = 46K: 0.3 ms GEMM + 1.89 GFLOP/CTA / 2.5 TF = 0.75 ms -> ~1.1 ms (was: f32 CUDA-core expansion and
-//   a block per (row, head) re-reading f32 K/V: ~290 GB of traffic per layer per chunk at n = 23K).
+//   n = 46K: 0.3 ms GEMM + 1.89 GFLOP/CTA / 2.5 TF = 0.75 ms -> ~1.1 ms (measured: docs/perf/ops_gpu.md).
 //   96 CTAs leave 36 of 132 SMs idle; a split of the keys over CTAs (flash-decoding) is the next step.
 //
 // Numerics against the reference: K/V and O rounded at the reference's points; S and the softmax in fp32

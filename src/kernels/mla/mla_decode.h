@@ -65,14 +65,13 @@
 //             (128 CTAs x 1 stage: a DRAM round trip + ~1.2K cycles of issue), combine_w_uv_gate ~3-4 us: 96
 //             CTAs, each with its 16 W_UV rows (16 KB) in flight before the PDL wait, then after it a chain of
 //             ~5 L2 round trips (tables; max m; sum w l; 8 float4 of part_o per thread; the gate) and two
-//             cluster barriers: ~8 us in all. Measured with the four launches (ncu, L2 flushed): far above
-//             that, latency rather than bytes (docs/perf/fastpath.md, the 169ff92 run's batch-1 profile).
+//             cluster barriers: ~8 us in all (measured times: docs/perf/fastpath.md, docs/perf/ops_gpu.md).
 //   batch 8:  cache 37.7 MB (floor 8.8 us) + W 3.15 MB; split_kv 256 CTAs x 4 stages, memory-bound: ~10 us;
 //             ~15 us total (combine_w_uv_gate: 96 CTAs, each 8 slots x 32 splits x 64 columns of partials from L2).
 //   batch 64: cache 302 MB + W 3.15 MB = 305 MB (floor 71 us at 4.3 TB/s); partials 4 x 64 x 12 x 514 x 4 B = 6.3 MB.
 //             The tensor-core split_kv issues ~4.9K warp instructions per 64-position stage per CTA (exact
 //             fp8 -> bf16 conversions dominate), ~38 us per SM of work at 62 stages per SM: under the memory
-//             time, so ~75-90 us total (the CUDA-core kernel before: docs/perf/fastpath.md, e83ba15).
+//             time, so ~75-90 us total.
 //             combine_w_uv_gate: 768 CTAs (8 slot chunks), each 8 slots x 4 splits x 64 columns of partials
 //             and 16 W_UV rows (L2 after the first chunk).
 #pragma once
