@@ -2,12 +2,14 @@
 // attention on every device backend against the CPU reference, outputs and the whole state pool
 // (used and untouched slots) both. Every call is batched (kda.h): several sequences with different
 // row counts, shuffled rows and slots, positions off the chunk grid, at odd shapes and at the TP8
-// shapes (12 heads of 128; conv over 3 x 1536 channels, fused and as the model's strided pool).
+// shapes (12 heads of 128; conv over 3 x 1536 channels, fused and as the model's strided pool). The
+// attention ops take their shapes, token counts, chunk sizes and batches from cases.h.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
 
+#include "kernels/kda/cases.h"
 #include "kernels/testing/op_harness.h"
 
 namespace k3::ops_test {
@@ -82,6 +84,20 @@ struct Batch {
 };
 
 std::vector<int64_t> repeat(int64_t rows, int n) { return std::vector<int64_t>(static_cast<size_t>(n), rows); }
+
+// The row counts and positions of a batch of cases.h.
+template <size_t N>
+std::vector<int64_t> rows_of(const kernels::KdaAttnSeq (&batch)[N]) {
+  std::vector<int64_t> r;
+  for (const kernels::KdaAttnSeq& s : batch) r.push_back(s.rows);
+  return r;
+}
+template <size_t N>
+std::vector<int64_t> positions_of(const kernels::KdaAttnSeq (&batch)[N]) {
+  std::vector<int64_t> p;
+  for (const kernels::KdaAttnSeq& s : batch) p.push_back(s.position);
+  return p;
+}
 
 // Part i of a [N, parts, C, W] storage as a pool [N, C, W] (strides {parts*C*W, W, 1}), as the model
 // passes its [num_slots, 3, P, K-1] conv storage; host or device alike.
@@ -190,44 +206,51 @@ void check_kda(Device* dev, Mode mode, bool chunked, const std::vector<int64_t>&
 TEST(OpsOdd, KdaRecurrent) {
   K3_REQUIRE_CUDA(dev);
   uint64_t seed = 7200;
-  for (Mode m : kModes) {
-    for (int64_t T : {1, 17, 97}) {
-      check_kda(dev, m, false, {T}, {}, 3, 17, 64, seed++);
-      check_kda(dev, m, false, {T}, {}, 2, 32, 64, seed++);
+  for (Mode m : kModes)
+    for (const kernels::KdaAttnShape& sh : kernels::kKdaAttnOddShapes) {
+      for (int64_t T : kernels::kKdaAttnOddTokens) check_kda(dev, m, false, {T}, {}, sh.H, sh.D, 64, seed++);
+      const auto& batch = kernels::kKdaAttnOddBatch;
+      check_kda(dev, m, false, rows_of(batch), positions_of(batch), sh.H, sh.D, 64, seed++);
+      for (const kernels::KdaAttnStep& st : kernels::kKdaRecurrentOddSteps)  // decode and verify steps
+        check_kda(dev, m, false, repeat(st.rows, st.seqs), {st.position}, sh.H, sh.D, 64, seed++);
     }
-    check_kda(dev, m, false, {1, 3, 17, 64}, {5, 0, 70, 13}, 3, 17, 64, seed++);
-    check_kda(dev, m, false, repeat(1, 7), {9}, 2, 32, 64, seed++);  // a decode step
-  }
 }
 TEST(OpsTp8, KdaRecurrent) {
   K3_REQUIRE_CUDA(dev);
+  const kernels::KdaAttnShape& k3 = kernels::kKdaAttnK3Tp8;
   uint64_t seed = 7400;
   for (Mode m : kModes) {
-    check_kda(dev, m, false, repeat(1, 64), {8191}, 12, 128, 64, seed++);  // decode step of 64
-    check_kda(dev, m, false, repeat(4, 8), {100}, 12, 128, 64, seed++);    // verify rows (K = 3 drafts)
-    check_kda(dev, m, false, {1, 4, 8}, {0, 7, 300}, 12, 128, 64, seed++);
+    for (const kernels::KdaAttnStep& st : kernels::kKdaRecurrentK3Steps)  // decode of 64, verify K = 3 and 7
+      check_kda(dev, m, false, repeat(st.rows, st.seqs), {st.position}, k3.H, k3.D, 64, seed++);
+    const auto& batch = kernels::kKdaRecurrentK3Batch;
+    check_kda(dev, m, false, rows_of(batch), positions_of(batch), k3.H, k3.D, 64, seed++);
   }
 }
 TEST(OpsOdd, KdaChunked) {
   K3_REQUIRE_CUDA(dev);
   uint64_t seed = 7500;
-  for (Mode m : kModes) {
-    for (int64_t T : {1, 17, 54, 97}) {
-      check_kda(dev, m, true, {T}, {}, 3, 17, 16, seed++);
-      check_kda(dev, m, true, {T}, {}, 2, 32, 64, seed++);
+  for (Mode m : kModes)
+    for (const kernels::KdaAttnShape& sh : kernels::kKdaAttnOddShapes) {
+      for (int chunk : kernels::kKdaChunkSizes) {
+        for (int64_t T : kernels::kKdaAttnOddTokens) check_kda(dev, m, true, {T}, {}, sh.H, sh.D, chunk, seed++);
+        // Positions off the chunk grid: each sequence's first chunk ends at the next multiple.
+        const auto& batch = kernels::kKdaAttnOddBatch;
+        check_kda(dev, m, true, rows_of(batch), positions_of(batch), sh.H, sh.D, chunk, seed++);
+      }
+      for (int chunk : kernels::kKdaOddChunkSizes)  // (CUDA chunks of more than 64 run as 64: equal to rounding)
+        check_kda(dev, m, true, {kernels::kKdaOddChunkTokens}, {}, sh.H, sh.D, chunk, seed++);
     }
-    // Positions off the chunk grid: each sequence's first chunk ends at the next multiple.
-    check_kda(dev, m, true, {1, 3, 17, 64}, {5, 0, 70, 13}, 3, 17, 16, seed++);
-    check_kda(dev, m, true, {1, 3, 17, 64}, {5, 0, 70, 13}, 2, 32, 64, seed++);
-  }
 }
 TEST(OpsTp8, KdaChunked) {
   K3_REQUIRE_CUDA(dev);
+  const kernels::KdaAttnShape& k3 = kernels::kKdaAttnK3Tp8;
   uint64_t seed = 7700;
-  for (Mode m : kModes) {
-    check_kda(dev, m, true, {150}, {}, 12, 128, 64, seed++);  // 3 chunks, the last partial
-    check_kda(dev, m, true, {150, 37, 64, 1}, {0, 37, 100, 64}, 12, 128, 64, seed++);
-  }
+  for (Mode m : kModes)
+    for (int chunk : kernels::kKdaChunkSizes) {
+      for (int64_t T : kernels::kKdaChunkedK3Tokens) check_kda(dev, m, true, {T}, {}, k3.H, k3.D, chunk, seed++);
+      const auto& batch = kernels::kKdaChunkedK3Batch;
+      check_kda(dev, m, true, rows_of(batch), positions_of(batch), k3.H, k3.D, chunk, seed++);
+    }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // kernels/kda/recurrent_test.cpp: the recurrent KDA delta rule (spec §5.3-5.5) against a naive
-// double form, a hand-computed D=2 example, the V-major state layout, per-head A_log, the gate
+// double form at the shapes and token counts of cases.h (one TP8 rank of K3: prefill, then decode
+// and verify steps), a hand-computed D=2 example, the V-major state layout, per-head A_log, the gate
 // bound, continuation and multi-token decode, head independence and strided inputs.
 #include <gtest/gtest.h>
 
@@ -7,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/kda/cases.h"
 #include "kernels/kda/gate.h"
 #include "kernels/kda/kda.h"
 #include "kernels/kda/kda_test_util.h"
@@ -25,24 +27,20 @@ Tensor recurrent(const AttnInputs& in, const Tensor& state, Precision p, int64_t
 }
 
 TEST(KdaRecurrent, MatchesNaiveOnOddShapes) {
-  struct Case {
-    int T, H, D;
-  };
-  const Case cases[] = {{1, 1, 32}, {17, 3, 32}, {54, 2, 128}, {97, 4, 32}, {150, 1, 128}, {150, 4, 32}};
   uint64_t seed = 100;
   for (Precision p : {Precision::fp32, Precision::bf16}) {
-    for (const auto& c : cases) {
-      SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " D=" + std::to_string(c.D) +
-                   (p == Precision::bf16 ? " bf16" : " fp32"));
-      const AttnInputs in = AttnInputs::random(seed++, c.T, c.H, c.D, p);
-      std::vector<double> S = to_dvec(in.state0);
-      const std::vector<double> ref = naive_recurrent(in, S);
-      Tensor state = copy(in.state0);
-      Tensor out = recurrent(in, state, p);
-      if (p == Precision::fp32) EXPECT_LT(rel_err(out.span<float>(), ref), 1e-5);
-      else EXPECT_TRUE(bf16_close(out.span<float>(), ref));
-      EXPECT_LT(rel_err(state.span<float>(), S), 1e-5);  // the state is fp32 in both modes
-    }
+    for (const KdaAttnShape& sh : kKdaAttnOddShapes)
+      for (int64_t T : kKdaAttnOddTokens) {
+        SCOPED_TRACE(std::string(sh.name) + " T=" + std::to_string(T) + (p == Precision::bf16 ? " bf16" : " fp32"));
+        const AttnInputs in = AttnInputs::random(seed++, static_cast<int>(T), sh.H, sh.D, p);
+        std::vector<double> S = to_dvec(in.state0);
+        const std::vector<double> ref = naive_recurrent(in, S);
+        Tensor state = copy(in.state0);
+        Tensor out = recurrent(in, state, p);
+        if (p == Precision::fp32) EXPECT_LT(rel_err(out.span<float>(), ref), 1e-5);
+        else EXPECT_TRUE(bf16_close(out.span<float>(), ref));
+        EXPECT_LT(rel_err(state.span<float>(), S), 1e-5);  // the state is fp32 in both modes
+      }
   }
 }
 
@@ -233,19 +231,31 @@ TEST(KdaRecurrent, HeadsAreIndependentAndStridedInputsWork) {
   }
 }
 
-TEST(KdaRecurrent, RealTp8ShardPrefillAndDecodeStep) {
-  // 12 heads x 128 (one TP8 shard, spec §11), 20 prefill tokens then one decode token.
-  const int T = 20, H = 12, D = 128;
-  const AttnInputs in = AttnInputs::random(2024, T + 1, H, D, Precision::bf16);
-  std::vector<double> S = to_dvec(in.state0);
-  const std::vector<double> ref = naive_recurrent(in, S);
-  Tensor state = copy(in.state0);
-  const Tensor o_pre = recurrent(in, state, Precision::bf16, 0, T);
-  const Tensor o_dec = recurrent(in, state, Precision::bf16, T, 1);
-  std::vector<float> o(o_pre.span<float>().begin(), o_pre.span<float>().end());
-  o.insert(o.end(), o_dec.span<float>().begin(), o_dec.span<float>().end());
-  EXPECT_TRUE(bf16_close(o, ref));
-  EXPECT_LT(rel_err(state.span<float>(), S), 1e-5);
+TEST(KdaRecurrent, RealTp8ShardPrefillThenDecodeAndVerifySteps) {
+  // One TP8 rank of K3 (cases.h): a prefill of each K3 token count, then one call per row count of
+  // the K3 decode and verify steps (1, 4 and 8 rows), each continuing the state; against one naive
+  // pass over all the rows.
+  const KdaAttnShape& k3 = kKdaAttnK3Tp8;
+  int64_t step_rows = 0;
+  for (const KdaAttnStep& st : kKdaRecurrentK3Steps) step_rows += st.rows;
+  uint64_t seed = 2024;
+  for (int64_t T : kKdaChunkedK3Tokens) {
+    SCOPED_TRACE(std::string(k3.name) + " T=" + std::to_string(T));
+    const AttnInputs in = AttnInputs::random(seed++, static_cast<int>(T + step_rows), k3.H, k3.D, Precision::bf16);
+    std::vector<double> S = to_dvec(in.state0);
+    const std::vector<double> ref = naive_recurrent(in, S);
+    Tensor state = copy(in.state0);
+    const Tensor o_pre = recurrent(in, state, Precision::bf16, 0, T);
+    std::vector<float> o(o_pre.span<float>().begin(), o_pre.span<float>().end());
+    int64_t t0 = T;
+    for (const KdaAttnStep& st : kKdaRecurrentK3Steps) {
+      const Tensor o_step = recurrent(in, state, Precision::bf16, t0, st.rows);
+      o.insert(o.end(), o_step.span<float>().begin(), o_step.span<float>().end());
+      t0 += st.rows;
+    }
+    EXPECT_TRUE(bf16_close(o, ref));
+    EXPECT_LT(rel_err(state.span<float>(), S), 1e-5);
+  }
 }
 
 TEST(KdaAttentionCheck, NamesTheBadArgument) {
