@@ -1,4 +1,5 @@
-// kernels/moe/experts_test.cpp: routed experts against naive loops; TP-split emulation (§15.6).
+// kernels/moe/experts_test.cpp: routed experts against naive loops on the shapes of cases.h (odd
+// shapes, one TP8 rank of K3); TP-split emulation (§15.6) and expert-parallel partial sums.
 #include "kernels/moe/experts.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 
 #include "core/fp4.h"
 #include "core/rng.h"
+#include "kernels/moe/cases.h"
 #include "kernels/norm/rmsnorm.h"
 
 namespace k3::kernels {
@@ -56,26 +58,33 @@ Weight make_weight(int64_t out, int64_t in, bool mxfp4, uint64_t seed, double ga
   return r;
 }
 
+// E experts over the weight sets w1/w3/w2 (expert e takes set e % sets, cases.h MoeExpertsShape).
 struct Experts {
   std::vector<Weight> w1, w3, w2;
+  int64_t E = 0;
+  static const Weight& at(const std::vector<Weight>& ws, int64_t e) { return ws[static_cast<size_t>(e) % ws.size()]; }
   std::vector<LinearWeight> l1() const { return pick(w1); }
   std::vector<LinearWeight> l3() const { return pick(w3); }
   std::vector<LinearWeight> l2() const { return pick(w2); }
-  static std::vector<LinearWeight> pick(const std::vector<Weight>& ws) {
+  std::vector<LinearWeight> pick(const std::vector<Weight>& ws) const {
     std::vector<LinearWeight> r;
-    for (const Weight& w : ws) r.push_back(w.w);
+    for (int64_t e = 0; e < E; ++e) r.push_back(at(ws, e).w);
     return r;
   }
 };
 
-Experts make_experts(int E, int64_t L, int64_t I, bool mxfp4, uint64_t seed) {
+Experts make_experts(int64_t E, int64_t L, int64_t I, bool mxfp4, uint64_t seed, int64_t sets = 0) {
   Experts x;
-  for (int e = 0; e < E; ++e) {
+  x.E = E;
+  for (int64_t e = 0; e < (sets > 0 ? sets : E); ++e) {
     x.w1.push_back(make_weight(I, L, mxfp4, seed + 3 * e));
     x.w3.push_back(make_weight(I, L, mxfp4, seed + 3 * e + 1));
     x.w2.push_back(make_weight(L, I, mxfp4, seed + 3 * e + 2, 1.0));
   }
   return x;
+}
+Experts make_experts(const MoeExpertsShape& s, uint64_t seed) {
+  return make_experts(s.E, s.L, s.I, s.mxfp4, seed, s.sets());
 }
 
 struct Routing {
@@ -83,7 +92,7 @@ struct Routing {
 };
 
 // Random z (bf16 values), ids (repeats allowed, as any id list must work), weights in (0, 1).
-Routing make_routing(int64_t T, int64_t L, int E, int64_t k, uint64_t seed) {
+Routing make_routing(int64_t T, int64_t L, int64_t E, int64_t k, uint64_t seed) {
   core::Rng rng(seed);
   Routing r{Tensor::zeros(DType::f32, {T, L}), Tensor::zeros(DType::i32, {T, k}), Tensor::zeros(DType::f32, {T, k})};
   for (float& v : r.z.span<float>()) v = core::bf16_round(static_cast<float>(rng.normal()));
@@ -127,15 +136,16 @@ std::vector<float> naive_moe(const Routing& r, const Experts& x, Precision p, bo
     for (int64_t j = 0; j < k; ++j) {
       const int32_t e = r.ids.data<int32_t>()[t * k + j];
       if (ep && (e < begin || e >= begin + held)) continue;
-      const int64_t I = x.w1[e].w.out_features();
-      const std::vector<float> g = naive_linear(x.w1[e].values, r.z.data<float>() + t * L, I, L, p);
-      const std::vector<float> c = naive_linear(x.w3[e].values, r.z.data<float>() + t * L, I, L, p);
+      const int64_t I = Experts::at(x.w1, e).w.out_features();
+      const std::vector<float> g = naive_linear(Experts::at(x.w1, e).values, r.z.data<float>() + t * L, I, L, p);
+      const std::vector<float> c = naive_linear(Experts::at(x.w3, e).values, r.z.data<float>() + t * L, I, L, p);
       std::vector<float> h(static_cast<size_t>(I));
       for (int64_t i = 0; i < I; ++i) {
         const float gate = 4.0f * std::tanh(g[i] / 4.0f) * (1.0f / (1.0f + std::exp(-g[i])));
         h[i] = round_act(gate * (25.0f * std::tanh(c[i] / 25.0f)), p);
       }
-      const std::vector<float> ej = naive_linear(x.w2[e].values, h.data(), L, I, round_e ? p : Precision::fp32);
+      const std::vector<float> ej = naive_linear(Experts::at(x.w2, e).values, h.data(), L, I,
+                                                 round_e ? p : Precision::fp32);
       for (int64_t l = 0; l < L; ++l) acc[l] = acc[l] + r.weights.data<float>()[t * k + j] * ej[l];
     }
     for (int64_t l = 0; l < L; ++l) u[t * L + l] = round_output ? round_act(acc[l], p) : acc[l];
@@ -149,47 +159,58 @@ void expect_bitwise(const Tensor& got, const std::vector<float>& want) {
     ASSERT_EQ(std::bit_cast<uint32_t>(got.data<float>()[i]), std::bit_cast<uint32_t>(want[i])) << "i=" << i;
 }
 
-TEST(MoeExperts, MatchesNaiveOnOddShapesBf16Weights) {
-  const Experts x = make_experts(6, 53, 37, false, 10);
-  for (int64_t T : {1, 17, 54, 97}) {
-    const Routing r = make_routing(T, 53, 6, 3, T);
-    for (Precision p : {Precision::bf16, Precision::fp32}) expect_bitwise(run(r, x, p), naive_moe(r, x, p));
+// cases.h kMoeExpertsOddShapes (bf16 and MXFP4 experts, one expert, k = 1 and k = E) at every odd
+// token count, both precisions.
+TEST(MoeExperts, MatchesNaiveOnOddShapes) {
+  uint64_t seed = 10;
+  for (const MoeExpertsShape& s : kMoeExpertsOddShapes) {
+    const Experts x = make_experts(s, seed += 100);
+    for (int64_t k : s.topk)
+      for (int64_t T : kMoeExpertsOddTokens) {
+        SCOPED_TRACE(std::string(s.name) + " k " + std::to_string(k) + " T " + std::to_string(T));
+        const Routing r = make_routing(T, s.L, s.E, k, ++seed);
+        for (Precision p : {Precision::bf16, Precision::fp32}) expect_bitwise(run(r, x, p), naive_moe(r, x, p));
+      }
   }
 }
 
-TEST(MoeExperts, MatchesNaiveWithMxfp4Weights) {
-  const Experts x = make_experts(5, 96, 64, true, 20);
-  for (int64_t T : {1, 17}) {
-    const Routing r = make_routing(T, 96, 5, 4, 100 + T);
-    for (Precision p : {Precision::bf16, Precision::fp32}) expect_bitwise(run(r, x, p), naive_moe(r, x, p));
-  }
-}
-
+// One TP8 rank (cases.h kMoeExpertsK3Tp8: all 896 experts, w1/w3 [384, 3584], w2 [3584, 384], MXFP4,
+// top-16) at the first decode batches of kMoeK3Tokens (the naive loops take ~0.1 s a token).
 TEST(MoeExperts, K3Tp8ExpertShardShape) {
-  // Per-GPU TP8 routed expert: w1/w3 [384, 3584], w2 [3584, 384], MXFP4 (spec §11, §14.2).
-  const Experts x = make_experts(3, 3584, 384, true, 30);
-  const Routing r = make_routing(3, 3584, 3, 2, 31);
-  const std::vector<float> want = naive_moe(r, x, Precision::bf16);
-  expect_bitwise(run(r, x, Precision::bf16), want);
-  int64_t nonzero = 0;
-  for (float v : want) nonzero += v != 0.0f;
-  EXPECT_GT(nonzero, static_cast<int64_t>(want.size()) / 2);
+  const MoeExpertsShape& s = kMoeExpertsK3Tp8;
+  const Experts x = make_experts(s, 30);
+  for (int64_t T : kMoeK3Tokens) {
+    if (T > 2) break;
+    SCOPED_TRACE("T " + std::to_string(T));
+    const Routing r = make_routing(T, s.L, s.E, s.topk[0], 31 + T);
+    const std::vector<float> want = naive_moe(r, x, Precision::bf16);
+    expect_bitwise(run(r, x, Precision::bf16), want);
+    int64_t nonzero = 0;
+    for (float v : want) nonzero += v != 0.0f;
+    EXPECT_GT(nonzero, static_cast<int64_t>(want.size()) / 2);
+  }
 }
 
+// Two routes to the same expert with weights a and b equal one route with a + b (exact in fp32 when
+// a, b, a + b are small powers of two), on every odd shape.
 TEST(MoeExperts, RouteWeightsScaleTheSum) {
-  // Two routes to the same expert with weights a and b equal one route with a + b (exact in
-  // fp32 when a, b, a + b are small powers of two).
-  const Experts x = make_experts(2, 64, 32, false, 40);
-  Routing two = make_routing(5, 64, 2, 2, 41), one = make_routing(5, 64, 2, 1, 41);
-  std::copy(two.z.data<float>(), two.z.data<float>() + 5 * 64, one.z.data<float>());
-  for (int64_t t = 0; t < 5; ++t) {
-    two.ids.data<int32_t>()[2 * t] = two.ids.data<int32_t>()[2 * t + 1] = one.ids.data<int32_t>()[t] = 1;
-    two.weights.data<float>()[2 * t] = 0.25f;
-    two.weights.data<float>()[2 * t + 1] = 0.25f;
-    one.weights.data<float>()[t] = 0.5f;
+  uint64_t seed = 40;
+  for (const MoeExpertsShape& s : kMoeExpertsOddShapes) {
+    const Experts x = make_experts(s, seed += 100);
+    for (int64_t T : kMoeExpertsOddTokens) {
+      Routing two = make_routing(T, s.L, s.E, 2, ++seed), one = make_routing(T, s.L, s.E, 1, seed);
+      std::copy(two.z.data<float>(), two.z.data<float>() + T * s.L, one.z.data<float>());
+      const int32_t e = static_cast<int32_t>(s.E - 1);
+      for (int64_t t = 0; t < T; ++t) {
+        two.ids.data<int32_t>()[2 * t] = two.ids.data<int32_t>()[2 * t + 1] = one.ids.data<int32_t>()[t] = e;
+        two.weights.data<float>()[2 * t] = 0.25f;
+        two.weights.data<float>()[2 * t + 1] = 0.25f;
+        one.weights.data<float>()[t] = 0.5f;
+      }
+      Tensor a = run(two, x, Precision::fp32), b = run(one, x, Precision::fp32);
+      for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << s.name << " T " << T;
+    }
   }
-  Tensor a = run(two, x, Precision::fp32), b = run(one, x, Precision::fp32);
-  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]);
 }
 
 // Rows [r0, r1) and columns [c0, c1) of a rank-2 tensor, any dtype.
@@ -201,10 +222,11 @@ Tensor slice2d(const Tensor& t, int64_t r0, int64_t r1, int64_t c0, int64_t c1) 
   return s;
 }
 
-// TP shard s of tp of one expert: w1/w3 rows (column parallel), w2 columns (row parallel).
+// TP shard s of tp of every weight set: w1/w3 rows (column parallel), w2 columns (row parallel).
 // MXFP4 shards cut the packed codes (2 per byte) and the scales (1 per 32) at the same columns.
 Experts shard(const Experts& x, int s, int tp) {
   Experts r;
+  r.E = x.E;
   for (size_t e = 0; e < x.w1.size(); ++e) {
     const int64_t I = x.w1[e].w.out_features(), L = x.w2[e].w.out_features();
     const int64_t i0 = I * s / tp, i1 = I * (s + 1) / tp;
@@ -239,27 +261,32 @@ double max_rel_diff(const Tensor& a, const Tensor& b) {
   return diff / scale;
 }
 
+// Spec §15 item 6: each rank holds a slice of every expert's intermediate; the partial latent sums
+// (fp32 mode) all-reduced, then the routed RMSNorm, equal the unsharded result (cases.h
+// kMoeExpertsTpSplitShapes, both formats).
 TEST(MoeExperts, LatentTpSplitEqualsUnsharded) {
-  // Spec §15 item 6: each rank holds a slice of every expert's intermediate; the partial
-  // latent sums (fp32 mode) all-reduced, then the routed RMSNorm, equal the unsharded result.
-  const int64_t T = 17, L = 96, I = 128;
-  for (bool mxfp4 : {false, true}) {
-    const Experts x = make_experts(8, L, I, mxfp4, mxfp4 ? 60 : 50);
-    const Routing r = make_routing(T, L, 8, 3, 51);
-    const Tensor full = run(r, x, Precision::fp32);
+  uint64_t seed = 50;
+  for (const MoeExpertsShape& s : kMoeExpertsTpSplitShapes) {
+    const int64_t L = s.L;
+    const Experts x = make_experts(s, seed += 100);
     Tensor norm_w = Tensor::zeros(DType::f32, {L});
-    core::Rng rng(52);
+    core::Rng rng(++seed);
     for (float& v : norm_w.span<float>()) v = static_cast<float>(1.0 + 0.1 * rng.normal());
-    const Tensor full_normed = rmsnorm_fp32(full, norm_w);
-    for (int tp : {2, 4}) {
-      Tensor reduced = Tensor::zeros(DType::f32, {T, L});
-      for (int s = 0; s < tp; ++s) {
-        const Tensor partial = run(r, shard(x, s, tp), Precision::fp32);
-        for (int64_t i = 0; i < T * L; ++i) reduced.data<float>()[i] += partial.data<float>()[i];
+    for (int64_t k : s.topk)
+      for (int64_t T : kMoeExpertsOddTokens) {
+        const Routing r = make_routing(T, L, s.E, k, ++seed);
+        const Tensor full = run(r, x, Precision::fp32);
+        const Tensor full_normed = rmsnorm_fp32(full, norm_w);
+        for (int tp : kMoeExpertsTpSplits) {
+          Tensor reduced = Tensor::zeros(DType::f32, {T, L});
+          for (int rank = 0; rank < tp; ++rank) {
+            const Tensor partial = run(r, shard(x, rank, tp), Precision::fp32);
+            for (int64_t i = 0; i < T * L; ++i) reduced.data<float>()[i] += partial.data<float>()[i];
+          }
+          EXPECT_LE(max_rel_diff(reduced, full), 1e-5) << s.name << " T " << T << " tp " << tp;
+          EXPECT_LE(max_rel_diff(rmsnorm_fp32(reduced, norm_w), full_normed), 1e-5) << s.name << " T " << T;
+        }
       }
-      EXPECT_LE(max_rel_diff(reduced, full), 1e-5) << "tp=" << tp << " mxfp4=" << mxfp4;
-      EXPECT_LE(max_rel_diff(rmsnorm_fp32(reduced, norm_w), full_normed), 1e-5) << "tp=" << tp;
-    }
   }
 }
 
@@ -267,27 +294,31 @@ TEST(MoeExperts, LatentTpSplitEqualsUnsharded) {
 // the ranks' partial sums add up to the unsharded unrounded sum, which rounds to the usual result
 // up to the e_j rounding TP cannot keep.
 TEST(MoeExperts, UnroundedPartialSumsForTensorParallelism) {
-  const int64_t L = 64, I = 128;
-  for (bool mxfp4 : {false, true}) {
-    const Experts x = make_experts(6, L, I, mxfp4, mxfp4 ? 80 : 70);
-    for (int64_t T : {1, 17}) {
-      const Routing r = make_routing(T, L, 6, 3, 71 + T);
-      const Tensor full = run(r, x, Precision::bf16, /*round_output=*/false);
-      expect_bitwise(full, naive_moe(r, x, Precision::bf16, /*round_output=*/false));
-      int64_t off_grid = 0;  // values that are not bf16: the output really is unrounded
-      for (float v : full.span<float>()) off_grid += v != core::bf16_round(v);
-      EXPECT_GT(off_grid, full.numel() / 2);
-      for (int tp : {2, 4}) {
-        Tensor reduced = Tensor::zeros(DType::f32, {T, L});
-        for (int s = 0; s < tp; ++s) {
-          const Tensor partial = run(r, shard(x, s, tp), Precision::bf16, false);
-          for (int64_t i = 0; i < T * L; ++i) reduced.data<float>()[i] += partial.data<float>()[i];
+  uint64_t seed = 70;
+  for (const MoeExpertsShape& s : kMoeExpertsTpSplitShapes) {
+    const int64_t L = s.L;
+    const Experts x = make_experts(s, seed += 100);
+    for (int64_t k : s.topk)
+      for (int64_t T : kMoeExpertsOddTokens) {
+        SCOPED_TRACE(std::string(s.name) + " T " + std::to_string(T));
+        const Routing r = make_routing(T, L, s.E, k, ++seed);
+        const Tensor full = run(r, x, Precision::bf16, /*round_output=*/false);
+        expect_bitwise(full, naive_moe(r, x, Precision::bf16, /*round_output=*/false));
+        int64_t off_grid = 0;  // values that are not bf16: the output really is unrounded
+        for (float v : full.span<float>()) off_grid += v != core::bf16_round(v);
+        EXPECT_GT(off_grid, full.numel() / 2);
+        for (int tp : kMoeExpertsTpSplits) {
+          Tensor reduced = Tensor::zeros(DType::f32, {T, L});
+          for (int rank = 0; rank < tp; ++rank) {
+            const Tensor partial = run(r, shard(x, rank, tp), Precision::bf16, false);
+            for (int64_t i = 0; i < T * L; ++i) reduced.data<float>()[i] += partial.data<float>()[i];
+          }
+          EXPECT_LE(max_rel_diff(reduced, full), 1e-5) << "tp=" << tp;
         }
-        EXPECT_LE(max_rel_diff(reduced, full), 1e-5) << "tp=" << tp << " mxfp4=" << mxfp4;
       }
-    }
   }
   // The output must be f32 when unrounded, whatever z is.
+  const int64_t L = 64;
   const Experts x = make_experts(2, L, 32, false, 90);
   const Routing r = make_routing(3, L, 2, 1, 91);
   const std::vector<LinearWeight> w1 = x.l1(), w3 = x.l3(), w2 = x.l2();
@@ -334,10 +365,11 @@ TEST(MoeExperts, BadArgumentsFail) {
 // Experts [begin, begin + n) of x: what an expert-parallel rank holds (whole experts).
 Experts held_experts(const Experts& x, int64_t begin, int64_t n) {
   Experts r;
+  r.E = n;
   for (int64_t e = begin; e < begin + n; ++e) {
-    r.w1.push_back(x.w1[static_cast<size_t>(e)]);
-    r.w3.push_back(x.w3[static_cast<size_t>(e)]);
-    r.w2.push_back(x.w2[static_cast<size_t>(e)]);
+    r.w1.push_back(Experts::at(x.w1, e));
+    r.w3.push_back(Experts::at(x.w3, e));
+    r.w2.push_back(Experts::at(x.w2, e));
   }
   return r;
 }
@@ -345,7 +377,7 @@ Experts held_experts(const Experts& x, int64_t begin, int64_t n) {
 // Rank `rank` of `ep`: its partial sum (round_output off, whole experts) over experts
 // [rank * E / ep, (rank + 1) * E / ep) of the E in x, into a NaN-poisoned f32 out.
 Tensor run_ep(const Routing& r, const Experts& x, Precision p, int rank, int ep) {
-  const int64_t E = static_cast<int64_t>(x.w1.size()), n = E / ep, begin = rank * n;
+  const int64_t E = x.E, n = E / ep, begin = rank * n;
   const Experts held = held_experts(x, begin, n);
   const std::vector<LinearWeight> w1 = held.l1(), w3 = held.l3(), w2 = held.l2();
   Tensor out = Tensor::zeros(DType::f32, r.z.shape());
@@ -360,37 +392,42 @@ Tensor run_ep(const Routing& r, const Experts& x, Precision p, int rank, int ep)
 // Each rank's partial is bitwise the naive sum over its own routes (e_j rounded as at TP=1, the sum
 // unrounded); the ranks' partials add up to the TP=1 sum up to fp32 summation order (tight), and in
 // bf16 the rounded total equals TP=1's rounded output wherever the two f32 sums round alike (and is
-// within one bf16 ulp everywhere): e_j rounding is exactly TP=1's.
+// within one bf16 ulp everywhere): e_j rounding is exactly TP=1's. On cases.h kMoeExpertsEpOddShapes,
+// each split of kMoeExpertsEpSplits that divides E.
 TEST(MoeExperts, ExpertParallelPartialsSumToTp1) {
-  const int64_t L = 64, I = 96, E = 8;
-  for (bool mxfp4 : {false, true}) {
-    const Experts x = make_experts(E, L, I, mxfp4, mxfp4 ? 120 : 110);
-    for (int64_t T : {1, 17}) {
-      const Routing r = make_routing(T, L, E, 3, 121 + T);
-      for (Precision p : {Precision::fp32, Precision::bf16}) {
-        const Tensor tp1 = run(r, x, p);  // round(sum_j p_j e_j)
-        // TP=1's unrounded sum with e_j rounded: the whole range held by one "rank".
-        const Tensor tp1_sum = run_ep(r, x, p, 0, 1);
-        expect_bitwise(tp1_sum, naive_moe(r, x, p, false, 0, E));
-        for (int64_t i = 0; i < tp1.numel(); ++i)
-          ASSERT_EQ(round_act(tp1_sum.data<float>()[i], p), tp1.data<float>()[i]) << "i=" << i;
-        for (int ep : {2, 4}) {
-          Tensor reduced = Tensor::zeros(DType::f32, {T, L});
-          for (int rank = 0; rank < ep; ++rank) {
-            const Tensor partial = run_ep(r, x, p, rank, ep);
-            expect_bitwise(partial, naive_moe(r, x, p, false, rank * (E / ep), E / ep));
-            for (int64_t i = 0; i < T * L; ++i) reduced.data<float>()[i] += partial.data<float>()[i];
-          }
-          const std::string where = "ep=" + std::to_string(ep) + " mxfp4=" + std::to_string(mxfp4) +
-                                    " T=" + std::to_string(T) + (p == Precision::bf16 ? " bf16" : " fp32");
-          EXPECT_LE(max_rel_diff(reduced, tp1_sum), 1e-6) << where;
-          for (int64_t i = 0; i < T * L; ++i) {
-            const float got = round_act(reduced.data<float>()[i], p), want = tp1.data<float>()[i];
-            ASSERT_LE(std::fabs(got - want), std::ldexp(std::fabs(want), -7) + 1e-30f) << where << " i=" << i;
+  uint64_t seed = 110;
+  for (const MoeExpertsShape& s : kMoeExpertsEpOddShapes) {
+    const int64_t L = s.L, E = s.E;
+    const Experts x = make_experts(s, seed += 100);
+    for (int64_t k : s.topk)
+      for (int64_t T : kMoeExpertsOddTokens) {
+        const Routing r = make_routing(T, L, E, k, ++seed);
+        for (Precision p : {Precision::fp32, Precision::bf16}) {
+          const std::string at = std::string(s.name) + " k " + std::to_string(k) + " T " + std::to_string(T) +
+                                 (p == Precision::bf16 ? " bf16" : " fp32");
+          SCOPED_TRACE(at);
+          const Tensor tp1 = run(r, x, p);  // round(sum_j p_j e_j)
+          // TP=1's unrounded sum with e_j rounded: the whole range held by one "rank".
+          const Tensor tp1_sum = run_ep(r, x, p, 0, 1);
+          expect_bitwise(tp1_sum, naive_moe(r, x, p, false, 0, E));
+          for (int64_t i = 0; i < tp1.numel(); ++i)
+            ASSERT_EQ(round_act(tp1_sum.data<float>()[i], p), tp1.data<float>()[i]) << "i=" << i;
+          for (int ep : kMoeExpertsEpSplits) {
+            if (E % ep != 0) continue;
+            Tensor reduced = Tensor::zeros(DType::f32, {T, L});
+            for (int rank = 0; rank < ep; ++rank) {
+              const Tensor partial = run_ep(r, x, p, rank, ep);
+              expect_bitwise(partial, naive_moe(r, x, p, false, rank * (E / ep), E / ep));
+              for (int64_t i = 0; i < T * L; ++i) reduced.data<float>()[i] += partial.data<float>()[i];
+            }
+            EXPECT_LE(max_rel_diff(reduced, tp1_sum), 1e-6) << "ep " << ep;
+            for (int64_t i = 0; i < T * L; ++i) {
+              const float got = round_act(reduced.data<float>()[i], p), want = tp1.data<float>()[i];
+              ASSERT_LE(std::fabs(got - want), std::ldexp(std::fabs(want), -7) + 1e-30f) << "ep " << ep << " i=" << i;
+            }
           }
         }
       }
-    }
   }
 }
 

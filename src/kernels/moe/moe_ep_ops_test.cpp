@@ -4,11 +4,12 @@
 // unrounded f32 partial sum over the routes it holds (e_j rounded as at TP=1 in bf16). Every CUDA
 // strategy ("cuda_expert_gemv", "cuda_expert_grouped", "cuda_expert_rowdot" with its MXFP4 tensor-core
 // and CUDA-core kernels in the route and sorted forms, and its generic row-dot kernels for bf16 experts)
-// runs by name against the CPU reference's partial for the same rank: random odd shapes and the TP8
-// shapes (896 experts, top-16, L 3584; I 384 per the TP8 expert shard, plus one whole-expert I 3072
-// case), in the three activation modes. Also: tokens none of whose routes the rank holds come back as
-// exact zeros, bad ids (outside [0, E), not merely another rank's) as NaN rows, the out view's pad
-// columns keep their NaN poison, and the sorted forms are identical run to run.
+// runs by name against the CPU reference's partial for the same rank, at the shapes of cases.h: odd
+// shapes and the K3 ones (896 experts, top-16, L 3584; I 384 per the TP8 expert shard split 8 ways,
+// and one EP8 rank's whole experts, I 3072), in the three activation modes. Also: tokens none of
+// whose routes the rank holds come back as exact zeros, bad ids (outside [0, E), not merely another
+// rank's) as NaN rows, the out view's pad columns keep their NaN poison, and the sorted forms are
+// identical run to run.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -118,89 +119,101 @@ std::vector<int> some_ranks(int ep) {
   return ep <= 2 ? std::vector<int>{0, ep - 1} : std::vector<int>{0, ep / 2, ep - 1};
 }
 
-// The MXFP4 strategies at odd widths (L 96 = 3 chunks, I 160 = 5 chunks), 24 experts split 2, 4 and
-// 8 ways (12, 6, 3 per rank), k 3 and 16: the GEMV at 1..16 tokens, the grouped kernels (bf16) at
-// 1..64, the rowdot strategy's route form (<= 256 routes) and sorted form (97 tokens) in every mode.
+// cases.h kMoeExpertsEpOddShapes, each split that divides E: MXFP4 experts on the GEMV at every batch
+// it takes, the grouped kernels (bf16) at every kind of batch, the rowdot strategy's route form and
+// sorted form (97 tokens) at the odd token counts, in every mode; bf16 experts on the rowdot strategy's
+// generic row-dot kernels (selected), every mode.
 TEST(OpsOdd, MoeExpertsEpEveryStrategy) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(9000);
-  const Experts ex(dev, rng, 24, 24, 96, 160, true);
   uint64_t seed = 9100;
-  for (int ep : {2, 4, 8})
-    for (int rank : some_ranks(ep))
-      for (int64_t k : {3, 16}) {
-        for (const ExpertsMode& gm : kExpertsModes) {
-          for (int64_t T : {1, 5, 16}) check_ep_case(dev, gm, ex, {T, k, rank, ep}, ++seed, kGemv);
-          for (int64_t T : {1, 7, 97}) check_ep_case(dev, gm, ex, {T, k, rank, ep}, ++seed, kRowdot);
-        }
-        for (int64_t T : {1, 17, 64}) check_ep_case(dev, kExpertsModes[0], ex, {T, k, rank, ep}, ++seed, kGrouped);
-      }
-}
-
-// The rowdot strategy's generic row-dot kernels (bf16 experts, odd widths L 54, I 17), every mode.
-TEST(OpsOdd, MoeExpertsEpRowdotBf16Experts) {
-  K3_REQUIRE_CUDA(dev);
-  core::Rng rng(9200);
-  const Experts ex(dev, rng, 12, 12, 54, 17, false);
-  uint64_t seed = 9300;
-  for (const ExpertsMode& gm : kExpertsModes)
-    for (int ep : {2, 4})
+  for (const kernels::MoeExpertsShape& s : kernels::kMoeExpertsEpOddShapes) {
+    const Experts ex(dev, rng, s);
+    for (int ep : kernels::kMoeExpertsEpSplits) {
+      if (s.E % ep != 0) continue;
       for (int rank : some_ranks(ep))
-        for (int64_t T : {1, 17, 97}) check_ep_case(dev, gm, ex, {T, 3, rank, ep}, ++seed, kRowdot, {}, true);
+        for (int64_t k : s.topk) {
+          for (const ExpertsMode& gm : kExpertsModes) {
+            if (s.mxfp4) {
+              for (int64_t T : kernels::kMoeExpertsGemvTokens)
+                check_ep_case(dev, gm, ex, {T, k, rank, ep}, ++seed, kGemv);
+            }
+            for (int64_t T : kernels::kMoeExpertsOddTokens)
+              check_ep_case(dev, gm, ex, {T, k, rank, ep}, ++seed, kRowdot, {}, !s.mxfp4);
+          }
+          if (!s.mxfp4) continue;
+          for (int64_t T : kernels::kMoeExpertsGroupedTokens)
+            check_ep_case(dev, kExpertsModes[0], ex, {T, k, rank, ep}, ++seed, kGrouped);
+        }
+    }
+  }
 }
 
-// Bad ids (the router's -1, E, far beyond) make their tokens' rows NaN on every strategy, whichever
-// rank holds the token's other routes; strided out rows (the packed partial buffer) keep their pad.
+// Bad ids (the router's -1, E, far beyond: some_bad_ids) make their tokens' rows NaN on every strategy,
+// whichever rank holds the token's other routes; strided out rows (the packed partial buffer) keep
+// their pad (cases.h kMoeExpertsEpBadIdShape).
 TEST(OpsOdd, MoeExpertsEpBadIdsAndStridedOut) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(9400);
-  const Experts ex(dev, rng, 16, 16, 96, 64, true);
+  const kernels::MoeExpertsShape& s = kernels::kMoeExpertsEpBadIdShape;
+  const Experts ex(dev, rng, s);
   uint64_t seed = 9500;
-  const std::vector<BadId> bad = {{0, 2, -1}, {3, 0, 16}, {4, 1, 1000}};
-  for (int rank : {0, 3}) {
-    for (const ExpertsMode& gm : kExpertsModes) {
-      check_ep_case(dev, gm, ex, {5, 3, rank, 4, 7}, ++seed, kGemv, bad);
-      check_ep_case(dev, gm, ex, {5, 3, rank, 4, 7}, ++seed, kRowdot, bad);    // route form
-      check_ep_case(dev, gm, ex, {120, 3, rank, 4, 7}, ++seed, kRowdot, bad);  // sorted form (360 routes)
-    }
-    check_ep_case(dev, kExpertsModes[0], ex, {5, 3, rank, 4, 7}, ++seed, kGrouped, bad);
-    check_ep_case(dev, kExpertsModes[0], ex, {40, 3, rank, 4, 7}, ++seed, kGrouped, bad);
-  }
+  for (int ep : kernels::kMoeExpertsEpSplits)
+    for (int rank : some_ranks(ep))
+      for (int64_t k : s.topk) {
+        const auto bad = [&](int64_t T) { return some_bad_ids(T, k, s.E); };
+        for (const ExpertsMode& gm : kExpertsModes) {
+          for (int64_t T : kernels::kMoeExpertsGemvTokens)
+            check_ep_case(dev, gm, ex, {T, k, rank, ep, 7}, ++seed, kGemv, bad(T));
+          for (int64_t T : kernels::kMoeExpertsOddTokens)  // the route form, and the sorted form at 97 tokens
+            check_ep_case(dev, gm, ex, {T, k, rank, ep, 7}, ++seed, kRowdot, bad(T));
+        }
+        for (int64_t T : kernels::kMoeExpertsGroupedTokens)
+          check_ep_case(dev, kExpertsModes[0], ex, {T, k, rank, ep, 7}, ++seed, kGrouped, bad(T));
+      }
 }
 
-// EP8 at the real expert count and top-k (896 experts, top-16, L 3584: 112 experts per rank) with
-// the TP8 shard's I 384 to keep the run small, first and last rank: the GEMV (selected) at 1..16
-// tokens, the grouped kernels (selected) at 17 and 64, the rowdot forms in f32 and bf16 (64 tokens:
-// the sorted tensor-core form), the [T, L | hidden] partial buffer; the sorted forms twice, bitwise.
+// One TP8 rank's expert shard (cases.h kMoeExpertsK3Tp8) split 8 ways (112 experts a rank), first and
+// last rank, at the K3 token counts: the GEMV (selected) up to 16 tokens, the grouped kernels (selected)
+// at 17..64, the rowdot forms in f32 up to 8 tokens (the CPU reference's time) and in bf16 at 64 (the
+// sorted tensor-core form), the [T, L | hidden] partial buffer; the sorted forms twice, bitwise.
 TEST(OpsTp8, MoeExpertsEp8Top16Of896) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(9600);
-  const Experts ex(dev, rng, 896, 16, 3584, 384, true);
+  const kernels::MoeExpertsShape& s = kernels::kMoeExpertsK3Tp8;
+  const int ep = kernels::kMoeExpertsK3EpRanks;
+  const int64_t k = s.topk[0], hidden = kernels::kMoeTailK3Tp8.hidden;
+  const Experts ex(dev, rng, s);
   uint64_t seed = 9700;
-  for (int rank : {0, 7}) {
-    for (int64_t T : {1, 8, 16}) check_ep_case(dev, kExpertsModes[0], ex, {T, 16, rank, 8}, ++seed, kGemv, {}, true);
-    check_ep_case(dev, kExpertsModes[1], ex, {8, 16, rank, 8}, ++seed, kGemv);
-    check_ep_case(dev, kExpertsModes[2], ex, {1, 16, rank, 8}, ++seed, kGemv);
-    check_ep_case(dev, kExpertsModes[0], ex, {8, 16, rank, 8, 7168}, ++seed, kGemv);
-    for (int64_t T : {17, 64}) check_ep_case(dev, kExpertsModes[0], ex, {T, 16, rank, 8}, ++seed, kGrouped, {}, true);
-    check_ep_case(dev, kExpertsModes[0], ex, {64, 16, rank, 8}, ++seed, kRowdot);
-    check_ep_case(dev, kExpertsModes[1], ex, {8, 16, rank, 8}, ++seed, kRowdot);
-  }
-  // Run to run: the sorts place routes with atomics; no bit may depend on their order.
-  const Tensor z = random_act(rng, {64, 3584}, Mode::bf16, 0.0, 2.0);
+  for (int rank : {0, ep - 1})
+    for (int64_t T : kernels::kMoeK3Tokens) {
+      if (T > kernels::kMoeExpertsGroupedMaxTokens) break;
+      check_ep_case(dev, kExpertsModes[0], ex, {T, k, rank, ep}, ++seed, mxfp4_strategy(kExpertsModes[0], T, k), {},
+                    true);
+      if (T > 8) continue;
+      check_ep_case(dev, kExpertsModes[1], ex, {T, k, rank, ep}, ++seed, kGemv);
+      check_ep_case(dev, kExpertsModes[1], ex, {T, k, rank, ep}, ++seed, kRowdot);
+      if (T == 1) check_ep_case(dev, kExpertsModes[2], ex, {T, k, rank, ep}, ++seed, kGemv);
+      if (T == 8) check_ep_case(dev, kExpertsModes[0], ex, {T, k, rank, ep, hidden}, ++seed, kGemv);
+    }
+  for (int rank : {0, ep - 1})
+    check_ep_case(dev, kExpertsModes[0], ex, {kernels::kMoeExpertsGroupedMaxTokens, k, rank, ep}, ++seed, kRowdot);
+  // Run to run (rank 1): the sorts place routes with atomics; no bit may depend on their order.
+  const int64_t T = kernels::kMoeExpertsGroupedMaxTokens, held = s.E / ep;
+  const Tensor z = random_act(rng, {T, s.L}, Mode::bf16, 0.0, 2.0);
   Tensor ids, weights;
-  random_routes(rng, 64, 896, 16, ids, weights);
+  random_routes(rng, T, s.E, k, ids, weights);
   Tensor dz = dev->act(z, Mode::bf16), d_ids = dev->upload(ids), d_w = dev->upload(weights);
-  const auto part = [](const std::vector<kernels::LinearWeight>& w) {
-    return std::span<const kernels::LinearWeight>(w).subspan(112, 112);
+  const auto part = [&](const std::vector<kernels::LinearWeight>& w) {
+    return std::span<const kernels::LinearWeight>(w).subspan(static_cast<size_t>(held), static_cast<size_t>(held));
   };
   for (const char* impl : {kGrouped, kRowdot}) {
     std::vector<Tensor> got;
     for (int run = 0; run < 3; ++run) {
-      Tensor out = dev->poisoned(DType::f32, {64, 3584});
+      Tensor out = dev->poisoned(DType::f32, {T, s.L});
       kernels::MoeExpertsArgs a{dz.view(),  d_ids.view(), d_w.view(), part(ex.dw1),    part(ex.dw3), part(ex.dw2),
                                 out.view(), 4.0f,         25.0f,      Precision::bf16, false};
-      a.expert_begin = 112, a.num_experts = 896, a.whole_experts = true;
+      a.expert_begin = held, a.num_experts = s.E, a.whole_experts = true;
       moe_impl_named(dev, impl).run(a);
       got.push_back(dev->to_host(out.view()));
     }
@@ -211,17 +224,23 @@ TEST(OpsTp8, MoeExpertsEp8Top16Of896) {
   }
 }
 
-// One case at the real EP8 rank's shapes: whole experts (I 3072), 112 of 896, top-16, L 3584. The
-// GEMV's shared-memory budget (k * I bf16 h rows) refuses I 3072, so bf16 batches select the grouped
-// kernels; f32 activations take the rowdot strategy's CUDA-core kernels.
+// One EP8 rank's real shapes (cases.h kMoeExpertsK3Ep8: whole experts, I 3072, 112 of 896, top-16, L
+// 3584), first, middle and last rank. The GEMV's shared-memory budget (k * I bf16 h rows) refuses I
+// 3072, so bf16 batches up to 16 tokens select the grouped kernels; f32 activations (up to 2 tokens:
+// the CPU reference's time) take the rowdot strategy's CUDA-core kernels.
 TEST(OpsTp8, MoeExpertsEp8WholeExpertShapes) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(9800);
-  const Experts ex(dev, rng, 896, 4, 3584, 3072, true);
+  const kernels::MoeExpertsShape& s = kernels::kMoeExpertsK3Ep8;
+  const int ep = kernels::kMoeExpertsK3EpRanks;
+  const Experts ex(dev, rng, s);
   uint64_t seed = 9900;
-  check_ep_case(dev, kExpertsModes[0], ex, {1, 16, 3, 8}, ++seed, kGrouped, {}, true);
-  check_ep_case(dev, kExpertsModes[0], ex, {16, 16, 5, 8}, ++seed, kGrouped, {}, true);
-  check_ep_case(dev, kExpertsModes[1], ex, {2, 16, 0, 8}, ++seed, kRowdot, {}, true);
+  for (int rank : some_ranks(ep))
+    for (int64_t T : kernels::kMoeK3Tokens) {
+      if (T > kernels::kMoeExpertsGemvMaxTokens) break;
+      check_ep_case(dev, kExpertsModes[0], ex, {T, s.topk[0], rank, ep}, ++seed, kGrouped, {}, true);
+      if (T <= 2) check_ep_case(dev, kExpertsModes[1], ex, {T, s.topk[0], rank, ep}, ++seed, kRowdot, {}, true);
+    }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // kernels/moe/moe_gemv_ops_test.cpp: the branches of the small-batch expert GEMV ("cuda_expert_gemv",
 // src/kernels/moe/cuda_experts_gemv.cu) that moe_ops_test.cpp's shapes do not pick on their own,
-// each side checked by name against the CPU reference in the three activation modes:
+// each side checked against the CPU reference in the three activation modes, on cases.h
+// kMoeExpertsGemvScaleShapes at every batch the GEMV takes:
 //   - the staged E8M0 scales read 4 bytes at a time (scale rows of whole steps, 4-byte aligned)
 //     or byte by byte (odd chunk counts, or a scale tensor at an odd address), separately for
 //     gate/up (w1, w3) and down (w2);
@@ -58,9 +59,10 @@ struct ScaledExperts {
   int64_t I() const { return w1[0].out_features(); }
 };
 
-// Token t takes experts (t + j * step) % E, j = 0..k-1 (distinct while k * step <= E); weights
-// positive, summing to 1.
-void fixed_routes(core::Rng& rng, int64_t T, int64_t E, int64_t k, int64_t step, Tensor& ids, Tensor& weights) {
+// Token t takes experts (t + j * step) % E, j = 0..k-1 with step = E / k (distinct); weights positive,
+// summing to 1.
+void fixed_routes(core::Rng& rng, int64_t T, int64_t E, int64_t k, Tensor& ids, Tensor& weights) {
+  const int64_t step = std::max<int64_t>(1, E / k);
   ids = Tensor::zeros(DType::i32, {T, k});
   weights = f32_tensor({T, k});
   for (int64_t t = 0; t < T; ++t) {
@@ -75,13 +77,13 @@ void fixed_routes(core::Rng& rng, int64_t T, int64_t E, int64_t k, int64_t step,
 
 // Runs the GEMV (asserting it is the strategy picked) and the CPU reference on the same inputs.
 // NaN entries must match exactly (same positions); the rest is compared within tolerance.
-void check(Device* dev, const ExpertsMode& gm, const ScaledExperts& ex, int64_t T, int64_t k, int64_t step,
-           uint64_t seed, const std::string& what) {
+void check(Device* dev, const ExpertsMode& gm, const ScaledExperts& ex, int64_t T, int64_t k, uint64_t seed,
+           const std::string& what) {
   core::Rng rng(seed);
   const int64_t L = ex.L();
   const Tensor z = random_act(rng, {T, L}, gm.act, 0.0, 2.0);
   Tensor ids, weights;
-  fixed_routes(rng, T, ex.E(), k, step, ids, weights);
+  fixed_routes(rng, T, ex.E(), k, ids, weights);
   Tensor want = nan_tensor({T, L});
   cpu_registry().moe_experts.run({z.view(), ids.view(), weights.view(), ex.w1, ex.w3, ex.w2, want.view(), 4.0f, 25.0f,
                                   gm.precision},
@@ -110,28 +112,29 @@ void check(Device* dev, const ExpertsMode& gm, const ScaledExperts& ex, int64_t 
 
 const auto kNoEdit = [](int64_t, int, Tensor&) {};
 
-// Scale rows of whole steps (4 chunks, chunks % 4 == 0) are read 4 bytes at a time, others byte by
-// byte; gate/up and down decide separately, and a scale tensor at an odd address reads bytewise.
+// Every scale shape with its scales where the upload put them, then the first with scale tensors at an
+// odd address (read bytewise): w1's alone (gate/up bytewise), then w3's and w2's.
 TEST(OpsOdd, MoeExpertsGemvScaleLoadsWordAndByte) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(9000);
   struct Case {
-    int64_t L, I;
+    const kernels::MoeExpertsShape* shape;
     bool odd[3];
-    const char* what;
+    std::string what;
   };
-  const Case cases[] = {
-      {256, 128, {false, false, false}, "words_both"},         // 8 and 4 chunks per scale row
-      {256, 96, {false, false, false}, "words_gu_bytes_dn"},   // down rows of 3 chunks
-      {224, 128, {false, false, false}, "bytes_gu_words_dn"},  // gate/up rows of 7 chunks
-      {256, 128, {true, false, false}, "odd_w1"},              // w1 scales 1 byte off: gate/up bytewise
-      {256, 128, {false, true, true}, "odd_w3_w2"},
-  };
+  std::vector<Case> cases;
+  for (const kernels::MoeExpertsShape& s : kernels::kMoeExpertsGemvScaleShapes)
+    cases.push_back({&s, {false, false, false}, s.name});
+  const kernels::MoeExpertsShape& first = kernels::kMoeExpertsGemvScaleShapes[0];
+  cases.push_back({&first, {true, false, false}, "odd_w1"});  // w1 scales 1 byte off: gate/up bytewise
+  cases.push_back({&first, {false, true, true}, "odd_w3_w2"});
   uint64_t seed = 9100;
   for (const Case& c : cases) {
-    const ScaledExperts ex(dev, rng, 6, c.L, c.I, kNoEdit, c.odd);
+    const kernels::MoeExpertsShape& s = *c.shape;
+    const ScaledExperts ex(dev, rng, s.E, s.L, s.I, kNoEdit, c.odd);
     for (const ExpertsMode& gm : kExpertsModes)
-      for (int64_t T : {1, 5}) check(dev, gm, ex, T, 3, 2, ++seed, c.what);
+      for (int64_t T : kernels::kMoeExpertsGemvTokens)
+        for (int64_t k : s.topk) check(dev, gm, ex, T, k, ++seed, c.what);
   }
 }
 
@@ -151,10 +154,11 @@ TEST(OpsOdd, MoeExpertsGemvLargeScalesTakeTheSlowPath) {
     s[(rows - 1) * cols] = 0;  // 2^-127
   };
   uint64_t seed = 9300;
-  for (const auto& [L, I] : {std::pair<int64_t, int64_t>{256, 128}, {224, 160}}) {
-    const ScaledExperts ex(dev, rng, 6, L, I, edit, plain);
+  for (const kernels::MoeExpertsShape& s : kernels::kMoeExpertsGemvScaleShapes) {
+    const ScaledExperts ex(dev, rng, s.E, s.L, s.I, edit, plain);
     for (const ExpertsMode& gm : kExpertsModes)
-      for (int64_t T : {1, 4}) check(dev, gm, ex, T, 3, 1, ++seed, "large_scales");
+      for (int64_t T : kernels::kMoeExpertsGemvTokens)
+        for (int64_t k : s.topk) check(dev, gm, ex, T, k, ++seed, "large_scales");
   }
 }
 
@@ -170,9 +174,11 @@ TEST(OpsOdd, MoeExpertsGemvNanScaleGivesTheReferenceNans) {
     if (e == 3 && m == 2) scale.data<uint8_t>()[37 * scale.dim(1) + 2] = 255;  // w2 row 37, chunk 2
   };
   uint64_t seed = 9500;
-  for (const auto& [L, I] : {std::pair<int64_t, int64_t>{256, 128}, {96, 96}}) {
-    const ScaledExperts ex(dev, rng, 8, L, I, edit, plain);
-    for (const ExpertsMode& gm : kExpertsModes) check(dev, gm, ex, 8, 2, 3, ++seed, "nan_scales");
+  for (const kernels::MoeExpertsShape& s : kernels::kMoeExpertsGemvScaleShapes) {
+    const ScaledExperts ex(dev, rng, s.E, s.L, s.I, edit, plain);
+    for (const ExpertsMode& gm : kExpertsModes)
+      for (int64_t T : kernels::kMoeExpertsGemvTokens)
+        for (int64_t k : s.topk) check(dev, gm, ex, T, k, ++seed, "nan_scales");
   }
 }
 

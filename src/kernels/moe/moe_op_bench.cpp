@@ -1,7 +1,8 @@
-// kernels/moe/moe_op_bench.cpp: k3bench_ops_gpu's MoE rows at one TP8 rank's shape: the MXFP4
-// routed experts (top-16 of 896, every CUDA strategy that takes the batch, the selected one marked
-// "*"; bytes count only the distinct experts the routes touch), the router's top-k, and the fused
-// tail (moe_tail_combine at cases.h kMoeTailK3Tp8).
+// kernels/moe/moe_op_bench.cpp: k3bench_ops_gpu's MoE rows at the K3 shapes of cases.h: the MXFP4
+// routed experts of one TP8 rank (kMoeExpertsK3Tp8: top-16 of 896) and of one EP8 rank
+// (kMoeExpertsK3Ep8: 112 whole experts of 896), every CUDA strategy that takes the batch, the
+// selected one marked "*" (bytes count only the distinct held experts the routes touch); the router's
+// top-k (kMoeRouterK3); and the fused tail (moe_tail_combine at kMoeTailK3Tp8).
 #include <algorithm>
 
 #include "backends/cuda/device_tensor.h"
@@ -15,33 +16,37 @@ using core::Tensor;
 
 namespace {
 
-void bench_moe_experts(OpBench& b) {
+// The routed experts of shape s on rank 0 of `ep` (ep 1: every expert, rounded output as under TP; else
+// the rank's whole experts [0, E / ep) of E, its unrounded f32 partial sum). Routes are k distinct
+// experts of all E per token, weights 1 / k.
+void bench_moe_experts(OpBench& b, const MoeExpertsShape& s, int ep) {
   core::Rng& rng = b.rng();
-  const int64_t E = 896, k = 16, I = 384, L = 3584;
-  // All experts in one slab each for codes and scales; per-expert views into them.
+  const int64_t E = s.E, held = s.E / ep, k = s.topk[0], I = s.I, L = s.L;
+  // All held experts in one slab each for codes and scales; per-expert views into them.
   const int64_t code_bytes[3] = {I * L / 2, I * L / 2, L * I / 2},
                 scale_bytes[3] = {I * L / 32, I * L / 32, L * I / 32};
-  Tensor codes = b.empty(DType::u8, {E * (code_bytes[0] * 3)}), scales = b.empty(DType::u8, {E * (scale_bytes[0] * 3)});
+  Tensor codes = b.empty(DType::u8, {held * (code_bytes[0] * 3)});
+  Tensor scales = b.empty(DType::u8, {held * (scale_bytes[0] * 3)});
   b.fill(codes, b.pat().fp4_codes), b.fill(scales, b.pat().e8m0);
   // Views into the slabs; each keeps its slab alive through a copy of the slab tensor.
   const std::shared_ptr<void> hold_codes(codes.view().data, [codes](void*) {});
   const std::shared_ptr<void> hold_scales(scales.view().data, [scales](void*) {});
   std::vector<LinearWeight> w[3];
   const int64_t rows[3] = {I, I, L}, cols[3] = {L, L, I};
-  for (int64_t e = 0; e < E; ++e)
+  for (int64_t e = 0; e < held; ++e)
     for (int m = 0; m < 3; ++m) {
       LinearWeight lw;
       char* c = static_cast<char*>(codes.view().data) + (e * 3 + m) * code_bytes[0];
-      char* s = static_cast<char*>(scales.view().data) + (e * 3 + m) * scale_bytes[0];
+      char* sc = static_cast<char*>(scales.view().data) + (e * 3 + m) * scale_bytes[0];
       lw.weight = Tensor(core::TensorView::contiguous(c, DType::u8, {rows[m], cols[m] / 2}, core::Device::cuda),
                          hold_codes);
-      lw.scale = Tensor(core::TensorView::contiguous(s, DType::u8, {rows[m], cols[m] / 32}, core::Device::cuda),
+      lw.scale = Tensor(core::TensorView::contiguous(sc, DType::u8, {rows[m], cols[m] / 32}, core::Device::cuda),
                         hold_scales);
       w[m].push_back(lw);
     }
   const double expert_bytes = static_cast<double>(3 * (code_bytes[0] + scale_bytes[0]));
-  Tensor bias = b.empty(DType::f32, {E});
-  b.fill(bias, b.pat().f32_act);
+  const std::string op = ep > 1 ? "moe_experts ep" + std::to_string(ep) + " fp4 " : "moe_experts fp4 ";
+  const std::string experts = ep > 1 ? std::to_string(held) + "/" + std::to_string(E) : std::to_string(E);
   for (int64_t T : b.batches()) {
     Tensor ids_h = Tensor::zeros(DType::i32, {T, k}), wts_h = Tensor::zeros(DType::f32, {T, k});
     std::vector<bool> touched(E);
@@ -55,12 +60,13 @@ void bench_moe_experts(OpBench& b) {
         wts_h.data<float>()[t * k + j] = 1.0f / k;
         touched[e] = true;
       }
-    const int64_t distinct = std::count(touched.begin(), touched.end(), true);
+    const int64_t distinct = std::count(touched.begin(), touched.begin() + held, true);
     Tensor ids = b.upload(ids_h);
     Tensor wts = b.upload(wts_h);
-    Tensor z = b.empty(DType::bf16, {T, L}), u = b.empty(DType::bf16, {T, L});
+    Tensor z = b.empty(DType::bf16, {T, L}), u = b.empty(ep > 1 ? DType::f32 : DType::bf16, {T, L});
     b.fill(z, b.pat().bf16_act);
-    const MoeExpertsArgs a{z.view(), ids.view(), wts.view(), w[0], w[1], w[2], u.view()};
+    MoeExpertsArgs a{z.view(), ids.view(), wts.view(), w[0], w[1], w[2], u.view()};
+    if (ep > 1) a.round_output = false, a.num_experts = E, a.whole_experts = true;
     const double bytes = distinct * expert_bytes +
                          static_cast<double>(z.nbytes() + u.nbytes() + ids.nbytes() + wts.nbytes());
     // Every CUDA strategy that takes this batch gets a row (name shortened: "gemv", "grouped",
@@ -69,14 +75,26 @@ void bench_moe_experts(OpBench& b) {
     for (const auto& impl : b.reg().moe_experts.impls()) {
       if (impl.device != core::Device::cuda || !impl.supports(a)) continue;
       const std::string strategy = impl.name.rfind("cuda_expert_", 0) == 0 ? impl.name.substr(12) : impl.name;
-      b.row("moe", "moe_experts fp4 " + strategy + (impl.name == picked ? "*" : ""),
-            "896x(384x3584) top16 d=" + std::to_string(distinct), T, bytes, [&] { impl.run(a); });
+      b.row("moe", op + strategy + (impl.name == picked ? "*" : ""),
+            experts + "x(" + std::to_string(I) + "x" + std::to_string(L) + ") top" + std::to_string(k) +
+                " d=" + std::to_string(distinct),
+            T, bytes, [&] { impl.run(a); });
     }
-    Tensor logits = b.empty(DType::f32, {T, E}), r_ids = b.empty(DType::i32, {T, k}), r_w = b.empty(DType::f32, {T, k});
+  }
+}
+
+// The router's top-k at K3's shape: fp32 logits in, ids and weights out.
+void bench_router(OpBench& b) {
+  const MoeRouterShape& s = kMoeRouterK3;
+  Tensor bias = b.empty(DType::f32, {s.E});
+  b.fill(bias, b.pat().f32_act);
+  for (int64_t T : b.batches()) {
+    Tensor logits = b.empty(DType::f32, {T, s.E}), ids = b.empty(DType::i32, {T, s.k}),
+           w = b.empty(DType::f32, {T, s.k});
     b.fill(logits, b.pat().f32_act);
-    const RouterTopkArgs ra{logits.view(), bias.view(), r_ids.view(), r_w.view()};
-    b.row("moe", "router_topk", "E=896 k=16", T,
-          static_cast<double>(logits.nbytes() + bias.nbytes() + 2 * r_w.nbytes()),
+    const RouterTopkArgs ra{logits.view(), bias.view(), ids.view(), w.view()};
+    b.row("moe", "router_topk", "E=" + std::to_string(s.E) + " k=" + std::to_string(s.k), T,
+          static_cast<double>(logits.nbytes() + bias.nbytes() + 2 * w.nbytes()),
           [&] { b.reg().router_topk.run(ra, core::Device::cuda); });
   }
 }
@@ -109,7 +127,9 @@ void bench_moe_tail(OpBench& b) {
 }  // namespace
 
 void bench_moe_ops(OpBench& b) {
-  bench_moe_experts(b);
+  bench_moe_experts(b, kMoeExpertsK3Tp8, 1);
+  bench_moe_experts(b, kMoeExpertsK3Ep8, kMoeExpertsK3EpRanks);
+  bench_router(b);
   bench_moe_tail(b);
 }
 

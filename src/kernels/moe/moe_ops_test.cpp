@@ -1,14 +1,13 @@
 // kernels/moe/moe_ops_test.cpp: the sigmoid router top-k and the routed experts (BF16 and MXFP4, the
-// MXFP4 decoded inside the expert kernel) on every device backend against the CPU reference, at
-// odd shapes and at the TP8 expert shapes (896 experts, top-16, latent 3584, intermediate 384).
-// Batches cover both CUDA forms of each op: the router's ranking form (<= 1024 experts, k <= 32) and
-// radix form (also run by name on the same logits: identical bits); the MXFP4 experts' scan form (<= 256 routes: batch 1, 2, 8) and sorted form (batch
-// 64 in f32, odd batch 97; bf16 batches of 17..64 select "cuda_expert_grouped"), whose results must
-// also be identical run to run. The small-batch expert GEMV
-// ("cuda_expert_gemv": MXFP4, 1..16 tokens) is checked by name at batches 1..16, k 1, 3, 16, in
-// all three activation modes, odd widths, strided rows, unrounded partial sums and bad ids, and
-// what it refuses is checked to reach "cuda_expert_rowdot" (bf16 at 17..64 tokens: the grouped
-// strategy, tested in moe_grouped_ops_test.cpp).
+// MXFP4 decoded inside the expert kernel) on every device backend against the CPU reference, at the
+// shapes of cases.h: odd shapes and one TP8 rank's (896 experts, top-16, latent 3584, intermediate
+// 384) at the K3 token counts. The router's two CUDA forms, ranking (<= 1024 experts, k <= 32) and
+// radix, also run by name on the same logits: identical bits. The experts run through the registry
+// (whichever strategy it picks, also past the strategies' piece of 2048 tokens) with results identical
+// run to run. The small-batch expert GEMV ("cuda_expert_gemv": MXFP4, 1..16 tokens) is checked at every
+// batch it takes in all three activation modes: odd widths, strided rows, unrounded partial sums and
+// bad ids; what it refuses (tokens, routes, misaligned rows, bf16 experts) is checked to reach the
+// strategy the bounds name (the grouped one is tested in moe_grouped_ops_test.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -57,16 +56,25 @@ void check_router(Device* dev, int64_t T, int64_t E, int64_t k, uint64_t seed) {
 
 TEST(OpsOdd, RouterTopk) {
   K3_REQUIRE_CUDA(dev);
-  for (int64_t T : {1, 17, 54, 97}) check_router(dev, T, 97, 5, 4000 + T);
-  for (int64_t T : {1, 3}) check_router(dev, T, 1100, 40, 4050 + T);  // beyond the ranking form
+  uint64_t seed = 4000;
+  for (const kernels::MoeRouterShape& s : kernels::kMoeRouterOddShapes)  // kernels/moe/cases.h
+    for (int64_t T : kernels::kMoeRouterOddTokens) check_router(dev, T, s.E, s.k, ++seed);
 }
 TEST(OpsTp8, RouterTopk) {
   K3_REQUIRE_CUDA(dev);
-  for (int64_t T : {1, 2, 8, 64}) check_router(dev, T, 896, 16, 4100 + T);
+  const kernels::MoeRouterShape& k3 = kernels::kMoeRouterK3;
+  for (int64_t T : kernels::kMoeK3Tokens) check_router(dev, T, k3.E, k3.k, 4100 + T);
+}
+
+// Logits and biases from a few values: many exact ties.
+void fill_tied(core::Rng& rng, Tensor& logits, Tensor& bias) {
+  for (float& v : logits.span<float>()) v = static_cast<float>(static_cast<int>(rng.next_u64() % 3) - 1);
+  for (float& v : bias.span<float>()) v = (rng.next_u64() % 4 == 0) ? 0.25f : 0.0f;
 }
 
 // The two CUDA strategies are the same function: identical ids and weight bits on the same logits
-// (random, and from a few values, i.e. many exact ties), and K3's shape selects the ranking form.
+// (random, and from a few values, i.e. many exact ties) wherever the ranking form takes the shape
+// (every odd shape within its bounds, and K3's, which it is selected for).
 TEST(OpsTp8, RouterRankAndRadixFormsAgreeBitForBit) {
   K3_REQUIRE_CUDA(dev);
   const auto named = [&](const std::string& name) -> const kernels::OpImpl<kernels::RouterTopkArgs>& {
@@ -74,72 +82,75 @@ TEST(OpsTp8, RouterRankAndRadixFormsAgreeBitForBit) {
       if (impl.name == name && impl.device == dev->kind()) return impl;
     throw core::Error("no router_topk implementation " + name);
   };
-  for (const bool tied : {false, true})
-    for (int64_t T : {1, 8, 64}) {
-      const int64_t E = 896, k = 16;
-      core::Rng rng(4300 + T + (tied ? 1000 : 0));
-      Tensor logits = random_act(rng, {T, E}, Mode::fp32, 0.0, 2.0), bias = random_uniform_f32(rng, {E}, 0.05);
-      if (tied) {
-        for (float& v : logits.span<float>()) v = static_cast<float>(static_cast<int>(rng.next_u64() % 3) - 1);
-        for (float& v : bias.span<float>()) v = (rng.next_u64() % 4 == 0) ? 0.25f : 0.0f;
+  const auto compare = [&](const kernels::MoeRouterShape& s, int64_t T, bool tied, bool k3) {
+    const int64_t E = s.E, k = s.k;
+    core::Rng rng(4300 + T + E + (tied ? 1000 : 0));
+    Tensor logits = random_act(rng, {T, E}, Mode::fp32, 0.0, 2.0), bias = random_uniform_f32(rng, {E}, 0.05);
+    if (tied) fill_tied(rng, logits, bias);
+    const Tensor d_logits = dev->upload(logits), d_bias = dev->upload(bias);
+    std::vector<Tensor> got;
+    for (const char* name : {"cuda_rank_topk", "cuda_radix_topk"}) {
+      Tensor d_ids = dev->poisoned(DType::i32, {T, k}), d_w = dev->poisoned(DType::f32, {T, k});
+      const kernels::RouterTopkArgs args{d_logits.view(), d_bias.view(), d_ids.view(), d_w.view(), true, 2.5f};
+      if (!k3 && !named("cuda_rank_topk").supports(args)) return;  // beyond the ranking form
+      if (k3 && std::string(name) == "cuda_rank_topk") {
+        EXPECT_EQ(dev->registry().router_topk.select(args, dev->kind()).name, name);
       }
-      const Tensor d_logits = dev->upload(logits), d_bias = dev->upload(bias);
-      std::vector<Tensor> got;
-      for (const char* name : {"cuda_rank_topk", "cuda_radix_topk"}) {
-        Tensor d_ids = dev->poisoned(DType::i32, {T, k}), d_w = dev->poisoned(DType::f32, {T, k});
-        const kernels::RouterTopkArgs args{d_logits.view(), d_bias.view(), d_ids.view(), d_w.view(), true, 2.5f};
-        if (std::string(name) == "cuda_rank_topk") {
-          EXPECT_EQ(dev->registry().router_topk.select(args, dev->kind()).name, name);
-        }
-        ASSERT_TRUE(named(name).supports(args)) << name;
-        named(name).run(args);
-        got.push_back(dev->to_host(d_ids.view()));
-        got.push_back(dev->to_host(d_w.view()));
-      }
-      const size_t bytes = static_cast<size_t>(T * k) * 4;
-      EXPECT_EQ(std::memcmp(got[0].data<const int32_t>(), got[2].data<const int32_t>(), bytes), 0)
-          << "ids, T " << T << (tied ? " tied" : "");
-      EXPECT_EQ(std::memcmp(got[1].data<const float>(), got[3].data<const float>(), bytes), 0)
-          << "weights, T " << T << (tied ? " tied" : "");
+      ASSERT_TRUE(named(name).supports(args)) << name;
+      named(name).run(args);
+      got.push_back(dev->to_host(d_ids.view()));
+      got.push_back(dev->to_host(d_w.view()));
     }
+    const size_t bytes = static_cast<size_t>(T * k) * 4;
+    const std::string where = std::string(s.name) + " T " + std::to_string(T) + (tied ? " tied" : "");
+    EXPECT_EQ(std::memcmp(got[0].data<const int32_t>(), got[2].data<const int32_t>(), bytes), 0) << "ids, " << where;
+    EXPECT_EQ(std::memcmp(got[1].data<const float>(), got[3].data<const float>(), bytes), 0) << "weights, " << where;
+  };
+  for (const bool tied : {false, true}) {
+    for (int64_t T : kernels::kMoeK3Tokens) compare(kernels::kMoeRouterK3, T, tied, true);
+    for (const kernels::MoeRouterShape& s : kernels::kMoeRouterOddShapes)
+      for (int64_t T : kernels::kMoeRouterOddTokens) compare(s, T, tied, false);
+  }
 }
 
 // Logits and biases from a few values: many exact ties, which both sides must break by the lower
 // id (the distinct biased scores are far apart, so CUDA expf and libm agree on their order).
+void check_router_ties(Device* dev, int64_t T, int64_t E, int64_t k, uint64_t seed) {
+  core::Rng rng(seed);
+  Tensor logits = f32_tensor({T, E}), bias = f32_tensor({E});
+  fill_tied(rng, logits, bias);
+  Tensor ids = Tensor::zeros(DType::i32, {T, k}), weights = nan_tensor({T, k});
+  cpu_registry().router_topk.run({logits.view(), bias.view(), ids.view(), weights.view()}, core::Device::cpu);
+  Tensor d_logits = dev->upload(logits), d_bias = dev->upload(bias);
+  Tensor d_ids = dev->poisoned(DType::i32, {T, k}), d_w = dev->poisoned(DType::f32, {T, k});
+  const kernels::RouterTopkArgs args{d_logits.view(), d_bias.view(), d_ids.view(), d_w.view()};
+  expect_device_impl(dev->registry().router_topk, args, dev);
+  dev->registry().router_topk.run(args, dev->kind());
+  const Tensor got = dev->to_host(d_ids.view());
+  for (int64_t i = 0; i < T * k; ++i)
+    ASSERT_EQ(got.data<const int32_t>()[i], ids.data<const int32_t>()[i])
+        << "T " << T << " E " << E << " k " << k << ": token " << i / k << " pick " << i % k;
+  expect_close("router_topk", shape_str({T, E, k}), Mode::fp32, "weights_ties", dev->to_host_f32(d_w.view()), weights,
+               tol_elementwise(Mode::fp32));
+}
+
 TEST(OpsOdd, RouterTopkTiesGoToTheLowerId) {
   K3_REQUIRE_CUDA(dev);
-  struct Case {
-    int64_t T, E, k;
-  };
-  for (const Case c : {Case{1, 97, 5}, Case{8, 97, 32}, Case{1, 896, 16}, Case{8, 896, 16}, Case{3, 1100, 40}}) {
-    core::Rng rng(4200 + c.E + c.k);
-    Tensor logits = f32_tensor({c.T, c.E}), bias = f32_tensor({c.E});
-    for (float& v : logits.span<float>()) v = static_cast<float>(static_cast<int>(rng.next_u64() % 3) - 1);
-    for (float& v : bias.span<float>()) v = (rng.next_u64() % 4 == 0) ? 0.25f : 0.0f;
-    Tensor ids = Tensor::zeros(DType::i32, {c.T, c.k}), weights = nan_tensor({c.T, c.k});
-    cpu_registry().router_topk.run({logits.view(), bias.view(), ids.view(), weights.view()}, core::Device::cpu);
-    Tensor d_logits = dev->upload(logits), d_bias = dev->upload(bias);
-    Tensor d_ids = dev->poisoned(DType::i32, {c.T, c.k}), d_w = dev->poisoned(DType::f32, {c.T, c.k});
-    const kernels::RouterTopkArgs args{d_logits.view(), d_bias.view(), d_ids.view(), d_w.view()};
-    expect_device_impl(dev->registry().router_topk, args, dev);
-    dev->registry().router_topk.run(args, dev->kind());
-    const Tensor got = dev->to_host(d_ids.view());
-    for (int64_t i = 0; i < c.T * c.k; ++i)
-      ASSERT_EQ(got.data<const int32_t>()[i], ids.data<const int32_t>()[i])
-          << "E " << c.E << " k " << c.k << ": token " << i / c.k << " pick " << i % c.k;
-    expect_close("router_topk", shape_str({c.T, c.E, c.k}), Mode::fp32, "weights_ties", dev->to_host_f32(d_w.view()),
-                 weights, tol_elementwise(Mode::fp32));
-  }
+  uint64_t seed = 4200;
+  for (const kernels::MoeRouterShape& s : kernels::kMoeRouterOddShapes)
+    for (int64_t T : kernels::kMoeRouterOddTokens) check_router_ties(dev, T, s.E, s.k, ++seed);
+  for (int64_t T : kernels::kMoeK3Tokens)
+    check_router_ties(dev, T, kernels::kMoeRouterK3.E, kernels::kMoeRouterK3.k, ++seed);
 }
 
 // ---------------------------------------------------------------- moe_experts
 
-// Experts (moe_test_util.h) come from `distinct` random weight sets: 896 TP8 experts without 2 GB of
-// random numbers; the kernels see 896 separate pointers all the same.
-void check_experts(Device* dev, Mode mode, const Experts& ex, int64_t T, int64_t k, int64_t L, uint64_t seed,
+// Experts (moe_ops_test_util.h) of a cases.h shape, through the registry (whichever device strategy it
+// picks) against the CPU reference.
+void check_experts(Device* dev, Mode mode, const Experts& ex, int64_t T, int64_t k, uint64_t seed,
                    const std::string& what) {
   core::Rng rng(seed);
-  const int64_t E = static_cast<int64_t>(ex.w1.size());
+  const int64_t E = ex.E(), L = ex.L();
   const Tensor z = random_act(rng, {T, L}, mode, 0.0, 2.0);
   Tensor ids, weights;
   random_routes(rng, T, E, k, ids, weights);
@@ -153,70 +164,71 @@ void check_experts(Device* dev, Mode mode, const Experts& ex, int64_t T, int64_t
                                      ex.dw2,    out.view(),   4.0f,       25.0f,  p};
   expect_device_impl(dev->registry().moe_experts, args, dev);
   dev->registry().moe_experts.run(args, dev->kind());
-  expect_close("moe_experts", shape_str({T, E, k, L, ex.w1[0].out_features()}), mode, what,
-               dev->to_host_f32(out.view()), want, tol_reduction(mode));
+  expect_close("moe_experts", shape_str({T, E, k, L, ex.I()}), mode, what, dev->to_host_f32(out.view()), want,
+               tol_reduction(mode));
 }
 
+// cases.h kMoeExpertsOddShapes (bf16 experts at odd widths: the rowdot strategy's generic kernels;
+// MXFP4 ones) at the odd token counts and past the 2048-token piece, both modes.
 TEST(OpsOdd, MoeExperts) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(5000);
-  const Experts bf16_odd(dev, rng, 7, 7, 54, 17, false);  // odd widths (scalar path)
-  const Experts fp4(dev, rng, 7, 7, 64, 96, true);        // MXFP4 (widths multiples of 32)
-  for (Mode m : kModes)
-    for (int64_t T : {1, 17, 54, 97}) {
-      check_experts(dev, m, bf16_odd, T, 3, 54, 5100 + T, "w_bf16");
-      check_experts(dev, m, fp4, T, 3, 64, 5200 + T, "w_mxfp4");
-    }
-}
-
-// Token 1 carries the router's NaN marker -1: its row is NaN, the others finite. T = 3 takes the
-// scan form, T = 150 (300 routes) the sorted form.
-TEST(OpsOdd, MoeExpertsBadIdGivesANanRow) {
-  K3_REQUIRE_CUDA(dev);
-  core::Rng rng(5300);
-  const Experts ex(dev, rng, 5, 5, 32, 32, true);
-  for (int64_t T : {3, 150}) {
-    const Tensor z = random_act(rng, {T, 32}, Mode::bf16);
-    Tensor ids = Tensor::zeros(DType::i32, {T, 2}), weights = f32_tensor({T, 2});
-    for (int64_t q = 0; q < 2 * T; ++q) ids.data<int32_t>()[q] = static_cast<int32_t>(q % 5);
-    ids.data<int32_t>()[2] = -1;
-    std::fill_n(weights.data<float>(), 2 * T, 0.5f);
-    Tensor dz = dev->act(z, Mode::bf16), d_ids = dev->upload(ids), d_w = dev->upload(weights);
-    Tensor out = dev->upload(Tensor::zeros(DType::bf16, {T, 32}));
-    dev->registry().moe_experts.run({dz.view(), d_ids.view(), d_w.view(), ex.dw1, ex.dw3, ex.dw2, out.view()},
-                                    dev->kind());
-    const Tensor got = dev->to_host_f32(out.view());
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t l = 0; l < 32; ++l) {
-        const float v = got.data<float>()[t * 32 + l];
-        EXPECT_EQ(std::isnan(v), t == 1) << "T " << T << " token " << t << " column " << l;
+  uint64_t seed = 5100;
+  for (const kernels::MoeExpertsShape& s : kernels::kMoeExpertsOddShapes) {
+    const Experts ex(dev, rng, s);
+    for (int64_t k : s.topk)
+      for (Mode m : kModes) {
+        for (int64_t T : kernels::kMoeExpertsOddTokens)
+          check_experts(dev, m, ex, T, k, ++seed, s.mxfp4 ? "w_mxfp4" : "w_bf16");
+        check_experts(dev, m, ex, kernels::kMoeExpertsTwoPieceTokens, k, ++seed, s.mxfp4 ? "w_mxfp4" : "w_bf16");
       }
   }
 }
 
+// Route ids outside [0, E) (cases.h kMoeExpertsBadIdShape, some_bad_ids) through the registry: their
+// tokens' rows are NaN, the others as the reference computes them, in every mode and at every odd token
+// count (the GEMV, the grouped kernels, the MXFP4 kernels' route form and sorted form).
+TEST(OpsOdd, MoeExpertsBadIdGivesANanRow) {
+  K3_REQUIRE_CUDA(dev);
+  core::Rng rng(5300);
+  const kernels::MoeExpertsShape& s = kernels::kMoeExpertsBadIdShape;
+  const Experts ex(dev, rng, s);
+  uint64_t seed = 5400;
+  for (const ExpertsMode& gm : kExpertsModes)
+    for (int64_t k : s.topk)
+      for (int64_t T : kernels::kMoeExpertsOddTokens)
+        check_experts_case(dev, gm, ex, {T, k}, ++seed, mxfp4_strategy(gm, T, k), some_bad_ids(T, k, s.E));
+}
+
+// One TP8 rank (cases.h kMoeExpertsK3Tp8) at the K3 token counts (the GEMV, the grouped kernels, the
+// MXFP4 tensor-core kernels' sorted form at 128); f32 activations up to 8 tokens (the CPU reference's time).
 TEST(OpsTp8, MoeExpertsMxfp4Top16Of896) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(6000);
-  const Experts ex(dev, rng, 896, 32, 3584, 384, true);
+  const kernels::MoeExpertsShape& s = kernels::kMoeExpertsK3Tp8;
+  const Experts ex(dev, rng, s);
   for (Mode m : kModes)
-    for (int64_t T : {1, 2, 8}) check_experts(dev, m, ex, T, 16, 3584, 6100 + T, "w_mxfp4");
-  check_experts(dev, Mode::bf16, ex, 64, 16, 3584, 6164, "w_mxfp4");  // the sorted form (1024 routes)
+    for (int64_t T : kernels::kMoeK3Tokens) {
+      if (m != Mode::bf16 && T > 8) break;
+      check_experts(dev, m, ex, T, s.topk[0], 6100 + T, "w_mxfp4");
+    }
 }
 
-// The same call twice gives the same bits (the sorted form's route lists are built with atomics;
-// no result may depend on their order).
+// The same call twice gives the same bits (the sorted forms' route lists are built with atomics;
+// no result may depend on their order), at every K3 token count.
 TEST(OpsTp8, MoeExpertsRunToRunIdentical) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(6200);
-  const Experts ex(dev, rng, 896, 8, 3584, 384, true);
-  for (int64_t T : {8, 64}) {
-    const Tensor z = random_act(rng, {T, 3584}, Mode::bf16, 0.0, 2.0);
+  const kernels::MoeExpertsShape& s = kernels::kMoeExpertsK3Tp8;
+  const Experts ex(dev, rng, s);
+  for (int64_t T : kernels::kMoeK3Tokens) {
+    const Tensor z = random_act(rng, {T, s.L}, Mode::bf16, 0.0, 2.0);
     Tensor ids, weights;
-    random_routes(rng, T, 896, 16, ids, weights);
+    random_routes(rng, T, s.E, s.topk[0], ids, weights);
     Tensor dz = dev->act(z, Mode::bf16), d_ids = dev->upload(ids), d_w = dev->upload(weights);
     std::vector<Tensor> got;
     for (int run = 0; run < 3; ++run) {
-      Tensor out = dev->poisoned(DType::bf16, {T, 3584});
+      Tensor out = dev->poisoned(DType::bf16, {T, s.L});
       dev->registry().moe_experts.run({dz.view(), d_ids.view(), d_w.view(), ex.dw1, ex.dw3, ex.dw2, out.view()},
                                       dev->kind());
       got.push_back(dev->to_host(out.view()));
@@ -232,41 +244,35 @@ TEST(OpsTp8, MoeExpertsRunToRunIdentical) {
 
 constexpr const char* kGemv = "cuda_expert_gemv";
 constexpr const char* kRowdot = "cuda_expert_rowdot";
-constexpr const char* kGrouped = "cuda_expert_grouped";  // bf16, MXFP4, 1..64 tokens (moe_grouped_ops_test.cpp)
 
-// Odd widths the MXFP4 layout allows (multiples of 32 that leave lanes, steps and warp slices
-// idle: L = 96 is 3 chunks, 2080 is 65, I = 32 is one chunk, 160 is five), every batch 1..16 the
-// GEMV takes, k = 1, 3, 16, in all three modes.
+// cases.h kMoeExpertsMxfp4OddShapes at every batch the GEMV takes, in all three modes.
 TEST(OpsOdd, MoeExpertsGemvOddShapes) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(7000);
-  const Experts narrow(dev, rng, 20, 20, 96, 160, true);
-  const Experts wide(dev, rng, 20, 10, 2080, 32, true);
-  const Experts tiny(dev, rng, 5, 5, 32, 96, true);
   uint64_t seed = 7100;
-  for (const ExpertsMode& gm : kExpertsModes)
-    for (int64_t T : {1, 2, 5, 8, 16}) {
-      for (int64_t k : {1, 3, 16}) {
-        check_experts_case(dev, gm, narrow, {T, k}, ++seed, kGemv);
-        check_experts_case(dev, gm, wide, {T, k}, ++seed, kGemv);
-      }
-      check_experts_case(dev, gm, tiny, {T, 3}, ++seed, kGemv);
-    }
+  for (const kernels::MoeExpertsShape& s : kernels::kMoeExpertsMxfp4OddShapes) {
+    const Experts ex(dev, rng, s);
+    for (const ExpertsMode& gm : kExpertsModes)
+      for (int64_t T : kernels::kMoeExpertsGemvTokens)
+        for (int64_t k : s.topk) check_experts_case(dev, gm, ex, {T, k}, ++seed, kGemv);
+  }
 }
 
 // Strided z rows (16-byte multiples: taken) and strided out rows, rounded and unrounded outputs.
 TEST(OpsOdd, MoeExpertsGemvStridedRows) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(7200);
-  const Experts ex(dev, rng, 12, 12, 224, 96, true);
+  const kernels::MoeExpertsShape& s = kernels::kMoeExpertsStridedShape;
+  const Experts ex(dev, rng, s);
   uint64_t seed = 7300;
   for (const ExpertsMode& gm : kExpertsModes) {
     const int64_t aligned_pad = gm.act == Mode::bf16 ? 8 : 4;  // 16 bytes
     for (bool round_output : {true, false})
-      for (int64_t T : {1, 5, 16}) {
-        check_experts_case(dev, gm, ex, {T, 3, round_output, aligned_pad, 3}, ++seed, kGemv);
-        check_experts_case(dev, gm, ex, {T, 16 - 4, round_output, 0, 5}, ++seed, kGemv);
-      }
+      for (int64_t T : kernels::kMoeExpertsGemvTokens)
+        for (int64_t k : s.topk) {
+          check_experts_case(dev, gm, ex, {T, k, round_output, aligned_pad, 3}, ++seed, kGemv);
+          check_experts_case(dev, gm, ex, {T, k, round_output, 0, 5}, ++seed, kGemv);
+        }
   }
 }
 
@@ -274,63 +280,77 @@ TEST(OpsOdd, MoeExpertsGemvStridedRows) {
 TEST(OpsOdd, MoeExpertsGemvUnroundedPartial) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(7400);
-  const Experts ex(dev, rng, 18, 18, 160, 64, true);
+  const kernels::MoeExpertsShape& s = kernels::kMoeExpertsPartialShape;
+  const Experts ex(dev, rng, s);
   uint64_t seed = 7500;
   for (const ExpertsMode& gm : kExpertsModes)
-    for (int64_t T : {1, 2, 8, 16})
-      for (int64_t k : {1, 16}) check_experts_case(dev, gm, ex, {T, k, false, 0, 96}, ++seed, kGemv);
+    for (int64_t T : kernels::kMoeExpertsGemvTokens)
+      for (int64_t k : s.topk) check_experts_case(dev, gm, ex, {T, k, false, 0, 96}, ++seed, kGemv);
 }
 
-// A route id outside [0, E) (the router's NaN marker -1, or E) makes its token's row NaN; the
+// A route id outside [0, E) (the router's NaN marker -1, E, beyond) makes its token's row NaN; the
 // other tokens' rows are unaffected.
 TEST(OpsOdd, MoeExpertsGemvBadIdGivesANanRow) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(7600);
-  const Experts ex(dev, rng, 9, 9, 96, 64, true);
+  const kernels::MoeExpertsShape& s = kernels::kMoeExpertsBadIdShape;
+  const Experts ex(dev, rng, s);
   uint64_t seed = 7700;
   for (const ExpertsMode& gm : kExpertsModes)
-    for (bool round_output : {true, false}) {
-      check_experts_case(dev, gm, ex, {3, 2, round_output}, ++seed, kGemv, {{1, 0, -1}});
-      check_experts_case(dev, gm, ex, {1, 3, round_output}, ++seed, kGemv, {{0, 2, 9}});
-      check_experts_case(dev, gm, ex, {16, 4, round_output, 0, 2}, ++seed, kGemv,
-                         {{0, 3, -1}, {7, 0, 9}, {15, 1, 100}});
-    }
+    for (bool round_output : {true, false})
+      for (int64_t T : kernels::kMoeExpertsGemvTokens)
+        for (int64_t k : s.topk)
+          check_experts_case(dev, gm, ex, {T, k, round_output, 0, 2}, ++seed, kGemv, some_bad_ids(T, k, s.E));
 }
 
-// What the GEMV refuses reaches the rowdot strategy (and stays right): more than 16 tokens (in bf16
-// activations the grouped strategy takes 17..64), z rows not 16-byte multiples apart, more than 64
-// routes per token, bf16 experts.
+// What the GEMV refuses reaches the strategy the bounds name (mxfp4_strategy; cases.h
+// kMoeExpertsRouteBoundShape at kMoeExpertsBoundTokens) and stays right: more than 16 tokens (in bf16
+// activations the grouped strategy takes 17..64), more than 64 routes per token, z rows not 16-byte
+// multiples apart (one row is aligned all the same), bf16 experts (cases.h kMoeExpertsOddShapes).
 TEST(OpsOdd, MoeExpertsGemvRefusalsTakeRowdot) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(7800);
-  const Experts ex(dev, rng, 70, 10, 96, 64, true);
+  const kernels::MoeExpertsShape& s = kernels::kMoeExpertsRouteBoundShape;
+  const Experts ex(dev, rng, s);
   uint64_t seed = 7900;
   for (const ExpertsMode& gm : kExpertsModes) {
-    const char* beyond_gemv = gm.act == Mode::bf16 ? kGrouped : kRowdot;
-    check_experts_case(dev, gm, ex, {17, 3}, ++seed, beyond_gemv);
-    check_experts_case(dev, gm, ex, {40, 16}, ++seed, beyond_gemv);
     const int64_t odd_pad = gm.act == Mode::bf16 ? 4 : 2;  // rows 8 bytes off a 16-byte multiple
-    check_experts_case(dev, gm, ex, {5, 3, true, odd_pad, 0}, ++seed, kRowdot);
-    check_experts_case(dev, gm, ex, {1, 65}, ++seed, kRowdot);
-    check_experts_case(dev, gm, ex, {16, 64}, ++seed, kGemv);  // the largest k taken
+    for (int64_t T : kernels::kMoeExpertsBoundTokens)
+      for (int64_t k : s.topk) {
+        check_experts_case(dev, gm, ex, {T, k}, ++seed, mxfp4_strategy(gm, T, k));
+        check_experts_case(dev, gm, ex, {T, k, true, odd_pad, 0}, ++seed, mxfp4_strategy(gm, T, k, T == 1));
+      }
   }
-  const Experts bf16_experts(dev, rng, 6, 6, 64, 32, false);
-  check_experts_case(dev, kExpertsModes[0], bf16_experts, {2, 3}, ++seed, kRowdot);
+  for (const kernels::MoeExpertsShape& b : kernels::kMoeExpertsOddShapes) {
+    if (b.mxfp4) continue;
+    const Experts bf16_experts(dev, rng, b);
+    for (int64_t T : kernels::kMoeExpertsBoundTokens)
+      check_experts_case(dev, kExpertsModes[0], bf16_experts, {T, b.topk[0]}, ++seed, kRowdot);
+  }
 }
 
-// The k3-layer-tp8 rank's expert shapes (L 3584, I 384 = 3072 / 8, top-16; 64 experts instead of
-// 896 to keep memory small, 16 weight sets): the GEMV at batch 1..16, the grouped kernels at 17.
+// One TP8 rank (cases.h kMoeExpertsK3Tp8) at the K3 token counts the GEMV takes (f32 activations up to
+// 8 tokens, f32 in bf16 precision at 1: the CPU reference's time), the [T, L | hidden] partial sums, and
+// the first count past its bound (the grouped kernels).
 TEST(OpsTp8, MoeExpertsGemvMxfp4Top16) {
   K3_REQUIRE_CUDA(dev);
   core::Rng rng(8000);
-  const Experts ex(dev, rng, 64, 16, 3584, 384, true);
+  const kernels::MoeExpertsShape& s = kernels::kMoeExpertsK3Tp8;
+  const Experts ex(dev, rng, s);
+  const int64_t k = s.topk[0];
   uint64_t seed = 8100;
-  for (int64_t T : {1, 8, 16}) check_experts_case(dev, kExpertsModes[0], ex, {T, 16}, ++seed, kGemv);
-  for (int64_t T : {1, 8}) check_experts_case(dev, kExpertsModes[1], ex, {T, 16}, ++seed, kGemv);
-  check_experts_case(dev, kExpertsModes[2], ex, {1, 16}, ++seed, kGemv);
-  check_experts_case(dev, kExpertsModes[0], ex, {8, 16, false, 0, 7168}, ++seed,
-                     kGemv);  // [T, L | hidden] partial sums
-  check_experts_case(dev, kExpertsModes[0], ex, {17, 16}, ++seed, kGrouped);
+  for (int64_t T : kernels::kMoeK3Tokens) {
+    if (T > kernels::kMoeExpertsGemvMaxTokens) {
+      check_experts_case(dev, kExpertsModes[0], ex, {T, k}, ++seed, mxfp4_strategy(kExpertsModes[0], T, k));
+      break;
+    }
+    check_experts_case(dev, kExpertsModes[0], ex, {T, k}, ++seed, kGemv);
+    if (T <= 8) check_experts_case(dev, kExpertsModes[1], ex, {T, k}, ++seed, kGemv);
+    if (T == 1) check_experts_case(dev, kExpertsModes[2], ex, {T, k}, ++seed, kGemv);
+    if (T == 8) {  // [T, L | hidden] partial sums
+      check_experts_case(dev, kExpertsModes[0], ex, {T, k, false, 0, kernels::kMoeTailK3Tp8.hidden}, ++seed, kGemv);
+    }
+  }
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// kernels/moe/moe_ops_test_util.cpp: the routed-expert tests' shared pieces (moe_test_util.h).
+// kernels/moe/moe_ops_test_util.cpp: the routed-expert tests' shared pieces (moe_ops_test_util.h).
 #include "kernels/moe/moe_ops_test_util.h"
 
 #include <algorithm>
@@ -6,7 +6,7 @@
 
 namespace k3::ops_test {
 
-Experts::Experts(Device* dev, core::Rng& rng, int64_t E, int distinct, int64_t L, int64_t I, bool mxfp4) {
+Experts::Experts(Device* dev, core::Rng& rng, int64_t E, int64_t distinct, int64_t L, int64_t I, bool mxfp4) {
   std::vector<kernels::LinearWeight> s1, s3, s2, d1, d3, d2;
   const auto make = [&](int64_t rows, int64_t cols) {
     if (mxfp4) return random_mxfp4_weight(rng, rows, cols);
@@ -14,7 +14,7 @@ Experts::Experts(Device* dev, core::Rng& rng, int64_t E, int distinct, int64_t L
     w.weight = random_bf16_weight(rng, rows, cols);
     return w;
   };
-  for (int s = 0; s < distinct; ++s) {
+  for (int64_t s = 0; s < distinct; ++s) {
     s1.push_back(make(I, L)), s3.push_back(make(I, L)), s2.push_back(make(L, I));
     d1.push_back(dev->upload(s1.back())), d3.push_back(dev->upload(s3.back())), d2.push_back(dev->upload(s2.back()));
   }
@@ -42,6 +42,11 @@ void random_routes(core::Rng& rng, int64_t T, int64_t E, int64_t k, Tensor& ids,
   }
 }
 
+std::vector<BadId> some_bad_ids(int64_t T, int64_t k, int64_t E) {
+  const int32_t e = static_cast<int32_t>(E);
+  return {{T - 1, std::min<int64_t>(1, k - 1), 100 + e}, {T / 2, 0, e}, {0, k - 1, -1}};
+}
+
 const kernels::OpImpl<kernels::MoeExpertsArgs>& moe_impl_named(Device* dev, const std::string& name) {
   for (const auto& impl : dev->registry().moe_experts.impls())
     if (impl.name == name && impl.device == dev->kind()) return impl;
@@ -53,6 +58,14 @@ std::string expected_moe_impl(Device* dev, const kernels::MoeExpertsArgs& args, 
   for (const char* name : {"cuda_expert_fp4_mma", "cuda_expert_fp4", "cuda_expert_rowdot"})
     if (moe_impl_named(dev, name).supports(args)) return name;
   return impl;
+}
+
+const char* mxfp4_strategy(const ExpertsMode& mode, int64_t T, int64_t k, bool aligned) {
+  if (aligned && k <= kernels::kMoeExpertsMaxTopk) {
+    if (T <= kernels::kMoeExpertsGemvMaxTokens) return "cuda_expert_gemv";
+    if (T <= kernels::kMoeExpertsGroupedMaxTokens && mode.act == Mode::bf16) return "cuda_expert_grouped";
+  }
+  return "cuda_expert_rowdot";
 }
 
 void check_experts_case(Device* dev, const ExpertsMode& mode, const Experts& ex, const ExpertsCase& c, uint64_t seed,

@@ -1,4 +1,5 @@
-// kernels/moe/router_test.cpp: router top-k against a full sort; bias steers selection only.
+// kernels/moe/router_test.cpp: router top-k against a full sort on the shapes of cases.h (odd shapes,
+// K3's top-16 of 896); bias steers selection only.
 #include "kernels/moe/router.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "kernels/moe/cases.h"
 
 namespace k3::kernels {
 namespace {
@@ -76,23 +78,26 @@ void check_against_full_sort(const Tensor& logits, const Tensor& bias, int64_t k
 }
 
 TEST(RouterTopk, MatchesFullSortOnOddShapes) {
-  for (int64_t T : {1, 17, 54, 97})
-    for (int64_t E : {16, 37})
-      for (int64_t k : {1, 4, 9}) {
-        const uint64_t seed = T * 100 + E * 10 + k;
-        Tensor logits = matrix(T, E, 2.0, seed);
-        Tensor bias = matrix(1, E, 0.3, seed + 1);
-        bias = Tensor::copy_of(bias.view().row(0));
-        check_against_full_sort(logits, bias, k, true, 1.0f);
-        check_against_full_sort(logits, bias, k, false, 2.5f);
-        check_against_full_sort(logits, bias, k, true, 2.5f);
-      }
+  for (const MoeRouterShape& s : kMoeRouterOddShapes)
+    for (int64_t T : kMoeRouterOddTokens) {
+      SCOPED_TRACE(std::string(s.name) + " T " + std::to_string(T));
+      const uint64_t seed = T * 100000 + s.E * 100 + s.k;
+      Tensor logits = matrix(T, s.E, 2.0, seed);
+      Tensor bias = Tensor::copy_of(matrix(1, s.E, 0.3, seed + 1).view().row(0));
+      check_against_full_sort(logits, bias, s.k, true, 1.0f);
+      check_against_full_sort(logits, bias, s.k, false, 2.5f);
+      check_against_full_sort(logits, bias, s.k, true, 2.5f);
+    }
 }
 
 TEST(RouterTopk, K3ShapeE896Top16) {
-  Tensor logits = matrix(17, 896, 1.5, 1);
-  Tensor bias = Tensor::copy_of(matrix(1, 896, 0.01, 2).view().row(0));
-  check_against_full_sort(logits, bias, 16, true, 1.0f);
+  const MoeRouterShape& s = kMoeRouterK3;
+  for (int64_t T : kMoeK3Tokens) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    Tensor logits = matrix(T, s.E, 1.5, T);
+    Tensor bias = Tensor::copy_of(matrix(1, s.E, 0.01, 2).view().row(0));
+    check_against_full_sort(logits, bias, s.k, true, 1.0f);
+  }
 }
 
 TEST(RouterTopk, BiasAffectsSelectionOnly) {
