@@ -1,8 +1,10 @@
 // kernels/mla/mla_cp_chain_ops_test.cpp: the decode-context-parallel MLA ops chained as the model runs
-// them (kernels/mla/mla_cp.h), on one device with the collectives done on the host in rank order:
-// cp = 2 / 8 ranks against mla_absorbed_reference over the whole cache (f32 / bf16 / fp8 caches, odd
-// dims and the TP8 shape, the tensor-core partial attention by name), and cp = 1 against
-// mla_absorbed's "cuda_split_kv" bit for bit (same kernels, weight 1).
+// them (kernels/mla/mla_cp.h), on one device with the collectives done on the host in rank order, on the
+// case tables of kernels/mla/cases.h: every odd group size (kMlaCpOddSizes, cp > 1) at odd dims over
+// kMlaCpOddBatch and kMlaCpNoTokenBatch, and the K3 groups (kMlaCpK3Groups) over kMlaCpK3ChainBatch,
+// against mla_absorbed_reference over the whole cache (f32 / bf16 / fp8 caches, the tensor-core partial
+// attention as the registry's choice at K3 dims in bf16 mode), and cp = 1 against mla_absorbed's
+// "cuda_split_kv" bit for bit (same kernels, weight 1) at every odd shape and one TP8 rank of K3.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -45,8 +47,8 @@ void check_chain(Device* dev, Mode mode, const Dims& d, int cp, const std::vecto
   const float scale = scale_of(d), k_scale = kind == "fp8" ? 0.5f : 1.0f;
   std::vector<Tensor> c_n, k_pe;  // every sequence's global entries
   for (const Seq& s : seqs) {
-    c_n.push_back(random_act(rng, {s.position + s.rows, L}, Mode::bf16));
-    k_pe.push_back(random_act(rng, {s.position + s.rows, d.rope}, Mode::bf16));
+    c_n.push_back(random_act(rng, {s.S, L}, Mode::bf16));
+    k_pe.push_back(random_act(rng, {s.S, d.rope}, Mode::bf16));
   }
   const Tensor q = random_act(rng, {R, cp * qw}, mode);
   kernels::LinearWeight kv_b;
@@ -134,25 +136,36 @@ void check_chain(Device* dev, Mode mode, const Dims& d, int cp, const std::vecto
 TEST(OpsOdd, MlaCpChainMatchesAbsorbedReference) {
   K3_REQUIRE_CUDA(dev);
   uint64_t seed = 9600;
-  for (Mode m : kModes)
-    for (int64_t bs : {7, 16}) {
-      check_chain(dev, m, kOdd, 2, kOddBatch, m == Mode::bf16 ? "bf16" : "f32", bs, ++seed);
-      check_chain(dev, m, kOdd, 2, kOddBatch, "fp8", bs, ++seed);
+  for (const std::vector<Seq>& seqs : {as_vector(kernels::kMlaCpOddBatch), as_vector(kernels::kMlaCpNoTokenBatch)})
+    for (int cp : kernels::kMlaCpOddSizes) {
+      if (cp == 1) continue;  // MlaCpOneRankIsAbsorbedBitwise
+      for (Mode m : kModes)
+        for (int64_t bs : kernels::kMlaCpOddBlockSizes) {
+          check_chain(dev, m, kernels::kMlaOdd, cp, seqs, m == Mode::bf16 ? "bf16" : "f32", bs, ++seed);
+          check_chain(dev, m, kernels::kMlaOdd, cp, seqs, "fp8", bs, ++seed);
+        }
     }
-  check_chain(dev, Mode::bf16, kOdd, 4, kOddBatch, "fp8", 16, ++seed);
+  for (const Dims& d : kernels::kMlaCpOddShapes)
+    check_chain(dev, Mode::bf16, d, 4, as_vector(kernels::kMlaCpOddBatch), "fp8", 16, ++seed);
 }
-// DCP8 at the K3 shape: 8 ranks of 12 heads (96 in all), contexts of up to 1500 tokens.
+// The K3 groups (DCP 8: 8 ranks of 12 heads, 96 in all; and 2 ranks): fp8 pages of 64 through the CUDA-core
+// partial attention, then in bf16 mode with the tensor-core one (the model's choice) over fp8 pages of 64
+// and bf16 pages of 16.
 TEST(OpsTp8, MlaCpChainMatchesAbsorbedReference) {
   K3_REQUIRE_CUDA(dev);
-  check_chain(dev, Mode::bf16, kTp8, 8, {{1499, 1}, {900, 3}, {2, 1}}, "fp8", 64, 9700);
+  uint64_t seed = 9700;
+  for (const Group& g : kernels::kMlaCpK3Groups)
+    check_chain(dev, Mode::bf16, g.shape, g.cp, as_vector(kernels::kMlaCpK3ChainBatch), "fp8", 64, ++seed);
 }
-// The same chain in bf16 mode with the tensor-core partial attention (the model's choice): DCP2 (24 heads)
-// over fp8 and bf16 caches and DCP8 (96 heads).
 TEST(OpsTp8, MlaCpChainMmaMatchesAbsorbedReference) {
   K3_REQUIRE_CUDA(dev);
-  check_chain(dev, Mode::bf16, kTp8, 2, {{2999, 1}, {900, 3}, {2, 1}}, "fp8", 64, 9710, /*mma=*/true);
-  check_chain(dev, Mode::bf16, kTp8, 2, {{1499, 2}, {63, 1}}, "bf16", 16, 9711, /*mma=*/true);
-  check_chain(dev, Mode::bf16, kTp8, 8, {{1499, 1}, {900, 3}, {2, 1}}, "fp8", 64, 9712, /*mma=*/true);
+  uint64_t seed = 9710;
+  for (const Group& g : kernels::kMlaCpK3Groups) {
+    check_chain(dev, Mode::bf16, g.shape, g.cp, as_vector(kernels::kMlaCpK3ChainBatch), "fp8", 64, ++seed,
+                /*mma=*/true);
+    check_chain(dev, Mode::bf16, g.shape, g.cp, as_vector(kernels::kMlaCpK3ChainBatch), "bf16", 16, ++seed,
+                /*mma=*/true);
+  }
 }
 
 // cp = 1: the four CUDA ops give the bytes of mla_absorbed's "cuda_split_kv" (same kernels, same split
@@ -169,8 +182,8 @@ void check_cp1_bitwise(Device* dev, Mode mode, const Dims& d, const std::vector<
   const float scale = scale_of(d), k_scale = kind == "fp8" ? 0.5f : 1.0f;
   std::vector<Tensor> c_n, k_pe;
   for (const Seq& s : seqs) {
-    c_n.push_back(random_act(rng, {s.position + s.rows, L}, Mode::bf16));
-    k_pe.push_back(random_act(rng, {s.position + s.rows, d.rope}, Mode::bf16));
+    c_n.push_back(random_act(rng, {s.S, L}, Mode::bf16));
+    k_pe.push_back(random_act(rng, {s.S, d.rope}, Mode::bf16));
   }
   const Cache cache = build_cache(c_n, k_pe, bs, kind, k_scale, rng);
   kernels::LinearWeight kv_b;
@@ -217,14 +230,16 @@ TEST(OpsOdd, MlaCpOneRankIsAbsorbedBitwise) {
   K3_REQUIRE_CUDA(dev);
   uint64_t seed = 9800;
   for (Mode m : kModes)
-    for (int H : {1, 3, 12}) {
-      check_cp1_bitwise(dev, m, {H, 17, 9, 13, 54}, kOddBatch, m == Mode::bf16 ? "bf16" : "f32", 7, ++seed);
-      check_cp1_bitwise(dev, m, {H, 17, 9, 13, 54}, kOddBatch, "fp8", 16, ++seed);
+    for (const Dims& d : kernels::kMlaCpOddShapes) {
+      const std::vector<Seq> seqs = as_vector(kernels::kMlaCpOddBatch);
+      check_cp1_bitwise(dev, m, d, seqs, m == Mode::bf16 ? "bf16" : "f32", kernels::kMlaCpOddBlockSizes[0], ++seed);
+      check_cp1_bitwise(dev, m, d, seqs, "fp8", kernels::kMlaCpOddBlockSizes[1], ++seed);
     }
 }
 TEST(OpsTp8, MlaCpOneRankIsAbsorbedBitwise) {
   K3_REQUIRE_CUDA(dev);
-  for (Mode m : kModes) check_cp1_bitwise(dev, m, kTp8, {{4000, 1}, {1000, 4}}, "fp8", 64, 9900);
+  for (Mode m : kModes)
+    check_cp1_bitwise(dev, m, kernels::kMlaK3Tp8, as_vector(kernels::kMlaCpK3ChainBatch), "fp8", 64, 9900);
 }
 
 }  // namespace

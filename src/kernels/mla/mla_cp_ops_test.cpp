@@ -4,12 +4,14 @@
 //   tensor-core dims "cuda_partial_splitkv_mma"), mla_lse_rescale ("cuda_lse_rescale"); mla_w_uv
 //   ("cuda_w_uv_rowdot", with and without the output gate) has its own file, mla_cp_w_uv_ops_test.cpp,
 //   and the four chained as the model runs them are mla_cp_chain_ops_test.cpp
-// at odd dims (H 1/3/12, G = cp 1/2/4, ranks 0 and cp-1, pages of 7 and 16 tokens, f32 / bf16 / fp8
-// caches, rows at global positions 0/17/54/97 with 1 or 3 verify rows, some rows seeing no local
-// position) and at the per-GPU TP8 shape (H 12, kv_lora 512, rope 64, G 8, thousands of local
-// positions), with NaN-poisoned outputs and rows of no sequence that must stay untouched.
-// The tensor-core partial attention runs by name at G * H = 12 / 17 / 24 / 48 heads (1-3 head groups), cp
-// 1 / 2 / 4 and every rank, and is the registry's own choice at the TP2 / TP8 shapes in bf16 mode.
+// on the case tables of kernels/mla/cases.h: at odd dims (kMlaCpOddShapes: H 1-12, latents 37 / 54 / 56;
+// G = cp of kMlaCpOddSizes, ranks 0 and cp-1, pages of 7 and 16 tokens, f32 / bf16 / fp8 caches, the
+// contexts of kMlaCpOddBatch split unevenly with 1-token contexts and verify rows, and kMlaCpNoTokenBatch
+// on every rank: rows that see no local position, ranks that hold no token) and at one TP8 rank of K3 in
+// the groups of kMlaCpK3Groups (H 12, kv_lora 512, rope 64, G 8 and 2, thousands of local positions),
+// with NaN-poisoned outputs and rows of no sequence that must stay untouched.
+// The tensor-core partial attention runs by name on kMlaCpMmaOddGroups (G * H = 12 / 17 / 24 / 48 heads:
+// 1-3 head groups; cp 1 to 4, every rank), and is the registry's own choice at the K3 groups in bf16 mode.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -55,16 +57,20 @@ void check_q_absorb(Device* dev, Mode mode, const Dims& d, const std::vector<Seq
                tol_reduction(mode));
 }
 
+// f32 weights in fp32 mode (bf16 mode: the bf16 weights the model holds).
 TEST(OpsOdd, MlaCpQAbsorb) {
   K3_REQUIRE_CUDA(dev);
   uint64_t seed = 9100;
   for (Mode m : kModes)
-    for (int H : {1, 3, 12}) check_q_absorb(dev, m, {H, 17, 9, 13, 54}, kOddBatch, DType::bf16, ++seed);
-  check_q_absorb(dev, Mode::fp32, {3, 17, 9, 13, 56}, kOddBatch, DType::f32, ++seed);  // f32 weight, 8-wide columns
+    for (const Dims& d : kernels::kMlaCpOddShapes) {
+      check_q_absorb(dev, m, d, as_vector(kernels::kMlaCpOddBatch), DType::bf16, ++seed);
+      if (m == Mode::fp32) check_q_absorb(dev, m, d, as_vector(kernels::kMlaCpOddBatch), DType::f32, ++seed);
+    }
 }
 TEST(OpsTp8, MlaCpQAbsorb) {
   K3_REQUIRE_CUDA(dev);
-  for (Mode m : kModes) check_q_absorb(dev, m, kTp8, {{8191, 1}, {3000, 4}, {0, 1}}, DType::bf16, 9150);
+  for (Mode m : kModes)
+    check_q_absorb(dev, m, kernels::kMlaK3Tp8, as_vector(kernels::kMlaCpK3Batch), DType::bf16, 9150);
 }
 
 // ---------------------------------------------------------------- mla_partial_attention
@@ -97,7 +103,7 @@ void check_partial(Device* dev, const Dims& d, int G, int rank, const std::vecto
   const int64_t R = rows.total, H = d.heads, L = d.kv_lora, E = L + d.rope;
   std::vector<Tensor> c_n, k_pe;
   for (const Seq& s : seqs) {
-    const int64_t n = std::max<int64_t>(1, local_count(s.position + s.rows, cp, rank));  // >= 1 page per sequence
+    const int64_t n = std::max<int64_t>(1, local_count(s.S, cp, rank));  // >= 1 page per sequence
     c_n.push_back(random_act(rng, {n, L}, Mode::bf16));
     k_pe.push_back(random_act(rng, {n, d.rope}, Mode::bf16));
   }
@@ -179,67 +185,79 @@ void check_partial(Device* dev, const Dims& d, int G, int rank, const std::vecto
   if (n > 0) expect_close("mla_partial_attention", shape, m, "lse_cache_" + kind + tag, gf, wf, lse_tol);
 }
 
+// Ranks 0 and cp - 1 of every odd group (cp = 1: rank 0).
+std::vector<int> end_ranks(int cp) { return cp == 1 ? std::vector<int>{0} : std::vector<int>{0, cp - 1}; }
+
 TEST(OpsOdd, MlaCpPartialAttention) {
   K3_REQUIRE_CUDA(dev);
   uint64_t seed = 9200;
-  for (int G : {1, 2, 4})
-    for (int rank : G == 1 ? std::vector<int>{0} : std::vector<int>{0, G - 1}) {
-      for (int H : {1, 3, 12})
-        for (int64_t bs : {7, 16}) {
-          const Dims d{H, 17, 9, 13, 54};
-          check_partial(dev, d, G, rank, kOddBatch, "f32", 1.0f, bs, ++seed);
-          check_partial(dev, d, G, rank, kOddBatch, "bf16", 1.0f, bs, ++seed);
-          check_partial(dev, d, G, rank, kOddBatch, "fp8", 0.5f, bs, ++seed);
+  for (int G : kernels::kMlaCpOddSizes)
+    for (int rank : end_ranks(G))
+      for (const Dims& d : kernels::kMlaCpOddShapes)
+        for (int64_t bs : kernels::kMlaCpOddBlockSizes) {
+          const std::vector<Seq> seqs = as_vector(kernels::kMlaCpOddBatch);
+          check_partial(dev, d, G, rank, seqs, "f32", 1.0f, bs, ++seed);
+          check_partial(dev, d, G, rank, seqs, "bf16", 1.0f, bs, ++seed);
+          check_partial(dev, d, G, rank, seqs, "fp8", 0.5f, bs, ++seed);
         }
-    }
+  // Every rank of every group over contexts that leave the upper ranks without a token.
+  for (int G : kernels::kMlaCpOddSizes)
+    for (int rank = 0; rank < G; ++rank)
+      for (const std::string kind : {"f32", "bf16", "fp8"})
+        check_partial(dev, kernels::kMlaOdd, G, rank, as_vector(kernels::kMlaCpNoTokenBatch), kind,
+                      kind == "fp8" ? 0.5f : 1.0f, 7, ++seed);
 }
-// G = cp = 8 ranks of 12 heads, rank 0 and 7: contexts of 24K / 16K global tokens (3000 / 2000 local)
-// with verify rows, a short one, and a lone decode row (many splits per query).
+// One TP8 rank of K3 in each group of kMlaCpK3Groups, ranks 0 and cp - 1: contexts of up to 24K global
+// tokens (3000 local at DCP 8) with verify rows, short ones, a lone 1-token context (many splits per
+// query); bf16 pages of 64 and fp8 pages of 16, and f32 pages on a middle rank of DCP 8.
 TEST(OpsTp8, MlaCpPartialAttention) {
   K3_REQUIRE_CUDA(dev);
-  for (int rank : {0, 7}) {
-    check_partial(dev, kTp8, 8, rank, {{23999, 1}, {15997, 3}, {5, 1}}, "bf16", 1.0f, 64, 9300 + rank);
-    check_partial(dev, kTp8, 8, rank, {{23999, 1}}, "fp8", 1.0f, 16, 9310 + rank);
-  }
-  check_partial(dev, kTp8, 8, 3, {{9000, 2}, {700, 1}}, "f32", 1.0f, 16, 9320);
+  uint64_t seed = 9300;
+  for (const Group& g : kernels::kMlaCpK3Groups)
+    for (int rank : {0, g.cp - 1}) {
+      check_partial(dev, g.shape, g.cp, rank, as_vector(kernels::kMlaCpK3Batch), "bf16", 1.0f, 64, ++seed);
+      check_partial(dev, g.shape, g.cp, rank, as_vector(kernels::kMlaCpK3Batch), "fp8", 1.0f, 16, ++seed);
+    }
+  const Group& dcp8 = kernels::kMlaCpK3Dcp8;
+  check_partial(dev, dcp8.shape, dcp8.cp, 3, as_vector(kernels::kMlaCpK3ChainBatch), "f32", 1.0f, 16, ++seed);
 }
 
-// The tensor-core strategy by name: cp 1 / 2 / 4 and every rank; G * H = 12, 24, 17 and 48 heads (one group,
-// 2 x 12, 9 + 8, 3 x 16); fp8 (k_scale 0.75) and bf16 pages of 7 and 16 tokens; kv_lora 64 (rope 16) and
-// 128 (rope 64); contexts of up to 1004 local positions that end mid-stage (64) and mid-page, verify rows
-// (max_rows 5 with spare slots), and sequences at global positions 0 .. 2 that rank 3 of 4 never stores
-// (lse -inf, o_part 0).
-const std::vector<Seq> kMmaBatch = {{0, 1}, {17, 3}, {300, 1}, {97, 3}, {1000, 4}, {0, 3}, {2, 1}};
+// The tensor-core strategy by name on every group of kMlaCpMmaOddGroups and every rank: fp8 (k_scale 0.75)
+// and bf16 pages of 7 and 16 tokens over kMlaCpOddBatch (contexts of up to 1004 local positions that end
+// mid-stage (64) and mid-page, verify rows with spare slots, and sequences at global positions 0 .. 2 that
+// rank 3 of 4 never stores: lse -inf, o_part 0).
 TEST(OpsOdd, MlaCpPartialAttentionMma) {
   K3_REQUIRE_CUDA(dev);
   const PartialRun mma{kPartialMma, Precision::bf16, true};
   uint64_t seed = 9250;
-  for (int G : {1, 2, 4})
-    for (int rank = 0; rank < G; ++rank)
-      for (int heads : {12, 24, 17, 48}) {
-        if (heads % G != 0) continue;
-        const int H = heads / G;
-        const Dims d = heads % 12 == 0 && heads != 48 ? Dims{H, 17, 16, 13, 64} : Dims{H, 17, 64, 13, 128};
-        const int64_t bs = (rank + heads) % 2 == 0 ? 7 : 16;
-        check_partial(dev, d, G, rank, kMmaBatch, "fp8", 0.75f, bs, ++seed, mma);
-        check_partial(dev, d, G, rank, kMmaBatch, "bf16", 1.0f, 23 - bs, ++seed, mma);
-      }
+  for (const Group& g : kernels::kMlaCpMmaOddGroups)
+    for (int rank = 0; rank < g.cp; ++rank) {
+      const int flip = (rank + g.cp * g.shape.heads) % 2;
+      const int64_t bs = kernels::kMlaCpOddBlockSizes[flip], other = kernels::kMlaCpOddBlockSizes[1 - flip];
+      const std::vector<Seq> seqs = as_vector(kernels::kMlaCpOddBatch);
+      check_partial(dev, g.shape, g.cp, rank, seqs, "fp8", 0.75f, bs, ++seed, mma);
+      check_partial(dev, g.shape, g.cp, rank, seqs, "bf16", 1.0f, other, ++seed, mma);
+    }
 }
-// In bf16 mode at the K3 shapes the registry picks the tensor-core strategy itself: TP2 + DCP (G 2 x 12 =
-// 24 heads: 2 groups of 12; 12K local positions) and TP8 + DCP (G 8 x 12 = 96 heads: 6 groups of 16).
-// Where it cannot be exact or its dims do not fit (precision fp32, an f32 cache, kv_lora 54) it refuses
-// with its reason and the CUDA-core strategy runs.
+// In bf16 mode at the K3 groups the registry picks the tensor-core strategy itself: DCP 8 (G 8 x 12 = 96
+// heads: 6 groups of 16) and the group of 2 (24 heads: 2 groups of 12; 12K local positions), ranks 0 and
+// cp - 1. Where it cannot be exact or its dims do not fit (precision fp32, an f32 cache, kv_lora 54) it
+// refuses with its reason and the CUDA-core strategy runs.
 TEST(OpsTp8, MlaCpPartialAttentionMma) {
   K3_REQUIRE_CUDA(dev);
   const PartialRun selected{kPartialMma, Precision::bf16, false};
-  for (int rank : {0, 1}) {
-    check_partial(dev, kTp8, 2, rank, {{23999, 1}, {15997, 3}, {5, 1}}, "fp8", 0.5f, 64, 9330 + rank, selected);
-    check_partial(dev, kTp8, 2, rank, {{8191, 1}, {3000, 4}, {0, 1}}, "bf16", 1.0f, 16, 9340 + rank, selected);
-  }
-  check_partial(dev, kTp8, 8, 7, {{23999, 1}, {900, 3}, {2, 1}}, "fp8", 0.5f, 64, 9350, selected);
-  check_partial(dev, kTp8, 2, 1, {{3000, 4}, {0, 1}}, "fp8", 0.5f, 64, 9360, PartialRun{kPartial, Precision::fp32});
-  check_partial(dev, kTp8, 2, 1, {{3000, 4}, {0, 1}}, "f32", 1.0f, 16, 9361, PartialRun{kPartial, Precision::bf16});
-  check_partial(dev, kOdd, 2, 0, kOddBatch, "bf16", 1.0f, 16, 9362, PartialRun{kPartial, Precision::bf16});
+  uint64_t seed = 9330;
+  for (const Group& g : kernels::kMlaCpK3Groups)
+    for (int rank : {0, g.cp - 1}) {
+      check_partial(dev, g.shape, g.cp, rank, as_vector(kernels::kMlaCpK3Batch), "fp8", 0.5f, 64, ++seed, selected);
+      check_partial(dev, g.shape, g.cp, rank, as_vector(kernels::kMlaCpK3Batch), "bf16", 1.0f, 16, ++seed, selected);
+    }
+  const Group& dcp2 = kernels::kMlaCpK3Dcp2;
+  const std::vector<Seq> chain = as_vector(kernels::kMlaCpK3ChainBatch);
+  check_partial(dev, dcp2.shape, dcp2.cp, 1, chain, "fp8", 0.5f, 64, ++seed, PartialRun{kPartial, Precision::fp32});
+  check_partial(dev, dcp2.shape, dcp2.cp, 1, chain, "f32", 1.0f, 16, ++seed, PartialRun{kPartial, Precision::bf16});
+  check_partial(dev, kernels::kMlaOdd, 2, 0, as_vector(kernels::kMlaCpOddBatch), "bf16", 1.0f, 16, ++seed,
+                PartialRun{kPartial, Precision::bf16});
 }
 
 // ---------------------------------------------------------------- mla_lse_rescale
@@ -279,13 +297,17 @@ void check_rescale(Device* dev, int G, int rank, int H, int L, const std::vector
 TEST(OpsOdd, MlaCpLseRescale) {
   K3_REQUIRE_CUDA(dev);
   uint64_t seed = 9400;
-  for (int G : {1, 2, 4})
-    for (int rank : G == 1 ? std::vector<int>{0} : std::vector<int>{0, G - 1})
-      for (int H : {1, 3, 12}) check_rescale(dev, G, rank, H, 54, kOddBatch, ++seed);
+  for (int G : kernels::kMlaCpOddSizes)
+    for (int rank : end_ranks(G))
+      for (const Dims& d : kernels::kMlaCpOddShapes)
+        check_rescale(dev, G, rank, d.heads, d.kv_lora, as_vector(kernels::kMlaCpOddBatch), ++seed);
 }
 TEST(OpsTp8, MlaCpLseRescale) {
   K3_REQUIRE_CUDA(dev);
-  for (int rank : {0, 7}) check_rescale(dev, 8, rank, 12, 512, {{8191, 1}, {3000, 4}, {0, 1}}, 9450 + rank);
+  uint64_t seed = 9450;
+  for (const Group& g : kernels::kMlaCpK3Groups)
+    for (int rank : {0, g.cp - 1})
+      check_rescale(dev, g.cp, rank, g.shape.heads, g.shape.kv_lora, as_vector(kernels::kMlaCpK3Batch), ++seed);
 }
 
 }  // namespace

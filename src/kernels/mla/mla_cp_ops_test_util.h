@@ -1,27 +1,30 @@
 // kernels/mla/mla_cp_ops_test_util.h: what the decode-context-parallel op tests (mla_cp_ops_test.cpp,
-// mla_cp_chain_ops_test.cpp) share: the head dims, a batch's rows and tables, one rank's paged cache
-// built through the CPU cache-write reference, and the owned-rows checks.
+// mla_cp_chain_ops_test.cpp) share: the case tables' types (kernels/mla/cases.h), a batch's rows and
+// tables, one rank's paged cache built through the CPU cache-write reference, and the owned-rows checks.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "kernels/mla/cases.h"
 #include "kernels/testing/op_harness.h"
 
 namespace k3::ops_test::mla_cp {
 
-struct Dims {
-  int heads, nope, rope, v, kv_lora;  // heads: per rank (the owner's H)
-};
-struct Seq {
-  int64_t position, rows;  // global position of its first row, rows this step
-};
+using Dims = kernels::MlaShape;  // heads: per rank (the owner's H)
+using Seq = kernels::MlaSeq;     // S tokens after the step, T rows at global positions S - T .. S - 1
+using Group = kernels::MlaCpGroup;
 
-inline const Dims kOdd{3, 17, 9, 13, 54};
-inline const Dims kTp8{12, 128, 64, 128, 512};
+// A case table as a vector.
+template <class T, size_t N>
+std::vector<T> as_vector(const T (&a)[N]) {
+  return std::vector<T>(std::begin(a), std::end(a));
+}
+
 inline constexpr const char* kQAbsorb = "cuda_q_absorb";
 inline constexpr const char* kPartial = "cuda_partial_splitkv";
 inline constexpr const char* kPartialMma = "cuda_partial_splitkv_mma";
@@ -47,12 +50,12 @@ struct Rows {
   explicit Rows(const std::vector<Seq>& seqs) : begins(seqs.size()) {
     for (size_t k = seqs.size(); k-- > 0;) {
       begins[k] = static_cast<int32_t>(total);
-      total += seqs[k].rows;
+      total += seqs[k].T;
     }
     for (const Seq& s : seqs) {
-      counts.push_back(static_cast<int32_t>(s.rows));
-      positions.push_back(static_cast<int32_t>(s.position));
-      max_rows = std::max(max_rows, static_cast<int>(s.rows) + 1);  // one spare row slot per sequence
+      counts.push_back(static_cast<int32_t>(s.T));
+      positions.push_back(static_cast<int32_t>(s.S - s.T));
+      max_rows = std::max(max_rows, static_cast<int>(s.T) + 1);  // one spare row slot per sequence
     }
   }
 };
@@ -167,8 +170,5 @@ inline void expect_row0_nan(const Tensor& t, int64_t R, const char* what) {
   const int64_t inner = t.numel() / R;
   for (int64_t i = 0; i < inner; ++i) ASSERT_TRUE(std::isnan(t.data<const float>()[i])) << what << ": row 0 written";
 }
-
-// Five sequences at global positions 0 / 17 / 54 / 97 / 0 with 1 or 3 rows (verify rows).
-inline const std::vector<Seq> kOddBatch = {{0, 1}, {17, 3}, {54, 1}, {97, 3}, {0, 3}};
 
 }  // namespace k3::ops_test::mla_cp

@@ -1,13 +1,15 @@
 // kernels/mla/mla_cp_w_uv_ops_test.cpp: mla_w_uv (kernels/mla/mla_cp.h), the last step of MLA under decode
 // context parallelism, with and without the layer's output gate, on every device backend against the CPU
 // reference, each case asserting that "cuda_w_uv_rowdot" ran (ONE launch: W_UV rows in registers, a warp per
-// row against the o_lat of 8 query slots, then the gate):
-//   odd shapes: kv_lora 8 / 37 / 54 / 60 / 511 (scalar path where kv_lora is not a multiple of the 16-byte
-//     chunk: 8 bf16 or 4 f32 values) and 60 / 64 / 512 (16-byte loads of f32 and bf16 kv_b), v 7 / 9 / 11 / 13 /
-//     17, H 1-5, sequences of 1-5 rows with rows of no sequence between them, unused slots (max_rows above
-//     every sequence's rows) and slot chunks of 8 that span sequences; gate absent, separate, or out == gate;
-//   the per-GPU TP8 shape (H 12, nope 128, v 128, kv_lora 512, bf16 kv_b) at T = 1, 8 and 64 decode rows and
-//     16 verify sequences of 4 rows, both modes;
+// row against the o_lat of 8 query slots, then the gate), on the case tables of kernels/mla/cases.h:
+//   odd shapes (kMlaCpWUvOddCases): kv_lora 8 / 37 / 54 / 60 / 511 (scalar path where kv_lora is not a
+//     multiple of the 16-byte chunk: 8 bf16 or 4 f32 values) and 60 / 64 / 512 (16-byte loads of f32 and bf16
+//     kv_b), v 7 / 9 / 11 / 13 / 17, H 1-5, sequences of 1-5 rows (kMlaCpWUvOddRows) with rows of no sequence
+//     between them, unused slots (max_rows above every sequence's rows) and slot chunks of 8 that span
+//     sequences; gate absent, separate, or out == gate;
+//   one TP8 rank of K3 (kMlaK3Tp8: H 12, nope 128, v 128, kv_lora 512, bf16 kv_b) at the decode rows of
+//     kMlaCpK3DecodeRows and a verify step of kMlaCpK3VerifySeqs sequences of kMlaCpK3VerifyRows rows, both
+//     modes;
 //   the gated op equals the device pair mla_w_uv + sigmoid_gate BIT FOR BIT (model/layers/mla.cpp runs that
 //     pair instead when tracing, so traces keep the ungated "mla.o");
 //   PDL (kernels/cuda_common.cuh): behind the slow producer and as a replayed CUDA graph, the bytes of the plain
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/mla/cases.h"
 #include "kernels/testing/op_harness.h"
 
 namespace k3::ops_test {
@@ -28,10 +31,9 @@ namespace {
 
 constexpr const char* kWUv = "cuda_w_uv_rowdot";
 
-struct Dims {
-  int heads, nope, v, kv_lora;  // heads: this rank's H
-};
-const Dims kTp8{12, 128, 128, 512};
+using Dims = kernels::MlaShape;  // heads: this rank's H; rope unused
+constexpr const Dims& kTp8 = kernels::kMlaK3Tp8;
+DType kv_b_dtype(const kernels::MlaCpWUvCase& c) { return c.kv_b_f32 ? DType::f32 : DType::bf16; }
 
 enum class Gate { none, separate, in_place };  // in_place: out is the gate view
 const char* gate_name(Gate g) { return g == Gate::none ? "no_gate" : g == Gate::separate ? "gate" : "gate_in_place"; }
@@ -83,7 +85,7 @@ struct Rows {
     return out;
   }
 };
-std::vector<int64_t> ones(int n) { return std::vector<int64_t>(static_cast<size_t>(n), 1); }
+std::vector<int64_t> ones(int64_t n) { return std::vector<int64_t>(static_cast<size_t>(n), 1); }
 
 // One call's host inputs: o_lat [R, H, L] unrounded f32 (the reduce-scatter's sum), kv_b, the gate
 // logits [R, H * v] (rounded in bf16 mode, as the model's g_proj output) and the row tables.
@@ -164,42 +166,30 @@ void check_w_uv(Device* dev, Mode mode, const Dims& d, const Rows& rows, DType w
                rows.owned_of(want), tol_reduction(mode));
 }
 
-// Sequences of 1-5 rows, a row of no sequence after each, two unused slots per sequence: 6 x 7 = 42 slots
-// in 6 chunks of 8 that cut through sequences.
-const std::vector<int64_t> kOddRows = {1, 3, 1, 5, 2, 4};
+// Sequences of kMlaCpWUvOddRows rows, a row of no sequence after each, two unused slots per sequence.
+Rows odd_rows() {
+  return Rows(std::vector<int64_t>(std::begin(kernels::kMlaCpWUvOddRows), std::end(kernels::kMlaCpWUvOddRows)), 1, 2);
+}
 
 TEST(OpsOdd, MlaCpWUv) {
   K3_REQUIRE_CUDA(dev);
-  struct Case {
-    Dims d;
-    DType w;
-  };
-  const Case cases[] = {
-      {{1, 17, 13, 37}, DType::bf16},  // odd kv_lora: scalar path
-      {{3, 17, 7, 54}, DType::bf16},   // v < 8: warps without a W_UV row; 54 % 8 != 0: scalar
-      {{3, 17, 13, 60}, DType::bf16},  // 60 % 8 != 0: scalar for bf16 ...
-      {{5, 17, 9, 60}, DType::f32},    // ... but 16-byte loads for f32 (60 % 4 == 0); v 9: a partial row block
-      {{3, 17, 13, 64}, DType::bf16},  // 16-byte loads, 8 of 32 lanes busy
-      {{2, 17, 17, 64}, DType::f32},  {{2, 11, 11, 8}, DType::bf16},  // one chunk per row
-      {{1, 17, 9, 511}, DType::bf16},                                 // scalar at 16 values per lane
-      {{1, 17, 9, 512}, DType::f32},                                  // 16-byte loads at the kv_lora limit
-  };
   uint64_t seed = 9500;
   for (Mode m : kModes)
-    for (const Case& c : cases)
+    for (const kernels::MlaCpWUvCase& c : kernels::kMlaCpWUvOddCases)
       for (Gate g : {Gate::none, Gate::separate, Gate::in_place})
-        check_w_uv(dev, m, c.d, Rows(kOddRows, 1, 2), c.w, g, ++seed);
+        check_w_uv(dev, m, c.shape, odd_rows(), kv_b_dtype(c), g, ++seed);
 }
 
-// T = 1, 8 and 64 decode rows and 16 verify sequences of 4 rows at the per-GPU TP8 shape.
+// The decode rows of kMlaCpK3DecodeRows and the verify step at one TP8 rank of K3.
 TEST(OpsTp8, MlaCpWUv) {
   K3_REQUIRE_CUDA(dev);
   uint64_t seed = 9550;
+  const Rows verify(std::vector<int64_t>(kernels::kMlaCpK3VerifySeqs, kernels::kMlaCpK3VerifyRows), 0, 1);
   for (Mode m : kModes) {
-    for (int T : {1, 8, 64})
-      for (Gate g : {Gate::none, Gate::separate}) check_w_uv(dev, m, kTp8, Rows(ones(T), 0, 1), DType::bf16, g, ++seed);
-    check_w_uv(dev, m, kTp8, Rows(std::vector<int64_t>(16, 4), 0, 1), DType::bf16, Gate::separate, ++seed);
-    check_w_uv(dev, m, kTp8, Rows(ones(8), 0, 1), DType::bf16, Gate::in_place, ++seed);
+    for (int64_t T : kernels::kMlaCpK3DecodeRows)
+      for (Gate g : {Gate::none, Gate::separate, Gate::in_place})
+        check_w_uv(dev, m, kTp8, Rows(ones(T), 0, 1), DType::bf16, g, ++seed);
+    check_w_uv(dev, m, kTp8, verify, DType::bf16, Gate::separate, ++seed);
   }
 }
 
@@ -235,17 +225,16 @@ void check_gate_is_the_pair(Device* dev, Mode mode, const Dims& d, const Rows& r
 TEST(OpsOdd, MlaCpWUvGateIsTheDevicePairBitwise) {
   K3_REQUIRE_CUDA(dev);
   uint64_t seed = 9580;
-  for (Mode m : kModes) {
-    check_gate_is_the_pair(dev, m, {3, 17, 13, 54}, Rows(kOddRows, 1, 2), DType::bf16, ++seed);
-    check_gate_is_the_pair(dev, m, {3, 17, 13, 64}, Rows(kOddRows, 1, 2), DType::bf16, ++seed);
-    check_gate_is_the_pair(dev, m, {5, 17, 9, 60}, Rows(kOddRows, 1, 2), DType::f32, ++seed);
-  }
+  for (Mode m : kModes)
+    for (const kernels::MlaCpWUvCase& c : kernels::kMlaCpWUvOddCases)
+      check_gate_is_the_pair(dev, m, c.shape, odd_rows(), kv_b_dtype(c), ++seed);
 }
 TEST(OpsTp8, MlaCpWUvGateIsTheDevicePairBitwise) {
   K3_REQUIRE_CUDA(dev);
   uint64_t seed = 9590;
   for (Mode m : kModes)
-    for (int T : {1, 64}) check_gate_is_the_pair(dev, m, kTp8, Rows(ones(T), 0, 1), DType::bf16, ++seed);
+    for (int64_t T : kernels::kMlaCpK3DecodeRows)
+      check_gate_is_the_pair(dev, m, kTp8, Rows(ones(T), 0, 1), DType::bf16, ++seed);
 }
 
 // ---------------------------------------------------------------- PDL
@@ -277,11 +266,13 @@ void check_pdl(PdlDevice* dev, Mode mode, const Dims& d, const Rows& rows, DType
   }
 }
 
+// The K3 decode rows (a graph replay at the middle one) and kMlaOdd with an f32 kv_b.
 TEST(OpsPdl, MlaCpWUv) {
   K3_REQUIRE_PDL_CUDA(dev);
-  check_pdl(dev, Mode::bf16, kTp8, Rows(ones(8), 0, 1), DType::bf16, /*graph=*/true, 9600);
-  check_pdl(dev, Mode::bf16, kTp8, Rows(ones(64), 0, 1), DType::bf16, /*graph=*/false, 9601);
-  check_pdl(dev, Mode::fp32, {3, 17, 13, 54}, Rows(kOddRows, 1, 2), DType::f32, /*graph=*/true, 9602);
+  uint64_t seed = 9600;
+  for (int64_t T : kernels::kMlaCpK3DecodeRows)
+    check_pdl(dev, Mode::bf16, kTp8, Rows(ones(T), 0, 1), DType::bf16, /*graph=*/T == 8, ++seed);
+  check_pdl(dev, Mode::fp32, kernels::kMlaOdd, odd_rows(), DType::f32, /*graph=*/true, ++seed);
 }
 
 // ---------------------------------------------------------------- the CPU contract (no GPU needed)
@@ -290,10 +281,13 @@ TEST(OpsPdl, MlaCpWUv) {
 // (bf16 and f32 kv_b, odd and K3 head dims), and rows of no sequence stay NaN.
 TEST(OpsReference, MlaCpWUvGateIsWUvThenSigmoidGate) {
   uint64_t seed = 9650;
+  std::vector<Dims> shapes;
+  for (const kernels::MlaCpWUvCase& c : kernels::kMlaCpWUvOddCases) shapes.push_back(c.shape);
+  shapes.push_back(kTp8);
   for (Mode m : kModes)
-    for (const Dims& d : {Dims{3, 17, 13, 54}, Dims{2, 128, 128, 512}})
+    for (const Dims& d : shapes)
       for (DType w : {DType::bf16, DType::f32}) {
-        const Rows rows(kOddRows, 1, 2);
+        const Rows rows = odd_rows();
         const WUvInputs in(d, rows, w, m, ++seed);
         const Tensor got = reference(d, in, Gate::separate, m);
         const Tensor o = reference(d, in, Gate::none, m);

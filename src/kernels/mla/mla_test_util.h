@@ -9,7 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <iterator>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -375,6 +378,24 @@ inline bool all_finite(const core::Tensor& a) {
   for (float x : a.span<const float>())
     if (!std::isfinite(x)) return false;
   return true;
+}
+
+// An f32 tensor's storage viewed with another shape of the same element count.
+inline core::TensorView f32_view(const core::Tensor& t, core::Shape shape) {
+  EXPECT_EQ(shape.numel(), t.numel());
+  return core::TensorView::contiguous(t.view().data, core::DType::f32, shape);
+}
+
+// A check's failure, its reason naming every needle.
+inline void expect_fail(const core::Status& st, std::initializer_list<std::string> needles) {
+  ASSERT_FALSE(st.is_ok());
+  for (const std::string& n : needles) EXPECT_NE(st.reason().find(n), std::string::npos) << st.reason();
+}
+
+// A case table (kernels/mla/cases.h) as a vector.
+template <class T, size_t N>
+std::vector<T> as_vector(const T (&a)[N]) {
+  return std::vector<T>(std::begin(a), std::end(a));
 }
 
 }  // namespace k3::kernels::mla_test
