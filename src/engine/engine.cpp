@@ -126,6 +126,7 @@ Engine::Submission Engine::submit(GenerateRequest r) {
   spec.stop_token_ids = std::move(r.stop_token_ids);
   spec.eos_token_id = config_.eos_token_id;
   spec.ignore_eos = r.ignore_eos;
+  spec.constrained = ctx.matcher != nullptr;
   Submission s;
   s.stream = ctx.stream;
   {
@@ -263,8 +264,12 @@ bool Engine::step() {
     const core::LogitsAt at = executor_->device_sampler() && plan.num_verifies == 0 && !plan.host_logits && !taps_on_
                                   ? core::LogitsAt::device
                                   : core::LogitsAt::host;
+    // The constrained rows' grammar masks are walked on the host while the forward runs.
+    masks_.start(plan, (vocab_ + 31) / 32,
+                 [&](const scheduler::ScheduledSequence& q) { return contexts_.at(q.id).matcher.get(); });
     const core::Tensor logits = executor_->execute(plan, at);
     exec_s = Seconds(scheduler::Clock::now() - e0).count();
+    masks_.wait();
     count_route(plan.route);
     K3_CHECK(logits.dtype() == core::DType::f32 && logits.shape().rank() == 2 && logits.dim(0) == plan.num_logit_rows &&
                  logits.dim(1) == vocab_,
@@ -275,26 +280,19 @@ bool Engine::step() {
     if (at == core::LogitsAt::device) {
       // Device logits (runner/device_sampler.h): a plain step, row i = sequence i; only tokens,
       // logprobs and the rows that need host processing come back.
-      // A constrained row's mask is computed here, on the host, and applied on the device.
+      // A constrained row's mask (filled on the host during the forward) is applied on the device.
       sample_rows_.clear();
       row_matchers_.clear();
-      size_t masks = 0;
       for (size_t i = 0; i < plan.seqs.size(); ++i) {
         const scheduler::ScheduledSequence& q = plan.seqs[i];
         if (!q.sample) continue;
         const scheduler::Request* r = scheduler_.find(q.id);
         Context& ctx = contexts_.at(q.id);
-        std::span<const uint32_t> allowed;
-        if (ctx.matcher) {
-          if (row_masks_.size() <= masks) row_masks_.emplace_back();
-          std::vector<uint32_t>& m = row_masks_[masks++];
-          m.resize(static_cast<size_t>(ctx.matcher->grammar().vocabulary().words()));
-          allowed = m;
-        }
+        const std::span<const uint32_t> allowed = q.mask_row >= 0 ? masks_.row(q.mask_row)
+                                                                  : std::span<const uint32_t>{};
         sample_rows_.push_back({ctx.sampler.get(), static_cast<int64_t>(i), r->prompt(), r->output(), allowed});
         row_matchers_.push_back(ctx.matcher.get());
       }
-      fill_row_masks(masks);
       samples_ = runner::sample_rows(logits.view(), sample_rows_, executor_->device_sampler());
       for (size_t k = 0; k < samples_.size(); ++k) {
         sampled_.push_back(samples_[k].token);
@@ -319,6 +317,12 @@ bool Engine::step() {
   } catch (const std::exception& ex) {
     error = ex.what();
   }
+  if (!error.empty()) {
+    try {  // the step failed: its mask fill must end before its matchers are dropped or reused
+      masks_.wait();
+    } catch (const std::exception&) {  // the step's error is already the one reported
+    }
+  }
   if (!error.empty()) scheduler_.fail_step(out_, events_);
   else scheduler_.update(out_, sampled_, accepted_, events_);
   if (error.empty()) progress_.step(out_);
@@ -326,24 +330,6 @@ bool Engine::step() {
   deliver_events(Seconds(scheduler::Clock::now() - t0).count() - exec_s, exec_s,
                  error.empty() ? "" : "step failed: " + error);
   return true;
-}
-
-void Engine::fill_row_masks(size_t masks) {
-  if (masks == 0) return;
-  // Each constrained row's matcher is its own; the grammars' shared mask caches are thread-safe,
-  // and a chain reached for the first time is walked once, outside their locks.
-  std::vector<std::pair<structured::Matcher*, std::span<uint32_t>>> jobs;
-  for (size_t k = 0, m = 0; k < row_matchers_.size(); ++k)
-    if (row_matchers_[k]) jobs.push_back({row_matchers_[k], row_masks_[m++]});
-  if (jobs.size() > 1 && !mask_pool_)
-    mask_pool_ = std::make_unique<backends::cpu::ThreadPool>(
-        std::clamp(backends::cpu::ThreadPool::machine_threads() / 2, 1, 8));
-  const auto fill = [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j)
-      jobs[static_cast<size_t>(j)].first->fill_mask(jobs[static_cast<size_t>(j)].second);
-  };
-  if (jobs.size() > 1) mask_pool_->parallel_for(static_cast<int64_t>(jobs.size()), fill);
-  else fill(0, 1);
 }
 
 void Engine::count_route(const core::StepRoute& route) {
@@ -394,23 +380,16 @@ void Engine::accept_constrained(structured::Matcher& m, int32_t token) {
   K3_CHECK(m.accept(token), "Engine: the sampler chose token " + std::to_string(token) + ", which the grammar refuses");
 }
 
-std::span<const float> Engine::mask_verify_rows(structured::Matcher& m, std::span<const float> rows,
-                                                std::span<const int32_t> drafts) {
-  // Row j follows drafts d_1..d_j: its mask is the grammar's after them. A draft the grammar
-  // refuses has logit -inf in its row, so acceptance stops there and the rows after it are unused.
+std::span<const float> Engine::mask_verify_rows(const scheduler::ScheduledSequence& q, std::span<const float> rows) {
+  // Row j follows drafts d_1..d_j: its mask is the grammar's after them (StepMasks). A draft the
+  // grammar refuses has logit -inf in its row, so acceptance stops there.
   masked_rows_.assign(rows.begin(), rows.end());
-  mask_.resize(static_cast<size_t>(m.grammar().vocabulary().words()));
-  int advanced = 0;
-  for (size_t j = 0; j <= drafts.size(); ++j) {
-    m.fill_mask(mask_);
-    float* row = masked_rows_.data() + j * static_cast<size_t>(vocab_);
+  for (int32_t j = 0; j < q.mask_rows(); ++j) {
+    const std::span<const uint32_t> mask = masks_.row(q.mask_row + j);
+    float* row = masked_rows_.data() + static_cast<size_t>(j) * static_cast<size_t>(vocab_);
     for (int32_t t = 0; t < vocab_; ++t)
-      if (!(mask_[static_cast<size_t>(t) >> 5] >> (t & 31) & 1)) row[t] = -std::numeric_limits<float>::infinity();
-    if (j == drafts.size() || !m.accept(drafts[j])) break;
-    ++advanced;
-    if (m.terminated()) break;  // an accepted end token: the scheduler cuts what follows it
+      if (!(mask[static_cast<size_t>(t) >> 5] >> (t & 31) & 1)) row[t] = -std::numeric_limits<float>::infinity();
   }
-  m.rollback(advanced);
   return masked_rows_;
 }
 
@@ -429,12 +408,7 @@ void Engine::sample_sequence(const StepPlan& plan, size_t i, const float* rows) 
   }
   if (q.num_drafts == 0) {
     rows += static_cast<int64_t>(q.logit_rows() - 1) * vocab_;  // the last token's row
-    std::span<const uint32_t> allowed;
-    if (ctx.matcher) {
-      mask_.resize(static_cast<size_t>(ctx.matcher->grammar().vocabulary().words()));
-      ctx.matcher->fill_mask(mask_);
-      allowed = mask_;
-    }
+    const std::span<const uint32_t> allowed = q.mask_row >= 0 ? masks_.row(q.mask_row) : std::span<const uint32_t>{};
     samples_.push_back(
         ctx.sampler->sample(std::span(rows, static_cast<size_t>(vocab_)), r->prompt(), r->output(), allowed));
     sampled_.push_back(samples_.back().token);
@@ -445,7 +419,7 @@ void Engine::sample_sequence(const StepPlan& plan, size_t i, const float* rows) 
   // A verify sequence: its tokens are [last, d_1..d_k] and its k+1 rows follow each other.
   std::span<const float> all(rows, static_cast<size_t>(q.num_drafts + 1) * static_cast<size_t>(vocab_));
   const std::span<const int32_t> drafts = plan.tokens_of(q).subspan(1);
-  if (ctx.matcher) all = mask_verify_rows(*ctx.matcher, all, drafts);
+  if (q.mask_row >= 0) all = mask_verify_rows(q, all);
   if (synthetic_al_ > 0)
     spec::accept_synthetic(*ctx.sampler, all, vocab_, r->prompt(), r->output(), drafts, synthetic_al_, verified_,
                            scratch_);

@@ -29,6 +29,7 @@
 
 #include "engine/executor.h"
 #include "engine/prefill_progress.h"
+#include "engine/step_masks.h"
 #include "engine/token_stream.h"
 #include "runner/sampler.h"
 #include "scheduler/scheduler.h"
@@ -175,16 +176,13 @@ class Engine {
   void publish_stats(double host_s, double exec_s);
   void set_up_speculation();
   // Counts a step that ran on `route` (stats().decode_paths), logging the first of each kind.
-  // Fills the masks of the `masks` constrained rows of a device step (row_masks_, in row order).
-  void fill_row_masks(size_t masks);
   void count_route(const core::StepRoute& route);
   void propose_drafts();
   // Samples plan row(s) of sequence i into samples_/sampled_/accepted_ (verify: acceptance).
   void sample_sequence(const StepPlan& plan, size_t i, const float* rows);
   void accept_constrained(structured::Matcher& m, int32_t token);
-  // A constrained verify sequence's rows with each row's grammar mask applied (masked_rows_).
-  std::span<const float> mask_verify_rows(structured::Matcher& m, std::span<const float> rows,
-                                          std::span<const int32_t> drafts);
+  // A constrained verify sequence's rows with each row's grammar mask (masks_) applied (masked_rows_).
+  std::span<const float> mask_verify_rows(const scheduler::ScheduledSequence& q, std::span<const float> rows);
   // Hands sequence i's logits rows (its plan.seqs[i].logit_rows(), from `rows`) to its on_logits.
   void hand_out_logits(const StepPlan& plan, size_t i, const float* rows);
   void forget(RequestId id);  // drafter and draft-length state of a request that left or was preempted
@@ -228,12 +226,9 @@ class Engine {
   std::vector<spec::Draft> drafts_;
   std::vector<int32_t> accepted_, verify_rows_, scratch_;
   std::vector<int32_t> seq_accepted_;               // per plan sequence: accepted drafts (-1: not a verify)
-  std::vector<uint32_t> mask_;                      // one constrained row's allowed tokens [ceil(vocab / 32)]
-  std::vector<std::vector<uint32_t>> row_masks_;    // device sampling: each constrained row's mask
   std::vector<structured::Matcher*> row_matchers_;  // device sampling: each sampled row's (or null)
-  // Fills a device step's constrained masks on several threads while the GPU runs the forward
-  // (made at the first constrained step).
-  std::unique_ptr<backends::cpu::ThreadPool> mask_pool_;
+  // The step's grammar masks (the plan's mask rows), filled while the executor runs the step.
+  StepMasks masks_;
   std::vector<float> masked_rows_;         // a constrained verify sequence's rows, masked
   bool taps_on_ = false;                   // the drafter observes the target's hidden states
   core::DecodePathCounters decode_paths_;  // the routes of the steps that ran

@@ -51,6 +51,9 @@ struct RequestSpec {
   int32_t eos_token_id = -1;            // the model's eos; -1: none
   bool ignore_eos = false;
   LogitsOut logits_out = LogitsOut::none;
+  // A grammar constrains its samples (the engine holds the matcher): each step that samples it
+  // gives its sampled rows grammar mask rows (ScheduledSequence::mask_row).
+  bool constrained = false;
 };
 
 // Per-request statistics, written by the step loop only (no locks) and handed out with the

@@ -123,6 +123,10 @@ void Scheduler::emit(Request& r, int64_t start, int64_t end, SlotInit init, int3
   s.save_checkpoint = run.cache.pending_checkpoint;
   s.sample = end == r.num_tokens();
   s.logits_out = r.spec().logits_out;
+  if (s.sample && r.spec().constrained) {
+    s.mask_row = out.num_mask_rows;
+    out.num_mask_rows += s.mask_rows();
+  }
   r.last_scheduled_step = step_;
   scheduled_.push_back(&r);
   out.seqs.push_back(s);

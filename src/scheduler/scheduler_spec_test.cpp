@@ -70,6 +70,44 @@ struct Harness {
   }
 };
 
+// A constrained request's sampled rows get grammar mask rows in the plan (one for a plain row,
+// every row of a verify); its prefill chunks that sample nothing and unconstrained requests get
+// none.
+TEST(SchedulerSpec, ConstrainedSampledRowsGetMaskRows) {
+  SchedulerConfig sc = sched_config(/*budget=*/40);
+  Harness h(sc, cache_config(64, /*prefix_cache=*/false));
+  RequestSpec constrained = spec(60, 20);
+  constrained.constrained = true;
+  h.sched.add(1, constrained);
+  h.sched.add(2, spec(5, 20, 1));
+  // Step 1: request 1's first chunk (60 tokens take two), which samples nothing; request 2's prompt.
+  h.plain_step();
+  const auto seq_of = [&](RequestId id) -> const ScheduledSequence& {
+    for (const ScheduledSequence& q : h.out.seqs)
+      if (q.id == id) return q;
+    throw core::Error("request " + std::to_string(id) + " is not in the plan");
+  };
+  EXPECT_FALSE(seq_of(1).sample);
+  EXPECT_EQ(seq_of(1).mask_row, -1);
+  EXPECT_EQ(seq_of(2).mask_row, -1);
+  EXPECT_EQ(h.out.num_mask_rows, 0);
+  h.plain_step();  // step 2: request 1's last chunk, sampled; request 2 decodes
+  EXPECT_TRUE(seq_of(1).sample);
+  EXPECT_EQ(seq_of(1).mask_row, 0);
+  EXPECT_EQ(seq_of(2).mask_row, -1);
+  EXPECT_EQ(h.out.num_mask_rows, 1);
+  h.sched.set_drafts(1, std::vector<int32_t>{7, 8, 9});
+  h.sched.set_drafts(2, std::vector<int32_t>{7, 8});
+  h.sched.schedule(h.out);
+  ASSERT_EQ(h.out.seqs.size(), 2u);
+  for (const ScheduledSequence& q : h.out.seqs) {
+    EXPECT_TRUE(q.verify()) << q.id;
+    EXPECT_EQ(q.mask_row, q.id == 1 ? 0 : -1) << q.id;
+    EXPECT_EQ(q.mask_rows(), q.id == 1 ? 4 : 0) << q.id;
+  }
+  EXPECT_EQ(h.out.num_mask_rows, 4);
+}
+
 TEST(SchedulerSpec, VerifyRowsBudgetPagesAndEvents) {
   Harness h(sched_config(), cache_config(64, /*prefix_cache=*/false));
   h.sched.add(1, spec(30, 20));

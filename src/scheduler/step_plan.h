@@ -52,6 +52,11 @@ struct ScheduledSequence {
   int32_t num_drafts = 0;
   bool verify() const { return num_drafts > 0; }
   LogitsOut logits_out = LogitsOut::none;  // the request's (RequestSpec::logits_out)
+  // A constrained request's sampled rows (1, or every row of a verify) take grammar mask rows
+  // [mask_row, + mask_rows()) of the step's StepPlan::num_mask_rows (engine/step_masks.h fills
+  // them while the step runs); -1: not constrained, or it samples nothing this step.
+  int32_t mask_row = -1;
+  int32_t mask_rows() const { return mask_row < 0 ? 0 : verify() ? num_tokens : 1; }
   // Logits rows the step returns for it: every row of a verify or an every_row sequence, else the last.
   int32_t logit_rows() const { return verify() || logits_out == LogitsOut::every_row ? num_tokens : 1; }
 
@@ -70,6 +75,7 @@ struct StepPlan {
   int32_t num_verifies = 0;      // seqs with num_drafts > 0
   int64_t num_draft_tokens = 0;  // sum of num_drafts
   int64_t num_logit_rows = 0;    // sum of seqs[i].logit_rows()
+  int32_t num_mask_rows = 0;     // sum of seqs[i].mask_rows(): the grammar masks the step samples with
   bool host_logits = false;      // some sequence's logits are handed out: they must reach the host
   // The decode path (and why, when the fused path was selected and does not serve the step) and
   // the captured-graph bucket: chosen once by the scheduler (scheduler/step_route.h), followed by
@@ -88,7 +94,7 @@ struct StepPlan {
     tokens.clear();
     blocks.clear();
     preempted.clear();
-    num_decodes = num_prefills = num_samples = num_verifies = 0;
+    num_decodes = num_prefills = num_samples = num_verifies = num_mask_rows = 0;
     num_tokens = num_draft_tokens = num_logit_rows = 0;
     host_logits = false;
     route = {};
