@@ -10,6 +10,10 @@ namespace k3::tokenizer {
 
 namespace {
 
+// An event that carries only text (no call).
+OutputEvent text_event(OutputEvent::Kind kind, std::string_view text) { return {kind, std::string(text), {}, {}}; }
+OutputEvent error_event(const std::string& text) { return text_event(OutputEvent::Kind::error, text); }
+
 using k3_tokens::kClose;
 using k3_tokens::kEndOfMsg;
 using k3_tokens::kOpen;
@@ -201,9 +205,8 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
   if (!before.empty() && structural && pos == std::string_view::npos && !final && buf_.size() < 65536) return false;
   if (!before.empty()) {
     if (in_channel || state_ == State::between) {
-      events.push_back({state_ == State::think ? OutputEvent::Kind::reasoning : OutputEvent::Kind::content,
-                        std::string(before),
-                        {}});
+      events.push_back(
+          text_event(state_ == State::think ? OutputEvent::Kind::reasoning : OutputEvent::Kind::content, before));
     } else if (state_ == State::argument || state_ == State::json) {
       value_ += before;
       if (state_ == State::argument && arg_type_ == "string") stream_string_value(events, false);
@@ -212,9 +215,8 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
       if (state_ == State::call) {
         if (!call_failed_) call_failed_ = true, error_ = what + " inside the call";
       } else {
-        events.push_back({OutputEvent::Kind::error,
-                          what + (state_ == State::tools ? " in the tools block" : " after the message closed"),
-                          {}});
+        events.push_back(
+            error_event(what + (state_ == State::tools ? " in the tools block" : " after the message closed")));
       }
     }
     if (in_call()) call_raw_ += before;
@@ -238,7 +240,7 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
     if (state_ == State::call || state_ == State::argument || state_ == State::json) {
       fail_call("stray " + mk.tag);
     } else {
-      events.push_back({OutputEvent::Kind::error, "stray " + mk.tag + " dropped", {}});
+      events.push_back(error_event("stray " + mk.tag + " dropped"));
     }
     return true;
   }
@@ -247,7 +249,7 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
       fail_call("the output ended inside the call");
       end_call(events);
     } else if (state_ == State::tools) {
-      events.push_back({OutputEvent::Kind::error, "the output ended inside the tools block", {}});
+      events.push_back(error_event("the output ended inside the tools block"));
     }
     consume();
     state_ = State::done;
@@ -262,8 +264,7 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
         if (mk.tag == "message") {
           state_ = State::after_message;
         } else {
-          if (mk.tag != channel)
-            events.push_back({OutputEvent::Kind::error, marker + " closed the " + channel + " channel", {}});
+          if (mk.tag != channel) events.push_back(error_event(marker + " closed the " + channel + " channel"));
           state_ = State::between;
         }
       } else {
@@ -282,7 +283,7 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
       } else if (mk.kind == Mark::close && mk.tag == "message") {
         state_ = State::after_message;
       } else {
-        events.push_back({OutputEvent::Kind::error, "unexpected " + marker + " between channels", {}});
+        events.push_back(error_event("unexpected " + marker + " between channels"));
       }
       return true;
     case State::tools: {
@@ -305,7 +306,7 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
       } else if (mk.kind == Mark::close && (mk.tag == "tools" || mk.tag == "message")) {
         state_ = mk.tag == "tools" ? State::between : State::after_message;
       } else {
-        events.push_back({OutputEvent::Kind::error, "unexpected " + marker + " in the tools block", {}});
+        events.push_back(error_event("unexpected " + marker + " in the tools block"));
       }
       return true;
     }
@@ -359,7 +360,7 @@ bool OutputParser::step(std::vector<OutputEvent>& events, bool final) {
     }
     case State::after_message:
       consume();
-      events.push_back({OutputEvent::Kind::error, "unexpected " + marker + " after the message closed", {}});
+      events.push_back(error_event("unexpected " + marker + " after the message closed"));
       return true;
     case State::done: break;
   }
@@ -380,7 +381,7 @@ void OutputParser::finish(std::vector<OutputEvent>& events) {
     if (!call_failed_) call_failed_ = true, error_ = "the output ended inside the call";
     end_call(events);
   } else if (state_ == State::tools) {
-    events.push_back({OutputEvent::Kind::error, "the output ended inside the tools block", {}});
+    events.push_back(error_event("the output ended inside the tools block"));
   }
   if (state_ != State::done && state_ != State::after_message) state_ = State::between;
 }
