@@ -12,6 +12,13 @@ namespace k3::structured {
 CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocabulary)
     : grammar_(std::move(grammar)), vocabulary_(std::move(vocabulary)) {
   K3_CHECK(vocabulary_ != nullptr, "CompiledGrammar: no vocabulary");
+  horizon_ = static_cast<uint32_t>(vocabulary_->max_symbols()) + 1;
+}
+
+uint32_t CompiledGrammar::canonical_count(const Repeat& r, uint32_t count) const {
+  if (count < r.min) return r.min - count >= horizon_ ? r.min - horizon_ : count;
+  if (r.max == kUnbounded || r.max - count >= horizon_) return r.min;
+  return count;
 }
 
 std::shared_ptr<const GroupMask> CompiledGrammar::group_mask(std::span<const uint32_t> key) const {
@@ -30,7 +37,7 @@ std::shared_ptr<const GroupMask> CompiledGrammar::group_mask(std::span<const uin
   try {
     auto mask = std::make_shared<const GroupMask>(compute(key));
     const int64_t bytes = static_cast<int64_t>(
-        mask->dense.size() * sizeof(uint32_t) + mask->ids.size() * sizeof(int32_t) +
+        mask->dense.size() * sizeof(uint32_t) + (mask->ids.size() + mask->removed.size()) * sizeof(int32_t) +
         mask->uncertain.size() * (sizeof(GroupMask::Uncertain) + sizeof(uint16_t)));
     {
       std::lock_guard lock(mu_);
@@ -56,13 +63,16 @@ int64_t CompiledGrammar::cached_bytes() const {
   return cached_bytes_;
 }
 
-StackId CompiledGrammar::chain_key(const StackArena& arena, StackId s, std::vector<uint32_t>& key) {
+StackId CompiledGrammar::chain_key(const StackArena& arena, StackId s, std::vector<uint32_t>& key) const {
   key.clear();
   key.push_back(0);
   StackId n = s, ancestor = kNoParent;
   for (int d = 0; d < kGroupDepth; ++d) {
-    key.push_back(arena.pos(n));
-    ++key[0];
+    const uint32_t pos = arena.pos(n);
+    key.push_back(pos);
+    const Element& e = grammar_.element(pos);
+    if (e.kind == Element::Kind::repeat) key.push_back(canonical_count(grammar_.repeat(e.index), arena.count(n)));
+    key[0] = static_cast<uint32_t>(key.size() - 1);
     ancestor = arena.parent(n);
     if (ancestor == kNoParent) break;
     n = ancestor;
@@ -111,17 +121,97 @@ size_t CompiledGrammar::warm(const std::atomic<bool>& stop, size_t max_chains, i
   return chains.size();
 }
 
-GroupMask CompiledGrammar::compute(std::span<const uint32_t> key) const {
-  const Vocabulary& v = *vocabulary_;
-  StackArena arena(grammar_);
+State CompiledGrammar::chains_of(StackArena& arena, std::span<const uint32_t> key) const {
   State start;
+  std::vector<std::pair<uint32_t, uint32_t>> frames;     // (position, count), top first
   for (size_t i = 0; i < key.size(); i += key[i] + 1) {  // each chain rebuilt over an unknown ancestor
+    frames.clear();
+    for (size_t j = i + 1; j <= i + key[i]; ++j) {
+      const bool counted = grammar_.element(key[j]).kind == Element::Kind::repeat;
+      frames.push_back({key[j], counted ? key[j + 1] : 0});
+      if (counted) ++j;
+    }
     StackId s = kUnknownParent;
-    for (uint32_t d = key[i]; d >= 1; --d) s = arena.node(key[i + d], s);
+    for (auto f = frames.rbegin(); f != frames.rend(); ++f) s = arena.node(f->first, s, f->second);
     start.push_back(s);
   }
   std::sort(start.begin(), start.end());
   start.erase(std::unique(start.begin(), start.end()), start.end());
+  return start;
+}
+
+size_t CompiledGrammar::near_max_entry(std::span<const uint32_t> key) const {
+  if (key.empty() || key[0] + 1 != key.size()) return 0;
+  for (size_t j = 1; j < key.size(); ++j) {
+    const Element& e = grammar_.element(key[j]);
+    if (e.kind != Element::Kind::repeat) continue;
+    const Repeat& r = grammar_.repeat(e.index);
+    const uint32_t count = key[++j];
+    if (r.max != kUnbounded && count >= r.min && r.max - count < horizon_ && r.max - r.min >= horizon_) return j;
+  }
+  return 0;
+}
+
+std::optional<GroupMask> CompiledGrammar::derive_near_max(std::span<const uint32_t> key, size_t entry) const {
+  const Repeat& r = grammar_.repeat(grammar_.element(key[entry - 1]).index);
+  const uint32_t room = r.max - key[entry];
+  std::vector<uint32_t> far_key(key.begin(), key.end());
+  far_key[entry] = r.min;  // canonical for every count with H or more room
+  std::shared_ptr<const GroupMask> far = group_mask(far_key);
+  if (far->dense.empty()) return std::nullopt;
+
+  const Vocabulary& v = *vocabulary_;
+  const auto& order = v.order();
+  const auto& lcp = v.lcp();
+  std::vector<int32_t> longs;  // the tokens of `room` symbols or more, in walk order
+  std::vector<uint16_t> longs_lcp;
+  uint16_t run = 0;  // the common prefix since the last long token
+  for (size_t i = 0; i < order.size(); ++i) {
+    run = longs.empty() ? 0 : std::min(run, lcp[i]);
+    if (v.symbols(order[i]).size() < room) continue;
+    longs_lcp.push_back(longs.empty() ? 0 : run);
+    longs.push_back(order[i]);
+    run = UINT16_MAX;
+  }
+  const auto accepted_far = [&](int32_t t) { return far->dense[static_cast<size_t>(t) >> 5] >> (t & 31) & 1; };
+  const auto is_long = [&](int32_t t) { return v.symbols(t).size() >= room; };
+
+  GroupMask m;
+  m.base = far;
+  for (const auto& u : far->uncertain)
+    if (!is_long(u.token)) m.uncertain.push_back(u);
+  StackArena arena(grammar_);
+  PrefixWalk walk;
+  int64_t refused = 0;
+  walk.run(
+      arena, chains_of(arena, key), longs.size(), [&](size_t i) { return v.symbols(longs[i]); },
+      [&](size_t i) { return longs_lcp[i]; },
+      [&](size_t i, size_t consumed, bool alive) {
+        const int32_t id = longs[i];
+        if (alive) return;
+        if (accepted_far(id)) {
+          m.removed.push_back(id);
+          ++refused;
+        }
+        const size_t len = v.symbols(id).size();
+        for (size_t e = 1; e <= consumed && e < len; ++e) {
+          const State& st = walk.depth_state(e);
+          if ((!st.empty() && st[0] == kEscaped) || (st.size() > 1 && st[1] == kEscaped))
+            m.uncertain.push_back({id, static_cast<uint16_t>(e)});
+        }
+      });
+  std::sort(m.removed.begin(), m.removed.end());
+  m.accepted_count = far->accepted_count - refused;
+  finish_uncertain(m);
+  return m;
+}
+
+GroupMask CompiledGrammar::compute(std::span<const uint32_t> key) const {
+  if (const size_t entry = near_max_entry(key))
+    if (std::optional<GroupMask> near = derive_near_max(key, entry)) return std::move(*near);
+  const Vocabulary& v = *vocabulary_;
+  StackArena arena(grammar_);
+  const State start = chains_of(arena, key);
 
   GroupMask m;
   std::vector<int32_t> accepted;
@@ -152,6 +242,12 @@ GroupMask CompiledGrammar::compute(std::span<const uint32_t> key) const {
   } else {
     m.ids = std::move(accepted);
   }
+  finish_uncertain(m);
+  return m;
+}
+
+void CompiledGrammar::finish_uncertain(GroupMask& m) const {
+  const Vocabulary& v = *vocabulary_;
   auto suffix = [&](const GroupMask::Uncertain& u) { return v.symbols(u.token).subspan(u.consumed); };
   std::sort(m.uncertain.begin(), m.uncertain.end(), [&](const auto& a, const auto& b) {
     const auto x = suffix(a), y = suffix(b);
@@ -164,7 +260,6 @@ GroupMask CompiledGrammar::compute(std::span<const uint32_t> key) const {
     while (k < x.size() && k < y.size() && x[k] == y[k]) ++k;
     m.uncertain_lcp[i] = static_cast<uint16_t>(k);
   }
-  return m;
 }
 
 uint32_t PrefixWalk::intern(const State& s) {

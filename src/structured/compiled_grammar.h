@@ -15,12 +15,24 @@
 //   uncertain   (token, symbols consumed before its rule ended) pairs, sorted by what is left,
 // and a mask step ORs the accepted sets of its stacks' chains and checks only the uncertain suffixes
 // against the real continuation (structured/matcher.h).
+//
+// A repeat frame in a chain holds a count, and one token completes at most as many iterations as it
+// has symbols (a body never matches the empty string), so what a chain accepts depends on a count
+// only through min(min - count, H) and min(max - count, H), H = the longest token's symbols + 1.
+// The key holds each count canonical for those two (canonical_count): the counts of x{0,300} more
+// than H below 300 are one chain, and x{0,500000} costs about 2H chains, not 500,000 positions.
+// A chain within H of a repeat's maximum (room r = max - count < H) accepts what the chain of the
+// far count does, less some tokens of r symbols or more (a token shorter than r cannot run out of
+// room; more room never refuses a token): its masks are that chain's, minus the long tokens a walk
+// of only those refuses. So the H chains near a maximum cost a walk of the long tokens and a
+// list of ids each, not a walk of the vocabulary and a dense mask.
 #pragma once
 #include <atomic>
 #include <cstdint>
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -33,8 +45,11 @@
 namespace k3::structured {
 
 struct GroupMask {
-  std::vector<uint32_t> dense;  // [vocab words], or empty: the accepted tokens are `ids`
+  std::vector<uint32_t> dense;  // [vocab words], or empty: the accepted tokens are `ids` or base's
   std::vector<int32_t> ids;
+  // Near a repeat's maximum: the accepted tokens are base's (dense) less `removed` (sorted ids).
+  std::shared_ptr<const GroupMask> base;
+  std::vector<int32_t> removed;
   struct Uncertain {
     int32_t token;
     uint16_t consumed;  // symbols of the token read before the group's rule ended
@@ -51,15 +66,19 @@ class CompiledGrammar {
   const Vocabulary& vocabulary() const { return *vocabulary_; }
   // Frames per stack that a group's key holds.
   static constexpr int kGroupDepth = 4;
-  // A chain's masks, computed on first use; thread-safe. key: [length, top position, ...,
-  // position of the frame above the ancestor] (the format allows several chains: their union).
+  // A chain's masks, computed on first use; thread-safe. key: a chain_key (the format allows
+  // several chains one after another: their union).
   std::shared_ptr<const GroupMask> group_mask(std::span<const uint32_t> key) const;
   size_t cached_groups() const;
   int64_t cached_bytes() const;  // of the chains' masks held
-  // The key of stack `s`'s chain in `arena` (what a mask step looks its masks up by): [frames, top
-  // position, ..., position of the frame above the ancestor]. Returns that ancestor (kNoParent:
-  // the chain reaches the root).
-  static StackId chain_key(const StackArena& arena, StackId s, std::vector<uint32_t>& key);
+  // The key of stack `s`'s chain in `arena` (what a mask step looks its masks up by): [entries,
+  // top position, ..., position of the frame above the ancestor], each repeat frame's position
+  // followed by its canonical count. Returns that ancestor (kNoParent: the chain reaches the root).
+  StackId chain_key(const StackArena& arena, StackId s, std::vector<uint32_t>& key) const;
+  // The count that stands for `count` of repeat `r` in a key: itself within H of a bound; else
+  // min - H below the minimum, min above it.
+  uint32_t canonical_count(const Repeat& r, uint32_t count) const;
+  uint32_t count_horizon() const { return horizon_; }  // H
 
   // Walks ahead of the requests: computes the masks of the chains reachable from the start, nearest
   // first (a breadth-first search over single stacks up to kWarmMaxDepth frames deep and
@@ -70,14 +89,25 @@ class CompiledGrammar {
               int64_t max_bytes = kWarmMaxBytes) const;
   static constexpr int kWarmMaxDepth = 12;
   static constexpr size_t kWarmMaxStacks = size_t{1} << 17;
-  static constexpr size_t kWarmMaxChains = 4096;
+  static constexpr size_t kWarmMaxChains = 16384;
   static constexpr int64_t kWarmMaxBytes = int64_t{32} << 20;  // 1,600 dense masks of K3's vocabulary
 
  private:
   GroupMask compute(std::span<const uint32_t> key) const;
+  // The entry of `key` (one chain) holding the count of a frame within H of its repeat's maximum
+  // whose far counts (min) have H or more room; 0 when none.
+  size_t near_max_entry(std::span<const uint32_t> key) const;
+  // The masks of such a chain from the far chain's (dense) masks: its tokens of `room` symbols or
+  // more walked again; nullopt when the far chain's accepted tokens are an id list.
+  std::optional<GroupMask> derive_near_max(std::span<const uint32_t> key, size_t entry) const;
+  // Rebuilds a key's chains in `arena`, each over an unknown ancestor: the walk's start.
+  State chains_of(StackArena& arena, std::span<const uint32_t> key) const;
+  // Sorts `m.uncertain` by what is left of each token and fills uncertain_lcp.
+  void finish_uncertain(GroupMask& m) const;
 
   Grammar grammar_;
   std::shared_ptr<const Vocabulary> vocabulary_;
+  uint32_t horizon_;
   mutable std::mutex mu_;
   // Each chain's mask, or the future of one being computed (the first caller computes it; others
   // wait for it rather than walk twice).

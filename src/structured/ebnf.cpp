@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <map>
-#include <tuple>
 
 #include "core/error.h"
 #include "structured/utf8_ranges.h"
@@ -13,10 +12,8 @@ namespace {
 
 using Item = GrammarBuilder::Item;
 using Seq = std::vector<Item>;
-constexpr int64_t kMaxRepeat = 1000000;  // {m,n} bounds past this are refused
-
-Item symbols_item(SymbolSet set) { return Item{Element::Kind::symbols, std::move(set), 0}; }
-Item rule_item(uint32_t r) { return Item{Element::Kind::rule, {}, r}; }
+constexpr auto symbols_item = GrammarBuilder::symbols_item;
+constexpr auto rule_item = GrammarBuilder::rule_item;
 Item byte_item(uint8_t b) {
   SymbolSet s;
   s.add(b);
@@ -272,12 +269,7 @@ class Parser {
     b_.add_alternative(r, atom);
     return rule_item(r);
   }
-  Item star(const Item& x) {
-    const uint32_t r = b_.fresh_rule("star");
-    b_.add_alternative(r, {x, rule_item(r)});  // the tail reference costs no stack (matcher)
-    b_.add_alternative(r, {});
-    return rule_item(r);
-  }
+  Item star(const Item& x) { return b_.star(x); }
   Item optional(const Seq& x) {
     const uint32_t r = b_.fresh_rule("opt");
     b_.add_alternative(r, x);
@@ -323,65 +315,9 @@ class Parser {
         }
         if (!take("}")) fail("expected '}' closing a repetition");
         if (!unbounded && n < m) fail("repetition {m,n} with n < m");
-        atom = {repeat(as_one(std::move(atom)), m, unbounded ? -1 : n)};
+        atom = {b_.repeat(as_one(std::move(atom)), m, unbounded ? -1 : n)};
       } else return;
     }
-  }
-
-  // x{m,n} (n = -1: unbounded): x{m}, then x{0,n-m} (or a star).
-  Item repeat(const Item& x, int64_t m, int64_t n) {
-    const uint32_t r = b_.fresh_rule("rep");
-    Seq seq = {exact(x, m)};
-    if (n < 0) seq.push_back(star(x));
-    else if (n > m) seq.push_back(upto(x, n - m));
-    b_.add_alternative(r, seq);
-    return rule_item(r);
-  }
-
-  // Large counts go through blocks of kBlock copies, so x{0,100000} is O(kBlock log n) rules whose
-  // positions repeat (one token-mask group each), not 100000 distinct ones.
-  static constexpr int64_t kBlock = 32;
-
-  // x{m}: m copies, or (x{kBlock}){m / kBlock} x{m % kBlock}.
-  Item exact(const Item& x, int64_t m) {
-    const uint32_t r = b_.fresh_rule("exact");
-    if (m <= 2 * kBlock) b_.add_alternative(r, Seq(static_cast<size_t>(m), x));
-    else {
-      const Item block = exact(x, kBlock);
-      b_.add_alternative(r, {exact(block, m / kBlock), exact(x, m % kBlock)});
-    }
-    return rule_item(r);
-  }
-
-  // x{0,k}: nested optionals, or for large k, with q = k / kBlock and y = x{kBlock}:
-  //   y{0,q-1} x{0,kBlock-1} | y{q} x{0,k % kBlock}
-  // (a length below q blocks leaves any remainder; exactly q blocks leave at most k % kBlock).
-  Item upto(const Item& x, int64_t k) {
-    const auto key = std::make_tuple(x.kind, x.rule, x.set.bytes, x.set.specials, k);
-    if (auto at = upto_.find(key); at != upto_.end()) return rule_item(at->second);
-    uint32_t r;
-    if (k == 0) {
-      r = b_.fresh_rule("upto");  // x{0,0}: nothing
-      b_.add_alternative(r, {});
-    } else if (k <= 2 * kBlock) {
-      r = b_.fresh_rule("upto");  // x{0,1}
-      b_.add_alternative(r, {x});
-      b_.add_alternative(r, {});
-      for (int64_t i = 2; i <= k; ++i) {  // x{0,i} ::= x x{0,i-1} | ""
-        const uint32_t t = b_.fresh_rule("upto");
-        b_.add_alternative(t, {x, rule_item(r)});
-        b_.add_alternative(t, {});
-        r = t;
-      }
-    } else {
-      const Item block = exact(x, kBlock);
-      const int64_t q = k / kBlock;
-      r = b_.fresh_rule("upto");
-      b_.add_alternative(r, {upto(block, q - 1), upto(x, kBlock - 1)});
-      b_.add_alternative(r, {exact(block, q), upto(x, k % kBlock)});
-    }
-    upto_.emplace(key, r);
-    return rule_item(r);
   }
 
   std::string_view text_;
@@ -389,7 +325,6 @@ class Parser {
   size_t pos_ = 0;
   GrammarBuilder b_;
   std::map<CodepointRanges, uint32_t> classes_;
-  std::map<std::tuple<Element::Kind, uint32_t, std::array<uint64_t, 4>, std::vector<Symbol>, int64_t>, uint32_t> upto_;
 };
 
 }  // namespace

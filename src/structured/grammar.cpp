@@ -68,7 +68,13 @@ std::string Grammar::describe() const {
       if (a) out += " |";
       for (uint32_t p = rules_[r][a]; elements_[p].kind != Element::Kind::end; ++p) {
         const Element& e = elements_[p];
-        out += " " + (e.kind == Element::Kind::rule ? names_[e.index] : describe_set(sets_[e.index]));
+        if (e.kind == Element::Kind::rule) out += " " + names_[e.index];
+        else if (e.kind == Element::Kind::symbols) out += " " + describe_set(sets_[e.index]);
+        else {
+          const Repeat& r = repeats_[e.index];
+          out += " " + names_[r.body] + "{" + std::to_string(r.min) + "," +
+                 (r.max == kUnbounded ? "" : std::to_string(r.max)) + "}";
+        }
       }
       if (elements_[rules_[r][a]].kind == Element::Kind::end) out += " \"\"";
     }
@@ -105,6 +111,59 @@ void GrammarBuilder::add_alternative(uint32_t rule, const std::vector<Item>& ite
   alts_[rule].push_back(items);
 }
 
+GrammarBuilder::Item GrammarBuilder::repeat(const Item& x, int64_t min, int64_t max) {
+  if (min > kMaxRepeat || max > kMaxRepeat)
+    throw core::Error("grammar: repetition bound above " + std::to_string(kMaxRepeat));
+  if (max >= 0 && max < min) throw core::Error("grammar: repetition {m,n} with n < m");
+  uint32_t body = x.rule;
+  if (x.kind != Element::Kind::rule) {  // the body is a rule: each iteration returns into the count
+    body = fresh_rule("rep");
+    add_alternative(body, {x});
+  }
+  Item it{Element::Kind::repeat, {}, body};
+  it.min = static_cast<uint32_t>(min);
+  it.max = max < 0 ? kUnbounded : static_cast<uint32_t>(max);
+  return it;
+}
+
+GrammarBuilder::Item GrammarBuilder::star(const Item& x) {
+  const uint32_t r = fresh_rule("star");
+  add_alternative(r, {x, rule_item(r)});
+  add_alternative(r, {});
+  return rule_item(r);
+}
+
+GrammarBuilder::Item GrammarBuilder::unrolled_exact(const Item& x, int64_t m) {
+  const uint32_t r = fresh_rule("exact");
+  if (m <= 2 * kBlock) add_alternative(r, std::vector<Item>(static_cast<size_t>(m), x));
+  else add_alternative(r, {unrolled_exact(unrolled_exact(x, kBlock), m / kBlock), unrolled_exact(x, m % kBlock)});
+  return rule_item(r);
+}
+
+// x{0,k} with q = k / kBlock and y = x{kBlock}: y{0,q-1} x{0,kBlock-1} | y{q} x{0,k % kBlock}
+// (below q blocks any remainder fits; exactly q blocks leave at most k % kBlock).
+GrammarBuilder::Item GrammarBuilder::unrolled_upto(const Item& x, int64_t k) {
+  uint32_t r = fresh_rule("upto");
+  if (k == 0) {
+    add_alternative(r, {});
+  } else if (k <= 2 * kBlock) {
+    add_alternative(r, {x});
+    add_alternative(r, {});
+    for (int64_t i = 2; i <= k; ++i) {  // x{0,i} ::= x x{0,i-1} | ""
+      const uint32_t t = fresh_rule("upto");
+      add_alternative(t, {x, rule_item(r)});
+      add_alternative(t, {});
+      r = t;
+    }
+  } else {
+    const Item block = unrolled_exact(x, kBlock);
+    const int64_t q = k / kBlock;
+    add_alternative(r, {unrolled_upto(block, q - 1), unrolled_upto(x, kBlock - 1)});
+    add_alternative(r, {unrolled_exact(block, q), unrolled_upto(x, k % kBlock)});
+  }
+  return rule_item(r);
+}
+
 Grammar GrammarBuilder::build(const std::string& root) {
   Grammar g;
   bool found_root = false;
@@ -121,25 +180,46 @@ Grammar GrammarBuilder::build(const std::string& root) {
   }
   if (!found_root) throw core::Error("grammar: no '" + root + "' rule");
 
-  const size_t n = names_.size();
-  // Nullable and productive rules, to a fixpoint.
-  std::vector<bool> nullable(n, false), productive(n, false);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < n; ++r)
-      for (const auto& alt : alts_[r]) {
-        bool all_null = true, all_prod = true;
-        for (const Item& it : alt) {
-          if (it.kind == Element::Kind::symbols) all_null = false;
-          else {
-            all_null = all_null && nullable[it.rule];
-            all_prod = all_prod && productive[it.rule];
+  // Nullable and productive rules, to a fixpoint; then a repeat whose body is nullable becomes
+  // rules (its iterations could read nothing, which the stack's count does not allow), and again.
+  std::vector<bool> nullable, productive;
+  const auto item_nullable = [&](const Item& it) {
+    if (it.kind == Element::Kind::symbols) return false;
+    return (it.kind == Element::Kind::repeat && it.min == 0) || nullable[it.rule];
+  };
+  const auto item_productive = [&](const Item& it) {
+    if (it.kind == Element::Kind::symbols) return true;
+    return (it.kind == Element::Kind::repeat && it.min == 0) || productive[it.rule];
+  };
+  for (bool rewritten = true; rewritten;) {
+    const size_t rules = names_.size();
+    nullable.assign(rules, false);
+    productive.assign(rules, false);
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t r = 0; r < rules; ++r)
+        for (const auto& alt : alts_[r]) {
+          bool all_null = true, all_prod = true;
+          for (const Item& it : alt) {
+            all_null = all_null && item_nullable(it);
+            all_prod = all_prod && item_productive(it);
           }
+          if (all_null && !nullable[r]) nullable[r] = changed = true;
+          if (all_prod && !productive[r]) productive[r] = changed = true;
         }
-        if (all_null && !nullable[r]) nullable[r] = changed = true;
-        if (all_prod && !productive[r]) productive[r] = changed = true;
-      }
+    }
+    rewritten = false;
+    for (size_t r = 0; r < rules; ++r)
+      for (size_t a = 0; a < alts_[r].size(); ++a)
+        for (size_t i = 0; i < alts_[r][a].size(); ++i) {
+          const Item it = alts_[r][a][i];
+          if (it.kind != Element::Kind::repeat || !nullable[it.rule]) continue;
+          const Item body = rule_item(it.rule);  // x{m,n} = x{0,n} when x may be empty
+          alts_[r][a][i] = it.max == kUnbounded ? star(body) : unrolled_upto(body, it.max);
+          rewritten = true;
+        }
   }
+  const size_t n = names_.size();
   for (size_t r = 0; r < n; ++r)
     if (!productive[r]) throw core::Error("grammar: rule '" + names_[r] + "' can never be completed");
   // Left recursion: a cycle in "r can start with s" (through nullable prefixes).
@@ -149,7 +229,7 @@ Grammar GrammarBuilder::build(const std::string& root) {
       for (const Item& it : alt) {
         if (it.kind == Element::Kind::symbols) break;
         starts[r].push_back(it.rule);
-        if (!nullable[it.rule]) break;
+        if (!item_nullable(it)) break;
       }
   std::vector<uint8_t> color(n, 0);  // 0 new, 1 on the path, 2 done
   std::vector<std::pair<uint32_t, size_t>> path;
@@ -183,7 +263,10 @@ Grammar GrammarBuilder::build(const std::string& root) {
         Element e;
         e.kind = it.kind;
         if (it.kind == Element::Kind::rule) e.index = it.rule;
-        else {
+        else if (it.kind == Element::Kind::repeat) {
+          e.index = static_cast<uint32_t>(g.repeats_.size());
+          g.repeats_.push_back({it.rule, it.min, it.max});
+        } else {
           auto [at, fresh] = set_ids.try_emplace({it.set.bytes, it.set.specials},
                                                  static_cast<uint32_t>(g.sets_.size()));
           if (fresh) g.sets_.push_back(it.set);

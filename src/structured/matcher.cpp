@@ -74,11 +74,20 @@ void Matcher::fill_mask(std::span<uint32_t> words) {
   // return into the ancestor below the chain: those are checked against what really follows it.
   for (StackId id : state()) {
     if (id <= kEscaped) continue;
-    const StackId ancestor = CompiledGrammar::chain_key(arena_, id, key_);
+    const StackId ancestor = grammar_->chain_key(arena_, id, key_);
     const GroupMask& m = group_mask(key_);
     if (!m.dense.empty())
       for (size_t w = 0; w < words.size(); ++w) words[w] |= m.dense[w];
-    else
+    else if (m.base) {  // the far chain's tokens less those that run out of room
+      const std::vector<uint32_t>& base = m.base->dense;
+      size_t k = 0;
+      for (size_t w = 0; w < words.size(); ++w) {
+        uint32_t x = base[w];
+        for (; k < m.removed.size() && static_cast<size_t>(m.removed[k]) >> 5 == w; ++k)
+          x &= ~(1u << (m.removed[k] & 31));
+        words[w] |= x;
+      }
+    } else
       for (int32_t t : m.ids) set(t);
     if (m.uncertain.empty() || ancestor == kNoParent) continue;  // after the root nothing may follow
     const State after = arena_.after_return(ancestor);

@@ -138,6 +138,73 @@ TEST(Matcher, LargeRepetitionBoundsAreExact) {
   walk_and_check(R"(root ::= [xy]{100,300} "!")", 9, 80);  // the mask across block boundaries
 }
 
+// A bounded repetition keeps its count in the stack; chains share the count's class (exact within
+// one token's length of a bound). At every count of x{30,45} and x{30,} the mask equals trying every
+// token, and a 100,000-bound costs a few chains, not one per count.
+TEST(Matcher, CountedRepetitionMasksAreExactAtEveryCount) {
+  auto vocab = small_vocabulary();
+  for (const char* bounds : {"{30,45}", "{30,}", "{0,100000}"}) {
+    // Most tokens fit the class: the far chain's mask is dense, and the near ones are derived.
+    auto g = compile(std::string("root ::= \"<\" [^<>]") + bounds + " \">\"", vocab);
+    Matcher m(g);
+    ASSERT_TRUE(m.accept_text("<"));
+    std::vector<uint32_t> mask(static_cast<size_t>(vocab->words()));
+    size_t chains_at_60 = 0;
+    for (int n = 0; n <= 120; ++n) {
+      if (n == 60) chains_at_60 = g->cached_groups();
+      m.fill_mask(mask);
+      ASSERT_EQ(allowed(mask), allowed(reference_mask(m))) << bounds << " after " << n;
+      if (!m.accept_text(n % 3 ? "x" : "y")) {
+        EXPECT_EQ(n, 45) << bounds;  // only the bounded one runs out
+        break;
+      }
+    }
+    // Past the minimum and far from the maximum every count is one chain: no new ones.
+    if (std::string(bounds) != "{30,45}") EXPECT_EQ(g->cached_groups(), chains_at_60) << bounds;
+  }
+}
+
+// Within H of the maximum a chain's masks are the far chain's less a list of long tokens (and the
+// masks at every count equal trying every token: CountedRepetitionMasksAreExactAtEveryCount).
+TEST(Matcher, ChainsNearARepeatsMaximumAreDerivedFromTheFarChain) {
+  auto vocab = small_vocabulary();
+  auto g = compile(R"(root ::= "<" [^<>]{0,40} ">")", vocab);
+  StackArena arena(g->grammar());
+  State state = arena.initial(), next;
+  arena.advance(state, '<', next);
+  std::swap(state, next);
+  std::vector<uint32_t> key;
+  const int horizon = static_cast<int>(g->count_horizon());
+  for (int n = 0; n < 40; ++n) {  // n characters read; the next starts iteration n + 1
+    int inside = 0;
+    for (StackId s : state) {
+      // Only the stack of the class's ASCII bytes: a multibyte character's continuation accepts
+      // few tokens (an id list, computed whole).
+      const Grammar& gr = g->grammar();
+      if (s <= kEscaped || arena.parent(s) == kNoParent || !gr.set(gr.element(arena.pos(s)).index).contains('x'))
+        continue;
+      ++inside;
+      g->chain_key(arena, s, key);
+      EXPECT_EQ(g->group_mask(key)->base != nullptr, 40 - (n + 1) < horizon) << "after " << n;
+    }
+    EXPECT_EQ(inside, 1);
+    arena.advance(state, 'x', next);
+    std::swap(state, next);
+  }
+}
+
+// A repeated body that can match nothing is unrolled (x{m,n} = x{0,n} then), and means what it says.
+TEST(Matcher, RepetitionOfABodyThatMayBeEmpty) {
+  auto vocab = small_vocabulary();
+  auto g = compile(R"(root ::= ( "a"? "b"? ){2,3} "!")", vocab);
+  for (auto [text, ok] : {std::pair{"!", true}, std::pair{"ab!", true}, std::pair{"ababab!", true},
+                          std::pair{"abababa!", false}, std::pair{"aaa!", true}, std::pair{"aaaa!", false}}) {
+    Matcher m(g);
+    EXPECT_EQ(m.accept_text(text) && m.can_end(), ok) << text;
+  }
+  walk_and_check(R"(root ::= ( [xy]* "," ){0,40} "!")", 4, 60);
+}
+
 TEST(Matcher, RollbackRestoresEveryEarlierState) {
   auto vocab = small_vocabulary();
   auto g = compile(kJson, vocab);

@@ -35,6 +35,7 @@ Vocabulary::Vocabulary(int32_t size, const std::vector<std::pair<int32_t, Token>
     if (!s.empty() && std::find(end_tokens_.begin(), end_tokens_.end(), id) == end_tokens_.end()) {
       symbols_.insert(symbols_.end(), s.begin(), s.end());
       order_.push_back(id);
+      max_symbols_ = std::max(max_symbols_, s.size());
     }
     offsets_.push_back(static_cast<uint32_t>(symbols_.size()));
   }

@@ -33,6 +33,7 @@ class Vocabulary {
   std::span<const Symbol> symbols(int32_t id) const;
   std::optional<Symbol> special(std::string_view name) const;
   const std::vector<int32_t>& end_tokens() const { return end_tokens_; }
+  size_t max_symbols() const { return max_symbols_; }  // of the longest token
   // Ids with symbols in lexicographic order of their symbols, and lcp[i]: how many leading
   // symbols order[i] shares with order[i - 1] (lcp[0] = 0).
   const std::vector<int32_t>& order() const { return order_; }
@@ -47,6 +48,7 @@ class Vocabulary {
   std::vector<int32_t> end_tokens_;
   std::vector<int32_t> order_;
   std::vector<uint16_t> lcp_;
+  size_t max_symbols_ = 0;
 };
 
 }  // namespace k3::structured
