@@ -35,10 +35,13 @@ std::shared_ptr<const GroupMask> CompiledGrammar::group_mask(std::span<const uin
   // The walk runs outside the lock, so rows of a batch that reach different new chains compute
   // them at once (the engine fills a step's masks on several threads).
   try {
-    auto mask = std::make_shared<const GroupMask>(compute(key));
-    const int64_t bytes = static_cast<int64_t>(
-        mask->dense.size() * sizeof(uint32_t) + (mask->ids.size() + mask->removed.size()) * sizeof(int32_t) +
-        mask->uncertain.size() * (sizeof(GroupMask::Uncertain) + sizeof(uint16_t)));
+    bool shared = false;  // the far chain's masks themselves: held (and counted) already
+    std::shared_ptr<const GroupMask> mask = make(key, shared);
+    const int64_t bytes = shared ? 0
+                                 : static_cast<int64_t>(mask->dense.size() * sizeof(uint32_t) +
+                                                        (mask->ids.size() + mask->removed.size()) * sizeof(int32_t) +
+                                                        mask->uncertain.size() *
+                                                            (sizeof(GroupMask::Uncertain) + sizeof(uint16_t)));
     {
       std::lock_guard lock(mu_);
       cached_bytes_ += bytes;
@@ -152,47 +155,70 @@ size_t CompiledGrammar::near_max_entry(std::span<const uint32_t> key) const {
   return 0;
 }
 
-std::optional<GroupMask> CompiledGrammar::derive_near_max(std::span<const uint32_t> key, size_t entry) const {
+std::shared_ptr<const GroupMask> CompiledGrammar::make(std::span<const uint32_t> key, bool& shared) const {
+  const size_t entry = near_max_entry(key);
+  if (!entry) return std::make_shared<const GroupMask>(compute(key));
   const Repeat& r = grammar_.repeat(grammar_.element(key[entry - 1]).index);
   const uint32_t room = r.max - key[entry];
   std::vector<uint32_t> far_key(key.begin(), key.end());
   far_key[entry] = r.min;  // canonical for every count with H or more room
   std::shared_ptr<const GroupMask> far = group_mask(far_key);
-  if (far->dense.empty()) return std::nullopt;
+  shared = room > far->longest;  // none of its tokens is long enough to run out of room
+  if (shared) return far;
+  return std::make_shared<const GroupMask>(derive_near_max(key, room, far));
+}
 
+GroupMask CompiledGrammar::derive_near_max(std::span<const uint32_t> key, uint32_t room,
+                                           const std::shared_ptr<const GroupMask>& far) const {
   const Vocabulary& v = *vocabulary_;
-  const auto& order = v.order();
-  const auto& lcp = v.lcp();
-  std::vector<int32_t> longs;  // the tokens of `room` symbols or more, in walk order
-  std::vector<uint16_t> longs_lcp;
-  uint16_t run = 0;  // the common prefix since the last long token
-  for (size_t i = 0; i < order.size(); ++i) {
-    run = longs.empty() ? 0 : std::min(run, lcp[i]);
-    if (v.symbols(order[i]).size() < room) continue;
-    longs_lcp.push_back(longs.empty() ? 0 : run);
-    longs.push_back(order[i]);
-    run = UINT16_MAX;
-  }
-  const auto accepted_far = [&](int32_t t) { return far->dense[static_cast<size_t>(t) >> 5] >> (t & 31) & 1; };
   const auto is_long = [&](int32_t t) { return v.symbols(t).size() >= room; };
+  std::vector<int32_t> far_ids;  // sorted, when the far chain's are an id list
+  if (far->dense.empty()) {
+    far_ids = far->ids;
+    std::sort(far_ids.begin(), far_ids.end());
+  }
+  const auto accepted_far = [&](int32_t t) {
+    if (!far->dense.empty()) return (far->dense[static_cast<size_t>(t) >> 5] >> (t & 31) & 1) != 0;
+    return std::binary_search(far_ids.begin(), far_ids.end(), t);
+  };
+  // The far chain's long tokens (accepted or uncertain: this chain's are among them), in walk order.
+  std::vector<int32_t> longs;
+  if (!far->dense.empty()) {
+    for (int32_t t : v.order())
+      if (is_long(t) && accepted_far(t)) longs.push_back(t);
+  } else {
+    for (int32_t t : far->ids)
+      if (is_long(t)) longs.push_back(t);
+  }
+  for (const auto& u : far->uncertain)
+    if (is_long(u.token)) longs.push_back(u.token);
+  const auto before = [&](int32_t a, int32_t b) {
+    const auto x = v.symbols(a), y = v.symbols(b);
+    return std::lexicographical_compare(x.begin(), x.end(), y.begin(), y.end());
+  };
+  std::sort(longs.begin(), longs.end(), before);
+  longs.erase(std::unique(longs.begin(), longs.end()), longs.end());
+  std::vector<uint16_t> longs_lcp(longs.size(), 0);
+  for (size_t i = 1; i < longs.size(); ++i) {
+    const auto x = v.symbols(longs[i - 1]), y = v.symbols(longs[i]);
+    size_t k = 0;
+    while (k < x.size() && k < y.size() && x[k] == y[k]) ++k;
+    longs_lcp[i] = static_cast<uint16_t>(k);
+  }
 
   GroupMask m;
-  m.base = far;
+  m.longest = far->longest;
   for (const auto& u : far->uncertain)
     if (!is_long(u.token)) m.uncertain.push_back(u);
   StackArena arena(grammar_);
   PrefixWalk walk;
-  int64_t refused = 0;
   walk.run(
       arena, chains_of(arena, key), longs.size(), [&](size_t i) { return v.symbols(longs[i]); },
       [&](size_t i) { return longs_lcp[i]; },
       [&](size_t i, size_t consumed, bool alive) {
         const int32_t id = longs[i];
         if (alive) return;
-        if (accepted_far(id)) {
-          m.removed.push_back(id);
-          ++refused;
-        }
+        if (accepted_far(id)) m.removed.push_back(id);
         const size_t len = v.symbols(id).size();
         for (size_t e = 1; e <= consumed && e < len; ++e) {
           const State& st = walk.depth_state(e);
@@ -201,14 +227,18 @@ std::optional<GroupMask> CompiledGrammar::derive_near_max(std::span<const uint32
         }
       });
   std::sort(m.removed.begin(), m.removed.end());
-  m.accepted_count = far->accepted_count - refused;
+  m.accepted_count = far->accepted_count - static_cast<int64_t>(m.removed.size());
+  if (!far->dense.empty()) m.base = far;
+  else {  // an id list: the far one's less the refused
+    for (int32_t t : far->ids)
+      if (!std::binary_search(m.removed.begin(), m.removed.end(), t)) m.ids.push_back(t);
+    m.removed.clear();
+  }
   finish_uncertain(m);
   return m;
 }
 
 GroupMask CompiledGrammar::compute(std::span<const uint32_t> key) const {
-  if (const size_t entry = near_max_entry(key))
-    if (std::optional<GroupMask> near = derive_near_max(key, entry)) return std::move(*near);
   const Vocabulary& v = *vocabulary_;
   StackArena arena(grammar_);
   const State start = chains_of(arena, key);
@@ -236,6 +266,8 @@ GroupMask CompiledGrammar::compute(std::span<const uint32_t> key) const {
       });
 
   m.accepted_count = static_cast<int64_t>(accepted.size());
+  for (int32_t id : accepted) m.longest = std::max(m.longest, static_cast<uint32_t>(v.symbols(id).size()));
+  for (const auto& u : m.uncertain) m.longest = std::max(m.longest, static_cast<uint32_t>(v.symbols(u.token).size()));
   if (accepted.size() * 64 > static_cast<size_t>(v.size())) {
     m.dense.assign(static_cast<size_t>(v.words()), 0);
     for (int32_t id : accepted) m.dense[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);

@@ -24,15 +24,15 @@
 // A chain within H of a repeat's maximum (room r = max - count < H) accepts what the chain of the
 // far count does, less some tokens of r symbols or more (a token shorter than r cannot run out of
 // room; more room never refuses a token): its masks are that chain's, minus the long tokens a walk
-// of only those refuses. So the H chains near a maximum cost a walk of the long tokens and a
-// list of ids each, not a walk of the vocabulary and a dense mask.
+// of only those refuses; when the far chain has no token that long, its masks themselves. So the H
+// chains near a maximum cost a walk of the long tokens and a list of ids each, or nothing, not a
+// walk of the vocabulary and a dense mask.
 #pragma once
 #include <atomic>
 #include <cstdint>
 #include <future>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -57,6 +57,7 @@ struct GroupMask {
   std::vector<Uncertain> uncertain;  // sorted by the token's symbols after `consumed`
   std::vector<uint16_t> uncertain_lcp;
   int64_t accepted_count = 0;
+  uint32_t longest = 0;  // symbols of the longest accepted or uncertain token (at most that)
 };
 
 class CompiledGrammar {
@@ -89,17 +90,21 @@ class CompiledGrammar {
               int64_t max_bytes = kWarmMaxBytes) const;
   static constexpr int kWarmMaxDepth = 12;
   static constexpr size_t kWarmMaxStacks = size_t{1} << 17;
-  static constexpr size_t kWarmMaxChains = 16384;
+  static constexpr size_t kWarmMaxChains = size_t{1} << 16;
   static constexpr int64_t kWarmMaxBytes = int64_t{32} << 20;  // 1,600 dense masks of K3's vocabulary
 
  private:
   GroupMask compute(std::span<const uint32_t> key) const;
+  // A chain's masks: walked (compute), or near a repeat's maximum, from the far chain's (shared:
+  // they are the far chain's masks themselves).
+  std::shared_ptr<const GroupMask> make(std::span<const uint32_t> key, bool& shared) const;
   // The entry of `key` (one chain) holding the count of a frame within H of its repeat's maximum
   // whose far counts (min) have H or more room; 0 when none.
   size_t near_max_entry(std::span<const uint32_t> key) const;
-  // The masks of such a chain from the far chain's (dense) masks: its tokens of `room` symbols or
-  // more walked again; nullopt when the far chain's accepted tokens are an id list.
-  std::optional<GroupMask> derive_near_max(std::span<const uint32_t> key, size_t entry) const;
+  // The masks of such a chain (`room` iterations left) from the far chain's: only the far chain's
+  // tokens of `room` symbols or more are walked again.
+  GroupMask derive_near_max(std::span<const uint32_t> key, uint32_t room,
+                            const std::shared_ptr<const GroupMask>& far) const;
   // Rebuilds a key's chains in `arena`, each over an unknown ancestor: the walk's start.
   State chains_of(StackArena& arena, std::span<const uint32_t> key) const;
   // Sorts `m.uncertain` by what is left of each token and fills uncertain_lcp.

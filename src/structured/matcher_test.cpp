@@ -164,7 +164,8 @@ TEST(Matcher, CountedRepetitionMasksAreExactAtEveryCount) {
   }
 }
 
-// Within H of the maximum a chain's masks are the far chain's less a list of long tokens (and the
+// Within H of the maximum a chain's masks are the far chain's less a list of long tokens, or the far
+// chain's themselves when none of its tokens is that long (and the
 // masks at every count equal trying every token: CountedRepetitionMasksAreExactAtEveryCount).
 TEST(Matcher, ChainsNearARepeatsMaximumAreDerivedFromTheFarChain) {
   auto vocab = small_vocabulary();
@@ -175,6 +176,8 @@ TEST(Matcher, ChainsNearARepeatsMaximumAreDerivedFromTheFarChain) {
   std::swap(state, next);
   std::vector<uint32_t> key;
   const int horizon = static_cast<int>(g->count_horizon());
+  std::shared_ptr<const GroupMask> far;
+  int derived = 0;
   for (int n = 0; n < 40; ++n) {  // n characters read; the next starts iteration n + 1
     int inside = 0;
     for (StackId s : state) {
@@ -185,12 +188,18 @@ TEST(Matcher, ChainsNearARepeatsMaximumAreDerivedFromTheFarChain) {
         continue;
       ++inside;
       g->chain_key(arena, s, key);
-      EXPECT_EQ(g->group_mask(key)->base != nullptr, 40 - (n + 1) < horizon) << "after " << n;
+      const auto m = g->group_mask(key);
+      if (n == 0) far = m;
+      if (40 - (n + 1) < horizon) {
+        EXPECT_TRUE(m->base == far || m == far) << "after " << n;
+        derived += m->base == far;
+      } else EXPECT_EQ(m, far) << "after " << n;  // every far count: one chain
     }
     EXPECT_EQ(inside, 1);
     arena.advance(state, 'x', next);
     std::swap(state, next);
   }
+  EXPECT_GT(derived, 0) << "no chain near the maximum refused a long token";
 }
 
 // A repeated body that can match nothing is unrolled (x{m,n} = x{0,n} then), and means what it says.
