@@ -3,8 +3,11 @@
 // in-flight ones get --drain-seconds to finish, the rest end with an error event.
 #include <signal.h>
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -121,8 +124,8 @@ int serve_command(std::span<char* const> argv) {
   // A coding agent's first prompt takes a CPU many seconds to prefill: say how it goes.
   model->engine().set_prefill_log([](const std::string& line) { log::info(line); });
   model->engine().start();
-  server::ApiServer http(sc, model->engine(), model->tokenizer());
-  const int port = http.start();
+  auto http = std::make_unique<server::ApiServer>(sc, model->engine(), model->tokenizer());
+  const int port = http->start();
   std::string names;
   for (const std::string& n : sc.served_model_names) names += (names.empty() ? "'" : ", '") + n + "'";
   log::info("serving model " + names + " on http://" + sc.host + ":" + std::to_string(port) +
@@ -131,11 +134,25 @@ int serve_command(std::span<char* const> argv) {
 
   int sig = 0;
   sigwait(&signals, &sig);
-  log::info(std::string(sig == SIGTERM ? "SIGTERM" : "SIGINT") + ", draining " + std::to_string(http.inflight()) +
+  log::info(std::string(sig == SIGTERM ? "SIGTERM" : "SIGINT") + ", draining " + std::to_string(http->inflight()) +
             " request(s) for up to " + std::to_string(drain_seconds) + " s");
-  http.drain(std::chrono::seconds(drain_seconds));
-  http.stop();
+  // Each phase of the shutdown is timed in the log, so a slow exit names its phase.
+  auto clock = std::chrono::steady_clock::now();
+  const auto took = [&clock] {
+    const auto now = std::chrono::steady_clock::now();
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.2f s", std::chrono::duration<double>(now - clock).count());
+    clock = now;
+    return std::string(buf);
+  };
+  http->drain(std::chrono::seconds(drain_seconds));
+  log::info("drained in " + took());
+  http->stop();
+  http.reset();
   model->engine().stop();
+  log::info("closed the HTTP server and stopped the engine in " + took());
+  model.reset();  // weights, caches, grammar warming and threads
+  log::info("released the model in " + took());
   log::info("stopped");
   return 0;
 }

@@ -106,11 +106,14 @@ say "wrote $model_dir in $(since "$t0")"
 # start_server LIFE_S LOG ARGS...: starts `k3serve serve` on a free port (--port 0: it binds one
 # and prints it) with ARGS, waits for its port and for GET /health (no key needed) to answer 200;
 # sets started_pid and started_base. timeout(1) bounds the server's life (LIFE_S) even if this
-# script is killed without running its trap.
+# script is killed without running its trap. timeout arms its KILL when it forwards our TERM too,
+# so --kill-after is longer than the drain plus an exit on a loaded CI machine (5 s once killed a
+# server that had logged "stopped"); the drain check below waits 40 s and the log times each
+# shutdown phase.
 start_server() {
   local life=$1 slog=$2
   shift 2
-  timeout --kill-after=5 "$life" "$bin" serve --model "$model_dir" --host 127.0.0.1 --port 0 "$@" >"$slog" 2>&1 &
+  timeout --kill-after=30 "$life" "$bin" serve --model "$model_dir" --host 127.0.0.1 --port 0 "$@" >"$slog" 2>&1 &
   started_pid=$!
   local port=""
   for _ in $(seq 600); do  # 60 s
