@@ -263,6 +263,13 @@ GroupMask CompiledGrammar::compute(std::span<const uint32_t> key) const {
         const size_t len = v.symbols(id).size();
         for (size_t e = 1; e <= consumed && e < len; ++e)
           if (escaped_at(e)) m.uncertain.push_back({id, static_cast<uint16_t>(e)});
+      },
+      [&](size_t i, size_t dead_at) -> std::optional<size_t> {
+        // The tokens sharing the dead prefix are refused, and uncertain only where the prefix
+        // escaped the chain: without an escape there is nothing to record, so jump past them.
+        for (size_t e = 1; e <= dead_at; ++e)
+          if (escaped_at(e)) return std::nullopt;
+        return v.next_sharing_less(i, dead_at);
       });
 
   m.accepted_count = static_cast<int64_t>(accepted.size());

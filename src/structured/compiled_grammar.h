@@ -33,6 +33,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -125,11 +126,19 @@ class CompiledGrammar {
 // all of it (alive_at_end: the state after it is non-empty) or died after `consumed` symbols. The
 // state after each prefix is depth_state(depth) (markers included). States are interned and each
 // (state, symbol) transition is computed once, so a loop (a string's characters) costs one lookup
-// per symbol; the memo stays valid while the arena lives (its nodes never change).
+// per symbol; the memo stays valid while the arena lives (its nodes never change). When the walk
+// dies after d symbols of sequence i, the following ones sharing those d die too: `skip(i, d)`
+// may return where to go on without reporting them (the caller needs nothing of them), or nullopt
+// to have each reported.
 class PrefixWalk {
  public:
   template <class SymbolsOf, class LcpOf, class Result>
-  void run(StackArena& arena, const State& start, size_t n, SymbolsOf symbols_of, LcpOf lcp_of, Result result);
+  void run(StackArena& arena, const State& start, size_t n, SymbolsOf symbols_of, LcpOf lcp_of, Result result) {
+    run(arena, start, n, symbols_of, lcp_of, result, [](size_t, size_t) { return std::optional<size_t>(); });
+  }
+  template <class SymbolsOf, class LcpOf, class Result, class Skip>
+  void run(StackArena& arena, const State& start, size_t n, SymbolsOf symbols_of, LcpOf lcp_of, Result result,
+           Skip skip);
   const State& depth_state(size_t depth) const { return interned_[ids_[depth]]; }
 
  private:
@@ -144,9 +153,9 @@ class PrefixWalk {
   State scratch_;
 };
 
-template <class SymbolsOf, class LcpOf, class Result>
-void PrefixWalk::run(StackArena& arena, const State& start, size_t n, SymbolsOf symbols_of, LcpOf lcp_of,
-                     Result result) {
+template <class SymbolsOf, class LcpOf, class Result, class Skip>
+void PrefixWalk::run(StackArena& arena, const State& start, size_t n, SymbolsOf symbols_of, LcpOf lcp_of, Result result,
+                     Skip skip) {
   if (next_.size() > (size_t{1} << 20)) {  // bound the memo of a long-lived matcher
     interned_.clear();
     index_.clear();
@@ -168,6 +177,10 @@ void PrefixWalk::run(StackArena& arena, const State& start, size_t n, SymbolsOf 
     valid = d;
     result(i, d, !dead && !interned_[ids_[d]].empty());
     if (dead) {  // every following sequence sharing these d symbols dies at d as well
+      if (const std::optional<size_t> to = skip(i, d)) {
+        i = *to - 1;
+        continue;
+      }
       while (i + 1 < n && lcp_of(i + 1) >= d && symbols_of(i + 1).size() > d) {
         ++i;
         result(i, d, false);

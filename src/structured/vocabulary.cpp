@@ -50,6 +50,21 @@ Vocabulary::Vocabulary(int32_t size, const std::vector<std::pair<int32_t, Token>
     while (k < x.size() && k < y.size() && x[k] == y[k]) ++k;
     lcp_[i] = static_cast<uint16_t>(k);
   }
+  // lcp_min_[k][p]: the least lcp over [p, p + 2^k), for next_sharing_less.
+  lcp_min_.push_back(lcp_);
+  for (size_t w = 1; 2 * w <= lcp_.size(); w *= 2) {
+    const std::vector<uint16_t>& prev = lcp_min_.back();
+    std::vector<uint16_t> level(lcp_.size() - 2 * w + 1);
+    for (size_t p = 0; p < level.size(); ++p) level[p] = std::min(prev[p], prev[p + w]);
+    lcp_min_.push_back(std::move(level));
+  }
+}
+
+size_t Vocabulary::next_sharing_less(size_t i, size_t depth) const {
+  size_t p = i + 1;
+  for (size_t k = lcp_min_.size(); k-- > 0;)  // skip the longest runs of lcp >= depth first
+    if (p < lcp_min_[k].size() && lcp_min_[k][p] >= depth) p += size_t{1} << k;
+  return std::min(p, lcp_.size());
 }
 
 std::span<const Symbol> Vocabulary::symbols(int32_t id) const {

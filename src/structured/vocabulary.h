@@ -38,6 +38,10 @@ class Vocabulary {
   // symbols order[i] shares with order[i - 1] (lcp[0] = 0).
   const std::vector<int32_t>& order() const { return order_; }
   const std::vector<uint16_t>& lcp() const { return lcp_; }
+  // The first position after i in order() that shares fewer than `depth` leading symbols with
+  // order()[i] (order().size() when none): a walk that dies after `depth` symbols of order()[i]
+  // skips to it. O(log size).
+  size_t next_sharing_less(size_t i, size_t depth) const;
 
  private:
   int32_t size_;
@@ -48,6 +52,7 @@ class Vocabulary {
   std::vector<int32_t> end_tokens_;
   std::vector<int32_t> order_;
   std::vector<uint16_t> lcp_;
+  std::vector<std::vector<uint16_t>> lcp_min_;  // [log2 size][size - 2^k + 1]: ranges' least lcp
   size_t max_symbols_ = 0;
 };
 
