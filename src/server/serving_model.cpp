@@ -1,6 +1,7 @@
 // server/serving_model.cpp: loading a model folder for serving.
 #include "server/serving_model.h"
 
+#include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "draft/dspark_drafter.h"
 #include "engine/model_executor.h"
@@ -58,10 +59,15 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
     executor = std::make_unique<engine::TpExecutor>(*s->tp_runner_, ec.cache, o.kv_cache, ec.scheduler.max_model_len);
   std::unique_ptr<spec::Drafter> drafter;  // null: made from ec.speculative (ngram, synthetic) or none
   if (o.speculative.method == spec::SpecMethod::dspark) {
-    K3_CHECK(s->runner_ != nullptr,
-             "--speculative-method dspark with --tp is not supported yet (the CPU draft model reads "
-             "the target's whole embedding)");
-    drafter = draft::load_dspark_drafter(o.draft_model_dir, config, s->runner_->host_weights(), s->runner_->registry());
+    if (s->runner_) {
+      drafter = draft::load_dspark_drafter(o.draft_model_dir, config, s->runner_->host_weights(),
+                                           s->runner_->registry());
+    } else {  // the ranks hold shards; the draft, replicated on the host, reads rank 0's taps
+      s->draft_target_weights_ = std::make_unique<model::Weights>(checkpoint::load_weights(o.model_dir, config));
+      s->draft_ops_ = std::make_unique<kernels::Registry>();
+      kernels::register_reference_ops(*s->draft_ops_);
+      drafter = draft::load_dspark_drafter(o.draft_model_dir, config, *s->draft_target_weights_, *s->draft_ops_);
+    }
   }
   s->engine_ = std::make_unique<engine::Engine>(ec, std::move(executor), std::move(drafter));
 

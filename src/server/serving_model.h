@@ -9,8 +9,10 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "kernels/registry.h"
 #include "model/kv_storage.h"
 #include "model/layers/context.h"
+#include "model/weights.h"
 #include "runner/model_runner.h"
 #include "runner/tp_runner.h"
 #include "tokenizer/tokenizer.h"
@@ -29,8 +31,7 @@ struct ServingOptions {
   bool enable_prefix_cache = true;
   int tp = 1;  // tensor-parallel ranks (runner::TpRunner; with model.device cuda: GPUs 0..tp-1)
   spec::SpeculativeConfig speculative;
-  std::filesystem::path
-      draft_model_dir;  // speculative.method dspark: the draft checkpoint folder  // speculative decoding (ngram | synthetic); off by default
+  std::filesystem::path draft_model_dir;     // speculative.method dspark: the draft checkpoint folder
   checkpoint::LoadProgressFn load_progress;  // optional: sees the weights being read in
 };
 
@@ -50,6 +51,11 @@ class ServingModel {
   std::unique_ptr<runner::ModelRunner> runner_;  // tp == 1
   std::unique_ptr<runner::TpRunner> tp_runner_;  // tp > 1
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  // tp > 1 with a DSpark drafter: the whole target's weights mapped from the checkpoint (the draft
+  // aliases their embedding and lm_head; only those pages are read) and the CPU ops it runs on.
+  // Declared before engine_, which holds the drafter: they outlive it.
+  std::unique_ptr<model::Weights> draft_target_weights_;
+  std::unique_ptr<kernels::Registry> draft_ops_;
   std::unique_ptr<engine::Engine> engine_;
   std::string description_;
 };

@@ -106,12 +106,14 @@ TEST(ServingModel, DecodeContextParallelServesTheSameGreedyTokensInTwiceTheConte
 }
 
 // DSpark drafts (a random draft checkpoint for the tiny target) are verified losslessly: greedy
-// fp32 outputs equal plain decoding, and the engine counted verified drafts.
+// fp32 outputs equal plain decoding, at TP 1 and over 2 CPU ranks (the draft replicated on the
+// host, fed rank 0's taps), and the engine counted verified drafts.
 TEST(ServingModel, DsparkSpeculationKeepsGreedyTokens) {
   const auto draft_dir = std::filesystem::temp_directory_path() / ("k3-serving-dspark-" + std::to_string(::getpid()));
   draft::write_random_draft(draft::builtin_draft_config("k3-tiny-dspark"), 3, draft_dir);
-  auto generate = [&](bool speculate, engine::EngineStats* stats) {
+  auto generate = [&](bool speculate, engine::EngineStats* stats, int tp = 1) {
     ServingOptions o;
+    o.tp = tp;
     o.model_dir = testing::tiny_model_dir();
     o.model.precision = kernels::Precision::fp32;
     o.max_model_len = 128;
@@ -141,6 +143,10 @@ TEST(ServingModel, DsparkSpeculationKeepsGreedyTokens) {
   EXPECT_EQ(speculative, plain);
   EXPECT_GT(spec_stats.spec_num_draft_tokens, 0) << "the DSpark drafter never proposed";
   EXPECT_EQ(spec_stats.spec_method, "dspark");
+  engine::EngineStats tp_stats;
+  EXPECT_EQ(generate(true, &tp_stats, 2), plain);
+  EXPECT_GT(tp_stats.spec_num_draft_tokens, 0) << "the DSpark drafter never proposed with --tp 2";
+  EXPECT_EQ(tp_stats.spec_method, "dspark");
   std::filesystem::remove_all(draft_dir);
 }
 
