@@ -107,13 +107,15 @@ TEST(ServingModel, DecodeContextParallelServesTheSameGreedyTokensInTwiceTheConte
 
 // DSpark drafts (a random draft checkpoint for the tiny target) are verified losslessly: greedy
 // fp32 outputs equal plain decoding, at TP 1 and over 2 CPU ranks (the draft replicated on the
-// host, fed rank 0's taps), and the engine counted verified drafts.
+// host, fed rank 0's taps), on both decode paths, and the engine counted verified drafts.
 TEST(ServingModel, DsparkSpeculationKeepsGreedyTokens) {
   const auto draft_dir = std::filesystem::temp_directory_path() / ("k3-serving-dspark-" + std::to_string(::getpid()));
   draft::write_random_draft(draft::builtin_draft_config("k3-tiny-dspark"), 3, draft_dir);
-  auto generate = [&](bool speculate, engine::EngineStats* stats, int tp = 1) {
+  auto generate = [&](bool speculate, engine::EngineStats* stats, int tp = 1,
+                      model::DecodeBackend backend = model::DecodeBackend::standard) {
     ServingOptions o;
     o.tp = tp;
+    o.model.decode_backend = backend;
     o.model_dir = testing::tiny_model_dir();
     o.model.precision = kernels::Precision::fp32;
     o.max_model_len = 128;
@@ -147,6 +149,11 @@ TEST(ServingModel, DsparkSpeculationKeepsGreedyTokens) {
   EXPECT_EQ(generate(true, &tp_stats, 2), plain);
   EXPECT_GT(tp_stats.spec_num_draft_tokens, 0) << "the DSpark drafter never proposed with --tp 2";
   EXPECT_EQ(tp_stats.spec_method, "dspark");
+  for (int tp : {1, 2}) {  // the fused decode path
+    engine::EngineStats fused_stats;
+    EXPECT_EQ(generate(true, &fused_stats, tp, model::DecodeBackend::latency_specialized), plain) << "tp " << tp;
+    EXPECT_GT(fused_stats.spec_num_draft_tokens, 0) << "tp " << tp;
+  }
   std::filesystem::remove_all(draft_dir);
 }
 
