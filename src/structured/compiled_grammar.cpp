@@ -23,15 +23,20 @@ uint32_t CompiledGrammar::canonical_count(const Repeat& r, uint32_t count) const
 
 std::shared_ptr<const GroupMask> CompiledGrammar::group_mask(std::span<const uint32_t> key) const {
   const std::string k(reinterpret_cast<const char*>(key.data()), key.size_bytes());
-  std::promise<std::shared_ptr<const GroupMask>> mine;
+  std::optional<std::promise<std::shared_ptr<const GroupMask>>> mine;  // made only on a miss
   std::shared_future<std::shared_ptr<const GroupMask>> theirs;
   {
     std::lock_guard lock(mu_);
     auto [at, fresh] = cache_.try_emplace(k);
-    if (fresh) at->second = mine.get_future().share();
-    else theirs = at->second;
+    if (!fresh) {
+      if (at->second.mask) return at->second.mask;  // made
+      theirs = at->second.pending;                  // being made by another row: wait for it
+    } else {
+      mine.emplace();
+      at->second.pending = mine->get_future().share();
+    }
   }
-  if (theirs.valid()) return theirs.get();  // computed, or being computed by another row: wait for it
+  if (theirs.valid()) return theirs.get();
   // The walk runs outside the lock, so rows of a batch that reach different new chains compute
   // them at once (the engine fills a step's masks on several threads).
   try {
@@ -45,11 +50,14 @@ std::shared_ptr<const GroupMask> CompiledGrammar::group_mask(std::span<const uin
     {
       std::lock_guard lock(mu_);
       cached_bytes_ += bytes;
+      Entry& e = cache_.at(k);
+      e.mask = mask;
+      e.pending = {};  // waiters hold their own copies
     }
-    mine.set_value(mask);
+    mine->set_value(mask);
     return mask;
   } catch (...) {
-    mine.set_exception(std::current_exception());  // whoever waits sees the error too
+    mine->set_exception(std::current_exception());  // whoever waits sees the error too
     std::lock_guard lock(mu_);
     cache_.erase(k);  // a later call tries again
     throw;

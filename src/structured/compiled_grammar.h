@@ -117,7 +117,11 @@ class CompiledGrammar {
   mutable std::mutex mu_;
   // Each chain's mask, or the future of one being computed (the first caller computes it; others
   // wait for it rather than walk twice).
-  mutable std::unordered_map<std::string, std::shared_future<std::shared_ptr<const GroupMask>>> cache_;
+  struct Entry {
+    std::shared_ptr<const GroupMask> mask;                         // made
+    std::shared_future<std::shared_ptr<const GroupMask>> pending;  // else: being made
+  };
+  mutable std::unordered_map<std::string, Entry> cache_;
   mutable int64_t cached_bytes_ = 0;
 };
 

@@ -58,8 +58,10 @@ void Matcher::rollback(int tokens) {
 }
 
 const GroupMask& Matcher::group_mask(const std::vector<uint32_t>& key) {
-  std::string k(reinterpret_cast<const char*>(key.data()), key.size() * sizeof(uint32_t));
-  auto [at, fresh] = masks_.try_emplace(std::move(k));
+  LocalKey k;
+  K3_CHECK(key.size() <= k.words.size(), "Matcher: a chain key longer than its frames allow");
+  std::copy(key.begin(), key.end(), k.words.begin());
+  auto [at, fresh] = masks_.try_emplace(k);
   if (fresh) at->second = grammar_->group_mask(key);  // the shared cache (thread-safe)
   return *at->second;
 }

@@ -8,6 +8,7 @@
 //   m.accept(token);      // false, and no change, when the grammar refuses the token
 //   m.rollback(n);        // undo the last n accepted tokens (n <= max_rollback)
 #pragma once
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -60,7 +61,19 @@ class Matcher {
   // A stack's masks by its chain (CompiledGrammar::group_mask), remembered here to skip the lock.
   const GroupMask& group_mask(const std::vector<uint32_t>& key);
   std::vector<uint32_t> key_;
-  std::unordered_map<std::string, std::shared_ptr<const GroupMask>> masks_;
+  // A chain key held inline (at most 1 + 2 * kGroupDepth words): a step's lookups allocate nothing.
+  struct LocalKey {
+    std::array<uint32_t, 1 + 2 * CompiledGrammar::kGroupDepth> words{};
+    bool operator==(const LocalKey&) const = default;
+  };
+  struct LocalKeyHash {
+    size_t operator()(const LocalKey& k) const {
+      uint64_t h = 0x9E3779B97F4A7C15ull;
+      for (size_t i = 0; i <= k.words[0]; ++i) h = (h ^ k.words[i]) * 0xBF58476D1CE4E5B9ull;
+      return static_cast<size_t>(h ^ (h >> 31));
+    }
+  };
+  std::unordered_map<LocalKey, std::shared_ptr<const GroupMask>, LocalKeyHash> masks_;
 };
 
 }  // namespace k3::structured
