@@ -54,7 +54,7 @@ class Executor {
   // What it runs: its decode path, the fused path's scope, the steps it replays as captured graphs
   // (the default: the standard path, every step eager). The scheduler routes every plan by it
   // (scheduler/step_route.h) and execute() follows the plan's route; the engine asks once, after
-  // set_hidden_tap (taps keep steps off the graphs).
+  // set_hidden_tap (a tapped step replays a graph that taps too).
   virtual scheduler::ExecutionScope scope() const { return {}; }
 };
 

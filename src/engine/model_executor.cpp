@@ -123,10 +123,7 @@ int32_t ModelExecutor::vocab_size() const { return s_->model.config().vocab_size
 void ModelExecutor::release(scheduler::RequestId id) { s_->states.erase(id); }
 const core::Tensor* ModelExecutor::hidden_taps() const { return s_->taps.layers.empty() ? nullptr : &s_->taps_host; }
 runner::DeviceSampler* ModelExecutor::device_sampler() { return s_->device_sampler.get(); }
-scheduler::ExecutionScope ModelExecutor::scope() const {
-  // A tapped step reads host memory: never captured.
-  return execution_scope(s_->model, s_->taps.layers.empty() ? s_->graphs.get() : nullptr);
-}
+scheduler::ExecutionScope ModelExecutor::scope() const { return execution_scope(s_->model, s_->graphs.get()); }
 model::KvStorage& ModelExecutor::storage() { return s_->storage; }
 size_t ModelExecutor::num_states() const { return s_->states.size(); }
 int64_t ModelExecutor::graph_replays() const { return s_->graphs ? s_->graphs->replays() : 0; }
@@ -168,11 +165,11 @@ core::Tensor ModelExecutor::execute(const StepPlan& plan, core::LogitsAt at) {
   // The plan's route: its decode path, and its graph bucket (pure-decode steps and verify steps of
   // equal draft counts replay captured graphs: DecodeGraphs).
   const core::StepRoute& route = plan.route;
-  K3_CHECK(!route.graph.captured() || (s.graphs && !taps),
+  K3_CHECK(!route.graph.captured() || s.graphs,
            "ModelExecutor: the plan routes a step to a graph this executor does not capture");
   model::VerifyCapture* capture = plan.num_verifies > 0 ? &s.capture : nullptr;
   core::Tensor logits = route.graph.captured()
-                            ? s.graphs->forward(s.batch, route, at, capture)
+                            ? s.graphs->forward(s.batch, route, at, capture, taps)
                             : s.model.forward(s.storage, s.batch, rows, nullptr, capture, taps, at, route.path);
   if (taps) {  // host [rows, layers * hidden], row-major, the layers side by side
     const int64_t H = s.model.config().hidden_size, n = static_cast<int64_t>(s.taps.layers.size());

@@ -68,7 +68,7 @@ void DecodeGraphs::check_kernels(const core::StepRoute& route, Entry& e, const c
 }
 
 core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, const core::StepRoute& route, LogitsAt at,
-                                   VerifyCapture* capture) {
+                                   VerifyCapture* capture, HiddenTaps* taps) {
   const GraphBucket bucket = route.graph;
   const DecodePath path = route.path;
   K3_CHECK(fits(batch, bucket), "DecodeGraphs::forward: the step is not of its graph bucket " +
@@ -90,8 +90,13 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, const c
     for (const Segment& s : segs) s.state->num_tokens += s.rows();
   };
 
+  static const std::vector<int32_t> kNoTaps;
+  const std::vector<int32_t>& tap_layers = taps ? taps->layers : kNoTaps;
+  for (int32_t l : tap_layers)
+    K3_CHECK(l >= 0 && l + 1 < model_.config().num_hidden_layers,
+             "DecodeGraphs::forward: tap layer " + std::to_string(l) + " has no next layer");
   auto it = entries_.begin();
-  while (it != entries_.end() && (it->bucket != bucket || it->path != path)) ++it;
+  while (it != entries_.end() && (it->bucket != bucket || it->path != path || it->tap_layers != tap_layers)) ++it;
   if (it != entries_.end()) {  // replay: rewrite the inputs in place
     entries_.splice(entries_.begin(), entries_, it);
     Entry& e = entries_.front();
@@ -105,6 +110,7 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, const c
     e.work->replay();
     ++replays_;
     advance();
+    if (taps) taps->values = e.tap_values;
     return at == LogitsAt::device ? e.logits : memory.download_f32(e.logits.view());
   }
 
@@ -112,6 +118,9 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, const c
   Entry e;
   e.bucket = bucket;
   e.path = path;
+  e.tap_layers = tap_layers;
+  HiddenTaps graph_taps{tap_layers, std::vector<core::Tensor>(tap_layers.size())};
+  if (taps) taps->values.assign(tap_layers.size(), core::Tensor());
   e.tables = std::make_unique<StepTables>(segs, kv_.storage_config().block_size, memory, shape_,
                                           model_.context_split());
   e.ids = memory.upload(host_ids);
@@ -122,7 +131,7 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, const c
     e.capture.layers.assign(static_cast<size_t>(model_.config().num_hidden_layers), {});
   }
   const core::Tensor eager = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), rows, path, nullptr,
-                                             verify ? capture : nullptr);
+                                             verify ? capture : nullptr, taps);
   core::Tensor result = at == LogitsAt::device ? eager : memory.download_f32(eager.view());
   advance();
   kernels::OpTrace& trace = model_.ops().trace();
@@ -130,13 +139,14 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, const c
   try {
     e.work = memory.capture([&] {
       e.logits = model_.run_step(kv_, segs, e.tables->batches(), e.ids.view(), rows, path, nullptr,
-                                 verify ? &e.capture : nullptr);
+                                 verify ? &e.capture : nullptr, taps ? &graph_taps : nullptr);
     });
   } catch (...) {
     trace.stop();
     throw;
   }
   e.kernels = std::make_shared<const core::KernelList>(trace.stop());
+  e.tap_values = std::move(graph_taps.values);
   if (!e.work) return result;  // the device cannot capture (the body did not run): nothing cached, every step eager
   check_kernels(route, e, *e.kernels);
   ++captures_;

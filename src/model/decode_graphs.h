@@ -15,9 +15,10 @@
 // VerifyCapture over them, and commit_verified() replays the KDA commit from a second graph per
 // accepted-count vector of that (B, R) graph (the replay's row counts are the accepted lengths, so
 // each vector is its own shape: at batch 1 there are at most R of them; synthetic acceptance has
-// one). Everything else (prefill, mixed steps, verify batches of unequal lengths, hidden-state
-// taps) has no bucket and goes through Model::forward; a device that cannot capture runs every
-// bucket's steps eagerly here.
+// one). Everything else (prefill, mixed steps, verify batches of unequal lengths) has no bucket and
+// goes through Model::forward; a device that cannot capture runs every bucket's steps eagerly here.
+// A step with hidden-state taps (a model drafter's) is captured with them: the graph writes the
+// tapped mixtures into its own buffers, which forward() hands back in the taps after each replay.
 //
 // The kernels of each captured graph (every op's chosen implementation, in call order, recorded from
 // the registry's OpTrace while it captures) are published in kernels() for the step plan
@@ -58,8 +59,10 @@ class DecodeGraphs {
   // [B * R, vocab], `capture` (required then) filled for Model::commit_verified. With
   // LogitsAt::device the logits stay on the device (valid until the next forward). Throws
   // core::Error for a batch that does not fit, or a route whose kernels are not its graph's.
+  // With `taps`, its layers' mixtures are left in taps->values (the graph's buffers: valid until
+  // the next forward); graphs with and without taps, or with other layers, are apart.
   core::Tensor forward(std::span<const SequenceInput> batch, const core::StepRoute& route, LogitsAt at = LogitsAt::host,
-                       VerifyCapture* capture = nullptr);
+                       VerifyCapture* capture = nullptr, HiddenTaps* taps = nullptr);
 
   // The kernels of the graphs captured now (scheduler::ExecutionScope::graph_kernels).
   std::shared_ptr<const core::GraphKernels> kernels() const { return kernels_; }
@@ -98,6 +101,8 @@ class DecodeGraphs {
     std::unique_ptr<core::CapturedWork> work;
     std::shared_ptr<const core::KernelList> kernels;  // what `work` runs (published in kernels_)
     std::shared_ptr<const core::KernelList> matched;  // a plan's list found equal to `kernels` (another rank's)
+    std::vector<int32_t> tap_layers;                  // the layers the graph taps (empty: none)
+    std::vector<core::Tensor> tap_values;             // device, written by every replay (parallel to tap_layers)
   };
   // Throws unless the plan's kernels (when it names them) are `graph`'s.
   static void check_kernels(const core::StepRoute& route, Entry& e, const core::KernelList& graph);

@@ -6,9 +6,12 @@
 // through the CUDA no-commit KDA kernels, accepted rows replayed into the committed state); and the
 // engine over a TP2 model on two GPUs (engine::TpExecutor) gives the same tokens.
 #include <cstdio>
+#include <filesystem>
 #include <vector>
 
 #include "core/rng.h"
+#include "draft/draft_weights.h"
+#include "draft/dspark_drafter.h"
 #include "engine/engine.h"
 #include "engine/model_executor.h"
 #include "engine/tp_executor.h"
@@ -45,17 +48,26 @@ std::vector<int32_t> tokens(uint64_t seed, int n) {
 }
 
 // Runs the same request mix on an engine over `runner` and returns every request's tokens; with
-// `graphs`, pure-decode steps replay as CUDA graphs (and the test checks that they did).
-std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool graphs, bool speculate = false) {
+// `graphs`, pure-decode steps replay as CUDA graphs (and the test checks that they did). With
+// `speculate`: n-gram drafts, or the DSpark drafter in `dspark_dir` (its steps tap the target's
+// hidden states, graphs included); `stats` gets the engine's counts.
+std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool graphs, bool speculate = false,
+                                        const std::filesystem::path& dspark_dir = {},
+                                        engine::EngineStats* stats = nullptr) {
   engine::EngineConfig c = engine_config();
-  if (speculate) {
+  std::unique_ptr<spec::Drafter> drafter;
+  if (speculate && dspark_dir.empty()) {
     c.speculative.method = spec::SpecMethod::ngram;
     c.speculative.num_speculative_tokens = 4;
+  } else if (speculate) {
+    c.speculative.method = spec::SpecMethod::dspark;
+    c.speculative.num_speculative_tokens = 3;
+    drafter = draft::load_dspark_drafter(dspark_dir, runner.config(), runner.host_weights(), runner.registry());
   }
   auto executor = std::make_unique<engine::ModelExecutor>(runner.model(), c.cache, model::KvCacheDtype::bf16,
                                                           graphs ? c.scheduler.max_model_len : 0);
   engine::ModelExecutor* exec = executor.get();
-  engine::Engine e(c, std::move(executor));
+  engine::Engine e(c, std::move(executor), std::move(drafter));
   std::vector<std::vector<int32_t>> prompts;
   for (int n : {17, 150, 97, 5}) prompts.push_back(tokens(100 + n, n));
   std::vector<int32_t> shared(prompts[1].begin(), prompts[1].begin() + 140);  // hit 128 of prompt 1
@@ -93,7 +105,8 @@ std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool 
     out.push_back(std::move(t));
   }
   if (graphs) {
-    EXPECT_GT(exec->graph_replays(), 20) << "decode steps should have replayed CUDA graphs";
+    // A drafter's verify steps of unequal draft lengths run eagerly: fewer replays then.
+    EXPECT_GT(exec->graph_replays(), dspark_dir.empty() ? 20 : 0) << "decode steps should have replayed CUDA graphs";
   } else {
     EXPECT_EQ(exec->graph_replays(), 0);
   }
@@ -101,16 +114,17 @@ std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool 
     EXPECT_EQ(exec->device_sampler(), nullptr);
   } else {
     EXPECT_NE(exec->device_sampler(), nullptr);
-    if (exec->device_sampler()) {
+    if (exec->device_sampler() && dspark_dir.empty()) {  // a tapped step's logits come to the host
       EXPECT_GT(exec->device_sampler()->device_rows(), 50) << "plain steps should be sampled on the device";
     }
   }
   if (speculate) {
     const engine::EngineStats st = e.stats();
-    EXPECT_GT(st.spec_num_draft_tokens, 0) << "the n-gram drafter never proposed: verify rows were not exercised";
-    std::printf("ngram speculation: %lld drafts, %lld accepted\n", static_cast<long long>(st.spec_num_draft_tokens),
-                static_cast<long long>(st.spec_num_accepted_tokens));
+    EXPECT_GT(st.spec_num_draft_tokens, 0) << "the drafter never proposed: verify rows were not exercised";
+    std::printf("%s speculation%s: %lld drafts, %lld accepted\n", st.spec_method.c_str(), graphs ? " (graphs)" : "",
+                static_cast<long long>(st.spec_num_draft_tokens), static_cast<long long>(st.spec_num_accepted_tokens));
   }
+  if (stats) *stats = e.stats();
   return out;
 }
 
@@ -132,6 +146,29 @@ TEST(EngineGpu, ServesTheOracleTokensExactMode) {
     EXPECT_EQ(graphs[i], want[i]) << "request " << i << " (CUDA graphs)";
     EXPECT_EQ(speculative[i], want[i]) << "request " << i << " (n-gram speculation, graphs for plain decode steps)";
   }
+}
+
+// The DSpark drafter (on the host) over a GPU target: its steps tap the target's hidden states, and
+// decode and verify steps replay CUDA graphs that tap them too. Greedy fp32 tokens equal the CPU
+// oracle's, and the drafts are the same eager and replayed (the same taps: the same proposals).
+TEST(EngineGpu, DsparkDraftsFromTappedGraphsGiveTheOracleTokens) {
+  K3_REQUIRE_GPU();
+  testing::TempDir tmp;
+  checkpoint::WriteOptions w;
+  w.init = checkpoint::InitStyle::sensitive;
+  w.mxfp4 = true;
+  const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
+  const auto draft_dir = tmp.path() / "draft";
+  draft::write_random_draft(draft::builtin_draft_config("k3-tiny-dspark"), 3, draft_dir);
+  gpu_test::RunnerPair r(dir, kernels::Precision::fp32, model::KvCacheDtype::bf16);
+  const auto want = serve(*r.cpu, false);
+  engine::EngineStats eager_stats, graph_stats;
+  const auto eager = serve(*r.gpu, false, true, draft_dir, &eager_stats);
+  const auto graphs = serve(*r.gpu, true, true, draft_dir, &graph_stats);
+  EXPECT_EQ(eager, want);
+  EXPECT_EQ(graphs, want);
+  EXPECT_EQ(graph_stats.spec_num_draft_tokens, eager_stats.spec_num_draft_tokens);
+  EXPECT_EQ(graph_stats.spec_num_accepted_tokens, eager_stats.spec_num_accepted_tokens);
 }
 
 // The engine serving a TP model on the GPUs (engine::TpExecutor: one ModelExecutor per rank, each

@@ -133,6 +133,63 @@ TEST(FastPathGpu, VerifyAndCommitGraphsEqualEagerStepsFp32) {
   }
 }
 
+// Decode steps with hidden-state taps (a model drafter's) replay graphs that tap too: after every
+// replay the taps hold that step's mixtures, equal to the eager step's (fp32), on both decode paths;
+// a graph without taps is not reused for a tapped step.
+TEST(FastPathGpu, TappedDecodeGraphsLeaveEachStepsMixtures) {
+  K3_REQUIRE_GPU();
+  testing::TempDir tmp;
+  checkpoint::WriteOptions w;
+  w.init = checkpoint::InitStyle::sensitive;
+  const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
+  for (const model::DecodeBackend backend :
+       {model::DecodeBackend::standard, model::DecodeBackend::latency_specialized}) {
+    SCOPED_TRACE(backend == model::DecodeBackend::standard ? "standard" : "latency_specialized");
+    auto r = open(dir, core::Device::cuda, kernels::Precision::fp32, backend, model::KvCacheDtype::bf16);
+    const model::Model& m = r->model();
+    const int V = r->config().vocab_size;
+    const auto prompt = random_tokens(20, V, 31), steps = random_tokens(8, V, 32);
+    auto run = [&](bool graphs, int64_t* replays) {
+      model::LocalCache cache(r->config(), 2, 64, model::KvCacheDtype::bf16, 16, m.memory(), kernels::Precision::fp32);
+      model::SequenceState a = cache.new_sequence(), b = cache.new_sequence();
+      model::SequenceInput pre[] = {{prompt, &a, model::StepKind::prefill},
+                                    {std::span(prompt).first(9), &b, model::StepKind::prefill}};
+      m.forward(cache.storage(), pre, model::LogitRows::last);
+      model::DecodeGraphs g(m, cache.storage(), /*max_blocks_per_seq=*/8);
+      std::vector<core::Tensor> taps_per_step;
+      for (int step = 0; step < 4; ++step) {
+        model::SequenceInput dec[] = {
+            {std::span(steps).subspan(static_cast<size_t>(2 * step), 1), &a, model::StepKind::decode},
+            {std::span(steps).subspan(static_cast<size_t>(2 * step + 1), 1), &b, model::StepKind::decode}};
+        model::HiddenTaps taps{{0}, {}};
+        const core::StepRoute route = engine::route_batch(m, graphs ? &g : nullptr, dec);
+        if (graphs) {
+          if (step == 0) g.forward(dec, route);  // an untapped graph of the same bucket: not the tapped one
+          g.forward(dec, route, model::LogitsAt::host, nullptr, &taps);
+        } else {
+          if (step == 0)  // as the graphs run: one untapped step of the same tokens first
+            m.forward(cache.storage(), dec, model::LogitRows::last, nullptr, nullptr, nullptr, model::LogitsAt::host,
+                      route.path);
+          m.forward(cache.storage(), dec, model::LogitRows::last, nullptr, nullptr, &taps, model::LogitsAt::host,
+                    route.path);
+        }
+        EXPECT_EQ(taps.values.size(), 1u);
+        taps_per_step.push_back(m.memory()->download_f32(taps.values[0].view()));
+      }
+      *replays = g.replays();
+      return taps_per_step;
+    };
+    int64_t eager_replays = 0, graph_replays = 0;
+    const auto want = run(false, &eager_replays), got = run(true, &graph_replays);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i].dim(0), 2);
+      EXPECT_LT(gpu_test::rel_l2(got[i], want[i]), 1e-5) << "step " << i;
+    }
+    EXPECT_EQ(graph_replays, 3) << "steps 1-3 replay the tapped graph (step 0 captured it and the untapped one)";
+  }
+}
+
 // The plan of a step replayed from a captured graph names the graph's kernels: once the bucket's
 // first step has captured it, route_batch (the executor's scope) gives the list traced at capture,
 // which is what an eager step of the same shape runs (an OpRecorder's calls, composite parts
