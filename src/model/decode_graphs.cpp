@@ -91,10 +91,7 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, const c
   };
 
   static const std::vector<int32_t> kNoTaps;
-  const std::vector<int32_t>& tap_layers = taps ? taps->layers : kNoTaps;
-  for (int32_t l : tap_layers)
-    K3_CHECK(l >= 0 && l + 1 < model_.config().num_hidden_layers,
-             "DecodeGraphs::forward: tap layer " + std::to_string(l) + " has no next layer");
+  const std::vector<int32_t>& tap_layers = taps ? taps->layers : kNoTaps;  // checked when a graph first taps them
   auto it = entries_.begin();
   while (it != entries_.end() && (it->bucket != bucket || it->path != path || it->tap_layers != tap_layers)) ++it;
   if (it != entries_.end()) {  // replay: rewrite the inputs in place
@@ -119,8 +116,9 @@ core::Tensor DecodeGraphs::forward(std::span<const SequenceInput> batch, const c
   e.bucket = bucket;
   e.path = path;
   e.tap_layers = tap_layers;
-  HiddenTaps graph_taps{tap_layers, std::vector<core::Tensor>(tap_layers.size())};
-  if (taps) taps->values.assign(tap_layers.size(), core::Tensor());
+  HiddenTaps graph_taps{tap_layers, {}};
+  model_.prepare_taps(graph_taps);
+  if (taps) model_.prepare_taps(*taps);
   e.tables = std::make_unique<StepTables>(segs, kv_.storage_config().block_size, memory, shape_,
                                           model_.context_split());
   e.ids = memory.upload(host_ids);

@@ -116,13 +116,7 @@ core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch,
                             VerifyCapture* capture, HiddenTaps* taps, LogitsAt at, DecodePath path) const {
   memory_->make_current();  // before any upload: the thread may have last used another GPU
   check_step(kv, batch);
-  if (taps) {
-    for (int32_t l : taps->layers)
-      K3_CHECK(l >= 0 && l + 1 < config_.num_hidden_layers, "forward: tap layer " + std::to_string(l) +
-                                                                " has no next layer (the model has " +
-                                                                std::to_string(config_.num_hidden_layers) + ")");
-    taps->values.assign(taps->layers.size(), core::Tensor());
-  }
+  if (taps) prepare_taps(*taps);
   // Lay the sequences out as consecutive row segments.
   std::vector<Segment> segments;
   std::vector<int32_t> ids;
@@ -148,6 +142,14 @@ core::Tensor Model::forward(KvStorage& kv, std::span<const SequenceInput> batch,
                                        taps);
   for (const Segment& s : segments) s.state->num_tokens += s.rows();
   return options_.device == core::Device::cpu || at == LogitsAt::device ? logits : memory_->download_f32(logits.view());
+}
+
+void Model::prepare_taps(HiddenTaps& taps) const {
+  for (int32_t l : taps.layers)
+    K3_CHECK(l >= 0 && l + 1 < config_.num_hidden_layers, "forward: tap layer " + std::to_string(l) +
+                                                              " has no next layer (the model has " +
+                                                              std::to_string(config_.num_hidden_layers) + ")");
+  taps.values.assign(taps.layers.size(), core::Tensor());
 }
 
 core::Tensor Model::run_step(KvStorage& kv, std::span<const Segment> segments, const StepBatches& batches,

@@ -110,6 +110,8 @@ class Model {
   // (so it can be captured), and returns the device logits; it does not advance num_tokens and
   // does not count the step (its caller counts the steps that ran: a graph's capture is not one).
   void check_step(const KvStorage& kv, std::span<const SequenceInput> batch) const;
+  // Checks that every tap layer has a next layer (core::Error naming it) and empties the values.
+  void prepare_taps(HiddenTaps& taps) const;
   core::Tensor run_step(KvStorage& kv, std::span<const Segment> segments, const StepBatches& batches,
                         const core::TensorView& ids, LogitRows rows, DecodePath path, const TraceFn* trace = nullptr,
                         VerifyCapture* capture = nullptr, HiddenTaps* taps = nullptr) const;

@@ -9,6 +9,14 @@
 
 namespace k3::structured {
 
+namespace {
+
+// A walk's state returned past the chain into its unknown ancestor (markers sort first: kComplete,
+// then kEscaped).
+bool escaped(const State& s) { return (!s.empty() && s[0] == kEscaped) || (s.size() > 1 && s[1] == kEscaped); }
+
+}  // namespace
+
 CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocabulary)
     : grammar_(std::move(grammar)), vocabulary_(std::move(vocabulary)) {
   K3_CHECK(vocabulary_ != nullptr, "CompiledGrammar: no vocabulary");
@@ -229,9 +237,7 @@ GroupMask CompiledGrammar::derive_near_max(std::span<const uint32_t> key, uint32
         if (accepted_far(id)) m.removed.push_back(id);
         const size_t len = v.symbols(id).size();
         for (size_t e = 1; e <= consumed && e < len; ++e) {
-          const State& st = walk.depth_state(e);
-          if ((!st.empty() && st[0] == kEscaped) || (st.size() > 1 && st[1] == kEscaped))
-            m.uncertain.push_back({id, static_cast<uint16_t>(e)});
+          if (escaped(walk.depth_state(e))) m.uncertain.push_back({id, static_cast<uint16_t>(e)});
         }
       });
   std::sort(m.removed.begin(), m.removed.end());
@@ -256,10 +262,7 @@ GroupMask CompiledGrammar::compute(std::span<const uint32_t> key) const {
   const auto& order = v.order();
   const auto& lcp = v.lcp();
   PrefixWalk walk;
-  auto escaped_at = [&](size_t depth) {
-    const State& s = walk.depth_state(depth);
-    return (!s.empty() && s[0] == kEscaped) || (s.size() > 1 && s[1] == kEscaped);
-  };
+  auto escaped_at = [&](size_t depth) { return escaped(walk.depth_state(depth)); };
   walk.run(
       arena, start, order.size(), [&](size_t i) { return v.symbols(order[i]); }, [&](size_t i) { return lcp[i]; },
       [&](size_t i, size_t consumed, bool alive) {

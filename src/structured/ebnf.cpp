@@ -269,7 +269,6 @@ class Parser {
     b_.add_alternative(r, atom);
     return rule_item(r);
   }
-  Item star(const Item& x) { return b_.star(x); }
   Item optional(const Seq& x) {
     const uint32_t r = b_.fresh_rule("opt");
     b_.add_alternative(r, x);
@@ -294,11 +293,11 @@ class Parser {
       const char c = peek();
       if (c == '*') {
         ++pos_;
-        atom = {star(as_one(std::move(atom)))};
+        atom = {b_.star(as_one(std::move(atom)))};
       } else if (c == '+') {
         ++pos_;
         Item x = as_one(std::move(atom));
-        atom = {x, star(x)};
+        atom = {x, b_.star(x)};
         atom = {as_one(std::move(atom))};
       } else if (c == '?') {
         ++pos_;

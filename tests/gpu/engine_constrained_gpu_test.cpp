@@ -83,10 +83,7 @@ std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool 
 TEST(EngineGpu, ConstrainedRowsAreMaskedOnTheDeviceAndGiveTheOracleTokens) {
   K3_REQUIRE_GPU();
   testing::TempDir tmp;
-  checkpoint::WriteOptions w;
-  w.init = checkpoint::InitStyle::sensitive;
-  w.mxfp4 = true;
-  const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
+  const auto dir = gpu_test::write_sensitive_tiny(tmp);
   for (model::DecodeBackend backend : {model::DecodeBackend::standard, model::DecodeBackend::latency_specialized}) {
     gpu_test::RunnerPair r(dir, kernels::Precision::fp32, model::KvCacheDtype::bf16, backend);
     int64_t cpu_rows = 0, eager_rows = 0, graph_rows = 0;

@@ -131,10 +131,7 @@ std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool 
 TEST(EngineGpu, ServesTheOracleTokensExactMode) {
   K3_REQUIRE_GPU();
   testing::TempDir tmp;
-  checkpoint::WriteOptions w;
-  w.init = checkpoint::InitStyle::sensitive;
-  w.mxfp4 = true;
-  const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
+  const auto dir = gpu_test::write_sensitive_tiny(tmp);
   gpu_test::RunnerPair r(dir, kernels::Precision::fp32, model::KvCacheDtype::bf16);
   const auto want = serve(*r.cpu, false), eager = serve(*r.gpu, false), graphs = serve(*r.gpu, true);
   const auto speculative = serve(*r.gpu, true, /*speculate=*/true);
@@ -154,10 +151,7 @@ TEST(EngineGpu, ServesTheOracleTokensExactMode) {
 TEST(EngineGpu, DsparkDraftsFromTappedGraphsGiveTheOracleTokens) {
   K3_REQUIRE_GPU();
   testing::TempDir tmp;
-  checkpoint::WriteOptions w;
-  w.init = checkpoint::InitStyle::sensitive;
-  w.mxfp4 = true;
-  const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
+  const auto dir = gpu_test::write_sensitive_tiny(tmp);
   const auto draft_dir = tmp.path() / "draft";
   draft::write_random_draft(draft::builtin_draft_config("k3-tiny-dspark"), 3, draft_dir);
   gpu_test::RunnerPair r(dir, kernels::Precision::fp32, model::KvCacheDtype::bf16);

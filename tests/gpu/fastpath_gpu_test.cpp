@@ -75,10 +75,7 @@ TEST(FastPathGpu, FusedKernelsRunAndGreedyFp32EqualsTheStandardPath) {
 TEST(FastPathGpu, VerifyAndCommitGraphsEqualEagerStepsFp32) {
   K3_REQUIRE_GPU();
   testing::TempDir tmp;
-  checkpoint::WriteOptions w;
-  w.init = checkpoint::InitStyle::sensitive;
-  w.mxfp4 = true;
-  const auto dir = testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
+  const auto dir = gpu_test::write_sensitive_tiny(tmp);
   for (const model::DecodeBackend backend :
        {model::DecodeBackend::standard, model::DecodeBackend::latency_specialized}) {
     auto r = open(dir, core::Device::cuda, kernels::Precision::fp32, backend, model::KvCacheDtype::bf16);

@@ -18,6 +18,16 @@
 
 namespace k3::gpu_test {
 
+// k3-tiny written into `tmp` with the sensitive init (activations O(1), softmaxes far from
+// uniform: rounding differences show) and MXFP4 experts: the checkpoint the engine and fast-path
+// equivalence tests compare on.
+inline std::filesystem::path write_sensitive_tiny(const testing::TempDir& tmp) {
+  checkpoint::WriteOptions w;
+  w.init = checkpoint::InitStyle::sensitive;
+  w.mxfp4 = true;
+  return testing::write_checkpoint(tmp, config::builtin_config("k3-tiny"), w);
+}
+
 // Empty when a CUDA device is usable, else why not (the skip message).
 inline std::string no_gpu_reason() {
 #ifdef K3_HAVE_CUDA
