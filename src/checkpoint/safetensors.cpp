@@ -146,9 +146,12 @@ TensorInfo parse_entry(const std::string& name, const json& e, const fs::path& p
   t.name = name;
   const json& dt = e["dtype"];
   if (!dt.is_string()) fail_tensor(path, name, "dtype is not a string");
-  if (!core::dtype_from_name(dt.get<std::string>(), &t.dtype))
+  // BOOL (one byte per value) is read as U8: EAGLE-3 checkpoints carry a BOOL t2d mask.
+  if (dt.get<std::string>() == "BOOL") t.dtype = core::DType::u8;
+  else if (!core::dtype_from_name(dt.get<std::string>(), &t.dtype))
     fail_tensor(path, name,
-                "unknown dtype '" + dt.get<std::string>() + "' (k3serve reads F32, BF16, F8_E4M3, U8, I32, I64)");
+                "unknown dtype '" + dt.get<std::string>() +
+                    "' (k3serve reads F32, BF16, F8_E4M3, U8, I32, I64, and BOOL as U8)");
   const json& sh = e["shape"];
   if (!sh.is_array()) fail_tensor(path, name, "shape is not an array");
   if (sh.size() > static_cast<size_t>(core::kMaxDims))

@@ -90,9 +90,9 @@ checkpoint::LoadProgressFn load_progress_on_terminal(const std::string& what) {
 
 std::vector<OptionSpec> speculative_option_specs() {
   return {
-      {"speculative-model", "DIR", "the draft checkpoint for --speculative-method dspark", ""},
+      {"speculative-model", "DIR", "the draft checkpoint for --speculative-method dspark or eagle3", ""},
       {"speculative-method", "M",
-       "speculative decoding: none, ngram (prompt lookup), dspark (draft model, --speculative-model) or synthetic (benchmarks: forced acceptance)",
+       "speculative decoding: none, ngram (prompt lookup), dspark or eagle3 (draft models, --speculative-model) or synthetic (benchmarks: forced acceptance)",
        "none"},
       {"num-speculative-tokens", "K", "drafts verified per request per step (with a method)", "4"},
       {"synthetic-acceptance-length", "AL",

@@ -94,8 +94,8 @@ int serve_command(std::span<char* const> argv) {
   parse_expert_parallel(args, o.tp, o.model);
   o.speculative = parse_speculative(args);
   o.draft_model_dir = args.get("speculative-model");
-  K3_CHECK(o.draft_model_dir.empty() || o.speculative.method == spec::SpecMethod::dspark,
-           "--speculative-model is only used with --speculative-method dspark");
+  K3_CHECK(o.draft_model_dir.empty() || o.speculative.needs_draft_model(),
+           "--speculative-model is only used with --speculative-method dspark or eagle3");
   if (o.speculative.method == spec::SpecMethod::synthetic)
     log::warn(
         "SYNTHETIC speculative decoding (acceptance is forced: outputs are not the model's distribution; "

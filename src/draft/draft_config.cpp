@@ -7,82 +7,16 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "draft/config_reader.h"
 
 namespace k3::draft {
 
+using detail::Reader;
+using detail::require;
+using detail::type_phrase;
 using nlohmann::json;
 
 namespace {
-
-std::string type_phrase(const json& v) {
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number_integer() || v.is_number_unsigned()) return "an integer";
-  if (v.is_number_float()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "an array";
-  if (v.is_object()) return "an object";
-  return "null";
-}
-
-// Typed reads of one top-level key; every problem names the source and the key.
-class Reader {
- public:
-  Reader(const json& j, std::string source) : j_(j), source_(std::move(source)) {}
-  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw core::Error(source_ + ": " + key + ": " + what);
-  }
-  const json* find(const std::string& key) const {
-    auto it = j_.find(key);
-    return it == j_.end() || it->is_null() ? nullptr : &*it;
-  }
-  int as_int(const std::string& key, const json& v) const {
-    if (v.is_number_integer() || v.is_number_unsigned()) {
-      const auto x = v.get<int64_t>();
-      if (x < INT32_MIN || x > INT32_MAX) fail(key, "integer " + v.dump() + " out of range");
-      return static_cast<int>(x);
-    }
-    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 2e9)
-      return static_cast<int>(v.get<double>());
-    fail(key, "expected an integer, got " + type_phrase(v) + " " + v.dump());
-  }
-  int req_int(const std::string& key) const {
-    const json* v = find(key);
-    if (!v) fail(key, "missing (required)");
-    return as_int(key, *v);
-  }
-  int opt_int(const std::string& key, int fallback) const {
-    const json* v = find(key);
-    return v ? as_int(key, *v) : fallback;
-  }
-  float opt_float(const std::string& key, float fallback) const {
-    const json* v = find(key);
-    if (!v) return fallback;
-    if (!v->is_number()) fail(key, "expected a number, got " + type_phrase(*v) + " " + v->dump());
-    return v->get<float>();
-  }
-  bool opt_bool(const std::string& key, bool fallback) const {
-    const json* v = find(key);
-    if (!v) return fallback;
-    if (!v->is_boolean()) fail(key, "expected true or false, got " + type_phrase(*v) + " " + v->dump());
-    return v->get<bool>();
-  }
-  std::vector<int> req_int_list(const std::string& key) const {
-    const json* v = find(key);
-    if (!v) fail(key, "missing (required)");
-    if (!v->is_array()) fail(key, "expected a list of integers, got " + type_phrase(*v) + " " + v->dump());
-    std::vector<int> out;
-    for (size_t i = 0; i < v->size(); ++i) out.push_back(as_int(key + "[" + std::to_string(i) + "]", (*v)[i]));
-    return out;
-  }
-
- private:
-  const json& j_;
-  std::string source_;
-};
-
-void require(bool ok, const std::string& source, const std::string& key, const std::string& what) {
-  if (!ok) throw core::Error(source + ": " + key + ": " + what);
-}
 
 // Builtin drafts, written as the config.json each stands for so they pass through parse_draft_config.
 json k3_dspark_json() {

@@ -158,21 +158,20 @@ DraftWeights random_draft_weights(const DraftConfig& c, uint64_t seed, const Ten
   return assemble_draft_weights(c, got, embed, target_lm_head);
 }
 
-LoadedDraft load_draft(const fs::path& dir, const config::K3Config& target_config, const model::Weights& target) {
-  LoadedDraft out;
-  out.config = load_draft_config(dir / "config.json");
-  const DraftConfig& c = out.config;
-  check_matches_target(c, target_config, (dir / "config.json").string());
+std::map<std::string, Tensor> read_draft_tensors(const fs::path& dir, const std::vector<DraftParamSpec>& params,
+                                                 const StoredNamesFn& stored_names,
+                                                 const std::function<bool(const std::string&)>& ignored) {
   const checkpoint::SafetensorsSet set = checkpoint::SafetensorsSet::open_dir(dir);
   std::map<std::string, Tensor> got;
   std::set<std::string> used;
-  for (const DraftParamSpec& p : draft_params(c)) {
-    const checkpoint::SafetensorsSet::Entry* e = set.find(p.name);
-    std::string stored = p.name;
-    if (!e) {
-      stored = "model." + p.name;
-      e = set.find(stored);
-    }
+  for (const DraftParamSpec& p : params) {
+    const checkpoint::SafetensorsSet::Entry* e = nullptr;
+    std::string stored;
+    for (const std::string& n : stored_names(p.name))
+      if ((e = set.find(n))) {
+        stored = n;
+        break;
+      }
     if (!e) throw core::Error(dir.string() + ": draft checkpoint lacks tensor " + p.name);
     const std::string where = e->file->path().string() + ": tensor " + stored;
     const core::DType dt = e->info->dtype;
@@ -187,30 +186,44 @@ LoadedDraft load_draft(const fs::path& dir, const config::K3Config& target_confi
     used.insert(stored);
   }
   for (const auto& [name, e] : set.entries())
-    if (!used.count(name))
+    if (!used.count(name) && !ignored(name))
       throw core::Error(e.file->path().string() + ": unexpected tensor " + name + " in the draft checkpoint");
+  return got;
+}
 
+void check_d2t(const Tensor& d2t, int64_t vocab_size, const std::string& source) {
+  const int64_t* d = d2t.data<const int64_t>();
+  for (int64_t i = 0; i < d2t.numel(); ++i)
+    if (i + d[i] < 0 || i + d[i] >= vocab_size)
+      throw core::Error(source + ": d2t[" + std::to_string(i) + "] = " + std::to_string(d[i]) + " maps draft id " +
+                        std::to_string(i) + " outside the target vocabulary");
+}
+
+LoadedDraft load_draft(const fs::path& dir, const config::K3Config& target_config, const model::Weights& target) {
+  LoadedDraft out;
+  out.config = load_draft_config(dir / "config.json");
+  const DraftConfig& c = out.config;
+  check_matches_target(c, target_config, (dir / "config.json").string());
+  const auto got = read_draft_tensors(
+      dir, draft_params(c),
+      [](const std::string& n) {
+        return std::vector<std::string>{n, "model." + n};
+      },
+      [](const std::string&) { return false; });
   out.weights = assemble_draft_weights(c, got, target.embed, &target.lm_head);
-  if (c.has_d2t()) {
-    const int64_t* d = out.weights.d2t.data<const int64_t>();
-    for (int64_t i = 0; i < c.draft_vocab_size; ++i)
-      if (i + d[i] < 0 || i + d[i] >= c.vocab_size)
-        throw core::Error(dir.string() + ": d2t[" + std::to_string(i) + "] = " + std::to_string(d[i]) +
-                          " maps draft id " + std::to_string(i) + " outside the target vocabulary");
-  }
+  if (c.has_d2t()) check_d2t(out.weights.d2t, c.vocab_size, dir.string());
   return out;
 }
 
-void write_random_draft(const DraftConfig& c, uint64_t seed, const fs::path& out) {
-  validate(c, "write_random_draft");
+void write_random_checkpoint(const fs::path& out, const nlohmann::json& config,
+                             const std::vector<DraftParamSpec>& params, uint64_t seed, const std::string& model_type) {
   fs::create_directories(out);
   {
     std::ofstream f(out / "config.json", std::ios::binary | std::ios::trunc);
-    K3_CHECK(f.good(), "write_random_draft: cannot create " + (out / "config.json").string());
-    f << to_json(c).dump(2) << "\n";
-    K3_CHECK(f.good(), "write_random_draft: writing " + (out / "config.json").string() + " failed");
+    K3_CHECK(f.good(), "write_random_checkpoint: cannot create " + (out / "config.json").string());
+    f << config.dump(2) << "\n";
+    K3_CHECK(f.good(), "write_random_checkpoint: writing " + (out / "config.json").string() + " failed");
   }
-  const std::vector<DraftParamSpec> params = draft_params(c);
   std::vector<checkpoint::TensorEntry> entries;
   std::map<std::string, DraftParamSpec> by_name;
   for (const auto& p : params) {
@@ -223,7 +236,12 @@ void write_random_draft(const DraftConfig& c, uint64_t seed, const fs::path& out
   // A folder reused for a sharded checkpoint must not keep its index beside the single file.
   std::filesystem::remove(out / checkpoint::kIndexFileName);
   checkpoint::write_safetensors(out / checkpoint::kSingleFileName, entries, fill,
-                                {{"format", "pt"}, {"model_type", kDsparkModelType}});
+                                {{"format", "pt"}, {"model_type", model_type}});
+}
+
+void write_random_draft(const DraftConfig& c, uint64_t seed, const fs::path& out) {
+  validate(c, "write_random_draft");
+  write_random_checkpoint(out, to_json(c), draft_params(c), seed, kDsparkModelType);
 }
 
 }  // namespace k3::draft

@@ -29,10 +29,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "core/tensor.h"
 #include "draft/draft_config.h"
@@ -113,5 +116,22 @@ void fill_random_draft_param(const DraftParamSpec& p, uint64_t seed, std::span<s
 DraftWeights random_draft_weights(const DraftConfig& c, uint64_t seed, const Tensor& target_embed,
                                   const LinearWeight* target_lm_head = nullptr);
 void write_random_draft(const DraftConfig& c, uint64_t seed, const std::filesystem::path& out);
+
+// Shared by the draft loaders (DSpark, EAGLE-3).
+// The tensors `params` names from DIR's safetensors, by name. Each is looked up under the names
+// stored_names(name) gives, in order (checkpoint layouts differ in prefixes); BF16 or F32 (d2t:
+// I64) with the listed shape. Throws core::Error naming the file and tensor for a missing,
+// mistyped or misshaped tensor, and for any stored tensor neither read nor `ignored`.
+using StoredNamesFn = std::function<std::vector<std::string>(const std::string& name)>;
+std::map<std::string, Tensor> read_draft_tensors(const std::filesystem::path& dir,
+                                                 const std::vector<DraftParamSpec>& params,
+                                                 const StoredNamesFn& stored_names,
+                                                 const std::function<bool(const std::string&)>& ignored);
+// Every d2t entry maps its draft id into [0, vocab_size); throws naming `source` and the entry.
+void check_d2t(const Tensor& d2t, int64_t vocab_size, const std::string& source);
+// DIR/config.json (`config`) and DIR/model.safetensors with `params` filled by
+// fill_random_draft_param(seed); same seed, same bytes.
+void write_random_checkpoint(const std::filesystem::path& out, const nlohmann::json& config,
+                             const std::vector<DraftParamSpec>& params, uint64_t seed, const std::string& model_type);
 
 }  // namespace k3::draft

@@ -4,6 +4,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "draft/dspark_drafter.h"
+#include "draft/eagle3_drafter.h"
 #include "engine/model_executor.h"
 #include "engine/tp_executor.h"
 
@@ -22,9 +23,10 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
                       "(make-checkpoint writes one for configs with vocab_size >= 512)");
   s->tokenizer_ = std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::load_k3(o.model_dir));
   K3_CHECK(o.tp >= 1, "--tp must be >= 1, got " + std::to_string(o.tp));
-  K3_CHECK(o.speculative.method != spec::SpecMethod::dspark || !o.draft_model_dir.empty(),
-           "--speculative-method dspark needs --speculative-model DIR (a draft checkpoint: k3serve make-checkpoint "
-           "--draft-for TARGET writes one)");
+  K3_CHECK(!o.speculative.needs_draft_model() || !o.draft_model_dir.empty(),
+           std::string("--speculative-method ") + spec::to_string(o.speculative.method) +
+               " needs --speculative-model DIR (a draft checkpoint: k3serve make-checkpoint --draft-for TARGET "
+               "[--draft-kind eagle3] writes one)");
   if (o.tp == 1) s->runner_ = runner::ModelRunner::open(o.model_dir, o.model, o.kv_cache, o.load_progress);
   else s->tp_runner_ = runner::TpRunner::open(o.model_dir, o.tp, o.model, o.kv_cache, o.load_progress);
   const config::K3Config& config = s->config();
@@ -58,16 +60,25 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
   else
     executor = std::make_unique<engine::TpExecutor>(*s->tp_runner_, ec.cache, o.kv_cache, ec.scheduler.max_model_len);
   std::unique_ptr<spec::Drafter> drafter;  // null: made from ec.speculative (ngram, synthetic) or none
-  if (o.speculative.method == spec::SpecMethod::dspark) {
+  if (o.speculative.needs_draft_model()) {
+    // The draft runs on the host over host weights. At TP 1 it shares the runner's host weights and
+    // registry; with --tp the ranks hold shards, so the draft gets the full weights and its own CPU
+    // registry, replicated on the host, and reads rank 0's taps.
+    const model::Weights* target_weights = nullptr;
+    const kernels::Registry* ops = nullptr;
     if (s->runner_) {
-      drafter = draft::load_dspark_drafter(o.draft_model_dir, config, s->runner_->host_weights(),
-                                           s->runner_->registry());
-    } else {  // the ranks hold shards; the draft, replicated on the host, reads rank 0's taps
+      target_weights = &s->runner_->host_weights();
+      ops = &s->runner_->registry();
+    } else {
       s->draft_target_weights_ = std::make_unique<model::Weights>(checkpoint::load_weights(o.model_dir, config));
       s->draft_ops_ = std::make_unique<kernels::Registry>();
       kernels::register_reference_ops(*s->draft_ops_);
-      drafter = draft::load_dspark_drafter(o.draft_model_dir, config, *s->draft_target_weights_, *s->draft_ops_);
+      target_weights = s->draft_target_weights_.get();
+      ops = s->draft_ops_.get();
     }
+    if (o.speculative.method == spec::SpecMethod::dspark)
+      drafter = draft::load_dspark_drafter(o.draft_model_dir, config, *target_weights, *ops);
+    else drafter = draft::load_eagle3_drafter(o.draft_model_dir, config, *target_weights, *ops);
   }
   s->engine_ = std::make_unique<engine::Engine>(ec, std::move(executor), std::move(drafter));
 

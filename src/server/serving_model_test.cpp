@@ -9,6 +9,8 @@
 
 #include "draft/draft_config.h"
 #include "draft/draft_weights.h"
+#include "draft/eagle3_config.h"
+#include "draft/eagle3_weights.h"
 #include "server/server_test_util.h"
 
 namespace k3::server {
@@ -105,12 +107,11 @@ TEST(ServingModel, DecodeContextParallelServesTheSameGreedyTokensInTwiceTheConte
   EXPECT_THROW(load(2, 4), core::Error);
 }
 
-// DSpark drafts (a random draft checkpoint for the tiny target) are verified losslessly: greedy
-// fp32 outputs equal plain decoding, at TP 1 and over 2 CPU ranks (the draft replicated on the
-// host, fed rank 0's taps), on both decode paths, and the engine counted verified drafts.
-TEST(ServingModel, DsparkSpeculationKeepsGreedyTokens) {
-  const auto draft_dir = std::filesystem::temp_directory_path() / ("k3-serving-dspark-" + std::to_string(::getpid()));
-  draft::write_random_draft(draft::builtin_draft_config("k3-tiny-dspark"), 3, draft_dir);
+// A model drafter's drafts (a random draft checkpoint for the tiny target) are verified losslessly:
+// greedy fp32 outputs equal plain decoding, at TP 1 and over 2 CPU ranks (the draft replicated on
+// the host, fed rank 0's taps), on both decode paths, and the engine counted verified drafts.
+void expect_drafter_keeps_greedy_tokens(spec::SpecMethod method, const std::filesystem::path& draft_dir) {
+  const std::string name = spec::to_string(method);
   auto generate = [&](bool speculate, engine::EngineStats* stats, int tp = 1,
                       model::DecodeBackend backend = model::DecodeBackend::standard) {
     ServingOptions o;
@@ -122,7 +123,7 @@ TEST(ServingModel, DsparkSpeculationKeepsGreedyTokens) {
     o.max_num_seqs = 2;
     o.kv_cache_bytes = 8ll << 20;
     if (speculate) {
-      o.speculative.method = spec::SpecMethod::dspark;
+      o.speculative.method = method;
       o.speculative.num_speculative_tokens = 3;
       o.draft_model_dir = draft_dir;
     }
@@ -142,31 +143,48 @@ TEST(ServingModel, DsparkSpeculationKeepsGreedyTokens) {
   engine::EngineStats plain_stats, spec_stats;
   const auto plain = generate(false, &plain_stats);
   const auto speculative = generate(true, &spec_stats);
-  EXPECT_EQ(speculative, plain);
-  EXPECT_GT(spec_stats.spec_num_draft_tokens, 0) << "the DSpark drafter never proposed";
-  EXPECT_EQ(spec_stats.spec_method, "dspark");
+  EXPECT_EQ(speculative, plain) << name;
+  EXPECT_GT(spec_stats.spec_num_draft_tokens, 0) << "the " << name << " drafter never proposed";
+  EXPECT_EQ(spec_stats.spec_method, name);
   engine::EngineStats tp_stats;
-  EXPECT_EQ(generate(true, &tp_stats, 2), plain);
-  EXPECT_GT(tp_stats.spec_num_draft_tokens, 0) << "the DSpark drafter never proposed with --tp 2";
-  EXPECT_EQ(tp_stats.spec_method, "dspark");
+  EXPECT_EQ(generate(true, &tp_stats, 2), plain) << name;
+  EXPECT_GT(tp_stats.spec_num_draft_tokens, 0) << "the " << name << " drafter never proposed with --tp 2";
+  EXPECT_EQ(tp_stats.spec_method, name);
   for (int tp : {1, 2}) {  // the fused decode path
     engine::EngineStats fused_stats;
-    EXPECT_EQ(generate(true, &fused_stats, tp, model::DecodeBackend::latency_specialized), plain) << "tp " << tp;
-    EXPECT_GT(fused_stats.spec_num_draft_tokens, 0) << "tp " << tp;
+    EXPECT_EQ(generate(true, &fused_stats, tp, model::DecodeBackend::latency_specialized), plain)
+        << name << " tp " << tp;
+    EXPECT_GT(fused_stats.spec_num_draft_tokens, 0) << name << " tp " << tp;
   }
+}
+
+TEST(ServingModel, DsparkSpeculationKeepsGreedyTokens) {
+  const auto draft_dir = std::filesystem::temp_directory_path() / ("k3-serving-dspark-" + std::to_string(::getpid()));
+  draft::write_random_draft(draft::builtin_draft_config("k3-tiny-dspark"), 3, draft_dir);
+  expect_drafter_keeps_greedy_tokens(spec::SpecMethod::dspark, draft_dir);
   std::filesystem::remove_all(draft_dir);
 }
 
-TEST(ServingModel, DsparkWithoutADraftModelIsAnError) {
-  ServingOptions o;
-  o.model_dir = testing::tiny_model_dir();
-  o.speculative.method = spec::SpecMethod::dspark;
-  o.speculative.num_speculative_tokens = 3;
-  try {
-    (void)ServingModel::load(o);
-    FAIL() << "dspark without --speculative-model loaded";
-  } catch (const core::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--speculative-model"), std::string::npos) << e.what();
+TEST(ServingModel, Eagle3SpeculationKeepsGreedyTokens) {
+  const auto draft_dir = std::filesystem::temp_directory_path() / ("k3-serving-eagle3-" + std::to_string(::getpid()));
+  draft::write_random_eagle3(draft::builtin_eagle3_config("k3-tiny-eagle3"), 3, draft_dir);
+  expect_drafter_keeps_greedy_tokens(spec::SpecMethod::eagle3, draft_dir);
+  std::filesystem::remove_all(draft_dir);
+}
+
+TEST(ServingModel, ModelDraftersWithoutADraftModelAreAnError) {
+  for (spec::SpecMethod m : {spec::SpecMethod::dspark, spec::SpecMethod::eagle3}) {
+    ServingOptions o;
+    o.model_dir = testing::tiny_model_dir();
+    o.speculative.method = m;
+    o.speculative.num_speculative_tokens = 3;
+    try {
+      (void)ServingModel::load(o);
+      FAIL() << spec::to_string(m) << " without --speculative-model loaded";
+    } catch (const core::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--speculative-model"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(spec::to_string(m)), std::string::npos) << e.what();
+    }
   }
 }
 

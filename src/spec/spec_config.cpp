@@ -13,15 +13,17 @@ const char* to_string(SpecMethod m) {
     case SpecMethod::ngram: return "ngram";
     case SpecMethod::synthetic: return "synthetic";
     case SpecMethod::dspark: return "dspark";
+    case SpecMethod::eagle3: return "eagle3";
   }
   return "?";
 }
 
 SpecMethod parse_spec_method(std::string_view name) {
-  for (SpecMethod m : {SpecMethod::none, SpecMethod::ngram, SpecMethod::synthetic, SpecMethod::dspark})
+  for (SpecMethod m :
+       {SpecMethod::none, SpecMethod::ngram, SpecMethod::synthetic, SpecMethod::dspark, SpecMethod::eagle3})
     if (name == to_string(m)) return m;
-  throw core::Error("speculative method must be one of none, ngram, synthetic, dspark; got '" + std::string(name) +
-                    "'");
+  throw core::Error("speculative method must be one of none, ngram, synthetic, dspark, eagle3; got '" +
+                    std::string(name) + "'");
 }
 
 void SpeculativeConfig::validate() const {
@@ -63,9 +65,9 @@ std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& c) {
                                                                                   : c.num_speculative_tokens + 1);
     case SpecMethod::none: throw core::Error("make_drafter: speculative method is none");
     case SpecMethod::dspark:
-      throw core::Error(
-          "make_drafter: the dspark drafter needs the target model; build it with src/draft/ and pass it "
-          "to the Engine");
+    case SpecMethod::eagle3:
+      throw core::Error(std::string("make_drafter: the ") + to_string(c.method) +
+                        " drafter needs the target model; build it with src/draft/ and pass it to the Engine");
   }
   return nullptr;
 }

@@ -7,6 +7,8 @@
 //                     drafts per step, so outputs are not the model's distribution
 //                     (spec/synthetic_drafter.h)
 //          dspark     the DSpark draft model (src/draft/); built by its owner, not make_drafter
+//          eagle3     an EAGLE-3 draft model (src/draft/eagle3_*); built by its owner too
+//          (both model drafters need SpeculativeConfig::needs_draft_model's checkpoint)
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -17,9 +19,9 @@
 
 namespace k3::spec {
 
-enum class SpecMethod : uint8_t { none, ngram, synthetic, dspark };
+enum class SpecMethod : uint8_t { none, ngram, synthetic, dspark, eagle3 };
 const char* to_string(SpecMethod m);
-// "none" | "ngram" | "synthetic" | "dspark"; throws core::Error naming the accepted values.
+// "none" | "ngram" | "synthetic" | "dspark" | "eagle3"; throws core::Error naming the accepted values.
 SpecMethod parse_spec_method(std::string_view name);
 
 struct SpeculativeConfig {
@@ -31,13 +33,15 @@ struct SpeculativeConfig {
   bool adaptive = true;
 
   bool enabled() const { return method != SpecMethod::none && num_speculative_tokens > 0; }
+  // dspark and eagle3 draft with a model of their own (a checkpoint folder).
+  bool needs_draft_model() const { return method == SpecMethod::dspark || method == SpecMethod::eagle3; }
   // Throws core::Error naming the field and the allowed range.
   void validate() const;
 };
 
 std::string describe(const SpeculativeConfig& c);
 
-// The drafter for ngram or synthetic; throws core::Error for none and dspark (whose drafter needs
+// The drafter for ngram or synthetic; throws core::Error for none, dspark and eagle3 (whose drafters need
 // the target model and its weights: src/draft/ builds it and hands it to the Engine).
 std::unique_ptr<Drafter> make_drafter(const SpeculativeConfig& c);
 

@@ -12,6 +12,8 @@
 #include "core/rng.h"
 #include "draft/draft_weights.h"
 #include "draft/dspark_drafter.h"
+#include "draft/eagle3_drafter.h"
+#include "draft/eagle3_weights.h"
 #include "engine/engine.h"
 #include "engine/model_executor.h"
 #include "engine/tp_executor.h"
@@ -49,20 +51,26 @@ std::vector<int32_t> tokens(uint64_t seed, int n) {
 
 // Runs the same request mix on an engine over `runner` and returns every request's tokens; with
 // `graphs`, pure-decode steps replay as CUDA graphs (and the test checks that they did). With
-// `speculate`: n-gram drafts, or the DSpark drafter in `dspark_dir` (its steps tap the target's
-// hidden states, graphs included); `stats` gets the engine's counts.
+// `speculate`: n-gram drafts, or the model drafter `method` (dspark, eagle3) in `draft_dir` (its
+// steps tap the target's hidden states, graphs included); `stats` gets the engine's counts. A model
+// drafter's lengths are fixed (not adaptive: no timing-driven gate), so runs that differ only in
+// graphs propose the same drafts.
 std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool graphs, bool speculate = false,
-                                        const std::filesystem::path& dspark_dir = {},
-                                        engine::EngineStats* stats = nullptr) {
+                                        const std::filesystem::path& draft_dir = {},
+                                        engine::EngineStats* stats = nullptr,
+                                        spec::SpecMethod method = spec::SpecMethod::dspark) {
   engine::EngineConfig c = engine_config();
   std::unique_ptr<spec::Drafter> drafter;
-  if (speculate && dspark_dir.empty()) {
+  if (speculate && draft_dir.empty()) {
     c.speculative.method = spec::SpecMethod::ngram;
     c.speculative.num_speculative_tokens = 4;
   } else if (speculate) {
-    c.speculative.method = spec::SpecMethod::dspark;
+    c.speculative.adaptive = false;
+    c.speculative.method = method;
     c.speculative.num_speculative_tokens = 3;
-    drafter = draft::load_dspark_drafter(dspark_dir, runner.config(), runner.host_weights(), runner.registry());
+    if (method == spec::SpecMethod::dspark)
+      drafter = draft::load_dspark_drafter(draft_dir, runner.config(), runner.host_weights(), runner.registry());
+    else drafter = draft::load_eagle3_drafter(draft_dir, runner.config(), runner.host_weights(), runner.registry());
   }
   auto executor = std::make_unique<engine::ModelExecutor>(runner.model(), c.cache, model::KvCacheDtype::bf16,
                                                           graphs ? c.scheduler.max_model_len : 0);
@@ -106,7 +114,7 @@ std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool 
   }
   if (graphs) {
     // A drafter's verify steps of unequal draft lengths run eagerly: fewer replays then.
-    EXPECT_GT(exec->graph_replays(), dspark_dir.empty() ? 20 : 0) << "decode steps should have replayed CUDA graphs";
+    EXPECT_GT(exec->graph_replays(), draft_dir.empty() ? 20 : 0) << "decode steps should have replayed CUDA graphs";
   } else {
     EXPECT_EQ(exec->graph_replays(), 0);
   }
@@ -114,7 +122,7 @@ std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool 
     EXPECT_EQ(exec->device_sampler(), nullptr);
   } else {
     EXPECT_NE(exec->device_sampler(), nullptr);
-    if (exec->device_sampler() && dspark_dir.empty()) {  // a tapped step's logits come to the host
+    if (exec->device_sampler() && draft_dir.empty()) {  // a tapped step's logits come to the host
       EXPECT_GT(exec->device_sampler()->device_rows(), 50) << "plain steps should be sampled on the device";
     }
   }
@@ -161,6 +169,26 @@ TEST(EngineGpu, DsparkDraftsFromTappedGraphsGiveTheOracleTokens) {
   const auto graphs = serve(*r.gpu, true, true, draft_dir, &graph_stats);
   EXPECT_EQ(eager, want);
   EXPECT_EQ(graphs, want);
+  EXPECT_EQ(graph_stats.spec_num_draft_tokens, eager_stats.spec_num_draft_tokens);
+  EXPECT_EQ(graph_stats.spec_num_accepted_tokens, eager_stats.spec_num_accepted_tokens);
+}
+
+// The same with an EAGLE-3 draft (its taps are the inputs of target layers 1, 2 and 3).
+TEST(EngineGpu, Eagle3DraftsFromTappedGraphsGiveTheOracleTokens) {
+  K3_REQUIRE_GPU();
+  testing::TempDir tmp;
+  const auto dir = gpu_test::write_sensitive_tiny(tmp);
+  const auto draft_dir = tmp.path() / "draft";
+  draft::write_random_eagle3(draft::builtin_eagle3_config("k3-tiny-eagle3"), 3, draft_dir);
+  gpu_test::RunnerPair r(dir, kernels::Precision::fp32, model::KvCacheDtype::bf16);
+  const auto want = serve(*r.cpu, false);
+  engine::EngineStats eager_stats, graph_stats;
+  const auto eager = serve(*r.gpu, false, true, draft_dir, &eager_stats, spec::SpecMethod::eagle3);
+  const auto graphs = serve(*r.gpu, true, true, draft_dir, &graph_stats, spec::SpecMethod::eagle3);
+  EXPECT_EQ(eager, want);
+  EXPECT_EQ(graphs, want);
+  EXPECT_GT(eager_stats.spec_num_draft_tokens, 0);
+  EXPECT_EQ(eager_stats.spec_method, "eagle3");
   EXPECT_EQ(graph_stats.spec_num_draft_tokens, eager_stats.spec_num_draft_tokens);
   EXPECT_EQ(graph_stats.spec_num_accepted_tokens, eager_stats.spec_num_accepted_tokens);
 }

@@ -1,5 +1,5 @@
 // kernels/elementwise/elementwise_ops_test.cpp: token-parallel ops on every device backend against the CPU
-// reference: add, sigmoid_gate, situ_glu, rmsnorm, embedding, attn_res_mix, kda_output_gate
+// reference: add, sigmoid_gate, situ_glu, silu_glu, rmsnorm, embedding, attn_res_mix, kda_output_gate
 // (mla_cache_write: mla_ops_test.cpp). OpsOdd: random odd shapes (T in 1, 17, 54, 97); OpsTp8:
 // per-GPU TP8 widths.
 #include <cmath>
@@ -48,6 +48,16 @@ void check_binary(Device* dev, Mode mode, int64_t T, int64_t D, uint64_t seed) {
     expect_device_impl(dev->registry().situ_glu, args, dev);
     dev->registry().situ_glu.run(args, dev->kind());
     expect_close("situ_glu", shape, mode, "out", dev->to_host_f32(out.view()), want, tol_elementwise(mode));
+  }
+  {  // silu_glu (the EAGLE-3 draft's MLP): gates from deep negative to large positive
+    const Tensor g = random_act(rng, {T, D}, mode, 0.0, 6.0), u = random_act(rng, {T, D}, mode, 0.0, 3.0);
+    Tensor want = nan_tensor({T, D});
+    cpu_registry().silu_glu.run({g.view(), u.view(), want.view(), p}, core::Device::cpu);
+    Tensor dg = dev->act(g, mode), du = dev->act(u, mode), out = dev->poisoned(act_dtype(mode), {T, D});
+    const kernels::SiluGluArgs args{dg.view(), du.view(), out.view(), p};
+    expect_device_impl(dev->registry().silu_glu, args, dev);
+    dev->registry().silu_glu.run(args, dev->kind());
+    expect_close("silu_glu", shape, mode, "out", dev->to_host_f32(out.view()), want, tol_elementwise(mode));
   }
 }
 

@@ -56,4 +56,24 @@ void situ_glu_reference(const SituGluArgs& a, backends::cpu::ThreadPool* pool) {
   backends::cpu::parallel_for(pool, T, rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, I)));
 }
 
+core::Status silu_glu_check(const SiluGluArgs& a) {
+  return situ_glu_check({a.gate, a.up, a.out, 4.0f, 25.0f, a.precision});  // the same tensor rules
+}
+
+void silu_glu_reference(const SiluGluArgs& a, backends::cpu::ThreadPool* pool) {
+  const int64_t T = a.gate.dim(0), I = a.gate.dim(1);
+  const auto rows = [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* gate = a.gate.as<const float>() + t * a.gate.strides[0];
+      const float* up = a.up.as<const float>() + t * a.up.strides[0];
+      float* out = a.out.as<float>() + t * a.out.strides[0];
+      for (int64_t i = 0; i < I; ++i) {
+        const float g = gate[i];
+        out[i] = round_act(g / (1.0f + std::exp(-g)) * up[i], a.precision);
+      }
+    }
+  };
+  backends::cpu::parallel_for(pool, T, rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, I)));
+}
+
 }  // namespace k3::kernels

@@ -1,4 +1,5 @@
-// kernels/situ/situ_glu_test.cpp: SiTU-GLU against the closed form, including the tanh clipping.
+// kernels/situ/situ_glu_test.cpp: SiTU-GLU and SiLU-GLU against their closed forms, including the tanh
+// clipping.
 #include "kernels/situ/situ_glu.h"
 
 #include <gtest/gtest.h>
@@ -133,6 +134,34 @@ TEST(SituGlu, BadArgumentsFail) {
   EXPECT_FALSE(situ_glu_check({gate.view(), gate.view(), out_bad.view()}));
   EXPECT_FALSE(situ_glu_check({gate.view(), gate.view(), out.view(), 0.0f, 25.0f}));
   EXPECT_TRUE(situ_glu_check({gate.view(), gate.view(), out.view()}));
+}
+
+// SiLU-GLU against a * sigmoid(a) * c in double: one rounding in bf16, a few ulps in fp32, and
+// a large negative gate gives 0 (not NaN from the overflowing exp).
+TEST(SiluGlu, MatchesClosedFormOnOddShapes) {
+  for (int64_t T : {1, 17, 54})
+    for (int64_t I : {97, 512}) {
+      Tensor gate = random_act(T, I, 8.0, T * 31 + I), up = random_act(T, I, 3.0, T * 31 + I + 1);
+      gate.data<float>()[0] = -200.0f;
+      for (Precision p : {Precision::bf16, Precision::fp32}) {
+        Tensor out = Tensor::zeros(DType::f32, gate.shape());
+        for (float& v : out.span<float>()) v = kNaN;
+        SiluGluArgs a{gate.view(), up.view(), out.view(), p};
+        ASSERT_TRUE(silu_glu_check(a)) << silu_glu_check(a).reason();
+        silu_glu_reference(a);
+        for (int64_t i = 0; i < gate.numel(); ++i) {
+          const double g = gate.data<float>()[i], c = up.data<float>()[i];
+          const double want = g / (1.0 + std::exp(-g)) * c;
+          const float got = out.data<float>()[i];
+          const double rel = p == Precision::fp32 ? 4e-6 : 1.0 / 256;
+          ASSERT_NEAR(got, want, rel * std::fabs(want) + 1e-30) << "a=" << g << " c=" << c;
+          if (p == Precision::bf16) ASSERT_EQ(got, core::bf16_round(got));
+        }
+        EXPECT_EQ(out.data<float>()[0], 0.0f);
+      }
+    }
+  Tensor gate = random_act(2, 8, 1, 1), up_bad = random_act(2, 9, 1, 2);
+  EXPECT_FALSE(silu_glu_check({gate.view(), up_bad.view(), gate.view()}));
 }
 
 }  // namespace

@@ -29,7 +29,8 @@ TEST(OpsCoverage, EveryOpHasACudaImplementationInCudaBuilds) {
   });
   EXPECT_EQ(
       ops,
-      31);  // the 18 standard ops, token_mask, the 5 MLA decode-context-parallel ops and the 7 fused ops of fastpath/
+      32);  // the 18 standard ops, silu_glu (EAGLE-3), token_mask, the 5 MLA decode-context-parallel ops and the 7
+            // fused ops of fastpath/
 #endif
 }
 
