@@ -53,6 +53,7 @@ void Engine::set_up_speculation() {
   if (drafter_->synthetic())
     synthetic_al_ = sc.synthetic_acceptance_length > 0 ? sc.synthetic_acceptance_length : sc.num_speculative_tokens + 1;
   draft_length_ = std::make_unique<spec::DraftLengthController>(sc.num_speculative_tokens, sc.adaptive);
+  if (sc.adaptive) gate_ = std::make_unique<spec::SpeculationGate>();
   spec_counters_.accepted_per_pos.assign(static_cast<size_t>(sc.num_speculative_tokens), 0);
 }
 
@@ -323,6 +324,10 @@ bool Engine::step() {
     } catch (const std::exception&) {  // the step's error is already the one reported
     }
   }
+  // A pure decode step's whole time (drafting, forward, sampling, commit) teaches the gate.
+  if (gate_ && error.empty() && plan.num_prefills == 0)
+    gate_->record(static_cast<int64_t>(plan.seqs.size()), plan.num_tokens,
+                  Seconds(scheduler::Clock::now() - t0).count());
   if (!error.empty()) scheduler_.fail_step(out_, events_);
   else scheduler_.update(out_, sampled_, accepted_, events_);
   if (error.empty()) progress_.step(out_);
@@ -350,6 +355,18 @@ void Engine::propose_drafts() {
     if (budget > 0) queries_.push_back({r->id(), r->tokens(), r->prompt_len(), budget});  // 0: paused
   }
   if (queries_.empty()) return;
+  if (gate_) {  // does drafting pay at this batch, with these requests' acceptance?
+    int64_t drafts = 0;
+    double expected = static_cast<double>(decoding_.size());
+    for (const spec::DraftQuery& q : queries_) {
+      drafts += q.max_drafts;
+      expected += draft_length_->rate(q.id) * q.max_drafts;
+    }
+    if (!gate_->should_draft(static_cast<int64_t>(decoding_.size()), drafts, expected)) {
+      queries_.clear();
+      return;
+    }
+  }
   drafts_.resize(queries_.size());
   for (spec::Draft& d : drafts_) d.clear();
   drafter_->propose(queries_, std::span<spec::Draft>(drafts_.data(), queries_.size()));
@@ -512,6 +529,7 @@ void Engine::publish_stats(double host_s, double exec_s) {
     s.spec_num_draft_tokens = spec_counters_.num_draft_tokens;
     s.spec_num_accepted_tokens = spec_counters_.num_accepted_tokens;
     s.spec_accepted_per_pos = spec_counters_.accepted_per_pos;
+    s.spec_gated_steps = gate_ ? gate_->skipped_steps() : 0;
   }
   std::lock_guard lock(stats_mu_);
   stats_ = s;

@@ -36,6 +36,7 @@
 #include "spec/acceptance.h"
 #include "spec/draft_length.h"
 #include "spec/spec_config.h"
+#include "spec/speculation_gate.h"
 #include "structured/matcher.h"
 
 namespace k3::runner {
@@ -101,6 +102,9 @@ struct EngineStats {
   int64_t spec_num_draft_tokens = 0;           // drafts verified
   int64_t spec_num_accepted_tokens = 0;        // drafts accepted
   std::vector<int64_t> spec_accepted_per_pos;  // [K]: draft position i accepted this many times
+  // Decode steps the speculation gate ran plainly because drafting was measured not to pay there
+  // (spec/speculation_gate.h; adaptive speculation only).
+  int64_t spec_gated_steps = 0;
   // Model steps per decode path (decode_backend latency_specialized: fused or standard) and the
   // fused path's fallbacks by reason.
   core::DecodePathCounters decode_paths;
@@ -219,7 +223,8 @@ class Engine {
   // Speculative decoding (null drafter_: off).
   std::unique_ptr<spec::Drafter> drafter_;
   std::unique_ptr<spec::DraftLengthController> draft_length_;
-  int32_t synthetic_al_ = 0;  // > 0: synthetic acceptance of AL - 1 drafts
+  std::unique_ptr<spec::SpeculationGate> gate_;  // null: speculation not adaptive (always drafts)
+  int32_t synthetic_al_ = 0;                     // > 0: synthetic acceptance of AL - 1 drafts
   spec::SpecCounters spec_counters_;
   std::vector<const scheduler::Request*> decoding_;
   std::vector<spec::DraftQuery> queries_;

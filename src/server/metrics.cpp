@@ -280,6 +280,9 @@ std::string Metrics::render(const engine::EngineStats& s) const {
     for (size_t i = 0; i < s.spec_accepted_per_pos.size(); ++i)
       sample(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
              labels_ + ",position=\"" + std::to_string(i) + "\"", static_cast<double>(s.spec_accepted_per_pos[i]));
+    family(out, "k3serve:spec_decode_gated_steps_total", "counter",
+           "Decode steps run without drafts because drafting was measured not to pay at that batch.");
+    sample(out, "k3serve:spec_decode_gated_steps_total", labels_, static_cast<double>(s.spec_gated_steps));
     // Synthetic acceptance (benchmarks) is forced, not measured: say so on the page.
     family(out, "k3serve:spec_decode_synthetic", "gauge",
            "1 when acceptance is SYNTHETIC (forced acceptance length; outputs are not the model's distribution).");

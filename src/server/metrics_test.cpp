@@ -152,6 +152,7 @@ TEST(Metrics, SpeculativeDecodingCountersUseVllmNames) {
   s.spec_num_draft_tokens = 15;
   s.spec_num_accepted_tokens = 9;
   s.spec_accepted_per_pos = {5, 3, 1};
+  s.spec_gated_steps = 4;
   const std::string page = m.render(s);
   const std::string l = "{engine=\"0\",model_name=\"k3-tiny\"";
   EXPECT_TRUE(has_line(page, "# TYPE vllm:spec_decode_num_drafts_total counter"));
@@ -162,6 +163,8 @@ TEST(Metrics, SpeculativeDecodingCountersUseVllmNames) {
   EXPECT_TRUE(has_line(page, "vllm:spec_decode_num_accepted_tokens_per_pos_total" + l + ",position=\"0\"} 5.0"));
   EXPECT_TRUE(has_line(page, "vllm:spec_decode_num_accepted_tokens_per_pos_total" + l + ",position=\"2\"} 1.0"));
   EXPECT_TRUE(has_line(page, "k3serve:spec_decode_synthetic" + l + ",method=\"synthetic\"} 1.0"));
+  EXPECT_TRUE(has_line(page, "# TYPE k3serve:spec_decode_gated_steps_total counter"));
+  EXPECT_TRUE(has_line(page, "k3serve:spec_decode_gated_steps_total" + l + "} 4.0"));
 }
 
 // decode_backend latency_specialized: steps per path and fallbacks by reason.

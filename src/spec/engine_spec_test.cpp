@@ -515,6 +515,7 @@ TEST_P(EngineSpecDistribution, SecondTokenFrequenciesMatchPlainSampling) {
   constexpr int kRuns = 1000;
   auto second_tokens = [&](std::unique_ptr<spec::Drafter> drafter, EngineStats* stats) {
     EngineConfig c = drafter ? spec_config(1, spec::SpecMethod::ngram, 256, 200) : config(256, 200);
+    c.speculative.adaptive = false;          // every run's second token is verified (no gate, no pause)
     c.scheduler.max_partial_prefills = 200;  // a whole wave prefills in one step
     c.scheduler.max_num_batched_tokens = 2048;
     auto e = make_engine(c, std::move(drafter));
