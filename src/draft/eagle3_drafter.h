@@ -11,7 +11,10 @@
 // next propose), so the cache holds only rows from the target's committed taps.
 //
 // A request first observed at a position > 0 (a prefix-cache hit) drafts from there on: the draft
-// attends over the positions it saw. A gap in the observed positions starts it afresh.
+// attends over the positions it saw. A gap in the observed positions starts it afresh. The model's
+// device holds everything (draft/eagle3_model.h): on the target's GPU each chain step brings back
+// only its tokens. (The engine's executors gather the taps on the host today, so a GPU draft
+// uploads them again: ~86 KB per row at K3's width; keeping them on the device is a follow-up.)
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -28,8 +31,8 @@
 namespace k3::draft {
 
 struct Eagle3DrafterOptions {
-  // Where the tap rows live when the target runs on a device (observe() downloads them); null: the
-  // rows must be CPU f32.
+  // Where the tap rows live when the target runs on another device than the draft (observe()
+  // downloads them to a CPU draft); null: the rows are on the draft's device.
   std::shared_ptr<core::DeviceMemory> target_memory;
 };
 
@@ -53,8 +56,8 @@ class Eagle3Drafter final : public spec::Drafter {
 
  private:
   struct Request {
-    Eagle3Cache cache;           // draft rows of positions [cache.first_position, cache.end_position())
-    std::vector<float> pending;  // fused taps [n, H] of positions cache.end_position() .. observed_end - 1
+    Eagle3Cache cache;  // draft rows of positions [cache.first_position, cache.end_position())
+    RowBuffer pending;  // fused taps [n, H] of positions cache.end_position() .. observed_end - 1
     int64_t observed_end = 0;
   };
   Request fresh(int64_t position) const;
@@ -66,11 +69,15 @@ class Eagle3Drafter final : public spec::Drafter {
 };
 
 // Loads the EAGLE-3 checkpoint in `dir` (load_eagle3) for a target and returns a drafter owning its
-// config, weights and model. The draft runs on the CPU: `target_weights` must be host weights (the
-// draft may alias their embedding); they and `ops` must outlive the drafter.
+// config, weights and model. `target_weights` are the target's host weights (the draft may alias
+// their embedding); they and `ops` must outlive the drafter. `memory`: where the draft runs (null:
+// the CPU); on the target's GPU, `device_embed` is the target's device embedding (shared when the
+// draft has none of its own) and the taps stay on the device.
 std::unique_ptr<Eagle3Drafter> load_eagle3_drafter(const std::filesystem::path& dir,
                                                    const config::K3Config& target_config,
                                                    const model::Weights& target_weights, const kernels::Registry& ops,
-                                                   Eagle3Options model_options = {}, Eagle3DrafterOptions options = {});
+                                                   Eagle3Options model_options = {}, Eagle3DrafterOptions options = {},
+                                                   std::shared_ptr<core::DeviceMemory> memory = nullptr,
+                                                   core::Tensor device_embed = {});
 
 }  // namespace k3::draft

@@ -43,7 +43,7 @@ std::vector<int32_t> expected_chain(const Fixture& f, const core::Tensor& taps, 
             rows.data<float>());
   std::vector<int32_t> next(tokens.begin() + first + 1, tokens.begin() + P + 1);
   const int64_t n[] = {P - first};
-  Eagle3Output o = f.model.forward(caches, n, next, f.model.fuse_taps(rows.view()));
+  Eagle3Output o = f.model.forward(caches, n, next, f.model.fuse_taps(rows.view()).view());
   std::vector<int32_t> out;
   int64_t last = P - first - 1;
   const int64_t H = f.config.hidden_size;
@@ -51,13 +51,13 @@ std::vector<int32_t> expected_chain(const Fixture& f, const core::Tensor& taps, 
     core::Tensor normed = core::Tensor::zeros(core::DType::f32, {1, H});
     std::copy(o.normed.data<const float>() + last * H, o.normed.data<const float>() + (last + 1) * H,
               normed.data<float>());
-    out.push_back(f.model.greedy_token(f.model.logits(normed).data<const float>()));
+    out.push_back(f.model.greedy_tokens(f.model.logits(normed.view()).view()).at(0));
     core::Tensor h = core::Tensor::zeros(core::DType::f32, {1, H});
     std::copy(o.prenorm.data<const float>() + last * H, o.prenorm.data<const float>() + (last + 1) * H,
               h.data<float>());
     const int64_t one[] = {1};
     const int32_t t[] = {out.back()};
-    o = f.model.forward(caches, one, t, h);
+    o = f.model.forward(caches, one, t, h.view());
     last = 0;
   }
   return out;

@@ -22,12 +22,21 @@
 //   r = o_proj(a) + residual;  m = down(silu(gate(x)) * up(x)), x = post_attention_layernorm(r)
 //   prenorm = m + r;  normed = norm(prenorm);  logits = lm_head(normed) over the draft vocabulary
 // Rounding (Precision::bf16): every op's output is stored as an activation (rounded), the logits
-// stay fp32; the attention sums scores and the weighted values in fp32, key order.
+// stay fp32; the attention (the rope_gqa_attention op, kernels/gqa) sums scores and the weighted
+// values in fp32.
+//
+// Where it runs: on the device of its DeviceMemory (the CPU, or the target's GPU at --tp 1), every
+// step through the registry's ops there: weights uploaded once (the embedding aliased from the
+// target's device copy when the draft shares it), caches and activations on that device, the taps
+// read where the target wrote them, the greedy tokens taken by the `sample` op; only the tokens come
+// back to the host.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "draft/eagle3_config.h"
 #include "draft/eagle3_weights.h"
 #include "draft/rope.h"
@@ -41,14 +50,22 @@ struct Eagle3Options {
   bool poison_buffers = false;                                            // NaN-fill every new activation (tests)
 };
 
+// Rows of f32 values on the model's device with room to grow: [rows, cols] of a [capacity, cols] tensor.
+struct RowBuffer {
+  core::Tensor data;  // f32 [capacity, cols] (undefined until the first row)
+  int64_t rows = 0;
+  core::TensorView view() const;  // the [rows, cols] in use
+  int64_t bytes() const { return data.defined() ? data.nbytes() : 0; }
+};
+
 // One request's draft KV cache: rotated keys and values of its rows, f32 [rows, NKV * head_dim]
 // each, for the absolute positions first_position .. first_position + rows - 1.
 struct Eagle3Cache {
-  std::vector<float> k, v;
+  RowBuffer k, v;
   int64_t first_position = 0;
-  int64_t rows = 0;
-  int64_t end_position() const { return first_position + rows; }
-  int64_t bytes() const;
+  int64_t rows() const { return k.rows; }
+  int64_t end_position() const { return first_position + k.rows; }
+  int64_t bytes() const { return k.bytes() + v.bytes(); }
 };
 
 struct Eagle3Output {
@@ -58,40 +75,57 @@ struct Eagle3Output {
 
 class Eagle3Model {
  public:
-  // Checks the weights' shapes against the config; config, weights and registry must outlive it.
+  // Checks the host weights' shapes against the config; config, weights and registry must outlive
+  // the model. `memory`: the device it runs on (null: the CPU); on a GPU the weights are uploaded,
+  // the embedding as `device_embed` when given (the target's device copy of the same table).
   Eagle3Model(const Eagle3Config& config, const Eagle3Weights& weights, const kernels::Registry& ops,
-              Eagle3Options options = {});
+              Eagle3Options options = {}, std::shared_ptr<core::DeviceMemory> memory = nullptr,
+              core::Tensor device_embed = {});
   const Eagle3Config& config() const { return config_; }
+  core::DeviceMemory& memory() const { return *memory_; }
+  core::Device device() const { return memory_->device(); }
 
-  // fc over the concatenated taps: f32 [n, num_taps * Ht] (CPU; rows may be strided) -> [n, H].
+  // fc over the concatenated taps: f32 [n, num_taps * Ht] on the model's device (rows may be
+  // strided) -> [n, H].
   core::Tensor fuse_taps(const core::TensorView& taps) const;
   // One decoder pass over the rows of several requests, stacked: rows[b] rows of request b, which
-  // are appended to caches[b] at its end position onward. tokens [N] (target ids), hidden f32 [N, H],
-  // N = sum(rows). Each row attends to its request's cache up to and including itself.
+  // are appended to caches[b] at its end position onward. tokens [N] (target ids), hidden f32 [N, H]
+  // on the model's device, N = sum(rows). Each row attends to its request's cache up to itself.
   Eagle3Output forward(std::span<Eagle3Cache* const> caches, std::span<const int64_t> rows,
-                       std::span<const int32_t> tokens, const core::Tensor& hidden) const;
-  // lm_head over final-normed rows: f32 [N, Vd], fp32 (not rounded).
-  core::Tensor logits(const core::Tensor& normed) const;
-  // The target id of a logits row's argmax (ties: the lowest draft id).
-  int32_t greedy_token(const float* logits_row) const;
+                       std::span<const int32_t> tokens, const core::TensorView& hidden) const;
+  // lm_head over final-normed rows: f32 [N, Vd] on the model's device, fp32 (not rounded).
+  core::Tensor logits(const core::TensorView& normed) const;
+  // The target ids of the rows' argmax (ties: the lowest draft id), taken on the model's device.
+  std::vector<int32_t> greedy_tokens(const core::TensorView& logits) const;
   int32_t to_target_id(int32_t draft_id) const;
   // Drops cached rows at positions >= end_position (keeps the earlier ones).
   void truncate(Eagle3Cache& cache, int64_t end_position) const;
 
- private:
+  // Row buffers on the model's device: append rows (f32 [n, cols], this device), keep the first n.
+  void append(RowBuffer& buf, const core::TensorView& rows) const;
+  void keep_rows(RowBuffer& buf, int64_t n) const;
+  // dst rows [r0, r0 + src rows) = src (both on the model's device).
+  void copy_rows(const core::Tensor& dst, int64_t r0, const core::TensorView& src) const;
   core::Tensor alloc(int64_t rows, int64_t cols) const;
-  core::Tensor linear(const core::Tensor& x, const kernels::LinearWeight& w, bool round_output = true) const;
-  core::Tensor rmsnorm(const core::Tensor& x, const core::Tensor& w) const;
-  core::Tensor add(const core::Tensor& a, const core::Tensor& b) const;
-  // Appends the rows' rotated keys and values, then attends: q [N, NH*hd] (rotated) -> [N, NH*hd].
-  core::Tensor attention(std::span<Eagle3Cache* const> caches, std::span<const int64_t> rows, const core::Tensor& q,
-                         const core::Tensor& k, const core::Tensor& v) const;
+
+ private:
+  core::Tensor linear(const core::TensorView& x, const kernels::LinearWeight& w, bool round_output = true) const;
+  core::Tensor rmsnorm(const core::TensorView& x, const core::Tensor& w) const;
+  core::Tensor add(const core::TensorView& a, const core::TensorView& b) const;
+  void reserve(RowBuffer& buf, int64_t rows, int64_t cols) const;
 
   const Eagle3Config& config_;
-  const Eagle3Weights& weights_;
+  const Eagle3Weights& host_weights_;
   const kernels::Registry& ops_;
   Eagle3Options options_;
+  std::shared_ptr<core::DeviceMemory> memory_;
+  Eagle3Weights device_weights_;  // the uploaded copy on a GPU (unused on the CPU)
+  const Eagle3Weights* weights_;  // the weights on the model's device
   RotateHalfRope rope_;
+  core::Tensor inv_freq_;  // f32 [head_dim / 2] on the model's device
 };
+
+// Rows [r0, r0 + n) of a rank-2 view (any device) as a view.
+core::TensorView rows_of(const core::TensorView& v, int64_t r0, int64_t n);
 
 }  // namespace k3::draft

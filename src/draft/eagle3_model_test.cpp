@@ -144,6 +144,22 @@ void expect_row_near(const float* got, const Vec& want, const std::string& what)
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-4 * (scale + 1)) << what << " [" << i << "]";
 }
 
+// A host row buffer's rows in use, as values.
+std::vector<float> host(const RowBuffer& b) {
+  const core::TensorView v = b.view();
+  return std::vector<float>(v.as<const float>(), v.as<const float>() + v.numel());
+}
+
+// A deep copy of a host cache (copies of Eagle3Cache share their buffers).
+Eagle3Cache clone(const Eagle3Cache& c) {
+  Eagle3Cache out = c;
+  if (c.k.data.defined()) {
+    out.k.data = core::Tensor::copy_of(c.k.data.view());
+    out.v.data = core::Tensor::copy_of(c.v.data.view());
+  }
+  return out;
+}
+
 core::Tensor rows_of(const core::Tensor& t, int64_t begin, int64_t n) {
   core::Tensor out = core::Tensor::zeros(core::DType::f32, {n, t.dim(1)});
   std::copy(t.data<const float>() + begin * t.dim(1), t.data<const float>() + (begin + n) * t.dim(1),
@@ -166,8 +182,8 @@ TEST(Eagle3Model, MatchesTheDoublePrecisionTranscription) {
     cache.first_position = first;
     Eagle3Cache* caches[] = {&cache};
     const int64_t rows[] = {n};
-    const Eagle3Output o = d.model->forward(caches, rows, tokens, fused);
-    EXPECT_EQ(cache.rows, n);
+    const Eagle3Output o = d.model->forward(caches, rows, tokens, fused.view());
+    EXPECT_EQ(cache.rows(), n);
     EXPECT_EQ(cache.end_position(), first + n);
 
     Ref ref{c, d.weights, {}, {}};
@@ -183,16 +199,16 @@ TEST(Eagle3Model, MatchesTheDoublePrecisionTranscription) {
       prenorm_last = pre;
     }
     // The chain row: the last row's pre-norm output and a drafted token at the next position.
-    const core::Tensor logits = d.model->logits(rows_of(o.normed, n - 1, 1));
+    const core::Tensor logits = d.model->logits(rows_of(o.normed, n - 1, 1).view());
     ASSERT_EQ(logits.shape(), core::Shape({1, c.draft_vocab_size}));
-    const int32_t t = d.model->greedy_token(logits.data<const float>());
+    const int32_t t = d.model->greedy_tokens(logits.view()).at(0);
     int64_t best = 0;
     for (int64_t v = 1; v < c.draft_vocab_size; ++v)
       if (logits.data<const float>()[v] > logits.data<const float>()[best]) best = v;
     EXPECT_EQ(t, (best * 3) % c.vocab_size) << "d2t maps the argmax draft id";
     const int32_t chain_tokens[] = {t};
     const int64_t one[] = {1};
-    const Eagle3Output o2 = d.model->forward(caches, one, chain_tokens, rows_of(o.prenorm, n - 1, 1));
+    const Eagle3Output o2 = d.model->forward(caches, one, chain_tokens, rows_of(o.prenorm, n - 1, 1).view());
     const auto [normed2, pre2] = ref.row(t, prenorm_last, first + n);
     expect_row_near(o2.normed.data<const float>(), normed2, "chain row");
     expect_row_near(o2.prenorm.data<const float>(), pre2, "chain row prenorm");
@@ -207,32 +223,33 @@ TEST(Eagle3Model, RowsOneAtATimeEqualRowsTogetherAndRequestsStackIndependently) 
   Eagle3Cache together;
   Eagle3Cache* t_caches[] = {&together};
   const int64_t seven[] = {7};
-  const Eagle3Output all = d.model->forward(t_caches, seven, tokens, h);
+  const Eagle3Output all = d.model->forward(t_caches, seven, tokens, h.view());
   Eagle3Cache one_by_one;
   Eagle3Cache* o_caches[] = {&one_by_one};
   const int64_t one[] = {1};
   for (int64_t r = 0; r < 7; ++r) {
-    const Eagle3Output o = d.model->forward(o_caches, one, std::span(tokens).subspan(size_t(r), 1), rows_of(h, r, 1));
+    const Eagle3Output o = d.model->forward(o_caches, one, std::span(tokens).subspan(size_t(r), 1),
+                                            rows_of(h, r, 1).view());
     for (int64_t i = 0; i < c.hidden_size; ++i)
       ASSERT_EQ(o.normed.data<const float>()[i], all.normed.data<const float>()[r * c.hidden_size + i]) << r;
   }
-  EXPECT_EQ(one_by_one.k, together.k);
-  EXPECT_EQ(one_by_one.v, together.v);
+  EXPECT_EQ(host(one_by_one.k), host(together.k));
+  EXPECT_EQ(host(one_by_one.v), host(together.v));
 
   // Two requests in one pass (3 rows on top of `together`'s 7, 2 rows fresh at position 40).
-  Eagle3Cache a = together, b;
+  Eagle3Cache a = clone(together), b;
   b.first_position = 40;
-  Eagle3Cache a_alone = together, b_alone = b;
+  Eagle3Cache a_alone = clone(together), b_alone = b;
   Eagle3Cache* both[] = {&a, &b};
   const int64_t counts[] = {3, 2};
   const core::Tensor h2 = random_act(5, c.hidden_size, 4);
   const std::vector<int32_t> t2 = {9, 8, 7, 6, 5};
-  const Eagle3Output stacked = d.model->forward(both, counts, t2, h2);
+  const Eagle3Output stacked = d.model->forward(both, counts, t2, h2.view());
   Eagle3Cache* a_only[] = {&a_alone};
   Eagle3Cache* b_only[] = {&b_alone};
   const int64_t three[] = {3}, two[] = {2};
-  const Eagle3Output oa = d.model->forward(a_only, three, std::span(t2).subspan(0, 3), rows_of(h2, 0, 3));
-  const Eagle3Output ob = d.model->forward(b_only, two, std::span(t2).subspan(3, 2), rows_of(h2, 3, 2));
+  const Eagle3Output oa = d.model->forward(a_only, three, std::span(t2).subspan(0, 3), rows_of(h2, 0, 3).view());
+  const Eagle3Output ob = d.model->forward(b_only, two, std::span(t2).subspan(3, 2), rows_of(h2, 3, 2).view());
   for (int64_t i = 0; i < 3 * c.hidden_size; ++i)
     ASSERT_EQ(stacked.normed.data<const float>()[i], oa.normed.data<const float>()[i]);
   for (int64_t i = 0; i < 2 * c.hidden_size; ++i)
@@ -240,8 +257,8 @@ TEST(Eagle3Model, RowsOneAtATimeEqualRowsTogetherAndRequestsStackIndependently) 
 
   // truncate forgets rows: re-running the last 3 of `a` after truncating gives the same outputs.
   d.model->truncate(a, 7);
-  EXPECT_EQ(a.rows, 7);
-  const Eagle3Output again = d.model->forward(both, counts, t2, h2);
+  EXPECT_EQ(a.rows(), 7);
+  const Eagle3Output again = d.model->forward(both, counts, t2, h2.view());
   EXPECT_EQ(again.normed.data<const float>()[0], stacked.normed.data<const float>()[0]);
   EXPECT_THROW(d.model->truncate(b, 39), core::Error);  // before its first position
 }
@@ -252,11 +269,11 @@ TEST(Eagle3Model, BadInputsAreErrors) {
   Eagle3Cache* caches[] = {&cache};
   const int64_t one[] = {1};
   const int32_t bad_token[] = {97};
-  EXPECT_THROW(d.model->forward(caches, one, bad_token, random_act(1, d.config.hidden_size, 1)), core::Error);
+  EXPECT_THROW(d.model->forward(caches, one, bad_token, random_act(1, d.config.hidden_size, 1).view()), core::Error);
   const int32_t ok_token[] = {3};
-  EXPECT_THROW(d.model->forward(caches, one, ok_token, random_act(1, d.config.hidden_size + 1, 1)), core::Error);
+  EXPECT_THROW(d.model->forward(caches, one, ok_token, random_act(1, d.config.hidden_size + 1, 1).view()), core::Error);
   EXPECT_THROW(d.model->fuse_taps(random_act(2, 7, 1).view()), core::Error);
-  EXPECT_EQ(cache.rows, 0) << "a rejected forward appends nothing";
+  EXPECT_EQ(cache.rows(), 0) << "a rejected forward appends nothing";
 }
 
 // Llama-3 RoPE scaling follows HF's rule: high frequencies kept, low ones divided by the factor,

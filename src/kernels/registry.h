@@ -1,7 +1,7 @@
 // kernels/registry.h: every op of the model, each with its implementations per backend.
 //
 // The registry is the op tables of every family (kernels/<family>/ops.h: embedding, norm, linear,
-// situ, elementwise, sampling, attn_res, moe, kda, mla, multi_linear), each a struct of its own;
+// situ, elementwise, sampling, attn_res, moe, kda, mla, multi_linear, gqa), each a struct of its own;
 // model code calls registry.<op>.run(args, device) and nothing branches on backends elsewhere
 // (kernels/op_table.h says how a table chooses). A new op or implementation is written in its
 // family's folder; only a new family is added here. The registry is an explicit object filled by
@@ -12,6 +12,7 @@
 #include "kernels/attn_res/ops.h"
 #include "kernels/elementwise/ops.h"
 #include "kernels/embedding/ops.h"
+#include "kernels/gqa/ops.h"
 #include "kernels/kda/ops.h"
 #include "kernels/linear/ops.h"
 #include "kernels/mla/ops.h"
@@ -34,7 +35,8 @@ struct Registry : EmbeddingOps,
                   MoeOps,
                   KdaOps,
                   MlaOps,
-                  MultiLinearOps {
+                  MultiLinearOps,
+                  GqaOps {
   Registry() {
     for_each([&](auto& t) { t.set_trace(&trace_); });
   }
@@ -55,6 +57,7 @@ struct Registry : EmbeddingOps,
     KdaOps::for_each(fn);
     MlaOps::for_each(fn);
     MultiLinearOps::for_each(fn);
+    GqaOps::for_each(fn);
   }
   // Calls fn(family) for every family struct (registration).
   template <class Fn>
@@ -70,6 +73,7 @@ struct Registry : EmbeddingOps,
     fn(static_cast<KdaOps&>(*this));
     fn(static_cast<MlaOps&>(*this));
     fn(static_cast<MultiLinearOps&>(*this));
+    fn(static_cast<GqaOps&>(*this));
   }
   void set_log(const LogFn& log) {
     for_each([&](auto& t) { t.set_log(log); });

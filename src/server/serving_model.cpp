@@ -61,9 +61,9 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
     executor = std::make_unique<engine::TpExecutor>(*s->tp_runner_, ec.cache, o.kv_cache, ec.scheduler.max_model_len);
   std::unique_ptr<spec::Drafter> drafter;  // null: made from ec.speculative (ngram, synthetic) or none
   if (o.speculative.needs_draft_model()) {
-    // The draft runs on the host over host weights. At TP 1 it shares the runner's host weights and
-    // registry; with --tp the ranks hold shards, so the draft gets the full weights and its own CPU
-    // registry, replicated on the host, and reads rank 0's taps.
+    // At TP 1 the draft shares the runner's host weights and registry (DSpark runs on the host,
+    // EAGLE-3 on the target's device); with --tp the ranks hold shards, so the draft gets the full
+    // weights and its own CPU registry, replicated on the host, and reads rank 0's taps.
     const model::Weights* target_weights = nullptr;
     const kernels::Registry* ops = nullptr;
     if (s->runner_) {
@@ -76,9 +76,15 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
       target_weights = s->draft_target_weights_.get();
       ops = s->draft_ops_.get();
     }
-    if (o.speculative.method == spec::SpecMethod::dspark)
+    if (o.speculative.method == spec::SpecMethod::dspark) {
       drafter = draft::load_dspark_drafter(o.draft_model_dir, config, *target_weights, *ops);
-    else drafter = draft::load_eagle3_drafter(o.draft_model_dir, config, *target_weights, *ops);
+    } else if (s->runner_) {  // EAGLE-3 runs where the target runs (its GPU at --tp 1), taps in place
+      const model::Model& m = s->runner_->model();
+      drafter = draft::load_eagle3_drafter(o.draft_model_dir, config, *target_weights, *ops, {}, {}, m.memory(),
+                                           m.weights().embed);
+    } else {
+      drafter = draft::load_eagle3_drafter(o.draft_model_dir, config, *target_weights, *ops);
+    }
   }
   s->engine_ = std::make_unique<engine::Engine>(ec, std::move(executor), std::move(drafter));
 

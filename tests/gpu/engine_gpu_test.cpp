@@ -70,7 +70,9 @@ std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool 
     c.speculative.num_speculative_tokens = 3;
     if (method == spec::SpecMethod::dspark)
       drafter = draft::load_dspark_drafter(draft_dir, runner.config(), runner.host_weights(), runner.registry());
-    else drafter = draft::load_eagle3_drafter(draft_dir, runner.config(), runner.host_weights(), runner.registry());
+    else  // on the target's device (the CPU oracle's draft on the CPU)
+      drafter = draft::load_eagle3_drafter(draft_dir, runner.config(), runner.host_weights(), runner.registry(), {}, {},
+                                           runner.model().memory(), runner.model().weights().embed);
   }
   auto executor = std::make_unique<engine::ModelExecutor>(runner.model(), c.cache, model::KvCacheDtype::bf16,
                                                           graphs ? c.scheduler.max_model_len : 0);
@@ -105,6 +107,7 @@ std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool 
     while (auto ev = s.stream->try_next()) {
       if (ev->token >= 0) t.push_back(ev->token);
       if (ev->finished) cached = ev->stats.cached_prompt_tokens;
+      if (ev->finished) EXPECT_EQ(ev->error, "") << "the request failed";
     }
     EXPECT_EQ(t.size(), 24u);
     if (&s == &subs.back()) {
@@ -173,7 +176,9 @@ TEST(EngineGpu, DsparkDraftsFromTappedGraphsGiveTheOracleTokens) {
   EXPECT_EQ(graph_stats.spec_num_accepted_tokens, eager_stats.spec_num_accepted_tokens);
 }
 
-// The same with an EAGLE-3 draft (its taps are the inputs of target layers 1, 2 and 3).
+// The same with an EAGLE-3 draft (its taps are the inputs of target layers 1, 2 and 3), which runs
+// on the target's device: on the GPU its drafts (the same fp32 function through the CUDA ops) are
+// the CPU oracle's drafts, so the verified and accepted counts match the CPU run's too.
 TEST(EngineGpu, Eagle3DraftsFromTappedGraphsGiveTheOracleTokens) {
   K3_REQUIRE_GPU();
   testing::TempDir tmp;
@@ -181,14 +186,16 @@ TEST(EngineGpu, Eagle3DraftsFromTappedGraphsGiveTheOracleTokens) {
   const auto draft_dir = tmp.path() / "draft";
   draft::write_random_eagle3(draft::builtin_eagle3_config("k3-tiny-eagle3"), 3, draft_dir);
   gpu_test::RunnerPair r(dir, kernels::Precision::fp32, model::KvCacheDtype::bf16);
-  const auto want = serve(*r.cpu, false);
-  engine::EngineStats eager_stats, graph_stats;
+  engine::EngineStats cpu_stats, eager_stats, graph_stats;
+  const auto want = serve(*r.cpu, false, true, draft_dir, &cpu_stats, spec::SpecMethod::eagle3);
   const auto eager = serve(*r.gpu, false, true, draft_dir, &eager_stats, spec::SpecMethod::eagle3);
   const auto graphs = serve(*r.gpu, true, true, draft_dir, &graph_stats, spec::SpecMethod::eagle3);
   EXPECT_EQ(eager, want);
   EXPECT_EQ(graphs, want);
   EXPECT_GT(eager_stats.spec_num_draft_tokens, 0);
   EXPECT_EQ(eager_stats.spec_method, "eagle3");
+  EXPECT_EQ(eager_stats.spec_num_draft_tokens, cpu_stats.spec_num_draft_tokens);
+  EXPECT_EQ(eager_stats.spec_num_accepted_tokens, cpu_stats.spec_num_accepted_tokens);
   EXPECT_EQ(graph_stats.spec_num_draft_tokens, eager_stats.spec_num_draft_tokens);
   EXPECT_EQ(graph_stats.spec_num_accepted_tokens, eager_stats.spec_num_accepted_tokens);
 }
