@@ -3,7 +3,10 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -85,6 +88,20 @@ class Reader {
   const json& j_;
   std::string source_;
 };
+
+// A config.json (or the config.json of a folder) parsed; `what` names it in errors. Returns the
+// path read beside the JSON.
+inline std::pair<json, std::string> read_config_json(const std::filesystem::path& path_in, const std::string& what) {
+  std::filesystem::path path = path_in;
+  if (std::filesystem::is_directory(path)) path /= "config.json";
+  std::ifstream f(path);
+  if (!f) throw core::Error(path.string() + ": cannot open the " + what);
+  try {
+    return {json::parse(f), path.string()};
+  } catch (const json::parse_error& e) {
+    throw core::Error(path.string() + ": not valid JSON: " + e.what());
+  }
+}
 
 inline void require(bool ok, const std::string& source, const std::string& key, const std::string& what) {
   if (!ok) throw core::Error(source + ": " + key + ": " + what);

@@ -2,7 +2,6 @@
 #include "draft/draft_config.h"
 
 #include <cmath>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -184,18 +183,9 @@ void check_matches_target(const DraftConfig& c, const config::K3Config& t, const
                 " layers, so taps must be <= " + std::to_string(t.num_hidden_layers - 2));
 }
 
-DraftConfig load_draft_config(const std::filesystem::path& path_in) {
-  std::filesystem::path path = path_in;
-  if (std::filesystem::is_directory(path)) path /= "config.json";
-  std::ifstream f(path);
-  if (!f) throw core::Error(path.string() + ": cannot open the draft config");
-  json j;
-  try {
-    j = json::parse(f);
-  } catch (const json::parse_error& e) {
-    throw core::Error(path.string() + ": not valid JSON: " + e.what());
-  }
-  return parse_draft_config(j, path.string());
+DraftConfig load_draft_config(const std::filesystem::path& path) {
+  const auto [j, source] = detail::read_config_json(path, "draft config");
+  return parse_draft_config(j, source);
 }
 
 json to_json(const DraftConfig& c) {

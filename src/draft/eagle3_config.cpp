@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -199,18 +198,9 @@ void check_matches_target(const Eagle3Config& c, const config::K3Config& t, cons
                 ")");
 }
 
-Eagle3Config load_eagle3_config(const std::filesystem::path& path_in) {
-  std::filesystem::path path = path_in;
-  if (std::filesystem::is_directory(path)) path /= "config.json";
-  std::ifstream f(path);
-  if (!f) throw core::Error(path.string() + ": cannot open the EAGLE-3 draft config");
-  json j;
-  try {
-    j = json::parse(f);
-  } catch (const json::parse_error& e) {
-    throw core::Error(path.string() + ": not valid JSON: " + e.what());
-  }
-  return parse_eagle3_config(j, path.string());
+Eagle3Config load_eagle3_config(const std::filesystem::path& path) {
+  const auto [j, source] = detail::read_config_json(path, "EAGLE-3 draft config");
+  return parse_eagle3_config(j, source);
 }
 
 json to_json(const Eagle3Config& c) {

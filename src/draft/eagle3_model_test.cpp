@@ -63,25 +63,8 @@ struct Ref {
   const Eagle3Weights& w;
   std::vector<Vec> keys, values;  // per cached row: [NKV * hd]
 
-  static Vec matvec(const kernels::LinearWeight& lw, const Vec& x) {
-    Vec y(size_t(lw.out_features()));
-    std::vector<float> row(size_t(lw.in_features()));
-    for (int64_t o = 0; o < lw.out_features(); ++o) {
-      lw.load_row(o, row.data());
-      double s = 0;
-      for (size_t i = 0; i < row.size(); ++i) s += double(row[i]) * x[i];
-      y[size_t(o)] = s;
-    }
-    return y;
-  }
-  Vec norm(const Vec& x, const core::Tensor& wt) const {
-    double ms = 0;
-    for (double v : x) ms += v * v;
-    const double inv = 1.0 / std::sqrt(ms / double(x.size()) + double(c.rms_norm_eps));
-    Vec y(x.size());
-    for (size_t i = 0; i < x.size(); ++i) y[i] = kernels::load_f32(wt.view(), int64_t(i)) * x[i] * inv;
-    return y;
-  }
+  static Vec matvec(const kernels::LinearWeight& lw, const Vec& x) { return testing::ref_matvec(lw, x); }
+  Vec norm(const Vec& x, const core::Tensor& wt) const { return testing::ref_rmsnorm(x, wt, double(c.rms_norm_eps)); }
   void rope(double* x, int64_t pos) const {  // rotate-half over the head
     const int d = c.head_dim, half = d / 2;
     for (int i = 0; i < half; ++i) {

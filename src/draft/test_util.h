@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/bf16.h"
 #include "core/rng.h"
@@ -93,6 +94,28 @@ inline DraftConfig odd_config() {
   c.use_confidence_head = true;
   c.mask_token_id = 96;
   return c;
+}
+
+// Double-precision building blocks of the reference transcriptions (draft_reference_test.cpp,
+// eagle3_model_test.cpp): y = W x over the weight's stored values, and RMSNorm with weight w.
+inline std::vector<double> ref_matvec(const kernels::LinearWeight& lw, const std::vector<double>& x) {
+  std::vector<double> y(static_cast<size_t>(lw.out_features()));
+  std::vector<float> row(static_cast<size_t>(lw.in_features()));
+  for (int64_t o = 0; o < lw.out_features(); ++o) {
+    lw.load_row(o, row.data());
+    double s = 0;
+    for (size_t i = 0; i < row.size(); ++i) s += double(row[i]) * x[i];
+    y[static_cast<size_t>(o)] = s;
+  }
+  return y;
+}
+inline std::vector<double> ref_rmsnorm(const std::vector<double>& x, const core::Tensor& w, double eps) {
+  double ms = 0;
+  for (double v : x) ms += v * v;
+  const double inv = 1.0 / std::sqrt(ms / double(x.size()) + eps);
+  std::vector<double> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = kernels::load_f32(w.view(), int64_t(i)) * x[i] * inv;
+  return y;
 }
 
 inline bool all_finite(const core::Tensor& t) {
