@@ -33,7 +33,10 @@ core::TensorView rows_of(const core::TensorView& v, int64_t r0, int64_t n) {
   return out;
 }
 
-core::TensorView RowBuffer::view() const { return rows_of(data.view(), 0, rows); }
+core::TensorView RowBuffer::view() const {
+  return data.defined() ? rows_of(data.view(), 0, rows)
+                        : core::TensorView::contiguous(nullptr, core::DType::f32, {0, 0});
+}
 
 Eagle3Model::Eagle3Model(const Eagle3Config& config, const Eagle3Weights& weights, const kernels::Registry& ops,
                          Eagle3Options options, std::shared_ptr<core::DeviceMemory> memory, core::Tensor device_embed)

@@ -257,6 +257,7 @@ TEST(Eagle3Model, BadInputsAreErrors) {
   EXPECT_THROW(d.model->forward(caches, one, ok_token, random_act(1, d.config.hidden_size + 1, 1).view()), core::Error);
   EXPECT_THROW(d.model->fuse_taps(random_act(2, 7, 1).view()), core::Error);
   EXPECT_EQ(cache.rows(), 0) << "a rejected forward appends nothing";
+  EXPECT_EQ(cache.k.view().numel(), 0) << "an empty buffer's view is empty";
 }
 
 // Llama-3 RoPE scaling follows HF's rule: high frequencies kept, low ones divided by the factor,
