@@ -10,7 +10,7 @@
 //   - sampled outputs (temperature 1, seeded) are token-identical too (oracle, n-gram, EAGLE-3), and the 2nd token's
 //     frequencies over 1000 seeded runs with a fixed draft match plain sampling (chi-square);
 //   - a stop token or max_tokens inside an accepted run cuts it there;
-//   - preemption under tight memory (n-gram-free oracle and EAGLE-3) and an abort between verify
+//   - preemption under tight memory (the oracle drafter and EAGLE-3) and an abort between verify
 //     steps leak no page or slot;
 //   - a drafter asking for hidden-state taps observes exactly the committed rows (prefill chunks,
 //     decodes, the kept rows of verify steps), equal to a plain forward's AttnRes mixtures;
