@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "checkpoint/safetensors.h"
@@ -99,6 +100,12 @@ TEST_F(Cli, BadInputGivesAClearErrorAndExitCode2) {
        "--precision"},
       {"logits --model " + model_dir() + " --token-ids 1,2", "--out is required"},
       {"make-checkpoint --config k3-huge --out " + path("y"), "k3-huge"},
+      {"make-checkpoint --config k3-tiny --draft-kind eagle3 --out " + path("y"), "only apply with --draft-for"},
+      {"make-checkpoint --draft-for k3-tiny --draft-kind medusa --out " + path("y"), "dspark or eagle3"},
+      {"serve --model " + model_dir() + " --speculative-model " + path("y"),
+       "--speculative-model is only used with --speculative-method dspark or eagle3"},
+      {"serve --model " + model_dir() + " --speculative-method eagle3 --num-speculative-tokens 3",
+       "--speculative-method eagle3 needs --speculative-model"},
       {"serve --model " + model_dir() + " --tp 2 --decode-context-parallel-size 4",
        "dcp 4 must be 1 or the tensor-parallel size 2"},
   };
@@ -107,6 +114,19 @@ TEST_F(Cli, BadInputGivesAClearErrorAndExitCode2) {
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
   }
+}
+
+// `make-checkpoint --draft-for T --draft-kind eagle3` writes an EAGLE-3 draft in the Hugging Face
+// layout (the config vLLM and SGLang read) that the server's loader takes.
+TEST_F(Cli, MakeCheckpointWritesAnEagle3Draft) {
+  const RunResult r = run("make-checkpoint --draft-for k3-tiny --draft-kind eagle3 --seed 1 --out " + path("e3"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("wrote EAGLE-3 draft"), std::string::npos) << r.output;
+  std::ifstream f(path("e3") + "/config.json");
+  const std::string config((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_NE(config.find("LlamaForCausalLMEagle3"), std::string::npos) << config;
+  EXPECT_NE(config.find("eagle_aux_hidden_state_layer_ids"), std::string::npos) << config;
+  EXPECT_TRUE(std::filesystem::exists(path("e3") + "/model.safetensors"));
 }
 
 TEST_F(Cli, HelpListsEveryCommand) {
