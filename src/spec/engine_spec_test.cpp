@@ -4,13 +4,14 @@
 //     plain token-by-token decoding BIT FOR BIT, its rows give the decode logits bit for bit, and
 //     the truncated MLA cache decodes on identically;
 //   - greedy outputs are token-identical with and without speculation for the n-gram drafter, a
-//     perfect oracle (fed the plain run's tokens: every draft accepted), an always-wrong
-//     drafter (none accepted) and an EAGLE-3 draft model (random weights, fed the taps), for several
-//     batched requests with prefix hits; nothing leaks, the drafter keeps no finished request;
-//   - sampled outputs (temperature 1, seeded) are token-identical too (oracle, n-gram, EAGLE-3), and the 2nd token's
-//     frequencies over 1000 seeded runs with a fixed draft match plain sampling (chi-square);
+//     perfect oracle (fed the plain run's tokens: every draft accepted), an always-wrong drafter
+//     (none accepted) and the EAGLE-3 and DSpark draft models (random weights, fed the taps), for
+//     several batched requests with prefix hits; nothing leaks, no drafter keeps a finished request;
+//   - sampled outputs (temperature 1, seeded) are token-identical too (oracle, n-gram, EAGLE-3,
+//     DSpark), and the 2nd token's frequencies over 1000 seeded runs with a fixed draft match plain
+//     sampling (chi-square);
 //   - a stop token or max_tokens inside an accepted run cuts it there;
-//   - preemption under tight memory (the oracle drafter and EAGLE-3) and an abort between verify
+//   - preemption under tight memory (the oracle drafter, EAGLE-3, DSpark) and an abort between verify
 //     steps leak no page or slot;
 //   - a drafter asking for hidden-state taps observes exactly the committed rows (prefill chunks,
 //     decodes, the kept rows of verify steps), equal to a plain forward's AttnRes mixtures;
@@ -26,6 +27,8 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/rng.h"
+#include "draft/draft_weights.h"
+#include "draft/dspark_drafter.h"
 #include "draft/eagle3_drafter.h"
 #include "draft/eagle3_weights.h"
 #include "engine/engine.h"
@@ -87,6 +90,7 @@ class EngineSpec : public ::testing::TestWithParam<kernels::Precision> {
     w.init = checkpoint::InitStyle::sensitive;
     checkpoint::write_random_checkpoint(config::builtin_config("k3-tiny"), w, *dir_);
     draft::write_random_eagle3(draft::builtin_eagle3_config("k3-tiny-eagle3"), 5, *dir_ / "eagle3");
+    draft::write_random_draft(draft::builtin_draft_config("k3-tiny-dspark"), 6, *dir_ / "dspark");
   }
   static void TearDownTestSuite() {
     std::filesystem::remove_all(*dir_);
@@ -99,9 +103,13 @@ class EngineSpec : public ::testing::TestWithParam<kernels::Precision> {
     runner_ = runner::ModelRunner::open(*dir_, o);
   }
 
-  // An EAGLE-3 drafter (random weights) over the target's host weights.
+  // The model drafters (random weights) over the target's host weights.
   std::unique_ptr<draft::Eagle3Drafter> eagle3() const {
     return draft::load_eagle3_drafter(*dir_ / "eagle3", runner_->config(), runner_->host_weights(),
+                                      runner_->registry());
+  }
+  std::unique_ptr<draft::DsparkDrafter> dspark() const {
+    return draft::load_dspark_drafter(*dir_ / "dspark", runner_->config(), runner_->host_weights(),
                                       runner_->registry());
   }
 
@@ -286,9 +294,11 @@ TEST_P(EngineSpec, GreedyOutputsIdenticalWithEveryDrafter) {
   cases.push_back({"oracle", std::make_unique<OracleDrafter>(expected, false, vocab)});
   cases.push_back({"wrong", std::make_unique<OracleDrafter>(expected, true, vocab)});
   cases.push_back({"eagle3", eagle3()});  // the second wave's prefix hit: it drafts from position 64 on
+  cases.push_back({"dspark", dspark()});  // (DSpark does not draft for a request first seen mid-sequence)
   for (Case& c : cases) {
     auto* oracle = dynamic_cast<OracleDrafter*>(c.drafter.get());
     auto* e3 = dynamic_cast<draft::Eagle3Drafter*>(c.drafter.get());
+    auto* ds = dynamic_cast<draft::DsparkDrafter*>(c.drafter.get());
     auto e = make_engine(spec_config(4), std::move(c.drafter));
     const Outputs got = run_waves(*e, waves);
     for (const auto& [prompt, out] : expected) {
@@ -317,6 +327,10 @@ TEST_P(EngineSpec, GreedyOutputsIdenticalWithEveryDrafter) {
     if (e3) {
       EXPECT_EQ(s.spec_method, "eagle3");
       EXPECT_EQ(e3->num_requests(), 0u) << "the drafter kept state of finished requests";
+    }
+    if (ds) {
+      EXPECT_EQ(s.spec_method, "dspark");
+      EXPECT_EQ(ds->num_requests(), 0u) << "the drafter kept state of finished requests";
     }
     EXPECT_FALSE(s.spec_synthetic);
     expect_nothing_held(*e);
@@ -351,18 +365,19 @@ TEST_P(EngineSpec, SampledOutputsIdenticalWithTheSameSeeds) {
   const int32_t vocab = runner_->model().config().vocab_size;
   // Point-mass rejection sampling draws like plain sampling: with equal seeds the outputs are equal,
   // for a perfect drafter, n-gram, and EAGLE-3 (its drafts mostly rejected: the residual branch).
-  for (const char* name : {"oracle", "ngram", "eagle3"}) {
+  for (const char* name : {"oracle", "ngram", "eagle3", "dspark"}) {
     const std::string n = name;
     std::unique_ptr<spec::Drafter> drafter;
     if (n == "oracle") drafter = std::make_unique<OracleDrafter>(expected, false, vocab);
     if (n == "eagle3") drafter = eagle3();
+    if (n == "dspark") drafter = dspark();
     auto e = make_engine(spec_config(3), std::move(drafter));
     EXPECT_EQ(run_waves(*e, waves), expected) << name;
     if (n == "oracle") {
       EXPECT_EQ(e->stats().spec_num_accepted_tokens, e->stats().spec_num_draft_tokens);
     }
-    if (n == "eagle3") {
-      EXPECT_GT(e->stats().spec_num_draft_tokens, 0);
+    if (n == "eagle3" || n == "dspark") {
+      EXPECT_GT(e->stats().spec_num_draft_tokens, 0) << name;
     }
     expect_nothing_held(*e);
   }
@@ -381,15 +396,26 @@ TEST_P(EngineSpec, PreemptionAndAbortBetweenVerifyStepsLeakNothing) {
   EXPECT_GT(tight->stats().preemptions, 0);
   EXPECT_GT(tight->stats().spec_num_accepted_tokens, 0);
   expect_nothing_held(*tight);
-  {  // EAGLE-3 under the same pressure: preempted requests restart their draft state from scratch
-    auto drafter = eagle3();
-    draft::Eagle3Drafter* d = drafter.get();
-    auto e3 = make_engine(spec_config(4, spec::SpecMethod::ngram, 20), std::move(drafter));
-    EXPECT_EQ(run_waves(*e3, waves), expected);
-    EXPECT_GT(e3->stats().preemptions, 0);
-    EXPECT_GT(e3->stats().spec_num_draft_tokens, 0);
-    EXPECT_EQ(d->num_requests(), 0u);
-    expect_nothing_held(*e3);
+  // The model drafters under the same pressure: preempted requests restart their draft state.
+  for (bool use_eagle3 : {true, false}) {
+    std::unique_ptr<spec::Drafter> drafter;
+    const draft::Eagle3Drafter* e3 = nullptr;
+    const draft::DsparkDrafter* ds = nullptr;
+    if (use_eagle3) {
+      auto d = eagle3();
+      e3 = d.get();
+      drafter = std::move(d);
+    } else {
+      auto d = dspark();
+      ds = d.get();
+      drafter = std::move(d);
+    }
+    auto m = make_engine(spec_config(4, spec::SpecMethod::ngram, 20), std::move(drafter));
+    EXPECT_EQ(run_waves(*m, waves), expected) << (use_eagle3 ? "eagle3" : "dspark");
+    EXPECT_GT(m->stats().preemptions, 0);
+    EXPECT_GT(m->stats().spec_num_draft_tokens, 0);
+    EXPECT_EQ(e3 ? e3->num_requests() : ds->num_requests(), 0u);
+    expect_nothing_held(*m);
   }
 
   // Abort one request after a few verify steps, while others continue.
