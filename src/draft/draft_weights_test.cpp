@@ -15,6 +15,9 @@ namespace k3::draft {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::read_all;
+using testing::same_bytes;
+using testing::write_all;
 
 struct FakeTarget {
   config::K3Config config = config::builtin_config("k3-tiny");
@@ -24,24 +27,6 @@ struct FakeTarget {
     weights.lm_head = {testing::random_bf16(config.vocab_size, config.hidden_size, 2), {}};
   }
 };
-
-bool same_bytes(const core::Tensor& a, const core::Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.data<void>(), b.data<void>(), size_t(a.nbytes())) == 0;
-}
-
-// Every tensor of the checkpoint folder, copied (so the folder can be rewritten).
-std::map<std::string, core::Tensor> read_all(const fs::path& dir) {
-  const auto f = checkpoint::SafetensorsFile::open(dir / checkpoint::kSingleFileName);
-  std::map<std::string, core::Tensor> out;
-  for (const auto& info : f.tensors()) out[info.name] = core::Tensor::copy_of(f.tensor(info).view());
-  return out;
-}
-void write_all(const fs::path& dir, const std::map<std::string, core::Tensor>& t) {
-  std::map<std::string, core::TensorView> views;
-  for (const auto& [n, v] : t) views[n] = v.view();
-  checkpoint::write_safetensors(dir / checkpoint::kSingleFileName, views);
-}
 
 void expect_load_error(const fs::path& dir, const FakeTarget& t, const std::vector<std::string>& needles) {
   try {

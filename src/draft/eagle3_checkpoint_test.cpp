@@ -20,6 +20,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using testing::read_all;
+using testing::same_bytes;
+using testing::write_all;
 
 // A config.json as SpecForge writes it for a Kimi-K2-style target (taps under eagle_config).
 json hf_config() {
@@ -130,17 +133,6 @@ struct FakeTarget {
   FakeTarget() { weights.embed = testing::random_bf16(config.vocab_size, config.hidden_size, 1); }
 };
 
-std::map<std::string, core::Tensor> read_all(const fs::path& dir) {
-  const auto f = checkpoint::SafetensorsFile::open(dir / checkpoint::kSingleFileName);
-  std::map<std::string, core::Tensor> out;
-  for (const auto& info : f.tensors()) out[info.name] = core::Tensor::copy_of(f.tensor(info).view());
-  return out;
-}
-void write_all(const fs::path& dir, const std::map<std::string, core::Tensor>& t) {
-  std::map<std::string, core::TensorView> views;
-  for (const auto& [n, v] : t) views[n] = v.view();
-  checkpoint::write_safetensors(dir / checkpoint::kSingleFileName, views);
-}
 // Rewrites the file's header so tensor `name` (written as U8) is declared BOOL, as torch saves masks.
 void declare_bool(const fs::path& dir, const std::string& name) {
   const fs::path p = dir / checkpoint::kSingleFileName;
@@ -167,11 +159,6 @@ void expect_load_error(const fs::path& dir, const FakeTarget& t, const std::vect
     for (const auto& n : needles)
       EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << " lacks " << n;
   }
-}
-
-bool same_bytes(const core::Tensor& a, const core::Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.data<void>(), b.data<void>(), size_t(a.nbytes())) == 0;
 }
 
 TEST(Eagle3Checkpoint, RandomWriteLoadRoundTripInEveryNaming) {

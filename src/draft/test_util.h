@@ -5,12 +5,15 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
 #include "core/bf16.h"
 #include "core/rng.h"
 #include "draft/draft_model.h"
@@ -116,6 +119,24 @@ inline std::vector<double> ref_rmsnorm(const std::vector<double>& x, const core:
   std::vector<double> y(x.size());
   for (size_t i = 0; i < x.size(); ++i) y[i] = kernels::load_f32(w.view(), int64_t(i)) * x[i] * inv;
   return y;
+}
+
+// Every tensor of a single-file checkpoint folder, copied (so the folder can be rewritten), and
+// the rewrite; tensors equal byte for byte.
+inline std::map<std::string, core::Tensor> read_all(const std::filesystem::path& dir) {
+  const auto f = checkpoint::SafetensorsFile::open(dir / checkpoint::kSingleFileName);
+  std::map<std::string, core::Tensor> out;
+  for (const auto& info : f.tensors()) out[info.name] = core::Tensor::copy_of(f.tensor(info).view());
+  return out;
+}
+inline void write_all(const std::filesystem::path& dir, const std::map<std::string, core::Tensor>& t) {
+  std::map<std::string, core::TensorView> views;
+  for (const auto& [n, v] : t) views[n] = v.view();
+  checkpoint::write_safetensors(dir / checkpoint::kSingleFileName, views);
+}
+inline bool same_bytes(const core::Tensor& a, const core::Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.data<void>(), b.data<void>(), size_t(a.nbytes())) == 0;
 }
 
 inline bool all_finite(const core::Tensor& t) {
