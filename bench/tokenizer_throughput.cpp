@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
     std::vector<Named> toks;
     {
       const Timer t;
-      tokenizer::TinyVocab v = tokenizer::build_tiny_vocab(1024);
+      tokenizer::K3Vocab v = tokenizer::build_tiny_vocab(1024);
       auto tok = std::make_unique<tokenizer::Tokenizer>(
           std::move(v.ranks), std::move(v.specials),
           tokenizer::TokenizerOptions{std::string(tokenizer::patterns::kKimi), true});

@@ -100,6 +100,10 @@ TEST_F(Cli, BadInputGivesAClearErrorAndExitCode2) {
        "--precision"},
       {"logits --model " + model_dir() + " --token-ids 1,2", "--out is required"},
       {"make-checkpoint --config k3-huge --out " + path("y"), "k3-huge"},
+      {"train-tokenizer --corpus " + path("bad.jsonl") + " --vocab-size 600 --out " + path("y"), "bad.jsonl line 2"},
+      {"train-tokenizer --corpus " + path("bad.jsonl") + " --vocab-size 300 --out " + path("y"), "--vocab-size"},
+      {"encode-corpus --tokenizer " + model_dir() + " --corpus /nonexistent.jsonl --out " + path("y"),
+       "/nonexistent.jsonl"},
       {"make-checkpoint --config k3-tiny --draft-kind eagle3 --out " + path("y"), "only apply with --draft-for"},
       {"make-checkpoint --draft-for k3-tiny --draft-kind medusa --out " + path("y"), "dspark or eagle3"},
       {"serve --model " + model_dir() + " --speculative-model " + path("y"),
@@ -109,6 +113,10 @@ TEST_F(Cli, BadInputGivesAClearErrorAndExitCode2) {
       {"serve --model " + model_dir() + " --tp 2 --decode-context-parallel-size 4",
        "dcp 4 must be 1 or the tensor-parallel size 2"},
   };
+  std::ofstream(path("bad.jsonl")) << R"({"text": "fine"})"
+                                   << "\n"
+                                   << R"({"txt": "typo"})"
+                                   << "\n";
   for (const auto& c : cases) {
     const RunResult r = run(c.args);
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
@@ -127,6 +135,38 @@ TEST_F(Cli, MakeCheckpointWritesAnEagle3Draft) {
   EXPECT_NE(config.find("LlamaForCausalLMEagle3"), std::string::npos) << config;
   EXPECT_NE(config.find("eagle_aux_hidden_state_layer_ids"), std::string::npos) << config;
   EXPECT_TRUE(std::filesystem::exists(path("e3") + "/model.safetensors"));
+}
+
+// train-tokenizer + encode-corpus (train/README.md): a trained tokenizer folder the server loads,
+// and the uint32 token stream train/train_k3.py reads: each document's ids, then [EOS].
+TEST_F(Cli, TrainTokenizerAndEncodeCorpus) {
+  {
+    std::ofstream f(path("corpus.jsonl"));
+    for (int i = 0; i < 40; ++i)
+      f << R"({"text": "def square(x):\n    return x * x\n"})"
+        << "\n";
+    f << R"({"messages": [{"role": "user", "content": "square 3"}, {"role": "assistant", "content": "9"}]})"
+      << "\n";
+  }
+  RunResult r = run("train-tokenizer --corpus " + path("corpus.jsonl") + " --vocab-size 600 --out " + path("tok"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("41 documents"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(path("tok") + "/tiktoken.model"));
+  r = run("encode-corpus --tokenizer " + path("tok") + " --corpus " + path("corpus.jsonl") + " --threads 3 --out " +
+          path("corpus.bin"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream bin(path("corpus.bin"), std::ios::binary);
+  std::vector<uint32_t> ids;
+  for (uint32_t v = 0; bin.read(reinterpret_cast<char*>(&v), 4);) ids.push_back(v);
+  const uint32_t eos = 600 - 256 + 1;
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.back(), eos);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), eos), 41);
+  // The repeated document is a handful of tokens ("def", " square", "(x", ...), the same each time.
+  const auto first_eos = std::find(ids.begin(), ids.end(), eos) - ids.begin();
+  EXPECT_LE(first_eos, 10);
+  EXPECT_TRUE(std::equal(ids.begin(), ids.begin() + first_eos + 1, ids.begin() + first_eos + 1));
+  EXPECT_TRUE(std::all_of(ids.begin(), ids.end(), [](uint32_t v) { return v < 600; }));
 }
 
 TEST_F(Cli, HelpListsEveryCommand) {

@@ -10,5 +10,7 @@ int make_checkpoint_command(std::span<char* const> argv);
 int logits_command(std::span<char* const> argv);
 int generate_command(std::span<char* const> argv);
 int serve_command(std::span<char* const> argv);
+int train_tokenizer_command(std::span<char* const> argv);  // cli/corpus.cpp
+int encode_corpus_command(std::span<char* const> argv);    // cli/corpus.cpp
 
 }  // namespace k3::cli

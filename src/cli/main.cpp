@@ -22,6 +22,8 @@ constexpr const char* kUsage =
     "  logits           teacher-forced logits of token ids, as a safetensors file\n"
     "  generate         generate token ids from a prompt of token ids\n"
     "  serve            serve the model over an OpenAI-compatible HTTP API\n"
+    "  train-tokenizer  learn a K3-layout BPE tokenizer from a JSON Lines corpus (train/README.md)\n"
+    "  encode-corpus    a JSON Lines corpus as a uint32 token stream, for train/train_k3.py\n"
     "  bench-serve      load-test a running server (random, shared-prefix, agentic, trace) -> bundle\n"
     "  bench-compare    compare bench-serve bundles: ratios, bootstrap CIs, regressions, SVG plots\n"
     "(the layer-by-layer diff of two ways of running a model is eval/'s k3eval_layer_diff)\n";
@@ -62,6 +64,8 @@ int main(int argc, char** argv) {
     if (command == "logits") return k3::cli::logits_command(rest);
     if (command == "generate") return k3::cli::generate_command(rest);
     if (command == "serve") return k3::cli::serve_command(rest);
+    if (command == "train-tokenizer") return k3::cli::train_tokenizer_command(rest);
+    if (command == "encode-corpus") return k3::cli::encode_corpus_command(rest);
     if (command == "bench-serve" || command == "bench-compare") return run_bench_program(argv);
     std::cerr << "error: unknown command '" << command << "'\n" << kUsage;
     return 2;

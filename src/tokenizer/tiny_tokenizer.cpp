@@ -1,15 +1,15 @@
 // tokenizer/tiny_tokenizer.cpp: deterministic BPE training on a built-in text, and the writer.
 #include "tokenizer/tiny_tokenizer.h"
 
+#include <algorithm>
 #include <fstream>
-#include <map>
-#include <set>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "tokenizer/base64.h"
+#include "tokenizer/bpe_trainer.h"
 #include "tokenizer/k3_tokens.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/split_patterns.h"
@@ -59,70 +59,19 @@ then we find the facts, then we write the answer, and then we check that every s
 The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.
 )TXT";
 
-// Counts of each pre-token of the training text (Kimi pattern), as sequences of token ids.
-std::vector<std::pair<std::vector<int32_t>, int64_t>> training_words() {
-  const Pretokenizer split(patterns::kKimi);
-  std::map<std::string, int64_t> counts;
-  for (const std::string& piece : split.split(kTrainingText)) ++counts[piece];
-  std::vector<std::pair<std::vector<int32_t>, int64_t>> words;
-  for (const auto& [piece, count] : counts) {
-    std::vector<int32_t> ids;
-    for (unsigned char b : piece) ids.push_back(b);
-    words.emplace_back(std::move(ids), count);
-  }
-  return words;
-}
-
 }  // namespace
 
-TinyVocab build_tiny_vocab(int32_t vocab_size) {
-  K3_CHECK(vocab_size >= kMinTinyVocab, "tiny tokenizer: vocab_size " + std::to_string(vocab_size) + " is below " +
-                                            std::to_string(kMinTinyVocab) + " (256 byte tokens + 256 special slots)");
-  TinyVocab vocab;
+K3Vocab k3_vocab(std::vector<std::string> tokens, int32_t vocab_size) {
+  K3_CHECK(vocab_size >= kMinK3Vocab, "tokenizer: vocab_size " + std::to_string(vocab_size) + " is below " +
+                                          std::to_string(kMinK3Vocab) + " (256 byte tokens + 256 special slots)");
+  K3_CHECK(tokens.size() >= 256, "tokenizer: the learned tokens must start with the 256 single bytes");
+  K3Vocab vocab;
   vocab.first_special = vocab_size - Tokenizer::kReservedSpecialSlots;
-  std::vector<std::string> tokens;  // bytes by rank
-  std::unordered_set<std::string> present;
-  for (int b = 0; b < 256; ++b) {
-    tokens.emplace_back(1, static_cast<char>(b));
-    present.insert(tokens.back());
-  }
   const auto target = static_cast<size_t>(vocab.first_special);
-
-  // Byte-pair counting: merge the most frequent adjacent pair (ties: lowest (left, right)
-  // ranks); a pair whose bytes already form a token is skipped for good.
-  auto words = training_words();
-  std::set<std::pair<int32_t, int32_t>> banned;
-  while (tokens.size() < target) {
-    std::map<std::pair<int32_t, int32_t>, int64_t> pairs;
-    for (const auto& [ids, count] : words)
-      for (size_t i = 0; i + 1 < ids.size(); ++i) pairs[{ids[i], ids[i + 1]}] += count;
-    std::pair<int32_t, int32_t> best{-1, -1};
-    int64_t best_count = 0;
-    for (const auto& [pair, count] : pairs)
-      if (count > best_count && !banned.count(pair)) best = pair, best_count = count;
-    if (best_count == 0) break;
-    std::string merged = tokens[static_cast<size_t>(best.first)] + tokens[static_cast<size_t>(best.second)];
-    if (!present.insert(merged).second) {
-      banned.insert(best);
-      continue;
-    }
-    const auto id = static_cast<int32_t>(tokens.size());
-    tokens.push_back(std::move(merged));
-    for (auto& [ids, count] : words) {
-      std::vector<int32_t> next;
-      for (size_t i = 0; i < ids.size(); ++i) {
-        if (i + 1 < ids.size() && ids[i] == best.first && ids[i + 1] == best.second) {
-          next.push_back(id);
-          ++i;
-        } else {
-          next.push_back(ids[i]);
-        }
-      }
-      ids = std::move(next);
-    }
-  }
-  // The text ran out of pairs: extend tokens by one byte each, in rank order, printable first.
-  for (size_t base = 256; tokens.size() < target; ++base) {
+  tokens.resize(std::min(tokens.size(), target));
+  std::unordered_set<std::string> present(tokens.begin(), tokens.end());
+  // Too few merges: extend tokens by one byte each, in rank order, printable first.
+  for (size_t base = tokens.size() > 256 ? 256 : 0; tokens.size() < target; ++base) {
     for (int k = 0; k < 256 && tokens.size() < target; ++k) {
       const int b = (k + 32) % 256;
       std::string extended = tokens[base] + static_cast<char>(b);
@@ -135,14 +84,17 @@ TinyVocab build_tiny_vocab(int32_t vocab_size) {
   return vocab;
 }
 
-bool write_tiny_tokenizer(int32_t vocab_size, const fs::path& dir) {
+K3Vocab build_tiny_vocab(int32_t vocab_size) {
+  K3_CHECK(vocab_size >= kMinK3Vocab, "tiny tokenizer: vocab_size " + std::to_string(vocab_size) + " is below " +
+                                          std::to_string(kMinK3Vocab) + " (256 byte tokens + 256 special slots)");
+  WordCounter words(patterns::kKimi);
+  words.add(kTrainingText);
+  return k3_vocab(learn_bpe(words.counts(), static_cast<size_t>(vocab_size - Tokenizer::kReservedSpecialSlots)),
+                  vocab_size);
+}
+
+void write_k3_tokenizer(const K3Vocab& vocab, const fs::path& dir, std::string_view note) {
   const fs::path model_file = dir / "tiktoken.model", config_file = dir / "tokenizer_config.json";
-  if (vocab_size < kMinTinyVocab) {
-    fs::remove(model_file);
-    fs::remove(config_file);
-    return false;
-  }
-  const TinyVocab vocab = build_tiny_vocab(vocab_size);
   std::string model;
   for (const auto& [bytes, rank] : vocab.ranks) model += base64_encode(bytes) + " " + std::to_string(rank) + "\n";
   nlohmann::ordered_json added = nlohmann::ordered_json::object();
@@ -150,23 +102,28 @@ bool write_tiny_tokenizer(int32_t vocab_size, const fs::path& dir) {
     added[std::to_string(s.id)] = {{"content", s.text}, {"lstrip", false},      {"normalized", false},
                                    {"rstrip", false},   {"single_word", false}, {"special", s.special}};
   const nlohmann::ordered_json config = {
-      {"added_tokens_decoder", added},
-      {"bos_token", k3_tokens::kBos},
-      {"eos_token", k3_tokens::kEos},
-      {"pad_token", k3_tokens::kPad},
-      {"unk_token", k3_tokens::kUnk},
-      {"model_max_length", 1048576},
-      {"tokenizer_class", "TikTokenTokenizer"},
-      {"k3serve_note", "tiny built-in BPE written by k3serve make-checkpoint; K3 special-token layout"},
+      {"added_tokens_decoder", added},          {"bos_token", k3_tokens::kBos},      {"eos_token", k3_tokens::kEos},
+      {"pad_token", k3_tokens::kPad},           {"unk_token", k3_tokens::kUnk},      {"model_max_length", 1048576},
+      {"tokenizer_class", "TikTokenTokenizer"}, {"k3serve_note", std::string(note)},
   };
   fs::create_directories(dir);
   for (const auto& [path, text] : {std::pair{model_file, model}, std::pair{config_file, config.dump(2) + "\n"}}) {
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    K3_CHECK(f.good(), "tiny tokenizer: cannot create " + path.string());
+    K3_CHECK(f.good(), "tokenizer: cannot create " + path.string());
     f << text;
     f.flush();
-    K3_CHECK(f.good(), "tiny tokenizer: writing " + path.string() + " failed");
+    K3_CHECK(f.good(), "tokenizer: writing " + path.string() + " failed");
   }
+}
+
+bool write_tiny_tokenizer(int32_t vocab_size, const fs::path& dir) {
+  if (vocab_size < kMinK3Vocab) {
+    fs::remove(dir / "tiktoken.model");
+    fs::remove(dir / "tokenizer_config.json");
+    return false;
+  }
+  write_k3_tokenizer(build_tiny_vocab(vocab_size), dir,
+                     "tiny built-in BPE written by k3serve make-checkpoint; K3 special-token layout");
   return true;
 }
 

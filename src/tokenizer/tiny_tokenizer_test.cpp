@@ -22,7 +22,7 @@ std::string slurp(const std::filesystem::path& p) {
 }
 
 TEST(TinyTokenizer, K3LayoutAtTheTopOfTheVocabulary) {
-  const TinyVocab v = build_tiny_vocab(1024);
+  const K3Vocab v = build_tiny_vocab(1024);
   EXPECT_EQ(v.first_special, 768);
   ASSERT_EQ(v.ranks.size(), 768u);
   for (int b = 0; b < 256; ++b) EXPECT_EQ(v.ranks[static_cast<size_t>(b)].first, std::string(1, static_cast<char>(b)));
@@ -64,10 +64,10 @@ TEST(TinyTokenizer, WritesFilesThatLoadBackIdentically) {
 }
 
 TEST(TinyTokenizer, OtherSizes) {
-  const TinyVocab smallest = build_tiny_vocab(kMinTinyVocab);
+  const K3Vocab smallest = build_tiny_vocab(kMinK3Vocab);
   EXPECT_EQ(smallest.ranks.size(), 256u);
   EXPECT_EQ(smallest.first_special, 256);
-  const TinyVocab big = build_tiny_vocab(8192);  // past what the text teaches: byte extensions
+  const K3Vocab big = build_tiny_vocab(8192);  // past what the text teaches: byte extensions
   EXPECT_EQ(big.ranks.size(), 8192u - 256u);
   std::set<std::string> unique;
   for (const auto& [bytes, rank] : big.ranks) unique.insert(bytes);

@@ -77,7 +77,7 @@ TEST(Tokenizer, DecodeReplacesBrokenUtf8) {
 
 TEST(Tokenizer, KimiCutsRunsOver25kCharacters) {
   const Tokenizer& kimi = tiny();
-  TinyVocab v = build_tiny_vocab(1024);
+  K3Vocab v = build_tiny_vocab(1024);
   const Tokenizer plain(std::move(v.ranks), std::move(v.specials), {std::string(patterns::kKimi), false});
   // 30,000 letters: Kimi encodes the first 25,000 and the remaining 5,000 separately.
   std::string word;
@@ -96,7 +96,7 @@ TEST(Tokenizer, KimiCutsRunsOver25kCharacters) {
 
 TEST(Tokenizer, KimiCutsTextIntoChunksOf400kCharacters) {
   const Tokenizer& kimi = tiny();
-  TinyVocab v = build_tiny_vocab(1024);
+  K3Vocab v = build_tiny_vocab(1024);
   const Tokenizer plain(std::move(v.ranks), std::move(v.specials), {std::string(patterns::kKimi), false});
   std::string text;
   while (text.size() < 400'010) text += "the cat reads ";

@@ -16,7 +16,7 @@ namespace k3::tokenizer::test {
 
 inline const Tokenizer& tiny() {
   static const Tokenizer tok = [] {
-    TinyVocab v = build_tiny_vocab(1024);
+    K3Vocab v = build_tiny_vocab(1024);
     Tokenizer t(std::move(v.ranks), std::move(v.specials), {std::string(patterns::kKimi), true});
     return t;
   }();
