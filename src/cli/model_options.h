@@ -10,7 +10,7 @@
 
 namespace k3::cli {
 
-inline constexpr const char* kDefaultModelDir = "models/k3-tiny";  // written by scripts/setup.sh
+inline constexpr const char* kDefaultModelDir = "models/k3-code-15m";  // bundled (train/README.md)
 
 // --model, --precision, --kv-cache, --kda-prefill, --device, --decode-backend
 std::vector<OptionSpec> model_option_specs();
