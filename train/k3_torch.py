@@ -470,8 +470,9 @@ class K3Model(nn.Module):
 
     def forward(self, ids, taps=None):
         """ids [B, T] -> logits [B, T, vocab] (fp32). taps: optional list of 0-based layers whose
-        tapped hidden state (spec 13.1: the mixture the next layer's attention side computes) is
-        returned too, as a list of [B, T, D]."""
+        tapped hidden state (spec 13.1; the engine's model/model.h taps: the mixture the NEXT layer's
+        attention side computes, so the last layer has none) is returned too, as a list of [B, T, D]."""
+        assert taps is None or all(0 <= t < self.cfg.num_hidden_layers - 1 for t in taps), "a tap needs a next layer"
         cfg = self.cfg
         prefix = self.embed_tokens(ids)
         bank, tapped = [], {}
@@ -487,8 +488,6 @@ class K3Model(nn.Module):
             h = layer.mlp_res(bank + [prefix])
             prefix = prefix + layer.ffn(layer.post_attention_layernorm(h))
         h = self.output_attn_res(bank + [prefix])
-        if taps is not None and cfg.num_hidden_layers - 1 in taps:
-            tapped[cfg.num_hidden_layers - 1] = h
         logits = self.lm_head(self.norm(h)).float()
         return (logits, [tapped[t] for t in taps]) if taps is not None else logits
 
