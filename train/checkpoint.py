@@ -20,7 +20,8 @@ from k3_torch import K3Config, K3Model, mxfp4_dequantize, mxfp4_quantize
 
 F32_SUFFIXES = ("A_log", "dt_bias", "conv1d.weight", "o_norm.weight", "e_score_correction_bias")
 EXPERT_RE = re.compile(r"\.experts\.\d+\.w[123]\.weight$")
-DTYPES = {"BF16": (torch.bfloat16, 2), "F32": (torch.float32, 4), "U8": (torch.uint8, 1)}
+DTYPES = {"BF16": (torch.bfloat16, 2), "F32": (torch.float32, 4), "U8": (torch.uint8, 1), "I64": (torch.int64, 8),
+          "I32": (torch.int32, 4)}
 
 
 def hf_name(name):
@@ -68,7 +69,7 @@ def tensor_bytes(t):
 def write_safetensors(path, tensors):
     names = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))  # aligned: widest first
     header, offset = {"__metadata__": {"format": "pt"}}, 0
-    dtype_name = {torch.bfloat16: "BF16", torch.float32: "F32", torch.uint8: "U8"}
+    dtype_name = {dtype: name for name, (dtype, _) in DTYPES.items()}
     for n in names:
         t = tensors[n]
         size = t.numel() * t.element_size()

@@ -468,10 +468,10 @@ class K3Model(nn.Module):
                                       "routed_expert_up_proj.weight"))
                 nn.init.normal_(p, 0.0, out_std if late else std)
 
-    def forward(self, ids, taps=None):
+    def forward(self, ids, taps=None, head=True):
         """ids [B, T] -> logits [B, T, vocab] (fp32). taps: optional list of 0-based layers whose
         tapped hidden state (spec 13.1; the engine's model/model.h taps: the mixture the NEXT layer's
-        attention side computes, so the last layer has none) is returned too, as a list of [B, T, D]."""
+        attention side computes, so the last layer has none) is returned too, as a list of [B, T, D]; head=False returns (None, taps)."""
         assert taps is None or all(0 <= t < self.cfg.num_hidden_layers - 1 for t in taps), "a tap needs a next layer"
         cfg = self.cfg
         prefix = self.embed_tokens(ids)
@@ -487,6 +487,8 @@ class K3Model(nn.Module):
             prefix = a if restart else prefix + a
             h = layer.mlp_res(bank + [prefix])
             prefix = prefix + layer.ffn(layer.post_attention_layernorm(h))
+        if not head:  # only the taps (a drafter's training): skip the final mix and lm_head
+            return None, [tapped[t] for t in taps]
         h = self.output_attn_res(bank + [prefix])
         logits = self.lm_head(self.norm(h)).float()
         return (logits, [tapped[t] for t in taps]) if taps is not None else logits
