@@ -144,14 +144,7 @@ def main():
         ok &= check_round_trip(checkpoint.export_tensors(model), tmp)
         model_dir = os.path.join(tmp, "model")
         checkpoint.save(model, model_dir, shard_bytes=200 << 10)  # several shards and an index
-        out = os.path.join(tmp, "logits.safetensors")
-        cmd = [args.k3serve, "logits", "--model", model_dir, "--precision", "fp32", "--token-ids",
-               ",".join(str(int(i)) for i in ids[0]), "--out", out]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            print("k3serve logits failed (%d):\n%s" % (r.returncode, r.stderr))
-            return 1
-        got = checkpoint.read_safetensors(out)["logits"].float()
+        got = k3serve_logits(args.k3serve, model_dir, ids[0], "fp32", tmp)
     scale = want.abs().max().item()
     err = (got - want).abs().max().item() / scale
     agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
