@@ -5,10 +5,11 @@
 #      train/corpus.py collects the corpus from the machine's installed Python packages;
 #   2. the tokenizer (8192 ids: 7936 BPE ranks + K3's 256 special slots) and the token streams;
 #   3. train/train_k3.py for TRAIN_SECONDS (default 330) -> WORK/model (HF layout, MXFP4 experts);
-#   4. with K3_DRAFT_SECONDS=S: an EAGLE-3 draft for it (train/eagle3_torch.py, S seconds) -> WORK/eagle3;
+#   4. with K3_DRAFT_SECONDS=S: an EAGLE-3 and a DSpark draft for it (train/eagle3_torch.py,
+#      train/dspark_torch.py, S seconds each) -> WORK/eagle3, WORK/dspark;
 #   5. the trained model served by that k3serve on the CPU, train/evaluate.py against it ->
 #      WORK/model/eval_cpu.json (task accuracy up to 4K-token contexts, sample answers), and with a
-#      draft, its real acceptance (train/spec_probe.py) -> WORK/eagle3/spec_probe_cpu.json.
+#      draft, its real acceptance (train/spec_probe.py) -> WORK/{eagle3,dspark}/spec_probe_cpu.json.
 # Headers the machine lacks (cpp-httplib, PCRE2, xxhash) come from .carry (scripts/carry_headers.sh).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -50,6 +51,11 @@ if [[ ${K3_DRAFT_SECONDS:-0} != 0 && ! -f $WORK/eagle3/model.safetensors ]]; the
   python3 "$ROOT/train/eagle3_torch.py" --target "$WORK/model" --tokens "$WORK/train.bin" --out "$WORK/eagle3" \
     --seconds "$K3_DRAFT_SECONDS" | tee -a "$WORK/train_eagle3.log"
 fi
+if [[ ${K3_DRAFT_SECONDS:-0} != 0 && ! -f $WORK/dspark/model.safetensors ]]; then
+  stamp "train the DSpark draft"
+  python3 "$ROOT/train/dspark_torch.py" --target "$WORK/model" --tokens "$WORK/train.bin" --out "$WORK/dspark" \
+    --seconds "$K3_DRAFT_SECONDS" | tee -a "$WORK/train_dspark.log"
+fi
 [[ ${K3_TRAIN_ONLY:-0} == 1 ]] && { stamp "done (K3_TRAIN_ONLY=1: no evaluation)"; exit 0; }
 stamp "evaluate on the CPU oracle"
 "$K3" serve --model "$WORK/model" --port 8123 > "$WORK/serve_cpu.log" 2>&1 &
@@ -57,14 +63,16 @@ server=$!
 python3 "$ROOT/train/evaluate.py" --url http://127.0.0.1:8123 --tasks "$WORK/corpus/eval.json" \
   --max-context 4000 --per-group 10 --out "$WORK/model/eval_cpu.json" | tee "$WORK/eval_cpu.log" || true
 kill $server 2>/dev/null || true
-if [[ -f $WORK/eagle3/model.safetensors ]]; then
-  stamp "EAGLE-3 acceptance on the CPU oracle"
-  "$K3" serve --model "$WORK/model" --port 8124 --speculative-method eagle3 --speculative-model "$WORK/eagle3" \
-    > "$WORK/serve_eagle3.log" 2>&1 &
+for kind in eagle3 dspark; do
+  [[ -f $WORK/$kind/model.safetensors ]] || continue
+  stamp "$kind acceptance on the CPU oracle"
+  "$K3" serve --model "$WORK/model" --port 8124 --speculative-method $kind --speculative-model "$WORK/$kind" \
+    --num-speculative-tokens $([[ $kind == dspark ]] && echo 7 || echo 4) > "$WORK/serve_$kind.log" 2>&1 &
   server=$!
   sleep 3
-  python3 "$ROOT/train/spec_probe.py" --url http://127.0.0.1:8124 --label eagle3_cpu \
-    --out "$WORK/eagle3/spec_probe_cpu.json" || true
+  python3 "$ROOT/train/spec_probe.py" --url http://127.0.0.1:8124 --label ${kind}_cpu \
+    --out "$WORK/$kind/spec_probe_cpu.json" || true
   kill $server 2>/dev/null || true
-fi
+  wait $server 2>/dev/null || true
+done
 stamp "done"
