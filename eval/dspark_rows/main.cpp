@@ -1,4 +1,4 @@
-// eval/dspark_rows.cpp: k3eval_dspark_rows: the DSpark draft model (src/draft/draft_model.h) run on
+// eval/dspark_rows/main.cpp: k3eval_dspark_rows: the DSpark draft model (src/draft/draft_model.h) run on
 // given taps, so another implementation (train/dspark_torch.py, through train/dspark_check.py) can
 // be compared with it.
 //

@@ -1,4 +1,4 @@
-// eval/eagle3_rows.cpp: k3eval_eagle3_rows: the EAGLE-3 draft model (src/draft/eagle3_model.h) run
+// eval/eagle3_rows/main.cpp: k3eval_eagle3_rows: the EAGLE-3 draft model (src/draft/eagle3_model.h) run
 // on given taps and tokens, so another implementation (train/eagle3_torch.py, through
 // train/eagle3_check.py) can be compared with it row by row.
 //
