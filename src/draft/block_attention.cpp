@@ -1,5 +1,6 @@
 // draft/block_attention.cpp: the draft's MLA attention over context + block rows, with no
-// causal mask (every block row sees every row), naive (expanded) and absorbed: see draft_model.h.
+// causal mask (every block row sees every row), in the expanded form (the absorbed one is the
+// mla_block_attention op, kernels/dspark): see draft_model.h.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -53,72 +54,6 @@ void block_attention(const DraftConfig& c, const core::TensorView& q, const core
       }
       for (int64_t e = 0; e < vd; ++e)
         od[t * out.dim(1) + h * vd + e] = kernels::round_act(o[static_cast<size_t>(e)], precision);
-    }
-  }
-}
-
-}  // namespace k3::draft
-
-namespace k3::draft {
-
-void block_attention_absorbed(const DraftConfig& c, const core::TensorView& q, const core::TensorView& latents,
-                              const kernels::LinearWeight& kv_b, const core::TensorView& out,
-                              kernels::Precision precision) {
-  const int64_t T = q.dim(0), S = latents.dim(0), L = c.kv_lora_rank;
-  const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim, NH = c.num_heads;
-  K3_CHECK(q.is_contiguous() && q.dim(1) == NH * (nope + rope),
-           "block_attention_absorbed: q must be [T, heads * q_head_dim]");
-  K3_CHECK(latents.is_contiguous() && latents.dim(1) == c.cache_dim(),
-           "block_attention_absorbed: latents must be [S, cache_dim]");
-  K3_CHECK(kv_b.out_features() == NH * (nope + vd) && kv_b.in_features() == L,
-           "block_attention_absorbed: kv_b_proj must be [heads * (nope + v), kv_lora]");
-  K3_CHECK(out.is_contiguous() && out.dim(0) == T && out.dim(1) == NH * vd,
-           "block_attention_absorbed: out must be [T, heads * v]");
-  const float scale = c.softmax_scale();
-  const float* qd = q.as<const float>();
-  const float* lat = latents.as<const float>();
-  float* od = out.as<float>();
-  std::vector<float> w(static_cast<size_t>((nope + vd) * L));  // one head's W_UK then W_UV rows
-  std::vector<float> q_lat(static_cast<size_t>(L)), o_lat(static_cast<size_t>(L)), p(static_cast<size_t>(S));
-  for (int64_t h = 0; h < NH; ++h) {
-    for (int64_t r = 0; r < nope + vd; ++r) kv_b.load_row(h * (nope + vd) + r, w.data() + r * L);
-    const float* w_uk = w.data();
-    const float* w_uv = w.data() + nope * L;
-    for (int64_t t = 0; t < T; ++t) {
-      const float* q_nope = qd + t * q.dim(1) + h * (nope + rope);
-      const float* q_pe = q_nope + nope;
-      for (int64_t i = 0; i < L; ++i) {  // q_lat = W_UK^T q_nope, fp32 over the nope dims in order
-        float acc = 0.0f;
-        for (int64_t d = 0; d < nope; ++d) acc += q_nope[d] * w_uk[d * L + i];
-        q_lat[static_cast<size_t>(i)] = kernels::round_act(acc, precision);
-      }
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < S; ++j) {
-        const float* row = lat + j * c.cache_dim();
-        float acc = 0.0f;
-        for (int64_t i = 0; i < L; ++i) acc += q_lat[static_cast<size_t>(i)] * row[i];
-        for (int64_t r = 0; r < rope; ++r) acc += q_pe[r] * row[L + r];
-        p[static_cast<size_t>(j)] = scale * acc;
-        mx = std::max(mx, p[static_cast<size_t>(j)]);
-      }
-      float sum = 0.0f;
-      for (int64_t j = 0; j < S; ++j) {
-        p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - mx);
-        sum += p[static_cast<size_t>(j)];
-      }
-      for (int64_t i = 0; i < L; ++i) o_lat[static_cast<size_t>(i)] = 0.0f;
-      for (int64_t j = 0; j < S; ++j) {
-        const float pj = p[static_cast<size_t>(j)] / sum;
-        const float* row = lat + j * c.cache_dim();
-        for (int64_t i = 0; i < L; ++i) o_lat[static_cast<size_t>(i)] += pj * row[i];
-      }
-      for (int64_t i = 0; i < L; ++i)
-        o_lat[static_cast<size_t>(i)] = kernels::round_act(o_lat[static_cast<size_t>(i)], precision);
-      for (int64_t e = 0; e < vd; ++e) {  // o = W_UV o_lat
-        float acc = 0.0f;
-        for (int64_t i = 0; i < L; ++i) acc += w_uv[e * L + i] * o_lat[static_cast<size_t>(i)];
-        od[t * out.dim(1) + h * vd + e] = kernels::round_act(acc, precision);
-      }
     }
   }
 }

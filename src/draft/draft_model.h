@@ -1,7 +1,11 @@
 // draft/draft_model.h: the DSpark draft model's forward (spec §13.2): context ingestion from the
 // target's tapped hidden states, one non-causal block pass of K positions, and the sequential
-// low-rank Markov head. CPU backend; the dense math goes through the op registry (linear,
-// rmsnorm, situ_glu, embedding, add); RoPE and the block attention are helpers of this folder.
+// low-rank Markov head. Every step goes through the op registry (embedding, linear, rmsnorm,
+// situ_glu, add, and the dspark family's rope_pairs, mla_block_attention and markov_draft:
+// kernels/dspark/dspark.h) on the model's device: the CPU, or the target's GPU at --tp 1, where the
+// weights are uploaded once (the embedding, and a shared lm_head, aliased from the target's device
+// copy), the latent caches and activations stay, the taps are read where the target wrote them and
+// the Markov chain runs to the end before its tokens come back.
 //
 // The reading of spec §13.2 implemented here (§16.7 leaves the block layout open; this is the
 // simplest form faithful to the DFlash/DSpark descriptions):
@@ -27,11 +31,14 @@
 // as in the target (spec §2); base logits, the Markov term and their sum stay fp32.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "draft/draft_config.h"
 #include "draft/draft_weights.h"
+#include "draft/row_buffer.h"
 #include "kernels/registry.h"
 
 namespace k3::draft {
@@ -41,45 +48,52 @@ struct DraftOptions {
   kernels::RmsNormStyle rmsnorm_style = kernels::RmsNormStyle::moonshot;
   bool poison_buffers = false;  // NaN-fill every new activation (tests)
   // The block attention in the absorbed form (spec §6.2: q_lat = W_UK^T q_nope, attention over the
-  // latent rows, o = W_UV o_lat): O(K * P * 576) per head instead of expanding all P context rows
-  // through kv_b_proj on every pass; the same function up to rounding (q_lat and o_lat are rounded
-  // in bf16 mode, as the target's absorbed MLA rounds them).
+  // latent rows, o = W_UV o_lat: the mla_block_attention op): O(K * P * 576) per head instead of
+  // expanding all P context rows through kv_b_proj on every pass; the same function up to rounding
+  // (q_lat and o_lat are rounded in bf16 mode, as the target's absorbed MLA rounds them). The
+  // expanded form is the CPU's reading of the spec; on a GPU the model runs absorbed only.
   bool absorbed_attention = false;
 };
 
-// One request's draft-side state: per draft layer its latent cache rows, contiguous,
+// One request's draft-side state: per draft layer its latent cache rows on the model's device,
 // f32 [num_context, kv_lora + rope] = [c_n | RoPE'd k_pe] of target positions 0..num_context-1.
 struct DraftCache {
-  std::vector<std::vector<float>> layers;
+  std::vector<RowBuffer> layers;
   int64_t num_context = 0;
   int64_t bytes() const;
 };
 
-// The block pass's outputs.
+// The block pass's outputs, on the model's device.
 struct BlockOutput {
-  core::Tensor hidden;       // f32 [K, H]: final-normed rows (the lm_head input)
-  core::Tensor base_logits;  // f32 [K, Vd]: row j = U_{j+1}
+  core::Tensor hidden;       // f32 [B*K, H]: final-normed rows (the lm_head input)
+  core::Tensor base_logits;  // f32 [B*K, Vd]: row b*K + j = U_{j+1} of request b
 };
 
 // The drafted tokens of one request.
 struct DraftResult {
   std::vector<int32_t> tokens;    // x_1..x_n as target ids
-  core::Tensor logits;            // f32 [n, Vd]: U_k + W2 . W1[x_{k-1}] of each drafted position
+  core::Tensor logits;            // host f32 [n, Vd]: U_k + W2 . W1[x_{k-1}], only when asked for
   std::vector<float> confidence;  // [n] with a confidence head, else empty
 };
 
 class DraftModel {
  public:
-  // Checks the weights' shapes against the config. The config, weights and registry must outlive
-  // the model.
+  // Checks the host weights' shapes against the config; config, weights and registry must outlive
+  // the model. `memory`: the device it runs on (null: the CPU); on a GPU the weights are uploaded,
+  // except the embedding and a shared lm_head, taken from `device_target` (the target's device
+  // weights) when given.
   DraftModel(const DraftConfig& config, const DraftWeights& weights, const kernels::Registry& ops,
-             DraftOptions options = {});
+             DraftOptions options = {}, std::shared_ptr<core::DeviceMemory> memory = nullptr,
+             const model::Weights* device_target = nullptr);
   const DraftConfig& config() const { return config_; }
   const DraftOptions& options() const { return options_; }
+  core::DeviceMemory& memory() const { return *memory_; }
+  core::Device device() const { return memory_->device(); }
 
   DraftCache new_cache() const;
   // Appends the committed target positions cache.num_context .. +n-1: taps f32 [n, num_taps * H]
-  // (the tapped mixtures in target_layer_ids order). Throws core::Error on a wrong shape.
+  // on the model's device, rows may be strided (the tapped mixtures in target_layer_ids order).
+  // Throws core::Error on a wrong shape or device.
   void append_context(DraftCache& cache, const core::TensorView& taps) const;
   // Drops context rows beyond `num_context` (a rollback; keeps rows 0..num_context-1).
   void truncate(DraftCache& cache, int64_t num_context) const;
@@ -90,37 +104,44 @@ class DraftModel {
   // values are those forward_block gives for its request alone (the ops are row-independent).
   BlockOutput forward_blocks(std::span<const DraftCache* const> caches, std::span<const int32_t> x0) const;
   // W2 . W1[prev]: the Markov head's bias for the position after target token `prev`, f32 [Vd]
-  // (fp32 dots over R in index order).
+  // (fp32 dots over R in index order), from the host weights on the CPU.
   std::vector<float> markov_bias(int32_t prev) const;
   // sigmoid(w . [hidden_row ; W1[prev]]) (fp32); requires use_confidence_head.
   float confidence(const float* hidden_row, int32_t prev) const;
-  // forward_block, then x_k = argmax(U_k + markov_bias(x_{k-1})) for k = 1..min(max_tokens, K).
-  DraftResult draft(const DraftCache& cache, int32_t x0, int max_tokens) const;
-  // draft() for several requests, their block passes run as one forward_blocks.
+  // forward_block, then x_k = argmax(U_k + markov_bias(x_{k-1})) for k = 1..min(max_tokens, K)
+  // (the markov_draft op). `with_logits`: also bring back each drafted position's logits.
+  DraftResult draft(const DraftCache& cache, int32_t x0, int max_tokens, bool with_logits = false) const;
+  // draft() for several requests, their block passes run as one forward_blocks and their Markov
+  // chains as one markov_draft.
   std::vector<DraftResult> draft_batch(std::span<const DraftCache* const> caches, std::span<const int32_t> x0,
-                                       std::span<const int> max_tokens) const;
+                                       std::span<const int> max_tokens, bool with_logits = false) const;
   // Draft vocabulary id -> target id (d2t; the identity when Vd == V).
   int32_t to_target_id(int32_t draft_id) const;
 
  private:
   core::Tensor alloc(int64_t rows, int64_t cols) const;
-  core::Tensor linear(const core::Tensor& x, const kernels::LinearWeight& w, bool round_output = true) const;
-  core::Tensor rmsnorm(const core::Tensor& x, const core::Tensor& w) const;
-  core::Tensor add(const core::Tensor& a, const core::Tensor& b) const;
-  // kv_a_proj + kv_a_layernorm + RoPE of x [n, H], row r at positions[r] -> [n, cache_dim].
-  core::Tensor latent_rows(const DraftLayerWeights& w, const core::Tensor& x, std::span<const int64_t> positions) const;
-  // Block row positions: request b's rows at num_context_b + 0..K-1.
-  std::vector<int64_t> block_positions(std::span<const DraftCache* const> caches) const;
+  core::Tensor linear(const core::TensorView& x, const kernels::LinearWeight& w, bool round_output = true) const;
+  core::Tensor rmsnorm(const core::TensorView& x, const core::Tensor& w) const;
+  core::Tensor add(const core::TensorView& a, const core::TensorView& b) const;
+  core::Tensor upload_i32(std::span<const int32_t> values) const;
+  // kv_a_proj + kv_a_layernorm of x [n, H] -> [n, cache_dim] rows [c_n | k_pe], k_pe not rotated.
+  core::Tensor latent_rows(const DraftLayerWeights& w, const core::TensorView& x) const;
+  // RoPE on the k_pe columns of latent rows [n, cache_dim], row r at position + r.
+  void rotate_latents(const core::TensorView& rows, int64_t position) const;
   core::Tensor attention(const DraftLayerWeights& w, std::span<const DraftCache* const> caches, int layer,
                          const core::Tensor& x) const;
 
   const DraftConfig& config_;
-  const DraftWeights& weights_;
+  const DraftWeights& host_weights_;
   const kernels::Registry& ops_;
   DraftOptions options_;
+  std::shared_ptr<core::DeviceMemory> memory_;
+  DraftWeights device_weights_;  // the uploaded copy on a GPU (unused on the CPU)
+  const DraftWeights* weights_;  // the weights on the model's device
+  core::Tensor inv_freq_;        // f32 [rope / 2] on the model's device
 };
 
-// The block attention core (naive MLA, non-causal): q f32 [T, NH*(dn+dr)] (q_pe already RoPE'd),
+// The block attention core (naive MLA, non-causal; the CPU's expanded form, DraftOptions): q f32 [T, NH*(dn+dr)] (q_pe already RoPE'd),
 // latents f32 [S, r_kv + dr] rows [c_n | k_pe] (context rows then the block's own), kv_b expanded
 // keys/values kv f32 [S, NH*(dn+dv)] (per head: k_nope then v). Every query row attends to all S:
 //   score = scale * (q_nope . k_nope + q_pe . k_pe)   (one fp32 sum: nope dims, then rope dims)
@@ -128,12 +149,5 @@ class DraftModel {
 // out f32 [T, NH*dv].
 void block_attention(const DraftConfig& c, const core::TensorView& q, const core::TensorView& latents,
                      const core::TensorView& kv, const core::TensorView& out, kernels::Precision precision);
-
-// The same attention in the absorbed form (DraftOptions::absorbed_attention), from the latents and
-// kv_b_proj directly: per head q_lat = round(W_UK^T q_nope) (fp32 over the nope dims),
-// score = scale * (q_lat . c_n + q_pe . k_pe), o_lat = round(sum_j p_j c_n,j), o = round(W_UV o_lat).
-void block_attention_absorbed(const DraftConfig& c, const core::TensorView& q, const core::TensorView& latents,
-                              const kernels::LinearWeight& kv_b, const core::TensorView& out,
-                              kernels::Precision precision);
 
 }  // namespace k3::draft

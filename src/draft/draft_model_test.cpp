@@ -124,7 +124,10 @@ TEST_P(DraftForward, ShapesFiniteAndDeterministic) {
   DraftCache cache = d.model->new_cache();
   d.model->append_context(cache, testing::random_act(9, c.num_taps() * c.hidden_size, 12, 3.0).view());
   EXPECT_EQ(cache.num_context, 9);
-  for (const auto& l : cache.layers) EXPECT_EQ(l.size(), size_t(9 * c.cache_dim()));
+  for (const RowBuffer& l : cache.layers) {
+    EXPECT_EQ(l.rows, 9);
+    EXPECT_EQ(l.data.dim(1), c.cache_dim());
+  }
   const BlockOutput a = d.model->forward_block(cache, 42);
   EXPECT_EQ(a.hidden.shape(), (core::Shape{c.block_size, c.hidden_size}));
   EXPECT_EQ(a.base_logits.shape(), (core::Shape{c.block_size, c.draft_vocab_size}));
@@ -166,7 +169,13 @@ TEST(DraftContext, AppendingInPiecesEqualsAtOnceAndTruncates) {
     d.model->append_context(parts, v);
   }
   ASSERT_EQ(parts.num_context, 12);
-  for (int l = 0; l < c.num_layers; ++l) EXPECT_EQ(whole.layers[size_t(l)], parts.layers[size_t(l)]);
+  for (int l = 0; l < c.num_layers; ++l) {  // rows sit contiguously in a RowBuffer
+    const RowBuffer &w = whole.layers[size_t(l)], &p = parts.layers[size_t(l)];
+    ASSERT_EQ(w.rows, p.rows);
+    EXPECT_EQ(0,
+              std::memcmp(w.data.data<float>(), p.data.data<float>(), size_t(w.rows * c.cache_dim()) * sizeof(float)))
+        << "layer " << l;
+  }
   // Context rows change the block's output; truncating back to fewer rows gives that shorter context.
   DraftCache short_cache = d.model->new_cache();
   core::TensorView first5 = taps.view();
@@ -196,7 +205,7 @@ TEST(DraftBlock, AllPositionsInOnePassAndNonCausal) {
                            sizeof(float) * size_t(d.config.hidden_size)));
   // draft(): K tokens from that one pass; each logits row is U_k + W2 W1[x_{k-1}] with U_k from the
   // single block pass (the drafted tokens do not re-enter the trunk), and x_k its argmax.
-  const DraftResult r = d.model->draft(cache, 9, 100);
+  const DraftResult r = d.model->draft(cache, 9, 100, /*with_logits=*/true);
   ASSERT_EQ(r.tokens.size(), size_t(d.config.block_size));
   ASSERT_EQ(r.confidence.size(), r.tokens.size());
   const int64_t Vd = d.config.draft_vocab_size;
@@ -277,7 +286,7 @@ TEST(MarkovHead, PreviousTokenShiftsLogitsByW2TimesW1Difference) {
   // minus the Markov bias of the token before it is the same U_k whatever x_{k-1} was.
   DraftCache cache = d.model->new_cache();
   d.model->append_context(cache, testing::random_act(3, c.num_taps() * c.hidden_size, 42).view());
-  const DraftResult r = d.model->draft(cache, a, c.block_size);
+  const DraftResult r = d.model->draft(cache, a, c.block_size, true);
   const BlockOutput blk = d.model->forward_block(cache, a);
   for (int64_t v = 0; v < c.draft_vocab_size; ++v)
     EXPECT_EQ(r.logits.data<const float>()[v], blk.base_logits.data<const float>()[v] + ma[size_t(v)]);
@@ -308,7 +317,7 @@ TEST(DraftVocab, D2tMapsDraftIdsToTargetIds) {
   for (int64_t i = 0; i < 50; ++i) d.weights.d2t.data<int64_t>()[i] = 47;  // draft id i is target id i + 47
   DraftCache cache = d.model->new_cache();
   d.model->append_context(cache, testing::random_act(4, c.num_taps() * c.hidden_size, 62).view());
-  const DraftResult r = d.model->draft(cache, 3, c.block_size);
+  const DraftResult r = d.model->draft(cache, 3, c.block_size, true);
   ASSERT_EQ(r.logits.dim(1), 50);
   for (size_t k = 0; k < r.tokens.size(); ++k) {
     const float* z = r.logits.data<const float>() + int64_t(k) * 50;
@@ -347,8 +356,9 @@ TEST(DraftForward, K3PerRankShapes) {
   RandomDraft d(c, 81, {Precision::bf16, kernels::RmsNormStyle::moonshot, true});
   DraftCache cache = d.model->new_cache();
   d.model->append_context(cache, testing::random_act(3, c.hidden_size, 82).view());
-  EXPECT_EQ(cache.layers[0].size(), size_t(3 * 576));
-  const DraftResult r = d.model->draft(cache, 17, c.block_size);
+  EXPECT_EQ(cache.layers[0].rows, 3);
+  EXPECT_EQ(cache.layers[0].data.dim(1), 576);
+  const DraftResult r = d.model->draft(cache, 17, c.block_size, true);
   ASSERT_EQ(r.tokens.size(), 7u);
   EXPECT_TRUE(testing::all_finite(r.logits));
   for (int32_t t : r.tokens) EXPECT_LT(t, 300);

@@ -132,7 +132,7 @@ TEST_P(DraftReference, Fp32ForwardMatchesDoubleTranscription) {
   EXPECT_LT(err, 2e-5 * scale) << "max |err| " << err << " at logit scale " << scale;
 
   // The drafted logits add the Markov term W2 . W1[x_{k-1}] to those.
-  const DraftResult r = d.model->draft(cache, x0, c.block_size);
+  const DraftResult r = d.model->draft(cache, x0, c.block_size, true);
   int32_t prev = x0;
   for (size_t k = 0; k < r.tokens.size(); ++k) {
     Vec e1(size_t(c.markov_rank));

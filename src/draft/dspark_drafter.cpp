@@ -23,10 +23,13 @@ struct OwnedDraft {
 std::unique_ptr<DsparkDrafter> load_dspark_drafter(const std::filesystem::path& dir,
                                                    const config::K3Config& target_config,
                                                    const model::Weights& target_weights, const kernels::Registry& ops,
-                                                   DraftOptions draft_options, DsparkOptions options) {
+                                                   DraftOptions draft_options, DsparkOptions options,
+                                                   std::shared_ptr<core::DeviceMemory> memory,
+                                                   const model::Weights* device_target) {
   auto owned = std::make_shared<OwnedDraft>();
   owned->loaded = load_draft(dir, target_config, target_weights);
-  owned->model = std::make_unique<DraftModel>(owned->loaded.config, owned->loaded.weights, ops, draft_options);
+  owned->model = std::make_unique<DraftModel>(owned->loaded.config, owned->loaded.weights, ops, draft_options,
+                                              std::move(memory), device_target);
   const DraftModel& model = *owned->model;
   return std::make_unique<DsparkDrafter>(model, std::move(options), std::move(owned));
 }
@@ -40,12 +43,15 @@ spec::HiddenTapRequest DsparkDrafter::hidden_tap() const {
 void DsparkDrafter::observe(spec::RequestId id, const spec::HiddenTapRows& rows) {
   if (rows.rows() == 0) return;
   core::TensorView hidden = rows.hidden;
-  core::Tensor host;
-  if (hidden.device != core::Device::cpu || hidden.dtype != core::DType::f32) {
+  core::Tensor moved;
+  if (hidden.device != model_.device() && model_.device() == core::Device::cpu) {  // a CPU draft of a GPU target
     K3_CHECK(options_.target_memory != nullptr,
-             "DsparkDrafter::observe: tap rows on the device but no target_memory to download them");
-    host = options_.target_memory->download_f32(hidden);
-    hidden = host.view();
+             "DsparkDrafter::observe: tap rows on the device but no target_memory to download them to the CPU draft");
+    moved = options_.target_memory->download_f32(hidden);
+    hidden = moved.view();
+  } else if (hidden.device != model_.device()) {  // host rows (the executor gathers taps on the host)
+    moved = model_.memory().upload(hidden);
+    hidden = moved.view();
   }
   K3_CHECK(hidden.rank() == 2 && hidden.dim(0) == rows.rows(), "DsparkDrafter::observe: hidden has " +
                                                                    hidden.shape.str() + " for " +

@@ -5,7 +5,8 @@
 // through the target (tokens.size() - 1 rows: the last token is the newest sampled one, x_0).
 // Otherwise (no tap rows yet, a gap after a preemption) it proposes nothing for that request,
 // which the engine verifies as a plain decode step. The drafting requests of one propose() run as
-// one batched block pass (DraftModel::draft_batch). Drafts are greedy point masses (Draft::probs
+// one batched block pass (DraftModel::draft_batch), on the model's device (the target's GPU at
+// --tp 1: the taps are read there and only the drafted tokens come back). Drafts are greedy point masses (Draft::probs
 // empty): U_k + Markov argmax, spec §13.2.
 #pragma once
 #include <cstdint>
@@ -25,8 +26,8 @@ struct DsparkOptions {
   // With a confidence head: stop drafting after the first position whose confidence is below
   // this (that position is not proposed). 0 never stops early.
   float min_confidence = 0.0f;
-  // Where the tap rows live when the target runs on a device (observe() downloads them); null:
-  // the rows must be CPU f32.
+  // Where the tap rows live when the target runs on another device than the draft (observe()
+  // downloads them to a CPU draft); null: the rows are on the draft's device or the host.
   std::shared_ptr<core::DeviceMemory> target_memory;
 };
 
@@ -55,12 +56,16 @@ class DsparkDrafter final : public spec::Drafter {
 };
 
 // Loads the draft checkpoint in `dir` (load_draft) for a target and returns a drafter owning the
-// draft's config, weights and model. The draft runs on the CPU: `target_weights` must be the
-// target's HOST weights (e.g. checkpoint::LoadedModel::weights before model::to_device), whose
-// embedding (and lm_head, when shared) the draft aliases; they and `ops` must outlive the drafter.
+// draft's config, weights and model. `target_weights` are the target's HOST weights (e.g.
+// checkpoint::LoadedModel::weights before model::to_device), whose embedding (and lm_head, when
+// shared) the draft aliases; they and `ops` must outlive the drafter. `memory`: where the draft
+// runs (null: the CPU); on the target's GPU, `device_target` is the target's device weights (the
+// draft reads their embedding and a shared lm_head there) and the taps stay on the device.
 std::unique_ptr<DsparkDrafter> load_dspark_drafter(const std::filesystem::path& dir,
                                                    const config::K3Config& target_config,
                                                    const model::Weights& target_weights, const kernels::Registry& ops,
-                                                   DraftOptions draft_options = {}, DsparkOptions options = {});
+                                                   DraftOptions draft_options = {}, DsparkOptions options = {},
+                                                   std::shared_ptr<core::DeviceMemory> memory = nullptr,
+                                                   const model::Weights* device_target = nullptr);
 
 }  // namespace k3::draft

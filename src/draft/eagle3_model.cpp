@@ -16,27 +16,7 @@ void expect_shape(const core::Tensor& t, const core::Shape& s, const std::string
   K3_CHECK(t.view().device == core::Device::cpu, "Eagle3Model: weight " + name + " must be a host tensor");
 }
 
-// Columns [c0, c1) of a rank-2 view as a row-strided view.
-core::TensorView cols_of(const core::TensorView& v, int64_t c0, int64_t c1) {
-  core::TensorView out = v;
-  out.data = static_cast<char*>(v.data) + c0 * v.strides[1] * static_cast<int64_t>(core::dtype_size(v.dtype));
-  out.shape = {v.dim(0), c1 - c0};
-  return out;
-}
-
 }  // namespace
-
-core::TensorView rows_of(const core::TensorView& v, int64_t r0, int64_t n) {
-  core::TensorView out = v;
-  out.data = static_cast<char*>(v.data) + r0 * v.strides[0] * static_cast<int64_t>(core::dtype_size(v.dtype));
-  out.shape = {n, v.dim(1)};
-  return out;
-}
-
-core::TensorView RowBuffer::view() const {
-  return data.defined() ? rows_of(data.view(), 0, rows)
-                        : core::TensorView::contiguous(nullptr, core::DType::f32, {0, 0});
-}
 
 Eagle3Model::Eagle3Model(const Eagle3Config& config, const Eagle3Weights& weights, const kernels::Registry& ops,
                          Eagle3Options options, std::shared_ptr<core::DeviceMemory> memory, core::Tensor device_embed)
@@ -129,28 +109,9 @@ core::Tensor Eagle3Model::add(const core::TensorView& a, const core::TensorView&
   return y;
 }
 
-void Eagle3Model::reserve(RowBuffer& buf, int64_t rows, int64_t cols) const {
-  const int64_t cap = buf.data.defined() ? buf.data.dim(0) : 0;
-  if (rows <= cap) return;
-  core::Tensor grown = memory_->empty(core::DType::f32, {std::max({rows, 2 * cap, int64_t{64}}), cols});
-  if (buf.rows > 0) memory_->copy(rows_of(grown.view(), 0, buf.rows), buf.view());
-  buf.data = grown;
-}
+void Eagle3Model::append(RowBuffer& buf, const core::TensorView& rows) const { append_rows(*memory_, buf, rows); }
 
-void Eagle3Model::append(RowBuffer& buf, const core::TensorView& rows) const {
-  K3_CHECK(rows.rank() == 2 && rows.dtype == core::DType::f32 && rows.device == device(),
-           "Eagle3Model::append: rows must be f32 [n, cols] on the model's device");
-  K3_CHECK(!buf.data.defined() || buf.data.dim(1) == rows.dim(1), "Eagle3Model::append: column count changed");
-  if (rows.dim(0) == 0) return;
-  reserve(buf, buf.rows + rows.dim(0), rows.dim(1));
-  memory_->copy(rows_of(buf.data.view(), buf.rows, rows.dim(0)), rows);
-  buf.rows += rows.dim(0);
-}
-
-void Eagle3Model::keep_rows(RowBuffer& buf, int64_t n) const {
-  K3_CHECK(n >= 0 && n <= buf.rows, "Eagle3Model::keep_rows: " + std::to_string(n) + " of " + std::to_string(buf.rows));
-  buf.rows = n;
-}
+void Eagle3Model::keep_rows(RowBuffer& buf, int64_t n) const { draft::keep_rows(buf, n); }
 
 void Eagle3Model::copy_rows(const core::Tensor& dst, int64_t r0, const core::TensorView& src) const {
   if (src.dim(0) > 0) memory_->copy(rows_of(dst.view(), r0, src.dim(0)), src);
@@ -212,8 +173,8 @@ Eagle3Output Eagle3Model::forward(std::span<Eagle3Cache* const> caches, std::spa
     const int64_t m = rows[b];
     if (m == 0) continue;
     const int64_t past = cache.rows();
-    reserve(cache.k, past + m, c.kv_width());
-    reserve(cache.v, past + m, c.kv_width());
+    reserve_rows(*memory_, cache.k, past + m, c.kv_width());
+    reserve_rows(*memory_, cache.v, past + m, c.kv_width());
     ops_.rope_gqa_attention.run({rows_of(q.view(), row0, m), rows_of(k.view(), row0, m), rows_of(v.view(), row0, m),
                                  cache.k.data.view(), cache.v.data.view(), inv_freq_.view(), rows_of(a.view(), row0, m),
                                  past, cache.end_position(), c.num_heads, c.num_kv_heads, c.head_dim,

@@ -40,6 +40,7 @@
 #include "draft/eagle3_config.h"
 #include "draft/eagle3_weights.h"
 #include "draft/rope.h"
+#include "draft/row_buffer.h"
 #include "kernels/registry.h"
 
 namespace k3::draft {
@@ -48,14 +49,6 @@ struct Eagle3Options {
   kernels::Precision precision = kernels::Precision::bf16;
   kernels::RmsNormStyle rmsnorm_style = kernels::RmsNormStyle::moonshot;  // HF's Llama RMSNorm
   bool poison_buffers = false;                                            // NaN-fill every new activation (tests)
-};
-
-// Rows of f32 values on the model's device with room to grow: [rows, cols] of a [capacity, cols] tensor.
-struct RowBuffer {
-  core::Tensor data;  // f32 [capacity, cols] (undefined until the first row)
-  int64_t rows = 0;
-  core::TensorView view() const;  // the [rows, cols] in use
-  int64_t bytes() const { return data.defined() ? data.nbytes() : 0; }
 };
 
 // One request's draft KV cache: rotated keys and values of its rows, f32 [rows, NKV * head_dim]
@@ -112,7 +105,6 @@ class Eagle3Model {
   core::Tensor linear(const core::TensorView& x, const kernels::LinearWeight& w, bool round_output = true) const;
   core::Tensor rmsnorm(const core::TensorView& x, const core::Tensor& w) const;
   core::Tensor add(const core::TensorView& a, const core::TensorView& b) const;
-  void reserve(RowBuffer& buf, int64_t rows, int64_t cols) const;
 
   const Eagle3Config& config_;
   const Eagle3Weights& host_weights_;
@@ -124,8 +116,5 @@ class Eagle3Model {
   RotateHalfRope rope_;
   core::Tensor inv_freq_;  // f32 [head_dim / 2] on the model's device
 };
-
-// Rows [r0, r0 + n) of a rank-2 view (any device) as a view.
-core::TensorView rows_of(const core::TensorView& v, int64_t r0, int64_t n);
 
 }  // namespace k3::draft

@@ -1,7 +1,7 @@
 // kernels/registry.h: every op of the model, each with its implementations per backend.
 //
 // The registry is the op tables of every family (kernels/<family>/ops.h: embedding, norm, linear,
-// situ, elementwise, sampling, attn_res, moe, kda, mla, multi_linear, gqa), each a struct of its own;
+// situ, elementwise, sampling, attn_res, moe, kda, mla, multi_linear, gqa, dspark), each a struct of its own;
 // model code calls registry.<op>.run(args, device) and nothing branches on backends elsewhere
 // (kernels/op_table.h says how a table chooses). A new op or implementation is written in its
 // family's folder; only a new family is added here. The registry is an explicit object filled by
@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "kernels/attn_res/ops.h"
+#include "kernels/dspark/ops.h"
 #include "kernels/elementwise/ops.h"
 #include "kernels/embedding/ops.h"
 #include "kernels/gqa/ops.h"
@@ -36,7 +37,8 @@ struct Registry : EmbeddingOps,
                   KdaOps,
                   MlaOps,
                   MultiLinearOps,
-                  GqaOps {
+                  GqaOps,
+                  DsparkOps {
   Registry() {
     for_each([&](auto& t) { t.set_trace(&trace_); });
   }
@@ -58,6 +60,7 @@ struct Registry : EmbeddingOps,
     MlaOps::for_each(fn);
     MultiLinearOps::for_each(fn);
     GqaOps::for_each(fn);
+    DsparkOps::for_each(fn);
   }
   // Calls fn(family) for every family struct (registration).
   template <class Fn>
@@ -74,6 +77,7 @@ struct Registry : EmbeddingOps,
     fn(static_cast<MlaOps&>(*this));
     fn(static_cast<MultiLinearOps&>(*this));
     fn(static_cast<GqaOps&>(*this));
+    fn(static_cast<DsparkOps&>(*this));
   }
   void set_log(const LogFn& log) {
     for_each([&](auto& t) { t.set_log(log); });

@@ -61,9 +61,10 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
     executor = std::make_unique<engine::TpExecutor>(*s->tp_runner_, ec.cache, o.kv_cache, ec.scheduler.max_model_len);
   std::unique_ptr<spec::Drafter> drafter;  // null: made from ec.speculative (ngram, synthetic) or none
   if (o.speculative.needs_draft_model()) {
-    // At TP 1 the draft shares the runner's host weights and registry (DSpark runs on the host,
-    // EAGLE-3 on the target's device); with --tp the ranks hold shards, so the draft gets the full
-    // weights and its own CPU registry, replicated on the host, and reads rank 0's taps.
+    // At TP 1 the draft shares the runner's host weights and registry and runs where the target
+    // runs (its GPU: weights uploaded once, taps read in place); with --tp the ranks hold shards, so
+    // the draft gets the full weights and its own CPU registry, replicated on the host, and reads
+    // rank 0's taps.
     const model::Weights* target_weights = nullptr;
     const kernels::Registry* ops = nullptr;
     if (s->runner_) {
@@ -76,7 +77,13 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
       target_weights = s->draft_target_weights_.get();
       ops = s->draft_ops_.get();
     }
-    if (o.speculative.method == spec::SpecMethod::dspark) {
+    if (o.speculative.method == spec::SpecMethod::dspark && s->runner_) {
+      const model::Model& m = s->runner_->model();
+      draft::DraftOptions draft_options;
+      draft_options.absorbed_attention = m.memory()->device() != core::Device::cpu;  // the GPU's only form
+      drafter = draft::load_dspark_drafter(o.draft_model_dir, config, *target_weights, *ops, draft_options, {},
+                                           m.memory(), &m.weights());
+    } else if (o.speculative.method == spec::SpecMethod::dspark) {
       drafter = draft::load_dspark_drafter(o.draft_model_dir, config, *target_weights, *ops);
     } else if (s->runner_) {  // EAGLE-3 runs where the target runs (its GPU at --tp 1), taps in place
       const model::Model& m = s->runner_->model();

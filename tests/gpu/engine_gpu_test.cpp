@@ -68,11 +68,15 @@ std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool 
     c.speculative.adaptive = false;
     c.speculative.method = method;
     c.speculative.num_speculative_tokens = 3;
-    if (method == spec::SpecMethod::dspark)
-      drafter = draft::load_dspark_drafter(draft_dir, runner.config(), runner.host_weights(), runner.registry());
-    else  // on the target's device (the CPU oracle's draft on the CPU)
+    if (method == spec::SpecMethod::dspark) {  // absorbed: the one form the GPU runs (the oracle's too)
+      draft::DraftOptions o;
+      o.absorbed_attention = true;
+      drafter = draft::load_dspark_drafter(draft_dir, runner.config(), runner.host_weights(), runner.registry(), o, {},
+                                           runner.model().memory(), &runner.model().weights());
+    } else {  // on the target's device (the CPU oracle's draft on the CPU)
       drafter = draft::load_eagle3_drafter(draft_dir, runner.config(), runner.host_weights(), runner.registry(), {}, {},
                                            runner.model().memory(), runner.model().weights().embed);
+    }
   }
   auto executor = std::make_unique<engine::ModelExecutor>(runner.model(), c.cache, model::KvCacheDtype::bf16,
                                                           graphs ? c.scheduler.max_model_len : 0);
@@ -156,9 +160,10 @@ TEST(EngineGpu, ServesTheOracleTokensExactMode) {
   }
 }
 
-// The DSpark drafter (on the host) over a GPU target: its steps tap the target's hidden states, and
-// decode and verify steps replay CUDA graphs that tap them too. Greedy fp32 tokens equal the CPU
-// oracle's, and the drafts are the same eager and replayed (the same taps: the same proposals).
+// The DSpark drafter over a GPU target, running on the target's GPU (the dspark ops' CUDA kernels,
+// taps read in place): its steps tap the target's hidden states, and decode and verify steps replay
+// CUDA graphs that tap them too. Greedy fp32 tokens equal the CPU oracle's, and the drafts (the same
+// fp32 function through the CUDA ops) are the CPU draft's, eager and replayed.
 TEST(EngineGpu, DsparkDraftsFromTappedGraphsGiveTheOracleTokens) {
   K3_REQUIRE_GPU();
   testing::TempDir tmp;
@@ -166,12 +171,17 @@ TEST(EngineGpu, DsparkDraftsFromTappedGraphsGiveTheOracleTokens) {
   const auto draft_dir = tmp.path() / "draft";
   draft::write_random_draft(draft::builtin_draft_config("k3-tiny-dspark"), 3, draft_dir);
   gpu_test::RunnerPair r(dir, kernels::Precision::fp32, model::KvCacheDtype::bf16);
-  const auto want = serve(*r.cpu, false);
-  engine::EngineStats eager_stats, graph_stats;
+  engine::EngineStats cpu_stats, eager_stats, graph_stats;
+  const auto want = serve(*r.cpu, false, true, draft_dir, &cpu_stats);
   const auto eager = serve(*r.gpu, false, true, draft_dir, &eager_stats);
   const auto graphs = serve(*r.gpu, true, true, draft_dir, &graph_stats);
+  EXPECT_EQ(want, serve(*r.cpu, false));
   EXPECT_EQ(eager, want);
   EXPECT_EQ(graphs, want);
+  EXPECT_GT(eager_stats.spec_num_draft_tokens, 0);
+  EXPECT_EQ(eager_stats.spec_method, "dspark");
+  EXPECT_EQ(eager_stats.spec_num_draft_tokens, cpu_stats.spec_num_draft_tokens);
+  EXPECT_EQ(eager_stats.spec_num_accepted_tokens, cpu_stats.spec_num_accepted_tokens);
   EXPECT_EQ(graph_stats.spec_num_draft_tokens, eager_stats.spec_num_draft_tokens);
   EXPECT_EQ(graph_stats.spec_num_accepted_tokens, eager_stats.spec_num_accepted_tokens);
 }

@@ -28,8 +28,8 @@ TEST(OpsCoverage, EveryOpHasACudaImplementationInCudaBuilds) {
     EXPECT_GE(cuda_impls, 1) << "op " << table.op() << " has no CUDA implementation";
   });
   EXPECT_EQ(ops,
-            33);  // the 18 standard ops, silu_glu and rope_gqa_attention (EAGLE-3), token_mask, the 5 MLA
-                  // decode-context-parallel ops and the 7 fused ops of fastpath/
+            36);  // the 18 standard ops, silu_glu and rope_gqa_attention (EAGLE-3), the 3 DSpark draft ops,
+                  // token_mask, the 5 MLA decode-context-parallel ops and the 7 fused ops of fastpath/
 #endif
 }
 
