@@ -12,9 +12,11 @@
 #             k3bench_ops_gpu                                                    -> build.log
 #   test      k3_ops_tests: every registered op on the GPU against the CPU reference, odd shapes and
 #             TP8 shapes, relative error / cosine / max-abs per comparison      -> ops_tests.log, ops_report.json
+#             (K3_OPS_FILTER=PATTERN: only those cases, a gtest filter)
 #   model     k3_gpu_tests: the model end to end on the GPU against the CPU oracle (bf16 logits,
 #             fp32 greedy generations, batched steps) and the engine serving on the GPU (when
 #             xxhash.h was carried in .carry/include: scripts/carry_headers.sh) -> model_tests.log
+#             (K3_MODEL_FILTER=PATTERN: only those cases)
 #   bench     k3bench_ops_gpu: per-op time, bytes, GB/s, ratio to the floor     -> bench.log, ops_gpu.json
 #   layers    k3bench_layer_gpu --check: one KDA+MoE and one MLA+MoE layer (k3-layer-tp8) per CUDA-graph
 #             step, batch 1/8/32/64: us, kernels, bytes, GB/s, ratio to the copy floor -> layers.log, layer_gpu.json
@@ -177,7 +179,7 @@ if want test; then
     else
       backend_rc=0; backend_counts="backend tests: not built"; : > "$OUT/ops_tests.log"
     fi
-    capped 300 "$TESTS" --k3_report="$OUT/ops_report.json" > "$tmp" 2>&1
+    capped 300 "$TESTS" --k3_report="$OUT/ops_report.json" ${K3_OPS_FILTER:+--gtest_filter="$K3_OPS_FILTER"} > "$tmp" 2>&1
     counts="ops: $(gtest_counts "$tmp"); $backend_counts"
     cat "$tmp" >> "$OUT/ops_tests.log"
     rm -f "$tmp"
@@ -202,7 +204,7 @@ if want model; then
   if [[ ! -x $MODEL_TESTS ]]; then
     record model FAIL 0 "no $MODEL_TESTS (run the build phase)"
   else
-    capped 240 "$MODEL_TESTS" > "$OUT/model_tests.log" 2>&1
+    capped 240 "$MODEL_TESTS" ${K3_MODEL_FILTER:+--gtest_filter="$K3_MODEL_FILTER"} > "$OUT/model_tests.log" 2>&1
     model_rc=$RC; model_secs=$SECS; eval_secs=0
     # eval/'s GPU cases (the layer diff on CUDA sides) join the same log.
     if [[ -x $BUILD/eval/k3_eval_tests ]] && ((model_rc == 0 || model_rc == 1)); then
