@@ -1,7 +1,13 @@
 // spec/draft_length.h: per-request adaptive draft length and acceptance statistics.
 //
-// Each request starts at K drafts per step. After every verify step with k > 0 drafts of which
-// a were accepted, rate <- 0.7 rate + 0.3 (a / k) (an EWMA, starting at 1), and
+// A request starts from what the drafter has recently achieved over all requests: the population
+// rate, an EWMA over every verify step (p <- 0.9 p + 0.1 (a / k), starting at 1), as its rate,
+// and the length the rules below give that rate (K at p >= 0.6, K - 1 from 0.3, K / 2 from 0.1,
+// else 1: a probe). Short requests (a chat answer of 20 tokens) end before their own rate could
+// learn anything, so starting each at K with rate 1 made every one of them pay full verify steps:
+// n-gram on chat prompts at 10% acceptance ran at 0.73x of no speculation on the CPU before this
+// (docs/perf/spec_decode.md). After every verify step with k > 0 drafts of which a were accepted,
+// rate <- 0.7 rate + 0.3 (a / k), and
 //   a == k (all accepted)          length <- min(K, length + 1)
 //   rate < 0.3                     length <- max(1, length / 2)
 //   rate < 0.6                     length <- max(1, length - 1)
@@ -43,14 +49,16 @@ class DraftLengthController {
   DraftLengthController(int32_t max_drafts, bool adaptive) : max_(max_drafts), adaptive_(adaptive) {}
 
   int32_t max_drafts() const { return max_; }
-  // The draft budget of the request's next step (K for a new request), without advancing a pause.
+  // The draft budget of the request's next step (a new request's from the population rate),
+  // without advancing a pause.
   int32_t next(RequestId id) const;
   // The draft budget of the request's step about to be planned: next(id), and a paused request's
   // pause advances by one step (0 while paused; 1, the probe, on the step the pause ends).
   int32_t take_step(RequestId id);
   void record(RequestId id, int32_t proposed, int32_t accepted);
   void release(RequestId id) { per_request_.erase(id); }
-  double rate(RequestId id) const;
+  double rate(RequestId id) const;  // a request's acceptance EWMA (a new one's: the population rate)
+  double population_rate() const { return population_rate_; }
   size_t num_tracked() const { return per_request_.size(); }
 
  private:
@@ -62,8 +70,11 @@ class DraftLengthController {
     int32_t pause_left = 0;       // plain-decode steps left before the probe
     int32_t pause = kFirstPause;  // length of the next pause
   };
+  State fresh() const;  // a new request's state, from the population rate
+
   int32_t max_;
   bool adaptive_;
+  double population_rate_ = 1.0;
   std::unordered_map<RequestId, State> per_request_;
 };
 

@@ -10,6 +10,7 @@
 //   - DraftLengthController and SpecCounters; SpeculativeConfig parsing and validation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -295,6 +296,39 @@ TEST(DraftLength, PausesWhenDraftsNeverMatchAndProbesWithGrowingPauses) {
     ASSERT_EQ(fixed.take_step(2), 4);
     fixed.record(2, 4, 0);
   }
+}
+
+// A new request starts from the population's recent acceptance: after one request's drafts kept
+// failing, the next starts shorter with a lower rate (the gate expects less of it), down to one
+// probing draft; after drafts that keep succeeding, new requests start at K again. Without
+// adaptation the length stays K and only the rate follows.
+TEST(DraftLength, NewRequestsStartFromThePopulationRate) {
+  DraftLengthController c(4, true);
+  EXPECT_EQ(c.next(1), 4);
+  EXPECT_EQ(c.rate(1), 1.0);
+  int failures = 0;
+  auto fail_until = [&](int n) {
+    for (; failures < n; ++failures) c.record(1, std::max(1, c.take_step(1)), 0);
+  };
+  fail_until(6);  // population 0.9^6 = 0.53
+  EXPECT_NEAR(c.population_rate(), std::pow(0.9, 6), 1e-12);
+  EXPECT_EQ(c.next(2), 3);
+  EXPECT_EQ(c.take_step(2), 3);
+  EXPECT_NEAR(c.rate(2), std::pow(0.9, 6), 1e-12);
+  fail_until(16);  // 0.19
+  EXPECT_EQ(c.next(2), 2);
+  fail_until(22);  // 0.098: a new request probes with one draft
+  EXPECT_EQ(c.next(2), 1);
+  for (int i = 0; i < 7; ++i) c.record(2, c.next(2), c.next(2));
+  EXPECT_LT(c.population_rate(), 0.6);
+  EXPECT_LT(c.next(3), 4);
+  c.record(2, c.next(2), c.next(2));  // the 8th success: 1 - 0.902 * 0.9^8 = 0.61
+  EXPECT_GE(c.population_rate(), 0.6);
+  EXPECT_EQ(c.next(3), 4);
+  DraftLengthController fixed(4, false);
+  for (int i = 0; i < 30; ++i) fixed.record(1, 4, 0);
+  EXPECT_EQ(fixed.next(2), 4);
+  EXPECT_LT(fixed.rate(2), 0.1);
 }
 
 TEST(SpecCounters, PerPositionCounts) {
