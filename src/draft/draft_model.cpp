@@ -159,8 +159,10 @@ core::Tensor DraftModel::upload_i32(std::span<const int32_t> values) const {
   return memory_->upload(host.view());
 }
 
-DraftCache DraftModel::new_cache() const {
+DraftCache DraftModel::new_cache(int64_t first_position) const {
+  K3_CHECK(first_position >= 0, "new_cache: negative first position " + std::to_string(first_position));
   DraftCache c;
+  c.first_position = first_position;
   c.layers.resize(static_cast<size_t>(config_.num_layers));
   return c;
 }
@@ -195,7 +197,7 @@ void DraftModel::append_context(DraftCache& cache, const core::TensorView& taps)
   const core::Tensor ctx = rmsnorm(linear(x.view(), weights_->context_proj).view(), weights_->context_norm);  // [n, H]
   for (int l = 0; l < c.num_layers; ++l) {
     const core::Tensor rows = latent_rows(weights_->layers[static_cast<size_t>(l)], ctx.view());
-    rotate_latents(rows.view(), cache.num_context);
+    rotate_latents(rows.view(), cache.end_position());
     append_rows(*memory_, cache.layers[static_cast<size_t>(l)], rows.view());
   }
   cache.num_context += taps.dim(0);
@@ -212,11 +214,11 @@ core::Tensor DraftModel::attention(const DraftLayerWeights& w, std::span<const D
                                    const core::Tensor& x) const {
   const DraftConfig& c = config_;
   const int64_t K = c.block_size, B = static_cast<int64_t>(caches.size()), L = c.kv_lora_rank;
-  const core::Tensor q = linear(rmsnorm(linear(x.view(), w.q_a_proj).view(), w.q_a_norm).view(),
-                                w.q_b_proj);            // [B*K, NH*(dn+dr)]
-  const core::Tensor block = latent_rows(w, x.view());  // [B*K, cache_dim], not stored
-  for (int64_t b = 0; b < B; ++b) {                     // request b's rows sit at positions P_b .. P_b + K - 1
-    const int64_t P = caches[static_cast<size_t>(b)]->num_context;
+  // q [B*K, NH*(dn+dr)]; the block's latents [B*K, cache_dim] (not stored).
+  const core::Tensor q = linear(rmsnorm(linear(x.view(), w.q_a_proj).view(), w.q_a_norm).view(), w.q_b_proj);
+  const core::Tensor block = latent_rows(w, x.view());
+  for (int64_t b = 0; b < B; ++b) {  // request b's rows sit at positions E_b .. E_b + K - 1 (E_b its end)
+    const int64_t P = caches[static_cast<size_t>(b)]->end_position();
     ops_.rope_pairs.run({rows_of(q.view(), b * K, K), inv_freq_.view(), c.qk_nope_head_dim, c.q_head_dim(), c.num_heads,
                          c.qk_rope_head_dim, P, options_.precision},
                         device());

@@ -56,10 +56,14 @@ struct DraftOptions {
 };
 
 // One request's draft-side state: per draft layer its latent cache rows on the model's device,
-// f32 [num_context, kv_lora + rope] = [c_n | RoPE'd k_pe] of target positions 0..num_context-1.
+// f32 [num_context, kv_lora + rope] = [c_n | RoPE'd k_pe] of target positions first_position ..
+// first_position + num_context - 1. A request first seen mid-sequence (after a prefix-cache hit)
+// starts there: the block attends to the context rows the draft saw, at their absolute positions.
 struct DraftCache {
   std::vector<RowBuffer> layers;
+  int64_t first_position = 0;
   int64_t num_context = 0;
+  int64_t end_position() const { return first_position + num_context; }
   int64_t bytes() const;
 };
 
@@ -90,14 +94,15 @@ class DraftModel {
   core::DeviceMemory& memory() const { return *memory_; }
   core::Device device() const { return memory_->device(); }
 
-  DraftCache new_cache() const;
-  // Appends the committed target positions cache.num_context .. +n-1: taps f32 [n, num_taps * H]
+  DraftCache new_cache(int64_t first_position = 0) const;
+  // Appends the committed target positions cache.end_position() .. +n-1: taps f32 [n, num_taps * H]
   // on the model's device, rows may be strided (the tapped mixtures in target_layer_ids order).
   // Throws core::Error on a wrong shape or device.
   void append_context(DraftCache& cache, const core::TensorView& taps) const;
   // Drops context rows beyond `num_context` (a rollback; keeps rows 0..num_context-1).
   void truncate(DraftCache& cache, int64_t num_context) const;
-  // The one forward pass of the block for newest token x0 (a target id) on top of `cache`.
+  // The one forward pass of the block for newest token x0 (a target id, at position
+  // cache.end_position()) on top of `cache`.
   BlockOutput forward_block(const DraftCache& cache, int32_t x0) const;
   // The block passes of several requests as one forward (every linear over all B*K rows; the
   // attention per request): rows [b*K, (b+1)*K) of the outputs belong to caches[b]. Each row's

@@ -57,16 +57,14 @@ void DsparkDrafter::observe(spec::RequestId id, const spec::HiddenTapRows& rows)
                                                                    hidden.shape.str() + " for " +
                                                                    std::to_string(rows.rows()) + " rows");
   auto it = caches_.find(id);
-  if (it == caches_.end()) {
-    if (rows.position != 0) return;  // context before these rows was never seen: cannot draft for it
-    it = caches_.emplace(id, model_.new_cache()).first;
-  }
+  if (it == caches_.end()) it = caches_.emplace(id, model_.new_cache(rows.position)).first;
   DraftCache& cache = it->second;
-  if (rows.position > cache.num_context) {  // a gap: the cache can never match the target again
-    caches_.erase(it);
-    return;
+  const int64_t p = rows.position;
+  if (p > cache.end_position() || p < cache.first_position) {
+    cache = model_.new_cache(p);  // a gap (or rows before the first seen): start again from these rows
+  } else if (p < cache.end_position()) {
+    model_.truncate(cache, p - cache.first_position);  // rows re-run after a rollback
   }
-  if (rows.position < cache.num_context) model_.truncate(cache, rows.position);  // rows re-run after a rollback
   model_.append_context(cache, hidden);
 }
 
@@ -83,7 +81,8 @@ void DsparkDrafter::propose(std::span<const spec::DraftQuery> batch, std::span<s
     out[i].clear();
     auto it = caches_.find(q.id);
     if (it == caches_.end() || q.tokens.empty() || q.max_drafts <= 0) continue;
-    if (it->second.num_context != static_cast<int64_t>(q.tokens.size()) - 1) continue;  // out of step with the target
+    if (it->second.end_position() != static_cast<int64_t>(q.tokens.size()) - 1)
+      continue;  // out of step with the target
     caches.push_back(&it->second);
     x0.push_back(q.tokens.back());
     max_tokens.push_back(q.max_drafts);
@@ -111,6 +110,11 @@ int64_t DsparkDrafter::cache_bytes() const {
 int64_t DsparkDrafter::context_rows(spec::RequestId id) const {
   auto it = caches_.find(id);
   return it == caches_.end() ? -1 : it->second.num_context;
+}
+
+int64_t DsparkDrafter::first_position(spec::RequestId id) const {
+  auto it = caches_.find(id);
+  return it == caches_.end() ? -1 : it->second.first_position;
 }
 
 }  // namespace k3::draft

@@ -1,10 +1,12 @@
 // draft/dspark_drafter.h: DsparkDrafter, the DSpark draft model behind spec::Drafter.
 //
 // Per request it keeps a DraftCache (the draft layers' latent context rows) fed by observe() with
-// the target's committed tap rows; propose() drafts when the cache covers exactly the tokens run
-// through the target (tokens.size() - 1 rows: the last token is the newest sampled one, x_0).
-// Otherwise (no tap rows yet, a gap after a preemption) it proposes nothing for that request,
-// which the engine verifies as a plain decode step. The drafting requests of one propose() run as
+// the target's committed tap rows; propose() drafts when the cache ends exactly at the tokens run
+// through the target (position tokens.size() - 1: the last token is the newest sampled one, x_0).
+// Otherwise (no tap rows yet) it proposes nothing for that request, which the engine verifies as a
+// plain decode step. A request first observed at a position > 0 (a prefix-cache hit: agentic
+// turns reuse most of their prompt) drafts from there, its block attending over the positions the
+// draft saw; a gap in the observed positions (a preemption) starts it afresh. The drafting requests of one propose() run as
 // one batched block pass (DraftModel::draft_batch), on the model's device (the target's GPU at
 // --tp 1: the taps are read there and only the drafted tokens come back). Drafts are greedy point masses (Draft::probs
 // empty): U_k + Markov argmax, spec §13.2.
@@ -45,8 +47,9 @@ class DsparkDrafter final : public spec::Drafter {
 
   // Introspection (tests, metrics).
   size_t num_requests() const { return caches_.size(); }
-  int64_t cache_bytes() const;                     // all requests' latent caches
-  int64_t context_rows(spec::RequestId id) const;  // -1 when the request has no cache
+  int64_t cache_bytes() const;                       // all requests' latent caches
+  int64_t context_rows(spec::RequestId id) const;    // rows held; -1 when the request has no cache
+  int64_t first_position(spec::RequestId id) const;  // of those rows; -1 likewise
 
  private:
   std::shared_ptr<const void> keepalive_;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -195,15 +196,48 @@ TEST_F(TinyPair, ObserveGapsAndRollbacks) {
   const std::vector<int32_t> toks = prompt(10, 5);
   TargetStep fake;
   fake.taps = taps;
-  drafter.observe(7, rows_of(fake, toks, 3, 10));  // starts mid-sequence: nothing to draft from
-  EXPECT_EQ(drafter.context_rows(7), -1);
-  drafter.observe(7, rows_of(fake, toks, 0, 4));
+  drafter.observe(7, rows_of(fake, toks, 3, 10));  // starts mid-sequence (a prefix-cache hit): kept from there
+  EXPECT_EQ(drafter.context_rows(7), 7);
+  EXPECT_EQ(drafter.first_position(7), 3);
+  drafter.observe(7, rows_of(fake, toks, 0, 4));  // rows before the first seen: start again from them
   EXPECT_EQ(drafter.context_rows(7), 4);
+  EXPECT_EQ(drafter.first_position(7), 0);
   drafter.observe(7, rows_of(fake, toks, 2, 6));  // re-run rows 2.. (a rollback): replaced
   EXPECT_EQ(drafter.context_rows(7), 6);
-  drafter.observe(7, rows_of(fake, toks, 8, 10));  // a gap (rows 6, 7 never seen): dropped
-  EXPECT_EQ(drafter.context_rows(7), -1);
+  drafter.observe(7, rows_of(fake, toks, 8, 10));  // a gap (rows 6, 7 never seen): start again at 8
+  EXPECT_EQ(drafter.context_rows(7), 2);
+  EXPECT_EQ(drafter.first_position(7), 8);
+  EXPECT_EQ(drafter.num_requests(), 1u);
+  drafter.release(7);
   EXPECT_EQ(drafter.num_requests(), 0u);
+}
+
+// After a prefix-cache hit the engine shows the drafter only the rows it ran (positions 6..9 of a
+// 10-token prompt): the drafter drafts from them, as the model does over a cache of those rows at
+// their absolute positions, and the positions matter (the same rows at 0..3 draft other logits).
+TEST_F(TinyPair, DraftsAfterAPrefixHitFromThePositionsItSaw) {
+  const DraftModel dm(draft_->config, draft_->weights, testing::reference_ops());
+  DsparkDrafter drafter(dm);
+  TargetStep fake;
+  fake.taps = testing::random_act(10, 3 * 256, 9);
+  std::vector<int32_t> toks = prompt(10, 8);
+  drafter.observe(4, rows_of(fake, toks, 6, 10));
+  toks.push_back(5);  // x_0, sampled after position 9
+  const spec::DraftQuery q{4, toks, 10, 4};
+  spec::Draft d;
+  drafter.propose(std::span(&q, 1), std::span(&d, 1));
+  ASSERT_EQ(d.tokens.size(), 4u);
+  DraftCache from6 = dm.new_cache(6), from0 = dm.new_cache(0);
+  dm.append_context(from6, rows_of(fake, toks, 6, 10).hidden);
+  dm.append_context(from0, rows_of(fake, toks, 6, 10).hidden);
+  EXPECT_EQ(d.tokens, dm.draft(from6, 5, 4).tokens);
+  const DraftResult a = dm.draft(from6, 5, 1, true), b = dm.draft(from0, 5, 1, true);
+  EXPECT_NE(0, std::memcmp(a.logits.data<float>(), b.logits.data<float>(), size_t(a.logits.nbytes())));
+  // A query out of step with the rows seen (one more token than observed) proposes nothing.
+  toks.push_back(6);
+  const spec::DraftQuery late{4, toks, 10, 4};
+  drafter.propose(std::span(&late, 1), std::span(&d, 1));
+  EXPECT_TRUE(d.tokens.empty());
 }
 
 TEST_F(TinyPair, LowConfidenceStopsDrafting) {
