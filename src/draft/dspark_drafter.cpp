@@ -42,17 +42,9 @@ spec::HiddenTapRequest DsparkDrafter::hidden_tap() const {
 
 void DsparkDrafter::observe(spec::RequestId id, const spec::HiddenTapRows& rows) {
   if (rows.rows() == 0) return;
-  core::TensorView hidden = rows.hidden;
   core::Tensor moved;
-  if (hidden.device != model_.device() && model_.device() == core::Device::cpu) {  // a CPU draft of a GPU target
-    K3_CHECK(options_.target_memory != nullptr,
-             "DsparkDrafter::observe: tap rows on the device but no target_memory to download them to the CPU draft");
-    moved = options_.target_memory->download_f32(hidden);
-    hidden = moved.view();
-  } else if (hidden.device != model_.device()) {  // host rows (the executor gathers taps on the host)
-    moved = model_.memory().upload(hidden);
-    hidden = moved.view();
-  }
+  const core::TensorView hidden = rows_on(model_.memory(), rows.hidden, options_.target_memory.get(), moved,
+                                          "DsparkDrafter::observe");
   K3_CHECK(hidden.rank() == 2 && hidden.dim(0) == rows.rows(), "DsparkDrafter::observe: hidden has " +
                                                                    hidden.shape.str() + " for " +
                                                                    std::to_string(rows.rows()) + " rows");

@@ -51,17 +51,9 @@ Eagle3Drafter::Request Eagle3Drafter::fresh(int64_t position) const {
 
 void Eagle3Drafter::observe(spec::RequestId id, const spec::HiddenTapRows& rows) {
   if (rows.rows() == 0) return;
-  core::TensorView hidden = rows.hidden;
   core::Tensor moved;
-  if (hidden.device != model_.device() && model_.device() == core::Device::cpu) {  // a CPU draft of a GPU target
-    K3_CHECK(options_.target_memory != nullptr,
-             "Eagle3Drafter::observe: tap rows on the device but no target_memory to download them to the CPU draft");
-    moved = options_.target_memory->download_f32(hidden);
-    hidden = moved.view();
-  } else if (hidden.device != model_.device()) {  // host rows (the executor gathers taps on the host)
-    moved = model_.memory().upload(hidden);
-    hidden = moved.view();
-  }
+  const core::TensorView hidden = rows_on(model_.memory(), rows.hidden, options_.target_memory.get(), moved,
+                                          "Eagle3Drafter::observe");
   K3_CHECK(hidden.rank() == 2 && hidden.dim(0) == rows.rows(), "Eagle3Drafter::observe: hidden has " +
                                                                    hidden.shape.str() + " for " +
                                                                    std::to_string(rows.rows()) + " rows");

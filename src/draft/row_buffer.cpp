@@ -22,6 +22,19 @@ core::TensorView cols_of(const core::TensorView& v, int64_t c0, int64_t c1) {
   return out;
 }
 
+core::TensorView rows_on(core::DeviceMemory& to, const core::TensorView& rows, core::DeviceMemory* from,
+                         core::Tensor& holder, const char* who) {
+  if (rows.device == to.device()) return rows;
+  if (to.device() == core::Device::cpu) {  // a CPU draft of a GPU target
+    K3_CHECK(from != nullptr,
+             std::string(who) + ": tap rows on the device but no target_memory to download them to the CPU draft");
+    holder = from->download_f32(rows);
+  } else {
+    holder = to.upload(rows);
+  }
+  return holder.view();
+}
+
 core::TensorView RowBuffer::view() const {
   return data.defined() ? rows_of(data.view(), 0, rows)
                         : core::TensorView::contiguous(nullptr, core::DType::f32, {0, 0});

@@ -23,6 +23,13 @@ void append_rows(core::DeviceMemory& memory, RowBuffer& buf, const core::TensorV
 // Keeps the first n rows.
 void keep_rows(RowBuffer& buf, int64_t n);
 
+// A drafter's tap rows [n, cols] on its model's device `to`: as they are when already there; from a
+// GPU target to a CPU draft downloaded through `from` (the target's memory: `who` names the drafter
+// in the error when there is none); host rows (the executors gather taps on the host) uploaded.
+// `holder` keeps a moved copy alive.
+core::TensorView rows_on(core::DeviceMemory& to, const core::TensorView& rows, core::DeviceMemory* from,
+                         core::Tensor& holder, const char* who);
+
 // Rows [r0, r0 + n) of a rank-2 view (any device) as a view.
 core::TensorView rows_of(const core::TensorView& v, int64_t r0, int64_t n);
 // Columns [c0, c1) of a rank-2 view as a row-strided view.
