@@ -87,7 +87,6 @@ def main():
     before, start = metrics(url), time.time()
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.concurrency) as pool:
         samples = list(pool.map(send, items))
-    prompts = items
     seconds = time.time() - start
     after = metrics(url)
     delta = {k: after[k] - before.get(k, 0.0) for k in after}
@@ -98,7 +97,7 @@ def main():
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                          cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     bundle = {"label": args.label, "git": git, "model": model, "set": args.set, "concurrency": args.concurrency,
-              "prompts": len(prompts), "max_tokens": args.max_tokens,
+              "prompts": len(items), "max_tokens": args.max_tokens,
               "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 2),
               "drafts": drafts, "draft_tokens": drafted, "accepted_tokens": accepted,
               "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
