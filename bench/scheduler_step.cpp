@@ -43,8 +43,9 @@ Setup make_setup(int32_t running, int64_t prompt, int64_t steps) {
   s.cache.checkpoint_interval_blocks = 4;
   s.sched.max_num_seqs = running;
   s.sched.max_num_batched_tokens = std::max<int32_t>(running, 8192);
-  s.sched.max_prefill_tokens_per_seq = 2048;
+  s.sched.long_prefill_token_threshold = 2048;
   s.sched.max_partial_prefills = running;
+  s.sched.max_long_partial_prefills = running;
   s.sched.max_model_len = len;
   return s;
 }

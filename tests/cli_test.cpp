@@ -112,6 +112,15 @@ TEST_F(Cli, BadInputGivesAClearErrorAndExitCode2) {
        "--speculative-method eagle3 needs --speculative-model"},
       {"serve --model " + model_dir() + " --tp 2 --decode-context-parallel-size 4",
        "dcp 4 must be 1 or the tensor-parallel size 2"},
+      {"serve --model " + model_dir() + " --shadow-validate-rate 0.01",
+       "--shadow-validate-rate checks the fused decode path against the standard one: it needs --decode-backend "
+       "latency_specialized"},
+      {"serve --model " + model_dir() + " --decode-backend latency_specialized --shadow-validate-rate 2",
+       "--shadow-validate-rate must be in [0, 1], got 2"},
+      {"serve --model " + model_dir() + " --max-num-partial-prefills 2 --max-long-partial-prefills 3",
+       "--max-long-partial-prefills (3) must be <= --max-num-partial-prefills (2)"},
+      {"serve --model " + model_dir() + " --long-prefill-token-threshold 16",
+       "long_prefill_token_threshold (16) must be >= the chunk alignment"},
   };
   std::ofstream(path("bad.jsonl")) << R"({"text": "fine"})"
                                    << "\n"

@@ -44,7 +44,22 @@ int serve_command(std::span<char* const> argv) {
                    ""});
   specs.push_back({"max-model-len", "N", "prompt + completion tokens of one request", "65536"});
   specs.push_back({"max-num-seqs", "N", "requests running at once (KDA state slots)", "64"});
-  specs.push_back({"max-num-batched-tokens", "N", "tokens per engine step", "2048"});
+  specs.push_back({"max-num-batched-tokens", "N",
+                   "tokens per engine step; a prompt alone in its step (no decodes, no other prompt) takes them all",
+                   "2048"});
+  specs.push_back({"max-num-partial-prefills", "N", "prompts advancing in one step", "4"});
+  specs.push_back({"max-long-partial-prefills", "N",
+                   "of them, long prompts (shorter ones pass waiting long ones); at most --max-num-partial-prefills",
+                   "1"});
+  specs.push_back({"long-prefill-token-threshold", "N",
+                   "a prompt with more tokens than this left to prefill is long: beside decodes or other prompts "
+                   "its chunk is at most this (a multiple of the KDA chunk)",
+                   "512"});
+  specs.push_back({"shadow-validate-rate", "R",
+                   "with --decode-backend latency_specialized: this share of the fused decode steps also runs the "
+                   "standard path and compares the logits (k3serve:shadow_* in /metrics; divergences are logged); "
+                   "clients get the fused step's output either way",
+                   "0"});
   specs.push_back({"kv-cache-bytes", "B", "memory for MLA pages, KDA slots and prefix checkpoints", "268435456"});
   specs.push_back({"no-prefix-cache", "", "turn prefix caching off", ""});
   specs.push_back({"http-threads", "N", "connections served at once (streams + idle keep-alives)", "256"});
@@ -86,7 +101,19 @@ int serve_command(std::span<char* const> argv) {
   o.max_model_len = positive("max-model-len", 2, 1 << 24);
   o.max_num_seqs = static_cast<int32_t>(positive("max-num-seqs", 1, 4096));
   o.max_num_batched_tokens = static_cast<int32_t>(positive("max-num-batched-tokens", 1, 1 << 20));
+  o.max_partial_prefills = static_cast<int32_t>(positive("max-num-partial-prefills", 1, 4096));
+  o.max_long_partial_prefills = static_cast<int32_t>(positive("max-long-partial-prefills", 1, 4096));
+  K3_CHECK(o.max_long_partial_prefills <= o.max_partial_prefills,
+           "--max-long-partial-prefills (" + std::to_string(o.max_long_partial_prefills) +
+               ") must be <= --max-num-partial-prefills (" + std::to_string(o.max_partial_prefills) + ")");
+  o.long_prefill_token_threshold = static_cast<int32_t>(positive("long-prefill-token-threshold", 1, 1 << 20));
   o.kv_cache_bytes = positive("kv-cache-bytes", 1, int64_t{1} << 50);
+  o.shadow_validate_rate = args.get_double("shadow-validate-rate");
+  K3_CHECK(o.shadow_validate_rate >= 0 && o.shadow_validate_rate <= 1,
+           "--shadow-validate-rate must be in [0, 1], got " + args.get("shadow-validate-rate"));
+  K3_CHECK(o.shadow_validate_rate == 0 || o.model.decode_backend == model::DecodeBackend::latency_specialized,
+           "--shadow-validate-rate checks the fused decode path against the standard one: it needs "
+           "--decode-backend latency_specialized");
   o.enable_prefix_cache = !args.flag("no-prefix-cache");
   o.tp = parse_tp(args);
   o.model.dcp = static_cast<int>(positive("decode-context-parallel-size", 1, 64));

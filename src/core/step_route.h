@@ -76,6 +76,9 @@ struct StepRoute {
   // not its graph's. Null for the steps whose kernels are chosen per call as they run, from the
   // same tuning tables: eager steps, and the first step of a bucket (it captures the graph).
   std::shared_ptr<const KernelList> kernels;
+  // Shadow validation (engine/shadow_validation.h): a fused step sampled to run the standard path
+  // on the same inputs beside it, for comparison only.
+  bool shadow = false;
 };
 
 // Steps per decode path, and the fused path's fallbacks per reason, counted as steps run (the

@@ -22,6 +22,11 @@ const EngineConfig& validated(const EngineConfig& c, const Executor* ex) {
   K3_CHECK(c.eos_token_id >= -1 && c.eos_token_id < ex->vocab_size(),
            "Engine: eos_token_id " + std::to_string(c.eos_token_id) + " is outside the vocabulary");
   c.speculative.validate();
+  K3_CHECK(c.shadow_validate_rate >= 0 && c.shadow_validate_rate <= 1,
+           "Engine: shadow_validate_rate must be in [0, 1], got " + std::to_string(c.shadow_validate_rate));
+  K3_CHECK(c.shadow_validate_rate == 0 || ex->scope().fused_selected,
+           "Engine: shadow validation checks the fused decode path against the standard one, and this executor runs "
+           "the standard path only (use decode_backend latency_specialized)");
   return c;
 }
 }  // namespace
@@ -34,7 +39,12 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<Executor> executor, s
       drafter_(std::move(drafter)) {
   set_up_speculation();
   // Every step is routed by what the executor runs, asked once the drafter's taps are set.
-  scheduler_.set_execution_scope(executor_->scope());
+  scheduler::ExecutionScope scope = executor_->scope();
+  scope.shadow_validate_rate = config_.shadow_validate_rate;
+  if (config_.shadow_validate_rate > 0 && !scope.fused_problem.empty())
+    log::warn("shadow validation: the fused path serves no step here (" + scope.fused_problem +
+              "), so no step is validated");
+  scheduler_.set_execution_scope(std::move(scope));
 }
 
 void Engine::set_up_speculation() {
@@ -272,6 +282,11 @@ bool Engine::step() {
     exec_s = Seconds(scheduler::Clock::now() - e0).count();
     masks_.wait();
     count_route(plan.route);
+    if (plan.route.shadow) {
+      const ShadowReport* report = executor_->last_shadow();
+      K3_CHECK(report != nullptr, "Engine: the executor ran a shadowed step without its report");
+      count_shadow(*report);
+    }
     K3_CHECK(logits.dtype() == core::DType::f32 && logits.shape().rank() == 2 && logits.dim(0) == plan.num_logit_rows &&
                  logits.dim(1) == vocab_,
              "executor returned logits of the wrong shape");
@@ -342,6 +357,19 @@ void Engine::count_route(const core::StepRoute& route) {
   log::info(route.path == core::DecodePath::fused
                 ? "decode path: latency_specialized (fused) serves a step"
                 : "decode path: standard for a step the fused path does not cover (" + route.fallback + ")");
+}
+
+void Engine::count_shadow(const ShadowReport& r) {
+  if (shadow_.steps == 0)
+    log::info("shadow validation: the standard path runs beside " + std::to_string(config_.shadow_validate_rate) +
+              " of the fused steps");
+  shadow_.add(r);
+  if (!r.diverged()) return;
+  log::warn("shadow validation: the fused path diverged from the standard one in " + std::to_string(r.divergent_rows) +
+            " of " + std::to_string(r.rows) + " rows (" + r.shapes + "; min cosine " + std::to_string(r.min_cosine) +
+            ", max |diff| " + std::to_string(r.max_abs) + " = " + std::to_string(r.max_abs_rel) +
+            " of the largest logit, " + std::to_string(r.top1_disagreements) +
+            " top-1 disagreements); fused kernels: " + r.kernels);
 }
 
 void Engine::propose_drafts() {
@@ -513,6 +541,7 @@ void Engine::publish_stats(double host_s, double exec_s) {
   s.host_seconds = host_seconds_;
   s.executor_seconds = executor_seconds_;
   s.decode_paths = decode_paths_;
+  s.shadow = shadow_;
   // The step just run, if any (an idle or all-preempted step computed nothing): its tokens are
   // what the scheduler's counters grew by since the last publish.
   const int64_t computed = c.prefill_tokens + c.decode_tokens;

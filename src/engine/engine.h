@@ -29,6 +29,7 @@
 
 #include "engine/executor.h"
 #include "engine/prefill_progress.h"
+#include "engine/shadow_validation.h"
 #include "engine/step_masks.h"
 #include "engine/token_stream.h"
 #include "runner/sampler.h"
@@ -83,6 +84,10 @@ struct EngineConfig {
   // drafter (made from this for ngram and synthetic, or given to the constructor) and an
   // executor that supports verify steps.
   spec::SpeculativeConfig speculative;
+  // Shadow validation (engine/shadow_validation.h): this share of the fused steps, in [0, 1], also
+  // runs the standard path on the same inputs and compares the logits. Needs an executor whose
+  // decode backend is latency_specialized.
+  double shadow_validate_rate = 0;
 };
 
 struct EngineStats {
@@ -108,6 +113,7 @@ struct EngineStats {
   // Model steps per decode path (decode_backend latency_specialized: fused or standard) and the
   // fused path's fallbacks by reason.
   core::DecodePathCounters decode_paths;
+  ShadowCounters shadow;  // shadow validation's results (all zero when off)
   // Tokens per model step (prefill + decode rows, recomputation and verified drafts included),
   // by power of two: [i] counts steps of 2^(i-1) < tokens <= 2^i ([0]: one token), the last
   // entry every larger step. The sum over steps is prefill_tokens + decode_tokens. (vLLM's
@@ -181,6 +187,8 @@ class Engine {
   void set_up_speculation();
   // Counts a step that ran on `route` (stats().decode_paths), logging the first of each kind.
   void count_route(const core::StepRoute& route);
+  // Counts a shadow-validated step's report, logging it when it diverged.
+  void count_shadow(const ShadowReport& report);
   void propose_drafts();
   // Samples plan row(s) of sequence i into samples_/sampled_/accepted_ (verify: acceptance).
   void sample_sequence(const StepPlan& plan, size_t i, const float* rows);
@@ -237,6 +245,7 @@ class Engine {
   std::vector<float> masked_rows_;         // a constrained verify sequence's rows, masked
   bool taps_on_ = false;                   // the drafter observes the target's hidden states
   core::DecodePathCounters decode_paths_;  // the routes of the steps that ran
+  ShadowCounters shadow_;
   spec::Verified verified_;
   int64_t aborted_ = 0, failed_ = 0, generated_ = 0;
   double host_seconds_ = 0, executor_seconds_ = 0;

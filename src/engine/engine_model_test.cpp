@@ -83,7 +83,7 @@ class EngineModel : public ::testing::TestWithParam<kernels::Precision> {
     c.cache.enable_prefix_cache = prefix_cache;
     c.scheduler.max_num_seqs = 4;
     c.scheduler.max_num_batched_tokens = 512;
-    c.scheduler.max_prefill_tokens_per_seq = 256;
+    c.scheduler.long_prefill_token_threshold = 256;
     c.scheduler.max_partial_prefills = 4;
     c.scheduler.max_model_len = 256;
     c.eos_token_id = -1;
@@ -177,7 +177,7 @@ TEST_P(EngineModel, PrefixPartlyEvictedUnderPressureRestoresFromAnEarlierKdaChec
   // at 64 and 128 (64-token prefill chunks end there); the pressure request (200 + 8 tokens, 13
   // pages) takes the 11 free pages and evicts a's last 2, and with page 9 the checkpoint at 128.
   EngineConfig c = config(20);
-  c.scheduler.max_prefill_tokens_per_seq = 64;
+  c.scheduler.max_num_batched_tokens = 64;  // alone, a prompt takes the budget: 64-token chunks
   RecordingExecutor* rec = nullptr;
   auto e = make_engine(c, &rec);
   e->submit(greedy(a, 3));

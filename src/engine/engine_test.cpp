@@ -31,7 +31,7 @@ EngineConfig engine_config(int32_t blocks = 64, bool prefix_cache = true) {
   c.cache.enable_prefix_cache = prefix_cache;
   c.scheduler.max_num_seqs = 6;
   c.scheduler.max_num_batched_tokens = 64;
-  c.scheduler.max_prefill_tokens_per_seq = 32;
+  c.scheduler.long_prefill_token_threshold = 32;
   c.scheduler.max_partial_prefills = 2;
   c.scheduler.max_model_len = 160;
   c.eos_token_id = 0;

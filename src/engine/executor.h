@@ -16,6 +16,7 @@ class DeviceSampler;
 namespace k3::engine {
 
 using scheduler::StepPlan;
+struct ShadowReport;  // engine/shadow_validation.h
 
 class Executor {
  public:
@@ -56,6 +57,11 @@ class Executor {
   // (scheduler/step_route.h) and execute() follows the plan's route; the engine asks once, after
   // set_hidden_tap (a tapped step replays a graph that taps too).
   virtual scheduler::ExecutionScope scope() const { return {}; }
+  // Shadow validation: after execute() of a plan whose route has `shadow`, the comparison of its
+  // fused logits with the standard path's on the same inputs (engine/shadow_validation.h); null
+  // after any other step. An executor that cannot run the standard path beside the fused one never
+  // offers a fused path (scope()), so no plan routed by its scope asks for a shadow.
+  virtual const ShadowReport* last_shadow() const { return nullptr; }
 };
 
 }  // namespace k3::engine

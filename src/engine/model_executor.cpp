@@ -2,10 +2,13 @@
 #include "engine/model_executor.h"
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
+#include "engine/shadow_validation.h"
 #include "model/decode_graphs.h"
 #include "model/kv_storage.h"
 #include "model/model.h"
@@ -102,7 +105,50 @@ struct ModelExecutor::State {
   core::Tensor taps_host;                       // host f32 [rows, layers * hidden]
   std::unique_ptr<model::DecodeGraphs> graphs;  // null: every step eager
   std::unique_ptr<runner::DeviceSampler> device_sampler;  // null: logits always come back to the host
+  // Shadow validation: the standard path's inputs (copies of the step's states, so theirs do not
+  // advance) and the last shadowed step's report.
+  std::vector<model::SequenceState> shadow_states;
+  std::vector<model::SequenceInput> shadow_batch;
+  std::optional<ShadowReport> shadow;
 };
+
+namespace {
+using Seconds = std::chrono::duration<double>;
+
+// The standard path on the step's inputs, before the fused step runs them: every sequence in
+// verify mode (its KDA slot keeps its committed state) on a copy of its state (num_tokens does not
+// advance). It writes each sequence's new MLA rows, which the fused step then writes again.
+core::Tensor run_shadow(const model::Model& model, model::KvStorage& storage,
+                        std::span<const model::SequenceInput> batch, std::vector<model::SequenceState>& states,
+                        std::vector<model::SequenceInput>& inputs, model::LogitRows rows) {
+  states.clear();
+  inputs.clear();
+  for (const model::SequenceInput& in : batch) states.push_back(*in.state);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    model::SequenceInput in = batch[i];
+    in.state = &states[i];
+    in.verify = true;
+    inputs.push_back(in);
+  }
+  model::VerifyCapture discarded;
+  return model.forward(storage, inputs, rows, nullptr, &discarded, nullptr, core::LogitsAt::host,
+                       core::DecodePath::standard);
+}
+
+std::string step_shapes(const StepPlan& plan) {
+  int64_t lo = -1, hi = 0;
+  for (const scheduler::ScheduledSequence& q : plan.seqs) {
+    lo = lo < 0 ? q.start : std::min(lo, q.start);
+    hi = std::max(hi, q.start);
+  }
+  std::string s = "step " + std::to_string(plan.step) + ": " + std::to_string(plan.seqs.size()) + " sequences, " +
+                  std::to_string(plan.num_tokens) + " rows (" + std::to_string(plan.num_verifies) +
+                  " verifies), contexts " + std::to_string(lo) + ".." + std::to_string(hi);
+  if (plan.route.graph.captured())
+    s += ", graph " + std::to_string(plan.route.graph.batch) + "x" + std::to_string(plan.route.graph.rows);
+  return s;
+}
+}  // namespace
 
 ModelExecutor::ModelExecutor(const model::Model& model, const cache::CacheConfig& cache, model::KvCacheDtype kv_dtype,
                              int64_t graph_max_model_len)
@@ -121,6 +167,7 @@ ModelExecutor::~ModelExecutor() = default;
 
 int32_t ModelExecutor::vocab_size() const { return s_->model.config().vocab_size; }
 void ModelExecutor::release(scheduler::RequestId id) { s_->states.erase(id); }
+const ShadowReport* ModelExecutor::last_shadow() const { return s_->shadow ? &*s_->shadow : nullptr; }
 const core::Tensor* ModelExecutor::hidden_taps() const { return s_->taps.layers.empty() ? nullptr : &s_->taps_host; }
 runner::DeviceSampler* ModelExecutor::device_sampler() { return s_->device_sampler.get(); }
 scheduler::ExecutionScope ModelExecutor::scope() const { return execution_scope(s_->model, s_->graphs.get()); }
@@ -168,9 +215,43 @@ core::Tensor ModelExecutor::execute(const StepPlan& plan, core::LogitsAt at) {
   K3_CHECK(!route.graph.captured() || s.graphs,
            "ModelExecutor: the plan routes a step to a graph this executor does not capture");
   model::VerifyCapture* capture = plan.num_verifies > 0 ? &s.capture : nullptr;
+  s.shadow.reset();
+  core::Tensor shadow_logits;
+  double shadow_s = 0;
+  if (route.shadow) {
+    K3_CHECK(route.path == core::DecodePath::fused, "ModelExecutor: a shadow is asked for a step off the fused path");
+    const auto t0 = std::chrono::steady_clock::now();
+    shadow_logits = run_shadow(s.model, s.storage, s.batch, s.shadow_states, s.shadow_batch, rows);
+    shadow_s = Seconds(std::chrono::steady_clock::now() - t0).count();
+  }
+  // An eager shadowed step records its kernels (a captured one's are its graph's: the route's).
+  kernels::OpTrace& trace = s.model.ops().trace();
+  const bool trace_kernels = route.shadow && !route.graph.captured();
+  struct TraceOff {  // a step that throws leaves the trace off
+    kernels::OpTrace* trace;
+    ~TraceOff() {
+      if (trace) trace->stop();
+    }
+  } trace_off{trace_kernels ? &trace : nullptr};
+  if (trace_kernels) trace.start();
   core::Tensor logits = route.graph.captured()
                             ? s.graphs->forward(s.batch, route, at, capture, taps)
                             : s.model.forward(s.storage, s.batch, rows, nullptr, capture, taps, at, route.path);
+  if (route.shadow) {
+    core::KernelList kernels;
+    if (trace_kernels) kernels = trace.stop();
+    else if (route.kernels) kernels = *route.kernels;
+    else if (auto captured = s.graphs->kernels()->find(route.path, route.graph)) kernels = *captured;  // captured now
+    const core::Tensor fused = logits.view().device == core::Device::cpu && logits.dtype() == core::DType::f32
+                                   ? logits
+                                   : s.model.memory()->download_f32(logits.view());
+    ShadowReport report = compare_logits(fused, shadow_logits,
+                                         shadow_tolerance(s.model.options().precision == kernels::Precision::fp32));
+    report.seconds = shadow_s;
+    report.shapes = step_shapes(plan);
+    report.kernels = summarize_kernels(kernels);
+    s.shadow = std::move(report);
+  }
   if (taps) {  // host [rows, layers * hidden], row-major, the layers side by side
     const int64_t H = s.model.config().hidden_size, n = static_cast<int64_t>(s.taps.layers.size());
     s.taps_host = core::Tensor::zeros(core::DType::f32, {plan.num_tokens, n * H});

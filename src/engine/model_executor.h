@@ -76,6 +76,7 @@ class ModelExecutor final : public Executor {
   // On a GPU (one rank), plain steps leave their logits on the device for this sampler.
   runner::DeviceSampler* device_sampler() override;
   scheduler::ExecutionScope scope() const override;
+  const ShadowReport* last_shadow() const override;
 
   model::KvStorage& storage();
   size_t num_states() const;

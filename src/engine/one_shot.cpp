@@ -39,7 +39,7 @@ EngineConfig one_sequence(const config::K3Config& model, int64_t len, int64_t pr
   ec.scheduler.max_model_len = len;
   apply_model_defaults(model, ec.scheduler, ec.cache, &ec.eos_token_id);
   const auto whole = static_cast<int32_t>(std::max<int64_t>(prompt_len, ec.scheduler.chunk_align(ec.cache)));
-  ec.scheduler.max_num_batched_tokens = ec.scheduler.max_prefill_tokens_per_seq = whole;
+  ec.scheduler.max_num_batched_tokens = whole;  // alone in its steps: the prompt takes all of it
   ec.scheduler.max_partial_prefills = 1;
   ec.scheduler.validate(ec.cache);
   return ec;

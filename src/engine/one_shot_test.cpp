@@ -140,7 +140,7 @@ class EngineScoring : public OneShot {
     c.cache.enable_prefix_cache = false;
     c.scheduler.max_num_seqs = 2;
     c.scheduler.max_num_batched_tokens = 128;
-    c.scheduler.max_prefill_tokens_per_seq = 64;  // one KDA chunk per step
+    c.scheduler.long_prefill_token_threshold = 64;  // one KDA chunk per step
     c.scheduler.max_model_len = 512;
     apply_model_defaults(runner_->config(), c.scheduler, c.cache, nullptr);
     c.eos_token_id = -1;

@@ -40,6 +40,8 @@ class TpExecutor final : public Executor {
   void set_hidden_tap(std::span<const int32_t> layers) override;
   const core::Tensor* hidden_taps() const override { return ranks_.front()->hidden_taps(); }
   scheduler::ExecutionScope scope() const override { return ranks_.front()->scope(); }  // every rank's is the same
+  // Every rank runs the shadow of a shadowed plan (its collectives too); rank 0's logits are compared.
+  const ShadowReport* last_shadow() const override { return ranks_.front()->last_shadow(); }
 
   int tp() const { return static_cast<int>(ranks_.size()); }
   ModelExecutor& rank(int r) { return *ranks_.at(static_cast<size_t>(r)); }

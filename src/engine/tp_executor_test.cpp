@@ -30,7 +30,7 @@ EngineConfig small_config() {
   c.cache.enable_prefix_cache = true;
   c.scheduler.max_num_seqs = 4;
   c.scheduler.max_num_batched_tokens = 128;  // small: prompts prefill in chunks beside decodes
-  c.scheduler.max_prefill_tokens_per_seq = 64;
+  c.scheduler.long_prefill_token_threshold = 64;
   c.scheduler.max_partial_prefills = 4;
   c.scheduler.max_model_len = 256;
   c.eos_token_id = -1;

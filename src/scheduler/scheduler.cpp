@@ -51,18 +51,38 @@ const Request* Scheduler::find(RequestId id) const {
 
 // ---- schedule ----
 
-int64_t Scheduler::chunk_end(const Request& r, int64_t start, int32_t budget) const {
+bool Scheduler::is_long(const Request& r, int64_t start) const {
+  return r.num_tokens() - start > config_.long_prefill_token_threshold;
+}
+
+int32_t Scheduler::chunk_limit(const Request& r, int64_t start, const PrefillRoom& room) const {
+  if (room.prefills >= config_.max_partial_prefills || room.budget <= 0) return 0;
+  if (!is_long(r, start)) return room.budget;
+  if (room.long_prefills >= config_.max_long_partial_prefills) return 0;
+  return room.contended ? std::min(room.budget, config_.long_prefill_token_threshold) : room.budget;
+}
+
+void Scheduler::take(PrefillRoom& room, const Request& r, int64_t start, int64_t end) const {
+  room.budget -= static_cast<int32_t>(end - start);
+  ++room.prefills;
+  if (is_long(r, start)) ++room.long_prefills;
+}
+
+int64_t Scheduler::chunk_end(const Request& r, int64_t start, int32_t limit) const {
   const int64_t total = r.num_tokens();
   const int64_t align = config_.chunk_align(cache_.config());
-  int64_t end = start + std::min<int64_t>({total - start, budget, config_.max_prefill_tokens_per_seq});
+  int64_t end = start + std::min<int64_t>(total - start, limit);
   if (end < total) end = end / align * align;  // an unfinished chunk ends on an alignment boundary
   if (cache_.config().enable_prefix_cache) {
     // ... and at the last checkpoint boundary it reaches, where its checkpoint is taken (the state
     // is copied after the step). Boundaries it passes on the way keep no checkpoint: prefix hits
     // find the deepest one (KvCacheManager::find_prefix), and cutting every chunk at the first
-    // boundary would make a long prompt take one step per interval (64 tokens for K3).
+    // boundary would make a long prompt take one step per interval (64 tokens for K3). A chunk
+    // that finishes the known tokens stops at the last boundary BELOW their end: a hit must leave
+    // a token to compute, so a checkpoint at the very end would not serve the same prompt sent
+    // again (and a prompt alone in its steps may finish in one chunk).
     const int64_t every = cache_.config().checkpoint_interval_tokens();
-    const int64_t boundary = end / every * every;
+    const int64_t boundary = std::min(end, total - 1) / every * every;
     if (boundary > start) end = boundary;
   }
   return std::max(end, start);
@@ -147,12 +167,18 @@ void Scheduler::emit(Request& r, int64_t start, int64_t end, SlotInit init, int3
   }
 }
 
-void Scheduler::admit(StepPlan& out, int32_t& budget, int32_t& prefills) {
-  while (!waiting_.empty() && num_running() < config_.max_num_seqs && prefills < config_.max_partial_prefills &&
-         budget > 0) {
-    Request& r = *waiting_.front();
+void Scheduler::admit(StepPlan& out, PrefillRoom& room) {
+  for (size_t i = 0; i < waiting_.size() && num_running() < config_.max_num_seqs &&
+                     room.prefills < config_.max_partial_prefills && room.budget > 0;) {
+    Request& r = *waiting_[i];
     const cache::PrefixHit hit = cache_.find_prefix(r.tokens(), r.block_hashes());
-    const int64_t start = hit.num_tokens, end = chunk_end(r, start, budget);
+    const int64_t start = hit.num_tokens;
+    const int32_t limit = chunk_limit(r, start, room);
+    if (limit <= 0) {  // long, and the long places are taken: shorter prompts behind it pass
+      ++i;
+      continue;
+    }
+    const int64_t end = chunk_end(r, start, limit);
     if (end <= start) break;
     auto seq = cache_.open(hit);
     if (!seq) break;
@@ -163,7 +189,7 @@ void Scheduler::admit(StepPlan& out, int32_t& budget, int32_t& prefills) {
       break;
     }
     K3_CHECK(cache_.reserve(*seq, end), "scheduler: reserve failed after the availability check");
-    waiting_.pop_front();
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
     running_.push_back(&r);
     auto to_prefilling = [&](auto&&) {
       Prefilling p;
@@ -181,8 +207,7 @@ void Scheduler::admit(StepPlan& out, int32_t& budget, int32_t& prefills) {
       r.transition<Preempted>(to_prefilling);
     }
     emit(r, start, end, hit.num_tokens > 0 ? SlotInit::restore : SlotInit::reset, hit.checkpoint, out);
-    budget -= static_cast<int32_t>(end - start);
-    ++prefills;
+    take(room, r, start, end);
   }
 }
 
@@ -253,23 +278,27 @@ void Scheduler::schedule(StepPlan& out) {
   for (Request* r : running_) r->drafts.clear();  // drafts never outlive the step they were made for
 
   // 2. Running prefills, admission order.
-  int32_t prefills = 0;
   candidates.clear();
   for (Request* r : running_)
     if (r->is<Prefilling>()) candidates.push_back(r);
+  PrefillRoom room;
+  room.budget = budget;
+  const size_t admissible = num_running() < config_.max_num_seqs ? waiting_.size() : 0;
+  room.contended = out.num_decodes > 0 || candidates.size() + admissible > 1;
   for (Request* r : candidates) {
-    if (prefills >= config_.max_partial_prefills || budget <= 0) break;
-    if (!r->is<Prefilling>()) continue;
-    const int64_t start = r->running()->num_computed, end = chunk_end(*r, start, budget);
+    if (!r->is<Prefilling>()) continue;  // preempted by an earlier one
+    const int64_t start = r->running()->num_computed;
+    const int32_t limit = chunk_limit(*r, start, room);
+    if (limit <= 0) continue;
+    const int64_t end = chunk_end(*r, start, limit);
     if (end <= start) continue;
     if (!reserve_or_preempt(*r, end, out)) continue;
     emit(*r, start, end, SlotInit::keep, -1, out);
-    budget -= static_cast<int32_t>(end - start);
-    ++prefills;
+    take(room, *r, start, end);
   }
 
   // 3. Admission.
-  admit(out, budget, prefills);
+  admit(out, room);
   in_flight_ = !out.empty();
   out.route = route_step(out, scope_);
 }

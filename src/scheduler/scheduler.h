@@ -6,8 +6,11 @@
 //   2. prefills  running Prefilling requests get a chunk, in admission order
 //   3. admission waiting requests (preempted ones first) take a slot, their prefix hit and a
 //                first chunk, while slots, budget, partial-prefill count and pages allow
-// A chunk is at most max_prefill_tokens_per_seq and what is left of max_num_batched_tokens;
-// when it does not finish the known tokens it ends on a multiple of chunk_align_tokens, and
+// A chunk is at most what is left of max_num_batched_tokens; a long prompt (more than
+// long_prefill_token_threshold tokens left) takes all of it only when alone in the step (no
+// decode rows, no other prompt that could advance), else at most the threshold, and at most
+// max_long_partial_prefills long prompts advance per step (shorter ones pass them in the queue).
+// When a chunk does not finish the known tokens it ends on a multiple of chunk_align_tokens, and
 // with the prefix cache on at the last KDA checkpoint boundary it reaches (when it reaches one),
 // where a checkpoint is taken (the state is copied after the step, so the step must end there).
 // When pages run out, the latest admitted request not yet scheduled this step is preempted
@@ -101,14 +104,25 @@ class Scheduler {
   std::string check() const;
 
  private:
-  int64_t chunk_end(const Request& r, int64_t start, int32_t budget) const;
+  // What is left of a step for prompts (phases 2 and 3).
+  struct PrefillRoom {
+    int32_t budget = 0;         // tokens
+    int32_t prefills = 0;       // prompts advancing
+    int32_t long_prefills = 0;  // of them, long ones
+    bool contended = false;     // decode rows in the step, or another prompt that could advance
+  };
+  bool is_long(const Request& r, int64_t start) const;
+  // The most tokens r's chunk from `start` may take this step (0: it does not advance).
+  int32_t chunk_limit(const Request& r, int64_t start, const PrefillRoom& room) const;
+  void take(PrefillRoom& room, const Request& r, int64_t start, int64_t end) const;
+  int64_t chunk_end(const Request& r, int64_t start, int32_t limit) const;
   bool reserve_or_preempt(Request& r, int64_t num_tokens, StepPlan& out);
   void preempt(Request& r, StepPlan& out);
   void emit(Request& r, int64_t start, int64_t end, SlotInit init, int32_t restore, StepPlan& out,
             std::span<const int32_t> drafts = {});
   int32_t drafts_that_fit(const Request& r, int32_t budget) const;
   void finish(Request& r, FinishReason reason, int32_t token, std::vector<RequestEvent>& events);
-  void admit(StepPlan& out, int32_t& budget, int32_t& prefills);
+  void admit(StepPlan& out, PrefillRoom& room);
 
   SchedulerConfig config_;
   cache::KvCacheManager cache_;

@@ -153,7 +153,7 @@ SimConfig base_config(int32_t block_size, int32_t interval, int32_t num_blocks) 
   c.cache.checkpoint_interval_blocks = interval;
   c.sched.max_num_seqs = 8;
   c.sched.max_num_batched_tokens = 96;
-  c.sched.max_prefill_tokens_per_seq = 48;
+  c.sched.long_prefill_token_threshold = 48;
   c.sched.max_partial_prefills = 3;
   c.sched.max_model_len = 224;
   return c;
@@ -189,7 +189,7 @@ TEST_P(SchedulerSim, InvariantsHoldAndOutputsMatchAcrossConfigs) {
 
   SimConfig other = roomy;
   other.sched.max_num_batched_tokens = 40;
-  other.sched.max_prefill_tokens_per_seq = 2 * p.block_size;
+  other.sched.long_prefill_token_threshold = 2 * p.block_size;
   other.sched.max_partial_prefills = 1;
   other.cache.checkpoint_interval_blocks = p.interval + 1;
   const SimResult reshaped = simulate(w, other);

@@ -28,7 +28,7 @@ SchedulerConfig sched_config(int32_t budget = 64) {
   SchedulerConfig s;
   s.max_num_seqs = 8;
   s.max_num_batched_tokens = budget;
-  s.max_prefill_tokens_per_seq = 48;
+  s.long_prefill_token_threshold = 48;
   s.max_partial_prefills = 2;
   s.max_model_len = 256;
   return s;

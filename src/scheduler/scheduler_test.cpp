@@ -1,5 +1,6 @@
 // scheduler/scheduler_test.cpp: one behaviour per test: chunk cutting (page and checkpoint
-// boundaries, per-request cap, budget), decodes first, partial-prefill limit, prefix hits
+// boundaries, budget), chunked prefill (a lone prompt takes the budget, long prompts capped
+// beside others, the long-prefill limit), decodes first, partial-prefill limit, prefix hits
 // restoring a checkpoint, finish reasons, abort in every state, preemption order and
 // recompute, failed steps, validation messages, and the lifecycle's legal transitions.
 #include "scheduler/scheduler.h"
@@ -37,7 +38,7 @@ SchedulerConfig sched_config() {
   SchedulerConfig s;
   s.max_num_seqs = 8;
   s.max_num_batched_tokens = 64;
-  s.max_prefill_tokens_per_seq = 48;
+  s.long_prefill_token_threshold = 48;
   s.max_partial_prefills = 2;
   s.max_model_len = 512;
   return s;
@@ -82,7 +83,7 @@ struct Harness {
 
 TEST(Scheduler, ChunksEndOnCheckpointBoundariesAndSaveThere) {
   SchedulerConfig s = sched_config();
-  s.max_prefill_tokens_per_seq = 48;
+  s.max_num_batched_tokens = 48;  // alone, the prompt takes the whole budget
   Harness h(s);
   h.sched.add(1, spec(100, 3));
   std::vector<std::pair<int64_t, int32_t>> chunks;  // (start, n)
@@ -93,18 +94,21 @@ TEST(Scheduler, ChunksEndOnCheckpointBoundariesAndSaveThere) {
     chunks.emplace_back(h.out.seqs[0].start, h.out.seqs[0].num_tokens);
     saved.push_back(h.out.seqs[0].save_checkpoint >= 0);
   }
-  // Cap 48 but a checkpoint is due every 32 tokens: 32-token chunks, then the 4-token tail.
+  // Budget 48 but a checkpoint is due every 32 tokens: 32-token chunks, then the 4-token tail.
   EXPECT_EQ(chunks, (std::vector<std::pair<int64_t, int32_t>>{{0, 32}, {32, 32}, {64, 32}, {96, 4}}));
   EXPECT_EQ(saved, (std::vector<bool>{true, true, true, false}));
   EXPECT_EQ(h.out.seqs[0].sample, true);
   EXPECT_EQ(h.kv.saves(), 3);
 }
 
-// Checkpoints due more often than the cap: a chunk runs to its cap and ends at the LAST boundary
-// it reaches (one step per cap, not one per interval; K3 checkpoints every 64 tokens), saving
-// there; the boundaries it passes keep none, and a later prompt hits the deepest saved one.
+// Checkpoints due more often than the budget: a chunk runs to its budget and ends at the LAST
+// boundary it reaches (one step per budget, not one per interval; K3 checkpoints every 64
+// tokens), saving there; the boundaries it passes keep none, and a later prompt hits the deepest
+// saved one.
 TEST(Scheduler, ChunksRunToTheLastCheckpointBoundaryTheyReach) {
-  Harness h(sched_config(), cache_config(64, /*interval=*/1));  // boundaries every 16 tokens
+  SchedulerConfig config = sched_config();
+  config.max_num_batched_tokens = 48;
+  Harness h(config, cache_config(64, /*interval=*/1));  // boundaries every 16 tokens
   h.sched.add(1, spec(100, 1));
   std::vector<std::pair<int64_t, int32_t>> chunks;
   std::vector<bool> saved;
@@ -114,7 +118,7 @@ TEST(Scheduler, ChunksRunToTheLastCheckpointBoundaryTheyReach) {
     chunks.emplace_back(h.out.seqs[0].start, h.out.seqs[0].num_tokens);
     saved.push_back(h.out.seqs[0].save_checkpoint >= 0);
   }
-  // Cap 48 (a multiple of 16): 48-token chunks, then 96 -> 100 (the tail after the last boundary).
+  // Budget 48 (a multiple of 16): 48-token chunks, then 96 -> 100 (the tail after the last boundary).
   EXPECT_EQ(chunks, (std::vector<std::pair<int64_t, int32_t>>{{0, 48}, {48, 48}, {96, 4}}));
   EXPECT_EQ(saved, (std::vector<bool>{true, true, false}));
   EXPECT_EQ(h.kv.saves(), 2);
@@ -128,11 +132,11 @@ TEST(Scheduler, ChunksRunToTheLastCheckpointBoundaryTheyReach) {
   EXPECT_GE(s->restore_checkpoint, 0);
 }
 
-TEST(Scheduler, WithoutPrefixCacheChunksFollowCapAndPageBoundaries) {
+TEST(Scheduler, WithoutPrefixCacheChunksFollowBudgetAndPageBoundaries) {
   cache::CacheConfig c = cache_config();
   c.enable_prefix_cache = false;
   SchedulerConfig s = sched_config();
-  s.max_prefill_tokens_per_seq = 40;  // not a page multiple: cut back to 32
+  s.max_num_batched_tokens = 40;  // not a page multiple: cut back to 32
   Harness h(s, c);
   h.sched.add(1, spec(90, 2));
   h.step();
@@ -154,8 +158,9 @@ TEST(Scheduler, DecodesFirstAndLongPromptsShareTheBudget) {
   cache::CacheConfig c = cache_config(128, 64);  // checkpoints rare: chunks follow the cap
   SchedulerConfig s = sched_config();
   s.max_num_batched_tokens = 64;
-  s.max_prefill_tokens_per_seq = 32;
+  s.long_prefill_token_threshold = 32;
   s.max_partial_prefills = 2;
+  s.max_long_partial_prefills = 2;
   Harness h(s, c);
   for (RequestId id = 1; id <= 3; ++id) h.sched.add(id, spec(5, 50, static_cast<int32_t>(id)));
   h.step();  // three short prompts in one step? partial-prefill limit 2: two of them
@@ -177,6 +182,116 @@ TEST(Scheduler, DecodesFirstAndLongPromptsShareTheBudget) {
     for (const auto& q : h.out.seqs) EXPECT_LE(q.num_tokens, 32);
   }
   EXPECT_EQ(h.seq_of(12), nullptr);  // the third long prompt waits for a partial-prefill place
+}
+
+// Chunked prefill: budget 256, threshold 32, checkpoints rare. (start, tokens) of request `id` in
+// the step just run, or (-1, 0) when it did not advance.
+struct ChunkedPrefill : Harness {
+  static SchedulerConfig config(int32_t long_places) {
+    SchedulerConfig s = sched_config();
+    s.max_num_batched_tokens = 256;
+    s.long_prefill_token_threshold = 32;
+    s.max_partial_prefills = 4;
+    s.max_long_partial_prefills = long_places;
+    return s;
+  }
+  explicit ChunkedPrefill(int32_t long_places = 1) : Harness(config(long_places), cache_config(128, 64)) {}
+  std::pair<int64_t, int32_t> chunk(RequestId id) const {
+    const ScheduledSequence* s = seq_of(id);
+    return s ? std::pair<int64_t, int32_t>{s->start, s->num_tokens} : std::pair<int64_t, int32_t>{-1, 0};
+  }
+};
+
+TEST(Scheduler, ALoneLongPromptTakesTheWholeBudget) {
+  ChunkedPrefill h;
+  h.sched.add(1, spec(300, 2));
+  h.step();
+  EXPECT_EQ(h.chunk(1), (std::pair<int64_t, int32_t>{0, 256}));  // not 32: nothing else wants the step
+  h.step();
+  EXPECT_EQ(h.chunk(1), (std::pair<int64_t, int32_t>{256, 44}));
+  EXPECT_TRUE(h.out.seqs[0].sample);
+}
+
+// A prompt that ends on a checkpoint boundary, alone in its steps: its last chunk stops one
+// interval short, so the same prompt sent again restores a checkpoint (a hit leaves one token).
+TEST(Scheduler, AWholePromptChunkStopsAtTheLastBoundaryBelowItsEnd) {
+  SchedulerConfig s = sched_config();
+  Harness h(s, cache_config(64, /*interval=*/2));  // boundaries every 32 tokens, budget 64
+  h.sched.add(1, spec(64, 1));
+  h.step();
+  EXPECT_EQ(h.out.seqs[0].num_tokens, 32);  // [0, 32), not [0, 64): a checkpoint at 32
+  h.step();
+  EXPECT_EQ(h.out.seqs[0].num_tokens, 32);
+  ASSERT_EQ(h.sched.find(1), nullptr);
+  h.sched.add(2, spec(64, 1));
+  h.step();
+  EXPECT_EQ(h.out.seqs[0].start, 32);
+  EXPECT_GE(h.out.seqs[0].restore_checkpoint, 0);
+}
+
+TEST(Scheduler, BesideDecodesALongPromptTakesAtMostTheThreshold) {
+  ChunkedPrefill h;
+  h.sched.add(1, spec(10, 6));
+  h.step();  // request 1 prefills, then decodes
+  h.sched.add(2, spec(200, 1, 2));
+  std::vector<std::pair<int64_t, int32_t>> chunks;
+  while (h.sched.find(1) && h.sched.has_work()) {
+    h.step();
+    if (h.chunk(2).first >= 0) chunks.push_back(h.chunk(2));
+    if (h.seq_of(2)) EXPECT_NE(h.seq_of(1), nullptr);  // request 1 decodes in every step
+  }
+  // Five steps beside request 1's decodes: 32 tokens each.
+  ASSERT_EQ(chunks.size(), 5u);
+  for (const auto& c : chunks) EXPECT_EQ(c.second, 32);
+  h.step();  // request 1 is done: request 2 is alone and takes the rest at once
+  EXPECT_EQ(h.chunk(2), (std::pair<int64_t, int32_t>{160, 40}));
+}
+
+TEST(Scheduler, ALongPromptIsCappedBesideAnotherPrompt) {
+  ChunkedPrefill h;
+  h.sched.add(1, spec(300, 1));
+  h.sched.add(2, spec(20, 1, 2));  // short: done in one chunk
+  h.step();
+  EXPECT_EQ(h.chunk(1), (std::pair<int64_t, int32_t>{0, 32}));
+  EXPECT_EQ(h.chunk(2), (std::pair<int64_t, int32_t>{0, 20}));
+  h.step();  // request 2 finished (max_tokens 1): request 1 is alone
+  EXPECT_EQ(h.chunk(1), (std::pair<int64_t, int32_t>{32, 256}));
+}
+
+TEST(Scheduler, ShortPromptsPassAWaitingLongOne) {
+  ChunkedPrefill h;  // one long place
+  h.sched.add(1, spec(300, 1, 1));
+  h.sched.add(2, spec(300, 1, 2));  // long: waits for the long place
+  h.sched.add(3, spec(20, 1, 3));   // short: passes request 2
+  h.step();
+  EXPECT_EQ(h.chunk(1).second, 32);
+  EXPECT_EQ(h.chunk(2).first, -1);
+  EXPECT_EQ(h.chunk(3).second, 20);
+  EXPECT_EQ(h.out.num_prefills, 2);
+  // Request 1 stays long while more than 32 tokens are left: [32, 288) in 8 steps of 32.
+  for (int i = 0; i < 8; ++i) {
+    h.step();
+    EXPECT_EQ(h.chunk(1), (std::pair<int64_t, int32_t>{32 + 32 * i, 32}));
+    EXPECT_EQ(h.chunk(2).first, -1) << "request 2 advanced while request 1's prompt held the long place";
+  }
+  h.step();  // 12 tokens left: request 1 is short now, and request 2 takes the long place
+  EXPECT_EQ(h.chunk(1), (std::pair<int64_t, int32_t>{288, 12}));
+  EXPECT_EQ(h.chunk(2), (std::pair<int64_t, int32_t>{0, 32}));
+  ASSERT_EQ(h.sched.find(1), nullptr);
+  while (h.sched.has_work()) h.step();
+  std::vector<RequestId> order;
+  for (const auto& e : h.events) order.push_back(e.id);
+  EXPECT_EQ(order, (std::vector<RequestId>{3, 1, 2}));
+}
+
+TEST(Scheduler, LongPlacesLetThatManyLongPromptsAdvanceTogether) {
+  ChunkedPrefill h(/*long_places=*/2);
+  for (RequestId id = 1; id <= 3; ++id) h.sched.add(id, spec(300, 1, static_cast<int32_t>(id)));
+  h.step();
+  EXPECT_EQ(h.chunk(1).second, 32);
+  EXPECT_EQ(h.chunk(2).second, 32);
+  EXPECT_EQ(h.chunk(3).first, -1);
+  EXPECT_EQ(h.out.num_prefills, 2);
 }
 
 TEST(Scheduler, PrefixHitRestoresTheCheckpointAndSkipsCachedTokens) {
@@ -355,7 +470,19 @@ TEST(Scheduler, RejectsBadRequestsAndConfigsWithClearMessages) {
   bad.max_num_seqs = 9;  // 8 slots
   EXPECT_THROW(Scheduler(bad, cache_config()), core::Error);
   bad = sched_config();
-  bad.max_prefill_tokens_per_seq = 8;  // < block_size
+  bad.long_prefill_token_threshold = 8;  // < block_size
+  EXPECT_THROW(Scheduler(bad, cache_config()), core::Error);
+  bad = sched_config();
+  bad.max_long_partial_prefills = 3;  // > max_partial_prefills (2)
+  try {
+    Scheduler(bad, cache_config());
+    ADD_FAILURE() << "max_long_partial_prefills > max_partial_prefills was accepted";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_long_partial_prefills must be in [1, max_partial_prefills = 2], got 3"),
+              std::string::npos)
+        << e.what();
+  }
+  bad.max_long_partial_prefills = 0;
   EXPECT_THROW(Scheduler(bad, cache_config()), core::Error);
   bad = sched_config();
   bad.max_model_len = 64 * 16 + 1;  // one request would not fit in 64 pages

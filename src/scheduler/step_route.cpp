@@ -7,6 +7,16 @@ namespace k3::scheduler {
 
 std::string too_many_rows(int64_t fused_max_rows) { return "more_than_" + std::to_string(fused_max_rows) + "_rows"; }
 
+bool shadow_sampled(uint64_t step, double rate) {
+  if (rate <= 0) return false;
+  if (rate >= 1) return true;
+  uint64_t z = step + 0x9E3779B97F4A7C15ull;  // splitmix64: consecutive steps spread evenly
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53 < rate;
+}
+
 namespace {
 // The captured-graph bucket of a pure-decode step, or none: every sequence plain with one row, or
 // every one a verify of the same R >= 2 rows.
@@ -34,6 +44,7 @@ StepRoute route_step(const StepPlan& plan, const ExecutionScope& scope) {
     else if (plan.num_tokens > scope.fused_max_rows) route.fallback = too_many_rows(scope.fused_max_rows);
     else route.path = DecodePath::fused;
   }
+  route.shadow = route.path == DecodePath::fused && shadow_sampled(plan.step, scope.shadow_validate_rate);
   if (route.graph.captured() && scope.graph_kernels) route.kernels = scope.graph_kernels->find(route.path, route.graph);
   return route;
 }

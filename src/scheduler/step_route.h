@@ -36,7 +36,15 @@ struct ExecutionScope {
   // The kernels of the graphs captured so far (the executor's, updated as it captures; null: none):
   // a step routed to a captured bucket carries its graph's list (StepRoute::kernels).
   std::shared_ptr<const core::GraphKernels> graph_kernels;
+  // Shadow validation (engine/shadow_validation.h): this share of the fused steps also runs the
+  // standard path (0: none, 1: every one).
+  double shadow_validate_rate = 0;
 };
+
+// Whether step number `step` is in the sampled share `rate` of steps: a fixed hash of the step
+// number against the rate, so a run is reproducible and every TP rank, planning the same step,
+// agrees.
+bool shadow_sampled(uint64_t step, double rate);
 
 // Fallback reasons of the routing itself (metric labels: short and fixed).
 inline constexpr const char* kNotPureDecode = "prefill_or_mixed_step";

@@ -154,7 +154,7 @@ TEST(StepRoute, TheSchedulerRoutesEveryPlan) {
   SchedulerConfig sc;
   sc.max_num_seqs = 2;
   sc.max_num_batched_tokens = 32;
-  sc.max_prefill_tokens_per_seq = 32;
+  sc.long_prefill_token_threshold = 32;
   sc.max_model_len = 32;
   sc.validate(cc);
   Scheduler sched(sc, cc);

@@ -300,6 +300,31 @@ std::string Metrics::render(const engine::EngineStats& s) const {
   for (const auto& [reason, n] : s.decode_paths.fallbacks)
     sample(out, "k3serve:decode_fallbacks_total", labels_ + ",reason=\"" + prometheus_label_value(reason) + "\"",
            static_cast<double>(n));
+  // Shadow validation (--shadow-validate-rate): the fused steps that also ran the standard path.
+  const engine::ShadowCounters& sh = s.shadow;
+  family(out, "k3serve:shadow_steps_total", "counter",
+         "Fused decode steps that also ran the standard path for comparison (--shadow-validate-rate).");
+  sample(out, "k3serve:shadow_steps_total", labels_, static_cast<double>(sh.steps));
+  family(out, "k3serve:shadow_divergent_steps_total", "counter",
+         "Shadow-validated steps with a logits row outside the bf16 tolerance (logged with shapes and kernels).");
+  sample(out, "k3serve:shadow_divergent_steps_total", labels_, static_cast<double>(sh.divergent_steps));
+  family(out, "k3serve:shadow_rows_total", "counter", "Logits rows compared by shadow validation.");
+  sample(out, "k3serve:shadow_rows_total", labels_, static_cast<double>(sh.rows));
+  family(out, "k3serve:shadow_divergent_rows_total", "counter", "Compared rows outside the tolerance.");
+  sample(out, "k3serve:shadow_divergent_rows_total", labels_, static_cast<double>(sh.divergent_rows));
+  family(out, "k3serve:shadow_top1_disagreements_total", "counter",
+         "Compared rows whose top-1 token differs between the paths (near ties included).");
+  sample(out, "k3serve:shadow_top1_disagreements_total", labels_, static_cast<double>(sh.top1_disagreements));
+  family(out, "k3serve:shadow_min_cosine", "gauge", "The lowest logits cosine of any compared row (1: none compared).");
+  sample(out, "k3serve:shadow_min_cosine", labels_, sh.min_cosine);
+  family(out, "k3serve:shadow_max_abs_rel", "gauge",
+         "The largest |fused - standard| logit difference over its row's largest |logit|, over the compared rows.");
+  sample(out, "k3serve:shadow_max_abs_rel", labels_, sh.max_abs_rel);
+  family(out, "k3serve:shadow_seconds_total", "counter",
+         "Time the shadow steps took; their cost is this over k3serve:model_step_seconds_total.");
+  sample(out, "k3serve:shadow_seconds_total", labels_, sh.seconds);
+  family(out, "k3serve:model_step_seconds_total", "counter", "Time in model steps (shadow steps included).");
+  sample(out, "k3serve:model_step_seconds_total", labels_, s.executor_seconds);
   {
     std::lock_guard lock(mu_);
     family(out, "vllm:request_success_total", "counter", "Count of finished requests, by finish reason.");

@@ -184,6 +184,34 @@ TEST(Metrics, DecodePathCountersNameThePathAndTheFallbackReason) {
   EXPECT_TRUE(has_line(page, "k3serve:decode_fallbacks_total" + l + ",reason=\"more_than_64_rows\"} 1.0"));
 }
 
+// --shadow-validate-rate: the shadow steps' comparisons and their cost.
+TEST(Metrics, ShadowValidationCountersAndTheirCost) {
+  Metrics m = make_metrics();
+  engine::EngineStats s;
+  s.shadow.steps = 7;
+  s.shadow.divergent_steps = 1;
+  s.shadow.rows = 21;
+  s.shadow.divergent_rows = 2;
+  s.shadow.top1_disagreements = 3;
+  s.shadow.min_cosine = 0.5;
+  s.shadow.max_abs_rel = 0.25;
+  s.shadow.seconds = 0.75;
+  s.executor_seconds = 12.5;
+  const std::string page = m.render(s);
+  const std::string l = "{engine=\"0\",model_name=\"k3-tiny\"}";
+  EXPECT_TRUE(has_line(page, "# TYPE k3serve:shadow_steps_total counter"));
+  EXPECT_TRUE(has_line(page, "k3serve:shadow_steps_total" + l + " 7.0"));
+  EXPECT_TRUE(has_line(page, "k3serve:shadow_divergent_steps_total" + l + " 1.0"));
+  EXPECT_TRUE(has_line(page, "k3serve:shadow_rows_total" + l + " 21.0"));
+  EXPECT_TRUE(has_line(page, "k3serve:shadow_divergent_rows_total" + l + " 2.0"));
+  EXPECT_TRUE(has_line(page, "k3serve:shadow_top1_disagreements_total" + l + " 3.0"));
+  EXPECT_TRUE(has_line(page, "# TYPE k3serve:shadow_min_cosine gauge"));
+  EXPECT_TRUE(has_line(page, "k3serve:shadow_min_cosine" + l + " 0.5"));
+  EXPECT_TRUE(has_line(page, "k3serve:shadow_max_abs_rel" + l + " 0.25"));
+  EXPECT_TRUE(has_line(page, "k3serve:shadow_seconds_total" + l + " 0.75"));
+  EXPECT_TRUE(has_line(page, "k3serve:model_step_seconds_total" + l + " 12.5"));
+}
+
 // Every metric vLLM's published Grafana dashboard queries (and the loggers.py ones listed with
 // them) is on the page under vLLM's name and type after one finished request, with samples
 // carrying model_name, the label every dashboard query selects on.
@@ -399,7 +427,7 @@ TEST(Metrics, GenerationReportsEachChoiceAndEachPromptFromTheEngine) {
   c.cache.checkpoint_interval_blocks = 2;
   c.scheduler.max_num_seqs = 6;
   c.scheduler.max_num_batched_tokens = 64;
-  c.scheduler.max_prefill_tokens_per_seq = 32;
+  c.scheduler.long_prefill_token_threshold = 32;
   c.scheduler.max_partial_prefills = 2;
   c.scheduler.max_model_len = 160;
   c.eos_token_id = 0;

@@ -36,6 +36,9 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
   engine::EngineConfig ec;
   ec.scheduler.max_num_seqs = o.max_num_seqs;
   ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
+  ec.scheduler.max_partial_prefills = o.max_partial_prefills;
+  ec.scheduler.max_long_partial_prefills = o.max_long_partial_prefills;
+  ec.scheduler.long_prefill_token_threshold = o.long_prefill_token_threshold;
   ec.scheduler.max_model_len = o.max_model_len;
   cache::CacheConfig base;
   // Decode context parallelism: a scheduler block is o.block_size tokens on each of dcp ranks, so
@@ -53,6 +56,7 @@ std::unique_ptr<ServingModel> ServingModel::load(const ServingOptions& o) {
   // eos: the config's eos_token_id (K3's and k3-tiny's name "<|end_of_msg|>").
   engine::apply_model_defaults(config, ec.scheduler, ec.cache, &ec.eos_token_id);
   ec.speculative = o.speculative;
+  ec.shadow_validate_rate = o.shadow_validate_rate;
   std::unique_ptr<engine::Executor> executor;
   if (s->runner_)
     executor = std::make_unique<engine::ModelExecutor>(s->runner_->model(), ec.cache, o.kv_cache,

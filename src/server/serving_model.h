@@ -15,6 +15,7 @@
 #include "model/weights.h"
 #include "runner/model_runner.h"
 #include "runner/tp_runner.h"
+#include "scheduler/scheduler_config.h"
 #include "tokenizer/tokenizer.h"
 
 namespace k3::server {
@@ -26,11 +27,16 @@ struct ServingOptions {
   int64_t max_model_len = 65536;  // prompt + completion tokens of one request
   int32_t max_num_seqs = 64;      // requests running at once (= KDA state slots)
   int32_t max_num_batched_tokens = 2048;
+  // Chunked prefill (scheduler/scheduler_config.h says what each does).
+  int32_t max_partial_prefills = scheduler::SchedulerConfig{}.max_partial_prefills;
+  int32_t max_long_partial_prefills = scheduler::SchedulerConfig{}.max_long_partial_prefills;
+  int32_t long_prefill_token_threshold = scheduler::SchedulerConfig{}.long_prefill_token_threshold;
   int32_t block_size = 16;               // tokens per MLA page (a scheduler block: block_size * model.dcp tokens)
   int64_t kv_cache_bytes = 256ll << 20;  // MLA pages + KDA slots + prefix checkpoints
   bool enable_prefix_cache = true;
   int tp = 1;  // tensor-parallel ranks (runner::TpRunner; with model.device cuda: GPUs 0..tp-1)
   spec::SpeculativeConfig speculative;
+  double shadow_validate_rate = 0;           // engine::EngineConfig::shadow_validate_rate
   std::filesystem::path draft_model_dir;     // speculative.method dspark: the draft checkpoint folder
   checkpoint::LoadProgressFn load_progress;  // optional: sees the weights being read in
 };

@@ -123,7 +123,7 @@ class EngineSpec : public ::testing::TestWithParam<kernels::Precision> {
     c.cache.enable_prefix_cache = true;
     c.scheduler.max_num_seqs = slots;
     c.scheduler.max_num_batched_tokens = 512;
-    c.scheduler.max_prefill_tokens_per_seq = 256;
+    c.scheduler.long_prefill_token_threshold = 256;
     c.scheduler.max_partial_prefills = 4;
     c.scheduler.max_model_len = 256;
     c.scheduler.chunk_align_tokens = 64;

@@ -34,7 +34,7 @@ engine::EngineConfig engine_config() {
   c.cache.enable_prefix_cache = true;
   c.scheduler.max_num_seqs = 4;
   c.scheduler.max_num_batched_tokens = 256;
-  c.scheduler.max_prefill_tokens_per_seq = 128;
+  c.scheduler.long_prefill_token_threshold = 128;
   c.scheduler.max_partial_prefills = 4;
   c.scheduler.max_model_len = 400;
   c.scheduler.chunk_align_tokens = 64;
