@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <cmath>
 #include <limits>
 
 #include "backends/cpu/thread_pool.h"
@@ -187,6 +188,12 @@ void Engine::deliver_events(double host_s, double exec_s, const std::string& err
     if (e.token >= 0) ++generated_;
     if (e.finished && e.reason == FinishReason::error) ++failed_;
     if (e.finished && e.reason == FinishReason::abort) ++aborted_;
+  }
+  {  // a model step ran: its host time goes into the histogram (idle polls do not)
+    const auto us = static_cast<uint64_t>(std::ceil(std::max(host_s, 0.0) * 1e6));
+    const auto b = us <= 1 ? size_t{0} : static_cast<size_t>(std::bit_width(us - 1));
+    ++step_host_us_log2_[std::min(b, EngineStats::kStepHostBuckets - 1)];
+    step_host_seconds_ += host_s;
   }
   publish_stats(host_s, exec_s);
   const auto t0 = scheduler::Clock::now();
@@ -551,6 +558,8 @@ void Engine::publish_stats(double host_s, double exec_s) {
     step_tokens_counted_ = computed;
   }
   s.step_tokens_log2 = step_tokens_log2_;
+  s.step_host_us_log2 = step_host_us_log2_;
+  s.step_host_seconds = step_host_seconds_;
   if (drafter_) {
     s.spec_method = drafter_->name();
     s.spec_synthetic = drafter_->synthetic();

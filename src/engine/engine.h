@@ -120,6 +120,13 @@ struct EngineStats {
   // vllm:iteration_tokens_total bounds are powers of two, so /metrics folds this into them.)
   static constexpr size_t kStepTokenBuckets = 16;  // up to 2^14 = 16384, then the rest
   std::array<int64_t, kStepTokenBuckets> step_tokens_log2{};
+  // Host time per model step (the step's time outside the executor: scheduling, sampling, events),
+  // by power of two of microseconds: [i] counts steps of 2^(i-1) < us <= 2^i ([0]: up to 1 us),
+  // the last entry every longer step; step_host_seconds is their sum (host_seconds also counts idle
+  // polls of the inbox).
+  static constexpr size_t kStepHostBuckets = 18;  // up to 2^16 us = 65.5 ms, then the rest
+  std::array<int64_t, kStepHostBuckets> step_host_us_log2{};
+  double step_host_seconds = 0;
 };
 
 class Engine {
@@ -250,6 +257,8 @@ class Engine {
   int64_t aborted_ = 0, failed_ = 0, generated_ = 0;
   double host_seconds_ = 0, executor_seconds_ = 0;
   std::array<int64_t, EngineStats::kStepTokenBuckets> step_tokens_log2_{};
+  std::array<int64_t, EngineStats::kStepHostBuckets> step_host_us_log2_{};
+  double step_host_seconds_ = 0;
   int64_t step_tokens_counted_ = 0;  // prefill + decode tokens already in step_tokens_log2_
 
   mutable std::mutex stats_mu_;

@@ -405,6 +405,21 @@ std::string Metrics::render(const engine::EngineStats& s) const {
     histogram_lines(out, "vllm:iteration_tokens_total", labels_, bounds, cumulative,
                     static_cast<double>(s.prefill_tokens + s.decode_tokens), steps);
   }
+  {
+    // Host time per model step: the engine's power-of-two microsecond buckets, le in seconds.
+    std::vector<double> bounds;
+    std::vector<uint64_t> cumulative;
+    uint64_t steps = 0;
+    for (size_t i = 0; i + 1 < engine::EngineStats::kStepHostBuckets; ++i) {
+      steps += static_cast<uint64_t>(s.step_host_us_log2[i]);
+      bounds.push_back(static_cast<double>(uint64_t{1} << i) * 1e-6);
+      cumulative.push_back(steps);
+    }
+    steps += static_cast<uint64_t>(s.step_host_us_log2.back());
+    family(out, "k3serve:step_host_seconds", "histogram",
+           "Host time per model step outside the model (scheduling, sampling, event delivery).");
+    histogram_lines(out, "k3serve:step_host_seconds", labels_, bounds, cumulative, s.step_host_seconds, steps);
+  }
   return out;
 }
 

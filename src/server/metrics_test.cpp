@@ -212,6 +212,26 @@ TEST(Metrics, ShadowValidationCountersAndTheirCost) {
   EXPECT_TRUE(has_line(page, "k3serve:model_step_seconds_total" + l + " 12.5"));
 }
 
+// Host time per model step: the engine's power-of-two microsecond buckets, cumulative, in seconds.
+TEST(Metrics, StepHostTimeIsAHistogramInSeconds) {
+  Metrics m = make_metrics();
+  engine::EngineStats s;
+  s.step_host_us_log2[0] = 2;      // <= 1 us
+  s.step_host_us_log2[5] = 3;      // 17..32 us
+  s.step_host_us_log2.back() = 1;  // beyond 65.5 ms
+  s.step_host_seconds = 0.5;
+  const std::string page = m.render(s);
+  const std::string l = "{engine=\"0\",model_name=\"k3-tiny\"";
+  EXPECT_TRUE(has_line(page, "# TYPE k3serve:step_host_seconds histogram"));
+  EXPECT_TRUE(has_line(page, "k3serve:step_host_seconds_bucket" + l + ",le=\"1e-06\"} 2.0")) << page;
+  EXPECT_TRUE(has_line(page, "k3serve:step_host_seconds_bucket" + l + ",le=\"1.6e-05\"} 2.0")) << page;
+  EXPECT_TRUE(has_line(page, "k3serve:step_host_seconds_bucket" + l + ",le=\"3.2e-05\"} 5.0")) << page;
+  EXPECT_TRUE(has_line(page, "k3serve:step_host_seconds_bucket" + l + ",le=\"0.065536\"} 5.0")) << page;
+  EXPECT_TRUE(has_line(page, "k3serve:step_host_seconds_bucket" + l + ",le=\"+Inf\"} 6.0")) << page;
+  EXPECT_TRUE(has_line(page, "k3serve:step_host_seconds_sum" + l + "} 0.5")) << page;
+  EXPECT_TRUE(has_line(page, "k3serve:step_host_seconds_count" + l + "} 6.0")) << page;
+}
+
 // Every metric vLLM's published Grafana dashboard queries (and the loggers.py ones listed with
 // them) is on the page under vLLM's name and type after one finished request, with samples
 // carrying model_name, the label every dashboard query selects on.
