@@ -59,7 +59,9 @@
 #             decode backend in $K3_SERVE_BACKENDS (default "auto latency_specialized") at the
 #             concurrencies $K3_SERVE_CONCURRENCY (default "1 2 4 8 16"), $K3_SERVE_SECONDS per level
 #             (default 40), then the n-gram drafter (--speculative-method ngram, K = 4) at
-#             concurrency 1 when $K3_SERVE_NGRAM is not 0              -> serve_*/ (bundles, reports)
+#             concurrency 1 when $K3_SERVE_NGRAM is not 0; $K3_SERVE_EXTRA adds server options to the
+#             backend runs, every backend alike (e.g. "--max-num-batched-tokens 8192")
+#                                                                     -> serve_*/ (bundles, reports)
 # summary.txt repeats the table printed at the end. The whole run keeps within --budget seconds
 # (default 570: one 10-minute device command); a phase that would overrun is cut by `timeout` and
 # reported as TIMEOUT. The build folder (build/gpu-check) is reused by later calls, so the phases can
@@ -551,7 +553,7 @@ if named serve; then
       record serve FAIL $(( $(date +%s) - t0 )) "build: $(grep -m1 -E 'error|Error' "$OUT/serve_build.log" | cut -c1-100)"
     else
       sv_rc=0; detail="built in $SECS s"
-      runs=(); for b in ${K3_SERVE_BACKENDS:-auto latency_specialized}; do runs+=("$b|${K3_SERVE_CONCURRENCY:-1 2 4 8 16}|--decode-backend $b"); done
+      runs=(); for b in ${K3_SERVE_BACKENDS:-auto latency_specialized}; do runs+=("$b|${K3_SERVE_CONCURRENCY:-1 2 4 8 16}|--decode-backend $b ${K3_SERVE_EXTRA:-}"); done
       [[ ${K3_SERVE_NGRAM:-1} != 0 ]] && runs+=("ngram|1|--decode-backend auto --speculative-method ngram --num-speculative-tokens 4")
       for r in "${runs[@]}"; do
         IFS='|' read -r name conc extra <<< "$r"
