@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <set>
 #include <vector>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "runner/sampler_test_util.h"
 
@@ -44,6 +46,43 @@ TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
   EXPECT_EQ(filtered.sample(logits, {}, {}).token, 1);
   const std::vector<float> one = {-3.0f};
   EXPECT_EQ(Sampler({}, 1).sample(one, {}, {}).token, 0);
+}
+
+// Greedy over a vocabulary that is not a multiple of the scan's 8 lanes: the maximum in every lane
+// and in the tail, ties across lanes to the lowest id, every value -inf but one, and the errors
+// naming the first NaN or +inf input, or the id a bias overflowed.
+TEST(Sampler, GreedyScanFindsTheFirstMaximumAnywhere) {
+  const size_t V = 8 * 37 + 5;
+  for (size_t at = 0; at < V; at += 7) {
+    std::vector<float> x = random_logits(V, at, 1.0);
+    x[at] = 50.0f;
+    EXPECT_EQ(Sampler({}, static_cast<int32_t>(V)).sample(x, {}, {}).token, static_cast<int32_t>(at)) << at;
+    if (at + 13 < V) x[at + 13] = 50.0f;  // a tie in another lane: the lower id still wins
+    EXPECT_EQ(Sampler({}, static_cast<int32_t>(V)).sample(x, {}, {}).token, static_cast<int32_t>(at)) << at;
+  }
+  std::vector<float> masked(V, -std::numeric_limits<float>::infinity());
+  masked[V - 1] = -1e30f;  // in the tail
+  EXPECT_EQ(Sampler({}, static_cast<int32_t>(V)).sample(masked, {}, {}).token, static_cast<int32_t>(V - 1));
+  auto error = [&](std::vector<float> x, const SamplingParams& p = {}, std::vector<int32_t> prompt = {}) {
+    try {
+      Sampler(p, static_cast<int32_t>(V)).sample(x, prompt, {});
+    } catch (const core::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  std::vector<float> bad = random_logits(V, 1, 1.0);
+  bad[100] = std::numeric_limits<float>::quiet_NaN();
+  bad[200] = std::numeric_limits<float>::infinity();
+  EXPECT_NE(error(bad).find("logits[100] is nan"), std::string::npos) << error(bad);
+  bad[100] = 0;
+  EXPECT_NE(error(bad).find("logits[200] is inf"), std::string::npos) << error(bad);
+  std::vector<float> huge = random_logits(V, 2, 1.0);
+  huge[250] = std::numeric_limits<float>::max();
+  SamplingParams penalised;
+  penalised.repetition_penalty = 0.5f;  // a positive logit is divided by it: FLT_MAX / 0.5 = +inf
+  const std::string overflow = error(huge, penalised, {250});
+  EXPECT_NE(overflow.find("logit 250 overflowed to +inf"), std::string::npos) << overflow;
 }
 
 // The grammar mask is step 0: refused ids are -inf before everything, logprobs see it, a draw never
