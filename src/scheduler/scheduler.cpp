@@ -168,13 +168,18 @@ void Scheduler::emit(Request& r, int64_t start, int64_t end, SlotInit init, int3
 }
 
 void Scheduler::admit(StepPlan& out, PrefillRoom& room) {
+  // Shorter prompts pass waiting long ones, but the queue is looked into only so far: each look
+  // is a prefix lookup over the prompt's pages, and a step's host time must not grow with the
+  // queue.
+  int32_t passed = 0;
   for (size_t i = 0; i < waiting_.size() && num_running() < config_.max_num_seqs &&
                      room.prefills < config_.max_partial_prefills && room.budget > 0;) {
     Request& r = *waiting_[i];
     const cache::PrefixHit hit = cache_.find_prefix(r.tokens(), r.block_hashes());
     const int64_t start = hit.num_tokens;
     const int32_t limit = chunk_limit(r, start, room);
-    if (limit <= 0) {  // long, and the long places are taken: shorter prompts behind it pass
+    if (limit <= 0) {  // long, and the long places are taken
+      if (++passed >= config_.max_partial_prefills) break;
       ++i;
       continue;
     }

@@ -9,7 +9,8 @@
 // A chunk is at most what is left of max_num_batched_tokens; a long prompt (more than
 // long_prefill_token_threshold tokens left) takes all of it only when alone in the step (no
 // decode rows, no other prompt that could advance), else at most the threshold, and at most
-// max_long_partial_prefills long prompts advance per step (shorter ones pass them in the queue).
+// max_long_partial_prefills long prompts advance per step (shorter ones pass them in the queue,
+// looking past at most max_partial_prefills waiting long ones per step).
 // When a chunk does not finish the known tokens it ends on a multiple of chunk_align_tokens, and
 // with the prefix cache on at the last KDA checkpoint boundary it reaches (when it reaches one),
 // where a checkpoint is taken (the state is copied after the step, so the step must end there).

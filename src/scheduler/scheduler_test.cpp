@@ -284,6 +284,22 @@ TEST(Scheduler, ShortPromptsPassAWaitingLongOne) {
   EXPECT_EQ(order, (std::vector<RequestId>{3, 1, 2}));
 }
 
+// Admission looks past at most max_partial_prefills (4) waiting long prompts per step: a short
+// prompt behind five of them waits until the queue ahead of it shortens.
+TEST(Scheduler, AdmissionLooksPastOnlySoManyWaitingLongPrompts) {
+  ChunkedPrefill h;
+  for (RequestId id = 1; id <= 6; ++id) h.sched.add(id, spec(300, 1, static_cast<int32_t>(id)));
+  h.sched.add(7, spec(20, 1, 7));
+  h.step();
+  EXPECT_EQ(h.chunk(1).second, 32);
+  EXPECT_EQ(h.chunk(7).first, -1) << "the short prompt was found behind 5 long ones";
+  ChunkedPrefill g;
+  for (RequestId id = 1; id <= 4; ++id) g.sched.add(id, spec(300, 1, static_cast<int32_t>(id)));
+  g.sched.add(7, spec(20, 1, 7));
+  g.step();
+  EXPECT_EQ(g.chunk(7).second, 20) << "the short prompt behind 3 waiting long ones was not admitted";
+}
+
 TEST(Scheduler, LongPlacesLetThatManyLongPromptsAdvanceTogether) {
   ChunkedPrefill h(/*long_places=*/2);
   for (RequestId id = 1; id <= 3; ++id) h.sched.add(id, spec(300, 1, static_cast<int32_t>(id)));
