@@ -69,6 +69,47 @@ TEST(ServingModel, TensorParallelServesTheSameGreedyTokens) {
   EXPECT_EQ(generate(2), one);
 }
 
+// Shadow validation over tensor-parallel CPU ranks: every rank runs each shadowed step's standard
+// path (its collectives too), the served tokens are those without it, and rank 0's comparison
+// finds the fused path equal in fp32.
+TEST(ServingModel, ShadowValidationOverTensorParallelRanksKeepsTheTokens) {
+  auto generate = [](int tp, double rate, engine::EngineStats* stats) {
+    ServingOptions o;
+    o.model_dir = testing::tiny_model_dir();
+    o.model.precision = kernels::Precision::fp32;
+    o.model.decode_backend = model::DecodeBackend::latency_specialized;
+    o.max_model_len = 128;
+    o.max_num_seqs = 2;
+    o.kv_cache_bytes = 8ll << 20;
+    o.tp = tp;
+    o.shadow_validate_rate = rate;
+    const auto model = ServingModel::load(o);
+    std::vector<std::shared_ptr<engine::TokenStream>> streams;
+    for (int i = 0; i < 2; ++i) {
+      engine::GenerateRequest r;
+      r.prompt = {5, 17, 300, 42, 9, 77, 1000, 3 + i};
+      r.max_tokens = 12;
+      r.ignore_eos = true;
+      streams.push_back(model->engine().submit(std::move(r)).stream);
+    }
+    model->engine().run_until_idle();
+    std::vector<int32_t> out;
+    for (auto& s : streams)
+      while (auto e = s->try_next())
+        if (e->token >= 0) out.push_back(e->token);
+    *stats = model->engine().stats();
+    return out;
+  };
+  engine::EngineStats off, on;
+  const auto want = generate(2, 0, &off);
+  EXPECT_EQ(generate(2, 1, &on), want);
+  ASSERT_GT(on.decode_paths.fused_steps, 0);
+  EXPECT_EQ(on.shadow.steps, on.decode_paths.fused_steps);
+  EXPECT_EQ(on.shadow.divergent_rows, 0);
+  EXPECT_GE(on.shadow.min_cosine, 1 - 1e-5);
+  EXPECT_EQ(off.shadow.steps, 0);
+}
+
 // --decode-context-parallel-size 2 with --tp 2: the same greedy tokens, and the same byte budget
 // holds twice the tokens (scheduler blocks of 2 * block_size tokens, as many of them).
 TEST(ServingModel, DecodeContextParallelServesTheSameGreedyTokensInTwiceTheContext) {
