@@ -58,8 +58,9 @@ std::vector<int32_t> tokens(uint64_t seed, int n) {
 std::vector<std::vector<int32_t>> serve(const runner::ModelRunner& runner, bool graphs, bool speculate = false,
                                         const std::filesystem::path& draft_dir = {},
                                         engine::EngineStats* stats = nullptr,
-                                        spec::SpecMethod method = spec::SpecMethod::dspark) {
+                                        spec::SpecMethod method = spec::SpecMethod::dspark, double shadow_rate = 0) {
   engine::EngineConfig c = engine_config();
+  c.shadow_validate_rate = shadow_rate;
   std::unique_ptr<spec::Drafter> drafter;
   if (speculate && draft_dir.empty()) {
     c.speculative.method = spec::SpecMethod::ngram;
@@ -157,6 +158,30 @@ TEST(EngineGpu, ServesTheOracleTokensExactMode) {
     EXPECT_EQ(eager[i], want[i]) << "request " << i << " (eager)";
     EXPECT_EQ(graphs[i], want[i]) << "request " << i << " (CUDA graphs)";
     EXPECT_EQ(speculative[i], want[i]) << "request " << i << " (n-gram speculation, graphs for plain decode steps)";
+  }
+}
+
+// Shadow validation on the GPU: every fused step (eager, and replayed as CUDA graphs) also runs the
+// standard CUDA path on its inputs. In fp32 the served tokens are the ones served without it, and
+// the fused kernels agree with the standard ones on every step.
+TEST(EngineGpu, ShadowValidationOfTheFusedKernelsKeepsTheTokensFp32) {
+  K3_REQUIRE_GPU();
+  testing::TempDir tmp;
+  const auto dir = gpu_test::write_sensitive_tiny(tmp);
+  model::ModelOptions o = gpu_test::options(core::Device::cuda, kernels::Precision::fp32);
+  o.decode_backend = model::DecodeBackend::latency_specialized;
+  const auto fused = runner::ModelRunner::open(dir, o);
+  for (bool graphs : {false, true}) {
+    engine::EngineStats off, on;
+    const auto want = serve(*fused, graphs, false, {}, &off);
+    const auto got = serve(*fused, graphs, false, {}, &on, spec::SpecMethod::dspark, /*shadow_rate=*/1.0);
+    EXPECT_EQ(got, want) << (graphs ? "graphs" : "eager");
+    ASSERT_GT(on.decode_paths.fused_steps, 0);
+    EXPECT_EQ(on.shadow.steps, on.decode_paths.fused_steps);
+    EXPECT_EQ(on.shadow.divergent_rows, 0);
+    std::printf("shadow validation%s: %lld steps, %lld rows, min cosine %.9f, max |diff| %.3g of the largest logit\n",
+                graphs ? " (graphs)" : "", static_cast<long long>(on.shadow.steps),
+                static_cast<long long>(on.shadow.rows), on.shadow.min_cosine, on.shadow.max_abs_rel);
   }
 }
 
