@@ -33,9 +33,16 @@ struct Setup {
   scheduler::SchedulerConfig sched;
 };
 
+// Output tokens a request may make: the timed steps, plus the steps that finish the other
+// prompts after its own (every prompt token passes through the 8192-token budget once), so no
+// request finishes before the last timed step.
+int64_t max_tokens_of(int32_t running, int64_t prompt, int64_t steps) {
+  return steps + int64_t{running} * prompt / 8192 + running + 32;
+}
+
 Setup make_setup(int32_t running, int64_t prompt, int64_t steps) {
   Setup s;
-  const int64_t len = prompt + steps + 64;
+  const int64_t len = prompt + max_tokens_of(running, prompt, steps) + 32;
   s.cache.block_size = 16;
   s.cache.num_slots = running;
   s.cache.num_blocks = static_cast<int32_t>(running * ((len + 15) / 16 + 1));
@@ -72,7 +79,7 @@ Timing time_scheduler(int32_t running, int64_t prompt, int64_t steps) {
   for (int32_t i = 0; i < running; ++i) {
     scheduler::RequestSpec r;
     r.prompt = prompt_of(prompt, i);
-    r.max_tokens = steps + 32;
+    r.max_tokens = max_tokens_of(running, prompt, steps);
     sched.add(static_cast<scheduler::RequestId>(i + 1), std::move(r));
   }
   scheduler::StepPlan out;
@@ -95,7 +102,11 @@ Timing time_scheduler(int32_t running, int64_t prompt, int64_t steps) {
     const auto t0 = Clock::now();
     const size_t n = one_step(k);
     t.us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-    if (n != static_cast<size_t>(running)) throw core::Error("bench: a step did not decode every request");
+    if (n != static_cast<size_t>(running))
+      throw core::Error("bench: step " + std::to_string(k) + " decoded " + std::to_string(n) + " of " +
+                        std::to_string(running) + " requests (" + std::to_string(sched.num_running()) + " running, " +
+                        std::to_string(sched.num_waiting()) + " waiting, " + std::to_string(out.preempted.size()) +
+                        " preempted, " + std::to_string(out.num_prefills) + " prefills)");
   }
   return t;
 }
@@ -127,7 +138,7 @@ Timing time_engine(int32_t running, int64_t prompt, int64_t steps, int32_t vocab
   for (int32_t i = 0; i < running; ++i) {
     engine::GenerateRequest r;
     r.prompt = prompt_of(prompt, i, vocab);
-    r.max_tokens = steps + 32;
+    r.max_tokens = max_tokens_of(running, prompt, steps);
     streams.push_back(eng.submit(std::move(r)).stream);
   }
   auto drain = [&] {
